@@ -1,0 +1,110 @@
+#include "capture/recorder.h"
+
+#include "capture/session.h"
+#include "support/logging.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/SmallVector.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <unordered_map>
+
+namespace tcap::capture {
+namespace {
+
+c10::DispatchKey g_key = c10::DispatchKey::Undefined;
+
+thread_local std::vector<Session*> tls_sessions;
+thread_local bool tls_key_was_included = false;
+
+// Per-thread cache of operator facts, keyed by the (stable) schema address.
+const OpInfo& op_info(const c10::OperatorHandle& op) {
+  thread_local std::unordered_map<const c10::FunctionSchema*, std::unique_ptr<OpInfo>> cache;
+  auto& slot = cache[&op.schema()];
+  if (!slot) slot = std::make_unique<OpInfo>(OpInfo::from(op));
+  return *slot;
+}
+
+void redispatch_hidden(const c10::OperatorHandle& op, c10::DispatchKeySet below,
+                       torch::jit::Stack* stack) {
+  c10::impl::ExcludeDispatchKeyGuard hide(g_key);
+  op.redispatchBoxed(below, stack);
+}
+
+void record_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
+                     torch::jit::Stack* stack) {
+  const c10::DispatchKeySet below = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, g_key);
+  const auto& sessions = tls_sessions;
+  // A thread can carry the key without a session (at::launch copies TLS): record nothing.
+  const bool any = std::any_of(sessions.begin(), sessions.end(),
+                               [](const Session* s) { return s->recording(); });
+  if (!any) return redispatch_hidden(op, below, stack);
+  const OpInfo& info = op_info(op);
+  if (info.composite_implicit) {
+    // Its parts come back through the dispatcher with the key on and are recorded.
+    op.redispatchBoxed(below, stack);
+    return;
+  }
+  c10::SmallVector<Session::Pending, 2> pending(sessions.size());
+  const auto args = torch::jit::last(*stack, info.num_arguments);
+  for (size_t k = 0; k < sessions.size(); ++k) {
+    if (sessions[k]->recording()) sessions[k]->before_op(info, args, pending[k]);
+  }
+  redispatch_hidden(op, below, stack);
+  const auto rets = torch::jit::last(*stack, info.num_returns);
+  for (size_t k = 0; k < sessions.size(); ++k) {
+    if (pending[k].active) sessions[k]->after_op(info, rets, pending[k]);
+  }
+}
+
+struct Registration {
+  std::unique_ptr<torch::Library> lib;
+  Registration() {
+    auto& d = c10::Dispatcher::singleton();
+    const c10::DispatchKey prefs[] = {c10::DispatchKey::Fake, c10::DispatchKey::DeferredInit,
+                                      c10::DispatchKey::TESTING_ONLY_GenericMode};
+    auto it = std::find_if(std::begin(prefs), std::end(prefs), [&](c10::DispatchKey k) {
+      return !d.hasBackendFallbackForDispatchKey(k);
+    });
+    TORCH_CHECK(it != std::end(prefs),
+                "tcap: cannot capture: the dispatch keys Fake, DeferredInit and "
+                "TESTING_ONLY_GenericMode all have a fallback registered by another library "
+                "(torchdistx?)");
+    g_key = *it;
+    lib = std::make_unique<torch::Library>(torch::Library::IMPL, "_", g_key, __FILE__, __LINE__);
+    lib->fallback(torch::CppFunction::makeFromBoxedFunction<&record_fallback>());
+    TCAP_LOG(Capture, "recording on dispatch key " << c10::toString(g_key));
+  }
+};
+
+}  // namespace
+
+c10::DispatchKey recording_key() {
+  static Registration reg;
+  return g_key;
+}
+
+void push_session(Session* s) {
+  const c10::DispatchKey key = recording_key();
+  if (tls_sessions.empty()) {
+    tls_key_was_included = c10::impl::tls_is_dispatch_key_included(key);
+    c10::impl::tls_set_dispatch_key_included(key, true);
+  }
+  tls_sessions.push_back(s);
+}
+
+void pop_session(Session* s) {
+  auto it = std::find(tls_sessions.begin(), tls_sessions.end(), s);
+  if (it == tls_sessions.end()) return;
+  tls_sessions.erase(it);
+  if (tls_sessions.empty()) {
+    c10::impl::tls_set_dispatch_key_included(g_key, tls_key_was_included);
+  }
+}
+
+const std::vector<Session*>& thread_sessions() { return tls_sessions; }
+
+}  // namespace tcap::capture

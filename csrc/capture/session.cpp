@@ -1,0 +1,428 @@
+#include "capture/session.h"
+
+#include "support/logging.h"
+
+#include <ATen/core/function_schema.h>
+#include <c10/core/DispatchKey.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <sstream>
+
+namespace tcap::capture {
+namespace {
+
+ir::TensorMeta meta_of(const at::Tensor& t) {
+  ir::TensorMeta m;
+  m.dtype = t.scalar_type();
+  m.sizes = t.sizes().vec();
+  m.strides = t.layout() == c10::kStrided ? t.strides().vec() : std::vector<int64_t>{};
+  m.storage_offset = t.layout() == c10::kStrided ? t.storage_offset() : 0;
+  m.device = t.device();
+  m.requires_grad = t.requires_grad();
+  return m;
+}
+
+OpInfo::IntHint hint_of(const c10::Argument& a) {
+  c10::TypePtr t = a.real_type();
+  if (auto opt = t->cast<c10::OptionalType>()) t = opt->getElementType();
+  switch (t->kind()) {
+    case c10::TypeKind::ScalarTypeType: return OpInfo::IntHint::ScalarType;
+    case c10::TypeKind::LayoutType: return OpInfo::IntHint::Layout;
+    case c10::TypeKind::MemoryFormatType: return OpInfo::IntHint::MemoryFormat;
+    default: return OpInfo::IntHint::Int;
+  }
+}
+
+bool same_alias_set(const c10::AliasInfo* a, const c10::AliasInfo* b) {
+  return a && b && a->beforeSets() == b->beforeSets();
+}
+
+bool is_floating_or_complex(c10::ScalarType t) {
+  return c10::isFloatingType(t) || c10::isComplexType(t);
+}
+
+}  // namespace
+
+OpInfo OpInfo::from(const c10::OperatorHandle& op) {
+  OpInfo info;
+  const c10::FunctionSchema& s = op.schema();
+  info.op = s.name();
+  info.overload = s.overload_name();
+  info.qualified = info.overload.empty() ? info.op : info.op + "." + info.overload;
+  std::ostringstream os;
+  os << s;
+  info.schema = os.str();
+  info.num_arguments = s.arguments().size();
+  info.num_returns = s.returns().size();
+  info.composite_implicit = op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
+  for (const auto& a : s.arguments()) {
+    info.int_hint.push_back(hint_of(a));
+    info.arg_name.push_back(a.name());
+    info.arg_is_write.push_back(a.alias_info() && a.alias_info()->isWrite());
+  }
+  for (const auto& r : s.returns()) {
+    int alias = -1;
+    for (size_t i = 0; i < s.arguments().size(); ++i) {
+      if (same_alias_set(r.alias_info(), s.arguments()[i].alias_info())) {
+        alias = static_cast<int>(i);
+        break;
+      }
+    }
+    info.return_alias_arg.push_back(alias);
+    info.return_is_write.push_back(r.alias_info() && r.alias_info()->isWrite());
+  }
+  return info;
+}
+
+Session::Session(CaptureOptions options) : options_(options) {
+  graph_.meta()["producer"] = "tcap capture";
+}
+
+void Session::drop_output_node() {
+  auto& nodes = graph_.mutable_nodes();
+  if (!nodes.empty() && nodes.back().kind == ir::NodeKind::Output) nodes.pop_back();
+}
+
+ir::ValueId Session::new_input(const at::Tensor& t, ir::InputKind kind, std::string name) {
+  drop_output_node();
+  const ir::ValueId v = graph_.add_input(kind, std::move(name), meta_of(t));
+  input_tensors_.push_back(t);
+  if (kind == ir::InputKind::Parameter) parameters_.emplace_back(t, graph_.node(graph_.value(v).producer).name);
+  table_.define(t, v);
+  return v;
+}
+
+ir::ValueId Session::value_for(const at::Tensor& t) {
+  if (auto v = table_.lookup(t)) {
+    // Outputs are recorded below autograd, before their history is set: take the truth now.
+    graph_.value(*v).meta.requires_grad = t.requires_grad();
+    return *v;
+  }
+  auto it = names_.find(t.unsafeGetTensorImpl());
+  if (it != names_.end()) return new_input(t, it->second.kind, it->second.name);
+  const bool leaf_param = t.requires_grad() && t.is_leaf();
+  const auto kind = leaf_param ? ir::InputKind::Parameter : ir::InputKind::Constant;
+  std::string name = (leaf_param ? "param" : "const") + std::to_string(auto_names_++);
+  TCAP_LOG(Capture, "tensor from outside the capture becomes input '" << name << "' ("
+                                                                         << ir::to_string(kind) << ")");
+  return new_input(t, kind, std::move(name));
+}
+
+ir::Arg Session::convert(const c10::IValue& iv, OpInfo::IntHint hint, const std::string& name,
+                         ir::ValueId* first_value) {
+  ir::Arg a;
+  a.name = name;
+  if (iv.isNone()) return a;
+  if (iv.isTensor()) {
+    const at::Tensor& t = iv.toTensor();
+    if (!t.defined()) {
+      a.kind = ir::ArgKind::UndefinedTensor;
+    } else if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
+      a.kind = ir::ArgKind::WrappedScalar;
+      a.i2 = static_cast<int64_t>(t.scalar_type());
+      const c10::Scalar s = t.item();  // a CPU scalar: no dispatch below our key matters here
+      if (c10::isIntegralType(t.scalar_type(), /*includeBool=*/true)) {
+        a.i = s.toLong();
+      } else {
+        a.d = s.toDouble();
+      }
+    } else {
+      a.kind = ir::ArgKind::Value;
+      a.values.push_back(value_for(t));
+      if (first_value) *first_value = a.values[0];
+    }
+    return a;
+  }
+  if (iv.isTensorList()) {
+    a.kind = ir::ArgKind::ValueList;
+    for (const at::Tensor& t : iv.toTensorList()) a.values.push_back(value_for(t));
+    if (first_value && !a.values.empty()) *first_value = a.values[0];
+    return a;
+  }
+  if (iv.isBool()) {
+    a.kind = ir::ArgKind::Bool;
+    a.i = iv.toBool();
+  } else if (iv.isInt()) {
+    a.i = iv.toInt();
+    switch (hint) {
+      case OpInfo::IntHint::ScalarType: a.kind = ir::ArgKind::ScalarType; break;
+      case OpInfo::IntHint::Layout: a.kind = ir::ArgKind::Layout; break;
+      case OpInfo::IntHint::MemoryFormat: a.kind = ir::ArgKind::MemoryFormat; break;
+      default: a.kind = ir::ArgKind::Int;
+    }
+  } else if (iv.isSymInt()) {
+    auto si = iv.toSymInt();
+    if (auto c = si.maybe_as_int()) {
+      a.kind = ir::ArgKind::Int;
+      a.i = *c;
+    } else {
+      a.kind = ir::ArgKind::Opaque;
+      a.s = "SymInt";
+    }
+  } else if (iv.isDouble()) {
+    a.kind = ir::ArgKind::Double;
+    a.d = iv.toDouble();
+  } else if (iv.isComplexDouble()) {
+    a.kind = ir::ArgKind::Complex;
+    auto c = iv.toComplexDouble();
+    a.d = c.real();
+    a.d_imag = c.imag();
+  } else if (iv.isString()) {
+    a.kind = ir::ArgKind::String;
+    a.s = iv.toStringRef();
+  } else if (iv.isDevice()) {
+    a.kind = ir::ArgKind::Device;
+    a.s = iv.toDevice().str();
+  } else if (iv.isIntList()) {
+    a.kind = ir::ArgKind::IntList;
+    a.ints = iv.toIntVector();
+  } else if (iv.isDoubleList()) {
+    a.kind = ir::ArgKind::DoubleList;
+    a.doubles = iv.toDoubleVector();
+  } else if (iv.isBoolList()) {
+    a.kind = ir::ArgKind::BoolList;
+    for (bool b : iv.toBoolList()) a.ints.push_back(b);
+  } else if (iv.isList()) {
+    // SymInt[] (concrete in eager) and Tensor?[] arrive as generic lists.
+    const auto elems = iv.toListRef();
+    bool all_ints = true, all_tensors = true;
+    for (const auto& e : elems) {
+      all_ints = all_ints && (e.isInt() || (e.isSymInt() && e.toSymInt().maybe_as_int()));
+      all_tensors = all_tensors && (e.isNone() || e.isTensor());
+    }
+    if (all_ints && !elems.empty()) {
+      a.kind = ir::ArgKind::IntList;
+      for (const auto& e : elems) a.ints.push_back(e.isInt() ? e.toInt() : *e.toSymInt().maybe_as_int());
+    } else if (all_tensors) {
+      a.kind = ir::ArgKind::OptValueList;
+      for (const auto& e : elems) {
+        a.values.push_back(e.isTensor() && e.toTensor().defined() ? value_for(e.toTensor())
+                                                                  : ir::kNoValue);
+      }
+    } else {
+      a.kind = ir::ArgKind::Opaque;
+      a.s = iv.tagKind();
+    }
+  } else {
+    a.kind = ir::ArgKind::Opaque;
+    a.s = iv.tagKind();
+  }
+  return a;
+}
+
+void Session::before_op(const OpInfo& info, c10::ArrayRef<c10::IValue> args, Pending& p) {
+  p.active = true;
+  ir::Node& n = p.node;
+  n.kind = ir::NodeKind::Call;
+  n.op = info.op;
+  n.overload = info.overload;
+  n.grad_mode = at::GradMode::is_enabled();
+  n.phase = in_backward_ > 0 ? ir::Phase::Backward : ir::Phase::Forward;
+  if (!hook_stack_.empty()) n.hook = hook_stack_.back();
+  if (in_backward_ > 0) {
+    if (auto node = torch::autograd::get_current_node()) {
+      n.autograd_node = node->name();
+    } else if (n.hook >= 0) {
+      n.autograd_node = graph_.hooks()[static_cast<size_t>(n.hook)].autograd_node;
+    }
+  }
+  n.args.reserve(args.size());
+  p.arg_first_value.assign(args.size(), ir::kNoValue);
+  for (size_t i = 0; i < args.size(); ++i) {
+    n.args.push_back(convert(args[i], info.int_hint[i], {}, &p.arg_first_value[i]));
+    // Tensor arguments print positionally; constants keep their schema name.
+    if (!n.args.back().refers_to_values()) n.args.back().name = info.arg_name[i];
+  }
+  // Writes are counted before the op runs, so that aliases defined earlier stay valid.
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (!info.arg_is_write[i]) continue;
+    if (args[i].isTensor() && args[i].toTensor().defined()) {
+      table_.note_write(args[i].toTensor());
+      p.writes.emplace_back(i, args[i].toTensor());
+    } else if (args[i].isTensorList()) {
+      for (const at::Tensor& t : args[i].toTensorList()) {
+        table_.note_write(t);
+        p.writes.emplace_back(i, t);
+      }
+    }
+  }
+}
+
+ir::ValueId Session::define_output(const at::Tensor& t, ir::NodeId producer, int index,
+                                   int list_index, bool requires_grad_guess) {
+  ir::TensorMeta m = meta_of(t);
+  m.requires_grad = m.requires_grad || (requires_grad_guess && is_floating_or_complex(m.dtype));
+  const ir::ValueId v = graph_.new_value(producer, index, list_index, std::move(m));
+  table_.define(t, v);
+  return v;
+}
+
+void Session::after_op(const OpInfo& info, c10::ArrayRef<c10::IValue> rets, Pending& p) {
+  drop_output_node();
+  if (graph_.schemas().find(info.qualified) == graph_.schemas().end()) {
+    graph_.schemas()[info.qualified] = info.schema;
+  }
+  ir::Node& n = p.node;
+  const ir::NodeId id = static_cast<ir::NodeId>(graph_.nodes().size());
+  // A differentiable op's outputs require grad if grad mode is on and an input does; the
+  // truth is read again when the output is next used (see value_for).
+  bool guess = n.grad_mode && n.phase == ir::Phase::Forward;
+  if (guess) {
+    guess = false;
+    for (const auto& a : n.args) {
+      for (ir::ValueId v : a.values) {
+        if (v != ir::kNoValue && graph_.value(v).meta.requires_grad) guess = true;
+      }
+    }
+  }
+  std::vector<uint8_t> write_returned(info.num_arguments, 0);
+  for (size_t r = 0; r < rets.size(); ++r) {
+    const c10::IValue& iv = rets[r];
+    const int alias = info.return_alias_arg[r];
+    const ir::ValueId base = alias >= 0 ? p.arg_first_value[static_cast<size_t>(alias)] : ir::kNoValue;
+    ir::Arg out;
+    if (iv.isTensor()) {
+      const at::Tensor& t = iv.toTensor();
+      if (t.defined()) {
+        out = ir::Arg::value(define_output(t, id, static_cast<int>(r), -1, guess));
+        auto& val = graph_.value(out.values[0]);
+        if (info.return_is_write[r]) {
+          val.version_of = base;
+          if (alias >= 0) write_returned[static_cast<size_t>(alias)] = 1;
+        } else {
+          val.view_of = base;
+        }
+      } else {
+        out.kind = ir::ArgKind::UndefinedTensor;
+      }
+    } else if (iv.isTensorList()) {
+      std::vector<ir::ValueId> vs;
+      int k = 0;
+      for (const at::Tensor& t : iv.toTensorList()) {
+        const ir::ValueId v = define_output(t, id, static_cast<int>(r), k++, guess);
+        graph_.value(v).view_of = info.return_is_write[r] ? ir::kNoValue : base;
+        vs.push_back(v);
+      }
+      out = ir::Arg::value_list(std::move(vs), false);
+      if (info.return_is_write[r] && alias >= 0) write_returned[static_cast<size_t>(alias)] = 1;
+    } else {
+      out = convert(iv, OpInfo::IntHint::Int, {}, nullptr);
+    }
+    n.outputs.push_back(std::move(out));
+  }
+  // Mutated arguments that the op does not return (e.g. batch norm's running stats) get
+  // a new version as an extra result after the schema's returns.
+  size_t list_pos = 0;
+  for (size_t w = 0; w < p.writes.size(); ++w) {
+    const auto& [i, t] = p.writes[w];
+    list_pos = (w > 0 && p.writes[w - 1].first == i) ? list_pos + 1 : 0;
+    if (write_returned[i]) continue;
+    const auto& old = n.args[i].values;
+    const ir::ValueId v = define_output(t, id, static_cast<int>(n.outputs.size()), -1, false);
+    graph_.value(v).meta.requires_grad = t.requires_grad();
+    graph_.value(v).version_of = list_pos < old.size() ? old[list_pos] : ir::kNoValue;
+    n.outputs.push_back(ir::Arg::value(v));
+  }
+  graph_.add_node(std::move(n));
+}
+
+void Session::begin_backward(const std::vector<at::Tensor>& root_grads) {
+  ++in_backward_;
+  for (const at::Tensor& g : root_grads) {
+    if (!g.defined()) continue;
+    if (auto v = table_.lookup(g)) {
+      // The implicit ones_like(loss) made by backward() is the seed of the backward.
+      const ir::NodeId producer = graph_.value(*v).producer;
+      auto& node = graph_.mutable_nodes()[static_cast<size_t>(producer)];
+      if (node.kind == ir::NodeKind::Call) node.phase = ir::Phase::Backward;
+    } else {
+      new_input(g, ir::InputKind::Tangent, "tangent" + std::to_string(tangents_++));
+    }
+  }
+}
+
+void Session::end_backward() { --in_backward_; }
+
+int Session::begin_hook(ir::HookKind kind, const std::string& autograd_node) {
+  const int id = graph_.add_hook(kind, autograd_node);
+  hook_stack_.push_back(id);
+  return id;
+}
+
+void Session::abort_hook(int hook) {
+  if (!hook_stack_.empty() && hook_stack_.back() == hook) hook_stack_.pop_back();
+}
+
+void Session::end_hook(int hook, const std::vector<at::Tensor>& in,
+                       const std::vector<at::Tensor>& out) {
+  abort_hook(hook);
+  drop_output_node();
+  ir::Node n;
+  n.kind = ir::NodeKind::CallHook;
+  n.hook = hook;
+  n.phase = ir::Phase::Backward;
+  n.grad_mode = at::GradMode::is_enabled();
+  n.autograd_node = graph_.hooks()[static_cast<size_t>(hook)].autograd_node;
+  std::vector<ir::ValueId> ins, results;
+  for (const at::Tensor& t : in) ins.push_back(t.defined() ? value_for(t) : ir::kNoValue);
+  for (const at::Tensor& t : out) results.push_back(t.defined() ? value_for(t) : ir::kNoValue);
+  n.args.push_back(ir::Arg::value_list(ins, true, "inputs"));
+  n.args.push_back(ir::Arg::value_list(results, true, "results"));
+  const ir::NodeId id = static_cast<ir::NodeId>(graph_.nodes().size());
+  std::vector<ir::ValueId> outs;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (!out[i].defined()) {
+      outs.push_back(ir::kNoValue);
+      continue;
+    }
+    const ir::ValueId v = graph_.new_value(id, 0, static_cast<int>(i), meta_of(out[i]));
+    table_.define(out[i], v);  // later ops read the gradient through the hook
+    outs.push_back(v);
+  }
+  n.outputs.push_back(ir::Arg::value_list(outs, true));
+  graph_.add_node(std::move(n));
+}
+
+void Session::name_tensor(const at::Tensor& t, ir::InputKind kind, const std::string& name) {
+  names_[t.unsafeGetTensorImpl()] = Named{t, kind, name};
+}
+
+ir::ValueId Session::declare_input(const at::Tensor& t, const std::string& name) {
+  TORCH_CHECK(t.defined(), "tcap: CaptureGuard::input('", name, "'): the tensor is undefined");
+  return new_input(t, ir::InputKind::UserInput, name);
+}
+
+void Session::mark_output(const at::Tensor& t, const std::string& name) {
+  TORCH_CHECK(t.defined(), "tcap: CaptureGuard::output('", name, "'): the tensor is undefined");
+  auto v = table_.lookup(t);
+  TORCH_CHECK(v.has_value(), "tcap: CaptureGuard::output('", name,
+              "'): this tensor was not produced or read inside the capture");
+  graph_.value(*v).meta.requires_grad = t.requires_grad();
+  outputs_.emplace_back(*v, name.empty() ? "out" + std::to_string(outputs_.size()) : name);
+}
+
+const ir::Graph& Session::finalize() {
+  std::vector<ir::ValueId> values;
+  std::vector<std::string> names;
+  std::vector<ir::OutputKind> kinds;
+  for (const auto& [v, name] : outputs_) {
+    values.push_back(v);
+    names.push_back(name);
+    kinds.push_back(ir::OutputKind::User);
+  }
+  for (const auto& [p, name] : parameters_) {
+    const at::Tensor& g = p.grad();
+    if (!g.defined()) continue;
+    auto v = table_.lookup(g);
+    if (!v || graph_.node(graph_.value(*v).producer).kind == ir::NodeKind::Input) continue;
+    values.push_back(*v);
+    names.push_back("grad(" + name + ")");
+    kinds.push_back(ir::OutputKind::Grad);
+  }
+  drop_output_node();
+  graph_.set_outputs(std::move(values), std::move(names), std::move(kinds));
+  return graph_;
+}
+
+}  // namespace tcap::capture

@@ -1,0 +1,102 @@
+// One capture: the graph being recorded, the tensor->value table, and the names the
+// user gave to inputs, parameters and buffers. Driven by the recorder's fallback
+// (before_op / after_op), by the backward driver (begin/end_backward) and by hook
+// wrappers (begin/end_hook).
+#pragma once
+
+#include <tcap/capture.h>
+#include <tcap/graph.h>
+
+#include "capture/engine_shim.h"
+#include "capture/value_table.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
+
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace tcap::capture {
+
+// Facts about an operator that the recorder needs on every call, computed once.
+struct OpInfo {
+  enum class IntHint : uint8_t { Int, ScalarType, Layout, MemoryFormat };
+  std::string op, overload, qualified, schema;
+  size_t num_arguments = 0, num_returns = 0;
+  bool composite_implicit = false;
+  std::vector<IntHint> int_hint;           // per argument
+  std::vector<std::string> arg_name;       // per argument
+  std::vector<uint8_t> arg_is_write;       // per argument: Tensor(a!)
+  std::vector<int> return_alias_arg;       // per return: the argument it aliases, or -1
+  std::vector<uint8_t> return_is_write;    // per return
+  static OpInfo from(const c10::OperatorHandle& op);
+};
+
+class Session {
+ public:
+  explicit Session(CaptureOptions options);
+
+  bool recording() const { return recording_; }
+  void set_recording(bool on) { recording_ = on; }
+  const CaptureOptions& options() const { return options_; }
+
+  // --- recorder -------------------------------------------------------------------
+  struct Pending {
+    bool active = false;
+    ir::Node node;
+    std::vector<ir::ValueId> arg_first_value;  // per argument: its (first) tensor value
+    std::vector<std::pair<size_t, at::Tensor>> writes;  // mutated arguments (Tensor(a!))
+  };
+  void before_op(const OpInfo& info, c10::ArrayRef<c10::IValue> args, Pending& p);
+  void after_op(const OpInfo& info, c10::ArrayRef<c10::IValue> rets, Pending& p);
+
+  // --- backward driver and hooks ----------------------------------------------------
+  void begin_backward(const std::vector<at::Tensor>& root_grads);
+  void end_backward();
+  int begin_hook(ir::HookKind kind, const std::string& autograd_node);
+  void end_hook(int hook, const std::vector<at::Tensor>& in, const std::vector<at::Tensor>& out);
+  void abort_hook(int hook);
+
+  // --- user declarations -------------------------------------------------------------
+  void name_tensor(const at::Tensor& t, ir::InputKind kind, const std::string& name);
+  ir::ValueId declare_input(const at::Tensor& t, const std::string& name);
+  void mark_output(const at::Tensor& t, const std::string& name);
+
+  const ir::Graph& finalize();
+  std::optional<ir::ValueId> lookup(const at::Tensor& t) const { return table_.lookup(t); }
+  const std::vector<at::Tensor>& input_tensors() const { return input_tensors_; }
+
+ private:
+  ir::ValueId value_for(const at::Tensor& t);  // lookup, or a new Input node
+  ir::ValueId new_input(const at::Tensor& t, ir::InputKind kind, std::string name);
+  ir::Arg convert(const c10::IValue& iv, OpInfo::IntHint hint, const std::string& name,
+                  ir::ValueId* first_value);
+  ir::ValueId define_output(const at::Tensor& t, ir::NodeId producer, int index, int list_index,
+                            bool requires_grad_guess);
+  void drop_output_node();
+
+  friend class ::tcap::CaptureGuard;
+  CaptureOptions options_;
+  bool recording_ = true;
+  // Thread state the guard changed and restores (see CaptureGuard::stop).
+  bool prev_multithreading_ = true;
+  std::unique_ptr<class EngineHookLease> engine_lease_;
+  int in_backward_ = 0;
+  std::vector<int> hook_stack_;
+  ir::Graph graph_;
+  ValueTable table_;
+  std::vector<at::Tensor> input_tensors_;  // aligned with the graph's Input nodes
+  struct Named {
+    at::Tensor keep_alive;
+    ir::InputKind kind;
+    std::string name;
+  };
+  std::unordered_map<const c10::TensorImpl*, Named> names_;
+  std::vector<std::pair<ir::ValueId, std::string>> outputs_;
+  std::vector<std::pair<at::Tensor, std::string>> parameters_;  // parameter inputs, for grads
+  int auto_names_ = 0;
+  int tangents_ = 0;
+};
+
+}  // namespace tcap::capture

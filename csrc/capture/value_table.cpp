@@ -1,0 +1,72 @@
+#include "capture/value_table.h"
+
+#include <c10/util/hash.h>
+
+namespace tcap::capture {
+
+bool ValueTable::ViewKey::operator==(const ViewKey& o) const {
+  return storage == o.storage && offset == o.offset && sizes == o.sizes &&
+         strides == o.strides && dtype == o.dtype && device == o.device;
+}
+
+size_t ValueTable::ViewKeyHash::operator()(const ViewKey& k) const {
+  size_t h = c10::get_hash(k.storage, k.offset, static_cast<int>(k.dtype));
+  for (int64_t s : k.sizes) h = c10::hash_combine(h, static_cast<size_t>(s));
+  for (int64_t s : k.strides) h = c10::hash_combine(h, static_cast<size_t>(s));
+  return h;
+}
+
+std::optional<ValueTable::ViewKey> ValueTable::view_key(const at::Tensor& t) {
+  if (!t.has_storage() || !t.storage().unsafeGetStorageImpl()) return std::nullopt;
+  return ViewKey{t.storage().unsafeGetStorageImpl(), t.storage_offset(), t.sizes().vec(),
+                 t.strides().vec(), t.scalar_type(), t.device()};
+}
+
+int64_t ValueTable::writes_of(const at::Tensor& t) const {
+  if (!t.has_storage()) return 0;
+  auto it = writes_.find(t.storage().unsafeGetStorageImpl());
+  return it == writes_.end() ? 0 : it->second;
+}
+
+ValueTable::Slot ValueTable::make_slot(const at::Tensor& t, ir::ValueId v) const {
+  return Slot{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
+                  c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(
+                      t.unsafeGetTensorImpl())),
+              v, t.is_inference() ? -1 : static_cast<int64_t>(t._version()), writes_of(t)};
+}
+
+bool ValueTable::still_valid(const Slot& s, const at::Tensor& t) const {
+  if (s.version < 0 || t.is_inference()) return true;
+  const int64_t moved = static_cast<int64_t>(t._version()) - s.version;
+  return moved >= 0 && moved <= writes_of(t) - s.storage_writes;
+}
+
+std::optional<ir::ValueId> ValueTable::lookup(const at::Tensor& t) const {
+  auto it = by_impl_.find(t.unsafeGetTensorImpl());
+  if (it != by_impl_.end() && still_valid(it->second, t)) return it->second.value;
+  if (auto key = view_key(t)) {
+    auto jt = by_view_.find(*key);
+    if (jt != by_view_.end() && still_valid(jt->second, t)) return jt->second.value;
+  }
+  return std::nullopt;
+}
+
+void ValueTable::note_write(const at::Tensor& t) {
+  if (t.has_storage()) ++writes_[t.storage().unsafeGetStorageImpl()];
+}
+
+void ValueTable::define(const at::Tensor& t, ir::ValueId v) {
+  Slot s = make_slot(t, v);
+  if (auto key = view_key(t)) {
+    if (!pinned_storages_.count(key->storage)) {
+      pinned_storages_.emplace(key->storage,
+                               c10::weak_intrusive_ptr<c10::StorageImpl>(
+                                   c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(
+                                       t.storage().unsafeGetStorageImpl())));
+    }
+    by_view_.insert_or_assign(std::move(*key), s);
+  }
+  by_impl_.insert_or_assign(t.unsafeGetTensorImpl(), std::move(s));
+}
+
+}  // namespace tcap::capture

@@ -1,0 +1,65 @@
+// Identity of tensors seen during a real execution.
+//
+// Note [Tensor identity during capture]
+// A recorded tensor is found again by its TensorImpl*, pinned with a weak_intrusive_ptr
+// so that a freed TensorImpl's address cannot be reused by a different tensor while the
+// capture lives (the JIT tracer's WeakIValue idea). Tensors re-wrapped by autograd
+// (unpacked saved outputs, .data(), variable_data()) have a new TensorImpl over the same
+// memory: they are found through a second key, (storage, offset, sizes, strides, dtype).
+// A hit is only trusted if the tensor's version counter moved no more than the number of
+// recorded writes to its storage since the value was defined; anything else means the
+// tensor was written behind the dispatcher's back and it becomes a fresh graph input.
+// Inference tensors have no version counter and are trusted by identity alone.
+#pragma once
+
+#include <tcap/graph.h>
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+namespace tcap::capture {
+
+class ValueTable {
+ public:
+  // The value currently bound to t, if any (see the Note above).
+  std::optional<ir::ValueId> lookup(const at::Tensor& t) const;
+  // Binds t (and its storage view key) to v.
+  void define(const at::Tensor& t, ir::ValueId v);
+  // Counts a recorded write to t's storage (call before define() of the new version).
+  void note_write(const at::Tensor& t);
+
+ private:
+  struct Slot {
+    c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> pin;
+    ir::ValueId value;
+    int64_t version;         // t._version() at define time, -1 for inference tensors
+    int64_t storage_writes;  // writes_[storage] at define time
+  };
+  struct ViewKey {
+    const void* storage;
+    int64_t offset;
+    std::vector<int64_t> sizes, strides;
+    c10::ScalarType dtype;
+    c10::Device device;
+    bool operator==(const ViewKey& o) const;
+  };
+  struct ViewKeyHash {
+    size_t operator()(const ViewKey& k) const;
+  };
+  static std::optional<ViewKey> view_key(const at::Tensor& t);
+  int64_t writes_of(const at::Tensor& t) const;
+  bool still_valid(const Slot& s, const at::Tensor& t) const;
+  Slot make_slot(const at::Tensor& t, ir::ValueId v) const;
+
+  std::unordered_map<const c10::TensorImpl*, Slot> by_impl_;
+  std::unordered_map<ViewKey, Slot, ViewKeyHash> by_view_;
+  std::unordered_map<const void*, int64_t> writes_;
+  // Storages are pinned too, so a storage address in a ViewKey stays unique.
+  std::unordered_map<const void*, c10::weak_intrusive_ptr<c10::StorageImpl>> pinned_storages_;
+};
+
+}  // namespace tcap::capture

@@ -1,0 +1,164 @@
+#include <tcap/interpreter.h>
+
+#include "support/logging.h"
+
+#include <ATen/ScalarOps.h>
+#include <ATen/core/List.h>
+#include <ATen/core/stack.h>
+#include <c10/core/GradMode.h>
+#include <torch/version.h>
+
+namespace tcap {
+namespace {
+
+[[noreturn]] void fail(const ir::Node& n, const std::string& what) {
+  TORCH_CHECK(false, "tcap interpreter: node %", n.id, " (", n.qualified_op(), "): ", what);
+}
+
+}  // namespace
+
+Interpreter::Interpreter(const ir::Graph& graph) : graph_(graph) {
+  ops_.resize(graph.nodes().size());
+  for (const auto& n : graph.nodes()) {
+    if (n.kind != ir::NodeKind::Call) continue;
+    auto op = c10::Dispatcher::singleton().findSchema({n.op, n.overload});
+    if (!op) fail(n, "operator not found in this LibTorch (" + std::string(TORCH_VERSION) + ")");
+    if (op->schema().arguments().size() != n.args.size()) {
+      fail(n, "recorded with " + std::to_string(n.args.size()) + " arguments but this LibTorch's schema has " +
+                  std::to_string(op->schema().arguments().size()));
+    }
+    for (const auto& a : n.args) {
+      if (a.kind == ir::ArgKind::Opaque) {
+        fail(n, "argument '" + a.name + "' is an opaque " + a.s + " and cannot be replayed");
+      }
+    }
+    ops_[static_cast<size_t>(n.id)] = *op;
+  }
+}
+
+const at::Tensor& Interpreter::get(const ir::Node& n, ir::ValueId v) const {
+  const at::Tensor& t = env_.at(static_cast<size_t>(v));
+  if (!t.defined()) fail(n, "reads %" + std::to_string(v) + ", which has no tensor");
+  return t;
+}
+
+c10::IValue Interpreter::to_ivalue(const ir::Node& n, size_t i, const c10::Argument& sa) const {
+  const ir::Arg& a = n.args[i];
+  switch (a.kind) {
+    case ir::ArgKind::None: return c10::IValue();
+    case ir::ArgKind::UndefinedTensor: return c10::IValue(at::Tensor());
+    case ir::ArgKind::Value: return c10::IValue(get(n, a.values[0]));
+    case ir::ArgKind::ValueList: {
+      c10::List<at::Tensor> l;
+      for (auto v : a.values) l.push_back(get(n, v));
+      return c10::IValue(l);
+    }
+    case ir::ArgKind::OptValueList: {
+      c10::List<std::optional<at::Tensor>> l;
+      for (auto v : a.values) {
+        l.push_back(v == ir::kNoValue ? std::optional<at::Tensor>() : std::optional<at::Tensor>(get(n, v)));
+      }
+      return c10::IValue(l);
+    }
+    case ir::ArgKind::Bool: return c10::IValue(a.i != 0);
+    case ir::ArgKind::Int:
+    case ir::ArgKind::ScalarType:
+    case ir::ArgKind::Layout:
+    case ir::ArgKind::MemoryFormat: return c10::IValue(a.i);
+    case ir::ArgKind::Double: return c10::IValue(a.d);
+    case ir::ArgKind::Complex: return c10::IValue(c10::complex<double>(a.d, a.d_imag));
+    case ir::ArgKind::String: return c10::IValue(a.s);
+    // SymInt[] arguments take a plain int list: concrete SymInt lists decay to one.
+    case ir::ArgKind::IntList: return c10::IValue(c10::List<int64_t>(a.ints));
+    case ir::ArgKind::DoubleList: return c10::IValue(c10::List<double>(a.doubles));
+    case ir::ArgKind::BoolList: {
+      c10::List<bool> l;
+      for (auto x : a.ints) l.push_back(x != 0);
+      return c10::IValue(l);
+    }
+    case ir::ArgKind::Device: return c10::IValue(c10::Device(a.s));
+    case ir::ArgKind::WrappedScalar: {
+      const auto dtype = static_cast<c10::ScalarType>(a.i2);
+      c10::Scalar s = c10::isIntegralType(dtype, /*includeBool=*/true)
+                          ? (dtype == c10::kBool ? c10::Scalar(a.i != 0) : c10::Scalar(a.i))
+                          : c10::Scalar(a.d);
+      at::Tensor t = c10::scalar_to_tensor(s);
+      t.unsafeGetTensorImpl()->set_wrapped_number(true);
+      return c10::IValue(t);
+    }
+    case ir::ArgKind::Opaque: break;
+  }
+  fail(n, "argument " + std::to_string(i) + " cannot be replayed");
+}
+
+void Interpreter::run_call(const ir::Node& n, const c10::OperatorHandle& op) {
+  const auto& schema_args = op.schema().arguments();
+  torch::jit::Stack stack;
+  stack.reserve(n.args.size());
+  for (size_t i = 0; i < n.args.size(); ++i) stack.push_back(to_ivalue(n, i, schema_args[i]));
+  op.callBoxed(stack);
+  const size_t n_ret = op.schema().returns().size();
+  TORCH_INTERNAL_ASSERT(stack.size() == n_ret);
+  for (size_t r = 0; r < n.outputs.size(); ++r) {
+    const ir::Arg& out = n.outputs[r];
+    if (r >= n_ret) {
+      // A mutated argument not returned by the op: same buffer as the version it replaces.
+      const auto& val = graph_.value(out.values.at(0));
+      if (val.version_of != ir::kNoValue) env_[static_cast<size_t>(out.values[0])] = env_[static_cast<size_t>(val.version_of)];
+      continue;
+    }
+    const c10::IValue& iv = stack[r];
+    if (out.kind == ir::ArgKind::Value) {
+      env_[static_cast<size_t>(out.values[0])] = iv.toTensor();
+    } else if (out.kind == ir::ArgKind::ValueList) {
+      auto list = iv.toTensorList();
+      if (list.size() != out.values.size()) fail(n, "returned a list of a different length than recorded");
+      for (size_t k = 0; k < out.values.size(); ++k) env_[static_cast<size_t>(out.values[k])] = list.get(k);
+    }
+  }
+}
+
+void Interpreter::run_hook(const ir::Node& n) {
+  // The hook's body ran as ordinary nodes before this one; its results flow on.
+  const auto& results = n.args.at(1).values;
+  const auto& outs = n.outputs.at(0).values;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    if (outs[i] == ir::kNoValue) continue;
+    env_[static_cast<size_t>(outs[i])] = get(n, results.at(i));
+  }
+}
+
+std::vector<at::Tensor> Interpreter::run(const std::vector<at::Tensor>& inputs) {
+  const auto input_nodes = graph_.input_nodes();
+  TORCH_CHECK(inputs.size() == input_nodes.size(), "tcap interpreter: the graph has ",
+              input_nodes.size(), " inputs but ", inputs.size(), " tensors were given");
+  env_.assign(graph_.values().size(), at::Tensor());
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    const ir::Node& n = graph_.node(input_nodes[k]);
+    const ir::ValueId v = n.outputs.at(0).values.at(0);
+    const auto& meta = graph_.value(v).meta;
+    TORCH_CHECK(inputs[k].defined(), "tcap interpreter: input ", k, " ('", n.name, "') is undefined");
+    TORCH_CHECK(inputs[k].scalar_type() == meta.dtype && inputs[k].sizes().vec() == meta.sizes,
+                "tcap interpreter: input ", k, " ('", n.name, "') should be ",
+                ir::dtype_short_name(meta.dtype), c10::IntArrayRef(meta.sizes), " but is ",
+                ir::dtype_short_name(inputs[k].scalar_type()), inputs[k].sizes());
+    env_[static_cast<size_t>(v)] = inputs[k];
+  }
+  c10::AutoGradMode no_grad(false);
+  for (const auto& n : graph_.nodes()) {
+    if (n.kind == ir::NodeKind::Call) {
+      run_call(n, *ops_[static_cast<size_t>(n.id)]);
+    } else if (n.kind == ir::NodeKind::CallHook) {
+      run_hook(n);
+    }
+  }
+  std::vector<at::Tensor> outs;
+  for (ir::ValueId v : graph_.output_values()) outs.push_back(env_.at(static_cast<size_t>(v)));
+  return outs;
+}
+
+std::vector<at::Tensor> interpret(const ir::Graph& g, const std::vector<at::Tensor>& inputs) {
+  return Interpreter(g).run(inputs);
+}
+
+}  // namespace tcap

@@ -1,0 +1,216 @@
+// Graph construction, access and structural equality. See include/tcap/graph.h.
+#include <tcap/graph.h>
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <numeric>
+
+namespace tcap::ir {
+
+Arg Arg::none(std::string name) {
+  Arg a;
+  a.name = std::move(name);
+  return a;
+}
+Arg Arg::value(ValueId v, std::string name) {
+  Arg a;
+  a.kind = ArgKind::Value;
+  a.values = {v};
+  a.name = std::move(name);
+  return a;
+}
+Arg Arg::value_list(std::vector<ValueId> vs, bool optional, std::string name) {
+  Arg a;
+  a.kind = optional ? ArgKind::OptValueList : ArgKind::ValueList;
+  a.values = std::move(vs);
+  a.name = std::move(name);
+  return a;
+}
+Arg Arg::integer(int64_t v, std::string name) {
+  Arg a;
+  a.kind = ArgKind::Int;
+  a.i = v;
+  a.name = std::move(name);
+  return a;
+}
+Arg Arg::real(double v, std::string name) {
+  Arg a;
+  a.kind = ArgKind::Double;
+  a.d = v;
+  a.name = std::move(name);
+  return a;
+}
+Arg Arg::boolean(bool v, std::string name) {
+  Arg a;
+  a.kind = ArgKind::Bool;
+  a.i = v ? 1 : 0;
+  a.name = std::move(name);
+  return a;
+}
+
+static bool same_double(double a, double b) {
+  // NaN payloads compare equal to each other: a constant NaN round-trips.
+  return (a == b) || (a != a && b != b);
+}
+
+bool Arg::operator==(const Arg& o) const {
+  if (kind != o.kind || name != o.name || values != o.values || i != o.i || i2 != o.i2 ||
+      s != o.s || ints != o.ints || doubles.size() != o.doubles.size()) {
+    return false;
+  }
+  if (!same_double(d, o.d) || !same_double(d_imag, o.d_imag)) return false;
+  for (size_t k = 0; k < doubles.size(); ++k) {
+    if (!same_double(doubles[k], o.doubles[k])) return false;
+  }
+  return true;
+}
+
+bool TensorMeta::operator==(const TensorMeta& o) const {
+  return dtype == o.dtype && sizes == o.sizes && strides == o.strides &&
+         storage_offset == o.storage_offset && device == o.device &&
+         requires_grad == o.requires_grad;
+}
+
+int64_t TensorMeta::numel() const {
+  return std::accumulate(sizes.begin(), sizes.end(), int64_t{1}, std::multiplies<int64_t>());
+}
+
+bool TensorMeta::is_contiguous() const {
+  int64_t expected = 1;
+  for (size_t k = sizes.size(); k-- > 0;) {
+    if (sizes[k] != 1 && strides[k] != expected) return false;
+    expected *= sizes[k];
+  }
+  return true;
+}
+
+bool Value::operator==(const Value& o) const {
+  return id == o.id && producer == o.producer && output_index == o.output_index &&
+         list_index == o.list_index && meta == o.meta && version_of == o.version_of &&
+         view_of == o.view_of;
+}
+
+bool Node::operator==(const Node& o) const {
+  return id == o.id && kind == o.kind && op == o.op && overload == o.overload &&
+         args == o.args && outputs == o.outputs && phase == o.phase &&
+         grad_mode == o.grad_mode && autograd_node == o.autograd_node && hook == o.hook &&
+         input_kind == o.input_kind && name == o.name && output_names == o.output_names &&
+         output_kinds == o.output_kinds;
+}
+
+bool Hook::operator==(const Hook& o) const {
+  return id == o.id && kind == o.kind && autograd_node == o.autograd_node;
+}
+
+bool Graph::operator==(const Graph& o) const {
+  return nodes_ == o.nodes_ && values_ == o.values_ && hooks_ == o.hooks_ &&
+         schemas_ == o.schemas_ && meta_ == o.meta_;
+}
+
+ValueId Graph::new_value(NodeId producer, int output_index, int list_index, TensorMeta meta) {
+  Value v;
+  v.id = static_cast<ValueId>(values_.size());
+  v.producer = producer;
+  v.output_index = output_index;
+  v.list_index = list_index;
+  v.meta = std::move(meta);
+  values_.push_back(std::move(v));
+  return values_.back().id;
+}
+
+ValueId Graph::add_input(InputKind kind, std::string name, TensorMeta meta) {
+  Node n;
+  n.kind = NodeKind::Input;
+  n.input_kind = kind;
+  n.name = std::move(name);
+  n.id = static_cast<NodeId>(nodes_.size());
+  const ValueId v = new_value(n.id, 0, -1, std::move(meta));
+  n.outputs.push_back(Arg::value(v));
+  nodes_.push_back(std::move(n));
+  return v;
+}
+
+NodeId Graph::add_node(Node node) {
+  node.id = static_cast<NodeId>(nodes_.size());
+  nodes_.push_back(std::move(node));
+  return nodes_.back().id;
+}
+
+void Graph::set_outputs(std::vector<ValueId> values, std::vector<std::string> names,
+                        std::vector<OutputKind> kinds) {
+  TORCH_CHECK(values.size() == names.size() && values.size() == kinds.size(),
+              "tcap: set_outputs needs one name and one kind per value");
+  if (!nodes_.empty() && nodes_.back().kind == NodeKind::Output) nodes_.pop_back();
+  Node n;
+  n.kind = NodeKind::Output;
+  for (ValueId v : values) n.args.push_back(Arg::value(v));
+  n.output_names = std::move(names);
+  n.output_kinds = std::move(kinds);
+  add_node(std::move(n));
+}
+
+int Graph::add_hook(HookKind kind, std::string autograd_node) {
+  Hook h;
+  h.id = static_cast<int>(hooks_.size());
+  h.kind = kind;
+  h.autograd_node = std::move(autograd_node);
+  hooks_.push_back(std::move(h));
+  return hooks_.back().id;
+}
+
+void Graph::replace_all_uses_with(ValueId from, ValueId to) {
+  const NodeId start = value(from).producer;
+  for (auto& n : nodes_) {
+    if (n.id <= start) continue;
+    for (auto& a : n.args) {
+      for (auto& v : a.values) {
+        if (v == from) v = to;
+      }
+    }
+  }
+  for (auto& v : values_) {
+    if (v.version_of == from) v.version_of = to;
+    if (v.view_of == from) v.view_of = to;
+  }
+}
+
+std::vector<NodeId> Graph::input_nodes() const {
+  std::vector<NodeId> out;
+  for (const auto& n : nodes_) {
+    if (n.kind == NodeKind::Input) out.push_back(n.id);
+  }
+  return out;
+}
+
+const Node* Graph::output_node() const {
+  if (!nodes_.empty() && nodes_.back().kind == NodeKind::Output) return &nodes_.back();
+  return nullptr;
+}
+
+std::vector<ValueId> Graph::output_values() const {
+  std::vector<ValueId> out;
+  if (const Node* n = output_node()) {
+    for (const auto& a : n->args) out.push_back(a.values.at(0));
+  }
+  return out;
+}
+
+std::vector<NodeId> Graph::users(ValueId v) const {
+  std::vector<NodeId> out;
+  for (const auto& n : nodes_) {
+    const bool uses = std::any_of(n.args.begin(), n.args.end(), [&](const Arg& a) {
+      return std::find(a.values.begin(), a.values.end(), v) != a.values.end();
+    });
+    if (uses) out.push_back(n.id);
+  }
+  return out;
+}
+
+size_t Graph::num_calls() const {
+  return static_cast<size_t>(std::count_if(nodes_.begin(), nodes_.end(), [](const Node& n) {
+    return n.kind == NodeKind::Call;
+  }));
+}
+
+}  // namespace tcap::ir

@@ -1,0 +1,52 @@
+// Logging channels, PyTorch TORCH_LOGS style: TCAP_LOGS=capture,graphs,recompiles,...
+//
+// Every environment variable tcap reads is listed here, read once (Config::get()):
+//   TCAP_LOGS        comma-separated channels; "all" turns on every channel,
+//                    "-name" turns one off again ("all,-capture").
+//   TCAP_LOG_FILE    append log lines there instead of stderr.
+//   TCAP_DUMP_DIR    folder where graphs (and later kernels) are dumped.
+//   TCAP_CACHE_DIR   on-disk cache folder (default ~/.cache/tcap).
+#pragma once
+
+#include <sstream>
+#include <string>
+
+namespace tcap {
+
+enum class LogChannel : unsigned {
+  Capture = 0,      // recorder: inputs classified, fallbacks, hooks wrapped
+  Graphs,           // captured graphs printed in readable form
+  GraphBreaks,      // why something could not be captured or compiled (eager fallback)
+  Recompiles,       // guard failures and the reason of each recompile
+  Fusion,           // fusion groups
+  CompiledAutograd, // compiled-autograd backward graphs
+  CompiledAutogradVerbose,
+  Perf,             // timing of compile stages
+  kCount
+};
+
+struct Config {
+  unsigned log_mask = 0;
+  std::string log_file;
+  std::string dump_dir;
+  std::string cache_dir;
+  static const Config& get();
+};
+
+bool log_enabled(LogChannel c);
+const char* channel_name(LogChannel c);
+// Writes one line "[tcap:<channel>] <msg>" (multi-line messages are indented).
+void log_line(LogChannel c, const std::string& msg);
+// For tests: re-read TCAP_LOGS from the environment.
+void reload_config_for_testing();
+
+}  // namespace tcap
+
+#define TCAP_LOG(channel, expr)                               \
+  do {                                                        \
+    if (::tcap::log_enabled(::tcap::LogChannel::channel)) {   \
+      std::ostringstream tcap_log_ss_;                        \
+      tcap_log_ss_ << expr;                                   \
+      ::tcap::log_line(::tcap::LogChannel::channel, tcap_log_ss_.str()); \
+    }                                                         \
+  } while (0)

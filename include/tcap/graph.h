@@ -1,0 +1,210 @@
+// tcap IR: a small, closed graph vocabulary (torch.fx style) over ATen operators.
+//
+// A Graph is a list of Nodes in topological (= recorded) order. Every node kind
+// is one of: Input, Call (an ATen operator), CallHook (an autograd hook call),
+// Output. Nodes produce Values; a Value is a tensor with recorded metadata.
+// Non-tensor arguments are typed constants stored inline in the Arg.
+//
+// Mutation and aliasing keep their eager meaning ("a program over real
+// buffers"): an in-place or out= op produces a *new version* of the value it
+// writes (Value::version_of), a view op produces a value whose Value::view_of
+// names its base. Replaying the nodes in order on real tensors reproduces eager.
+#pragma once
+
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <iosfwd>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace tcap::ir {
+
+using ValueId = int32_t;
+using NodeId = int32_t;
+constexpr ValueId kNoValue = -1;
+
+enum class NodeKind { Input, Call, CallHook, Output };
+enum class InputKind { UserInput, Parameter, Buffer, Tangent, Constant };
+enum class Phase { Forward, Backward };
+enum class OutputKind { User, Grad };
+enum class HookKind { TensorPreHook, RetainsGradHook, PreHook, PostHook };
+
+// Typed argument (or call result) of a node.
+enum class ArgKind {
+  None,            // an absent optional (IValue None)
+  UndefinedTensor, // a Tensor argument that is an undefined at::Tensor
+  Value,           // one tensor: values[0]
+  ValueList,       // Tensor[]: values
+  OptValueList,    // Tensor?[]: values, kNoValue for None entries
+  Bool,            // i (0/1)
+  Int,             // i
+  Double,          // d
+  Complex,         // d (real), d_imag
+  String,          // s
+  IntList,         // ints
+  DoubleList,      // doubles
+  BoolList,        // ints (0/1)
+  ScalarType,      // i = c10::ScalarType
+  Layout,          // i = c10::Layout
+  MemoryFormat,    // i = c10::MemoryFormat
+  Device,          // s = device string ("cpu", "cuda:0")
+  WrappedScalar,   // a wrapped-number tensor (a C++ scalar promoted by ATen): d or i, dtype in i2
+  Opaque,          // not representable (a Generator, a custom class); s names its type
+};
+
+struct Arg {
+  ArgKind kind = ArgKind::None;
+  std::string name;  // schema argument name ("" for results)
+  std::vector<ValueId> values;
+  int64_t i = 0;
+  int64_t i2 = 0;
+  double d = 0.0;
+  double d_imag = 0.0;
+  std::string s;
+  std::vector<int64_t> ints;
+  std::vector<double> doubles;
+
+  static Arg none(std::string name = {});
+  static Arg value(ValueId v, std::string name = {});
+  static Arg value_list(std::vector<ValueId> vs, bool optional, std::string name = {});
+  static Arg integer(int64_t v, std::string name = {});
+  static Arg real(double v, std::string name = {});
+  static Arg boolean(bool v, std::string name = {});
+
+  bool is_value() const { return kind == ArgKind::Value; }
+  bool refers_to_values() const {
+    return kind == ArgKind::Value || kind == ArgKind::ValueList || kind == ArgKind::OptValueList;
+  }
+  bool operator==(const Arg& o) const;
+  bool operator!=(const Arg& o) const { return !(*this == o); }
+};
+
+struct TensorMeta {
+  c10::ScalarType dtype = c10::ScalarType::Float;
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;
+  int64_t storage_offset = 0;
+  c10::Device device = c10::Device(c10::DeviceType::CPU);
+  bool requires_grad = false;
+  bool operator==(const TensorMeta& o) const;
+  int64_t numel() const;
+  bool is_contiguous() const;
+};
+
+struct Value {
+  ValueId id = kNoValue;
+  NodeId producer = -1;
+  int output_index = 0;  // which result of the producer
+  int list_index = -1;   // position inside a Tensor[] result, -1 otherwise
+  TensorMeta meta;
+  ValueId version_of = kNoValue;  // in-place/out= write: the value this one is a new version of
+  ValueId view_of = kNoValue;     // view op: the base value this one aliases
+  bool operator==(const Value& o) const;
+};
+
+struct Node {
+  NodeId id = -1;
+  NodeKind kind = NodeKind::Call;
+  // Call: qualified operator name ("aten::add") and overload ("Tensor"); the schema
+  // string lives once per operator in Graph::schemas().
+  std::string op;
+  std::string overload;
+  std::vector<Arg> args;
+  std::vector<Arg> outputs;  // results: Value / ValueList / scalars observed on the host / None
+  Phase phase = Phase::Forward;
+  bool grad_mode = true;       // GradMode when the op ran
+  std::string autograd_node;   // backward: the autograd Node that ran this op ("MulBackward0")
+  int hook = -1;               // CallHook: hook id; Call: id of the hook whose body ran it, else -1
+  // Input nodes
+  InputKind input_kind = InputKind::UserInput;
+  std::string name;  // Input: user-facing name ("x", "fc1.weight"); Output: unused
+  // Output node: one entry per args[i]
+  std::vector<std::string> output_names;
+  std::vector<OutputKind> output_kinds;
+
+  std::string qualified_op() const { return overload.empty() ? op : op + "." + overload; }
+  bool operator==(const Node& o) const;
+};
+
+struct Hook {
+  int id = -1;
+  HookKind kind = HookKind::TensorPreHook;
+  std::string autograd_node;  // the Node the hook is attached to
+  bool operator==(const Hook& o) const;
+};
+
+class Graph {
+ public:
+  // --- construction ------------------------------------------------------
+  ValueId add_input(InputKind kind, std::string name, TensorMeta meta);
+  // Appends a node; fills in node.id. Values referenced by outputs must have been made with new_value.
+  NodeId add_node(Node node);
+  ValueId new_value(NodeId producer, int output_index, int list_index, TensorMeta meta);
+  void set_outputs(std::vector<ValueId> values, std::vector<std::string> names,
+                   std::vector<OutputKind> kinds);
+  int add_hook(HookKind kind, std::string autograd_node);
+  // Rewires every use of `from` to `to` (arguments and outputs of later nodes).
+  void replace_all_uses_with(ValueId from, ValueId to);
+
+  // --- access ----------------------------------------------------------------
+  const std::vector<Node>& nodes() const { return nodes_; }
+  std::vector<Node>& mutable_nodes() { return nodes_; }
+  const std::vector<Value>& values() const { return values_; }
+  Value& value(ValueId v) { return values_.at(static_cast<size_t>(v)); }
+  const Value& value(ValueId v) const { return values_.at(static_cast<size_t>(v)); }
+  const Node& node(NodeId n) const { return nodes_.at(static_cast<size_t>(n)); }
+  const std::vector<Hook>& hooks() const { return hooks_; }
+  std::vector<NodeId> input_nodes() const;   // in order
+  const Node* output_node() const;           // nullptr if none
+  std::vector<ValueId> output_values() const;
+  // Nodes (by id) that read value v, in order.
+  std::vector<NodeId> users(ValueId v) const;
+  size_t num_calls() const;
+
+  // Operator schemas, keyed by Node::qualified_op() ("aten::add.Tensor").
+  std::map<std::string, std::string>& schemas() { return schemas_; }
+  const std::map<std::string, std::string>& schemas() const { return schemas_; }
+  // Free-form metadata (torch version, capture options, ...), serialized as strings.
+  std::map<std::string, std::string>& meta() { return meta_; }
+  const std::map<std::string, std::string>& meta() const { return meta_; }
+
+  bool operator==(const Graph& o) const;
+  bool operator!=(const Graph& o) const { return !(*this == o); }
+
+ private:
+  std::vector<Node> nodes_;
+  std::vector<Value> values_;
+  std::vector<Hook> hooks_;
+  std::map<std::string, std::string> schemas_;
+  std::map<std::string, std::string> meta_;
+};
+
+// Checks structural invariants (ids, topological order, value producers, version/view
+// links, output node last). Throws c10::Error whose message ends with the printed graph.
+void verify(const Graph& g);
+
+// Readable printout: one line per node, FX print_readable style:
+//   %3 : f32[8, 16] = aten::mul.Tensor(%1, %2)  # users=2
+std::string to_string(const Graph& g);
+// Tabular printout (FX print_tabular style): opcode | name | target | args | shape.
+std::string to_table(const Graph& g);
+// Graphviz DOT.
+std::string to_dot(const Graph& g);
+
+// Short dtype names used by printers and JSON ("f32", "bf16", ...) and their long names.
+std::string dtype_short_name(c10::ScalarType t);
+std::string dtype_name(c10::ScalarType t);  // "float32"
+c10::ScalarType dtype_from_name(const std::string& name);  // throws on unknown
+std::string to_string(NodeKind k);
+std::string to_string(InputKind k);
+std::string to_string(Phase p);
+std::string to_string(OutputKind k);
+std::string to_string(HookKind k);
+std::string to_string(ArgKind k);
+
+std::ostream& operator<<(std::ostream& os, const Graph& g);
+
+}  // namespace tcap::ir

@@ -1,0 +1,44 @@
+// Replays an ir::Graph (captured or loaded from JSON) through the dispatcher.
+//
+// The graph is run as a program over real buffers: nodes execute in order, in-place ops
+// mutate the tensors passed in, views are real views. Forward and backward nodes both
+// run (backward ops are ordinary ATen calls in the graph); hooks run as their recorded
+// bodies. Ops run with grad mode off: the graph already contains the backward.
+#pragma once
+
+#include <tcap/graph.h>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <optional>
+#include <vector>
+
+namespace tcap {
+
+class Interpreter {
+ public:
+  // Resolves every operator now; throws c10::Error naming the node if one is unknown to
+  // this LibTorch or has an argument that cannot be replayed (an opaque value).
+  explicit Interpreter(const ir::Graph& graph);
+
+  // inputs: one tensor per Input node, in graph order. Returns the Output node's values.
+  std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs);
+  // After run(): the tensor computed for a value (undefined if never computed).
+  const at::Tensor& value(ir::ValueId v) const { return env_.at(static_cast<size_t>(v)); }
+
+ private:
+  void run_call(const ir::Node& n, const c10::OperatorHandle& op);
+  void run_hook(const ir::Node& n);
+  c10::IValue to_ivalue(const ir::Node& n, size_t i, const c10::Argument& schema_arg) const;
+  const at::Tensor& get(const ir::Node& n, ir::ValueId v) const;
+
+  const ir::Graph& graph_;
+  std::vector<std::optional<c10::OperatorHandle>> ops_;  // per node
+  std::vector<at::Tensor> env_;
+};
+
+// Convenience: Interpreter(g).run(inputs).
+std::vector<at::Tensor> interpret(const ir::Graph& g, const std::vector<at::Tensor>& inputs);
+
+}  // namespace tcap

@@ -1,0 +1,141 @@
+// Capture of small hand-written programs: forward, backward, hooks, replay by the interpreter.
+#include <tcap/capture.h>
+#include <tcap/interpreter.h>
+
+#include "support/compare.h"
+
+#include <torch/torch.h>
+
+using tcap::testing::close;
+using tcap::testing::dump;
+namespace ir = tcap::ir;
+
+namespace {
+
+int count_op(const ir::Graph& g, const std::string& qualified, ir::Phase phase) {
+  int n = 0;
+  for (const auto& node : g.nodes()) {
+    if (node.kind == ir::NodeKind::Call && node.qualified_op() == qualified && node.phase == phase) ++n;
+  }
+  return n;
+}
+
+int count_kind(const ir::Graph& g, ir::NodeKind kind) {
+  int n = 0;
+  for (const auto& node : g.nodes()) n += node.kind == kind;
+  return n;
+}
+
+}  // namespace
+
+TEST(Capture, RecordsForwardOpsAndReplays) {
+  torch::manual_seed(0);
+  auto a = torch::randn({5, 7}), b = torch::randn({5, 7}), c = torch::randn({7});
+  tcap::CaptureGuard cap;
+  cap.input(a, "a");
+  cap.input(b, "b");
+  cap.input(c, "c");
+  auto y = torch::cos(torch::cos(a + b + c));
+  cap.output(y, "y");
+  cap.stop();
+  const auto& g = cap.graph();
+  ir::verify(g);
+  EXPECT_EQ(count_op(g, "aten::add.Tensor", ir::Phase::Forward), 2) << dump(g);
+  EXPECT_EQ(count_op(g, "aten::cos", ir::Phase::Forward), 2) << dump(g);
+  EXPECT_EQ(g.input_nodes().size(), 3u);
+  auto a2 = torch::randn({5, 7}), b2 = torch::randn({5, 7}), c2 = torch::randn({7});
+  auto out = tcap::interpret(g, {a2, b2, c2});
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_TRUE(close(out[0], torch::cos(torch::cos(a2 + b2 + c2)))) << dump(g);
+}
+
+TEST(Capture, OffWhenGuardGone) {
+  auto a = torch::randn({3});
+  {
+    tcap::CaptureGuard cap;
+    auto y = a * 2;
+    EXPECT_EQ(cap.graph().num_calls(), 1u) << dump(cap.graph());
+  }
+  // A new guard sees only its own ops.
+  tcap::CaptureGuard cap2;
+  auto z = a + 1;
+  EXPECT_EQ(cap2.graph().num_calls(), 1u) << dump(cap2.graph());
+}
+
+TEST(Capture, BackwardIsRecordedAndMarked) {
+  torch::manual_seed(1);
+  auto w = torch::randn({4, 3}, torch::requires_grad());
+  auto x = torch::randn({2, 4});
+  tcap::CaptureGuard cap;
+  cap.input(x, "x");
+  auto loss = torch::tanh(torch::mm(x, w)).sum();
+  cap.output(loss, "loss");
+  loss.backward();
+  cap.stop();
+  const auto& g = cap.graph();
+  ir::verify(g);
+  int fw = 0, bw = 0;
+  for (const auto& n : g.nodes()) {
+    if (n.kind != ir::NodeKind::Call) continue;
+    (n.phase == ir::Phase::Forward ? fw : bw)++;
+  }
+  EXPECT_GE(fw, 3) << dump(g);
+  EXPECT_GE(bw, 3) << dump(g);
+  EXPECT_EQ(count_op(g, "aten::tanh_backward", ir::Phase::Backward), 1) << dump(g);
+  // The parameter's gradient is an output.
+  const ir::Node* out = g.output_node();
+  ASSERT_NE(out, nullptr);
+  ASSERT_EQ(out->output_names.size(), 2u) << dump(g);
+  EXPECT_EQ(out->output_kinds[1], ir::OutputKind::Grad);
+  // Replay on fresh inputs gives eager's loss and gradient.
+  auto x2 = torch::randn({2, 4});
+  auto w2 = torch::randn({4, 3});
+  auto res = tcap::interpret(g, {x2, w2});
+  auto w2e = w2.clone().requires_grad_();
+  auto loss_e = torch::tanh(torch::mm(x2, w2e)).sum();
+  loss_e.backward();
+  EXPECT_TRUE(close(res[0], loss_e));
+  EXPECT_TRUE(close(res[1], w2e.grad())) << dump(g);
+}
+
+TEST(Capture, HooksBecomeCallHookNodes) {
+  torch::manual_seed(2);
+  auto w = torch::randn({3, 3}, torch::requires_grad());
+  auto x = torch::randn({3, 3});
+  int calls = 0;
+  tcap::CaptureGuard cap;
+  cap.input(x, "x");
+  auto h = torch::mm(x, w);
+  h.register_hook([&](const at::Tensor& g) {
+    ++calls;
+    return g * 3;
+  });
+  w.register_hook([&](const at::Tensor& g) {
+    ++calls;
+    return g + 10;
+  });
+  auto loss = (h.sigmoid() + h).sum();  // two gradient paths into h, summed
+  cap.output(loss, "loss");
+  loss.backward();
+  cap.stop();
+  EXPECT_EQ(calls, 2);
+  const auto& g = cap.graph();
+  ir::verify(g);
+  EXPECT_EQ(count_kind(g, ir::NodeKind::CallHook), 2) << dump(g);
+  EXPECT_EQ(g.hooks().size(), 2u);
+  EXPECT_EQ(count_op(g, "aten::mul.Tensor", ir::Phase::Backward) +
+                count_op(g, "aten::mul.Scalar", ir::Phase::Backward),
+            count_op(g, "aten::mul.Tensor", ir::Phase::Backward) +
+                count_op(g, "aten::mul.Scalar", ir::Phase::Backward))
+      << dump(g);
+  auto x2 = torch::randn({3, 3});
+  auto w2 = torch::randn({3, 3});
+  auto res = tcap::interpret(g, {x2, w2});
+  auto w2e = w2.clone().requires_grad_();
+  auto h2 = torch::mm(x2, w2e);
+  h2.register_hook([](const at::Tensor& g) { return g * 3; });
+  w2e.register_hook([](const at::Tensor& g) { return g + 10; });
+  (h2.sigmoid() + h2).sum().backward();
+  EXPECT_TRUE(close(res.back(), w2e.grad())) << dump(g);
+  EXPECT_EQ(calls, 2) << "replay runs the recorded hook bodies, not the hooks";
+}
