@@ -60,8 +60,8 @@ void CaptureGuard::output(const at::Tensor& t, const std::string& name) {
   session_->mark_output(t, name);
 }
 
-const ir::Graph& CaptureGuard::graph() {
-  const ir::Graph& g = session_->finalize();
+ir::Graph CaptureGuard::graph() const {
+  ir::Graph g = session_->snapshot();
   TCAP_LOG(Graphs, "captured graph:\n" << ir::to_string(g));
   return g;
 }

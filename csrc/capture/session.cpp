@@ -79,13 +79,7 @@ Session::Session(CaptureOptions options) : options_(options) {
   graph_.meta()["producer"] = "tcap capture";
 }
 
-void Session::drop_output_node() {
-  auto& nodes = graph_.mutable_nodes();
-  if (!nodes.empty() && nodes.back().kind == ir::NodeKind::Output) nodes.pop_back();
-}
-
 ir::ValueId Session::new_input(const at::Tensor& t, ir::InputKind kind, std::string name) {
-  drop_output_node();
   const ir::ValueId v = graph_.add_input(kind, std::move(name), meta_of(t));
   input_tensors_.push_back(t);
   if (kind == ir::InputKind::Parameter) parameters_.emplace_back(t, graph_.node(graph_.value(v).producer).name);
@@ -259,7 +253,6 @@ ir::ValueId Session::define_output(const at::Tensor& t, ir::NodeId producer, int
 }
 
 void Session::after_op(const OpInfo& info, c10::ArrayRef<c10::IValue> rets, Pending& p) {
-  drop_output_node();
   if (graph_.schemas().find(info.qualified) == graph_.schemas().end()) {
     graph_.schemas()[info.qualified] = info.schema;
   }
@@ -357,7 +350,6 @@ void Session::abort_hook(int hook) {
 void Session::end_hook(int hook, const std::vector<at::Tensor>& in,
                        const std::vector<at::Tensor>& out) {
   abort_hook(hook);
-  drop_output_node();
   ir::Node n;
   n.kind = ir::NodeKind::CallHook;
   n.hook = hook;
@@ -402,7 +394,7 @@ void Session::mark_output(const at::Tensor& t, const std::string& name) {
   outputs_.emplace_back(*v, name.empty() ? "out" + std::to_string(outputs_.size()) : name);
 }
 
-const ir::Graph& Session::finalize() {
+ir::Graph Session::snapshot() const {
   std::vector<ir::ValueId> values;
   std::vector<std::string> names;
   std::vector<ir::OutputKind> kinds;
@@ -417,12 +409,12 @@ const ir::Graph& Session::finalize() {
     auto v = table_.lookup(g);
     if (!v || graph_.node(graph_.value(*v).producer).kind == ir::NodeKind::Input) continue;
     values.push_back(*v);
-    names.push_back("grad(" + name + ")");
+    names.push_back(name);  // with OutputKind::Grad; printed as grad(name)
     kinds.push_back(ir::OutputKind::Grad);
   }
-  drop_output_node();
-  graph_.set_outputs(std::move(values), std::move(names), std::move(kinds));
-  return graph_;
+  ir::Graph g = graph_;
+  g.set_outputs(std::move(values), std::move(names), std::move(kinds));
+  return g;
 }
 
 }  // namespace tcap::capture

@@ -63,7 +63,8 @@ class Session {
   ir::ValueId declare_input(const at::Tensor& t, const std::string& name);
   void mark_output(const at::Tensor& t, const std::string& name);
 
-  const ir::Graph& finalize();
+  // A copy of the graph so far, ended by an Output node (see CaptureGuard::graph).
+  ir::Graph snapshot() const;
   std::optional<ir::ValueId> lookup(const at::Tensor& t) const { return table_.lookup(t); }
   const std::vector<at::Tensor>& input_tensors() const { return input_tensors_; }
 
@@ -74,7 +75,6 @@ class Session {
                   ir::ValueId* first_value);
   ir::ValueId define_output(const at::Tensor& t, ir::NodeId producer, int index, int list_index,
                             bool requires_grad_guess);
-  void drop_output_node();
 
   friend class ::tcap::CaptureGuard;
   CaptureOptions options_;

@@ -1,5 +1,6 @@
 #include "capture/value_table.h"
 
+#include <c10/core/InferenceMode.h>
 #include <c10/util/hash.h>
 
 namespace tcap::capture {
@@ -28,11 +29,17 @@ int64_t ValueTable::writes_of(const at::Tensor& t) const {
   return it == writes_.end() ? 0 : it->second;
 }
 
+// Inference tensors have no version counter, and views made under InferenceMode see
+// version bumps that no op accounts for: both are trusted by identity alone.
+static bool trust_identity(const at::Tensor& t) {
+  return t.is_inference() || c10::InferenceMode::is_enabled();
+}
+
 ValueTable::Slot ValueTable::make_slot(const at::Tensor& t, ir::ValueId v) const {
   return Slot{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
                   c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(
                       t.unsafeGetTensorImpl())),
-              v, t.is_inference() ? -1 : static_cast<int64_t>(t._version()), writes_of(t)};
+              v, trust_identity(t) ? -1 : static_cast<int64_t>(t._version()), writes_of(t)};
 }
 
 bool ValueTable::still_valid(const Slot& s, const at::Tensor& t) const {

@@ -59,9 +59,10 @@ class CaptureGuard {
   void stop();
   bool active() const;
 
-  // The graph so far, with an Output node: the marked outputs, then the gradient of every
-  // parameter input whose .grad was produced inside the capture ("grad(fc1.weight)").
-  const ir::Graph& graph();
+  // A snapshot of the graph so far, ended by an Output node: the marked outputs, then the
+  // gradient of every parameter input whose .grad was produced inside the capture
+  // (named after the parameter, kind Grad). Ops recorded later are not in the returned copy.
+  ir::Graph graph() const;
   // The tensors bound to the graph's Input nodes, in input order, as seen during capture.
   std::vector<at::Tensor> input_tensors() const;
   // The value currently bound to t in the graph, if t was seen.

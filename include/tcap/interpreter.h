@@ -33,7 +33,7 @@ class Interpreter {
   c10::IValue to_ivalue(const ir::Node& n, size_t i, const c10::Argument& schema_arg) const;
   const at::Tensor& get(const ir::Node& n, ir::ValueId v) const;
 
-  const ir::Graph& graph_;
+  const ir::Graph graph_;  // a copy: replay may itself be recorded into the graph it came from
   std::vector<std::optional<c10::OperatorHandle>> ops_;  // per node
   std::vector<at::Tensor> env_;
 };
