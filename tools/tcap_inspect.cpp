@@ -293,69 +293,6 @@ bool diff(const Graph& a, const Graph& b, std::ostream& os) {
   return true;
 }
 
-// --- svg -------------------------------------------------------------------------
-
-std::string find_in_path(const std::string& exe) {
-  const char* path = std::getenv("PATH");
-  std::istringstream dirs(path ? path : "");
-  for (std::string dir; std::getline(dirs, dir, ':');) {
-    const std::string full = (dir.empty() ? "." : dir) + "/" + exe;
-    if (::access(full.c_str(), X_OK) == 0) return full;
-  }
-  return "";
-}
-
-std::string shell_quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
-// A temporary file removed on scope exit.
-struct TempFile {
-  std::string path;
-  explicit TempFile(const std::string& contents) {
-    std::string templ = (std::filesystem::temp_directory_path() / "tcap-inspect-XXXXXX").string();
-    const int fd = ::mkstemp(templ.data());
-    if (fd < 0) throw ToolError("cannot create a temporary file in " + templ);
-    path = templ;
-    size_t done = 0;
-    while (done < contents.size()) {
-      const ssize_t n = ::write(fd, contents.data() + done, contents.size() - done);
-      if (n <= 0) break;
-      done += static_cast<size_t>(n);
-    }
-    ::close(fd);
-    if (done != contents.size()) throw ToolError("cannot write temporary file " + path);
-  }
-  ~TempFile() {
-    if (!path.empty()) std::remove(path.c_str());
-  }
-  TempFile(const TempFile&) = delete;
-  TempFile& operator=(const TempFile&) = delete;
-};
-
-std::string render_svg(const std::string& dot) {
-  const std::string exe = find_in_path("dot");
-  if (exe.empty()) throw ToolError("Graphviz 'dot' not found in PATH (install graphviz)");
-  TempFile in(dot), err("");
-  const std::string cmd =
-      shell_quote(exe) + " -Tsvg " + shell_quote(in.path) + " 2>" + shell_quote(err.path);
-  std::FILE* pipe = ::popen(cmd.c_str(), "r");
-  if (!pipe) throw ToolError("cannot run " + exe);
-  std::string svg;
-  char buf[1 << 14];
-  for (size_t n; (n = std::fread(buf, 1, sizeof buf, pipe)) > 0;) svg.append(buf, n);
-  const int status = ::pclose(pipe);
-  if (status != 0) {
-    std::ifstream f(err.path);
-    std::string msg;
-    std::getline(f, msg);
-    throw ToolError("Graphviz 'dot -Tsvg' failed" + (msg.empty() ? "" : ": " + msg));
-  }
-  return svg;
-}
-
 // --- main ------------------------------------------------------------------------
 
 void emit(const std::string& text, const std::string& out_path) {
@@ -406,7 +343,7 @@ int run(int argc, char** argv) {
   if (cmd == "code") text = to_string(g);
   if (cmd == "table") text = to_table(g);
   if (cmd == "dot") text = to_dot(g);
-  if (cmd == "svg") text = render_svg(to_dot(g));
+  if (cmd == "svg") text = tcap::ir::to_svg(g);
   if (cmd == "summary") text = summary(g, pos[1]);
   emit(text, out_path);
   return 0;

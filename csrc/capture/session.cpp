@@ -34,8 +34,16 @@ OpInfo::IntHint hint_of(const c10::Argument& a) {
   }
 }
 
+// A Tensor(a)[] return (split, unbind) carries its alias set on the element type.
+const c10::AliasInfo* element_alias(const c10::AliasInfo* a) {
+  if (a && a->beforeSets().empty() && !a->containedTypes().empty()) return &a->containedTypes()[0];
+  return a;
+}
+
 bool same_alias_set(const c10::AliasInfo* a, const c10::AliasInfo* b) {
-  return a && b && a->beforeSets() == b->beforeSets();
+  a = element_alias(a);
+  b = element_alias(b);
+  return a && b && !a->beforeSets().empty() && a->beforeSets() == b->beforeSets();
 }
 
 bool is_floating_or_complex(c10::ScalarType t) {
@@ -70,7 +78,8 @@ OpInfo OpInfo::from(const c10::OperatorHandle& op) {
       }
     }
     info.return_alias_arg.push_back(alias);
-    info.return_is_write.push_back(r.alias_info() && r.alias_info()->isWrite());
+    const c10::AliasInfo* ra = element_alias(r.alias_info());
+    info.return_is_write.push_back(ra && ra->isWrite());
   }
   return info;
 }
@@ -82,7 +91,8 @@ Session::Session(CaptureOptions options) : options_(options) {
 ir::ValueId Session::new_input(const at::Tensor& t, ir::InputKind kind, std::string name) {
   const ir::ValueId v = graph_.add_input(kind, std::move(name), meta_of(t));
   input_tensors_.push_back(t);
-  if (kind == ir::InputKind::Parameter) parameters_.emplace_back(t, graph_.node(graph_.value(v).producer).name);
+  // Every leaf that requires grad may receive a .grad inside the capture (see snapshot).
+  if (t.requires_grad() && t.is_leaf()) grad_leaves_.emplace_back(t, graph_.node(graph_.value(v).producer).name);
   table_.define(t, v);
   return v;
 }
@@ -403,7 +413,7 @@ ir::Graph Session::snapshot() const {
     names.push_back(name);
     kinds.push_back(ir::OutputKind::User);
   }
-  for (const auto& [p, name] : parameters_) {
+  for (const auto& [p, name] : grad_leaves_) {
     const at::Tensor& g = p.grad();
     if (!g.defined()) continue;
     auto v = table_.lookup(g);

@@ -94,7 +94,7 @@ class Session {
   };
   std::unordered_map<const c10::TensorImpl*, Named> names_;
   std::vector<std::pair<ir::ValueId, std::string>> outputs_;
-  std::vector<std::pair<at::Tensor, std::string>> parameters_;  // parameter inputs, for grads
+  std::vector<std::pair<at::Tensor, std::string>> grad_leaves_;  // inputs that may get a .grad
   int auto_names_ = 0;
   int tangents_ = 0;
 };

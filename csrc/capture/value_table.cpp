@@ -35,27 +35,49 @@ static bool trust_identity(const at::Tensor& t) {
   return t.is_inference() || c10::InferenceMode::is_enabled();
 }
 
-ValueTable::Slot ValueTable::make_slot(const at::Tensor& t, ir::ValueId v) const {
+ValueTable::Slot ValueTable::make_slot(const at::Tensor& t, ir::ValueId v) {
   return Slot{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
                   c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(
                       t.unsafeGetTensorImpl())),
-              v, trust_identity(t) ? -1 : static_cast<int64_t>(t._version()), writes_of(t)};
+              v, trust_identity(t) ? kTrusted : kPending, writes_of(t), writes_of(t), next_seq_++};
 }
 
-bool ValueTable::still_valid(const Slot& s, const at::Tensor& t) const {
-  if (s.version < 0 || t.is_inference()) return true;
+bool ValueTable::still_valid(Slot& s, const at::Tensor& t) const {
+  if (s.version == kTrusted || t.is_inference()) return true;
+  if (s.version == kPending) {
+    // First use since define(): adopt the counter as it is now (see the Note).
+    s.version = static_cast<int64_t>(t._version());
+    s.storage_writes = writes_of(t);
+    return true;
+  }
   const int64_t moved = static_cast<int64_t>(t._version()) - s.version;
   return moved >= 0 && moved <= writes_of(t) - s.storage_writes;
 }
 
+bool ValueTable::alias_valid(const Slot& s, const at::Tensor& t) const {
+  if (s.version == kTrusted || s.version == kPending || t.is_inference()) return true;
+  const int64_t v = static_cast<int64_t>(t._version());
+  const int64_t writes = writes_of(t);
+  // The same counter as the defining tensor, moved only by recorded writes ...
+  if (v >= s.version && v - s.version <= writes - s.storage_writes) return true;
+  // ... or a fresh counter of its own that saw only recorded writes.
+  return v <= writes - s.define_writes;
+}
+
 std::optional<ir::ValueId> ValueTable::lookup(const at::Tensor& t) const {
+  const Slot* best = nullptr;
   auto it = by_impl_.find(t.unsafeGetTensorImpl());
-  if (it != by_impl_.end() && still_valid(it->second, t)) return it->second.value;
+  if (it != by_impl_.end() && still_valid(it->second, t)) best = &it->second;
   if (auto key = view_key(t)) {
     auto jt = by_view_.find(*key);
-    if (jt != by_view_.end() && still_valid(jt->second, t)) return jt->second.value;
+    if (jt != by_view_.end() && (!best || jt->second.seq > best->seq)) {
+      Slot& s = jt->second;
+      const bool same_impl = s.pin._unsafe_get_target() == t.unsafeGetTensorImpl();
+      if (same_impl ? still_valid(s, t) : alias_valid(s, t)) best = &s;
+    }
   }
-  return std::nullopt;
+  if (!best) return std::nullopt;
+  return best->value;
 }
 
 void ValueTable::note_write(const at::Tensor& t) {

@@ -7,9 +7,12 @@
 // (unpacked saved outputs, .data(), variable_data()) have a new TensorImpl over the same
 // memory: they are found through a second key, (storage, offset, sizes, strides, dtype).
 // A hit is only trusted if the tensor's version counter moved no more than the number of
-// recorded writes to its storage since the value was defined; anything else means the
+// recorded writes to its storage since the value was first used; anything else means the
 // tensor was written behind the dispatcher's back and it becomes a fresh graph input.
-// Inference tensors have no version counter and are trusted by identity alone.
+// The counter is read at first use, not at define(): we record below ADInplaceOrView,
+// which bumps the version of an in-place op's output and swaps a view's counter for its
+// base's only after our fallback returns. Inference tensors have no version counter and
+// are trusted by identity alone.
 #pragma once
 
 #include <tcap/graph.h>
@@ -36,8 +39,10 @@ class ValueTable {
   struct Slot {
     c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> pin;
     ir::ValueId value;
-    int64_t version;         // t._version() at define time, -1 for inference tensors
-    int64_t storage_writes;  // writes_[storage] at define time
+    int64_t version;         // t._version() at first use, or kPending / kTrusted
+    int64_t storage_writes;  // writes_[storage] when `version` was read
+    int64_t define_writes;   // writes_[storage] at define()
+    int64_t seq;             // definition order: the newest binding wins
   };
   struct ViewKey {
     const void* storage;
@@ -52,12 +57,17 @@ class ValueTable {
   };
   static std::optional<ViewKey> view_key(const at::Tensor& t);
   int64_t writes_of(const at::Tensor& t) const;
-  bool still_valid(const Slot& s, const at::Tensor& t) const;
-  Slot make_slot(const at::Tensor& t, ir::ValueId v) const;
+  static constexpr int64_t kTrusted = -1;  // no version check (inference tensors)
+  static constexpr int64_t kPending = -2;  // version not read yet
+  bool still_valid(Slot& s, const at::Tensor& t) const;
+  bool alias_valid(const Slot& s, const at::Tensor& t) const;
+  Slot make_slot(const at::Tensor& t, ir::ValueId v);
 
-  std::unordered_map<const c10::TensorImpl*, Slot> by_impl_;
-  std::unordered_map<ViewKey, Slot, ViewKeyHash> by_view_;
+  // mutable: a lookup may adopt a pending slot's version (still_valid).
+  mutable std::unordered_map<const c10::TensorImpl*, Slot> by_impl_;
+  mutable std::unordered_map<ViewKey, Slot, ViewKeyHash> by_view_;
   std::unordered_map<const void*, int64_t> writes_;
+  int64_t next_seq_ = 0;
   // Storages are pinned too, so a storage address in a ViewKey stays unique.
   std::unordered_map<const void*, c10::weak_intrusive_ptr<c10::StorageImpl>> pinned_storages_;
 };

@@ -3,6 +3,7 @@
 #include "support/logging.h"
 
 #include <ATen/ScalarOps.h>
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/List.h>
 #include <ATen/core/stack.h>
 #include <c10/core/GradMode.h>
@@ -144,9 +145,13 @@ std::vector<at::Tensor> Interpreter::run(const std::vector<at::Tensor>& inputs) 
                 ir::dtype_short_name(inputs[k].scalar_type()), inputs[k].sizes());
     env_[static_cast<size_t>(v)] = inputs[k];
   }
-  c10::AutoGradMode no_grad(false);
+  // Below autograd: the graph already holds the backward. Each op still sees the grad
+  // mode it was recorded with, since some kernels branch on it (mkldnn_rnn_layer keeps
+  // its workspace only when grad mode is on).
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
   for (const auto& n : graph_.nodes()) {
     if (n.kind == ir::NodeKind::Call) {
+      c10::AutoGradMode grad_mode(n.grad_mode);
       run_call(n, *ops_[static_cast<size_t>(n.id)]);
     } else if (n.kind == ir::NodeKind::CallHook) {
       run_hook(n);

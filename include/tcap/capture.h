@@ -60,8 +60,8 @@ class CaptureGuard {
   bool active() const;
 
   // A snapshot of the graph so far, ended by an Output node: the marked outputs, then the
-  // gradient of every parameter input whose .grad was produced inside the capture
-  // (named after the parameter, kind Grad). Ops recorded later are not in the returned copy.
+  // gradient of every input leaf (parameter or user input requiring grad) whose .grad was
+  // produced inside the capture (named after the input, kind Grad). Ops recorded later are not in the returned copy.
   ir::Graph graph() const;
   // The tensors bound to the graph's Input nodes, in input order, as seen during capture.
   std::vector<at::Tensor> input_tensors() const;

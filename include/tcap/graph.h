@@ -193,6 +193,9 @@ std::string to_string(const Graph& g);
 std::string to_table(const Graph& g);
 // Graphviz DOT.
 std::string to_dot(const Graph& g);
+// SVG rendered by Graphviz `dot -Tsvg`; throws std::runtime_error (one line) if `dot` is
+// not installed or fails.
+std::string to_svg(const Graph& g);
 
 // Short dtype names used by printers and JSON ("f32", "bf16", ...) and their long names.
 std::string dtype_short_name(c10::ScalarType t);

@@ -3,7 +3,8 @@
 // The graph is run as a program over real buffers: nodes execute in order, in-place ops
 // mutate the tensors passed in, views are real views. Forward and backward nodes both
 // run (backward ops are ordinary ATen calls in the graph); hooks run as their recorded
-// bodies. Ops run with grad mode off: the graph already contains the backward.
+// bodies. Ops run below autograd (the graph already contains the backward), each under
+// the grad mode it was recorded with.
 #pragma once
 
 #include <tcap/graph.h>

@@ -1,0 +1,9 @@
+// tcap: graph capture and compilation for pure C++ LibTorch programs. The one include.
+#pragma once
+
+#define TCAP_VERSION_STRING "0.1.0"
+
+#include <tcap/capture.h>
+#include <tcap/graph.h>
+#include <tcap/graph_json.h>
+#include <tcap/interpreter.h>
