@@ -14,14 +14,15 @@ log() { echo "[bootstrap] $*" >&2; }
 need_pkgs=()
 have() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 if command -v apt-get >/dev/null 2>&1 && [ "${TCAP_SKIP_APT:-0}" != 1 ]; then
-  for p in llvm-19-dev nlohmann-json3-dev googletest libgtest-dev ninja-build graphviz cmake g++ python3-venv; do
+  for p in llvm-19-dev nlohmann-json3-dev googletest libgtest-dev ninja-build graphviz cmake g++ python3-venv ccache; do
     have "$p" || need_pkgs+=("$p")
   done
   if [ ${#need_pkgs[@]} -gt 0 ]; then
     log "installing Debian packages: ${need_pkgs[*]}"
     SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
-    $SUDO apt-get update -qq >&2
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_pkgs[@]}" >&2
+    mkdir -p "$CACHE"
+    { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_pkgs[@]}"; } \
+      >"$CACHE/apt.log" 2>&1 || { tail -n 30 "$CACHE/apt.log" >&2; log "apt-get failed (log: $CACHE/apt.log)"; exit 1; }
   fi
 fi
 
