@@ -19,8 +19,12 @@ size_t ValueTable::ViewKeyHash::operator()(const ViewKey& k) const {
 
 std::optional<ValueTable::ViewKey> ValueTable::view_key(const at::Tensor& t) {
   if (!t.has_storage() || !t.storage().unsafeGetStorageImpl()) return std::nullopt;
-  return ViewKey{t.storage().unsafeGetStorageImpl(), t.storage_offset(), t.sizes().vec(),
-                 t.strides().vec(), t.scalar_type(), t.device()};
+  return ViewKey{t.storage().unsafeGetStorageImpl(),
+                 t.storage_offset(),
+                 c10::SmallVector<int64_t, 6>(t.sizes().begin(), t.sizes().end()),
+                 c10::SmallVector<int64_t, 6>(t.strides().begin(), t.strides().end()),
+                 t.scalar_type(),
+                 t.device()};
 }
 
 int64_t ValueTable::writes_of(const at::Tensor& t) const {
@@ -67,7 +71,12 @@ bool ValueTable::alias_valid(const Slot& s, const at::Tensor& t) const {
 std::optional<ir::ValueId> ValueTable::lookup(const at::Tensor& t) const {
   const Slot* best = nullptr;
   auto it = by_impl_.find(t.unsafeGetTensorImpl());
-  if (it != by_impl_.end() && still_valid(it->second, t)) best = &it->second;
+  if (it != by_impl_.end() && still_valid(it->second, t)) {
+    best = &it->second;
+    auto nt = t.has_storage() ? newest_on_storage_.find(t.storage().unsafeGetStorageImpl())
+                              : newest_on_storage_.end();
+    if (nt == newest_on_storage_.end() || nt->second == best->seq) return best->value;
+  }
   if (auto key = view_key(t)) {
     auto jt = by_view_.find(*key);
     if (jt != by_view_.end() && (!best || jt->second.seq > best->seq)) {
@@ -87,6 +96,7 @@ void ValueTable::note_write(const at::Tensor& t) {
 void ValueTable::define(const at::Tensor& t, ir::ValueId v) {
   Slot s = make_slot(t, v);
   if (auto key = view_key(t)) {
+    newest_on_storage_[key->storage] = s.seq;
     if (!pinned_storages_.count(key->storage)) {
       pinned_storages_.emplace(key->storage,
                                c10::weak_intrusive_ptr<c10::StorageImpl>(

@@ -18,6 +18,7 @@
 #include <tcap/graph.h>
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/SmallVector.h>
 #include <c10/util/intrusive_ptr.h>
 
 #include <optional>
@@ -47,7 +48,7 @@ class ValueTable {
   struct ViewKey {
     const void* storage;
     int64_t offset;
-    std::vector<int64_t> sizes, strides;
+    c10::SmallVector<int64_t, 6> sizes, strides;
     c10::ScalarType dtype;
     c10::Device device;
     bool operator==(const ViewKey& o) const;
@@ -67,6 +68,9 @@ class ValueTable {
   mutable std::unordered_map<const c10::TensorImpl*, Slot> by_impl_;
   mutable std::unordered_map<ViewKey, Slot, ViewKeyHash> by_view_;
   std::unordered_map<const void*, int64_t> writes_;
+  // Newest definition on each storage: a by-impl hit that is the newest needs no
+  // storage-key lookup (the common case, and the cheap one).
+  std::unordered_map<const void*, int64_t> newest_on_storage_;
   int64_t next_seq_ = 0;
   // Storages are pinned too, so a storage address in a ViewKey stays unique.
   std::unordered_map<const void*, c10::weak_intrusive_ptr<c10::StorageImpl>> pinned_storages_;
