@@ -48,7 +48,11 @@ void record_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
     op.redispatchBoxed(below, stack);
     return;
   }
-  c10::SmallVector<Session::Pending, 2> pending(sessions.size());
+  // Reused across ops (one per nested session): no per-op construction of a Node.
+  thread_local std::vector<Session::Pending> scratch;
+  if (scratch.size() < sessions.size()) scratch.resize(sessions.size());
+  auto& pending = scratch;
+  for (size_t k = 0; k < sessions.size(); ++k) pending[k].reset();
   const auto args = torch::jit::last(*stack, info.num_arguments);
   for (size_t k = 0; k < sessions.size(); ++k) {
     if (sessions[k]->recording()) sessions[k]->before_op(info, args, pending[k]);

@@ -1,13 +1,16 @@
 #include "capture/session.h"
 
+#include "capture/recorder.h"
 #include "support/logging.h"
 
 #include <ATen/core/function_schema.h>
 #include <c10/core/DispatchKey.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <sstream>
+#include <typeindex>
 
 namespace tcap::capture {
 namespace {
@@ -44,6 +47,14 @@ bool same_alias_set(const c10::AliasInfo* a, const c10::AliasInfo* b) {
   a = element_alias(a);
   b = element_alias(b);
   return a && b && !a->beforeSets().empty() && a->beforeSets() == b->beforeSets();
+}
+
+// Node::name() demangles on every call; a node's name is a function of its type.
+const std::string& node_name(const torch::autograd::Node& node) {
+  thread_local std::unordered_map<std::type_index, std::string> names;
+  auto it = names.find(typeid(node));
+  if (it == names.end()) it = names.emplace(typeid(node), node.name()).first;
+  return it->second;
 }
 
 bool is_floating_or_complex(c10::ScalarType t) {
@@ -125,7 +136,9 @@ ir::Arg Session::convert(const c10::IValue& iv, OpInfo::IntHint hint, const std:
     } else if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
       a.kind = ir::ArgKind::WrappedScalar;
       a.i2 = static_cast<int64_t>(t.scalar_type());
-      const c10::Scalar s = t.item();  // a CPU scalar: no dispatch below our key matters here
+      // A CPU scalar; read it with the recording key off so item() is not itself recorded.
+      c10::impl::ExcludeDispatchKeyGuard no_record(recording_key());
+      const c10::Scalar s = t.item();
       if (c10::isIntegralType(t.scalar_type(), /*includeBool=*/true)) {
         a.i = s.toLong();
       } else {
@@ -226,7 +239,7 @@ void Session::before_op(const OpInfo& info, c10::ArrayRef<c10::IValue> args, Pen
   if (!hook_stack_.empty()) n.hook = hook_stack_.back();
   if (in_backward_ > 0) {
     if (auto node = torch::autograd::get_current_node()) {
-      n.autograd_node = node->name();
+      n.autograd_node = node_name(*node);
     } else if (n.hook >= 0) {
       n.autograd_node = graph_.hooks()[static_cast<size_t>(n.hook)].autograd_node;
     }
@@ -263,9 +276,7 @@ ir::ValueId Session::define_output(const at::Tensor& t, ir::NodeId producer, int
 }
 
 void Session::after_op(const OpInfo& info, c10::ArrayRef<c10::IValue> rets, Pending& p) {
-  if (graph_.schemas().find(info.qualified) == graph_.schemas().end()) {
-    graph_.schemas()[info.qualified] = info.schema;
-  }
+  if (schemas_recorded_.insert(&info).second) graph_.schemas()[info.qualified] = info.schema;
   ir::Node& n = p.node;
   const ir::NodeId id = static_cast<ir::NodeId>(graph_.nodes().size());
   // A differentiable op's outputs require grad if grad mode is on and an input does; the
@@ -279,7 +290,7 @@ void Session::after_op(const OpInfo& info, c10::ArrayRef<c10::IValue> rets, Pend
       }
     }
   }
-  std::vector<uint8_t> write_returned(info.num_arguments, 0);
+  c10::SmallVector<uint8_t, 8> write_returned(p.writes.empty() ? 0 : info.num_arguments, 0);
   for (size_t r = 0; r < rets.size(); ++r) {
     const c10::IValue& iv = rets[r];
     const int alias = info.return_alias_arg[r];
@@ -292,7 +303,7 @@ void Session::after_op(const OpInfo& info, c10::ArrayRef<c10::IValue> rets, Pend
         auto& val = graph_.value(out.values[0]);
         if (info.return_is_write[r]) {
           val.version_of = base;
-          if (alias >= 0) write_returned[static_cast<size_t>(alias)] = 1;
+          if (alias >= 0 && !write_returned.empty()) write_returned[static_cast<size_t>(alias)] = 1;
         } else {
           val.view_of = base;
         }
@@ -308,7 +319,7 @@ void Session::after_op(const OpInfo& info, c10::ArrayRef<c10::IValue> rets, Pend
         vs.push_back(v);
       }
       out = ir::Arg::value_list(std::move(vs), false);
-      if (info.return_is_write[r] && alias >= 0) write_returned[static_cast<size_t>(alias)] = 1;
+      if (info.return_is_write[r] && alias >= 0 && !write_returned.empty()) write_returned[static_cast<size_t>(alias)] = 1;
     } else {
       out = convert(iv, OpInfo::IntHint::Int, {}, nullptr);
     }

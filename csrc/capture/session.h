@@ -15,6 +15,7 @@
 
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace tcap::capture {
@@ -47,6 +48,12 @@ class Session {
     ir::Node node;
     std::vector<ir::ValueId> arg_first_value;  // per argument: its (first) tensor value
     std::vector<std::pair<size_t, at::Tensor>> writes;  // mutated arguments (Tensor(a!))
+    void reset() {
+      active = false;
+      node = ir::Node();
+      arg_first_value.clear();
+      writes.clear();
+    }
   };
   void before_op(const OpInfo& info, c10::ArrayRef<c10::IValue> args, Pending& p);
   void after_op(const OpInfo& info, c10::ArrayRef<c10::IValue> rets, Pending& p);
@@ -94,6 +101,7 @@ class Session {
   };
   std::unordered_map<const c10::TensorImpl*, Named> names_;
   std::vector<std::pair<ir::ValueId, std::string>> outputs_;
+  std::unordered_set<const OpInfo*> schemas_recorded_;
   std::vector<std::pair<at::Tensor, std::string>> grad_leaves_;  // inputs that may get a .grad
   int auto_names_ = 0;
   int tangents_ = 0;

@@ -103,9 +103,11 @@ void ValueTable::define(const at::Tensor& t, ir::ValueId v) {
                                    c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(
                                        t.storage().unsafeGetStorageImpl())));
     }
-    by_view_.insert_or_assign(std::move(*key), s);
+    by_view_.erase(*key);
+    by_view_.emplace(std::move(*key), s);
   }
-  by_impl_.insert_or_assign(t.unsafeGetTensorImpl(), std::move(s));
+  by_impl_.erase(t.unsafeGetTensorImpl());
+  by_impl_.emplace(t.unsafeGetTensorImpl(), std::move(s));
 }
 
 }  // namespace tcap::capture

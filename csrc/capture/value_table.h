@@ -19,6 +19,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/SmallVector.h>
+#include <c10/util/flat_hash_map.h>
 #include <c10/util/intrusive_ptr.h>
 
 #include <optional>
@@ -65,15 +66,15 @@ class ValueTable {
   Slot make_slot(const at::Tensor& t, ir::ValueId v);
 
   // mutable: a lookup may adopt a pending slot's version (still_valid).
-  mutable std::unordered_map<const c10::TensorImpl*, Slot> by_impl_;
-  mutable std::unordered_map<ViewKey, Slot, ViewKeyHash> by_view_;
-  std::unordered_map<const void*, int64_t> writes_;
+  mutable ska::flat_hash_map<const c10::TensorImpl*, Slot> by_impl_;
+  mutable ska::flat_hash_map<ViewKey, Slot, ViewKeyHash> by_view_;
+  ska::flat_hash_map<const void*, int64_t> writes_;
   // Newest definition on each storage: a by-impl hit that is the newest needs no
   // storage-key lookup (the common case, and the cheap one).
-  std::unordered_map<const void*, int64_t> newest_on_storage_;
+  ska::flat_hash_map<const void*, int64_t> newest_on_storage_;
   int64_t next_seq_ = 0;
   // Storages are pinned too, so a storage address in a ViewKey stays unique.
-  std::unordered_map<const void*, c10::weak_intrusive_ptr<c10::StorageImpl>> pinned_storages_;
+  ska::flat_hash_map<const void*, c10::weak_intrusive_ptr<c10::StorageImpl>> pinned_storages_;
 };
 
 }  // namespace tcap::capture

@@ -135,3 +135,21 @@ TEST(Json, UnknownOperatorFailsClearlyAtReplay) {
     EXPECT_NE(std::string(e.what()).find("not found"), std::string::npos) << e.what();
   }
 }
+
+TEST(Alias, WrappedScalarIsAConstantNotAnOp) {
+  auto x = torch::randn({3, 4});
+  at::Tensor s = c10::scalar_to_tensor(c10::Scalar(2.5));
+  s.unsafeGetTensorImpl()->set_wrapped_number(true);
+  tcap::CaptureGuard cap;
+  cap.input(x, "x");
+  auto y = at::mul(x, s);
+  cap.output(y, "y");
+  cap.stop();
+  const auto g = cap.graph();
+  ASSERT_EQ(g.num_calls(), 1u) << dump(g);
+  const auto& mul = find_call(g, "aten::mul.Tensor");
+  EXPECT_EQ(mul.args[1].kind, ir::ArgKind::WrappedScalar) << dump(g);
+  EXPECT_DOUBLE_EQ(mul.args[1].d, 2.5);
+  auto x2 = torch::randn({3, 4});
+  EXPECT_TRUE(close(tcap::interpret(g, {x2})[0], x2 * 2.5));
+}
