@@ -1,0 +1,12 @@
+// Every workload family of tcap-bench adds itself to the registry here; main() calls
+// these in order, which is the order of the report.
+#pragma once
+
+#include "harness.h"
+
+namespace tcap::bench {
+
+// record_small_ops, record_mlp_step (workloads_capture.cpp).
+void add_capture_workloads(Registry& registry);
+
+}  // namespace tcap::bench

@@ -1,0 +1,168 @@
+// Workloads that measure what recording costs: the same code run eagerly and inside a
+// tcap::CaptureGuard, interleaved in one run (goal: <= 1 µs per recorded op).
+#include "workloads.h"
+
+#include <tcap/capture.h>
+#include <tcap/interpreter.h>
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <stdexcept>
+
+namespace tcap::bench {
+
+namespace {
+
+namespace nn = torch::nn;
+
+// --- record_small_ops ------------------------------------------------------------------
+
+constexpr int kStreamOps = 1000;  // 250 x (mul, add, relu, neg)
+
+// Tiny pointwise ops on a 16-element tensor: the kernel is a few ns, so the time is the
+// dispatcher's (and, under capture, the recorder's). Values stay in [-0.5, 0].
+at::Tensor small_op_stream(at::Tensor y) {
+  for (int i = 0; i < kStreamOps / 4; ++i) {
+    y = y.mul(1.0001);
+    y = y.add(0.5);
+    y = y.relu();
+    y = y.neg();
+  }
+  return y;
+}
+
+std::vector<Variant> make_small_ops(const Options&) {
+  auto x = std::make_shared<at::Tensor>(torch::randn({16}));
+
+  size_t recorded_ops = 0;
+  {
+    tcap::CaptureGuard cap;
+    small_op_stream(*x);
+    recorded_ops = cap.graph().num_calls();
+  }
+
+  Variant eager{"eager", [x](Sample& s) {
+                  s.start();
+                  at::Tensor y = small_op_stream(*x);
+                  s.stop("us_per_op");
+                },
+                kStreamOps};
+  // A fresh guard per stream; its construction and destruction are outside the clock.
+  Variant record{"record", [x](Sample& s) {
+                   tcap::CaptureGuard cap;
+                   s.start();
+                   at::Tensor y = small_op_stream(*x);
+                   s.stop("us_per_op");
+                 },
+                 kStreamOps};
+  record.fixed = {{"recorded_ops", static_cast<double>(recorded_ops)}};
+  return {eager, record};
+}
+
+void derive_small_ops(std::vector<Record>& records) {
+  Record* eager = find_variant(records, "eager");
+  Record* record = find_variant(records, "record");
+  if (!eager || !record) return;
+  // us_per_op is already per op of the stream: the difference is the overhead per op.
+  set_with_spread(*record, "overhead_us_per_op", *record->get("us_per_op") - *eager->get("us_per_op"),
+                  paired_difference(*record, *eager, "us_per_op"));
+}
+
+// --- record_mlp_step -------------------------------------------------------------------
+
+// The seed MLP, batch 1, and one training step without an optimizer: zero the grads,
+// forward, MSE loss against a fixed random target, backward.
+struct Mlp {
+  nn::Sequential model{nn::Linear(10, 5), nn::ReLU(), nn::Linear(5, 2), nn::Softmax(1)};
+  at::Tensor x = torch::randn({1, 10});
+  at::Tensor target = torch::randn({1, 2});
+
+  at::Tensor step() {
+    model->zero_grad();
+    at::Tensor loss = torch::mse_loss(model->forward(x), target);
+    loss.backward();
+    return loss;
+  }
+  void declare(tcap::CaptureGuard& cap) {
+    cap.register_module(*model);
+    cap.input(x, "x");
+    cap.input(target, "target");
+  }
+};
+
+// The step captured once and replayed by an Interpreter built once.
+struct Replay {
+  explicit Replay(const ir::Graph& g, std::vector<at::Tensor> in)
+      : interp(g), inputs(std::move(in)) {}
+  tcap::Interpreter interp;
+  std::vector<at::Tensor> inputs;
+};
+
+std::vector<Variant> make_mlp_step(const Options&) {
+  torch::manual_seed(0);
+  auto mlp = std::make_shared<Mlp>();
+
+  std::shared_ptr<Replay> replay;
+  size_t recorded_ops = 0;
+  {
+    tcap::CaptureGuard cap;
+    mlp->declare(cap);
+    cap.output(mlp->step(), "loss");
+    cap.stop();
+    const ir::Graph g = cap.graph();
+    recorded_ops = g.num_calls();
+    replay = std::make_shared<Replay>(g, cap.input_tensors());
+  }
+  // Replay must compute what eager computes, or its timing means nothing.
+  const at::Tensor eager_loss = mlp->step().detach();
+  const at::Tensor replay_loss = replay->interp.run(replay->inputs).at(0);
+  if (!torch::allclose(eager_loss, replay_loss)) {
+    throw std::runtime_error("record_mlp_step: replayed loss differs from eager");
+  }
+
+  Variant eager{"eager", [mlp](Sample& s) {
+                  s.start();
+                  mlp->step();
+                  s.stop("step_us");
+                }};
+  Variant record{"record", [mlp](Sample& s) {
+                   tcap::CaptureGuard cap;
+                   mlp->declare(cap);
+                   s.start();
+                   mlp->step();
+                   s.stop("step_us");
+                 }};
+  record.fixed = {{"recorded_ops", static_cast<double>(recorded_ops)}};
+  Variant replayed{"replay", [replay](Sample& s) {
+                     s.start();
+                     replay->interp.run(replay->inputs);
+                     s.stop("step_us");
+                   }};
+  return {eager, record, replayed};
+}
+
+void derive_mlp_step(std::vector<Record>& records) {
+  Record* eager = find_variant(records, "eager");
+  Record* record = find_variant(records, "record");
+  if (!eager || !record) return;
+  const double ops = *record->get("recorded_ops");
+  set_with_spread(*record, "overhead_us_per_op",
+                  (*record->get("step_us") - *eager->get("step_us")) / ops,
+                  paired_difference(*record, *eager, "step_us", 1.0 / ops));
+}
+
+}  // namespace
+
+void add_capture_workloads(Registry& registry) {
+  registry.add({"record_small_ops",
+                "1000 tiny pointwise ops (mul, add, relu, neg) on f32[16], eager vs inside a "
+                "CaptureGuard; µs per op",
+                make_small_ops, derive_small_ops});
+  registry.add({"record_mlp_step",
+                "seed MLP 10-5-2 (softmax, MSE, batch 1) zero_grad + forward + backward, eager vs "
+                "inside a CaptureGuard vs Interpreter replay of the captured graph; µs per step",
+                make_mlp_step, derive_mlp_step});
+}
+
+}  // namespace tcap::bench
