@@ -8,7 +8,8 @@ what=${1:-}
 case "$what" in demo|test|build) ;; *) echo "usage: tools/dev.sh demo|test|build" >&2; exit 2 ;; esac
 
 prefix=$(bash "$root/tools/bootstrap.sh" | tail -n 1)
-export CCACHE_DIR="${TCAP_CACHE_DIR:-$HOME/.cache/tcap}/ccache"
+# ccache keyed on paths relative to the checkout, so every clone on this machine shares it.
+export CCACHE_DIR="${TCAP_CACHE_DIR:-$HOME/.cache/tcap}/ccache" CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=1
 launcher=()
 command -v ccache >/dev/null 2>&1 && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 if [ ! -f "$root/build/build.ninja" ]; then
