@@ -18,8 +18,8 @@ namespace {
 ir::TensorMeta meta_of(const at::Tensor& t) {
   ir::TensorMeta m;
   m.dtype = t.scalar_type();
-  m.sizes = t.sizes().vec();
-  m.strides = t.layout() == c10::kStrided ? t.strides().vec() : std::vector<int64_t>{};
+  m.sizes.assign(t.sizes().begin(), t.sizes().end());
+  if (t.layout() == c10::kStrided) m.strides.assign(t.strides().begin(), t.strides().end());
   m.storage_offset = t.layout() == c10::kStrided ? t.storage_offset() : 0;
   m.device = t.device();
   m.requires_grad = t.requires_grad();

@@ -1,36 +1,12 @@
 #include "capture/value_table.h"
 
 #include <c10/core/InferenceMode.h>
-#include <c10/util/hash.h>
 
 namespace tcap::capture {
 
-bool ValueTable::ViewKey::operator==(const ViewKey& o) const {
-  return storage == o.storage && offset == o.offset && sizes == o.sizes &&
-         strides == o.strides && dtype == o.dtype && device == o.device;
-}
-
-size_t ValueTable::ViewKeyHash::operator()(const ViewKey& k) const {
-  size_t h = c10::get_hash(k.storage, k.offset, static_cast<int>(k.dtype));
-  for (int64_t s : k.sizes) h = c10::hash_combine(h, static_cast<size_t>(s));
-  for (int64_t s : k.strides) h = c10::hash_combine(h, static_cast<size_t>(s));
-  return h;
-}
-
-std::optional<ValueTable::ViewKey> ValueTable::view_key(const at::Tensor& t) {
-  if (!t.has_storage() || !t.storage().unsafeGetStorageImpl()) return std::nullopt;
-  return ViewKey{t.storage().unsafeGetStorageImpl(),
-                 t.storage_offset(),
-                 c10::SmallVector<int64_t, 6>(t.sizes().begin(), t.sizes().end()),
-                 c10::SmallVector<int64_t, 6>(t.strides().begin(), t.strides().end()),
-                 t.scalar_type(),
-                 t.device()};
-}
-
-int64_t ValueTable::writes_of(const at::Tensor& t) const {
-  if (!t.has_storage()) return 0;
-  auto it = writes_.find(t.storage().unsafeGetStorageImpl());
-  return it == writes_.end() ? 0 : it->second;
+bool ValueTable::Geometry::matches(const at::Tensor& t) const {
+  return offset == t.storage_offset() && dtype == t.scalar_type() && device == t.device() &&
+         c10::IntArrayRef(sizes) == t.sizes() && c10::IntArrayRef(strides) == t.strides();
 }
 
 // Inference tensors have no version counter, and views made under InferenceMode see
@@ -39,29 +15,31 @@ static bool trust_identity(const at::Tensor& t) {
   return t.is_inference() || c10::InferenceMode::is_enabled();
 }
 
-ValueTable::Slot ValueTable::make_slot(const at::Tensor& t, ir::ValueId v) {
-  return Slot{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
-                  c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(
-                      t.unsafeGetTensorImpl())),
-              v, trust_identity(t) ? kTrusted : kPending, writes_of(t), writes_of(t), next_seq_++};
+static bool has_strided_storage(const at::Tensor& t) {
+  return t.has_storage() && t.layout() == c10::kStrided && t.storage().unsafeGetStorageImpl();
 }
 
-bool ValueTable::still_valid(Slot& s, const at::Tensor& t) const {
+ValueTable::StorageRecord* ValueTable::record_of(const at::Tensor& t) const {
+  if (!has_strided_storage(t)) return nullptr;
+  auto it = storages_.find(t.storage().unsafeGetStorageImpl());
+  return it == storages_.end() ? nullptr : &it->second;
+}
+
+bool ValueTable::still_valid(Slot& s, const at::Tensor& t, int64_t writes) const {
   if (s.version == kTrusted || t.is_inference()) return true;
   if (s.version == kPending) {
     // First use since define(): adopt the counter as it is now (see the Note).
     s.version = static_cast<int64_t>(t._version());
-    s.storage_writes = writes_of(t);
+    s.storage_writes = writes;
     return true;
   }
   const int64_t moved = static_cast<int64_t>(t._version()) - s.version;
-  return moved >= 0 && moved <= writes_of(t) - s.storage_writes;
+  return moved >= 0 && moved <= writes - s.storage_writes;
 }
 
-bool ValueTable::alias_valid(const Slot& s, const at::Tensor& t) const {
+bool ValueTable::alias_valid(const Slot& s, const at::Tensor& t, int64_t writes) const {
   if (s.version == kTrusted || s.version == kPending || t.is_inference()) return true;
   const int64_t v = static_cast<int64_t>(t._version());
-  const int64_t writes = writes_of(t);
   // The same counter as the defining tensor, moved only by recorded writes ...
   if (v >= s.version && v - s.version <= writes - s.storage_writes) return true;
   // ... or a fresh counter of its own that saw only recorded writes.
@@ -69,20 +47,22 @@ bool ValueTable::alias_valid(const Slot& s, const at::Tensor& t) const {
 }
 
 std::optional<ir::ValueId> ValueTable::lookup(const at::Tensor& t) const {
+  StorageRecord* rec = record_of(t);
+  const int64_t writes = rec ? rec->writes : 0;
   const Slot* best = nullptr;
   auto it = by_impl_.find(t.unsafeGetTensorImpl());
-  if (it != by_impl_.end() && still_valid(it->second, t)) {
+  if (it != by_impl_.end() && still_valid(it->second, t, writes)) {
     best = &it->second;
-    auto nt = t.has_storage() ? newest_on_storage_.find(t.storage().unsafeGetStorageImpl())
-                              : newest_on_storage_.end();
-    if (nt == newest_on_storage_.end() || nt->second == best->seq) return best->value;
+    // Only a later binding of another tensor with this geometry can shadow it.
+    if (!rec || rec->shadow_seq < best->seq) return best->value;
   }
-  if (auto key = view_key(t)) {
-    auto jt = by_view_.find(*key);
-    if (jt != by_view_.end() && (!best || jt->second.seq > best->seq)) {
-      Slot& s = jt->second;
-      const bool same_impl = s.pin._unsafe_get_target() == t.unsafeGetTensorImpl();
-      if (same_impl ? still_valid(s, t) : alias_valid(s, t)) best = &s;
+  if (rec) {
+    for (auto& [geometry, slot] : rec->views) {
+      if (!geometry.matches(t)) continue;
+      // The same tensor's own binding is by_impl_'s (already checked above).
+      const bool same_impl = slot.pin._unsafe_get_target() == t.unsafeGetTensorImpl();
+      if (!same_impl && (!best || slot.seq > best->seq) && alias_valid(slot, t, writes)) best = &slot;
+      break;
     }
   }
   if (!best) return std::nullopt;
@@ -90,24 +70,51 @@ std::optional<ir::ValueId> ValueTable::lookup(const at::Tensor& t) const {
 }
 
 void ValueTable::note_write(const at::Tensor& t) {
-  if (t.has_storage()) ++writes_[t.storage().unsafeGetStorageImpl()];
+  if (!has_strided_storage(t)) return;
+  auto* storage = t.storage().unsafeGetStorageImpl();
+  auto it = storages_.find(storage);
+  if (it == storages_.end()) {
+    it = storages_.emplace(storage, StorageRecord{c10::weak_intrusive_ptr<c10::StorageImpl>(
+                                         c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(storage))})
+             .first;
+  }
+  ++it->second.writes;
 }
 
 void ValueTable::define(const at::Tensor& t, ir::ValueId v) {
-  Slot s = make_slot(t, v);
-  if (auto key = view_key(t)) {
-    newest_on_storage_[key->storage] = s.seq;
-    if (!pinned_storages_.count(key->storage)) {
-      pinned_storages_.emplace(key->storage,
-                               c10::weak_intrusive_ptr<c10::StorageImpl>(
-                                   c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(
-                                       t.storage().unsafeGetStorageImpl())));
+  StorageRecord* rec = nullptr;
+  if (has_strided_storage(t)) {
+    auto* storage = t.storage().unsafeGetStorageImpl();
+    auto it = storages_.find(storage);
+    if (it == storages_.end()) {
+      it = storages_.emplace(storage, StorageRecord{c10::weak_intrusive_ptr<c10::StorageImpl>(
+                                          c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(storage))})
+               .first;
     }
-    by_view_.erase(*key);
-    by_view_.emplace(std::move(*key), s);
+    rec = &it->second;
   }
-  by_impl_.erase(t.unsafeGetTensorImpl());
-  by_impl_.emplace(t.unsafeGetTensorImpl(), std::move(s));
+  const int64_t writes = rec ? rec->writes : 0;
+  Slot s{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
+             c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(
+                 t.unsafeGetTensorImpl())),
+         v, trust_identity(t) ? kTrusted : kPending, writes, writes, next_seq_++};
+  if (rec) {
+    bool replaced = false;
+    for (auto& [geometry, slot] : rec->views) {
+      if (!geometry.matches(t)) continue;
+      if (slot.pin._unsafe_get_target() != t.unsafeGetTensorImpl()) rec->shadow_seq = s.seq;
+      slot = s;
+      replaced = true;
+      break;
+    }
+    if (!replaced) {
+      Geometry g{t.storage_offset(), ir::Dims(t.sizes().begin(), t.sizes().end()),
+                 ir::Dims(t.strides().begin(), t.strides().end()), t.scalar_type(), t.device()};
+      rec->views.emplace_back(std::move(g), s);
+    }
+  }
+  auto [it, inserted] = by_impl_.emplace(t.unsafeGetTensorImpl(), s);
+  if (!inserted) it->second = std::move(s);
 }
 
 }  // namespace tcap::capture

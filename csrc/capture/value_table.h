@@ -23,7 +23,6 @@
 #include <c10/util/intrusive_ptr.h>
 
 #include <optional>
-#include <unordered_map>
 #include <vector>
 
 namespace tcap::capture {
@@ -42,39 +41,37 @@ class ValueTable {
     c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> pin;
     ir::ValueId value;
     int64_t version;         // t._version() at first use, or kPending / kTrusted
-    int64_t storage_writes;  // writes_[storage] when `version` was read
-    int64_t define_writes;   // writes_[storage] at define()
+    int64_t storage_writes;  // recorded writes to the storage when `version` was read
+    int64_t define_writes;   // recorded writes to the storage at define()
     int64_t seq;             // definition order: the newest binding wins
   };
-  struct ViewKey {
-    const void* storage;
+  // Where a tensor looks into its storage; compared against a tensor without copying.
+  struct Geometry {
     int64_t offset;
-    c10::SmallVector<int64_t, 6> sizes, strides;
+    ir::Dims sizes, strides;
     c10::ScalarType dtype;
     c10::Device device;
-    bool operator==(const ViewKey& o) const;
+    bool matches(const at::Tensor& t) const;
   };
-  struct ViewKeyHash {
-    size_t operator()(const ViewKey& k) const;
+  // Per storage: the pin (a storage address cannot be reused while the capture lives),
+  // the count of recorded writes, and the newest binding per geometry, through which
+  // re-wrapped aliases are found.
+  struct StorageRecord {
+    c10::weak_intrusive_ptr<c10::StorageImpl> pin;
+    int64_t writes = 0;
+    int64_t shadow_seq = -1;  // last define that replaced another tensor's binding here
+    std::vector<std::pair<Geometry, Slot>> views;
   };
-  static std::optional<ViewKey> view_key(const at::Tensor& t);
-  int64_t writes_of(const at::Tensor& t) const;
   static constexpr int64_t kTrusted = -1;  // no version check (inference tensors)
   static constexpr int64_t kPending = -2;  // version not read yet
-  bool still_valid(Slot& s, const at::Tensor& t) const;
-  bool alias_valid(const Slot& s, const at::Tensor& t) const;
-  Slot make_slot(const at::Tensor& t, ir::ValueId v);
+  StorageRecord* record_of(const at::Tensor& t) const;
+  bool still_valid(Slot& s, const at::Tensor& t, int64_t writes) const;
+  bool alias_valid(const Slot& s, const at::Tensor& t, int64_t writes) const;
 
   // mutable: a lookup may adopt a pending slot's version (still_valid).
   mutable ska::flat_hash_map<const c10::TensorImpl*, Slot> by_impl_;
-  mutable ska::flat_hash_map<ViewKey, Slot, ViewKeyHash> by_view_;
-  ska::flat_hash_map<const void*, int64_t> writes_;
-  // Newest definition on each storage: a by-impl hit that is the newest needs no
-  // storage-key lookup (the common case, and the cheap one).
-  ska::flat_hash_map<const void*, int64_t> newest_on_storage_;
+  mutable ska::flat_hash_map<const void*, StorageRecord> storages_;
   int64_t next_seq_ = 0;
-  // Storages are pinned too, so a storage address in a ViewKey stays unique.
-  ska::flat_hash_map<const void*, c10::weak_intrusive_ptr<c10::StorageImpl>> pinned_storages_;
 };
 
 }  // namespace tcap::capture

@@ -139,7 +139,7 @@ std::vector<at::Tensor> Interpreter::run(const std::vector<at::Tensor>& inputs) 
     const ir::ValueId v = n.outputs.at(0).values.at(0);
     const auto& meta = graph_.value(v).meta;
     TORCH_CHECK(inputs[k].defined(), "tcap interpreter: input ", k, " ('", n.name, "') is undefined");
-    TORCH_CHECK(inputs[k].scalar_type() == meta.dtype && inputs[k].sizes().vec() == meta.sizes,
+    TORCH_CHECK(inputs[k].scalar_type() == meta.dtype && inputs[k].sizes() == c10::IntArrayRef(meta.sizes),
                 "tcap interpreter: input ", k, " ('", n.name, "') should be ",
                 ir::dtype_short_name(meta.dtype), c10::IntArrayRef(meta.sizes), " but is ",
                 ir::dtype_short_name(inputs[k].scalar_type()), inputs[k].sizes());

@@ -23,7 +23,7 @@ Arg Arg::value(ValueId v, std::string name) {
 Arg Arg::value_list(std::vector<ValueId> vs, bool optional, std::string name) {
   Arg a;
   a.kind = optional ? ArgKind::OptValueList : ArgKind::ValueList;
-  a.values = std::move(vs);
+  a.values.assign(vs.begin(), vs.end());
   a.name = std::move(name);
   return a;
 }

@@ -81,7 +81,7 @@ OrderedJson encode_double(double d) {
   return d;
 }
 
-OrderedJson encode_value_ids(const std::vector<ValueId>& ids) {
+OrderedJson encode_value_ids(c10::ArrayRef<ValueId> ids) {
   OrderedJson out = OrderedJson::array();
   for (ValueId v : ids) out.push_back(v == kNoValue ? OrderedJson(nullptr) : OrderedJson(v));
   return out;
@@ -158,8 +158,8 @@ OrderedJson value_to_json(const Value& v) {
   j["output_index"] = v.output_index;
   if (v.list_index != -1) j["list_index"] = v.list_index;
   j["dtype"] = dtype_name(v.meta.dtype);
-  j["shape"] = v.meta.sizes;
-  j["strides"] = v.meta.strides;
+  j["shape"] = std::vector<int64_t>(v.meta.sizes.begin(), v.meta.sizes.end());
+  j["strides"] = std::vector<int64_t>(v.meta.strides.begin(), v.meta.strides.end());
   j["storage_offset"] = v.meta.storage_offset;
   j["device"] = v.meta.device.str();
   j["requires_grad"] = v.meta.requires_grad;
@@ -313,8 +313,8 @@ void check_dense_id(const JsonCursor& obj, size_t position) {
   }
 }
 
-std::vector<ValueId> read_value_ids(const JsonCursor& a, const Counts& c, bool nulls_allowed) {
-  std::vector<ValueId> out;
+ValueIds read_value_ids(const JsonCursor& a, const Counts& c, bool nulls_allowed) {
+  ValueIds out;
   for (const JsonCursor& e : a.elements()) {
     out.push_back(nulls_allowed && e.raw().is_null() ? kNoValue : e.index_into(c.values, "values"));
   }

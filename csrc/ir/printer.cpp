@@ -77,8 +77,8 @@ const Value* find_value(const Graph& g, ValueId v) {
   return &g.value(v);
 }
 
-template <typename T, typename F>
-std::string join(const std::vector<T>& xs, const std::string& sep, F f) {
+template <typename Container, typename F>
+std::string join(const Container& xs, const std::string& sep, F f) {
   std::string out;
   for (size_t k = 0; k < xs.size(); ++k) {
     if (k) out += sep;
@@ -158,7 +158,7 @@ std::string memory_format_name(int64_t m) {
   }
 }
 
-std::string int_list(const std::vector<int64_t>& xs) {
+std::string int_list(c10::ArrayRef<int64_t> xs) {
   return "[" + join(xs, ", ", [](int64_t x) { return std::to_string(x); }) + "]";
 }
 

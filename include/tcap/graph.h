@@ -13,6 +13,7 @@
 
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
+#include <c10/util/SmallVector.h>
 
 #include <cstdint>
 #include <iosfwd>
@@ -25,6 +26,10 @@ namespace tcap::ir {
 using ValueId = int32_t;
 using NodeId = int32_t;
 constexpr ValueId kNoValue = -1;
+// Small inline vectors: most args name one value and most tensors have few dims, and
+// the recorder builds one node per ATen call (no heap allocation in the common case).
+using ValueIds = c10::SmallVector<ValueId, 2>;
+using Dims = c10::SmallVector<int64_t, 5>;
 
 enum class NodeKind { Input, Call, CallHook, Output };
 enum class InputKind { UserInput, Parameter, Buffer, Tangent, Constant };
@@ -58,7 +63,7 @@ enum class ArgKind {
 struct Arg {
   ArgKind kind = ArgKind::None;
   std::string name;  // schema argument name ("" for results)
-  std::vector<ValueId> values;
+  ValueIds values;
   int64_t i = 0;
   int64_t i2 = 0;
   double d = 0.0;
@@ -84,8 +89,8 @@ struct Arg {
 
 struct TensorMeta {
   c10::ScalarType dtype = c10::ScalarType::Float;
-  std::vector<int64_t> sizes;
-  std::vector<int64_t> strides;
+  Dims sizes;
+  Dims strides;
   int64_t storage_offset = 0;
   c10::Device device = c10::Device(c10::DeviceType::CPU);
   bool requires_grad = false;

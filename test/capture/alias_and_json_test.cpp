@@ -153,3 +153,28 @@ TEST(Alias, WrappedScalarIsAConstantNotAnOp) {
   auto x2 = torch::randn({3, 4});
   EXPECT_TRUE(close(tcap::interpret(g, {x2})[0], x2 * 2.5));
 }
+
+TEST(Alias, UnrecordedWriteMakesAFreshInput) {
+  auto x = torch::randn({3});
+  const auto x_before = x.clone();
+  tcap::CaptureGuard cap;
+  cap.input(x, "x");
+  auto y = x * 2;
+  {
+    // A write the recorder does not see (its key is off): the version counter moves.
+    c10::impl::ExcludeDispatchKeyGuard hidden(c10::parseDispatchKey(tcap::capture_dispatch_key()));
+    x.add_(1);
+  }
+  auto z = x * 3;
+  cap.output(y, "y");
+  cap.output(z, "z");
+  cap.stop();
+  const auto g = cap.graph();
+  // The graph does not pretend the second read of x is the first one.
+  ASSERT_EQ(g.input_nodes().size(), 2u) << dump(g);
+  EXPECT_EQ(g.node(g.input_nodes()[1]).input_kind, ir::InputKind::Constant) << dump(g);
+  // Input 0 is x as first read, input 1 is x after the hidden write.
+  auto res = tcap::interpret(g, {x_before, x});
+  EXPECT_TRUE(close(res[0], y));
+  EXPECT_TRUE(close(res[1], z));
+}

@@ -135,7 +135,7 @@ void check_against_eager(M model, const Program<M>& prog, ir::Graph* graph_out =
         ASSERT_NE(it, prog.input_names.end()) << "unknown user input " << n.name << "\n" << dump(g);
         const at::Tensor& x = fresh[static_cast<size_t>(it - prog.input_names.begin())];
         // The fresh input has the captured layout (non-contiguous cases stay non-contiguous).
-        ASSERT_EQ(x.strides().vec(), g.value(n.outputs.at(0).values.at(0)).meta.strides) << n.name;
+        ASSERT_EQ(x.strides(), c10::IntArrayRef(g.value(n.outputs.at(0).values.at(0)).meta.strides)) << n.name;
         replay_in.push_back(x);
         break;
       }
