@@ -60,7 +60,7 @@ class ValueTable {
     c10::weak_intrusive_ptr<c10::StorageImpl> pin;
     int64_t writes = 0;
     int64_t shadow_seq = -1;  // last define that replaced another tensor's binding here
-    std::vector<std::pair<Geometry, Slot>> views;
+    c10::SmallVector<std::pair<Geometry, Slot>, 1> views;  // usually one: no heap
   };
   static constexpr int64_t kTrusted = -1;  // no version check (inference tensors)
   static constexpr int64_t kPending = -2;  // version not read yet
