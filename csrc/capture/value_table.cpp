@@ -69,8 +69,8 @@ std::optional<ir::ValueId> ValueTable::lookup(const at::Tensor& t) const {
   return best->value;
 }
 
-void ValueTable::note_write(const at::Tensor& t) {
-  if (!has_strided_storage(t)) return;
+ValueTable::StorageRecord* ValueTable::make_record(const at::Tensor& t) {
+  if (!has_strided_storage(t)) return nullptr;
   auto* storage = t.storage().unsafeGetStorageImpl();
   auto it = storages_.find(storage);
   if (it == storages_.end()) {
@@ -78,21 +78,15 @@ void ValueTable::note_write(const at::Tensor& t) {
                                          c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(storage))})
              .first;
   }
-  ++it->second.writes;
+  return &it->second;
+}
+
+void ValueTable::note_write(const at::Tensor& t) {
+  if (StorageRecord* rec = make_record(t)) ++rec->writes;
 }
 
 void ValueTable::define(const at::Tensor& t, ir::ValueId v) {
-  StorageRecord* rec = nullptr;
-  if (has_strided_storage(t)) {
-    auto* storage = t.storage().unsafeGetStorageImpl();
-    auto it = storages_.find(storage);
-    if (it == storages_.end()) {
-      it = storages_.emplace(storage, StorageRecord{c10::weak_intrusive_ptr<c10::StorageImpl>(
-                                          c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(storage))})
-               .first;
-    }
-    rec = &it->second;
-  }
+  StorageRecord* rec = make_record(t);
   const int64_t writes = rec ? rec->writes : 0;
   Slot s{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
              c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(

@@ -64,7 +64,8 @@ class ValueTable {
   };
   static constexpr int64_t kTrusted = -1;  // no version check (inference tensors)
   static constexpr int64_t kPending = -2;  // version not read yet
-  StorageRecord* record_of(const at::Tensor& t) const;
+  StorageRecord* record_of(const at::Tensor& t) const;  // nullptr if none yet
+  StorageRecord* make_record(const at::Tensor& t);       // nullptr if t has no storage
   bool still_valid(Slot& s, const at::Tensor& t, int64_t writes) const;
   bool alias_valid(const Slot& s, const at::Tensor& t, int64_t writes) const;
 
