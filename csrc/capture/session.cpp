@@ -15,14 +15,20 @@
 namespace tcap::capture {
 namespace {
 
-ir::TensorMeta meta_of(const at::Tensor& t) {
-  ir::TensorMeta m;
+void fill_meta(ir::TensorMeta& m, const at::Tensor& t) {
   m.dtype = t.scalar_type();
   m.sizes.assign(t.sizes().begin(), t.sizes().end());
-  if (t.layout() == c10::kStrided) m.strides.assign(t.strides().begin(), t.strides().end());
-  m.storage_offset = t.layout() == c10::kStrided ? t.storage_offset() : 0;
+  if (t.layout() == c10::kStrided) {
+    m.strides.assign(t.strides().begin(), t.strides().end());
+    m.storage_offset = t.storage_offset();
+  }
   m.device = t.device();
   m.requires_grad = t.requires_grad();
+}
+
+ir::TensorMeta meta_of(const at::Tensor& t) {
+  ir::TensorMeta m;
+  fill_meta(m, t);
   return m;
 }
 
@@ -268,9 +274,11 @@ void Session::before_op(const OpInfo& info, c10::ArrayRef<c10::IValue> args, Pen
 
 ir::ValueId Session::define_output(const at::Tensor& t, ir::NodeId producer, int index,
                                    int list_index, bool requires_grad_guess) {
-  ir::TensorMeta m = meta_of(t);
+  // Filled in place: the recorder makes one of these per op output.
+  const ir::ValueId v = graph_.new_value(producer, index, list_index, {});
+  ir::TensorMeta& m = graph_.value(v).meta;
+  fill_meta(m, t);
   m.requires_grad = m.requires_grad || (requires_grad_guess && is_floating_or_complex(m.dtype));
-  const ir::ValueId v = graph_.new_value(producer, index, list_index, std::move(m));
   table_.define(t, v);
   return v;
 }
