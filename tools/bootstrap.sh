@@ -22,7 +22,12 @@ if command -v apt-get >/dev/null 2>&1 && [ "${TCAP_SKIP_APT:-0}" != 1 ]; then
     SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
     mkdir -p "$CACHE"
     { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_pkgs[@]}"; } \
-      >"$CACHE/apt.log" 2>&1 || { tail -n 30 "$CACHE/apt.log" >&2; log "apt-get failed (log: $CACHE/apt.log)"; exit 1; }
+      >"$CACHE/apt.log" 2>&1 || {
+        # Offline machines (GPU boxes) may still have what the build needs; CMake says
+        # clearly what is missing if they do not.
+        tail -n 5 "$CACHE/apt.log" >&2
+        log "warning: apt-get could not install ${need_pkgs[*]} (log: $CACHE/apt.log); continuing"
+      }
   fi
 fi
 
