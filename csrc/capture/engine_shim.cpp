@@ -9,6 +9,7 @@
 
 #include <torch/csrc/autograd/utils/warnings.h>
 
+#include <atomic>
 #include <mutex>
 #include <type_traits>
 
@@ -51,7 +52,7 @@ static_assert(std::is_same_v<Engine::compiled_autograd_fn, ExpectedHook>,
 
 std::mutex g_mutex;
 int g_leases = 0;
-BackwardDriver g_driver = nullptr;
+std::atomic<BackwardDriver> g_driver{nullptr};  // read by the hook without the mutex
 
 variable_list engine_hook(const std::shared_ptr<torch::autograd::Node>& root, const GraphTask& task,
                           bool accumulate_grad, const torch::autograd::edge_list& outputs) {
@@ -61,7 +62,7 @@ variable_list engine_hook(const std::shared_ptr<torch::autograd::Node>& root, co
   call.task = const_cast<GraphTask&>(task).shared_from_this();
   call.accumulate_grad = accumulate_grad;
   call.outputs = &outputs;
-  BackwardDriver driver = g_driver;
+  BackwardDriver driver = g_driver.load();
   return driver ? driver(call) : call.run();
 }
 
