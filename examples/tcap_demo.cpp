@@ -39,16 +39,15 @@ struct Report {
   double capture_ms = 0, worst_diff = 0;
 };
 
-void count_phases(const tcap::ir::Graph& g, Report& r) {
+// Counts the graph's phases into r, writes its dumps and prints it.
+void publish(const tcap::ir::Graph& g, const std::filesystem::path& dir, const std::string& stem,
+             const std::string& what, Report& r) {
   for (const auto& n : g.nodes()) {
     if (n.kind == tcap::ir::NodeKind::Call || n.kind == tcap::ir::NodeKind::CallHook) {
       (n.phase == tcap::ir::Phase::Forward ? r.fw : r.bw)++;
     }
   }
   r.hooks = g.hooks().size();
-}
-
-void write_outputs(const tcap::ir::Graph& g, const std::filesystem::path& dir, const std::string& stem) {
   tcap::ir::save_json(g, (dir / (stem + ".json")).string());
   std::ofstream(dir / (stem + ".txt")) << tcap::ir::to_string(g);
   try {
@@ -56,6 +55,7 @@ void write_outputs(const tcap::ir::Graph& g, const std::filesystem::path& dir, c
   } catch (const std::exception& e) {
     std::cerr << "note: no SVG for " << stem << ": " << e.what() << "\n";
   }
+  std::cout << "\n== " << r.name << ": " << what << " ==\n" << tcap::ir::to_string(g);
 }
 
 Report mlp(const std::filesystem::path& out) {
@@ -78,9 +78,7 @@ Report mlp(const std::filesystem::path& out) {
     g = cap.graph();
     r.capture_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   }
-  count_phases(g, r);
-  write_outputs(g, out, "mlp_step");
-  std::cout << "\n== " << r.name << ": forward + MSE loss + backward ==\n" << tcap::ir::to_string(g);
+  publish(g, out, "mlp_step", "forward + MSE loss + backward", r);
 
   // Replay on fresh inputs and compare with eager (loss and every parameter gradient).
   auto x2 = torch::randn({1, 10}), t2 = torch::randn({1, 2});
@@ -121,9 +119,7 @@ Report coscos(const std::filesystem::path& out) {
     g = cap.graph();
     r.capture_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   }
-  count_phases(g, r);
-  write_outputs(g, out, "coscos");
-  std::cout << "\n== " << r.name << ": forward + backward ==\n" << tcap::ir::to_string(g);
+  publish(g, out, "coscos", "forward + backward", r);
   std::vector<at::Tensor> fresh;
   for (int i = 0; i < 4; ++i) fresh.push_back(torch::randn({2, 4}));
   auto res = tcap::interpret(g, fresh);
