@@ -9,6 +9,10 @@
 
 #include <torch/csrc/autograd/utils/warnings.h>
 
+#include <ATen/ThreadLocalState.h>
+#include <c10/core/AutogradState.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
 #include <atomic>
 #include <mutex>
 #include <type_traits>
@@ -71,6 +75,13 @@ variable_list engine_hook(const std::shared_ptr<torch::autograd::Node>& root, co
 std::vector<at::Tensor> BackwardCall::root_grads() const {
   if (auto* gr = dynamic_cast<torch::autograd::GraphRoot*>(root.get())) return gr->outputs;
   return {};
+}
+
+void BackwardCall::include_in_thread_locals(c10::DispatchKey key) const {
+  at::ThreadLocalStateGuard as_the_task(task->thread_locals_);
+  c10::impl::tls_set_dispatch_key_included(key, true);
+  c10::AutogradState::get_tls_state().set_multithreading_enabled(false);
+  task->thread_locals_ = at::ThreadLocalState();
 }
 
 variable_list BackwardCall::run() const {

@@ -32,6 +32,10 @@ struct BackwardCall {
   bool accumulate_grad = true;                    // backward() (true) or grad() (false)
   const torch::autograd::edge_list* outputs = nullptr;
   std::vector<at::Tensor> root_grads() const;     // the gradients fed to the roots
+  // Adds `key` to the dispatch keys included in the task's thread-local snapshot (the
+  // engine runs every node under that snapshot) and turns autograd threads off there;
+  // everything else in the snapshot (grad mode = create_graph, ...) stays.
+  void include_in_thread_locals(c10::DispatchKey key) const;
   // Runs the task as Engine::execute would have without a hook; returns grad()'s results.
   torch::autograd::variable_list run() const;
 };

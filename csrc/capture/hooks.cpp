@@ -1,11 +1,15 @@
 #include "capture/hooks.h"
 
+#include "capture/armed.h"
 #include "capture/recorder.h"
 #include "capture/session.h"
 #include "support/logging.h"
 
+#include <c10/core/AutogradState.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/function_hook.h>
 
+#include <mutex>
 #include <unordered_set>
 
 namespace tcap::capture {
@@ -93,6 +97,7 @@ class HookWrapScope {
     bool any = false;
     const std::string name = n->name();
     for (auto& h : n->tensor_pre_hooks()) {
+      if (dynamic_cast<ObserverPreHook*>(h.get())) continue;
       h = std::make_unique<RecordingPreHook>(std::move(h), ir::HookKind::TensorPreHook, name);
       any = true;
     }
@@ -105,6 +110,7 @@ class HookWrapScope {
       any = true;
     }
     for (auto& h : n->post_hooks()) {
+      if (dynamic_cast<ObserverPostHook*>(h.get())) continue;
       h = std::make_unique<RecordingPostHook>(std::move(h), name);
       any = true;
     }
@@ -122,14 +128,94 @@ class HookWrapScope {
   std::vector<NodePtr> nodes_;
 };
 
+struct Armed {
+  std::mutex mutex;
+  std::vector<std::pair<std::weak_ptr<BackwardWatcher>, std::unique_ptr<EngineHookLease>>> watchers;
+};
+Armed& armed() {
+  static Armed* a = new Armed();  // leaked: watchers may outlive static destruction order
+  return *a;
+}
+
+std::vector<std::shared_ptr<BackwardWatcher>> armed_watchers() {
+  std::vector<std::shared_ptr<BackwardWatcher>> out;
+  auto& a = armed();
+  std::lock_guard<std::mutex> lock(a.mutex);
+  for (auto& [w, lease] : a.watchers) {
+    if (auto p = w.lock(); p && !p->done()) out.push_back(std::move(p));
+  }
+  return out;
+}
+
+// Pushes armed sessions on this thread for one backward (Note [Armed sessions]).
+class ArmedScope {
+ public:
+  ArmedScope(const BackwardCall& call, std::vector<std::shared_ptr<BackwardWatcher>> ws)
+      : watchers_(std::move(ws)) {
+    if (watchers_.empty()) return;
+    auto& autograd_tls = c10::AutogradState::get_tls_state();
+    prev_multithreading_ = autograd_tls.get_multithreading_enabled();
+    autograd_tls.set_multithreading_enabled(false);
+    for (auto& w : watchers_) {
+      w->session().set_recording(false);
+      push_session(&w->session());
+      w->session().begin_backward({});
+    }
+    call.include_in_thread_locals(recording_key());
+  }
+  void finish(bool ok) {
+    if (done_) return;
+    done_ = true;
+    for (auto& w : watchers_) {
+      w->session().end_backward();
+      w->session().set_recording(false);
+      pop_session(&w->session());
+    }
+    if (!watchers_.empty()) c10::AutogradState::get_tls_state().set_multithreading_enabled(prev_multithreading_);
+    for (auto& w : watchers_) w->backward_finished(ok);
+  }
+  ~ArmedScope() { finish(false); }
+  const std::vector<std::shared_ptr<BackwardWatcher>>& watchers() const { return watchers_; }
+
+ private:
+  std::vector<std::shared_ptr<BackwardWatcher>> watchers_;
+  bool prev_multithreading_ = true;
+  bool done_ = false;
+};
+
 }  // namespace
+
+void arm_watcher(const std::shared_ptr<BackwardWatcher>& w) {
+  auto lease = std::make_unique<EngineHookLease>(&capture_backward_driver);
+  auto& a = armed();
+  std::lock_guard<std::mutex> lock(a.mutex);
+  a.watchers.emplace_back(w, std::move(lease));
+}
+
+void disarm_watcher(const BackwardWatcher* w) {
+  std::unique_ptr<EngineHookLease> lease;
+  auto& a = armed();
+  std::lock_guard<std::mutex> lock(a.mutex);
+  for (auto it = a.watchers.begin(); it != a.watchers.end();) {
+    auto p = it->first.lock();
+    if (!p || p.get() == w) {
+      lease = std::move(it->second);  // released after the loop, outside nothing else
+      it = a.watchers.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
 
 variable_list capture_backward_driver(const BackwardCall& call) {
   std::vector<Session*> sessions;
   for (Session* s : thread_sessions()) {
     if (s->recording() && s->options().record_backward) sessions.push_back(s);
   }
-  if (sessions.empty()) return call.run();
+  // Armed sessions follow plain backward() calls only: grad() and inputs= skip them.
+  const bool plain = call.accumulate_grad && (call.outputs == nullptr || call.outputs->empty());
+  ArmedScope armed_scope(call, plain ? armed_watchers() : std::vector<std::shared_ptr<BackwardWatcher>>{});
+  if (sessions.empty() && armed_scope.watchers().empty()) return call.run();
   const auto root_grads = call.root_grads();
   HookWrapScope wrap(call.root);
   for (Session* s : sessions) s->begin_backward(root_grads);
@@ -139,7 +225,9 @@ variable_list capture_backward_driver(const BackwardCall& call) {
       for (Session* s : ss) s->end_backward();
     }
   } end{sessions};
-  return call.run();
+  auto out = call.run();
+  armed_scope.finish(true);
+  return out;
 }
 
 }  // namespace tcap::capture

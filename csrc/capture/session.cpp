@@ -409,9 +409,14 @@ void Session::name_tensor(const at::Tensor& t, ir::InputKind kind, const std::st
   names_[t.unsafeGetTensorImpl()] = Named{t, kind, name};
 }
 
-ir::ValueId Session::declare_input(const at::Tensor& t, const std::string& name) {
+ir::ValueId Session::declare_input(const at::Tensor& t, const std::string& name, ir::InputKind kind) {
   TORCH_CHECK(t.defined(), "tcap: CaptureGuard::input('", name, "'): the tensor is undefined");
-  return new_input(t, ir::InputKind::UserInput, name);
+  return new_input(t, kind, name);
+}
+
+ir::ValueId Session::tangent_for(const at::Tensor& t, const std::string& name) {
+  if (auto v = table_.lookup(t)) return *v;
+  return new_input(t, ir::InputKind::Tangent, name);
 }
 
 void Session::mark_output(const at::Tensor& t, const std::string& name) {

@@ -67,12 +67,19 @@ class Session {
 
   // --- user declarations -------------------------------------------------------------
   void name_tensor(const at::Tensor& t, ir::InputKind kind, const std::string& name);
-  ir::ValueId declare_input(const at::Tensor& t, const std::string& name);
+  ir::ValueId declare_input(const at::Tensor& t, const std::string& name,
+                            ir::InputKind kind = ir::InputKind::UserInput);
   void mark_output(const at::Tensor& t, const std::string& name);
 
   // A copy of the graph so far, ended by an Output node (see CaptureGuard::graph).
   ir::Graph snapshot() const;
   std::optional<ir::ValueId> lookup(const at::Tensor& t) const { return table_.lookup(t); }
+  // The value bound to t, or a new Tangent input named `name` (a gradient entering a
+  // region from code that was not recorded).
+  ir::ValueId tangent_for(const at::Tensor& t, const std::string& name);
+  // The graph recorded so far (no Output node).
+  const ir::Graph& graph() const { return graph_; }
+  ir::Graph& mutable_graph() { return graph_; }
   const std::vector<at::Tensor>& input_tensors() const { return input_tensors_; }
 
  private:

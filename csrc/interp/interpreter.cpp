@@ -18,7 +18,8 @@ namespace {
 
 }  // namespace
 
-Interpreter::Interpreter(const ir::Graph& graph) : graph_(graph) {
+Interpreter::Interpreter(const ir::Graph& graph, bool differentiable)
+    : graph_(graph), differentiable_(differentiable) {
   ops_.resize(graph.nodes().size());
   for (const auto& n : graph.nodes()) {
     if (n.kind != ir::NodeKind::Call) continue;
@@ -109,6 +110,9 @@ void Interpreter::run_call(const ir::Node& n, const c10::OperatorHandle& op) {
       continue;
     }
     const c10::IValue& iv = stack[r];
+    if (!out.refers_to_values() && out.kind != ir::ArgKind::UndefinedTensor && out.kind != ir::ArgKind::None) {
+      host_values_.push_back(iv);
+    }
     if (out.kind == ir::ArgKind::Value) {
       env_[static_cast<size_t>(out.values[0])] = iv.toTensor();
     } else if (out.kind == ir::ArgKind::ValueList) {
@@ -134,6 +138,7 @@ std::vector<at::Tensor> Interpreter::run(const std::vector<at::Tensor>& inputs) 
   TORCH_CHECK(inputs.size() == input_nodes.size(), "tcap interpreter: the graph has ",
               input_nodes.size(), " inputs but ", inputs.size(), " tensors were given");
   env_.assign(graph_.values().size(), at::Tensor());
+  host_values_.clear();
   for (size_t k = 0; k < inputs.size(); ++k) {
     const ir::Node& n = graph_.node(input_nodes[k]);
     const ir::ValueId v = n.outputs.at(0).values.at(0);
@@ -148,7 +153,8 @@ std::vector<at::Tensor> Interpreter::run(const std::vector<at::Tensor>& inputs) 
   // Below autograd: the graph already holds the backward. Each op still sees the grad
   // mode it was recorded with, since some kernels branch on it (mkldnn_rnn_layer keeps
   // its workspace only when grad mode is on).
-  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  std::optional<at::AutoDispatchBelowADInplaceOrView> below_autograd;
+  if (!differentiable_) below_autograd.emplace();
   for (const auto& n : graph_.nodes()) {
     if (n.kind == ir::NodeKind::Call) {
       c10::AutoGradMode grad_mode(n.grad_mode);
@@ -159,6 +165,7 @@ std::vector<at::Tensor> Interpreter::run(const std::vector<at::Tensor>& inputs) 
   }
   std::vector<at::Tensor> outs;
   for (ir::ValueId v : graph_.output_values()) outs.push_back(env_.at(static_cast<size_t>(v)));
+  if (!keep_values_) env_.clear();
   return outs;
 }
 

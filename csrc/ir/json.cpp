@@ -32,9 +32,9 @@ using OrderedJson = nlohmann::ordered_json;
 constexpr NodeKind kNodeKinds[] = {NodeKind::Input, NodeKind::Call, NodeKind::CallHook,
                                    NodeKind::Output};
 constexpr InputKind kInputKinds[] = {InputKind::UserInput, InputKind::Parameter, InputKind::Buffer,
-                                     InputKind::Tangent, InputKind::Constant};
+                                     InputKind::Tangent, InputKind::Constant, InputKind::Saved};
 constexpr Phase kPhases[] = {Phase::Forward, Phase::Backward};
-constexpr OutputKind kOutputKinds[] = {OutputKind::User, OutputKind::Grad};
+constexpr OutputKind kOutputKinds[] = {OutputKind::User, OutputKind::Grad, OutputKind::Saved};
 constexpr HookKind kHookKinds[] = {HookKind::TensorPreHook, HookKind::RetainsGradHook,
                                    HookKind::PreHook, HookKind::PostHook};
 constexpr ArgKind kArgKinds[] = {

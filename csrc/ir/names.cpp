@@ -117,6 +117,7 @@ std::string to_string(InputKind k) {
     case InputKind::Buffer: return "buffer";
     case InputKind::Tangent: return "tangent";
     case InputKind::Constant: return "constant";
+    case InputKind::Saved: return "saved";
   }
   return "input_kind" + std::to_string(static_cast<int>(k));
 }
@@ -133,6 +134,7 @@ std::string to_string(OutputKind k) {
   switch (k) {
     case OutputKind::User: return "user";
     case OutputKind::Grad: return "grad";
+    case OutputKind::Saved: return "saved";
   }
   return "output_kind" + std::to_string(static_cast<int>(k));
 }

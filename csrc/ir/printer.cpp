@@ -307,6 +307,7 @@ std::string output_entry(const Node& n, size_t k) {
   const std::string name = k < n.output_names.size() ? n.output_names[k] : "";
   const bool grad = k < n.output_kinds.size() && n.output_kinds[k] == OutputKind::Grad;
   if (grad) return s + " grad(" + name + ")";
+  if (k < n.output_kinds.size() && n.output_kinds[k] == OutputKind::Saved) return s + " saved(" + name + ")";
   return name.empty() ? s : s + " " + name;
 }
 
@@ -445,6 +446,7 @@ DotStyle dot_style(const Node& n) {
         case InputKind::Buffer: return {"ellipse", "#eeeeee", ", peripheries=2, style=\"filled,dashed\""};
         case InputKind::Tangent: return {"ellipse", "#ffe6cc", ""};
         case InputKind::Constant: return {"ellipse", "#ffffff", ", style=\"filled,dashed\""};
+        case InputKind::Saved: return {"ellipse", "#dae8fc", ""};
       }
       break;
     case NodeKind::Call:

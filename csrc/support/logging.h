@@ -22,6 +22,7 @@ enum class LogChannel : unsigned {
   CompiledAutograd, // compiled-autograd backward graphs
   CompiledAutogradVerbose,
   Perf,             // timing of compile stages
+  AotGraphs,        // tcap::compile: joint, forward and backward graphs, partition decisions
   kCount
 };
 

@@ -32,9 +32,11 @@ using ValueIds = c10::SmallVector<ValueId, 2>;
 using Dims = c10::SmallVector<int64_t, 5>;
 
 enum class NodeKind { Input, Call, CallHook, Output };
-enum class InputKind { UserInput, Parameter, Buffer, Tangent, Constant };
+// Saved: an input of a compiled backward graph that the forward saved for it.
+enum class InputKind { UserInput, Parameter, Buffer, Tangent, Constant, Saved };
 enum class Phase { Forward, Backward };
-enum class OutputKind { User, Grad };
+// Saved: an output of a compiled forward graph kept for the backward.
+enum class OutputKind { User, Grad, Saved };
 enum class HookKind { TensorPreHook, RetainsGradHook, PreHook, PostHook };
 
 // Typed argument (or call result) of a node.

@@ -21,12 +21,20 @@ class Interpreter {
  public:
   // Resolves every operator now; throws c10::Error naming the node if one is unknown to
   // this LibTorch or has an argument that cannot be replayed (an opaque value).
-  explicit Interpreter(const ir::Graph& graph);
+  // differentiable=false (the default) runs below autograd, as described above.
+  // differentiable=true runs the ops through autograd (each under its recorded grad
+  // mode), so the results carry a graph back to the inputs: used to recompute a forward
+  // for a double backward.
+  explicit Interpreter(const ir::Graph& graph, bool differentiable = false);
 
   // inputs: one tensor per Input node, in graph order. Returns the Output node's values.
   std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs);
-  // After run(): the tensor computed for a value (undefined if never computed).
+  // After run(): the tensor computed for a value (undefined if never computed). With
+  // keep_values(false) nothing is kept after run() returns (what compiled code wants).
   const at::Tensor& value(ir::ValueId v) const { return env_.at(static_cast<size_t>(v)); }
+  void keep_values(bool keep) { keep_values_ = keep; }
+  // After run(): the non-tensor results (host reads such as item()), in node order.
+  const std::vector<c10::IValue>& host_values() const { return host_values_; }
 
  private:
   void run_call(const ir::Node& n, const c10::OperatorHandle& op);
@@ -37,6 +45,9 @@ class Interpreter {
   const ir::Graph graph_;  // a copy: replay may itself be recorded into the graph it came from
   std::vector<std::optional<c10::OperatorHandle>> ops_;  // per node
   std::vector<at::Tensor> env_;
+  std::vector<c10::IValue> host_values_;
+  bool differentiable_ = false;
+  bool keep_values_ = true;
 };
 
 // Convenience: Interpreter(g).run(inputs).

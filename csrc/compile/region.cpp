@@ -1,0 +1,421 @@
+// Note [Cutting a region's backward]
+// DESIGN.md D4: the first call of a compiled function runs eagerly with recording on,
+// and returns the eager outputs, so the user's own backward() computes the real
+// gradients once. Observers mark where that backward enters and leaves the region:
+//   * start: a pre-hook appended to each output's grad_fn sees the gradient arriving for
+//     that output (after the user's own hooks on it): the output's tangent. Recording is
+//     turned on there (the session was pushed, recording off, by the engine driver; see
+//     Note [Armed sessions]).
+//   * end: the region's autograd nodes are those created while the forward ran (their
+//     sequence numbers lie in the forward's range). A post-hook on every region node with
+//     an edge leaving the region sees the gradient it sends to an input's sink
+//     (AccumulateGrad for a leaf, grad_fn for a non-leaf): one contribution. Several
+//     contributions to one input are summed in the compiled backward, exactly like the
+//     engine's InputBuffer does; contributions from outside the region never enter.
+// The compiled backward is the dataflow slice from the contributions back to the tangents
+// and forward values. AccumulateGrad, leaf hooks and .grad stay the engine's own, so
+// capture changes no .grad and runs no hook twice.
+#include "compile/region.h"
+
+#include "capture/hooks.h"
+#include "capture/recorder.h"
+#include "support/logging.h"
+
+#include <ATen/SequenceNumber.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace tcap::aot {
+namespace {
+
+using torch::autograd::Node;
+using torch::autograd::variable_list;
+
+struct StartObserver : capture::ObserverPreHook {
+  StartObserver(std::weak_ptr<RegionCapture> c, size_t output, uint32_t slot)
+      : cap(std::move(c)), output(output), slot(slot) {}
+  variable_list operator()(const variable_list& grads) override {
+    if (auto c = cap.lock(); c && slot < grads.size()) c->on_tangent(output, grads[slot]);
+    return grads;
+  }
+  std::weak_ptr<RegionCapture> cap;
+  size_t output;
+  uint32_t slot;
+};
+
+struct EndObserver : capture::ObserverPostHook {
+  EndObserver(std::weak_ptr<RegionCapture> c, std::vector<std::pair<size_t, size_t>> edges)
+      : cap(std::move(c)), edges(std::move(edges)) {}
+  variable_list operator()(const variable_list& outputs, const variable_list& /*inputs*/) override {
+    if (auto c = cap.lock()) {
+      for (const auto& [edge, primal] : edges) {
+        if (edge < outputs.size() && outputs[edge].defined()) c->on_contribution(primal, outputs[edge]);
+      }
+    }
+    return outputs;
+  }
+  std::weak_ptr<RegionCapture> cap;
+  std::vector<std::pair<size_t, size_t>> edges;  // (next_edge index, primal)
+};
+
+}  // namespace
+
+RegionCapture::RegionCapture() {
+  CaptureOptions o;
+  o.record_backward = true;
+  o.single_threaded_autograd = false;
+  session_ = std::make_unique<capture::Session>(o);
+}
+
+RegionCapture::~RegionCapture() = default;
+
+bool RegionCapture::done() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return done_;
+}
+
+std::string RegionCapture::failure() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return failure_;
+}
+
+std::vector<at::Tensor> RegionCapture::record_forward(
+    const std::function<std::vector<at::Tensor>()>& fn,
+    const std::vector<std::pair<at::Tensor, std::pair<ir::InputKind, std::string>>>& inputs) {
+  capture::Session& s = *session_;
+  for (const auto& [t, kn] : inputs) s.declare_input(t, kn.second, kn.first);
+  // The engine hook is installed while the forward runs, so that a backward() inside fn
+  // is seen (and refused by check_forward) instead of being recorded as forward ops.
+  capture::EngineHookLease lease(&capture::capture_backward_driver);
+  seq_begin_ = at::sequence_number::peek();
+  capture::push_session(&s);
+  std::vector<at::Tensor> outs;
+  try {
+    outs = fn();
+  } catch (...) {
+    s.set_recording(false);
+    capture::pop_session(&s);
+    throw;
+  }
+  s.set_recording(false);
+  capture::pop_session(&s);
+  seq_end_ = at::sequence_number::peek();
+  fw_end_ = s.graph().nodes().size();
+  for (const auto& n : s.graph().nodes()) {
+    if (n.kind == ir::NodeKind::Input) primal_values_.push_back(n.outputs.at(0).values.at(0));
+  }
+  return outs;
+}
+
+std::vector<at::Tensor> RegionCapture::primal_tensors() const {
+  const auto& all = session_->input_tensors();
+  return std::vector<at::Tensor>(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(primal_values_.size()));
+}
+
+std::string RegionCapture::check_forward(const std::vector<at::Tensor>& outputs) {
+  capture::Session& s = *session_;
+  const ir::Graph& g = s.graph();
+  for (const auto& n : g.nodes()) {
+    if (n.kind == ir::NodeKind::CallHook) return "a hook ran inside the function's forward";
+    if (n.kind != ir::NodeKind::Call) continue;
+    if (n.phase == ir::Phase::Backward) {
+      return "the function calls backward() itself (" + n.qualified_op() +
+             " ran in a backward); compile the forward only";
+    }
+    auto op = c10::Dispatcher::singleton().findSchema({n.op, n.overload});
+    if (!op) return n.qualified_op() + " is not a registered operator";
+    if (op->hasTag(at::Tag::dynamic_output_shape)) {
+      return n.qualified_op() + " has a data-dependent output shape";
+    }
+    for (const auto& a : n.args) {
+      if (a.kind == ir::ArgKind::Opaque) {
+        return n.qualified_op() + " takes a " + a.s + " argument ('" + a.name + "') that cannot be replayed";
+      }
+    }
+  }
+  std::unordered_set<ir::ValueId> primal_set(primal_values_.begin(), primal_values_.end());
+  std::unordered_set<ir::ValueId> seen;
+  for (size_t k = 0; k < outputs.size(); ++k) {
+    const at::Tensor& o = outputs[k];
+    const std::string name = "out" + std::to_string(k);
+    if (!o.defined()) return "output " + std::to_string(k) + " is an undefined tensor";
+    if (o.is_inference()) return "output " + std::to_string(k) + " is an inference tensor";
+    auto v = s.lookup(o);
+    if (!v) return "output " + std::to_string(k) + " was not computed by recorded ops";
+    if (primal_set.count(*v)) return "output " + std::to_string(k) + " is an input returned unchanged";
+    if (!seen.insert(*v).second) return "output " + std::to_string(k) + " is returned twice";
+    s.mark_output(o, name);
+    output_values_.push_back(*v);
+    output_names_.push_back(name);
+  }
+  return "";
+}
+
+std::string RegionCapture::watch_backward(const std::vector<at::Tensor>& outputs, Done done) {
+  on_done_ = std::move(done);
+  tangent_value_.assign(outputs.size(), ir::kNoValue);
+  contributions_.assign(primal_values_.size(), {});
+  auto in_region = [&](const Node* n) {
+    const uint64_t seq = n->sequence_nr();
+    return seq >= seq_begin_ && seq < seq_end_ && !dynamic_cast<const torch::autograd::AccumulateGrad*>(n);
+  };
+  // Gradient sinks of the primals.
+  std::map<std::pair<const Node*, uint32_t>, size_t> sink;
+  const auto primals = primal_tensors();
+  for (size_t j = 0; j < primals.size(); ++j) {
+    const at::Tensor& t = primals[j];
+    if (!t.requires_grad()) continue;
+    if (t.is_leaf()) {
+      if (auto acc = torch::autograd::impl::try_get_grad_accumulator(t)) sink[{acc.get(), 0}] = j;
+    } else {
+      sink[{t.grad_fn().get(), t.output_nr()}] = j;
+    }
+  }
+  std::unordered_set<const Node*> output_fns;
+  std::vector<Node*> todo;
+  for (size_t k = 0; k < outputs.size(); ++k) {
+    const at::Tensor& o = outputs[k];
+    if (!o.requires_grad()) continue;
+    Node* gf = o.grad_fn().get();
+    if (!gf) return "output " + std::to_string(k) + " is a leaf that requires grad";
+    if (!in_region(gf)) return "output " + std::to_string(k) + " was not computed inside the function";
+    output_fns.insert(gf);
+    todo.push_back(gf);
+  }
+  std::unordered_set<Node*> region;
+  std::vector<std::pair<Node*, std::vector<std::pair<size_t, size_t>>>> boundary;
+  while (!todo.empty()) {
+    Node* n = todo.back();
+    todo.pop_back();
+    if (!region.insert(n).second) continue;
+    // Nothing outside fn can have registered hooks here yet: these came from inside it.
+    if (!n->tensor_pre_hooks().empty() || !n->pre_hooks().empty() || !n->post_hooks().empty() ||
+        !n->retains_grad_hooks().empty()) {
+      return "a hook (or retain_grad) was registered inside the function on " + n->name() +
+             "; compiled replay would not call it";
+    }
+    std::vector<std::pair<size_t, size_t>> edges;
+    const auto& next = n->next_edges();
+    for (size_t i = 0; i < next.size(); ++i) {
+      const auto& e = next[i];
+      if (!e.is_valid()) continue;
+      Node* t = e.function.get();
+      if (in_region(t)) {
+        if (output_fns.count(t)) {
+          return "an output is also used inside the function (by " + n->name() + ")";
+        }
+        todo.push_back(t);
+        continue;
+      }
+      auto it = sink.find({t, e.input_nr});
+      if (it == sink.end()) {
+        return "a gradient leaves the function through " + n->name() + " towards " + t->name() +
+               ", which is not one of its inputs";
+      }
+      edges.emplace_back(i, it->second);
+    }
+    if (!edges.empty()) boundary.emplace_back(n, std::move(edges));
+  }
+  // User hooks on outputs are registered after the call returns, so they run before the
+  // start observer (appended now, last): the tangent is the gradient after those hooks.
+  auto self = weak_from_this();
+  for (size_t k = 0; k < outputs.size(); ++k) {
+    const at::Tensor& o = outputs[k];
+    if (!o.requires_grad()) continue;
+    auto gf = o.grad_fn();
+    gf->tensor_pre_hooks().push_back(std::make_unique<StartObserver>(self, k, o.output_nr()));
+    observed_nodes_.push_back(gf);
+  }
+  for (auto& [n, edges] : boundary) {
+    n->add_post_hook(std::make_unique<EndObserver>(self, std::move(edges)));
+    observed_nodes_.push_back(n->getptr());
+  }
+  return "";
+}
+
+void RegionCapture::remove_observers() {
+  for (auto& w : observed_nodes_) {
+    auto n = w.lock();
+    if (!n) continue;
+    auto& pre = n->tensor_pre_hooks();
+    pre.erase(std::remove_if(pre.begin(), pre.end(),
+                             [&](const auto& h) {
+                               auto* s = dynamic_cast<StartObserver*>(h.get());
+                               return s && (s->cap.expired() || s->cap.lock().get() == this);
+                             }),
+              pre.end());
+    auto& post = n->post_hooks();
+    post.erase(std::remove_if(post.begin(), post.end(),
+                              [&](const auto& h) {
+                                auto* s = dynamic_cast<EndObserver*>(h.get());
+                                return s && (s->cap.expired() || s->cap.lock().get() == this);
+                              }),
+               post.end());
+  }
+  observed_nodes_.clear();
+}
+
+void RegionCapture::on_tangent(size_t output, const at::Tensor& grad) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (done_ || !grad.defined() || output >= tangent_value_.size()) return;
+  if (tangent_value_[output] != ir::kNoValue) return;
+  session_->set_recording(true);
+  started_ = true;
+  tangent_value_[output] = session_->tangent_for(grad, "tangent_" + output_names_.at(output));
+}
+
+void RegionCapture::on_contribution(size_t primal, const at::Tensor& grad) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (done_ || !started_) return;
+  auto v = session_->lookup(grad);
+  if (!v) {
+    if (failure_.empty()) failure_ = "a gradient for input " + std::to_string(primal) + " was not made by a recorded op";
+    return;
+  }
+  contributions_.at(primal).push_back(*v);
+}
+
+void RegionCapture::backward_finished(bool ok) {
+  Done cb;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (done_ || !started_) return;  // this backward did not reach the region
+    done_ = true;
+    session_->set_recording(false);
+    if (!ok && failure_.empty()) failure_ = "the backward that reached the function failed";
+    cb = std::move(on_done_);
+  }
+  remove_observers();
+  if (cb) cb(*this);
+}
+
+JointGraph RegionCapture::joint_without_backward() const {
+  return const_cast<RegionCapture*>(this)->build_joint(false);
+}
+
+JointGraph RegionCapture::joint_with_backward() {
+  TORCH_CHECK(failure_.empty(), failure_);
+  return build_joint(true);
+}
+
+JointGraph RegionCapture::build_joint(bool with_backward) {
+  ir::Graph g = session_->graph();
+  const auto fw_end = static_cast<ir::NodeId>(fw_end_);
+  std::vector<ir::ValueId> tangents;
+  std::vector<int> tangent_of;
+  std::vector<ir::ValueId> grads;
+  std::vector<int> grad_of;
+  std::vector<ir::NodeId> keep;
+  for (ir::NodeId id = 0; id < fw_end; ++id) {
+    const auto& n = g.node(id);
+    if (n.kind == ir::NodeKind::Call || n.kind == ir::NodeKind::CallHook) keep.push_back(id);
+  }
+  if (with_backward) {
+    for (size_t k = 0; k < tangent_value_.size(); ++k) {
+      const ir::ValueId t = tangent_value_[k];
+      if (t == ir::kNoValue) continue;
+      TORCH_CHECK(g.value(t).producer >= fw_end,
+                  "the gradient given for output ", k, " is a tensor the forward computed");
+      tangents.push_back(t);
+      tangent_of.push_back(static_cast<int>(k));
+    }
+    // Sum several contributions to one input (the engine's InputBuffer does the same).
+    auto add_op = c10::Dispatcher::singleton().findSchema({"aten::add", "Tensor"});
+    TORCH_INTERNAL_ASSERT(add_op.has_value());
+    for (size_t j = 0; j < contributions_.size(); ++j) {
+      const auto& cs = contributions_[j];
+      if (cs.empty()) continue;
+      ir::ValueId acc = cs[0];
+      for (size_t c = 1; c < cs.size(); ++c) {
+        ir::Node n;
+        n.kind = ir::NodeKind::Call;
+        n.op = "aten::add";
+        n.overload = "Tensor";
+        n.phase = ir::Phase::Backward;
+        n.grad_mode = false;
+        n.autograd_node = "InputBuffer";
+        n.args = {ir::Arg::value(acc), ir::Arg::value(cs[c]), ir::Arg::integer(1, "alpha")};
+        const auto id = static_cast<ir::NodeId>(g.nodes().size());
+        const ir::ValueId v = g.new_value(id, 0, -1, g.value(acc).meta);
+        n.outputs.push_back(ir::Arg::value(v));
+        g.add_node(std::move(n));
+        g.schemas()["aten::add.Tensor"] = capture::OpInfo::from(*add_op).schema;
+        acc = v;
+      }
+      grads.push_back(acc);
+      grad_of.push_back(static_cast<int>(j));
+    }
+    // The slice: backward nodes the gradients depend on, back to tangents and forward values.
+    std::unordered_set<ir::ValueId> tangent_set(tangents.begin(), tangents.end());
+    std::unordered_set<ir::ValueId> needed;
+    for (ir::ValueId v : grads) {
+      if (!tangent_set.count(v) && g.value(v).producer >= fw_end) needed.insert(v);
+    }
+    std::vector<ir::NodeId> slice;
+    for (auto id = static_cast<ir::NodeId>(g.nodes().size()) - 1; id >= fw_end; --id) {
+      const auto& n = g.node(id);
+      bool defines = false;
+      for (const auto& a : n.outputs) {
+        if (!a.refers_to_values()) continue;
+        for (ir::ValueId v : a.values) defines = defines || (v != ir::kNoValue && needed.count(v));
+      }
+      if (!defines) continue;
+      if (n.kind == ir::NodeKind::Input) {
+        TORCH_CHECK(false, "the backward of the function reads a tensor its forward did not record ('",
+                    n.name, "')");
+      }
+      TORCH_CHECK(n.kind == ir::NodeKind::Call, "a hook runs inside the function's backward (on ",
+                  n.autograd_node, "); compiled replay would not call it");
+      slice.push_back(id);
+      for (const auto& a : n.args) {
+        if (!a.refers_to_values()) continue;
+        for (ir::ValueId v : a.values) {
+          if (v == ir::kNoValue || tangent_set.count(v) || g.value(v).producer < fw_end) continue;
+          needed.insert(v);
+        }
+      }
+    }
+    std::reverse(slice.begin(), slice.end());
+    keep.insert(keep.end(), slice.begin(), slice.end());
+  }
+  // Inputs: primals, then tangents.
+  std::vector<ir::ValueId> ins = primal_values_;
+  std::vector<ir::InputKind> kinds;
+  std::vector<std::string> names;
+  for (ir::ValueId v : primal_values_) {
+    const auto& n = g.node(g.value(v).producer);
+    kinds.push_back(n.input_kind);
+    names.push_back(n.name);
+  }
+  for (size_t k = 0; k < tangents.size(); ++k) {
+    ins.push_back(tangents[k]);
+    kinds.push_back(ir::InputKind::Tangent);
+    names.push_back("tangent_" + output_names_.at(static_cast<size_t>(tangent_of[k])));
+  }
+  std::vector<ir::ValueId> outs = output_values_;
+  std::vector<std::string> onames = output_names_;
+  std::vector<ir::OutputKind> okinds(outs.size(), ir::OutputKind::User);
+  for (size_t k = 0; k < grads.size(); ++k) {
+    outs.push_back(grads[k]);
+    onames.push_back(names.at(static_cast<size_t>(grad_of[k])));
+    okinds.push_back(ir::OutputKind::Grad);
+  }
+  JointGraph j;
+  j.graph = extract_subgraph(g, keep, ins, kinds, names, outs, onames, okinds);
+  j.num_primals = primal_values_.size();
+  j.num_tangents = tangents.size();
+  j.num_user_outputs = output_values_.size();
+  j.tangent_of = tangent_of;
+  j.grad_of = grad_of;
+  return j;
+}
+
+}  // namespace tcap::aot

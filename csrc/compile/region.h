@@ -1,0 +1,82 @@
+// Capturing one call of a compiled function: its forward (recorded while it runs) and the
+// backward of that region (recorded when the user's backward() reaches it), turned into
+// a JointGraph. See Note [Cutting a region's backward] in region.cpp.
+#pragma once
+
+#include <tcap/partition.h>
+
+#include "capture/armed.h"
+#include "capture/session.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace tcap::aot {
+
+class RegionCapture : public capture::BackwardWatcher,
+                      public std::enable_shared_from_this<RegionCapture> {
+ public:
+  // Called once, from the backward that completed the capture (or with an error).
+  using Done = std::function<void(RegionCapture&)>;
+
+  RegionCapture();
+  ~RegionCapture() override;
+
+  capture::Session& session() override { return *session_; }
+  void backward_finished(bool ok) override;
+  bool done() const override;
+
+  // --- forward -----------------------------------------------------------------------
+  // Declares the call's inputs, then runs fn with recording on. Returns fn's outputs.
+  std::vector<at::Tensor> record_forward(
+      const std::function<std::vector<at::Tensor>()>& fn,
+      const std::vector<std::pair<at::Tensor, std::pair<ir::InputKind, std::string>>>& inputs);
+  // Why the recorded forward cannot be compiled ("" if it can).
+  std::string check_forward(const std::vector<at::Tensor>& outputs);
+  // Forward-only capture (no backward needed): the joint graph now.
+  JointGraph joint_without_backward() const;
+  // Installs the observers that cut the backward; "" on success, else why not.
+  std::string watch_backward(const std::vector<at::Tensor>& outputs, Done done);
+  // After the backward: the joint graph, or throws c10::Error saying why it cannot be built.
+  JointGraph joint_with_backward();
+  // Removes the observers from autograd nodes still alive.
+  void remove_observers();
+
+  // The tensors of the forward's Input nodes (primals), in order.
+  std::vector<at::Tensor> primal_tensors() const;
+  size_t forward_end() const { return fw_end_; }
+  const std::vector<ir::ValueId>& output_values() const { return output_values_; }
+  const std::vector<std::string>& output_names() const { return output_names_; }
+  std::string failure() const;
+  bool started() const { return started_; }
+
+  // Observer callbacks (autograd engine thread).
+  void on_tangent(size_t output, const at::Tensor& grad);
+  void on_contribution(size_t primal, const at::Tensor& grad);
+
+ private:
+  JointGraph build_joint(bool with_backward);
+
+  std::unique_ptr<capture::Session> session_;
+  mutable std::mutex mutex_;
+  uint64_t seq_begin_ = 0, seq_end_ = 0;
+  size_t fw_end_ = 0;
+  std::vector<ir::ValueId> output_values_;
+  std::vector<std::string> output_names_;
+  std::vector<ir::ValueId> primal_values_;
+  // Backward observation.
+  bool started_ = false;
+  bool done_ = false;
+  std::string failure_;
+  std::vector<ir::ValueId> tangent_value_;                // per output
+  std::vector<std::vector<ir::ValueId>> contributions_;   // per primal
+  std::vector<std::weak_ptr<torch::autograd::Node>> observed_nodes_;
+  Done on_done_;
+};
+
+}  // namespace tcap::aot

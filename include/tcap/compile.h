@@ -1,0 +1,112 @@
+// tcap::compile: capture a function's forward and backward once, partition them, and
+// replay them on later calls through a torch::autograd::Function (the AOTAutograd of tcap).
+//
+//   auto f = tcap::compile([](const std::vector<at::Tensor>& in) {
+//     return std::vector<at::Tensor>{torch::cos(torch::cos(in[0] + in[1]))};
+//   });
+//   auto y = (*f)({a, b})[0];         // 1st call: runs eagerly and records the forward
+//   y.sum().backward();               // ... and this backward; then compiles the region
+//   auto y2 = (*f)({a, b})[0];        // later calls: guards checked, compiled replay
+//
+//   auto m = tcap::compile(model);    // a module: parameters and buffers are inputs
+//   auto out = m->forward(x);
+//
+// What cannot be compiled runs eagerly and says why (TCAP_LOGS=graph_breaks); each
+// recompile says why (TCAP_LOGS=recompiles). See docs/compile.md.
+#pragma once
+
+#include <tcap/graph.h>
+#include <tcap/partition.h>
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace tcap {
+
+// A compiled graph: takes the graph's inputs in order, returns its outputs in order.
+using Executable = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;
+// Turns a forward or backward graph into an Executable (aot_function's fw_compiler /
+// bw_compiler). The graph may be rewritten freely as long as its inputs and outputs keep
+// their meaning.
+using GraphCompiler = std::function<Executable(const ir::Graph&)>;
+
+// The built-in backend that runs a graph through the dispatcher (tcap::Interpreter).
+Executable eager_backend(const ir::Graph& g);
+
+struct CompileOptions {
+  std::string name = "fn";                   // used in logs and dump file names
+  std::string backend = "eager";             // "eager" (more backends plug in later)
+  Partitioner partitioner = Partitioner::MinCut;
+  GraphCompiler fw_compiler;                 // overrides the backend for forward graphs
+  GraphCompiler bw_compiler;                 // overrides the backend for backward graphs
+  int cache_size_limit = 8;                  // compiled entries; then the function stays eager
+  bool dynamic = true;                       // mark dims that change as dynamic (see docs)
+  std::string dump_dir;                      // write joint/forward/backward graphs here (JSON)
+};
+
+struct CompileStats {
+  int captures = 0;        // calls that ran eagerly while recording
+  int compiles = 0;        // entries built
+  int replays = 0;         // calls served by a compiled entry
+  int eager_calls = 0;     // calls run eagerly (pending backward, fallback, cache limit)
+  int recompiles = 0;      // guard misses that led to a new capture
+  int backward_fallbacks = 0;  // compiled backwards that ran the eager recompute instead
+};
+
+// One compiled entry, for inspection (tests, benchmarks, tools).
+struct CompiledEntryInfo {
+  JointGraph joint;
+  PartitionResult partition;
+  std::vector<std::string> guards;  // readable guards ("x: f32[4, 10] stride [10, 1] ...")
+  double compile_ms = 0;
+};
+
+class CompiledFunction {
+ public:
+  using Fn = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;
+  struct Impl;
+  explicit CompiledFunction(std::unique_ptr<Impl> impl);
+  ~CompiledFunction();
+
+  std::vector<at::Tensor> operator()(const std::vector<at::Tensor>& inputs);
+  // For single-input single-output functions and modules.
+  at::Tensor forward(const at::Tensor& x);
+
+  const CompileStats& stats() const;
+  std::vector<CompiledEntryInfo> entries() const;
+  // Why the function runs eagerly now ("" if it does not).
+  std::string eager_reason() const;
+
+ private:
+  friend std::shared_ptr<CompiledFunction> compile(std::shared_ptr<torch::nn::Module>, Fn, CompileOptions);
+  std::unique_ptr<Impl> impl_;
+};
+
+std::shared_ptr<CompiledFunction> compile(CompiledFunction::Fn fn, CompileOptions options = {});
+
+// A module's parameters and buffers become inputs of every graph (so optimizer updates
+// are seen without recompiling); they are guarded by identity, and every submodule's
+// training flag is guarded too.
+std::shared_ptr<CompiledFunction> compile(std::shared_ptr<torch::nn::Module> module,
+                                          CompiledFunction::Fn fn, CompileOptions options = {});
+
+// A module with a Tensor forward(Tensor): compiled->forward(x).
+template <class M>
+std::shared_ptr<CompiledFunction> compile(const torch::nn::ModuleHolder<M>& holder,
+                                          CompileOptions options = {}) {
+  std::shared_ptr<M> impl = holder.ptr();
+  std::weak_ptr<M> weak = impl;
+  return compile(std::static_pointer_cast<torch::nn::Module>(impl),
+                 [weak](const std::vector<at::Tensor>& in) {
+                   return std::vector<at::Tensor>{weak.lock()->forward(in.at(0))};
+                 },
+                 std::move(options));
+}
+
+}  // namespace tcap

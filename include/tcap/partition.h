@@ -1,0 +1,82 @@
+// Joint forward+backward graphs and their partition into a forward and a backward graph
+// (AOTAutograd's default and min-cut partitioners).
+//
+// A JointGraph is what tcap::compile records for one region: the primal inputs, the
+// tangents (gradients flowing into the region's outputs), the forward ops, the backward
+// ops that turn tangents into input gradients, and an Output node listing the user
+// outputs then one gradient per differentiable primal that received one.
+//
+// partition() splits it: the forward graph computes the user outputs plus the tensors it
+// saves (OutputKind::Saved); the backward graph takes those saved tensors
+// (InputKind::Saved) and the tangents and returns the gradients (OutputKind::Grad).
+//   default: save every forward tensor the backward reads.
+//   min_cut: choose the cheapest set of tensors to save (a minimum cut of a max-flow
+//            graph whose capacities are tensor sizes) and recompute the rest in the
+//            backward. Only cheap pointwise and view ops are recomputed; matmuls,
+//            convolutions, reductions, random ops and in-place ops never are.
+#pragma once
+
+#include <tcap/graph.h>
+
+#include <string>
+#include <vector>
+
+namespace tcap {
+
+enum class Partitioner { Default, MinCut };
+std::string to_string(Partitioner p);  // "default", "min_cut"
+
+struct JointGraph {
+  // Inputs: num_primals primals, then num_tangents tangents (InputKind::Tangent).
+  // Output node: num_user_outputs user outputs, then the gradients (OutputKind::Grad).
+  ir::Graph graph;
+  size_t num_primals = 0;
+  size_t num_tangents = 0;
+  size_t num_user_outputs = 0;
+  std::vector<int> tangent_of;  // per tangent: the user output it is the gradient of
+  std::vector<int> grad_of;     // per gradient output: the primal it is the gradient of
+};
+
+// Why a forward value was saved, recomputed or neither.
+struct ValueDecision {
+  enum class Kind { Saved, Recomputed, ForwardOnly };
+  ir::ValueId value = ir::kNoValue;  // in the joint graph
+  Kind kind = Kind::ForwardOnly;
+  std::string reason;
+};
+
+struct PartitionResult {
+  Partitioner partitioner = Partitioner::Default;
+  // Forward: the joint graph's primal inputs; Output: user outputs then saved tensors.
+  ir::Graph forward;
+  // Backward: saved tensors then tangents; Output: the gradients, in JointGraph order.
+  ir::Graph backward;
+  std::vector<ir::ValueId> saved;            // joint-graph values, in saved order
+  std::vector<bool> saved_is_primal;         // per saved: it is a primal (costs no memory)
+  std::vector<int> grad_of;                  // per backward output: primal index
+  std::vector<int> tangent_of;               // per backward tangent input: user output index
+  size_t num_user_outputs = 0;
+  std::vector<ValueDecision> decisions;      // one per forward value the backward depends on
+  int64_t saved_bytes = 0;                   // bytes of the saved tensors that are not primals
+  size_t recomputed_nodes = 0;
+
+  // One line per decision: "%7 f32[1024, 2048] aten::add.Tensor: saved (...)".
+  std::string explain() const;
+};
+
+// Checks the joint graph's shape (inputs, outputs, phases) and splits it. Throws
+// c10::Error with a clear message on a malformed joint graph.
+PartitionResult partition(const JointGraph& joint, Partitioner p);
+
+// A copy of g holding only `nodes` (ids, in graph order), with `inputs` as its Input nodes
+// (kinds and names given) and `outputs` as its Output node. Every value the kept nodes read
+// must be an input or made by a kept node. Used to cut forward and backward graphs.
+ir::Graph extract_subgraph(const ir::Graph& g, const std::vector<ir::NodeId>& nodes,
+                           const std::vector<ir::ValueId>& inputs,
+                           const std::vector<ir::InputKind>& input_kinds,
+                           const std::vector<std::string>& input_names,
+                           const std::vector<ir::ValueId>& outputs,
+                           const std::vector<std::string>& output_names,
+                           const std::vector<ir::OutputKind>& output_kinds);
+
+}  // namespace tcap

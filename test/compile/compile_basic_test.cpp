@@ -1,0 +1,111 @@
+// tcap::compile end to end: first call captures (eager results), the backward of that call
+// completes the capture, later calls replay; values and gradients compared with eager.
+//
+// Tolerances (float32): rtol 1e-5, atol 1e-6 where replay runs the very same kernels as
+// eager (the eager backend); 1e-4 / 1e-5 where a partition recomputes ops in another order.
+#include <tcap/compile.h>
+
+#include "support/compare.h"
+
+#include <torch/torch.h>
+
+using tcap::testing::close;
+using Tensors = std::vector<at::Tensor>;
+
+namespace {
+
+Tensors coscos(const Tensors& in) { return {torch::cos(torch::cos(in[0] + in[1] + in[2] + in[3]))}; }
+
+Tensors leaves(int n, std::vector<int64_t> shape) {
+  Tensors ts;
+  for (int i = 0; i < n; ++i) ts.push_back(torch::randn(shape, torch::requires_grad()));
+  return ts;
+}
+
+Tensors grads_of(const Tensors& ts) {
+  Tensors g;
+  for (const auto& t : ts) g.push_back(t.grad().defined() ? t.grad().clone() : at::Tensor());
+  return g;
+}
+
+void zero(const Tensors& ts) {
+  for (const auto& t : ts) {
+    if (t.grad().defined()) t.mutable_grad().reset();
+  }
+}
+
+// Runs f three times on fresh inputs and compares outputs and input grads with eager fn.
+void check_against_eager(tcap::CompiledFunction& f, const std::function<Tensors(const Tensors&)>& fn,
+                         int n, std::vector<int64_t> shape, double rtol, double atol) {
+  for (int call = 0; call < 4; ++call) {
+    auto in = leaves(n, shape);
+    auto out = f(in);
+    out[0].sum().backward();
+    auto g = grads_of(in);
+    zero(in);
+    auto ref = fn(in);
+    ref[0].sum().backward();
+    auto rg = grads_of(in);
+    EXPECT_TRUE(close(out[0], ref[0], rtol, atol)) << "call " << call;
+    for (int i = 0; i < n; ++i) EXPECT_TRUE(close(g[i], rg[i], rtol, atol)) << "call " << call << " grad " << i;
+  }
+}
+
+TEST(Compile, CosCosMinCutSavesOneTensor) {
+  tcap::CompileOptions o;
+  o.name = "coscos";
+  o.partitioner = tcap::Partitioner::MinCut;
+  auto f = tcap::compile(coscos, o);
+  check_against_eager(*f, coscos, 4, {33, 17}, 1e-5, 1e-6);
+  const auto& st = f->stats();
+  EXPECT_EQ(st.captures, 1);
+  EXPECT_EQ(st.compiles, 1);
+  EXPECT_EQ(st.replays, 3);
+  auto es = f->entries();
+  ASSERT_EQ(es.size(), 1u);
+  const auto& p = es[0].partition;
+  EXPECT_EQ(p.saved.size(), 1u) << p.explain() << tcap::ir::to_string(es[0].joint.graph);
+  EXPECT_EQ(p.saved_bytes, 33 * 17 * 4);
+  // The one saved tensor is a + b + c + d: the output of the last add.
+  const auto& v = es[0].joint.graph.value(p.saved.at(0));
+  EXPECT_EQ(es[0].joint.graph.node(v.producer).op, "aten::add");
+  EXPECT_EQ(p.recomputed_nodes, 1u) << p.explain();
+}
+
+TEST(Compile, CosCosDefaultSavesTwoTensors) {
+  tcap::CompileOptions o;
+  o.partitioner = tcap::Partitioner::Default;
+  auto f = tcap::compile(coscos, o);
+  check_against_eager(*f, coscos, 4, {33, 17}, 1e-5, 1e-6);
+  auto es = f->entries();
+  ASSERT_EQ(es.size(), 1u);
+  EXPECT_EQ(es[0].partition.saved.size(), 2u) << es[0].partition.explain();
+  EXPECT_EQ(es[0].partition.saved_bytes, 2 * 33 * 17 * 4);
+  EXPECT_EQ(es[0].partition.recomputed_nodes, 0u);
+}
+
+TEST(Compile, ExplainSaysWhy) {
+  auto f = tcap::compile(coscos);
+  auto in = leaves(4, {8, 8});
+  (*f)(in)[0].sum().backward();
+  auto es = f->entries();
+  ASSERT_EQ(es.size(), 1u);
+  const std::string text = es[0].partition.explain();
+  EXPECT_NE(text.find("recomputed in the backward: aten::cos"), std::string::npos) << text;
+  EXPECT_NE(text.find("saved"), std::string::npos) << text;
+}
+
+TEST(Compile, MatmulIsSavedNotRecomputed) {
+  auto fn = [](const Tensors& in) { return Tensors{torch::tanh(torch::mm(in[0], in[1])).sin()}; };
+  auto f = tcap::compile(fn);
+  check_against_eager(*f, fn, 2, {7, 7}, 1e-5, 1e-6);
+  auto es = f->entries();
+  ASSERT_EQ(es.size(), 1u);
+  for (const auto& d : es[0].partition.decisions) {
+    if (d.kind != tcap::ValueDecision::Kind::Recomputed) continue;
+    const auto& g = es[0].joint.graph;
+    EXPECT_NE(g.node(g.value(d.value).producer).op, "aten::mm") << es[0].partition.explain();
+  }
+}
+
+}  // namespace
