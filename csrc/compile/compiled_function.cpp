@@ -814,7 +814,7 @@ std::string CompiledFunction::eager_reason() const {
   return impl_->eager_reason;
 }
 
-std::shared_ptr<CompiledFunction> compile(CompiledFunction::Fn fn, CompileOptions options) {
+std::shared_ptr<CompiledFunction> compile_function(CompiledFunction::Fn fn, CompileOptions options) {
   TORCH_CHECK(fn, "tcap::compile: the function is empty");
   TORCH_CHECK(options.cache_size_limit >= 1, "tcap::compile: cache_size_limit must be at least 1");
   auto impl = std::make_unique<CompiledFunction::Impl>();
@@ -826,7 +826,7 @@ std::shared_ptr<CompiledFunction> compile(CompiledFunction::Fn fn, CompileOption
 std::shared_ptr<CompiledFunction> compile(std::shared_ptr<torch::nn::Module> module, CompiledFunction::Fn fn,
                                           CompileOptions options) {
   TORCH_CHECK(module, "tcap::compile: the module is null");
-  auto f = compile(std::move(fn), std::move(options));
+  auto f = compile_function(std::move(fn), std::move(options));
   f->impl_->module = module;
   f->impl_->submodules.push_back(module);
   for (const auto& m : module->modules(/*include_self=*/false)) f->impl_->submodules.push_back(m);

@@ -25,6 +25,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace tcap {
@@ -88,7 +89,17 @@ class CompiledFunction {
   std::unique_ptr<Impl> impl_;
 };
 
-std::shared_ptr<CompiledFunction> compile(CompiledFunction::Fn fn, CompileOptions options = {});
+std::shared_ptr<CompiledFunction> compile_function(CompiledFunction::Fn fn, CompileOptions options = {});
+
+// Any callable taking and returning std::vector<at::Tensor> (not a module holder).
+template <class F,
+          std::enable_if_t<std::conjunction_v<
+                               std::negation<std::is_base_of<torch::detail::ModuleHolderIndicator, std::decay_t<F>>>,
+                               std::is_constructible<CompiledFunction::Fn, F>>,
+                           int> = 0>
+std::shared_ptr<CompiledFunction> compile(F&& fn, CompileOptions options = {}) {
+  return compile_function(CompiledFunction::Fn(std::forward<F>(fn)), std::move(options));
+}
 
 // A module's parameters and buffers become inputs of every graph (so optimizer updates
 // are seen without recompiling); they are guarded by identity, and every submodule's
