@@ -276,6 +276,45 @@ Graph extract_subgraph(const Graph& g, const std::vector<NodeId>& nodes, const s
   return h;
 }
 
+Graph eliminate_dead_code(const Graph& g) {
+  auto root_is_input = [&](ValueId v) {
+    while (true) {
+      const auto& val = g.value(v);
+      if (val.version_of != ir::kNoValue) v = val.version_of;
+      else if (val.view_of != ir::kNoValue) v = val.view_of;
+      else break;
+    }
+    return g.node(g.value(v).producer).kind == ir::NodeKind::Input;
+  };
+  std::unordered_set<ValueId> needed;
+  for (ValueId v : g.output_values()) needed.insert(v);
+  std::vector<NodeId> keep;
+  for (auto it = g.nodes().rbegin(); it != g.nodes().rend(); ++it) {
+    const Node& n = *it;
+    if (n.kind != ir::NodeKind::Call && n.kind != ir::NodeKind::CallHook) continue;
+    bool live = false;
+    for_each_def(n, [&](ValueId v) {
+      live = live || needed.count(v) || (g.value(v).version_of != ir::kNoValue && root_is_input(v));
+    });
+    if (!live) continue;
+    keep.push_back(n.id);
+    for_each_read(n, [&](ValueId v) { needed.insert(v); });
+  }
+  std::reverse(keep.begin(), keep.end());
+  std::vector<ValueId> ins;
+  std::vector<ir::InputKind> kinds;
+  std::vector<std::string> names;
+  for (NodeId id : g.input_nodes()) {
+    ins.push_back(g.node(id).outputs.at(0).values.at(0));
+    kinds.push_back(g.node(id).input_kind);
+    names.push_back(g.node(id).name);
+  }
+  const Node* out = g.output_node();
+  std::vector<std::string> onames = out ? out->output_names : std::vector<std::string>{};
+  std::vector<ir::OutputKind> okinds = out ? out->output_kinds : std::vector<ir::OutputKind>{};
+  return extract_subgraph(g, keep, ins, kinds, names, g.output_values(), onames, okinds);
+}
+
 PartitionResult partition(const JointGraph& joint, Partitioner which) {
   const Graph& g = joint.graph;
   const Phases ph = split(joint);

@@ -79,4 +79,10 @@ ir::Graph extract_subgraph(const ir::Graph& g, const std::vector<ir::NodeId>& no
                            const std::vector<std::string>& output_names,
                            const std::vector<ir::OutputKind>& output_kinds);
 
+// A copy of g without the nodes nothing depends on: a node is kept if the Output node
+// reads one of its results (directly or through other kept nodes) or if it writes into a
+// graph input (an in-place update of a parameter or buffer). For graph rewrites in
+// fw_compiler / bw_compiler callbacks, after replace_all_uses_with.
+ir::Graph eliminate_dead_code(const ir::Graph& g);
+
 }  // namespace tcap

@@ -1,0 +1,154 @@
+// Replay composes with autograd exactly as eager: .grad accumulation, leaf hooks (run once),
+// non-leaf inputs, closure-captured parameters, several outputs, double backward,
+// a layer called twice per step, in-place updates of buffers.
+//
+// Tolerances: rtol 1e-5, atol 1e-6 (same kernels as eager); double backward 1e-4 / 1e-5.
+#include <tcap/compile.h>
+
+#include "support/compare.h"
+
+#include <torch/torch.h>
+
+using tcap::testing::close;
+using Tensors = std::vector<at::Tensor>;
+
+namespace {
+
+TEST(Autograd, GradAccumulatesAndLeafHooksRunOnce) {
+  auto w = torch::randn({5, 3}, torch::requires_grad());  // captured by the closure
+  int hook_calls = 0;
+  w.register_hook([&](const at::Tensor& g) {
+    ++hook_calls;
+    return g * 0.5;
+  });
+  auto fn = [w](const Tensors& in) { return Tensors{torch::relu(torch::mm(in[0], w)).pow(2)}; };
+  auto f = tcap::compile(fn);
+  at::Tensor expect_grad = torch::zeros({5, 3});
+  for (int i = 0; i < 4; ++i) {
+    auto x = torch::randn({7, 5});
+    auto out = (*f)({x});
+    out[0].sum().backward();
+    // Eager reference for this call's contribution (hook halves it).
+    auto wr = w.detach().clone().requires_grad_(true);
+    torch::relu(torch::mm(x, wr)).pow(2).sum().backward();
+    expect_grad += wr.grad() * 0.5;
+    EXPECT_TRUE(close(w.grad(), expect_grad)) << "call " << i;
+  }
+  EXPECT_EQ(hook_calls, 4);
+  EXPECT_GE(f->stats().replays, 3);
+}
+
+TEST(Autograd, NonLeafInputsAndTwoOutputs) {
+  auto fn = [](const Tensors& in) { return Tensors{in[0].sin() * in[1], (in[0] + in[1]).exp()}; };
+  auto f = tcap::compile(fn);
+  for (int i = 0; i < 4; ++i) {
+    auto a = torch::randn({3, 4}, torch::requires_grad());
+    auto b = torch::randn({4}, torch::requires_grad());  // broadcast
+    auto a2 = a * 2;                                      // a non-leaf input
+    auto out = (*f)({a2, b});
+    (out[0].sum() + out[1].mean()).backward();
+    auto ga = a.grad().clone(), gb = b.grad().clone();
+    a.mutable_grad().reset();
+    b.mutable_grad().reset();
+    auto ref = fn({a * 2, b});
+    (ref[0].sum() + ref[1].mean()).backward();
+    EXPECT_TRUE(close(out[0], ref[0]));
+    EXPECT_TRUE(close(out[1], ref[1]));
+    EXPECT_TRUE(close(ga, a.grad())) << "call " << i;
+    EXPECT_TRUE(close(gb, b.grad())) << "call " << i;
+  }
+  EXPECT_EQ(f->eager_reason(), "");
+}
+
+TEST(Autograd, OutputWithoutGradientAtCaptureGetsOneLater) {
+  auto fn = [](const Tensors& in) { return Tensors{in[0].cos(), in[0].tanh()}; };
+  auto f = tcap::compile(fn);
+  for (int i = 0; i < 4; ++i) {
+    auto x = torch::randn({6}, torch::requires_grad());
+    auto out = (*f)({x});
+    // The capture sees a gradient for output 0 only; later calls use both.
+    auto loss = i == 0 ? out[0].sum() : out[0].sum() + out[1].sum();
+    loss.backward();
+    auto expect = -x.detach().sin() + (i == 0 ? torch::zeros({6}) : 1 - x.detach().tanh().pow(2));
+    EXPECT_TRUE(close(x.grad(), expect)) << "call " << i;
+  }
+  EXPECT_GE(f->stats().backward_fallbacks, 1);
+}
+
+TEST(Autograd, DoubleBackwardRecomputes) {
+  auto fn = [](const Tensors& in) { return Tensors{(in[0] * in[0] * in[0]).sum()}; };
+  auto f = tcap::compile(fn);
+  for (int i = 0; i < 3; ++i) {
+    auto x = torch::randn({5}, torch::requires_grad());
+    auto y = (*f)({x})[0];
+    if (i == 0) y.backward({}, /*retain_graph=*/true);  // a plain backward completes the capture
+    auto g = torch::autograd::grad({y}, {x}, {}, /*retain_graph=*/true, /*create_graph=*/true)[0];
+    EXPECT_TRUE(close(g, 3 * x.detach() * x.detach(), 1e-4, 1e-5));
+    auto gg = torch::autograd::grad({g.sum()}, {x})[0];
+    EXPECT_TRUE(close(gg, 6 * x.detach(), 1e-4, 1e-5)) << "call " << i;
+  }
+  EXPECT_GE(f->stats().replays, 1);
+  EXPECT_GE(f->stats().backward_fallbacks, 1);
+}
+
+TEST(Autograd, LayerCalledTwicePerStep) {
+  torch::manual_seed(0);
+  torch::nn::Linear lin(4, 4);
+  auto f = tcap::compile(lin);
+  for (int step = 0; step < 4; ++step) {
+    for (auto& p : lin->parameters()) p.mutable_grad().reset();
+    auto x = torch::randn({3, 4});
+    auto loss = f->forward(torch::tanh(f->forward(x))).pow(2).sum();
+    loss.backward();
+    auto g = lin->weight.grad().clone();
+    lin->weight.mutable_grad().reset();
+    lin->bias.mutable_grad().reset();
+    lin(torch::tanh(lin(x))).pow(2).sum().backward();
+    EXPECT_TRUE(close(g, lin->weight.grad(), 1e-5, 1e-6)) << "step " << step;
+  }
+  EXPECT_EQ(f->eager_reason(), "");
+  EXPECT_GE(f->stats().replays, 4);
+}
+
+TEST(Autograd, ForwardWithoutBackwardCompilesAlone) {
+  torch::manual_seed(0);
+  torch::nn::Linear lin(4, 2);
+  auto f = tcap::compile(lin);
+  for (int i = 0; i < 5; ++i) {
+    auto x = torch::randn({3, 4});
+    EXPECT_TRUE(close(f->forward(x), lin(x)));  // grad mode on, but nobody calls backward
+  }
+  EXPECT_EQ(f->stats().compiles, 1);
+  EXPECT_GE(f->stats().replays, 1);
+  // A later backward through that entry recomputes, and is right.
+  auto x = torch::randn({3, 4});
+  f->forward(x).sum().backward();
+  auto g = lin->weight.grad().clone();
+  lin->weight.mutable_grad().reset();
+  lin(x).sum().backward();
+  EXPECT_TRUE(close(g, lin->weight.grad()));
+}
+
+TEST(Autograd, BatchNormBuffersUpdatedInPlace) {
+  torch::manual_seed(0);
+  torch::nn::BatchNorm1d bn(3), twin(3);
+  auto f = tcap::compile(bn);
+  for (int i = 0; i < 4; ++i) {
+    auto x = torch::randn({8, 3});
+    f->forward(x).pow(2).sum().backward();
+    twin(x).pow(2).sum().backward();
+  }
+  EXPECT_TRUE(close(bn->running_mean, twin->running_mean));
+  EXPECT_TRUE(close(bn->running_var, twin->running_var));
+  EXPECT_EQ(bn->num_batches_tracked.item<int64_t>(), 4);
+  EXPECT_TRUE(close(bn->weight.grad(), twin->weight.grad()));
+  EXPECT_GE(f->stats().replays, 2);
+  // Eval mode is another entry (training flag guard), and uses the running stats.
+  bn->eval();
+  twin->eval();
+  auto x = torch::randn({8, 3});
+  EXPECT_TRUE(close(f->forward(x), twin(x)));
+  EXPECT_EQ(f->stats().recompiles, 1);
+}
+
+}  // namespace

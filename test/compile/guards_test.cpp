@@ -1,0 +1,193 @@
+// Guards and the cache: each guard kind triggers exactly one recompile; the cache size
+// limit falls back to eager; values read on the host are guards; what cannot be compiled
+// runs eagerly with a reason; a user fw_compiler can rewrite the forward graph.
+//
+// Tolerances: the eager backend runs the same kernels as eager, rtol 1e-5, atol 1e-6.
+#include <tcap/compile.h>
+
+#include "support/compare.h"
+
+#include <ATen/autocast_mode.h>
+#include <torch/torch.h>
+
+using tcap::testing::close;
+using Tensors = std::vector<at::Tensor>;
+
+namespace {
+
+Tensors fn(const Tensors& in) { return {torch::tanh(in[0] * 2 + 1).sum(0)}; }
+
+// Calls f twice with inputs made by make(); the first may compile, the second must replay.
+void twice(tcap::CompiledFunction& f, const std::function<at::Tensor()>& make, bool backward = true) {
+  for (int i = 0; i < 2; ++i) {
+    auto x = make();
+    auto out = f({x});
+    auto ref = fn({x.detach()});
+    EXPECT_TRUE(close(out[0], ref[0], 1e-5, 1e-6));
+    if (backward && out[0].requires_grad()) out[0].sum().backward();
+  }
+}
+
+struct GuardCase {
+  const char* name;
+  std::function<at::Tensor()> first, second;
+  std::function<void(bool)> mode;  // set a global mode for the second shape (true) or reset (false)
+};
+
+class Guard : public ::testing::TestWithParam<GuardCase> {};
+
+TEST_P(Guard, TriggersExactlyOneRecompile) {
+  const auto& c = GetParam();
+  auto f = tcap::compile(fn);
+  twice(*f, c.first);
+  EXPECT_EQ(f->stats().recompiles, 0);
+  if (c.mode) c.mode(true);
+  twice(*f, c.second, /*backward=*/at::GradMode::is_enabled());
+  if (c.mode) c.mode(false);
+  EXPECT_EQ(f->stats().recompiles, 1) << c.name;
+  EXPECT_EQ(f->eager_reason(), "");
+  // Both entries still hit.
+  twice(*f, c.first);
+  EXPECT_EQ(f->stats().recompiles, 1) << c.name;
+}
+
+at::Tensor rg(at::Tensor t) { return t.requires_grad_(true); }
+
+INSTANTIATE_TEST_SUITE_P(
+    Kinds, Guard,
+    ::testing::Values(
+        GuardCase{"shape", [] { return rg(torch::randn({4, 5})); }, [] { return rg(torch::randn({6, 5})); }, {}},
+        GuardCase{"dtype", [] { return rg(torch::randn({4, 5})); },
+                  [] { return rg(torch::randn({4, 5}, torch::kDouble)); }, {}},
+        GuardCase{"strides", [] { return rg(torch::randn({4, 5})); },
+                  [] { return torch::randn({5, 4}).t().requires_grad_(true); }, {}},
+        GuardCase{"requires_grad", [] { return rg(torch::randn({4, 5})); }, [] { return torch::randn({4, 5}); }, {}},
+        GuardCase{"grad_mode", [] { return rg(torch::randn({4, 5})); }, [] { return rg(torch::randn({4, 5})); },
+                  [](bool on) { at::GradMode::set_enabled(!on); }},
+        GuardCase{"autocast", [] { return rg(torch::randn({4, 5})); }, [] { return rg(torch::randn({4, 5})); },
+                  [](bool on) { at::autocast::set_autocast_enabled(at::kCPU, on); }}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+TEST(Cache, LimitFallsBackToEager) {
+  tcap::CompileOptions o;
+  o.cache_size_limit = 2;
+  auto f = tcap::compile(fn, o);
+  for (int64_t rows : {3, 4, 5, 6}) {
+    auto x = torch::randn({rows, 5}, torch::requires_grad());
+    auto out = (*f)({x});
+    EXPECT_TRUE(close(out[0], fn({x})[0]));
+    out[0].sum().backward();
+  }
+  EXPECT_EQ(f->stats().compiles, 2);
+  EXPECT_NE(f->eager_reason().find("cache size limit"), std::string::npos) << f->eager_reason();
+  // Still right, and the compiled entries are no longer used.
+  auto x = torch::randn({3, 5}, torch::requires_grad());
+  EXPECT_TRUE(close((*f)({x})[0], fn({x})[0]));
+}
+
+// The seed's data-dependent branch: the value read by item() is a guard.
+Tensors branchy(const Tensors& in) {
+  if (in[0].sum().item<float>() > 0) return {in[0] * 2};
+  return {in[0] - 10};
+}
+
+TEST(HostValues, ItemGivesTheRightBranchForBothSigns) {
+  auto f = tcap::compile(branchy);
+  for (int i = 0; i < 12; ++i) {
+    const float sign = i % 2 ? -1.f : 1.f;
+    auto x = (torch::rand({3, 4}) + 0.1) * sign;
+    x.requires_grad_(true);
+    auto out = (*f)({x});
+    const auto expect = sign > 0 ? x.detach() * 2 : x.detach() - 10;
+    EXPECT_TRUE(close(out[0], expect)) << "call " << i;
+    out[0].sum().backward();
+    EXPECT_TRUE(close(x.grad(), torch::full({3, 4}, sign > 0 ? 2.f : 1.f))) << "call " << i;
+  }
+}
+
+TEST(HostValues, SameValueReplays) {
+  auto f = tcap::compile(branchy);
+  auto x = torch::ones({3, 4}, torch::requires_grad());
+  for (int i = 0; i < 4; ++i) (*f)({x})[0].sum().backward();
+  EXPECT_EQ(f->stats().compiles, 1);
+  EXPECT_GE(f->stats().replays, 2);
+  auto es = f->entries();
+  ASSERT_EQ(es.size(), 1u);
+  bool has_host_guard = false;
+  for (const auto& g : es[0].guards) has_host_guard = has_host_guard || g.find("host value") != std::string::npos;
+  EXPECT_TRUE(has_host_guard);
+}
+
+TEST(Fallback, DataDependentShapeRunsEagerly) {
+  auto nz = [](const Tensors& in) { return Tensors{in[0].index_select(0, torch::nonzero(in[1]).squeeze(1)) * 3}; };
+  auto f = tcap::compile(nz);
+  for (int i = 0; i < 3; ++i) {
+    auto x = torch::randn({6, 2}, torch::requires_grad());
+    auto m = torch::randint(0, 2, {6});
+    auto out = (*f)({x, m});
+    EXPECT_TRUE(close(out[0], nz({x, m})[0]));
+  }
+  EXPECT_NE(f->eager_reason().find("aten::nonzero has a data-dependent output shape"), std::string::npos)
+      << f->eager_reason();
+  EXPECT_EQ(f->stats().compiles, 0);
+}
+
+TEST(Fallback, HookRegisteredInsideRunsEagerly) {
+  int calls = 0;
+  auto hooked = [&calls](const Tensors& in) {
+    auto h = in[0] * 2;
+    h.register_hook([&calls](at::Tensor g) {
+      ++calls;
+      return g * 3;
+    });
+    return Tensors{h.sin()};
+  };
+  auto f = tcap::compile(hooked);
+  for (int i = 0; i < 3; ++i) {
+    auto x = torch::randn({4}, torch::requires_grad());
+    (*f)({x})[0].sum().backward();
+    EXPECT_TRUE(close(x.grad(), (x * 2).cos().detach() * 6));
+  }
+  EXPECT_EQ(calls, 3);
+  EXPECT_NE(f->eager_reason().find("hook"), std::string::npos) << f->eager_reason();
+}
+
+// The seed's custom backend: a fw_compiler that deletes dropout from the forward graph.
+TEST(CustomBackend, FwCompilerDeletesDropout) {
+  torch::manual_seed(0);
+  torch::nn::Linear linear(100, 3);
+  torch::nn::Dropout dropout(0.3);
+  auto model = [&](const Tensors& in) { return Tensors{dropout(linear(in[0]))}; };
+  int compiled_graphs = 0;
+  tcap::CompileOptions o;
+  o.fw_compiler = [&](const tcap::ir::Graph& g) {
+    ++compiled_graphs;
+    tcap::ir::Graph h = g;
+    // CPU dropout is recorded as empty_like -> bernoulli_ -> div_ -> mul(x, mask):
+    // route the mul's users to x, then drop what nothing reads.
+    for (const auto& n : g.nodes()) {
+      if (n.op != "aten::bernoulli_") continue;
+      const auto mask = n.outputs.back().values.at(0);
+      for (tcap::ir::NodeId user_id : g.users(mask)) {
+        for (tcap::ir::NodeId mul_id : g.users(g.node(user_id).outputs.at(0).values.at(0))) {
+          const auto& mul = g.node(mul_id);
+          if (mul.op != "aten::mul") continue;
+          h.replace_all_uses_with(mul.outputs.at(0).values.at(0), mul.args.at(0).values.at(0));
+        }
+      }
+    }
+    return tcap::eager_backend(tcap::eliminate_dead_code(h));
+  };
+  auto f = tcap::compile(model, o);
+  torch::NoGradGuard no_grad;
+  for (int i = 0; i < 3; ++i) {
+    auto x = torch::randn({10, 100});
+    auto out = (*f)({x});
+    if (i == 0) continue;  // the capture call runs eagerly, with dropout
+    EXPECT_TRUE(close(out[0], linear(x))) << "call " << i;
+  }
+  EXPECT_EQ(compiled_graphs, 1);
+  EXPECT_EQ(f->stats().replays, 2);
+}
+
+}  // namespace
