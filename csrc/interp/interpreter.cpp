@@ -169,6 +169,14 @@ std::vector<at::Tensor> Interpreter::run(const std::vector<at::Tensor>& inputs) 
   return outs;
 }
 
+void Interpreter::set_scalar_arg(ir::NodeId node, size_t arg, double value) {
+  auto& n = graph_.mutable_nodes().at(static_cast<size_t>(node));
+  auto& a = n.args.at(arg);
+  TORCH_CHECK(a.kind == ir::ArgKind::Double || a.kind == ir::ArgKind::WrappedScalar,
+              "tcap interpreter: node %", node, " argument ", arg, " is not a floating-point scalar");
+  a.d = value;
+}
+
 std::vector<at::Tensor> interpret(const ir::Graph& g, const std::vector<at::Tensor>& inputs) {
   return Interpreter(g).run(inputs);
 }

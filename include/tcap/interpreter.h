@@ -33,6 +33,9 @@ class Interpreter {
   // keep_values(false) nothing is kept after run() returns (what compiled code wants).
   const at::Tensor& value(ir::ValueId v) const { return env_.at(static_cast<size_t>(v)); }
   void keep_values(bool keep) { keep_values_ = keep; }
+  // Replaces the value of a Double or WrappedScalar argument for later runs (scalars that
+  // tcap recomputes on the host per call, such as Adam's bias corrections).
+  void set_scalar_arg(ir::NodeId node, size_t arg, double value);
   // After run(): the non-tensor results (host reads such as item()), in node order.
   const std::vector<c10::IValue>& host_values() const { return host_values_; }
 
@@ -42,7 +45,7 @@ class Interpreter {
   c10::IValue to_ivalue(const ir::Node& n, size_t i, const c10::Argument& schema_arg) const;
   const at::Tensor& get(const ir::Node& n, ir::ValueId v) const;
 
-  const ir::Graph graph_;  // a copy: replay may itself be recorded into the graph it came from
+  ir::Graph graph_;  // a copy: replay may itself be recorded into the graph it came from
   std::vector<std::optional<c10::OperatorHandle>> ops_;  // per node
   std::vector<at::Tensor> env_;
   std::vector<c10::IValue> host_values_;

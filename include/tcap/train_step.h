@@ -1,0 +1,55 @@
+// Whole training steps: tcap::compile_step captures a function that runs the forward,
+// loss.backward() and optimizer.step(), and replays the entire step as one graph.
+//
+//   torch::optim::Adam opt(model->parameters(), 1e-3);
+//   auto step = tcap::compile_step(model, opt, [&](const std::vector<at::Tensor>& in) {
+//     opt.zero_grad();
+//     auto loss = torch::mse_loss(model->forward(in[0]), in[1]);
+//     loss.backward();
+//     opt.step();
+//     return std::vector<at::Tensor>{loss};
+//   });
+//   for (...) auto loss = step({x, y})[0];
+//
+// Parameters, buffers, their .grad tensors and the optimizer's state tensors are inputs of
+// the graph; parameter, buffer, .grad and optimizer-state updates happen exactly as eager
+// (in place, .grad set or cleared, Adam's step counters advanced). A step is compiled
+// after two eager steps with the same guards produced the same graph; scalars the
+// optimizer computes on the host from its step count (Adam's bias corrections) are
+// recomputed per call, every other host value is guarded. Optimizers: SGD (momentum,
+// nesterov, weight decay), Adam, AdamW. See docs/compile.md.
+#pragma once
+
+#include <tcap/compile.h>
+
+#include <torch/optim/optimizer.h>
+
+namespace tcap {
+
+class CompiledStep {
+ public:
+  struct Impl;
+  explicit CompiledStep(std::unique_ptr<Impl> impl);
+  ~CompiledStep();
+  std::vector<at::Tensor> operator()(const std::vector<at::Tensor>& inputs);
+  const CompileStats& stats() const;
+  std::string eager_reason() const;
+  // The graph of the newest compiled entry (nullptr if none).
+  const ir::Graph* graph() const;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+std::shared_ptr<CompiledStep> compile_step(std::shared_ptr<torch::nn::Module> model,
+                                           torch::optim::Optimizer& optimizer,
+                                           CompiledFunction::Fn step, CompileOptions options = {});
+
+template <class M>
+std::shared_ptr<CompiledStep> compile_step(const torch::nn::ModuleHolder<M>& model, torch::optim::Optimizer& optimizer,
+                                           CompiledFunction::Fn step, CompileOptions options = {}) {
+  return compile_step(std::static_pointer_cast<torch::nn::Module>(model.ptr()), optimizer, std::move(step),
+                      std::move(options));
+}
+
+}  // namespace tcap

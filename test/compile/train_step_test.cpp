@@ -1,0 +1,114 @@
+// Whole training steps compiled with tcap::compile_step: the CNN trained 20 steps with
+// SGD (momentum) and with Adam, compiled vs an eager twin from the same initial weights:
+// losses each step, parameters, .grad tensors, BatchNorm buffers and optimizer state
+// (momentum buffers, exp_avg, exp_avg_sq, step counts) must match.
+//
+// Tolerances (float32): rtol 1e-4, atol 1e-5 after 20 steps (same kernels, same order;
+// the slack covers mkldnn convolution reductions).
+#include <tcap/train_step.h>
+
+#include "support/compare.h"
+
+#include <torch/torch.h>
+
+using tcap::testing::close;
+namespace nn = torch::nn;
+
+namespace {
+
+constexpr double kRtol = 1e-4;
+constexpr double kAtol = 1e-5;
+
+struct CnnImpl : nn::Module {
+  CnnImpl() {
+    conv = register_module("conv", nn::Conv2d(nn::Conv2dOptions(3, 8, 3).padding(1)));
+    bn = register_module("bn", nn::BatchNorm2d(8));
+    fc = register_module("fc", nn::Linear(8 * 4 * 4, 5));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    return fc(torch::max_pool2d(torch::relu(bn(conv(x))), 2).flatten(1));
+  }
+  nn::Conv2d conv{nullptr};
+  nn::BatchNorm2d bn{nullptr};
+  nn::Linear fc{nullptr};
+};
+TORCH_MODULE(Cnn);
+
+template <class Opt>
+void compare_state(Opt& a, Opt& b, const std::vector<at::Tensor>& pa, const std::vector<at::Tensor>& pb);
+
+template <>
+void compare_state(torch::optim::SGD& a, torch::optim::SGD& b, const std::vector<at::Tensor>& pa,
+                   const std::vector<at::Tensor>& pb) {
+  for (size_t j = 0; j < pa.size(); ++j) {
+    auto& sa = static_cast<torch::optim::SGDParamState&>(*a.state().at(pa[j].unsafeGetTensorImpl()));
+    auto& sb = static_cast<torch::optim::SGDParamState&>(*b.state().at(pb[j].unsafeGetTensorImpl()));
+    EXPECT_TRUE(close(sa.momentum_buffer(), sb.momentum_buffer(), kRtol, kAtol)) << "momentum of param " << j;
+  }
+}
+
+template <>
+void compare_state(torch::optim::Adam& a, torch::optim::Adam& b, const std::vector<at::Tensor>& pa,
+                   const std::vector<at::Tensor>& pb) {
+  for (size_t j = 0; j < pa.size(); ++j) {
+    auto& sa = static_cast<torch::optim::AdamParamState&>(*a.state().at(pa[j].unsafeGetTensorImpl()));
+    auto& sb = static_cast<torch::optim::AdamParamState&>(*b.state().at(pb[j].unsafeGetTensorImpl()));
+    EXPECT_EQ(sa.step(), sb.step());
+    EXPECT_TRUE(close(sa.exp_avg(), sb.exp_avg(), kRtol, kAtol)) << "exp_avg of param " << j;
+    EXPECT_TRUE(close(sa.exp_avg_sq(), sb.exp_avg_sq(), kRtol, kAtol)) << "exp_avg_sq of param " << j;
+  }
+}
+
+template <class Opt, class Options>
+void train(Options opts, bool zero_to_none) {
+  torch::manual_seed(0);
+  Cnn model, twin;
+  {
+    torch::NoGradGuard ng;
+    auto a = model->named_parameters(), b = twin->named_parameters();
+    for (const auto& item : a) b[item.key()].copy_(item.value());
+  }
+  Opt opt(model->parameters(), opts), opt_twin(twin->parameters(), opts);
+  auto body = [&](Cnn& m, Opt& o, const at::Tensor& x, const at::Tensor& y) {
+    o.zero_grad(zero_to_none);
+    auto loss = torch::mse_loss(m->forward(x), y);
+    loss.backward();
+    o.step();
+    return loss;
+  };
+  auto step = tcap::compile_step(model, opt, [&](const std::vector<at::Tensor>& in) {
+    return std::vector<at::Tensor>{body(model, opt, in[0], in[1])};
+  });
+  for (int i = 0; i < 20; ++i) {
+    auto x = torch::randn({6, 3, 8, 8});
+    auto y = torch::randn({6, 5});
+    auto loss = (*step)({x, y})[0];
+    auto loss_twin = body(twin, opt_twin, x, y);
+    EXPECT_TRUE(close(loss, loss_twin, kRtol, kAtol)) << "step " << i;
+  }
+  EXPECT_EQ(step->eager_reason(), "");
+  EXPECT_GE(step->stats().replays, 16) << "the compiled step was not used";
+  ASSERT_NE(step->graph(), nullptr);
+  auto a = model->named_parameters(), b = twin->named_parameters();
+  for (const auto& item : a) {
+    EXPECT_TRUE(close(item.value(), b[item.key()], kRtol, kAtol)) << item.key();
+    EXPECT_TRUE(close(item.value().grad(), b[item.key()].grad(), kRtol, kAtol)) << item.key() << ".grad";
+  }
+  auto ab = model->named_buffers(), bb = twin->named_buffers();
+  for (const auto& item : ab) EXPECT_TRUE(close(item.value(), bb[item.key()], kRtol, kAtol)) << item.key();
+  compare_state(opt, opt_twin, model->parameters(), twin->parameters());
+}
+
+TEST(TrainStep, CnnSgdMomentum) { train<torch::optim::SGD>(torch::optim::SGDOptions(0.05).momentum(0.9), true); }
+
+TEST(TrainStep, CnnSgdMomentumZeroGradInPlace) {
+  train<torch::optim::SGD>(torch::optim::SGDOptions(0.05).momentum(0.9).nesterov(true).dampening(0), false);
+}
+
+TEST(TrainStep, CnnAdam) { train<torch::optim::Adam>(torch::optim::AdamOptions(1e-2), true); }
+
+TEST(TrainStep, CnnAdamWeightDecay) {
+  train<torch::optim::Adam>(torch::optim::AdamOptions(1e-2).weight_decay(1e-3), true);
+}
+
+}  // namespace
