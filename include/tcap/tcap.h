@@ -4,6 +4,9 @@
 #define TCAP_VERSION_STRING "0.1.0"
 
 #include <tcap/capture.h>
+#include <tcap/compile.h>
 #include <tcap/graph.h>
 #include <tcap/graph_json.h>
 #include <tcap/interpreter.h>
+#include <tcap/partition.h>
+#include <tcap/train_step.h>
