@@ -34,6 +34,7 @@
 #include <filesystem>
 #include <mutex>
 #include <sstream>
+#include <map>
 #include <unordered_map>
 
 namespace tcap {
@@ -66,6 +67,8 @@ struct TensorSig {
   c10::Device device = c10::kCPU;
   std::vector<int64_t> sizes, strides;
   bool requires_grad = false;
+  std::vector<bool> dyn;  // per dim: any size >= 2 accepted (contiguous inputs only)
+  bool any_dyn() const { return std::find(dyn.begin(), dyn.end(), true) != dyn.end(); }
   static TensorSig of(const at::Tensor& t) {
     TensorSig s;
     s.defined = t.defined();
@@ -85,10 +88,22 @@ struct TensorSig {
       return "changed dtype: " + ir::dtype_name(dtype) + " -> " + ir::dtype_name(t.scalar_type());
     }
     if (t.device() != device) return "changed device: " + device.str() + " -> " + t.device().str();
-    if (t.sizes() != c10::IntArrayRef(sizes)) {
+    if (any_dyn()) {
+      if (t.dim() != static_cast<int64_t>(sizes.size())) {
+        return "changed shape: " + shape_str(sizes) + " -> " + shape_str(t.sizes());
+      }
+      for (size_t d = 0; d < sizes.size(); ++d) {
+        const int64_t n = t.size(static_cast<int64_t>(d));
+        if (dyn[d] ? n < 2 : n != sizes[d]) {
+          return "changed shape: " + shape_str(sizes) + " -> " + shape_str(t.sizes()) +
+                 (dyn[d] ? " (dynamic dims need a size >= 2)" : "");
+        }
+      }
+      if (!t.is_contiguous()) return "is no longer contiguous (its dynamic dims need it)";
+    } else if (t.sizes() != c10::IntArrayRef(sizes)) {
       return "changed shape: " + shape_str(sizes) + " -> " + shape_str(t.sizes());
     }
-    if (t.strides() != c10::IntArrayRef(strides)) {
+    if (!any_dyn() && t.strides() != c10::IntArrayRef(strides)) {
       return "changed strides: " + shape_str(strides) + " -> " + shape_str(t.strides());
     }
     if (t.requires_grad() != requires_grad) {
@@ -98,7 +113,12 @@ struct TensorSig {
   }
   std::string str() const {
     if (!defined) return "undefined";
-    return ir::dtype_short_name(dtype) + shape_str(sizes) + " stride " + shape_str(strides) + " " +
+    std::string shape = "[";
+    for (size_t d = 0; d < sizes.size(); ++d) {
+      shape += (d ? ", " : "") + (d < dyn.size() && dyn[d] ? std::string("s") + std::to_string(d) : std::to_string(sizes[d]));
+    }
+    shape += "]";
+    return ir::dtype_short_name(dtype) + shape + (any_dyn() ? " contiguous" : " stride " + shape_str(strides)) + " " +
            device.str() + (requires_grad ? " requires_grad" : "");
   }
 };
@@ -168,6 +188,22 @@ struct Entry {
   bool has_rng = false;
   double compile_ms = 0;
   std::shared_ptr<SharedStats> stats;
+  // Dynamic dims (Note [Dynamic dims]): how the joint graph's ints follow them, and the
+  // entries specialized from it per concrete size.
+  struct DimRef {
+    size_t input, dim;
+  };
+  struct IntPatch {
+    enum Kind { Arg, ArgList, Size, Stride, Offset } kind;
+    int64_t where;   // node id (Arg, ArgList) or value id
+    size_t index;    // arg index (Arg, ArgList) or dim (Size, Stride)
+    size_t element;  // ArgList: list element
+    size_t dim;      // index into dyn_dims
+    int64_t mul, add;
+  };
+  std::vector<DimRef> dyn_dims;
+  std::vector<IntPatch> patches;
+  std::map<std::vector<int64_t>, std::shared_ptr<Entry>> specialized;
 };
 
 struct EntryHolder : torch::CustomClassHolder {
@@ -353,6 +389,8 @@ struct CompiledFunction::Impl {
     bool finished = false;         // backward_finished ran (set under stats->mutex)
     std::string failure;
     std::shared_ptr<Entry> ready;  // the entry built by the backward
+    std::shared_ptr<Entry> size_miss_of;  // the entry that missed on sizes only
+    std::vector<Entry::DimRef> changed;
   };
   std::shared_ptr<Pending> pending;
   std::mutex pending_mutex;
@@ -495,10 +533,15 @@ struct CompiledFunction::Impl {
   }
 
   // Partitions and compiles a captured joint graph into e.
-  void finish_entry(Entry& e, aot::RegionCapture& cap, JointGraph joint, bool has_backward) {
+  void finish_entry(Entry& e, const std::vector<at::Tensor>& primals, JointGraph joint, bool has_backward) {
     const auto t0 = std::chrono::steady_clock::now();
     e.joint = std::move(joint);
     e.has_backward = has_backward;
+    e.mutated_primals.clear();
+    e.host_guard.reset();
+    e.host_expected.clear();
+    e.host_what.clear();
+    e.has_rng = false;
     e.part = partition(e.joint, has_backward ? options.partitioner : Partitioner::Default);
     const auto& fw = e.part.forward;
     if (options.fw_compiler) e.fw = options.fw_compiler(fw);
@@ -539,7 +582,8 @@ struct CompiledFunction::Impl {
     }
     // Host reads become a guard graph (their ancestors only; no writes, no RNG).
     build_host_guard(e);
-    const auto primals = cap.primal_tensors();
+    e.held.clear();
+    e.held_sigs.clear();
     for (size_t j = e.inputs.size(); j < primals.size(); ++j) {
       e.held.push_back(primals[j]);
       e.held_sigs.push_back(TensorSig::of(primals[j]));
@@ -635,6 +679,7 @@ struct CompiledFunction::Impl {
     if (p->ready) {
       entries.push_back(p->ready);
       count(&CompileStats::compiles);
+      if (p->size_miss_of) try_generalize(*p->size_miss_of, *p->ready, p->changed);
     } else {
       go_eager("its backward could not be captured: " + p->failure);
     }
@@ -646,11 +691,17 @@ struct CompiledFunction::Impl {
     std::vector<at::Tensor> call_inputs = user_inputs;
     for (auto& t : module_tensors()) call_inputs.push_back(std::move(t));
     std::string first_miss;
+    std::shared_ptr<Entry> size_miss_of;
+    std::vector<Entry::DimRef> changed;
     for (const auto& e : entries) {
       const auto primals = primals_of(*e, call_inputs);
       std::string why = check(*e, call_inputs, primals);
-      if (why.empty()) return replay(e, primals);
+      if (why.empty()) return replay(specialize(e, call_inputs, primals), primals);
       if (first_miss.empty()) first_miss = why;
+      if (options.dynamic && !size_miss_of && e->dyn_dims.empty()) {
+        changed = size_only_change(*e, call_inputs);
+        if (!changed.empty()) size_miss_of = e;
+      }
     }
     {
       std::unique_lock<std::mutex> lock(pending_mutex);
@@ -667,7 +718,7 @@ struct CompiledFunction::Impl {
         p->capture->remove_observers();
         capture::disarm_watcher(p->capture.get());
         try {
-          finish_entry(*p->entry, *p->capture, p->capture->joint_without_backward(), false);
+          finish_entry(*p->entry, p->capture->primal_tensors(), p->capture->joint_without_backward(), false);
           entries.push_back(p->entry);
           count(&CompileStats::compiles);
           TCAP_LOG(GraphBreaks, "'" << options.name << "': no backward reached the first call; compiled its "
@@ -689,14 +740,195 @@ struct CompiledFunction::Impl {
     }
     if (!entries.empty()) {
       count(&CompileStats::recompiles);
+      std::string dyn;
+      for (const auto& c : changed) {
+        dyn += "; marking dim " + std::to_string(c.dim) + " of '" + size_miss_of->input_names[c.input] + "' dynamic";
+      }
       TCAP_LOG(Recompiles, "'" << options.name << "' recompiling (entry " << entries.size() << ", limit "
-                               << options.cache_size_limit << "): " << first_miss);
+                               << options.cache_size_limit << "): " << first_miss << dyn);
     }
-    return capture_call(user_inputs, call_inputs);
+    return capture_call(user_inputs, call_inputs, size_miss_of, changed);
+  }
+
+  // Note [Dynamic dims]
+  // When a call misses an entry only because some input sizes changed, those dims are
+  // marked dynamic: the call is captured as usual at its own sizes, and the two joint
+  // graphs are compared. If they are the same graph except for integers (op arguments,
+  // tensor sizes, strides, offsets) that are each m * size + c of one changed dim, the new
+  // entry becomes dynamic: its guards accept any size >= 2 on those dims (contiguous
+  // inputs), and a call with new sizes is served by patching the integers and
+  // partitioning/compiling again, without running the user's code. Anything else (a
+  // float computed from a size, a different op sequence, a value read on the host) keeps
+  // the entry static, and the log says why.
+  std::vector<Entry::DimRef> size_only_change(const Entry& e, const std::vector<at::Tensor>& in) const {
+    std::vector<Entry::DimRef> out;
+    if (in.size() != e.inputs.size() || at::GradMode::is_enabled() != e.grad_mode) return {};
+    for (size_t k = 0; k < in.size(); ++k) {
+      const auto& sig = e.inputs[k];
+      const at::Tensor& t = in[k];
+      if (!t.defined() || !sig.defined || t.scalar_type() != sig.dtype || t.device() != sig.device ||
+          t.requires_grad() != sig.requires_grad || t.dim() != static_cast<int64_t>(sig.sizes.size())) {
+        return {};
+      }
+      if (t.sizes() == c10::IntArrayRef(sig.sizes)) {
+        if (t.strides() != c10::IntArrayRef(sig.strides)) return {};
+        continue;
+      }
+      if (!t.is_contiguous()) return {};
+      for (int64_t d = static_cast<int64_t>(sig.sizes.size()) - 1, expect = 1; d >= 0; --d) {
+        if (sig.sizes[static_cast<size_t>(d)] != 1 && sig.strides[static_cast<size_t>(d)] != expect) return {};
+        expect *= sig.sizes[static_cast<size_t>(d)];
+      }
+      for (size_t d = 0; d < sig.sizes.size(); ++d) {
+        const int64_t n = t.size(static_cast<int64_t>(d));
+        if (n == sig.sizes[d]) continue;
+        if (n < 2 || sig.sizes[d] < 2) return {};
+        out.push_back({k, d});
+      }
+    }
+    return out;
+  }
+
+  void try_generalize(const Entry& a, Entry& b, const std::vector<Entry::DimRef>& changes) {
+    std::string why = generalize(a, b, changes);
+    if (why.empty()) {
+      std::string dims;
+      for (const auto& c : changes) dims += " '" + b.input_names[c.input] + "' dim " + std::to_string(c.dim);
+      TCAP_LOG(Recompiles, "'" << options.name << "' entry " << b.id << " is dynamic in" << dims << " ("
+                               << b.patches.size() << " integers follow the sizes)");
+      return;
+    }
+    b.dyn_dims.clear();
+    b.patches.clear();
+    TCAP_LOG(Recompiles, "'" << options.name << "' entry " << b.id << " stays static: " << why);
+  }
+
+  // Fills b.dyn_dims / b.patches; "" on success, else why not.
+  static std::string generalize(const Entry& a, Entry& b, const std::vector<Entry::DimRef>& changes) {
+    if (!a.host_expected.empty() || !b.host_expected.empty()) return "the function reads values on the host";
+    const auto& ga = a.joint.graph;
+    const auto& gb = b.joint.graph;
+    if (ga.nodes().size() != gb.nodes().size() || ga.values().size() != gb.values().size() ||
+        a.joint.num_primals != b.joint.num_primals || a.joint.num_tangents != b.joint.num_tangents ||
+        a.joint.grad_of != b.joint.grad_of) {
+      return "the graphs at the two sizes differ in structure";
+    }
+    std::vector<std::pair<int64_t, int64_t>> sizes;  // (at a, at b) per change
+    for (const auto& c : changes) sizes.emplace_back(a.inputs[c.input].sizes[c.dim], b.inputs[c.input].sizes[c.dim]);
+    std::vector<Entry::IntPatch> patches;
+    auto explain = [&](int64_t x, int64_t y, Entry::IntPatch p) {
+      if (x == y) return true;
+      for (size_t c = 0; c < sizes.size(); ++c) {
+        const int64_t da = sizes[c].first - sizes[c].second;
+        if (da == 0 || (x - y) % da != 0) continue;
+        const int64_t m = (x - y) / da;
+        if (m == 0) continue;
+        p.dim = c;
+        p.mul = m;
+        p.add = y - m * sizes[c].second;
+        patches.push_back(p);
+        return true;
+      }
+      return false;
+    };
+    for (size_t i = 0; i < gb.nodes().size(); ++i) {
+      const auto& na = ga.nodes()[i];
+      const auto& nb = gb.nodes()[i];
+      const std::string where = "node %" + std::to_string(i) + " (" + nb.qualified_op() + ")";
+      if (na.kind != nb.kind || na.op != nb.op || na.overload != nb.overload || na.phase != nb.phase ||
+          na.args.size() != nb.args.size() || na.outputs != nb.outputs) {
+        return "the graphs at the two sizes differ at " + where;
+      }
+      for (size_t k = 0; k < nb.args.size(); ++k) {
+        const auto& x = na.args[k];
+        const auto& y = nb.args[k];
+        if (x.kind != y.kind) return "argument kinds differ at " + where;
+        if (x.kind == ir::ArgKind::Int) {
+          if (!explain(x.i, y.i, {Entry::IntPatch::Arg, static_cast<int64_t>(i), k, 0, 0, 0, 0})) {
+            return "an integer argument of " + where + " does not follow the changed sizes";
+          }
+        } else if (x.kind == ir::ArgKind::IntList) {
+          if (x.ints.size() != y.ints.size()) return "an int list of " + where + " changed length";
+          for (size_t e = 0; e < x.ints.size(); ++e) {
+            if (!explain(x.ints[e], y.ints[e], {Entry::IntPatch::ArgList, static_cast<int64_t>(i), k, e, 0, 0, 0})) {
+              return "an int list argument of " + where + " does not follow the changed sizes";
+            }
+          }
+        } else if (!(x == y)) {
+          return "argument '" + y.name + "' of " + where + " changes with the size (" + ir::to_string(y.kind) + ")";
+        }
+      }
+    }
+    for (size_t v = 0; v < gb.values().size(); ++v) {
+      const auto& ma = ga.values()[v].meta;
+      const auto& mb = gb.values()[v].meta;
+      if (ma.dtype != mb.dtype || ma.device != mb.device || ma.sizes.size() != mb.sizes.size() ||
+          ga.values()[v].version_of != gb.values()[v].version_of || ga.values()[v].view_of != gb.values()[v].view_of) {
+        return "value %" + std::to_string(v) + " differs between the two sizes";
+      }
+      const auto vid = static_cast<int64_t>(v);
+      for (size_t d = 0; d < mb.sizes.size(); ++d) {
+        if (!explain(ma.sizes[d], mb.sizes[d], {Entry::IntPatch::Size, vid, d, 0, 0, 0, 0}) ||
+            !explain(ma.strides[d], mb.strides[d], {Entry::IntPatch::Stride, vid, d, 0, 0, 0, 0})) {
+          return "the shape of %" + std::to_string(v) + " does not follow the changed sizes";
+        }
+      }
+      if (!explain(ma.storage_offset, mb.storage_offset, {Entry::IntPatch::Offset, vid, 0, 0, 0, 0, 0})) {
+        return "the storage offset of %" + std::to_string(v) + " does not follow the changed sizes";
+      }
+    }
+    b.dyn_dims = changes;
+    b.patches = std::move(patches);
+    for (const auto& c : changes) {
+      auto& sig = b.inputs[c.input];
+      sig.dyn.resize(sig.sizes.size(), false);
+      sig.dyn[c.dim] = true;
+    }
+    return "";
+  }
+
+  // The entry serving these inputs: e itself, or e specialized to the current sizes.
+  std::shared_ptr<Entry> specialize(const std::shared_ptr<Entry>& e, const std::vector<at::Tensor>& call_inputs,
+                                    const std::vector<at::Tensor>& primals) {
+    if (e->dyn_dims.empty()) return e;
+    std::vector<int64_t> key;
+    bool own = true;
+    for (const auto& c : e->dyn_dims) {
+      key.push_back(call_inputs[c.input].size(static_cast<int64_t>(c.dim)));
+      own = own && key.back() == e->inputs[c.input].sizes[c.dim];
+    }
+    if (own) return e;
+    auto& slot = e->specialized[key];
+    if (slot) return slot;
+    auto s = std::make_shared<Entry>(*e);
+    s->specialized.clear();
+    s->dyn_dims.clear();
+    s->patches.clear();
+    JointGraph j = e->joint;
+    for (const auto& p : e->patches) {
+      const int64_t v = p.mul * key[p.dim] + p.add;
+      switch (p.kind) {
+        case Entry::IntPatch::Arg: j.graph.mutable_nodes()[static_cast<size_t>(p.where)].args[p.index].i = v; break;
+        case Entry::IntPatch::ArgList:
+          j.graph.mutable_nodes()[static_cast<size_t>(p.where)].args[p.index].ints[p.element] = v;
+          break;
+        case Entry::IntPatch::Size: j.graph.value(p.where).meta.sizes[p.index] = v; break;
+        case Entry::IntPatch::Stride: j.graph.value(p.where).meta.strides[p.index] = v; break;
+        case Entry::IntPatch::Offset: j.graph.value(p.where).meta.storage_offset = v; break;
+      }
+    }
+    finish_entry(*s, primals, std::move(j), e->has_backward);
+    count(&CompileStats::compiles);
+    TCAP_LOG(Recompiles, "'" << options.name << "' entry " << e->id << " specialized to sizes " << c10::IntArrayRef(key)
+                             << " of its dynamic dims (no recapture)");
+    slot = s;
+    return s;
   }
 
   std::vector<at::Tensor> capture_call(const std::vector<at::Tensor>& user_inputs,
-                                       const std::vector<at::Tensor>& call_inputs) {
+                                       const std::vector<at::Tensor>& call_inputs,
+                                       const std::shared_ptr<Entry>& size_miss_of,
+                                       const std::vector<Entry::DimRef>& changed) {
     count(&CompileStats::captures);
     std::vector<std::string> names;
     std::vector<std::pair<at::Tensor, std::pair<ir::InputKind, std::string>>> decl;
@@ -728,9 +960,10 @@ struct CompiledFunction::Impl {
         grad_mode && std::any_of(outs.begin(), outs.end(), [](const at::Tensor& t) { return t.requires_grad(); });
     if (!needs_backward) {
       try {
-        finish_entry(*entry, *cap, cap->joint_without_backward(), false);
+        finish_entry(*entry, cap->primal_tensors(), cap->joint_without_backward(), false);
         entries.push_back(entry);
         count(&CompileStats::compiles);
+        if (size_miss_of) try_generalize(*size_miss_of, *entry, changed);
       } catch (const c10::Error& err) {
         go_eager(err.what_without_backtrace());
       }
@@ -739,6 +972,8 @@ struct CompiledFunction::Impl {
     auto p = std::make_shared<Pending>();
     p->capture = cap;
     p->entry = entry;
+    p->size_miss_of = size_miss_of;
+    p->changed = changed;
     std::weak_ptr<Pending> wp = p;
     // Runs on the thread that ran the backward, inside it: build the entry now, publish it
     // for the next call (collect_pending).
@@ -746,7 +981,7 @@ struct CompiledFunction::Impl {
       auto pp = wp.lock();
       if (!pp) return;
       try {
-        finish_entry(*pp->entry, c, c.joint_with_backward(), true);
+        finish_entry(*pp->entry, c.primal_tensors(), c.joint_with_backward(), true);
         pp->ready = pp->entry;
       } catch (const c10::Error& err) {
         pp->failure = err.what_without_backtrace();

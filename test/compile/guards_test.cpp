@@ -71,6 +71,7 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(Cache, LimitFallsBackToEager) {
   tcap::CompileOptions o;
   o.cache_size_limit = 2;
+  o.dynamic = false;  // every shape is its own entry
   auto f = tcap::compile(fn, o);
   for (int64_t rows : {3, 4, 5, 6}) {
     auto x = torch::randn({rows, 5}, torch::requires_grad());
@@ -83,6 +84,50 @@ TEST(Cache, LimitFallsBackToEager) {
   // Still right, and the compiled entries are no longer used.
   auto x = torch::randn({3, 5}, torch::requires_grad());
   EXPECT_TRUE(close((*f)({x})[0], fn({x})[0]));
+}
+
+// Note [Dynamic dims] in compiled_function.cpp.
+TEST(Dynamic, ChangedBatchDimIsMadeDynamic) {
+  auto flat = [](const Tensors& in) {
+    auto x = in[0];
+    return Tensors{torch::relu(x.view({x.size(0), -1})).matmul(in[1]).reshape({x.size(0) * 2, -1}).sigmoid()};
+  };
+  auto f = tcap::compile(flat);
+  auto w = torch::randn({12, 6}, torch::requires_grad());
+  for (int64_t batch : {4, 8, 12, 5, 12, 16}) {
+    auto x = torch::randn({batch, 3, 4}, torch::requires_grad());
+    auto out = (*f)({x, w});
+    out[0].pow(2).sum().backward();
+    auto gx = x.grad().clone(), gw = w.grad().clone();
+    x.mutable_grad().reset();
+    w.mutable_grad().reset();
+    auto ref = flat({x, w});
+    ref[0].pow(2).sum().backward();
+    EXPECT_TRUE(close(out[0], ref[0])) << "batch " << batch;
+    EXPECT_TRUE(close(gx, x.grad())) << "batch " << batch;
+    EXPECT_TRUE(close(gw, w.grad())) << "batch " << batch;
+    w.mutable_grad().reset();
+  }
+  // Sizes 4 and 8 were captured; 12, 5 and 16 were specialized from the dynamic entry.
+  EXPECT_EQ(f->stats().captures, 2);
+  EXPECT_EQ(f->stats().recompiles, 1);
+  EXPECT_EQ(f->eager_reason(), "");
+  auto es = f->entries();
+  ASSERT_EQ(es.size(), 2u);
+  EXPECT_NE(es[1].guards[0].find("[s0, 3, 4]"), std::string::npos) << es[1].guards[0];
+}
+
+TEST(Dynamic, SizeUsedAsAFloatStaysStatic) {
+  auto mean0 = [](const Tensors& in) { return Tensors{in[0].sum(0) / static_cast<double>(in[0].size(0))}; };
+  auto f = tcap::compile(mean0);
+  for (int64_t batch : {4, 8, 12}) {
+    auto x = torch::randn({batch, 3}, torch::requires_grad());
+    auto out = (*f)({x});
+    EXPECT_TRUE(close(out[0], x.mean(0))) << "batch " << batch;
+    out[0].sum().backward();
+    EXPECT_TRUE(close(x.grad(), torch::full({batch, 3}, 1.0 / batch))) << "batch " << batch;
+  }
+  EXPECT_EQ(f->stats().captures, 3);  // every batch size recaptured: 1/size is a host value
 }
 
 // The seed's data-dependent branch: the value read by item() is a guard.
