@@ -28,6 +28,16 @@ const OpInfo& op_info(const c10::OperatorHandle& op) {
   return *slot;
 }
 
+// An op with a CompositeImplicitAutograd kernel may also have a kernel for the backend
+// (silu_backward, mish_backward on CPU): then that kernel runs, and the op must be
+// recorded like any other, since it calls no ATen op that could be recorded instead.
+bool runs_backend_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet below) {
+  const c10::DispatchKey k = c10::highestPriorityBackendTypeId(below);
+  if (k != c10::DispatchKey::Undefined && op.hasKernelForDispatchKey(k)) return true;
+  return op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+         op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional);
+}
+
 void redispatch_hidden(const c10::OperatorHandle& op, c10::DispatchKeySet below,
                        torch::jit::Stack* stack) {
   c10::impl::ExcludeDispatchKeyGuard hide(g_key);
@@ -43,7 +53,7 @@ void record_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
                                [](const Session* s) { return s->recording(); });
   if (!any) return redispatch_hidden(op, below, stack);
   const OpInfo& info = op_info(op);
-  if (info.composite_implicit) {
+  if (info.composite_implicit && !runs_backend_kernel(op, below)) {
     // Its parts come back through the dispatcher with the key on and are recorded.
     op.redispatchBoxed(below, stack);
     return;

@@ -575,6 +575,11 @@ struct CompiledFunction::Impl {
         e.mutated_primals.push_back(it->second);
       }
     }
+    for (size_t j : e.mutated_primals) {
+      const auto& in = jg.node(inputs[j]);
+      TORCH_CHECK(!(e.grad_mode && primals.at(j).requires_grad()), "the function writes in place into input '",
+                  in.name, "', which requires grad (replay cannot rebase its autograd history)");
+    }
     for (const auto& n : fw.nodes()) {
       if (n.kind != ir::NodeKind::Call) continue;
       auto op = c10::Dispatcher::singleton().findSchema({n.op, n.overload});

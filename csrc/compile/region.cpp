@@ -68,6 +68,17 @@ struct EndObserver : capture::ObserverPostHook {
 
 }  // namespace
 
+bool data_dependent_shape(const ir::Graph& g, const ir::Node& n, const c10::OperatorHandle& op) {
+  if (!op.hasTag(at::Tag::dynamic_output_shape)) return false;
+  if (n.op == "aten::index" && n.overload == "Tensor" && n.args.size() == 2) {
+    for (ir::ValueId v : n.args[1].values) {
+      if (v != ir::kNoValue && !c10::isIntegralType(g.value(v).meta.dtype, /*includeBool=*/false)) return true;
+    }
+    return false;  // integer indices: the output shape follows the index shapes
+  }
+  return true;
+}
+
 RegionCapture::RegionCapture() {
   CaptureOptions o;
   o.record_backward = true;
@@ -132,9 +143,7 @@ std::string RegionCapture::check_forward(const std::vector<at::Tensor>& outputs)
     }
     auto op = c10::Dispatcher::singleton().findSchema({n.op, n.overload});
     if (!op) return n.qualified_op() + " is not a registered operator";
-    if (op->hasTag(at::Tag::dynamic_output_shape)) {
-      return n.qualified_op() + " has a data-dependent output shape";
-    }
+    if (data_dependent_shape(g, n, *op)) return n.qualified_op() + " has a data-dependent output shape";
     for (const auto& a : n.args) {
       if (a.kind == ir::ArgKind::Opaque) {
         return n.qualified_op() + " takes a " + a.s + " argument ('" + a.name + "') that cannot be replayed";
@@ -177,6 +186,13 @@ std::string RegionCapture::watch_backward(const std::vector<at::Tensor>& outputs
       if (auto acc = torch::autograd::impl::try_get_grad_accumulator(t)) sink[{acc.get(), 0}] = j;
     } else {
       sink[{t.grad_fn().get(), t.output_nr()}] = j;
+    }
+  }
+  for (size_t j = 0; j < primals.size(); ++j) {
+    const at::Tensor& t = primals[j];
+    if (t.requires_grad() && t.grad_fn() && in_region(t.grad_fn().get())) {
+      return "the function writes in place into input " + std::to_string(j) +
+             ", which requires grad (replay cannot rebase its autograd history)";
     }
   }
   std::unordered_set<const Node*> output_fns;

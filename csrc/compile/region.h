@@ -18,6 +18,10 @@
 
 namespace tcap::aot {
 
+// Whether the node's output shape depends on tensor data (nonzero, masked_select, index
+// with a bool mask); index.Tensor with integer indices does not.
+bool data_dependent_shape(const ir::Graph& g, const ir::Node& n, const c10::OperatorHandle& op);
+
 class RegionCapture : public capture::BackwardWatcher,
                       public std::enable_shared_from_this<RegionCapture> {
  public:

@@ -25,6 +25,7 @@
 #include "capture/hooks.h"
 #include "capture/recorder.h"
 #include "capture/session.h"
+#include "compile/region.h"
 #include "support/logging.h"
 
 #include <ATen/autocast_mode.h>
@@ -332,7 +333,7 @@ struct CompiledStep::Impl {
       }
       if (n.kind != ir::NodeKind::Call) continue;
       auto op = c10::Dispatcher::singleton().findSchema({n.op, n.overload});
-      if (op && op->hasTag(at::Tag::dynamic_output_shape)) {
+      if (op && aot::data_dependent_shape(graph, n, *op)) {
         return fail(n.qualified_op() + " has a data-dependent output shape");
       }
       for (const auto& a : n.outputs) {

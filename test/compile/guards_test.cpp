@@ -197,6 +197,28 @@ TEST(Fallback, HookRegisteredInsideRunsEagerly) {
   EXPECT_NE(f->eager_reason().find("hook"), std::string::npos) << f->eager_reason();
 }
 
+TEST(Fallback, InPlaceOnInputThatRequiresGradRunsEagerly) {
+  auto inplace = [](const Tensors& in) {
+    auto h = in[0] * 1;  // a non-leaf copy would be fine; writing the input itself is not
+    in[0].mul_(2);
+    return Tensors{(in[0] + h).sin()};
+  };
+  auto f = tcap::compile(inplace);
+  for (int i = 0; i < 3; ++i) {
+    auto leaf = torch::randn({5}, torch::requires_grad());
+    auto x = leaf * 1;  // non-leaf input, written in place by the function
+    auto out = (*f)({x});
+    auto leaf2 = leaf.detach().clone().requires_grad_(true);
+    auto x2 = leaf2 * 1;
+    auto ref = inplace({x2});
+    EXPECT_TRUE(close(out[0], ref[0]));
+    out[0].sum().backward();
+    ref[0].sum().backward();
+    EXPECT_TRUE(close(leaf.grad(), leaf2.grad())) << "call " << i;
+  }
+  EXPECT_NE(f->eager_reason().find("writes in place into input"), std::string::npos) << f->eager_reason();
+}
+
 // The seed's custom backend: a fw_compiler that deletes dropout from the forward graph.
 TEST(CustomBackend, FwCompilerDeletesDropout) {
   torch::manual_seed(0);
