@@ -142,15 +142,23 @@ struct AutocastSig {
 
 // The primals' storages: which inputs share memory must stay the same.
 std::vector<int> alias_classes(const std::vector<at::Tensor>& ts) {
-  std::unordered_map<const void*, int> first;
-  std::vector<int> out(ts.size());
+  std::vector<const void*> keys(ts.size());
   for (size_t k = 0; k < ts.size(); ++k) {
-    const void* key = ts[k].defined() && ts[k].has_storage()
-                          ? static_cast<const void*>(ts[k].storage().unsafeGetStorageImpl())
-                          : static_cast<const void*>(ts[k].unsafeGetTensorImpl());
-    auto it = first.emplace(key, static_cast<int>(k)).first;
-    out[k] = it->second;
+    keys[k] = ts[k].defined() && ts[k].has_storage()
+                  ? static_cast<const void*>(ts[k].storage().unsafeGetStorageImpl())
+                  : static_cast<const void*>(ts[k].unsafeGetTensorImpl());
   }
+  std::vector<int> out(ts.size());
+  if (ts.size() <= 32) {  // the usual case: no hashing
+    for (size_t k = 0; k < ts.size(); ++k) {
+      size_t f = 0;
+      while (keys[f] != keys[k]) ++f;
+      out[k] = static_cast<int>(f);
+    }
+    return out;
+  }
+  std::unordered_map<const void*, int> first;
+  for (size_t k = 0; k < ts.size(); ++k) out[k] = first.emplace(keys[k], static_cast<int>(k)).first->second;
   return out;
 }
 
@@ -395,11 +403,17 @@ struct CompiledFunction::Impl {
   std::shared_ptr<Pending> pending;
   std::mutex pending_mutex;
 
+  // The module's parameters then buffers, in named_parameters(true) / named_buffers(true)
+  // order (submodules is that preorder), without building the dotted names each call.
   std::vector<at::Tensor> module_tensors() const {
     std::vector<at::Tensor> ts;
     if (!module) return ts;
-    for (const auto& p : module->parameters(true)) ts.push_back(p);
-    for (const auto& b : module->buffers(true)) ts.push_back(b);
+    for (const auto& m : submodules) {
+      for (auto& p : m->parameters(/*recurse=*/false)) ts.push_back(std::move(p));
+    }
+    for (const auto& m : submodules) {
+      for (auto& b : m->buffers(/*recurse=*/false)) ts.push_back(std::move(b));
+    }
     return ts;
   }
 

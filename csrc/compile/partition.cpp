@@ -470,10 +470,21 @@ PartitionResult partition(const JointGraph& joint, Partitioner which) {
   }
 
   // The two graphs.
+  // saved_bytes: memory the saving keeps alive that would otherwise be freed: not
+  // primals, not tensors returned to the user anyway, not views of primals.
+  std::unordered_set<ValueId> user_out(ph.user_outputs.begin(), ph.user_outputs.end());
+  auto root_of = [&](ValueId v) {
+    while (true) {
+      const auto& val = g.value(v);
+      if (val.view_of != ir::kNoValue) v = val.view_of;
+      else if (val.version_of != ir::kNoValue) v = val.version_of;
+      else return v;
+    }
+  };
   for (ValueId v : saved) {
     r.saved.push_back(v);
     r.saved_is_primal.push_back(primal_set.count(v) > 0);
-    if (!primal_set.count(v)) r.saved_bytes += nbytes(g.value(v).meta);
+    if (!primal_set.count(root_of(v)) && !user_out.count(v)) r.saved_bytes += nbytes(g.value(v).meta);
   }
   {
     std::vector<ir::InputKind> kinds;

@@ -49,6 +49,9 @@ class Interpreter {
   std::vector<std::optional<c10::OperatorHandle>> ops_;  // per node
   std::vector<at::Tensor> env_;
   std::vector<c10::IValue> host_values_;
+  // Per node: values whose last reader it is (not outputs); freed after the node runs
+  // when keep_values(false), so intermediates die as early as in eager.
+  std::vector<std::vector<ir::ValueId>> last_uses_;
   bool differentiable_ = false;
   bool keep_values_ = true;
 };

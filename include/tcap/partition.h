@@ -57,7 +57,9 @@ struct PartitionResult {
   std::vector<int> tangent_of;               // per backward tangent input: user output index
   size_t num_user_outputs = 0;
   std::vector<ValueDecision> decisions;      // one per forward value the backward depends on
-  int64_t saved_bytes = 0;                   // bytes of the saved tensors that are not primals
+  // Bytes the saved tensors keep alive beyond what lives anyway: primals, views of
+  // primals and user outputs are not counted.
+  int64_t saved_bytes = 0;
   size_t recomputed_nodes = 0;
 
   // One line per decision: "%7 f32[1024, 2048] aten::add.Tensor: saved (...)".
