@@ -1,9 +1,12 @@
 // See Note [How tcap-bench times] in harness.h.
 #include "harness.h"
 
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -85,6 +88,92 @@ void set_with_spread(Record& r, const std::string& key, double value, std::vecto
   r.set(key + "_p90", quantile(per_round, 0.9));
   r.per_round.emplace_back(key, std::move(per_round));
 }
+
+// --- counting CPU bytes ---------------------------------------------------------------------
+// See Note [Counting CPU bytes] in harness.h.
+
+namespace {
+
+// Plain globals, not members: a DataPtr's deleter is a bare function pointer. Atomics,
+// because intra-op threads allocate too.
+std::atomic<int> g_counting{0};          // live CpuByteCounters (0 or 1)
+std::atomic<int64_t> g_current_bytes{0};
+std::atomic<int64_t> g_peak_bytes{0};
+
+void raise_peak(int64_t now) {
+  int64_t peak = g_peak_bytes.load(std::memory_order_relaxed);
+  while (now > peak && !g_peak_bytes.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+  }
+}
+
+class CountingCpuAllocator final : public c10::Allocator {
+ public:
+  explicit CountingCpuAllocator(c10::Allocator* base) : base_(base) {}
+
+  c10::DataPtr allocate(size_t n) override {
+    c10::DataPtr inner = base_->allocate(n);
+    if (g_counting.load(std::memory_order_relaxed) == 0) return inner;
+    void* data = inner.get();
+    const c10::Device device = inner.device();
+    auto* counted = new Counted{std::move(inner), static_cast<int64_t>(n)};
+    raise_peak(g_current_bytes.fetch_add(counted->bytes, std::memory_order_relaxed) + counted->bytes);
+    return {data, counted, &CountingCpuAllocator::release, device};
+  }
+
+  // The wrapped allocator's: uncounted allocations carry its deleter. (raw_allocate() of a
+  // counted one would fail LibTorch's check; nothing calls it on the CPU allocator while a
+  // benchmark counts.)
+  c10::DeleterFnPtr raw_deleter() const override { return base_->raw_deleter(); }
+
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+
+ private:
+  // A counted allocation: the wrapped allocator's DataPtr (freed with it) and its size.
+  struct Counted {
+    c10::DataPtr inner;
+    int64_t bytes;
+  };
+  static void release(void* ctx) {
+    auto* counted = static_cast<Counted*>(ctx);
+    g_current_bytes.fetch_sub(counted->bytes, std::memory_order_relaxed);
+    delete counted;
+  }
+
+  c10::Allocator* base_;
+};
+
+CountingCpuAllocator* g_counting_allocator = nullptr;
+
+}  // namespace
+
+void install_cpu_byte_counter() {
+  if (g_counting_allocator) return;
+  // Never freed: tensors may outlive main(). Priority 1 beats the stock registration (0).
+  g_counting_allocator = new CountingCpuAllocator(c10::GetCPUAllocator());
+  c10::SetCPUAllocator(g_counting_allocator, /*priority=*/1);
+  if (c10::GetCPUAllocator() != g_counting_allocator) {
+    throw std::runtime_error("tcap-bench: could not install the counting CPU allocator");
+  }
+}
+
+CpuByteCounter::CpuByteCounter() {
+  if (!g_counting_allocator || c10::GetCPUAllocator() != g_counting_allocator) {
+    throw std::runtime_error("tcap-bench: CpuByteCounter needs install_cpu_byte_counter() first");
+  }
+  if (g_counting.fetch_add(1) != 0) {
+    g_counting.fetch_sub(1);
+    throw std::runtime_error("tcap-bench: only one CpuByteCounter at a time");
+  }
+  reset_peak();
+}
+
+CpuByteCounter::~CpuByteCounter() { g_counting.fetch_sub(1); }
+
+int64_t CpuByteCounter::current() const { return g_current_bytes.load(); }
+int64_t CpuByteCounter::peak() const { return g_peak_bytes.load(); }
+void CpuByteCounter::reset_peak() { g_peak_bytes.store(g_current_bytes.load()); }
 
 // --- running ------------------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
 // tcap-bench's harness: a registry of named workloads, each with named variants ("eager",
-// "record", later "tcap_eager", "tcap_llvm", "inductor"), timed in one process and
+// "record", "tcap_eager", later "tcap_llvm", "inductor"), timed in one process and
 // reported as one Record per (workload, variant).
 //
 // Note [How tcap-bench times]
@@ -39,7 +39,7 @@ struct Options {
 
 // Named metrics of one (workload, variant), in report order. Timed metrics are medians in
 // µs per unit of work, each with "<name>_p10" and "<name>_p90" beside it; other metrics
-// (counts, ratios, overheads, later compile_ms, peak_bytes, saved_bytes) are plain values.
+// (counts, ratios, overheads, compile_ms, peak_bytes, saved_bytes) are plain values.
 struct Record {
   std::string workload;
   std::string variant;
@@ -82,7 +82,7 @@ struct Variant {
   // Units of work per iteration: timed metrics are reported in µs per unit (1000 for a
   // stream of 1000 ops reported per op).
   double units = 1;
-  // Metrics measured once at setup (recorded op count; later compile_ms, peak_bytes).
+  // Metrics measured once at setup (recorded op count, compile_ms, peak_bytes).
   std::vector<std::pair<std::string, double>> fixed;
 };
 
@@ -110,6 +110,34 @@ std::vector<Record> run_all(const Registry& registry, const Options& options, st
 
 void print_table(std::ostream& out, const Workload& w, const std::vector<Record>& records);
 void write_json(const std::string& path, const std::vector<Record>& records);
+
+// --- counting CPU bytes (peak_bytes, saved_bytes) ---------------------------------------
+// Note [Counting CPU bytes]
+// Memory metrics come from a c10::Allocator that wraps LibTorch's CPU allocator, installed
+// once at start (install_cpu_byte_counter(), before any workload runs). It counts only
+// while a CpuByteCounter is alive: otherwise allocate() returns the wrapped allocator's
+// DataPtr untouched, so timed rounds pay one virtual call and an atomic load per
+// allocation, and nothing else. A counted allocation carries a context that knows its size,
+// so its free is counted whenever it happens, counter alive or not. Frees of blocks that
+// were allocated while not counting are not seen: a measurement should first run one
+// priming iteration under the counter, so that what the measured iteration frees was
+// counted when it was allocated. Bytes are the sizes asked of the allocator (nbytes), not
+// what malloc rounds them to; only CPU tensors' storages are seen (not oneDNN scratch
+// space or other malloc calls).
+void install_cpu_byte_counter();
+
+// Counts CPU tensor bytes while alive (one at a time). See Note [Counting CPU bytes].
+class CpuByteCounter {
+ public:
+  CpuByteCounter();   // starts counting; throws if install_cpu_byte_counter() did not run
+  ~CpuByteCounter();  // stops counting
+  CpuByteCounter(const CpuByteCounter&) = delete;
+  CpuByteCounter& operator=(const CpuByteCounter&) = delete;
+
+  int64_t current() const;  // bytes of counted allocations alive now
+  int64_t peak() const;     // the highest current() since construction or reset_peak()
+  void reset_peak();        // peak() = current()
+};
 
 // --- helpers for Workload::derive -----------------------------------------------------
 // The record of `variant`, or nullptr.

@@ -69,12 +69,14 @@ int main(int argc, char** argv) {
   const tcap::bench::Options options = parse(argc, argv);
   tcap::bench::Registry registry;
   tcap::bench::add_capture_workloads(registry);
+  tcap::bench::add_compile_workloads(registry);
 
   const char* tunables = std::getenv("GLIBC_TUNABLES");
   std::cout << "tcap-bench: LibTorch " << TORCH_VERSION << ", " << at::get_num_threads()
             << " intra-op threads, GLIBC_TUNABLES=" << (tunables ? tunables : "(unset: stock malloc)")
             << (options.quick ? ", --quick (not a measurement)" : "") << "\n";
   try {
+    tcap::bench::install_cpu_byte_counter();  // peak_bytes, saved_bytes: see harness.h
     const auto records = tcap::bench::run_all(registry, options, std::cout);
     if (records.empty()) std::cerr << "tcap-bench: no workload matches '" << options.filter << "'\n";
     if (!options.json_path.empty()) tcap::bench::write_json(options.json_path, records);
