@@ -1,0 +1,127 @@
+// Note [Buffer reuse in the eager backend]
+// Eager LibTorch allocates a fresh tensor for every out-of-place op; with large tensors
+// each allocation is an mmap and a page fault per page. A compiled graph knows every
+// value's last reader, so the eager backend rewrites an out-of-place pointwise op into its
+// in-place form when its first argument is an intermediate that dies there: the result
+// then lives in that argument's buffer. The rewrite is taken only when it cannot be
+// observed:
+//   * the op is a pointwise op with an in-place twin of the same schema (sin -> sin_,
+//     mul.Tensor -> mul_.Tensor, ...), and the result has the argument's dtype and shape
+//     (no promotion, no broadcasting of self);
+//   * the argument is made by an earlier op of this graph that always returns a fresh
+//     tensor (a pointwise op or a matmul), is not a graph output (saved tensors and user
+//     outputs are outputs), is not a view or a new version of anything, nothing views or
+//     writes it, and this op is its last reader;
+//   * the other tensor argument of a binary op does not share the argument's buffer.
+// mul and add (alpha 1) may write into their second argument instead (they commute).
+// The rewritten graph is private to the backend: dumps and fw_compiler see the original.
+#include "compile/inplace.h"
+
+#include <unordered_map>
+#include <unordered_set>
+
+namespace tcap::aot {
+namespace {
+
+// Out-of-place op -> its in-place twin (same arguments).
+const std::unordered_map<std::string, std::string>& twins() {
+  static const std::unordered_map<std::string, std::string> m = {
+      {"aten::neg", "aten::neg_"},       {"aten::sin", "aten::sin_"},         {"aten::cos", "aten::cos_"},
+      {"aten::exp", "aten::exp_"},       {"aten::log", "aten::log_"},         {"aten::tanh", "aten::tanh_"},
+      {"aten::sigmoid", "aten::sigmoid_"}, {"aten::relu", "aten::relu_"},     {"aten::sqrt", "aten::sqrt_"},
+      {"aten::rsqrt", "aten::rsqrt_"},   {"aten::abs", "aten::abs_"},         {"aten::reciprocal", "aten::reciprocal_"},
+      {"aten::erf", "aten::erf_"},       {"aten::expm1", "aten::expm1_"},     {"aten::log1p", "aten::log1p_"},
+      {"aten::tan", "aten::tan_"},       {"aten::sign", "aten::sign_"},       {"aten::square", "aten::square_"},
+      {"aten::add", "aten::add_"},       {"aten::sub", "aten::sub_"},         {"aten::mul", "aten::mul_"},
+      {"aten::div", "aten::div_"},
+  };
+  return m;
+}
+
+bool binary_tensor_overload(const ir::Node& n) {
+  return n.overload == "Tensor" && n.args.size() >= 2 &&
+         (n.args[1].kind == ir::ArgKind::Value || n.args[1].kind == ir::ArgKind::WrappedScalar);
+}
+
+bool rewritable(const ir::Node& n) {
+  if (n.kind != ir::NodeKind::Call || !twins().count(n.op)) return false;
+  const bool binary = n.op == "aten::add" || n.op == "aten::sub" || n.op == "aten::mul" || n.op == "aten::div";
+  if (binary) return binary_tensor_overload(n);
+  return n.overload.empty() && n.args.size() == 1;
+}
+
+// Producers whose result is always a fresh tensor.
+bool fresh_producer(const ir::Node& n) {
+  static const std::unordered_set<std::string> extra = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"};
+  return n.kind == ir::NodeKind::Call && (rewritable(n) || (extra.count(n.op) && n.overload.empty()));
+}
+
+}  // namespace
+
+ir::Graph reuse_buffers(const ir::Graph& g, int* rewritten) {
+  ir::Graph h = g;
+  const auto& values = g.values();
+  std::vector<ir::NodeId> last(values.size(), -1);
+  std::vector<uint8_t> aliased(values.size(), 0);
+  for (const auto& n : g.nodes()) {
+    for (const auto& a : n.args) {
+      if (!a.refers_to_values()) continue;
+      for (ir::ValueId v : a.values) {
+        if (v != ir::kNoValue) last[static_cast<size_t>(v)] = n.id;
+      }
+    }
+  }
+  for (const auto& v : values) {
+    if (v.view_of != ir::kNoValue) aliased[static_cast<size_t>(v.view_of)] = 1;
+    if (v.version_of != ir::kNoValue) aliased[static_cast<size_t>(v.version_of)] = 1;
+  }
+  std::unordered_set<ir::ValueId> outputs;
+  for (ir::ValueId v : g.output_values()) outputs.insert(v);
+  auto root = [&](ir::ValueId v) {
+    while (true) {
+      const auto& val = g.value(v);
+      if (val.view_of != ir::kNoValue) v = val.view_of;
+      else if (val.version_of != ir::kNoValue) v = val.version_of;
+      else return v;
+    }
+  };
+  // Whether n may write its result into argument `self`.
+  auto reusable = [&](const ir::Node& n, ir::ValueId self, ir::ValueId other) {
+    const auto& sv = g.value(self);
+    const auto& out = g.value(n.outputs[0].values[0]).meta;
+    if (last[static_cast<size_t>(self)] != n.id || outputs.count(self) || aliased[static_cast<size_t>(self)] ||
+        sv.view_of != ir::kNoValue || sv.version_of != ir::kNoValue) {
+      return false;
+    }
+    if (!fresh_producer(g.node(sv.producer))) return false;
+    if (sv.meta.dtype != out.dtype || sv.meta.sizes != out.sizes || sv.meta.strides != out.strides ||
+        sv.meta.device != out.device) {
+      return false;
+    }
+    return other == ir::kNoValue || other == self || root(other) != root(self);
+  };
+  int count = 0;
+  for (auto& n : h.mutable_nodes()) {
+    if (!rewritable(n) || n.outputs.size() != 1 || n.outputs[0].kind != ir::ArgKind::Value) continue;
+    if (n.args[0].kind != ir::ArgKind::Value) continue;
+    const ir::ValueId a = n.args[0].values[0];
+    const ir::ValueId b = n.args.size() >= 2 && n.args[1].kind == ir::ArgKind::Value ? n.args[1].values[0] : ir::kNoValue;
+    if (reusable(n, a, b)) {
+      n.op = twins().at(n.op);
+      ++count;
+      continue;
+    }
+    // mul and add (alpha 1) commute: write into the second argument if it dies here.
+    const bool commutes = n.op == "aten::mul" || (n.op == "aten::add" && n.args.size() == 3 &&
+                                                  n.args[2].kind == ir::ArgKind::Int && n.args[2].i == 1);
+    if (commutes && b != ir::kNoValue && reusable(n, b, a)) {
+      std::swap(n.args[0], n.args[1]);
+      n.op = twins().at(n.op);
+      ++count;
+    }
+  }
+  if (rewritten) *rewritten = count;
+  return h;
+}
+
+}  // namespace tcap::aot
