@@ -9,6 +9,7 @@
 #include <tcap/compile.h>
 
 #include "support/compare.h"
+#include "support/models.h"
 
 #include <torch/torch.h>
 
@@ -20,31 +21,8 @@ namespace {
 constexpr double kRtol = 1e-4;
 constexpr double kAtol = 1e-5;
 
-struct SeedMlpImpl : nn::Module {
-  SeedMlpImpl() {
-    fc1 = register_module("fc1", nn::Linear(10, 5));
-    fc2 = register_module("fc2", nn::Linear(5, 2));
-  }
-  at::Tensor forward(const at::Tensor& x) { return torch::softmax(fc2(torch::relu(fc1(x))), 1); }
-  nn::Linear fc1{nullptr}, fc2{nullptr};
-};
-TORCH_MODULE(SeedMlp);
-
-struct SmallCnnImpl : nn::Module {
-  SmallCnnImpl() {
-    conv = register_module("conv", nn::Conv2d(nn::Conv2dOptions(3, 8, 3).padding(1)));
-    bn = register_module("bn", nn::BatchNorm2d(8));
-    fc = register_module("fc", nn::Linear(8 * 4 * 4, 5));
-  }
-  at::Tensor forward(const at::Tensor& x) {
-    auto h = torch::max_pool2d(torch::relu(bn(conv(x))), 2);
-    return fc(h.flatten(1));
-  }
-  nn::Conv2d conv{nullptr};
-  nn::BatchNorm2d bn{nullptr};
-  nn::Linear fc{nullptr};
-};
-TORCH_MODULE(SmallCnn);
+using tcap::testing::SeedMlp;
+using tcap::testing::SmallCnn;
 
 struct EncoderImpl : nn::Module {
   explicit EncoderImpl(double dropout) {
@@ -61,11 +39,7 @@ TORCH_MODULE(Encoder);
 template <class M>
 void train_and_compare(M model, M twin, const std::function<std::pair<at::Tensor, at::Tensor>(int)>& make_batch,
                        int steps = 20, tcap::Partitioner part = tcap::Partitioner::MinCut) {
-  {
-    torch::NoGradGuard no_grad;
-    auto a = model->named_parameters(), b = twin->named_parameters();
-    for (const auto& item : a) b[item.key()].copy_(item.value());
-  }
+  tcap::testing::copy_parameters(*model, *twin);
   tcap::CompileOptions o;
   o.name = "model";
   o.partitioner = part;

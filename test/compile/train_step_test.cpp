@@ -8,6 +8,7 @@
 #include <tcap/train_step.h>
 
 #include "support/compare.h"
+#include "support/models.h"
 
 #include <torch/torch.h>
 
@@ -19,20 +20,7 @@ namespace {
 constexpr double kRtol = 1e-4;
 constexpr double kAtol = 1e-5;
 
-struct CnnImpl : nn::Module {
-  CnnImpl() {
-    conv = register_module("conv", nn::Conv2d(nn::Conv2dOptions(3, 8, 3).padding(1)));
-    bn = register_module("bn", nn::BatchNorm2d(8));
-    fc = register_module("fc", nn::Linear(8 * 4 * 4, 5));
-  }
-  at::Tensor forward(const at::Tensor& x) {
-    return fc(torch::max_pool2d(torch::relu(bn(conv(x))), 2).flatten(1));
-  }
-  nn::Conv2d conv{nullptr};
-  nn::BatchNorm2d bn{nullptr};
-  nn::Linear fc{nullptr};
-};
-TORCH_MODULE(Cnn);
+using Cnn = tcap::testing::SmallCnn;
 
 template <class Opt>
 void compare_state(Opt& a, Opt& b, const std::vector<at::Tensor>& pa, const std::vector<at::Tensor>& pb);
@@ -63,11 +51,7 @@ template <class Opt, class Options>
 void train(Options opts, bool zero_to_none) {
   torch::manual_seed(0);
   Cnn model, twin;
-  {
-    torch::NoGradGuard ng;
-    auto a = model->named_parameters(), b = twin->named_parameters();
-    for (const auto& item : a) b[item.key()].copy_(item.value());
-  }
+  tcap::testing::copy_parameters(*model, *twin);
   Opt opt(model->parameters(), opts), opt_twin(twin->parameters(), opts);
   auto body = [&](Cnn& m, Opt& o, const at::Tensor& x, const at::Tensor& y) {
     o.zero_grad(zero_to_none);

@@ -1,0 +1,43 @@
+// Small models shared by the compile tests (the seeds' MLP, a CNN with BatchNorm), and a
+// helper that gives an eager twin the same parameters.
+#pragma once
+
+#include <torch/torch.h>
+
+namespace tcap::testing {
+
+// The Dynamo/AOTAutograd tutorials' MLP: Linear(10,5), ReLU, Linear(5,2), Softmax.
+struct SeedMlpImpl : torch::nn::Module {
+  SeedMlpImpl() {
+    fc1 = register_module("fc1", torch::nn::Linear(10, 5));
+    fc2 = register_module("fc2", torch::nn::Linear(5, 2));
+  }
+  at::Tensor forward(const at::Tensor& x) { return torch::softmax(fc2(torch::relu(fc1(x))), 1); }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+};
+TORCH_MODULE(SeedMlp);
+
+// Conv2d + BatchNorm + ReLU + max-pool + Linear, for [N, 3, 8, 8] inputs, 5 outputs.
+struct SmallCnnImpl : torch::nn::Module {
+  SmallCnnImpl() {
+    conv = register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 8, 3).padding(1)));
+    bn = register_module("bn", torch::nn::BatchNorm2d(8));
+    fc = register_module("fc", torch::nn::Linear(8 * 4 * 4, 5));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    return fc(torch::max_pool2d(torch::relu(bn(conv(x))), 2).flatten(1));
+  }
+  torch::nn::Conv2d conv{nullptr};
+  torch::nn::BatchNorm2d bn{nullptr};
+  torch::nn::Linear fc{nullptr};
+};
+TORCH_MODULE(SmallCnn);
+
+// Copies every parameter of `from` into the same-named parameter of `to`.
+inline void copy_parameters(const torch::nn::Module& from, torch::nn::Module& to) {
+  torch::NoGradGuard no_grad;
+  auto dst = to.named_parameters();
+  for (const auto& item : from.named_parameters()) dst[item.key()].copy_(item.value());
+}
+
+}  // namespace tcap::testing
