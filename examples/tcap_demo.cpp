@@ -169,7 +169,8 @@ std::vector<CompileReport> compiled(const std::filesystem::path& out) {
   std::vector<CompileReport> reports;
   const auto dumps = (out / "compile").string();
   {
-    CompileReport r{"coscos 512x1024 fwd+bwd"};
+    CompileReport r;
+    r.name = "coscos 512x1024 fwd+bwd";
     auto fn = [](const std::vector<at::Tensor>& in) {
       return std::vector<at::Tensor>{torch::cos(torch::cos(in[0] + in[1] + in[2] + in[3]))};
     };
@@ -197,7 +198,8 @@ std::vector<CompileReport> compiled(const std::filesystem::path& out) {
     reports.push_back(r);
   }
   {
-    CompileReport r{"seed MLP module, batch 256"};
+    CompileReport r;
+    r.name = "seed MLP module, batch 256";
     torch::manual_seed(0);
     auto model = std::make_shared<SeedMlp>();
     tcap::CompileOptions o;
@@ -219,7 +221,8 @@ std::vector<CompileReport> compiled(const std::filesystem::path& out) {
     reports.push_back(r);
   }
   {
-    CompileReport r{"seed MLP whole Adam step"};
+    CompileReport r;
+    r.name = "seed MLP whole Adam step";
     torch::manual_seed(0);
     auto model = std::make_shared<SeedMlp>(), twin = std::make_shared<SeedMlp>();
     {

@@ -74,9 +74,10 @@ ValueTable::StorageRecord* ValueTable::make_record(const at::Tensor& t) {
   auto* storage = t.storage().unsafeGetStorageImpl();
   auto it = storages_.find(storage);
   if (it == storages_.end()) {
-    it = storages_.emplace(storage, StorageRecord{c10::weak_intrusive_ptr<c10::StorageImpl>(
-                                         c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(storage))})
-             .first;
+    StorageRecord rec{c10::weak_intrusive_ptr<c10::StorageImpl>(
+                          c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(storage)),
+                      /*writes=*/0, /*shadow_seq=*/-1, /*views=*/{}};
+    it = storages_.emplace(storage, std::move(rec)).first;
   }
   return &it->second;
 }
