@@ -3,7 +3,7 @@
 #
 #   test/tools/inspect_test.sh path/to/tcap-inspect test/golden
 #
-# Every *.json in the folder must be a valid graph, except files whose names start
+# Every *.json in the folder (and one level below) must be a valid graph, except files whose names start
 # with "bad_" or contain "invalid" (negative fixtures of the JSON tests), which are
 # skipped. Checks, for each valid graph: code, table, dot, summary and svg succeed
 # with non-empty output; diff of a file with itself exits 0; diff of two graphs with
@@ -63,7 +63,7 @@ expect_error() {
 [ -x "$tool" ] || { echo "FAIL: $tool is not executable" >&2; exit 1; }
 
 graphs=()
-for f in "$dir"/*.json; do
+for f in "$dir"/*.json "$dir"/*/*.json; do  # the demo writes compiled graphs to compile/
   [ -e "$f" ] || continue
   case "$(basename "$f")" in
     bad_* | *invalid*) continue ;;
