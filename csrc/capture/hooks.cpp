@@ -193,13 +193,13 @@ void arm_watcher(const std::shared_ptr<BackwardWatcher>& w) {
 }
 
 void disarm_watcher(const BackwardWatcher* w) {
-  std::unique_ptr<EngineHookLease> lease;
+  std::vector<std::unique_ptr<EngineHookLease>> leases;  // released after the lock
   auto& a = armed();
   std::lock_guard<std::mutex> lock(a.mutex);
   for (auto it = a.watchers.begin(); it != a.watchers.end();) {
     auto p = it->first.lock();
     if (!p || p.get() == w) {
-      lease = std::move(it->second);  // released after the loop, outside nothing else
+      leases.push_back(std::move(it->second));
       it = a.watchers.erase(it);
     } else {
       ++it;

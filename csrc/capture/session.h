@@ -79,7 +79,6 @@ class Session {
   ir::ValueId tangent_for(const at::Tensor& t, const std::string& name);
   // The graph recorded so far (no Output node).
   const ir::Graph& graph() const { return graph_; }
-  ir::Graph& mutable_graph() { return graph_; }
   const std::vector<at::Tensor>& input_tensors() const { return input_tensors_; }
 
  private:

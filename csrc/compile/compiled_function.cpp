@@ -577,20 +577,9 @@ struct CompiledFunction::Impl {
       e.output_differentiable.push_back(m.requires_grad);
     }
     for (int k : e.joint.tangent_of) e.tangent_present[static_cast<size_t>(k)] = true;
-    std::unordered_map<ir::ValueId, size_t> primal_index;
     const auto inputs = jg.input_nodes();
-    for (size_t j = 0; j < e.joint.num_primals; ++j) primal_index[jg.node(inputs[j]).outputs[0].values[0]] = j;
-    for (const auto& v : jg.values()) {
-      if (v.version_of == ir::kNoValue) continue;
-      // Follow the chain to the primal it writes.
-      ir::ValueId base = v.version_of;
-      while (jg.value(base).version_of != ir::kNoValue) base = jg.value(base).version_of;
-      while (jg.value(base).view_of != ir::kNoValue) base = jg.value(base).view_of;
-      auto it = primal_index.find(base);
-      if (it != primal_index.end() &&
-          std::find(e.mutated_primals.begin(), e.mutated_primals.end(), it->second) == e.mutated_primals.end()) {
-        e.mutated_primals.push_back(it->second);
-      }
+    for (size_t j : jg.written_inputs()) {
+      if (j < e.joint.num_primals) e.mutated_primals.push_back(j);
     }
     for (size_t j : e.mutated_primals) {
       const auto& in = jg.node(inputs[j]);
@@ -634,12 +623,7 @@ struct CompiledFunction::Impl {
     std::vector<ir::NodeId> reads;
     for (const auto& n : fw.nodes()) {
       if (n.kind != ir::NodeKind::Call) continue;
-      for (const auto& a : n.outputs) {
-        if (a.kind == ir::ArgKind::Bool || a.kind == ir::ArgKind::Int || a.kind == ir::ArgKind::Double) {
-          reads.push_back(n.id);
-          break;
-        }
-      }
+      if (std::any_of(n.outputs.begin(), n.outputs.end(), ir::is_host_value)) reads.push_back(n.id);
     }
     if (reads.empty()) return;
     std::set<ir::NodeId> keep(reads.begin(), reads.end());
@@ -647,28 +631,22 @@ struct CompiledFunction::Impl {
     while (!todo.empty()) {
       const auto& n = fw.node(todo.back());
       todo.pop_back();
-      for (const auto& a : n.args) {
-        if (!a.refers_to_values()) continue;
-        for (ir::ValueId v : a.values) {
-          if (v == ir::kNoValue) continue;
-          const auto p = fw.value(v).producer;
-          if (fw.node(p).kind == ir::NodeKind::Call && keep.insert(p).second) todo.push_back(p);
-        }
-      }
+      ir::for_each_value(n.args, [&](ir::ValueId v) {
+        const auto p = fw.value(v).producer;
+        if (fw.node(p).kind == ir::NodeKind::Call && keep.insert(p).second) todo.push_back(p);
+      });
     }
     for (ir::NodeId id : keep) {
       const auto& n = fw.node(id);
       auto op = c10::Dispatcher::singleton().findSchema({n.op, n.overload});
       TORCH_CHECK(!(op && op->hasTag(at::Tag::nondeterministic_seeded)),
                   "a value read on the host (item()) depends on the random op ", n.qualified_op());
+      ir::for_each_value(n.outputs, [&](ir::ValueId v) {
+        TORCH_CHECK(fw.value(v).version_of == ir::kNoValue,
+                    "a value read on the host (item()) depends on the in-place op ", n.qualified_op());
+      });
       for (const auto& a : n.outputs) {
-        for (ir::ValueId v : a.values) {
-          TORCH_CHECK(v == ir::kNoValue || fw.value(v).version_of == ir::kNoValue,
-                      "a value read on the host (item()) depends on the in-place op ", n.qualified_op());
-        }
-      }
-      for (const auto& a : n.outputs) {
-        if (a.kind == ir::ArgKind::Bool || a.kind == ir::ArgKind::Int || a.kind == ir::ArgKind::Double) {
+        if (ir::is_host_value(a)) {
           e.host_expected.push_back(a);
           e.host_what.push_back(n.qualified_op() + " (node %" + std::to_string(n.id) + ")");
         }

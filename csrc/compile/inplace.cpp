@@ -61,30 +61,14 @@ bool fresh_producer(const ir::Node& n) {
 ir::Graph reuse_buffers(const ir::Graph& g, int* rewritten) {
   ir::Graph h = g;
   const auto& values = g.values();
-  std::vector<ir::NodeId> last(values.size(), -1);
+  const std::vector<ir::NodeId> last = g.last_readers();
   std::vector<uint8_t> aliased(values.size(), 0);
-  for (const auto& n : g.nodes()) {
-    for (const auto& a : n.args) {
-      if (!a.refers_to_values()) continue;
-      for (ir::ValueId v : a.values) {
-        if (v != ir::kNoValue) last[static_cast<size_t>(v)] = n.id;
-      }
-    }
-  }
   for (const auto& v : values) {
     if (v.view_of != ir::kNoValue) aliased[static_cast<size_t>(v.view_of)] = 1;
     if (v.version_of != ir::kNoValue) aliased[static_cast<size_t>(v.version_of)] = 1;
   }
   std::unordered_set<ir::ValueId> outputs;
   for (ir::ValueId v : g.output_values()) outputs.insert(v);
-  auto root = [&](ir::ValueId v) {
-    while (true) {
-      const auto& val = g.value(v);
-      if (val.view_of != ir::kNoValue) v = val.view_of;
-      else if (val.version_of != ir::kNoValue) v = val.version_of;
-      else return v;
-    }
-  };
   // Whether n may write its result into argument `self`.
   auto reusable = [&](const ir::Node& n, ir::ValueId self, ir::ValueId other) {
     const auto& sv = g.value(self);
@@ -98,7 +82,7 @@ ir::Graph reuse_buffers(const ir::Graph& g, int* rewritten) {
         sv.meta.device != out.device) {
       return false;
     }
-    return other == ir::kNoValue || other == self || root(other) != root(self);
+    return other == ir::kNoValue || other == self || g.alias_root(other) != g.alias_root(self);
   };
   int count = 0;
   for (auto& n : h.mutable_nodes()) {

@@ -45,24 +45,14 @@ int64_t nbytes(const ir::TensorMeta& m) {
   return std::max<int64_t>(1, m.numel() * static_cast<int64_t>(c10::elementSize(m.dtype)));
 }
 
-// Tensor values a node reads (arguments only; kNoValue entries skipped).
+// Tensor values a node reads / defines.
 template <class F>
 void for_each_read(const Node& n, F&& f) {
-  for (const auto& a : n.args) {
-    if (!a.refers_to_values()) continue;
-    for (ValueId v : a.values) {
-      if (v != ir::kNoValue) f(v);
-    }
-  }
+  ir::for_each_value(n.args, std::forward<F>(f));
 }
 template <class F>
 void for_each_def(const Node& n, F&& f) {
-  for (const auto& a : n.outputs) {
-    if (!a.refers_to_values()) continue;
-    for (ValueId v : a.values) {
-      if (v != ir::kNoValue) f(v);
-    }
-  }
+  ir::for_each_value(n.outputs, std::forward<F>(f));
 }
 
 // Ops cheap enough to recompute in the backward: pointwise math, casts, views, fills.
@@ -278,13 +268,7 @@ Graph extract_subgraph(const Graph& g, const std::vector<NodeId>& nodes, const s
 
 Graph eliminate_dead_code(const Graph& g) {
   auto root_is_input = [&](ValueId v) {
-    while (true) {
-      const auto& val = g.value(v);
-      if (val.version_of != ir::kNoValue) v = val.version_of;
-      else if (val.view_of != ir::kNoValue) v = val.view_of;
-      else break;
-    }
-    return g.node(g.value(v).producer).kind == ir::NodeKind::Input;
+    return g.node(g.value(g.alias_root(v)).producer).kind == ir::NodeKind::Input;
   };
   std::unordered_set<ValueId> needed;
   for (ValueId v : g.output_values()) needed.insert(v);
@@ -473,18 +457,10 @@ PartitionResult partition(const JointGraph& joint, Partitioner which) {
   // saved_bytes: memory the saving keeps alive that would otherwise be freed: not
   // primals, not tensors returned to the user anyway, not views of primals.
   std::unordered_set<ValueId> user_out(ph.user_outputs.begin(), ph.user_outputs.end());
-  auto root_of = [&](ValueId v) {
-    while (true) {
-      const auto& val = g.value(v);
-      if (val.view_of != ir::kNoValue) v = val.view_of;
-      else if (val.version_of != ir::kNoValue) v = val.version_of;
-      else return v;
-    }
-  };
   for (ValueId v : saved) {
     r.saved.push_back(v);
     r.saved_is_primal.push_back(primal_set.count(v) > 0);
-    if (!primal_set.count(root_of(v)) && !user_out.count(v)) r.saved_bytes += nbytes(g.value(v).meta);
+    if (!primal_set.count(g.alias_root(v)) && !user_out.count(v)) r.saved_bytes += nbytes(g.value(v).meta);
   }
   {
     std::vector<ir::InputKind> kinds;

@@ -66,6 +66,17 @@ struct EndObserver : capture::ObserverPostHook {
   std::vector<std::pair<size_t, size_t>> edges;  // (next_edge index, primal)
 };
 
+// Removes from a hook list the observers of `owner` (and of captures already gone).
+template <class Observer, class Hooks>
+void erase_observers(Hooks& hooks, const RegionCapture* owner) {
+  hooks.erase(std::remove_if(hooks.begin(), hooks.end(),
+                             [&](const auto& h) {
+                               auto* o = dynamic_cast<Observer*>(h.get());
+                               return o && (o->cap.expired() || o->cap.lock().get() == owner);
+                             }),
+              hooks.end());
+}
+
 }  // namespace
 
 bool data_dependent_shape(const ir::Graph& g, const ir::Node& n, const c10::OperatorHandle& op) {
@@ -77,6 +88,18 @@ bool data_dependent_shape(const ir::Graph& g, const ir::Node& n, const c10::Oper
     return false;  // integer indices: the output shape follows the index shapes
   }
   return true;
+}
+
+std::string unreplayable(const ir::Graph& g, const ir::Node& n) {
+  auto op = c10::Dispatcher::singleton().findSchema({n.op, n.overload});
+  if (!op) return n.qualified_op() + " is not a registered operator";
+  if (data_dependent_shape(g, n, *op)) return n.qualified_op() + " has a data-dependent output shape";
+  for (const auto& a : n.args) {
+    if (a.kind == ir::ArgKind::Opaque) {
+      return n.qualified_op() + " takes a " + a.s + " argument ('" + a.name + "') that cannot be replayed";
+    }
+  }
+  return "";
 }
 
 RegionCapture::RegionCapture() {
@@ -91,11 +114,6 @@ RegionCapture::~RegionCapture() = default;
 bool RegionCapture::done() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return done_;
-}
-
-std::string RegionCapture::failure() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return failure_;
 }
 
 std::vector<at::Tensor> RegionCapture::record_forward(
@@ -141,14 +159,7 @@ std::string RegionCapture::check_forward(const std::vector<at::Tensor>& outputs)
       return "the function calls backward() itself (" + n.qualified_op() +
              " ran in a backward); compile the forward only";
     }
-    auto op = c10::Dispatcher::singleton().findSchema({n.op, n.overload});
-    if (!op) return n.qualified_op() + " is not a registered operator";
-    if (data_dependent_shape(g, n, *op)) return n.qualified_op() + " has a data-dependent output shape";
-    for (const auto& a : n.args) {
-      if (a.kind == ir::ArgKind::Opaque) {
-        return n.qualified_op() + " takes a " + a.s + " argument ('" + a.name + "') that cannot be replayed";
-      }
-    }
+    if (std::string why = unreplayable(g, n); !why.empty()) return why;
   }
   std::unordered_set<ir::ValueId> primal_set(primal_values_.begin(), primal_values_.end());
   std::unordered_set<ir::ValueId> seen;
@@ -261,20 +272,8 @@ void RegionCapture::remove_observers() {
   for (auto& w : observed_nodes_) {
     auto n = w.lock();
     if (!n) continue;
-    auto& pre = n->tensor_pre_hooks();
-    pre.erase(std::remove_if(pre.begin(), pre.end(),
-                             [&](const auto& h) {
-                               auto* s = dynamic_cast<StartObserver*>(h.get());
-                               return s && (s->cap.expired() || s->cap.lock().get() == this);
-                             }),
-              pre.end());
-    auto& post = n->post_hooks();
-    post.erase(std::remove_if(post.begin(), post.end(),
-                              [&](const auto& h) {
-                                auto* s = dynamic_cast<EndObserver*>(h.get());
-                                return s && (s->cap.expired() || s->cap.lock().get() == this);
-                              }),
-               post.end());
+    erase_observers<StartObserver>(n->tensor_pre_hooks(), this);
+    erase_observers<EndObserver>(n->post_hooks(), this);
   }
   observed_nodes_.clear();
 }
@@ -313,16 +312,14 @@ void RegionCapture::backward_finished(bool ok) {
   if (cb) cb(*this);
 }
 
-JointGraph RegionCapture::joint_without_backward() const {
-  return const_cast<RegionCapture*>(this)->build_joint(false);
-}
+JointGraph RegionCapture::joint_without_backward() const { return build_joint(false); }
 
 JointGraph RegionCapture::joint_with_backward() {
   TORCH_CHECK(failure_.empty(), failure_);
   return build_joint(true);
 }
 
-JointGraph RegionCapture::build_joint(bool with_backward) {
+JointGraph RegionCapture::build_joint(bool with_backward) const {
   ir::Graph g = session_->graph();
   const auto fw_end = static_cast<ir::NodeId>(fw_end_);
   std::vector<ir::ValueId> tangents;
@@ -346,6 +343,7 @@ JointGraph RegionCapture::build_joint(bool with_backward) {
     // Sum several contributions to one input (the engine's InputBuffer does the same).
     auto add_op = c10::Dispatcher::singleton().findSchema({"aten::add", "Tensor"});
     TORCH_INTERNAL_ASSERT(add_op.has_value());
+    bool added = false;
     for (size_t j = 0; j < contributions_.size(); ++j) {
       const auto& cs = contributions_[j];
       if (cs.empty()) continue;
@@ -363,12 +361,13 @@ JointGraph RegionCapture::build_joint(bool with_backward) {
         const ir::ValueId v = g.new_value(id, 0, -1, g.value(acc).meta);
         n.outputs.push_back(ir::Arg::value(v));
         g.add_node(std::move(n));
-        g.schemas()["aten::add.Tensor"] = capture::OpInfo::from(*add_op).schema;
         acc = v;
+        added = true;
       }
       grads.push_back(acc);
       grad_of.push_back(static_cast<int>(j));
     }
+    if (added) g.schemas()["aten::add.Tensor"] = capture::OpInfo::from(*add_op).schema;
     // The slice: backward nodes the gradients depend on, back to tangents and forward values.
     std::unordered_set<ir::ValueId> tangent_set(tangents.begin(), tangents.end());
     std::unordered_set<ir::ValueId> needed;
@@ -379,10 +378,7 @@ JointGraph RegionCapture::build_joint(bool with_backward) {
     for (auto id = static_cast<ir::NodeId>(g.nodes().size()) - 1; id >= fw_end; --id) {
       const auto& n = g.node(id);
       bool defines = false;
-      for (const auto& a : n.outputs) {
-        if (!a.refers_to_values()) continue;
-        for (ir::ValueId v : a.values) defines = defines || (v != ir::kNoValue && needed.count(v));
-      }
+      ir::for_each_value(n.outputs, [&](ir::ValueId v) { defines = defines || needed.count(v); });
       if (!defines) continue;
       if (n.kind == ir::NodeKind::Input) {
         TORCH_CHECK(false, "the backward of the function reads a tensor its forward did not record ('",
@@ -391,13 +387,9 @@ JointGraph RegionCapture::build_joint(bool with_backward) {
       TORCH_CHECK(n.kind == ir::NodeKind::Call, "a hook runs inside the function's backward (on ",
                   n.autograd_node, "); compiled replay would not call it");
       slice.push_back(id);
-      for (const auto& a : n.args) {
-        if (!a.refers_to_values()) continue;
-        for (ir::ValueId v : a.values) {
-          if (v == ir::kNoValue || tangent_set.count(v) || g.value(v).producer < fw_end) continue;
-          needed.insert(v);
-        }
-      }
+      ir::for_each_value(n.args, [&](ir::ValueId v) {
+        if (!tangent_set.count(v) && g.value(v).producer >= fw_end) needed.insert(v);
+      });
     }
     std::reverse(slice.begin(), slice.end());
     keep.insert(keep.end(), slice.begin(), slice.end());

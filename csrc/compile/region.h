@@ -22,6 +22,10 @@ namespace tcap::aot {
 // with a bool mask); index.Tensor with integer indices does not.
 bool data_dependent_shape(const ir::Graph& g, const ir::Node& n, const c10::OperatorHandle& op);
 
+// Why a recorded call cannot be replayed ("" if it can): an operator this LibTorch does not
+// have, a data-dependent output shape, an argument that cannot be rebuilt (a generator).
+std::string unreplayable(const ir::Graph& g, const ir::Node& n);
+
 class RegionCapture : public capture::BackwardWatcher,
                       public std::enable_shared_from_this<RegionCapture> {
  public:
@@ -53,18 +57,13 @@ class RegionCapture : public capture::BackwardWatcher,
 
   // The tensors of the forward's Input nodes (primals), in order.
   std::vector<at::Tensor> primal_tensors() const;
-  size_t forward_end() const { return fw_end_; }
-  const std::vector<ir::ValueId>& output_values() const { return output_values_; }
-  const std::vector<std::string>& output_names() const { return output_names_; }
-  std::string failure() const;
-  bool started() const { return started_; }
 
   // Observer callbacks (autograd engine thread).
   void on_tangent(size_t output, const at::Tensor& grad);
   void on_contribution(size_t primal, const at::Tensor& grad);
 
  private:
-  JointGraph build_joint(bool with_backward);
+  JointGraph build_joint(bool with_backward) const;
 
   std::unique_ptr<capture::Session> session_;
   mutable std::mutex mutex_;

@@ -36,6 +36,7 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <sstream>
@@ -143,7 +144,17 @@ struct CompiledStep::Impl {
   CompileStats stats;
   std::string eager_reason;
 
-  std::vector<at::Tensor> params() const { return model->parameters(true); }
+  // Adam and AdamW keep the same options and per-parameter state under two types.
+  template <class F>
+  void with_adam_options(torch::optim::OptimizerOptions& o, F&& f) const {
+    if (kind == OptKind::Adam) f(static_cast<torch::optim::AdamOptions&>(o));
+    else f(static_cast<torch::optim::AdamWOptions&>(o));
+  }
+  template <class F>
+  void with_adam_state(torch::optim::OptimizerParamState& st, F&& f) const {
+    if (kind == OptKind::Adam) f(static_cast<torch::optim::AdamParamState&>(st));
+    else f(static_cast<torch::optim::AdamWParamState&>(st));
+  }
 
   // The optimizer's parameters, in group order (the state map is keyed by them).
   std::vector<at::Tensor> opt_params() const {
@@ -166,30 +177,21 @@ struct CompiledStep::Impl {
         s.group_b2.push_back(0);
         s.group_wd.push_back(o.weight_decay());
       } else {
-        double lr, b1, b2, eps, wd;
-        bool ams;
-        if (kind == OptKind::Adam) {
-          auto& o = static_cast<torch::optim::AdamOptions&>(g.options());
-          lr = o.lr(); b1 = std::get<0>(o.betas()); b2 = std::get<1>(o.betas()); eps = o.eps();
-          wd = o.weight_decay(); ams = o.amsgrad();
-        } else {
-          auto& o = static_cast<torch::optim::AdamWOptions&>(g.options());
-          lr = o.lr(); b1 = std::get<0>(o.betas()); b2 = std::get<1>(o.betas()); eps = o.eps();
-          wd = o.weight_decay(); ams = o.amsgrad();
-        }
-        s.options.insert(s.options.end(), {lr, b1, b2, eps, wd, ams ? 1.0 : 0.0});
-        s.group_lr.push_back(lr);
-        s.group_b1.push_back(b1);
-        s.group_b2.push_back(b2);
-        s.group_wd.push_back(wd);
+        with_adam_options(g.options(), [&](auto& o) {
+          const double b1 = std::get<0>(o.betas()), b2 = std::get<1>(o.betas());
+          s.options.insert(s.options.end(), {o.lr(), b1, b2, o.eps(), o.weight_decay(), o.amsgrad() ? 1.0 : 0.0});
+          s.group_lr.push_back(o.lr());
+          s.group_b1.push_back(b1);
+          s.group_b2.push_back(b2);
+          s.group_wd.push_back(o.weight_decay());
+        });
       }
     }
     if (kind != OptKind::SGD) {
       for (const auto& p : opt_params()) {
         auto it = opt->state().find(p.unsafeGetTensorImpl());
         if (it == opt->state().end()) continue;
-        if (kind == OptKind::Adam) s.steps.push_back(static_cast<torch::optim::AdamParamState&>(*it->second).step());
-        else s.steps.push_back(static_cast<torch::optim::AdamWParamState&>(*it->second).step());
+        with_adam_state(*it->second, [&](auto& st) { s.steps.push_back(st.step()); });
       }
     }
     return s;
@@ -210,16 +212,12 @@ struct CompiledStep::Impl {
       };
       if (kind == OptKind::SGD) {
         add(static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer(), "momentum_buffer");
-      } else if (kind == OptKind::Adam) {
-        auto& st = static_cast<torch::optim::AdamParamState&>(*it->second);
-        add(st.exp_avg(), "exp_avg");
-        add(st.exp_avg_sq(), "exp_avg_sq");
-        add(st.max_exp_avg_sq(), "max_exp_avg_sq");
       } else {
-        auto& st = static_cast<torch::optim::AdamWParamState&>(*it->second);
-        add(st.exp_avg(), "exp_avg");
-        add(st.exp_avg_sq(), "exp_avg_sq");
-        add(st.max_exp_avg_sq(), "max_exp_avg_sq");
+        with_adam_state(*it->second, [&](auto& st) {
+          add(st.exp_avg(), "exp_avg");
+          add(st.exp_avg_sq(), "exp_avg_sq");
+          add(st.max_exp_avg_sq(), "max_exp_avg_sq");
+        });
       }
     }
   }
@@ -229,6 +227,8 @@ struct CompiledStep::Impl {
     std::vector<at::Tensor> ts;
     std::vector<std::string> names;
     std::vector<ir::InputKind> kinds;
+    std::vector<at::Tensor> params;        // the model's parameters, named_parameters order
+    std::vector<std::string> param_names;
     std::vector<int> grad_input;  // per parameter: index of its .grad input, or -1
   };
   Gathered gather(const std::vector<at::Tensor>& user) const {
@@ -239,6 +239,8 @@ struct CompiledStep::Impl {
       g.kinds.push_back(ir::InputKind::UserInput);
     }
     for (const auto& item : model->named_parameters(true)) {
+      g.params.push_back(item.value());
+      g.param_names.push_back(item.key());
       g.ts.push_back(item.value());
       g.names.push_back(item.key());
       g.kinds.push_back(ir::InputKind::Parameter);
@@ -248,12 +250,12 @@ struct CompiledStep::Impl {
       g.names.push_back(item.key());
       g.kinds.push_back(ir::InputKind::Buffer);
     }
-    for (const auto& item : model->named_parameters(true)) {
-      const at::Tensor& gr = item.value().grad();
+    for (size_t j = 0; j < g.params.size(); ++j) {
+      const at::Tensor& gr = g.params[j].grad();
       if (gr.defined()) {
         g.grad_input.push_back(static_cast<int>(g.ts.size()));
         g.ts.push_back(gr);
-        g.names.push_back(item.key() + ".grad");
+        g.names.push_back(g.param_names[j] + ".grad");
         g.kinds.push_back(ir::InputKind::Buffer);
       } else {
         g.grad_input.push_back(-1);
@@ -328,18 +330,10 @@ struct CompiledStep::Impl {
     ir::Graph graph = s.graph();
     for (const auto& n : graph.nodes()) {
       if (n.kind == ir::NodeKind::CallHook) return fail("a hook ran inside the step");
-      for (const auto& a : n.args) {
-        if (a.kind == ir::ArgKind::Opaque) return fail(n.qualified_op() + " takes an argument that cannot be replayed");
-      }
       if (n.kind != ir::NodeKind::Call) continue;
-      auto op = c10::Dispatcher::singleton().findSchema({n.op, n.overload});
-      if (op && aot::data_dependent_shape(graph, n, *op)) {
-        return fail(n.qualified_op() + " has a data-dependent output shape");
-      }
-      for (const auto& a : n.outputs) {
-        if (a.kind == ir::ArgKind::Bool || a.kind == ir::ArgKind::Int || a.kind == ir::ArgKind::Double) {
-          return fail(n.qualified_op() + " reads a value on the host inside the step");
-        }
+      if (std::string why = aot::unreplayable(graph, n); !why.empty()) return fail(why);
+      if (std::any_of(n.outputs.begin(), n.outputs.end(), ir::is_host_value)) {
+        return fail(n.qualified_op() + " reads a value on the host inside the step");
       }
     }
     // Outputs: the step's results, then the new .grad tensors.
@@ -354,7 +348,7 @@ struct CompiledStep::Impl {
       kinds.push_back(ir::OutputKind::User);
     }
     e.num_user_outputs = outs.size();
-    const auto ps = params();
+    const auto& ps = g.params;
     const auto inputs = graph.input_nodes();
     e.grad_effect.assign(ps.size(), GradEffect::Keep);
     e.grad_output.assign(ps.size(), -1);
@@ -372,37 +366,15 @@ struct CompiledStep::Impl {
       e.grad_effect[j] = GradEffect::Set;
       e.grad_output[j] = static_cast<int>(vals.size());
       vals.push_back(*v);
-      names.emplace_back();  // named after the parameter below
+      names.push_back(g.param_names[j]);
       kinds.push_back(ir::OutputKind::Grad);
-    }
-    {
-      size_t k = e.num_user_outputs;
-      size_t j = 0;
-      for (const auto& item : model->named_parameters(true)) {
-        if (e.grad_effect[j] == GradEffect::Set) names[k++] = item.key();
-        ++j;
-      }
     }
     graph.set_outputs(vals, names, kinds);
     graph.meta()["tcap.step"] = options.name;
     // Inputs the step writes (version bumps after replay).
     e.mutated_inputs.clear();
-    std::unordered_map<ir::ValueId, size_t> input_index;
-    for (size_t k = 0; k < inputs.size(); ++k) input_index[graph.node(inputs[k]).outputs[0].values[0]] = k;
-    for (const auto& v : graph.values()) {
-      if (v.version_of == ir::kNoValue) continue;
-      ir::ValueId base = v.version_of;
-      while (true) {
-        const auto& bv = graph.value(base);
-        if (bv.version_of != ir::kNoValue) base = bv.version_of;
-        else if (bv.view_of != ir::kNoValue) base = bv.view_of;
-        else break;
-      }
-      auto it = input_index.find(base);
-      if (it != input_index.end() && it->second < g.ts.size() &&
-          std::find(e.mutated_inputs.begin(), e.mutated_inputs.end(), it->second) == e.mutated_inputs.end()) {
-        e.mutated_inputs.push_back(it->second);
-      }
+    for (size_t k : graph.written_inputs()) {
+      if (k < g.ts.size()) e.mutated_inputs.push_back(k);
     }
     if (inputs.size() != g.ts.size()) {
       // Tensors the step read that are none of the gathered inputs (a closure constant).
@@ -487,22 +459,21 @@ struct CompiledStep::Impl {
     }
   }
 
-  std::vector<at::Tensor> replay(StepEntry& e, const Gathered& g) {
+  // host: the optimizer's host state as this call found it (the guards' snapshot).
+  std::vector<at::Tensor> replay(StepEntry& e, const Gathered& g, const OptSnapshot& host) {
     ++stats.replays;
     if (!e.patches.empty()) {
-      const int64_t s = snapshot().steps.front() + 1;
-      const auto opt = snapshot();
+      const int64_t s = host.steps.front() + 1;
       for (const auto& p : e.patches) {
         e.interp->set_scalar_arg(p.node, p.arg,
-                                 step_expr(p.expr, opt.group_lr[p.group], opt.group_b1[p.group], opt.group_b2[p.group],
-                                           opt.group_wd[p.group], s));
+                                 step_expr(p.expr, host.group_lr[p.group], host.group_b1[p.group],
+                                           host.group_b2[p.group], host.group_wd[p.group], s));
       }
     }
     auto outs = e.interp->run(g.ts);
     for (size_t k : e.mutated_inputs) torch::autograd::impl::bump_version(g.ts[k]);
-    const auto ps = params();
-    for (size_t j = 0; j < ps.size(); ++j) {
-      at::Tensor p = ps[j];
+    for (size_t j = 0; j < g.params.size(); ++j) {
+      at::Tensor p = g.params[j];
       switch (e.grad_effect[j]) {
         case GradEffect::Keep: break;
         case GradEffect::Clear: p.mutable_grad().reset(); break;
@@ -513,13 +484,7 @@ struct CompiledStep::Impl {
       for (const auto& p : opt_params()) {
         auto it = opt->state().find(p.unsafeGetTensorImpl());
         if (it == opt->state().end()) continue;
-        if (kind == OptKind::Adam) {
-          auto& st = static_cast<torch::optim::AdamParamState&>(*it->second);
-          st.step(st.step() + 1);
-        } else {
-          auto& st = static_cast<torch::optim::AdamWParamState&>(*it->second);
-          st.step(st.step() + 1);
-        }
+        with_adam_state(*it->second, [](auto& st) { st.step(st.step() + 1); });
       }
     }
     outs.resize(e.num_user_outputs);
@@ -540,7 +505,7 @@ struct CompiledStep::Impl {
         continue;
       }
       switch (e->state) {
-        case StepEntry::State::Compiled: return replay(*e, g);
+        case StepEntry::State::Compiled: return replay(*e, g, sig.opt);
         case StepEntry::State::Eager: ++stats.eager_calls; return fn(user);
         case StepEntry::State::Candidate: {
           ir::Graph first = e->graph;

@@ -36,28 +36,12 @@ Interpreter::Interpreter(const ir::Graph& graph, bool differentiable)
     }
     ops_[static_cast<size_t>(n.id)] = *op;
   }
-  // Last readers. A value is kept while any alias of it (a view, a newer version) may
-  // still be read: those hold their own references, so only this value's slot is freed.
+  // Values are freed after their last reader; an alias (a view, a newer version) holds
+  // its own reference to the tensor, so only this value's slot goes. Outputs stay.
   last_uses_.assign(graph.nodes().size(), {});
-  std::vector<ir::NodeId> last(graph.values().size(), -1);
-  for (const auto& n : graph.nodes()) {
-    if (n.kind == ir::NodeKind::Output) continue;
-    for (const auto& a : n.args) {
-      if (!a.refers_to_values()) continue;
-      for (ir::ValueId v : a.values) {
-        if (v != ir::kNoValue) last[static_cast<size_t>(v)] = n.id;
-      }
-    }
-  }
-  for (ir::ValueId v : graph.output_values()) last[static_cast<size_t>(v)] = -1;
-  // A mutated argument's new version is bound to the same tensor as the old one at run
-  // time (run_call): keep the old slot until the new version is no longer needed either.
-  for (const auto& val : graph.values()) {
-    if (val.version_of == ir::kNoValue) continue;
-    auto& l = last[static_cast<size_t>(val.version_of)];
-    if (l >= 0 && last[static_cast<size_t>(val.id)] != l) {
-      l = last[static_cast<size_t>(val.id)] < 0 ? -1 : std::max(l, last[static_cast<size_t>(val.id)]);
-    }
+  std::vector<ir::NodeId> last = graph.last_readers();
+  for (auto& l : last) {
+    if (l >= 0 && graph.node(l).kind == ir::NodeKind::Output) l = -1;
   }
   for (size_t v = 0; v < last.size(); ++v) {
     if (last[v] >= 0) last_uses_[static_cast<size_t>(last[v])].push_back(static_cast<ir::ValueId>(v));

@@ -207,6 +207,34 @@ std::vector<NodeId> Graph::users(ValueId v) const {
   return out;
 }
 
+std::vector<NodeId> Graph::last_readers() const {
+  std::vector<NodeId> last(values_.size(), -1);
+  for (const auto& n : nodes_) for_each_value(n.args, [&](ValueId v) { last[static_cast<size_t>(v)] = n.id; });
+  return last;
+}
+
+ValueId Graph::alias_root(ValueId v) const {
+  while (true) {
+    const Value& val = value(v);
+    if (val.view_of != kNoValue) v = val.view_of;
+    else if (val.version_of != kNoValue) v = val.version_of;
+    else return v;
+  }
+}
+
+std::vector<size_t> Graph::written_inputs() const {
+  std::vector<size_t> out;
+  const auto inputs = input_nodes();
+  for (const auto& val : values_) {
+    if (val.version_of == kNoValue) continue;
+    const Node& p = node(value(alias_root(val.id)).producer);
+    if (p.kind != NodeKind::Input) continue;
+    const auto pos = static_cast<size_t>(std::find(inputs.begin(), inputs.end(), p.id) - inputs.begin());
+    if (std::find(out.begin(), out.end(), pos) == out.end()) out.push_back(pos);
+  }
+  return out;
+}
+
 size_t Graph::num_calls() const {
   return static_cast<size_t>(std::count_if(nodes_.begin(), nodes_.end(), [](const Node& n) {
     return n.kind == NodeKind::Call;

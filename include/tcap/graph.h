@@ -89,6 +89,22 @@ struct Arg {
   bool operator!=(const Arg& o) const { return !(*this == o); }
 };
 
+// Calls f(v) for every tensor value the args refer to (kNoValue entries skipped).
+template <class F>
+void for_each_value(const std::vector<Arg>& args, F&& f) {
+  for (const auto& a : args) {
+    if (!a.refers_to_values()) continue;
+    for (ValueId v : a.values) {
+      if (v != kNoValue) f(v);
+    }
+  }
+}
+
+// A non-tensor result an op handed back to the host (item(), is_nonzero(), ...).
+inline bool is_host_value(const Arg& a) {
+  return a.kind == ArgKind::Bool || a.kind == ArgKind::Int || a.kind == ArgKind::Double;
+}
+
 struct TensorMeta {
   c10::ScalarType dtype = c10::ScalarType::Float;
   Dims sizes;
@@ -169,6 +185,13 @@ class Graph {
   std::vector<ValueId> output_values() const;
   // Nodes (by id) that read value v, in order.
   std::vector<NodeId> users(ValueId v) const;
+  // Per value: the last node that reads it (the Output node included), -1 if none.
+  std::vector<NodeId> last_readers() const;
+  // The value v aliases at the bottom of its view_of / version_of chain.
+  ValueId alias_root(ValueId v) const;
+  // Positions (in input_nodes() order) of the inputs a node of the graph writes into,
+  // directly or through a view.
+  std::vector<size_t> written_inputs() const;
   size_t num_calls() const;
 
   // Operator schemas, keyed by Node::qualified_op() ("aten::add.Tensor").
