@@ -15,11 +15,11 @@
 #include <tcap/graph_json.h>
 #include <tcap/interpreter.h>
 
+#include "compile/guards.h"
 #include "compile/inplace.h"
 #include "compile/region.h"
 #include "support/logging.h"
 
-#include <ATen/autocast_mode.h>
 #include <ATen/core/Generator.h>
 #include <ATen/Context.h>
 #include <c10/core/GradMode.h>
@@ -56,6 +56,7 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
+using aot::AutocastSig;
 
 std::string shape_str(c10::IntArrayRef s) {
   std::ostringstream ss;
@@ -123,23 +124,6 @@ struct TensorSig {
     shape += "]";
     return ir::dtype_short_name(dtype) + shape + (any_dyn() ? " contiguous" : " stride " + shape_str(strides)) + " " +
            device.str() + (requires_grad ? " requires_grad" : "");
-  }
-};
-
-struct AutocastSig {
-  bool cpu = false, cuda = false;
-  c10::ScalarType cpu_dtype = c10::kBFloat16, cuda_dtype = c10::kHalf;
-  static AutocastSig now() {
-    AutocastSig a;
-    a.cpu = at::autocast::is_autocast_enabled(at::kCPU);
-    a.cuda = at::autocast::is_autocast_enabled(at::kCUDA);
-    if (a.cpu) a.cpu_dtype = at::autocast::get_autocast_dtype(at::kCPU);
-    if (a.cuda) a.cuda_dtype = at::autocast::get_autocast_dtype(at::kCUDA);
-    return a;
-  }
-  bool operator==(const AutocastSig& o) const {
-    return cpu == o.cpu && cuda == o.cuda && (!cpu || cpu_dtype == o.cpu_dtype) &&
-           (!cuda || cuda_dtype == o.cuda_dtype);
   }
 };
 

@@ -25,10 +25,10 @@
 #include "capture/hooks.h"
 #include "capture/recorder.h"
 #include "capture/session.h"
+#include "compile/guards.h"
 #include "compile/region.h"
 #include "support/logging.h"
 
-#include <ATen/autocast_mode.h>
 #include <c10/core/AutogradState.h>
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/variable.h>
@@ -87,7 +87,7 @@ struct Signature {
   std::vector<std::string> names;
   std::vector<std::string> sigs;  // per input: dtype/shape/strides/requires_grad/device
   bool grad_mode = true;
-  bool autocast = false;
+  aot::AutocastSig autocast;
   std::vector<bool> training;
   OptSnapshot opt;
   bool operator==(const Signature& o) const {
@@ -97,7 +97,7 @@ struct Signature {
   // First difference, in words.
   std::string diff(const Signature& o) const {
     if (grad_mode != o.grad_mode) return "grad mode changed";
-    if (autocast != o.autocast) return "autocast state changed";
+    if (!(autocast == o.autocast)) return "autocast state changed";
     if (training != o.training) return "a submodule's training flag changed";
     if (!(opt == o.opt)) return "an optimizer option (lr, betas, momentum, ...) changed";
     if (names != o.names) return "the set of .grad / optimizer-state tensors changed";
@@ -277,7 +277,7 @@ struct CompiledStep::Impl {
     s.names = g.names;
     for (const auto& t : g.ts) s.sigs.push_back(sig_of(t));
     s.grad_mode = at::GradMode::is_enabled();
-    s.autocast = at::autocast::is_autocast_enabled(at::kCPU) || at::autocast::is_autocast_enabled(at::kCUDA);
+    s.autocast = aot::AutocastSig::now();
     for (const auto& m : submodules) s.training.push_back(m->is_training());
     s.opt = snapshot();
     return s;
