@@ -15,6 +15,7 @@
 #include <tcap/graph_json.h>
 #include <tcap/interpreter.h>
 
+#include "compile/backends.h"
 #include "compile/guards.h"
 #include "compile/inplace.h"
 #include "compile/region.h"
@@ -546,10 +547,10 @@ struct CompiledFunction::Impl {
     e.part = partition(e.joint, has_backward ? options.partitioner : Partitioner::Default);
     const auto& fw = e.part.forward;
     if (options.fw_compiler) e.fw = options.fw_compiler(fw);
-    else e.fw = compile_graph(fw);
+    else e.fw = compile_graph(fw, std::to_string(e.id) + ".forward");
     if (has_backward) {
       if (options.bw_compiler) e.bw = options.bw_compiler(e.part.backward);
-      else e.bw = compile_graph(e.part.backward);
+      else e.bw = compile_graph(e.part.backward, std::to_string(e.id) + ".backward");
     }
     // Replay facts.
     const auto& jg = e.joint.graph;
@@ -597,9 +598,9 @@ struct CompiledFunction::Impl {
     dump(e);
   }
 
-  Executable compile_graph(const ir::Graph& g) const {
-    if (options.backend == "eager") return eager_backend(g);
-    TORCH_CHECK(false, "tcap::compile: unknown backend '", options.backend, "' (available: eager)");
+  Executable compile_graph(const ir::Graph& g, const std::string& what) const {
+    const std::string dir = options.dump_dir.empty() ? Config::get().dump_dir : options.dump_dir;
+    return compile_with_backend(options.backend, g, options.name + "." + what, dir);
   }
 
   void build_host_guard(Entry& e) const {

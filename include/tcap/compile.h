@@ -39,10 +39,15 @@ using GraphCompiler = std::function<Executable(const ir::Graph&)>;
 
 // The built-in backend that runs a graph through the dispatcher (tcap::Interpreter).
 Executable eager_backend(const ir::Graph& g);
+// Fuses pointwise ops and reductions into kernels generated with LLVM (docs/fusion.md);
+// everything else runs as in eager_backend. Throws if LLVM is unavailable.
+Executable llvm_backend(const ir::Graph& g);
 
 struct CompileOptions {
   std::string name = "fn";                   // used in logs and dump file names
-  std::string backend = "eager";             // "eager" (more backends plug in later)
+  // "eager" (the interpreter), "llvm" (fused CPU kernels), "auto" (llvm for CPU graphs when
+  // tcap was built with LLVM, else eager, logged).
+  std::string backend = "eager";
   Partitioner partitioner = Partitioner::MinCut;
   GraphCompiler fw_compiler;                 // overrides the backend for forward graphs
   GraphCompiler bw_compiler;                 // overrides the backend for backward graphs

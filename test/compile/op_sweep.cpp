@@ -18,7 +18,10 @@
 // transposed shape, and the others as a step-2 slice (index tensors stay contiguous).
 //
 // Built as its own binary (tcap_op_sweep_tests): the file is not named *_test.cpp so the
-// compile/ glob of test/CMakeLists.txt does not pick it up too.
+// compile/ glob of test/CMakeLists.txt does not pick it up too. It is built a second time
+// as tcap_op_sweep_llvm_tests with TCAP_SWEEP_BACKEND="llvm": the same cases through the
+// fused LLVM kernels (same tolerances: libmvec's transcendentals are within 4 ulp and
+// reassociated sums stay far inside them at these sizes).
 #include <tcap/compile.h>
 
 #include "support/compare.h"
@@ -556,6 +559,9 @@ void run_layout(const Row& row, at::ScalarType dtype, bool noncontig) {
 
   tcap::CompileOptions options;
   options.name = row.name;
+#ifdef TCAP_SWEEP_BACKEND
+  options.backend = TCAP_SWEEP_BACKEND;
+#endif
   auto f = tcap::compile(row.fn, options);
   Tensors weights;
   for (int call = 0; call < 3; ++call) {

@@ -1,0 +1,45 @@
+// The on-disk kernel cache of the cpu_llvm backend (LLVM-free).
+//
+// Note [CPU kernel cache files]
+// One file per kernel: <cache_dir>/kernels/<key hash>.bin, where the key is the full
+// text of the cache key: codegen version, libtcap build id, LLVM version, target triple,
+// CPU, features, vector width, and the kernel IR's canonical text without its name. Layout, integers
+// little-endian:
+//   0  char[8] magic "TCAPKRN\0"
+//   8  u32     format version (kFormatVersion)
+//  12  u32     header size (64)
+//  16  u64     key length      24  u64 object length      32  u64 IR text length
+//  40  u64     FNV-1a 64 checksum of bytes [0, 40) and of everything after the header
+//  48  u8[16]  zero
+//  64  key text, then the ELF object, then the optimised LLVM IR text
+// A reader checks the magic, version, header size, that the lengths add up to the file
+// size, the checksum and that the stored key equals the wanted key (a hash collision or
+// a file copied from another machine); any mismatch makes the file "corrupt": the caller
+// logs it, counts it and recompiles, overwriting the file. Files are written to a
+// temporary name in the same folder and renamed, so readers never see half a file.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace tcap::codegen::cpu {
+
+struct CacheEntry {
+  std::string object;  // ELF object
+  std::string ir;      // optimised LLVM IR text
+};
+
+enum class CacheRead { Missing, Hit, Corrupt };
+
+uint64_t fnv1a(const std::string& s, uint64_t h = 1469598103934665603ull);
+// The GNU build id (hex) of the shared object holding tcap's code, "" if it has none.
+// Part of the cache key: a rebuilt libtcap.so never loads kernels rendered by an older
+// renderer, even if nobody bumped the codegen version.
+std::string library_build_id();
+std::string cache_file_path(const std::string& cache_dir, const std::string& key_hash);
+// Reads and validates a cache file; on Corrupt, *why says what did not match.
+CacheRead read_cache_file(const std::string& path, const std::string& key, CacheEntry* out, std::string* why);
+// Writes atomically (temporary file + rename); returns false with *why on I/O failure.
+bool write_cache_file(const std::string& path, const std::string& key, const CacheEntry& e, std::string* why);
+
+}  // namespace tcap::codegen::cpu

@@ -1,0 +1,85 @@
+// The loop plan of one CPU kernel: how the renderer walks a kir::Kernel's iteration
+// domain (coalesced dims, which dim the vector lanes walk, how many passes). LLVM-free,
+// so every decision here is plain C++ that tests and logs can print.
+#pragma once
+
+#include "kir/kir.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tcap::codegen::cpu {
+
+// What the planner and the renderer need to know about the target.
+struct TargetInfo {
+  std::string triple;        // "x86_64-pc-linux-gnu"
+  std::string cpu;           // "znver3"
+  std::string features;      // LLVM feature string of the host ("+avx2,+fma,...", sorted)
+  int vector_bits = 128;     // the vector register width kernels use (128, 256 or 512)
+  bool x86 = false;
+  bool has_avx2 = false;
+  bool has_avx512f = false;
+  bool libmvec = false;      // glibc libmvec's x86-64 vector-ABI functions can be called
+};
+
+// Loop strategies; see Note [CPU loop nests] in render.cpp.
+enum class LoopMode {
+  Pointwise,    // no reduce dims: lanes walk the innermost dim of a row
+  ReduceInner,  // lanes walk the innermost reduce dim; horizontal reduce per outer index
+  ReduceOuter,  // lanes walk the innermost outer dim (VF outer indices at once)
+};
+const char* to_string(LoopMode m);
+
+// The address of a Load or Store over the plan's (coalesced) dims, in elements.
+struct Access {
+  int64_t offset = 0;
+  std::vector<int64_t> strides;  // one per plan dim
+};
+
+struct KernelPlan {
+  // Coalesced domain: sizes[0, num_outer) are the outer dims, the rest the reduce dims.
+  // A pointwise kernel has num_outer == sizes.size(). Size-1 dims are dropped and
+  // adjacent dims merged when every access allows it; each group keeps at least one dim.
+  std::vector<int64_t> sizes;
+  int num_outer = 0;
+  std::vector<Access> loads;   // indexed by value id (empty strides for non-Loads)
+  std::vector<Access> stores;  // indexed like Kernel::stores
+  std::vector<bool> elem;      // kir::element_level
+  std::vector<int> level;      // kir::reduce_level
+  int num_passes = 0;          // passes over the reduce dims per outer index
+  LoopMode mode = LoopMode::Pointwise;
+  int lane_dim = -1;           // plan dim the vector lanes walk; -1 for a scalar kernel
+  int vf = 1;                  // vector lanes (1 = scalar code only)
+  int unroll = 1;              // ReduceInner: vector accumulators per Reduce;
+                               // ReduceOuter: vectors of outer indices per block
+  int64_t grain = 1;           // at::parallel_for grain (iterations of parallel_range)
+
+  bool is_reduction() const { return mode != LoopMode::Pointwise; }
+  int rank() const { return static_cast<int>(sizes.size()); }
+};
+
+// Heuristics of the planner, one named constant each.
+struct PlanOptions {
+  // A parallel chunk should hold about this many element evaluations: big enough that
+  // at::parallel_for's per-task overhead (~1-5 us) is noise, small enough to split a
+  // 1M-element op over a handful of threads.
+  int64_t chunk_work = 32768;
+  // Independent vector accumulators for a unit-stride innermost reduction: hides the
+  // 3-4 cycle latency of a vector add on current x86 cores. For a column reduction
+  // (ReduceOuter), 4 vectors of adjacent outputs make each row access read two whole
+  // 64-byte cache lines instead of half of one.
+  int max_unroll = 4;
+};
+
+// Checks that the renderer supports every instruction (after kir::verify). Throws
+// c10::Error naming the kernel, the instruction and the reason otherwise.
+void check_supported(const kir::Kernel& k);
+
+// Plans a kernel for a target. Calls check_supported first.
+KernelPlan make_plan(const kir::Kernel& k, const TargetInfo& t, const PlanOptions& o = {});
+
+// One line per decision, for TCAP_LOGS=fusion and test failure messages.
+std::string to_string(const KernelPlan& p);
+
+}  // namespace tcap::codegen::cpu

@@ -1,0 +1,492 @@
+// Note [CPU loop nests]
+// A kernel is one function  void fn(ptr args, i64 begin, i64 end)  over the plan's
+// coalesced dims (plan.cpp). Values are computed in "blocks": one evaluation of the
+// instructions for L lanes (L = vf or 1) that walk plan.lane_dim from a bound index.
+//
+//   Pointwise    [begin, end) are row-major elements. The range is walked row by row over
+//                the innermost dim: per row, a vf-wide body while vf elements remain,
+//                then a scalar tail. Accesses with lane stride 1 are vector loads/stores,
+//                0 a scalar load + splat (a store writes the last lane), any other
+//                stride a gather/scatter.
+//   ReduceInner  for each outer index o in [begin, end): the outer-level values of
+//                level 0 (Loads with zero reduce strides, Consts and what is computed
+//                from them) are computed once; then pass q = 0 .. passes-1 loops over the
+//                reduce dims (nested, outermost first), the innermost one vectorised with
+//                `unroll` independent vector accumulators per Reduce, then a one-vector
+//                loop and a scalar tail; element-level values are recomputed in every
+//                pass that needs them. After pass q the Reduces of level q+1 are
+//                finished (accumulators combined, horizontally reduced) and the outer
+//                values of level q+1 computed. Outer-level Stores come after the last
+//                pass.
+//   ReduceOuter  the same passes for unroll*vf (then vf, then 1) adjacent outer indices
+//                at once (lanes walk the innermost outer dim, rows walked as in
+//                Pointwise): used when the innermost reduce dim is strided (sum over dim 0
+//                of a row-major matrix), so every load is a contiguous vector (LLVM splits
+//                the unroll*vf-wide vectors into registers) and no horizontal reduce is
+//                needed.
+//
+// Note [CPU summation order]
+// Sums are reassociated relative to ATen (tests use tolerances). ReduceInner: lane l of
+// accumulator u sums the elements j = u*vf + l (mod unroll*vf) of the main loop (the
+// one-vector loop adds into accumulator 0, the scalar tail into a scalar accumulator);
+// outer reduce dims keep adding into the same accumulators. At the end the accumulators
+// are added pairwise in order (0+1+2+3), reduced horizontally with a reassociating
+// llvm.vector.reduce.fadd (a shuffle tree), and the scalar tail sum added last.
+// ReduceOuter and scalar kernels sum each outer index sequentially in domain order.
+// Max/Min are exact in any order (NaN propagates through llvm.maximum and
+// llvm.vector.reduce.fmaximum).
+#include "codegen/cpu_llvm/render.h"
+
+#include "codegen/cpu_llvm/emit.h"
+#include "codegen/cpu_llvm/llvm_compat.h"
+
+#include <c10/util/Exception.h>
+
+#include <llvm/IR/Constants.h>
+#include <llvm/IR/IRBuilder.h>
+#include <llvm/IR/Verifier.h>
+#include <llvm/Support/raw_ostream.h>
+
+#include <functional>
+
+namespace tcap::codegen::cpu {
+
+namespace {
+
+using llvm::Value;
+
+// The index of one block: one value per plan dim (null where the dim is not bound; the
+// access must then have stride 0 there).
+struct Index {
+  std::vector<Value*> iv;
+};
+
+class Renderer {
+ public:
+  Renderer(const kir::Kernel& k, const KernelPlan& p, const TargetInfo& t, llvm::Module& m)
+      : k_(k), p_(p), t_(t), m_(m), b_(m.getContext()), ops_(b_, m, t) {}
+
+  llvm::Function* render(const std::string& symbol);
+
+ private:
+  struct Block {
+    const Index* idx;
+    int lanes;
+    std::vector<Value*> vals;
+  };
+
+  Value* i64(int64_t v) { return b_.getInt64(static_cast<uint64_t>(v)); }
+  Value* loop(Value* start, Value* limit, int64_t step, const std::function<void(Value*)>& body);
+  void decompose(Value* linear, int d0, int d1, Index& idx);
+  void walk_rows(int nd, Index& idx, const std::function<void(int lanes)>& run);
+  llvm::AllocaInst* entry_alloca(llvm::Type* t);
+
+  Value* offset(const Access& a, const Index& idx);
+  Value* load(int32_t v, const Index& idx, int lanes);
+  void store(size_t s, Value* x, const Index& idx, int lanes);
+  Value* value(Block& blk, int32_t v);
+
+  void pointwise_block(const Index& idx, int lanes);
+  void reduction_body(Index& idx, int outer_lanes);
+  void materialize_outer(int level, const Index& idx, int lanes);
+  void reduce_pass(int q, Index& idx, int outer_lanes);
+
+  // One pass over the reduce dims (Note [CPU loop nests]).
+  struct Pass {
+    struct Acc {
+      std::vector<llvm::AllocaInst*> vec;
+      llvm::AllocaInst* scalar = nullptr;
+    };
+    std::vector<int32_t> reds;   // the Reduces it finishes
+    std::vector<size_t> stores;  // its element-level Stores
+    bool inner_vec = false;      // lanes walk the innermost reduce dim
+    int unroll = 1;
+    std::vector<Acc> accs;       // per Reduce
+  };
+  Pass make_pass(int q, int outer_lanes);
+  void pass_block(const Pass& ps, const Index& idx, int lanes, int u);
+  void pass_loops(const Pass& ps, Index& idx, int d, int outer_lanes);
+
+  const kir::Kernel& k_;
+  const KernelPlan& p_;
+  const TargetInfo& t_;
+  llvm::Module& m_;
+  llvm::IRBuilder<> b_;
+  ValueEmitter ops_;
+  llvm::Function* fn_ = nullptr;
+  Value* begin_ = nullptr;
+  Value* end_ = nullptr;
+  std::vector<Value*> bufs_;    // data pointer per kernel buffer
+  std::vector<Value*> outer_;   // outer-level values of the current outer index (reductions)
+};
+
+// for (iv = start; iv < limit; iv += step) body(iv); returns iv's value after the loop.
+Value* Renderer::loop(Value* start, Value* limit, int64_t step, const std::function<void(Value*)>& body) {
+  auto& ctx = m_.getContext();
+  llvm::BasicBlock* pre = b_.GetInsertBlock();
+  auto* head = llvm::BasicBlock::Create(ctx, "loop", fn_);
+  auto* body_bb = llvm::BasicBlock::Create(ctx, "body", fn_);
+  auto* exit = llvm::BasicBlock::Create(ctx, "after", fn_);
+  b_.CreateBr(head);
+  b_.SetInsertPoint(head);
+  llvm::PHINode* iv = b_.CreatePHI(b_.getInt64Ty(), 2, "i");
+  iv->addIncoming(start, pre);
+  b_.CreateCondBr(b_.CreateICmpSLT(iv, limit), body_bb, exit);
+  b_.SetInsertPoint(body_bb);
+  body(iv);
+  Value* next = b_.CreateAdd(iv, i64(step), "", /*HasNUW=*/true, /*HasNSW=*/true);
+  iv->addIncoming(next, b_.GetInsertBlock());
+  b_.CreateBr(head);
+  b_.SetInsertPoint(exit);
+  return iv;
+}
+
+// Row-major decomposition of `linear` over plan dims [d0, d1).
+void Renderer::decompose(Value* linear, int d0, int d1, Index& idx) {
+  Value* rest = linear;
+  for (int d = d1 - 1; d >= d0; --d) {
+    if (d == d0) {
+      idx.iv[static_cast<size_t>(d)] = rest;
+    } else {
+      idx.iv[static_cast<size_t>(d)] = b_.CreateURem(rest, i64(p_.sizes[static_cast<size_t>(d)]));
+      rest = b_.CreateUDiv(rest, i64(p_.sizes[static_cast<size_t>(d)]));
+    }
+  }
+}
+
+// Walks [begin, end) of the row-major dims [0, nd) row by row over dim nd-1, binding
+// idx for dims [0, nd) and calling run(unroll * vf) per wide block (ReduceOuter), then
+// run(vf) per vector block, then run(1) per tail element.
+void Renderer::walk_rows(int nd, Index& idx, const std::function<void(int lanes)>& run) {
+  const int last = nd - 1;
+  const int64_t n = p_.sizes[static_cast<size_t>(last)];
+  const int vf = p_.lane_dim == last ? p_.vf : 1;
+  const int wide = p_.mode == LoopMode::ReduceOuter ? vf * p_.unroll : vf;
+  auto inner = [&](Value* j0, Value* j1) {
+    Value* j = j0;
+    if (wide > vf) {
+      j = loop(j, b_.CreateSub(j1, i64(wide - 1)), wide, [&](Value* iv) {
+        idx.iv[static_cast<size_t>(last)] = iv;
+        run(wide);
+      });
+    }
+    if (vf > 1) {
+      j = loop(j, b_.CreateSub(j1, i64(vf - 1)), vf, [&](Value* iv) {
+        idx.iv[static_cast<size_t>(last)] = iv;
+        run(vf);
+      });
+    }
+    loop(j, j1, 1, [&](Value* iv) {
+      idx.iv[static_cast<size_t>(last)] = iv;
+      run(1);
+    });
+  };
+  if (nd == 1) {
+    inner(begin_, end_);
+    return;
+  }
+  Value* r0 = b_.CreateUDiv(begin_, i64(n));
+  Value* r1 = b_.CreateAdd(b_.CreateUDiv(b_.CreateSub(end_, i64(1)), i64(n)), i64(1));
+  loop(r0, r1, 1, [&](Value* r) {
+    Value* rs = b_.CreateMul(r, i64(n));
+    Value* j0 = b_.CreateSelect(b_.CreateICmpSGT(begin_, rs), b_.CreateSub(begin_, rs), i64(0));
+    Value* rem = b_.CreateSub(end_, rs);
+    Value* j1 = b_.CreateSelect(b_.CreateICmpSLT(rem, i64(n)), rem, i64(n));
+    decompose(r, 0, last, idx);
+    inner(j0, j1);
+  });
+}
+
+llvm::AllocaInst* Renderer::entry_alloca(llvm::Type* t) {
+  llvm::BasicBlock& entry = fn_->getEntryBlock();
+  llvm::IRBuilder<> tmp(&entry, entry.begin());
+  return tmp.CreateAlloca(t);
+}
+
+// offset + sum_d iv[d] * stride[d], outer dims first so LICM can hoist the invariant part.
+Value* Renderer::offset(const Access& a, const Index& idx) {
+  Value* off = i64(a.offset);
+  for (size_t d = 0; d < a.strides.size(); ++d) {
+    const int64_t s = a.strides[d];
+    if (s == 0) continue;
+    TORCH_INTERNAL_ASSERT(idx.iv[d], "cpu_llvm: access with a stride on an unbound dim");
+    Value* term = s == 1 ? idx.iv[d] : b_.CreateMul(idx.iv[d], i64(s), "", false, true);
+    off = b_.CreateAdd(off, term, "", false, true);
+  }
+  return off;
+}
+
+Value* Renderer::load(int32_t v, const Index& idx, int lanes) {
+  const kir::Instr& in = k_.instrs[static_cast<size_t>(v)];
+  const Access& a = p_.loads[static_cast<size_t>(v)];
+  llvm::Type* mt = ops_.memory_type(in.dtype);
+  const llvm::Align align(static_cast<uint64_t>(kir::dtype_size(in.dtype)));
+  Value* base = bufs_[static_cast<size_t>(in.buffer)];
+  Value* off = offset(a, idx);
+  const int64_t s = lanes > 1 ? a.strides[static_cast<size_t>(p_.lane_dim)] : 0;
+  if (s == 0) {
+    Value* x = ops_.from_memory(b_.CreateAlignedLoad(mt, b_.CreateGEP(mt, base, off), align), in.dtype);
+    return ops_.splat(x, lanes);
+  }
+  llvm::Type* vt = ops_.vector_type(mt, lanes);
+  Value* x = nullptr;
+  if (s == 1) {
+    x = b_.CreateAlignedLoad(vt, b_.CreateGEP(mt, base, off), align);
+  } else {
+    std::vector<llvm::Constant*> steps;
+    for (int l = 0; l < lanes; ++l) steps.push_back(b_.getInt64(static_cast<uint64_t>(s * l)));
+    Value* offs = b_.CreateAdd(ops_.splat(off, lanes), llvm::ConstantVector::get(steps));
+    x = b_.CreateMaskedGather(vt, b_.CreateGEP(mt, base, offs), align);
+  }
+  return ops_.from_memory(x, in.dtype);
+}
+
+void Renderer::store(size_t si, Value* x, const Index& idx, int lanes) {
+  const kir::Store& st = k_.stores[si];
+  const Access& a = p_.stores[si];
+  const kir::DType dt = k_.buffers[static_cast<size_t>(st.buffer)].dtype;
+  llvm::Type* mt = ops_.memory_type(dt);
+  const llvm::Align align(static_cast<uint64_t>(kir::dtype_size(dt)));
+  Value* base = bufs_[static_cast<size_t>(st.buffer)];
+  if (ValueEmitter::lanes_of(x) < lanes) x = ops_.splat(x, lanes);
+  x = ops_.to_memory(x, dt);
+  Value* off = offset(a, idx);
+  const int64_t s = lanes > 1 ? a.strides[static_cast<size_t>(p_.lane_dim)] : 0;
+  if (lanes == 1) {
+    b_.CreateAlignedStore(x, b_.CreateGEP(mt, base, off), align);
+  } else if (s == 0) {
+    // Every lane writes the same element: the last one wins, as in sequential order.
+    b_.CreateAlignedStore(b_.CreateExtractElement(x, static_cast<uint64_t>(lanes - 1)), b_.CreateGEP(mt, base, off),
+                          align);
+  } else if (s == 1) {
+    b_.CreateAlignedStore(x, b_.CreateGEP(mt, base, off), align);
+  } else {
+    std::vector<llvm::Constant*> steps;
+    for (int l = 0; l < lanes; ++l) steps.push_back(b_.getInt64(static_cast<uint64_t>(s * l)));
+    Value* offs = b_.CreateAdd(ops_.splat(off, lanes), llvm::ConstantVector::get(steps));
+    b_.CreateMaskedScatter(x, b_.CreateGEP(mt, base, offs), align);
+  }
+}
+
+// The value of instruction v in a block; element-level values are computed here,
+// outer-level ones (reductions) come from outer_ and are splat to the block's lanes.
+Value* Renderer::value(Block& blk, int32_t v) {
+  const size_t vi = static_cast<size_t>(v);
+  if (blk.vals[vi]) return blk.vals[vi];
+  Value* r = nullptr;
+  const kir::Instr& in = k_.instrs[vi];
+  if (p_.is_reduction() && !p_.elem[vi]) {
+    r = outer_[vi];
+    TORCH_INTERNAL_ASSERT(r, "cpu_llvm: outer-level %", v, " used before it is computed");
+    if (ValueEmitter::lanes_of(r) < blk.lanes) r = ops_.splat(r, blk.lanes);
+  } else if (in.op == kir::OpCode::Load) {
+    r = load(v, *blk.idx, blk.lanes);
+  } else if (in.op == kir::OpCode::Const) {
+    r = ops_.constant(in, blk.lanes);
+  } else {
+    std::vector<Value*> args;
+    for (int32_t a : in.args) args.push_back(value(blk, a));
+    r = ops_.op(k_, in, args);
+  }
+  blk.vals[vi] = r;
+  return r;
+}
+
+void Renderer::pointwise_block(const Index& idx, int lanes) {
+  Block blk{&idx, lanes, std::vector<Value*>(k_.instrs.size(), nullptr)};
+  for (size_t s = 0; s < k_.stores.size(); ++s) store(s, value(blk, k_.stores[s].value), idx, lanes);
+}
+
+// Computes the outer-level values of one level that are not Reduces (those are set when
+// their pass finishes), in topological order.
+void Renderer::materialize_outer(int level, const Index& idx, int lanes) {
+  for (size_t v = 0; v < k_.instrs.size(); ++v) {
+    const kir::Instr& in = k_.instrs[v];
+    if (p_.elem[v] || outer_[v] || p_.level[v] != level || kir::is_reduce(in.op)) continue;
+    if (in.op == kir::OpCode::Load) {
+      outer_[v] = load(static_cast<int32_t>(v), idx, lanes);
+    } else if (in.op == kir::OpCode::Const) {
+      outer_[v] = ops_.constant(in, lanes);
+    } else {
+      std::vector<Value*> args;
+      for (int32_t a : in.args) {
+        Value* x = outer_[static_cast<size_t>(a)];
+        TORCH_INTERNAL_ASSERT(x, "cpu_llvm: operand %", a, " of outer-level %", v, " not computed");
+        args.push_back(ValueEmitter::lanes_of(x) < lanes ? ops_.splat(x, lanes) : x);
+      }
+      outer_[v] = ops_.op(k_, in, args);
+    }
+  }
+}
+
+// All passes for one outer index (outer_lanes == 1) or vf adjacent ones (ReduceOuter).
+void Renderer::reduction_body(Index& idx, int outer_lanes) {
+  outer_.assign(k_.instrs.size(), nullptr);
+  materialize_outer(0, idx, outer_lanes);
+  for (int q = 0; q < p_.num_passes; ++q) {
+    reduce_pass(q, idx, outer_lanes);
+    materialize_outer(q + 1, idx, outer_lanes);
+  }
+  for (size_t s = 0; s < k_.stores.size(); ++s) {
+    const size_t v = static_cast<size_t>(k_.stores[s].value);
+    if (!p_.elem[v]) store(s, outer_[v], idx, outer_lanes);
+  }
+}
+
+// The Reduces finished by pass q and its element-level Stores, with initialised
+// accumulators (allocas that SROA turns into registers): `unroll` of acc_lanes each per
+// Reduce, plus a scalar one for the tail of a vectorised innermost reduce dim.
+Renderer::Pass Renderer::make_pass(int q, int outer_lanes) {
+  Pass ps;
+  for (size_t v = 0; v < k_.instrs.size(); ++v) {
+    const kir::Instr& in = k_.instrs[v];
+    if (kir::is_reduce(in.op) && p_.level[static_cast<size_t>(in.args[0])] == q) ps.reds.push_back(static_cast<int32_t>(v));
+  }
+  for (size_t s = 0; s < k_.stores.size(); ++s) {
+    const size_t v = static_cast<size_t>(k_.stores[s].value);
+    if (p_.elem[v] && p_.level[v] == q) ps.stores.push_back(s);
+  }
+  ps.inner_vec = p_.mode == LoopMode::ReduceInner && p_.vf > 1;
+  // Extra accumulators only pay off for reductions; a store-only pass (softmax's last)
+  // stays one vector per iteration, which keeps the code (and compile time) small.
+  ps.unroll = ps.inner_vec && !ps.reds.empty() ? p_.unroll : 1;
+  const int acc_lanes = ps.inner_vec ? p_.vf : outer_lanes;
+  ps.accs.resize(ps.reds.size());
+  for (size_t r = 0; r < ps.reds.size(); ++r) {
+    const kir::Instr& in = k_.instrs[static_cast<size_t>(ps.reds[r])];
+    auto slot = [&](int lanes) {
+      Value* init = ops_.reduce_identity(in.op, in.dtype, lanes);
+      llvm::AllocaInst* a = entry_alloca(init->getType());
+      b_.CreateStore(init, a);
+      return a;
+    };
+    for (int u = 0; u < ps.unroll; ++u) ps.accs[r].vec.push_back(slot(acc_lanes));
+    if (ps.inner_vec) ps.accs[r].scalar = slot(1);
+  }
+  return ps;
+}
+
+// One block of a pass: accumulates every Reduce (into vector accumulator u, or the scalar
+// one when u < 0) and writes the pass's element-level Stores.
+void Renderer::pass_block(const Pass& ps, const Index& idx, int lanes, int u) {
+  Block blk{&idx, lanes, std::vector<Value*>(k_.instrs.size(), nullptr)};
+  for (size_t r = 0; r < ps.reds.size(); ++r) {
+    const kir::Instr& in = k_.instrs[static_cast<size_t>(ps.reds[r])];
+    llvm::AllocaInst* slot = u >= 0 ? ps.accs[r].vec[static_cast<size_t>(u)] : ps.accs[r].scalar;
+    Value* x = ops_.to_compute(value(blk, in.args[0]), in.dtype);
+    Value* acc = b_.CreateLoad(slot->getAllocatedType(), slot);
+    b_.CreateStore(ops_.reduce_combine(in.op, in.dtype, acc, x), slot);
+  }
+  for (size_t s : ps.stores) store(s, value(blk, k_.stores[s].value), idx, lanes);
+}
+
+// The loop over reduce dim d and the dims inside it.
+void Renderer::pass_loops(const Pass& ps, Index& idx, int d, int outer_lanes) {
+  const int64_t n = p_.sizes[static_cast<size_t>(d)];
+  auto bind = [&](Value* iv) { idx.iv[static_cast<size_t>(d)] = iv; };
+  if (d < p_.rank() - 1) {
+    loop(i64(0), i64(n), 1, [&](Value* iv) { bind(iv); pass_loops(ps, idx, d + 1, outer_lanes); });
+    return;
+  }
+  if (!ps.inner_vec) {
+    loop(i64(0), i64(n), 1, [&](Value* iv) { bind(iv); pass_block(ps, idx, outer_lanes, 0); });
+    return;
+  }
+  const int64_t vf = p_.vf;
+  const int64_t step = ps.unroll * vf;
+  Value* j = loop(i64(0), i64(n - (step - 1)), step, [&](Value* iv) {
+    for (int u = 0; u < ps.unroll; ++u) {
+      bind(u == 0 ? iv : b_.CreateAdd(iv, i64(u * vf), "", true, true));
+      pass_block(ps, idx, static_cast<int>(vf), u);
+    }
+  });
+  if (ps.unroll > 1) j = loop(j, i64(n - (vf - 1)), vf, [&](Value* iv) { bind(iv); pass_block(ps, idx, static_cast<int>(vf), 0); });
+  loop(j, i64(n), 1, [&](Value* iv) { bind(iv); pass_block(ps, idx, 1, -1); });
+}
+
+void Renderer::reduce_pass(int q, Index& idx, int outer_lanes) {
+  const Pass ps = make_pass(q, outer_lanes);
+  if (!ps.reds.empty() || !ps.stores.empty()) pass_loops(ps, idx, p_.num_outer, outer_lanes);
+  for (int d = p_.num_outer; d < p_.rank(); ++d) idx.iv[static_cast<size_t>(d)] = nullptr;
+  // Finish the Reduces: combine the accumulators in order, reduce horizontally, add the tail.
+  auto ld = [&](llvm::AllocaInst* a) { return b_.CreateLoad(a->getAllocatedType(), a); };
+  for (size_t r = 0; r < ps.reds.size(); ++r) {
+    const kir::Instr& in = k_.instrs[static_cast<size_t>(ps.reds[r])];
+    Value* acc = ld(ps.accs[r].vec[0]);
+    for (int u = 1; u < ps.unroll; ++u) {
+      acc = ops_.reduce_combine(in.op, in.dtype, acc, ld(ps.accs[r].vec[static_cast<size_t>(u)]));
+    }
+    if (ps.inner_vec) {
+      acc = ops_.reduce_combine(in.op, in.dtype, ops_.reduce_horizontal(in.op, in.dtype, acc), ld(ps.accs[r].scalar));
+    }
+    outer_[static_cast<size_t>(ps.reds[r])] = ops_.from_compute(acc, in.dtype);
+  }
+}
+
+llvm::Function* Renderer::render(const std::string& symbol) {
+  auto& ctx = m_.getContext();
+  llvm::Type* ptr = b_.getPtrTy();
+  auto* fty = llvm::FunctionType::get(b_.getVoidTy(), {ptr, b_.getInt64Ty(), b_.getInt64Ty()}, false);
+  fn_ = llvm::Function::Create(fty, llvm::Function::ExternalLinkage, symbol, m_);
+  fn_->addFnAttr(llvm::Attribute::NoUnwind);
+  fn_->addFnAttr("target-cpu", t_.cpu);
+  fn_->addFnAttr("target-features", t_.features);
+  // 512-bit vectors stay legal (and are passed to libmvec in zmm registers) even on
+  // CPUs whose tuning prefers 256-bit vectors. See Note [CPU math library].
+  fn_->addFnAttr("min-legal-vector-width", std::to_string(t_.vector_bits));
+  fn_->addFnAttr("prefer-vector-width", std::to_string(t_.vector_bits));
+  fn_->addParamAttr(0, llvm::Attribute::NoAlias);
+  llvm_compat::set_no_capture(*fn_, 0);
+  fn_->addParamAttr(0, llvm::Attribute::ReadOnly);
+  fn_->getArg(0)->setName("args");
+  begin_ = fn_->getArg(1);
+  end_ = fn_->getArg(2);
+  begin_->setName("begin");
+  end_->setName("end");
+
+  auto* entry = llvm::BasicBlock::Create(ctx, "entry", fn_);
+  auto* work = llvm::BasicBlock::Create(ctx, "work", fn_);
+  auto* done = llvm::BasicBlock::Create(ctx, "done", fn_);
+  b_.SetInsertPoint(entry);
+  for (size_t i = 0; i < k_.buffers.size(); ++i) {
+    Value* slot = b_.CreateConstInBoundsGEP1_64(ptr, fn_->getArg(0), i);
+    bufs_.push_back(b_.CreateAlignedLoad(ptr, slot, llvm::Align(8), "buf" + std::to_string(i)));
+  }
+  b_.CreateCondBr(b_.CreateICmpSLT(begin_, end_), work, done);
+  b_.SetInsertPoint(work);
+  if (k_.parallel_range() > 0) {
+    Index idx{std::vector<Value*>(p_.sizes.size(), nullptr)};
+    switch (p_.mode) {
+      case LoopMode::Pointwise:
+        walk_rows(p_.rank(), idx, [&](int lanes) { pointwise_block(idx, lanes); });
+        break;
+      case LoopMode::ReduceOuter:
+        walk_rows(p_.num_outer, idx, [&](int lanes) { reduction_body(idx, lanes); });
+        break;
+      case LoopMode::ReduceInner:
+        loop(begin_, end_, 1, [&](Value* o) {
+          decompose(o, 0, p_.num_outer, idx);
+          reduction_body(idx, 1);
+        });
+        break;
+    }
+  }
+  b_.CreateBr(done);
+  b_.SetInsertPoint(done);
+  b_.CreateRetVoid();
+
+  std::string err;
+  llvm::raw_string_ostream os(err);
+  TORCH_INTERNAL_ASSERT(!llvm::verifyFunction(*fn_, &os), "cpu_llvm: rendered invalid IR for kernel ", k_.name, ": ",
+                        os.str(), "\n", kir::to_string(k_));
+  return fn_;
+}
+
+}  // namespace
+
+llvm::Function* render_kernel(const kir::Kernel& k, const KernelPlan& plan, const TargetInfo& t, llvm::Module& m,
+                              const std::string& symbol) {
+  return Renderer(k, plan, t, m).render(symbol);
+}
+
+}  // namespace tcap::codegen::cpu

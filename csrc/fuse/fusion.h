@@ -1,0 +1,61 @@
+// The fusion pass: groups pointwise ops and reductions of a forward or backward graph into
+// kernels (kir::Kernel) and rewrites the graph so each group is one `tcap::fused` call.
+#pragma once
+
+#include "kir/kir.h"
+
+#include <tcap/graph.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace tcap::fuse {
+
+struct FusedGroup {
+  std::string name;                  // "fused_3_add_cos_cos"
+  std::vector<ir::NodeId> nodes;     // in the input graph, in order
+  std::vector<ir::ValueId> inputs;   // input graph values the kernel reads (kernel buffers 0..)
+  std::vector<ir::ValueId> outputs;  // input graph values it writes (the buffers after the inputs)
+  // Layout the kernel writes each output in: the recorded one when it is dense (the usual
+  // case: eager's TensorIterator layout), else contiguous. See Note [Fused output layout].
+  std::vector<ir::TensorMeta> output_metas;
+  kir::Kernel kernel;
+  int64_t kernel_id = -1;            // from FusionOptions::compile
+  // The group's nodes as a standalone graph (inputs -> outputs): the runtime runs it
+  // through the interpreter if a call ever sees tensors unlike the recorded ones.
+  ir::Graph fallback;
+};
+
+struct FusionOptions {
+  // Registers a group's kernel for execution; returns its id, or -1 and sets *why if it
+  // cannot (the group's nodes then stay ATen calls). Required.
+  std::function<int64_t(const FusedGroup&, std::string* why)> compile;
+  // Groups of fewer nodes than this stay ATen calls (1: every lowerable op is a kernel).
+  int min_nodes = 1;
+};
+
+struct FusionResult {
+  ir::Graph graph;                  // each group replaced by one tcap::fused node
+  std::vector<FusedGroup> groups;   // kept groups (compile succeeded)
+  // Why nodes are not in a kernel, or why a node did not join its producer's kernel:
+  // "%12 aten::mm: no kernel IR lowering ...", "%14 aten::add.Tensor not fused with
+  // fused_2: shape [4] differs from the group's [4, 5]".
+  std::vector<std::string> decisions;
+  std::string explain() const;      // groups and decisions, one per line
+};
+
+// Fusion rules (Note [Fusion groups] in fusion.cpp): a node joins the group of one of its
+// producers when it is lowerable (lowering.h), works on the group's iteration space (same
+// full shape, or the group's reduced shape after its reductions) and joining creates no
+// cycle; groups never span a mutation (an in-place or out= ATen call) or a hook call.
+// The rewritten graph runs the same computation: the interpreter executes `tcap::fused`
+// through the runtime (runtime/fused_kernel.h).
+FusionResult fuse(const ir::Graph& g, const FusionOptions& options);
+
+// The operator that runs a fused kernel; its schema.
+constexpr const char* kFusedOp = "tcap::fused";
+constexpr const char* kFusedSchema = "tcap::fused(Tensor[] inputs, int kernel) -> Tensor[]";
+
+}  // namespace tcap::fuse

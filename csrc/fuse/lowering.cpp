@@ -1,0 +1,759 @@
+#include "fuse/lowering.h"
+
+#include <c10/core/ScalarType.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cmath>
+#include <unordered_map>
+
+namespace tcap::fuse {
+
+using kir::DType;
+using kir::OpCode;
+
+namespace {
+
+using LowerFn = std::vector<Val> (*)(Emitter& e, const ir::Node& n);
+// Reduce dims of a Reduction/Row node (in its first tensor argument's dims).
+using DimsFn = std::vector<int64_t> (*)(const ir::Graph& g, const ir::Node& n);
+
+struct Row {
+  OpClass cls;
+  LowerFn lower;
+  DimsFn dims = nullptr;
+};
+
+int64_t rank_of_arg0(const ir::Graph& g, const ir::Node& n) {
+  return static_cast<int64_t>(g.value(n.args.at(0).values.at(0)).meta.sizes.size());
+}
+
+std::vector<int64_t> normalize(std::vector<int64_t> dims, int64_t rank) {
+  for (auto& d : dims) {
+    if (d < 0) d += std::max<int64_t>(rank, 1);
+  }
+  std::sort(dims.begin(), dims.end());
+  dims.erase(std::unique(dims.begin(), dims.end()), dims.end());
+  if (rank == 0) dims.clear();
+  return dims;
+}
+
+std::vector<int64_t> all_dims(int64_t rank) {
+  std::vector<int64_t> d;
+  for (int64_t i = 0; i < rank; ++i) d.push_back(i);
+  return d;
+}
+
+// dim: int[1]? (None or [] = all dims)
+std::vector<int64_t> dims_arg1(const ir::Graph& g, const ir::Node& n) {
+  const int64_t rank = rank_of_arg0(g, n);
+  const ir::Arg& a = n.args.at(1);
+  if (a.kind == ir::ArgKind::None || (a.kind == ir::ArgKind::IntList && a.ints.empty())) return all_dims(rank);
+  if (a.kind == ir::ArgKind::Int) return normalize({a.i}, rank);
+  return normalize(a.ints, rank);
+}
+std::vector<int64_t> dims_all(const ir::Graph& g, const ir::Node& n) { return all_dims(rank_of_arg0(g, n)); }
+std::vector<int64_t> dims_softmax(const ir::Graph& g, const ir::Node& n) {
+  return normalize({n.args.at(1).i}, rank_of_arg0(g, n));
+}
+// _softmax_backward_data(grad_output, output, dim, input_dtype)
+std::vector<int64_t> dims_softmax_bw(const ir::Graph& g, const ir::Node& n) {
+  return normalize({n.args.at(2).i}, rank_of_arg0(g, n));
+}
+std::vector<int64_t> dims_layer_norm(const ir::Graph& g, const ir::Node& n) {
+  const int64_t rank = rank_of_arg0(g, n);
+  const int64_t k = static_cast<int64_t>(n.args.at(1).ints.size());
+  std::vector<int64_t> d;
+  for (int64_t i = rank - k; i < rank; ++i) d.push_back(i);
+  return d;
+}
+// mse_loss(self, target, reduction): reduces everything unless reduction == none.
+std::vector<int64_t> dims_mse(const ir::Graph& g, const ir::Node& n) { return all_dims(rank_of_arg0(g, n)); }
+
+// --- pointwise -----------------------------------------------------------------
+
+template <OpCode op>
+std::vector<Val> unary(Emitter& e, const ir::Node& n) {
+  return {e.un(op, e.in(n, 0, e.compute_dtype(n)))};
+}
+
+std::vector<Val> sigmoid_of(Emitter& e, Val x) {
+  const DType t = x.dtype;
+  return {e.bin(OpCode::Div, e.c(1, t), e.bin(OpCode::Add, e.c(1, t), e.un(OpCode::Exp, e.un(OpCode::Neg, x))))};
+}
+std::vector<Val> sigmoid(Emitter& e, const ir::Node& n) { return sigmoid_of(e, e.in(n, 0, e.compute_dtype(n))); }
+std::vector<Val> relu(Emitter& e, const ir::Node& n) {
+  const DType t = e.compute_dtype(n);
+  return {e.bin(OpCode::Max, e.in(n, 0, t), e.c(0, t))};
+}
+std::vector<Val> silu(Emitter& e, const ir::Node& n) {
+  Val x = e.in(n, 0, e.compute_dtype(n));
+  return {e.bin(OpCode::Mul, x, sigmoid_of(e, x)[0])};
+}
+Val gelu_of(Emitter& e, Val x, const std::string& approximate) {
+  const DType t = x.dtype;
+  if (approximate == "tanh") {
+    const double kBeta = M_SQRT2 * M_2_SQRTPI * 0.5, kKappa = 0.044715;
+    Val cube = e.bin(OpCode::Mul, e.bin(OpCode::Mul, x, x), x);
+    Val inner = e.bin(OpCode::Mul, e.c(kBeta, t), e.bin(OpCode::Add, x, e.bin(OpCode::Mul, e.c(kKappa, t), cube)));
+    return e.bin(OpCode::Mul, e.bin(OpCode::Mul, e.c(0.5, t), x), e.bin(OpCode::Add, e.c(1, t), e.un(OpCode::Tanh, inner)));
+  }
+  Val cdf = e.bin(OpCode::Add, e.c(1, t), e.un(OpCode::Erf, e.bin(OpCode::Mul, x, e.c(M_SQRT1_2, t))));
+  return e.bin(OpCode::Mul, e.bin(OpCode::Mul, x, e.c(0.5, t)), cdf);
+}
+std::vector<Val> gelu(Emitter& e, const ir::Node& n) {
+  return {gelu_of(e, e.in(n, 0, e.compute_dtype(n)), e.str(n, 1))};
+}
+std::vector<Val> gelu_backward(Emitter& e, const ir::Node& n) {
+  const DType t = e.compute_dtype(n);
+  Val g = e.in(n, 0, t), x = e.in(n, 1, t);
+  if (e.str(n, 2) == "tanh") {
+    const double kBeta = M_SQRT2 * M_2_SQRTPI * 0.5, kKappa = 0.044715;
+    Val x_sq = e.bin(OpCode::Mul, x, x);
+    Val x_cube = e.bin(OpCode::Mul, x_sq, x);
+    Val inner = e.bin(OpCode::Mul, e.c(kBeta, t), e.bin(OpCode::Add, x, e.bin(OpCode::Mul, e.c(kKappa, t), x_cube)));
+    Val th = e.un(OpCode::Tanh, inner);
+    Val left = e.bin(OpCode::Mul, e.c(0.5, t), x);
+    Val right = e.bin(OpCode::Add, e.c(1, t), th);
+    Val left_d = e.bin(OpCode::Mul, e.c(0.5, t), right);
+    Val tanh_d = e.bin(OpCode::Sub, e.c(1, t), e.bin(OpCode::Mul, th, th));
+    Val inner_d = e.bin(OpCode::Mul, e.c(kBeta, t), e.bin(OpCode::Add, e.c(1, t), e.bin(OpCode::Mul, e.c(3 * kKappa, t), x_sq)));
+    Val right_d = e.bin(OpCode::Mul, e.bin(OpCode::Mul, left, tanh_d), inner_d);
+    return {e.bin(OpCode::Mul, g, e.bin(OpCode::Add, left_d, right_d))};
+  }
+  const double kAlpha = M_SQRT1_2, kBeta = M_2_SQRTPI * M_SQRT1_2 * 0.5;
+  Val cdf = e.bin(OpCode::Mul, e.c(0.5, t), e.bin(OpCode::Add, e.c(1, t), e.un(OpCode::Erf, e.bin(OpCode::Mul, x, e.c(kAlpha, t)))));
+  Val pdf = e.bin(OpCode::Mul, e.un(OpCode::Exp, e.bin(OpCode::Mul, e.c(-0.5, t), e.bin(OpCode::Mul, x, x))), e.c(kBeta, t));
+  return {e.bin(OpCode::Mul, g, e.bin(OpCode::Add, cdf, e.bin(OpCode::Mul, x, pdf)))};
+}
+std::vector<Val> silu_backward(Emitter& e, const ir::Node& n) {
+  const DType t = e.compute_dtype(n);
+  Val g = e.in(n, 0, t), x = e.in(n, 1, t);
+  Val s = sigmoid_of(e, x)[0];
+  Val one = e.c(1, t);
+  return {e.bin(OpCode::Mul, e.bin(OpCode::Mul, g, s), e.bin(OpCode::Add, one, e.bin(OpCode::Mul, x, e.bin(OpCode::Sub, one, s))))};
+}
+std::vector<Val> sigmoid_backward(Emitter& e, const ir::Node& n) {
+  const DType t = e.compute_dtype(n);
+  Val g = e.in(n, 0, t), y = e.in(n, 1, t);
+  return {e.bin(OpCode::Mul, e.bin(OpCode::Mul, g, e.bin(OpCode::Sub, e.c(1, t), y)), y)};
+}
+std::vector<Val> tanh_backward(Emitter& e, const ir::Node& n) {
+  const DType t = e.compute_dtype(n);
+  Val g = e.in(n, 0, t), y = e.in(n, 1, t);
+  return {e.bin(OpCode::Mul, g, e.bin(OpCode::Sub, e.c(1, t), e.bin(OpCode::Mul, y, y)))};
+}
+std::vector<Val> threshold_backward(Emitter& e, const ir::Node& n) {
+  const DType t = e.compute_dtype(n);
+  Val g = e.in(n, 0, t), x = e.in(n, 1, t);
+  return {e.where(e.cmp(OpCode::Le, x, e.in(n, 2, t)), e.c(0, t), g)};
+}
+std::vector<Val> threshold(Emitter& e, const ir::Node& n) {  // threshold(self, threshold, value)
+  const DType t = e.compute_dtype(n);
+  Val x = e.in(n, 0, t);
+  return {e.where(e.cmp(OpCode::Le, x, e.in(n, 1, t)), e.in(n, 2, t), x)};
+}
+std::vector<Val> hardtanh(Emitter& e, const ir::Node& n) {
+  const DType t = e.compute_dtype(n);
+  return {e.bin(OpCode::Min, e.bin(OpCode::Max, e.in(n, 0, t), e.in(n, 1, t)), e.in(n, 2, t))};
+}
+std::vector<Val> hardtanh_backward(Emitter& e, const ir::Node& n) {
+  const DType t = e.compute_dtype(n);
+  Val g = e.in(n, 0, t), x = e.in(n, 1, t);
+  Val out = e.bin(OpCode::Or, e.cmp(OpCode::Le, x, e.in(n, 2, t)), e.cmp(OpCode::Ge, x, e.in(n, 3, t)));
+  return {e.where(out, e.c(0, t), g)};
+}
+std::vector<Val> leaky_relu(Emitter& e, const ir::Node& n) {
+  const DType t = e.compute_dtype(n);
+  Val x = e.in(n, 0, t);
+  return {e.where(e.cmp(OpCode::Gt, x, e.c(0, t)), x, e.bin(OpCode::Mul, x, e.in(n, 1, t)))};
+}
+std::vector<Val> leaky_relu_backward(Emitter& e, const ir::Node& n) {
+  const DType t = e.compute_dtype(n);
+  Val g = e.in(n, 0, t), x = e.in(n, 1, t);
+  return {e.where(e.cmp(OpCode::Gt, x, e.c(0, t)), g, e.bin(OpCode::Mul, g, e.in(n, 2, t)))};
+}
+std::vector<Val> elu(Emitter& e, const ir::Node& n) {  // elu(self, alpha, scale, input_scale)
+  const DType t = e.compute_dtype(n);
+  Val x = e.in(n, 0, t);
+  const double alpha = e.real(n, 1), scale = e.real(n, 2), input_scale = e.real(n, 3);
+  Val neg = e.bin(OpCode::Mul, e.un(OpCode::Expm1, e.bin(OpCode::Mul, x, e.c(input_scale, t))), e.c(alpha * scale, t));
+  return {e.where(e.cmp(OpCode::Le, x, e.c(0, t)), neg, e.bin(OpCode::Mul, x, e.c(scale, t)))};
+}
+std::vector<Val> softplus(Emitter& e, const ir::Node& n) {  // softplus(self, beta, threshold)
+  const DType t = e.compute_dtype(n);
+  Val x = e.in(n, 0, t), beta = e.in(n, 1, t);
+  Val xb = e.bin(OpCode::Mul, x, beta);
+  Val soft = e.bin(OpCode::Div, e.un(OpCode::Log1p, e.un(OpCode::Exp, xb)), beta);
+  return {e.where(e.cmp(OpCode::Gt, xb, e.in(n, 2, t)), x, soft)};
+}
+std::vector<Val> softplus_backward(Emitter& e, const ir::Node& n) {  // (grad, self, beta, threshold)
+  const DType t = e.compute_dtype(n);
+  Val g = e.in(n, 0, t), x = e.in(n, 1, t), beta = e.in(n, 2, t);
+  Val xb = e.bin(OpCode::Mul, x, beta);
+  Val z = e.un(OpCode::Exp, xb);
+  Val soft = e.bin(OpCode::Div, e.bin(OpCode::Mul, g, z), e.bin(OpCode::Add, z, e.c(1, t)));
+  return {e.where(e.cmp(OpCode::Gt, xb, e.in(n, 3, t)), g, soft)};
+}
+std::vector<Val> hardsigmoid_of(Emitter& e, Val x) {
+  const DType t = x.dtype;
+  Val c = e.bin(OpCode::Min, e.bin(OpCode::Max, e.bin(OpCode::Add, x, e.c(3, t)), e.c(0, t)), e.c(6, t));
+  return {e.bin(OpCode::Div, c, e.c(6, t))};
+}
+std::vector<Val> hardsigmoid(Emitter& e, const ir::Node& n) { return hardsigmoid_of(e, e.in(n, 0, e.compute_dtype(n))); }
+std::vector<Val> hardswish(Emitter& e, const ir::Node& n) {
+  Val x = e.in(n, 0, e.compute_dtype(n));
+  return {e.bin(OpCode::Mul, x, hardsigmoid_of(e, x)[0])};
+}
+std::vector<Val> mish(Emitter& e, const ir::Node& n) {
+  const DType t = e.compute_dtype(n);
+  Val x = e.in(n, 0, t);
+  return {e.bin(OpCode::Mul, x, e.un(OpCode::Tanh, e.un(OpCode::Log1p, e.un(OpCode::Exp, x))))};
+}
+std::vector<Val> clamp(Emitter& e, const ir::Node& n) {
+  const DType t = e.compute_dtype(n);
+  Val x = e.in(n, 0, t);
+  if (!e.is_none(n, 1)) x = e.bin(OpCode::Max, x, e.in(n, 1, t));
+  if (!e.is_none(n, 2)) x = e.bin(OpCode::Min, x, e.in(n, 2, t));
+  return {x};
+}
+std::vector<Val> clamp_min(Emitter& e, const ir::Node& n) {
+  const DType t = e.compute_dtype(n);
+  return {e.bin(OpCode::Max, e.in(n, 0, t), e.in(n, 1, t))};
+}
+std::vector<Val> clamp_max(Emitter& e, const ir::Node& n) {
+  const DType t = e.compute_dtype(n);
+  return {e.bin(OpCode::Min, e.in(n, 0, t), e.in(n, 1, t))};
+}
+std::vector<Val> logical_not(Emitter& e, const ir::Node& n) {
+  return {e.cast(e.un(OpCode::Not, e.in(n, 0, DType::Bool)), e.compute_dtype(n))};
+}
+template <OpCode op>
+std::vector<Val> logical(Emitter& e, const ir::Node& n) {
+  return {e.cast(e.bin(op, e.in(n, 0, DType::Bool), e.in(n, 1, DType::Bool)), e.compute_dtype(n))};
+}
+std::vector<Val> isnan(Emitter& e, const ir::Node& n) {
+  return {e.un(OpCode::IsNan, e.in(n, 0, e.promoted(n, {0})))};
+}
+std::vector<Val> copy_as(Emitter& e, const ir::Node& n) { return {e.in(n, 0, e.compute_dtype(n))}; }
+std::vector<Val> reciprocal(Emitter& e, const ir::Node& n) { return unary<OpCode::Recip>(e, n); }
+
+// add/sub with alpha: a + alpha * b
+template <OpCode op>
+std::vector<Val> add_sub(Emitter& e, const ir::Node& n) {
+  const DType t = e.compute_dtype(n);
+  Val a = e.in(n, 0, t), b = e.in(n, 1, t);
+  if (n.args.size() > 2 && (n.args[2].kind == ir::ArgKind::Double ? n.args[2].d != 1.0 : n.args[2].i != 1)) {
+    b = e.bin(OpCode::Mul, b, e.in(n, 2, t));
+  }
+  return {e.bin(op, a, b)};
+}
+std::vector<Val> rsub(Emitter& e, const ir::Node& n) {  // other - alpha * self
+  const DType t = e.compute_dtype(n);
+  Val a = e.in(n, 0, t), b = e.in(n, 1, t);
+  if (n.args.size() > 2 && (n.args[2].kind == ir::ArgKind::Double ? n.args[2].d != 1.0 : n.args[2].i != 1)) {
+    a = e.bin(OpCode::Mul, a, e.in(n, 2, t));
+  }
+  return {e.bin(OpCode::Sub, b, a)};
+}
+template <OpCode op>
+std::vector<Val> binary(Emitter& e, const ir::Node& n) {
+  const DType t = e.compute_dtype(n);
+  return {e.bin(op, e.in(n, 0, t), e.in(n, 1, t))};
+}
+template <OpCode op>
+std::vector<Val> compare(Emitter& e, const ir::Node& n) {
+  const DType t = e.promoted(n, {0, 1});
+  return {e.cast(e.cmp(op, e.in(n, 0, t), e.in(n, 1, t)), e.compute_dtype(n))};
+}
+std::vector<Val> where(Emitter& e, const ir::Node& n) {  // where.self(cond, self, other)
+  const DType t = e.compute_dtype(n);
+  return {e.where(e.in(n, 0, DType::Bool), e.in(n, 1, t), e.in(n, 2, t))};
+}
+std::vector<Val> masked_fill(Emitter& e, const ir::Node& n) {  // (self, mask, value)
+  const DType t = e.compute_dtype(n);
+  return {e.where(e.in(n, 1, DType::Bool), e.in(n, 2, t), e.in(n, 0, t))};
+}
+std::vector<Val> addcmul(Emitter& e, const ir::Node& n) {  // self + value * t1 * t2
+  const DType t = e.compute_dtype(n);
+  Val p = e.bin(OpCode::Mul, e.in(n, 1, t), e.in(n, 2, t));
+  return {e.bin(OpCode::Add, e.in(n, 0, t), e.bin(OpCode::Mul, e.in(n, 3, t), p))};
+}
+std::vector<Val> addcdiv(Emitter& e, const ir::Node& n) {  // self + value * t1 / t2
+  const DType t = e.compute_dtype(n);
+  Val q = e.bin(OpCode::Div, e.in(n, 1, t), e.in(n, 2, t));
+  return {e.bin(OpCode::Add, e.in(n, 0, t), e.bin(OpCode::Mul, e.in(n, 3, t), q))};
+}
+std::vector<Val> pow_tensor_scalar(Emitter& e, const ir::Node& n) {
+  const DType t = e.compute_dtype(n);
+  Val x = e.in(n, 0, t);
+  const ir::Arg& a = n.args.at(1);
+  const double p = a.kind == ir::ArgKind::Double ? a.d : static_cast<double>(a.i);
+  // ATen's pow special-cases these exponents (exactly, no libm pow).
+  if (p == 1) return {x};
+  if (p == 2) return {e.bin(OpCode::Mul, x, x)};
+  if (p == 3) return {e.bin(OpCode::Mul, e.bin(OpCode::Mul, x, x), x)};
+  if (p == 0.5) return {e.un(OpCode::Sqrt, x)};
+  if (p == -0.5) return {e.un(OpCode::Rsqrt, x)};
+  if (p == -1) return {e.un(OpCode::Recip, x)};
+  if (p == -2) return {e.un(OpCode::Recip, e.bin(OpCode::Mul, x, x))};
+  return {e.bin(OpCode::Pow, x, e.c(p, t))};
+}
+std::vector<Val> pow_scalar(Emitter& e, const ir::Node& n) {  // pow.Scalar(Scalar self, Tensor exponent)
+  const DType t = e.compute_dtype(n);
+  return {e.bin(OpCode::Pow, e.in(n, 0, t), e.in(n, 1, t))};
+}
+std::vector<Val> lerp_scalar(Emitter& e, const ir::Node& n) {  // lerp.Scalar(self, end, weight)
+  const DType t = e.compute_dtype(n);
+  Val a = e.in(n, 0, t), b = e.in(n, 1, t);
+  const double w = e.real(n, 2);
+  Val diff = e.bin(OpCode::Sub, b, a);
+  if (std::abs(w) < 0.5) return {e.bin(OpCode::Add, a, e.bin(OpCode::Mul, e.c(w, t), diff))};
+  return {e.bin(OpCode::Sub, b, e.bin(OpCode::Mul, diff, e.c(1 - w, t)))};
+}
+std::vector<Val> mse_loss_backward(Emitter& e, const ir::Node& n) {  // (grad, self, target, reduction)
+  const DType t = e.compute_dtype(n);
+  Val g = e.in(n, 0, t), x = e.in(n, 1, t), y = e.in(n, 2, t);
+  double norm = 2.0;
+  if (e.integer(n, 3) == 1) norm /= static_cast<double>(e.reduced_numel(n));
+  return {e.bin(OpCode::Mul, e.bin(OpCode::Mul, e.c(norm, t), e.bin(OpCode::Sub, x, y)), g)};
+}
+
+// --- reductions -----------------------------------------------------------------
+
+std::vector<Val> sum(Emitter& e, const ir::Node& n) {
+  return {e.reduce(OpCode::ReduceSum, e.in(n, 0, e.compute_dtype(n)))};
+}
+std::vector<Val> mean(Emitter& e, const ir::Node& n) {
+  const DType t = e.compute_dtype(n);
+  Val s = e.reduce(OpCode::ReduceSum, e.in(n, 0, t));
+  return {e.bin(OpCode::Div, s, e.c(static_cast<double>(e.reduced_numel(n)), t))};
+}
+template <OpCode op>
+std::vector<Val> reduce_minmax(Emitter& e, const ir::Node& n) {
+  return {e.reduce(op, e.in(n, 0, e.compute_dtype(n)))};
+}
+std::vector<Val> mse_loss(Emitter& e, const ir::Node& n) {  // reduction: 1 mean, 2 sum
+  const DType t = e.compute_dtype(n);
+  Val d = e.bin(OpCode::Sub, e.in(n, 0, t), e.in(n, 1, t));
+  if (e.integer(n, 2) == 0) return {e.bin(OpCode::Mul, d, d)};
+  Val s = e.reduce(OpCode::ReduceSum, e.bin(OpCode::Mul, d, d));
+  if (e.integer(n, 2) == 1) s = e.bin(OpCode::Div, s, e.c(static_cast<double>(e.reduced_numel(n)), t));
+  return {s};
+}
+std::vector<Val> softmax(Emitter& e, const ir::Node& n) {
+  const DType t = e.compute_dtype(n);
+  Val x = e.in(n, 0, t);
+  Val m = e.reduce(OpCode::ReduceMax, x);
+  Val ex = e.un(OpCode::Exp, e.bin(OpCode::Sub, x, m));
+  Val s = e.reduce(OpCode::ReduceSum, ex);
+  return {e.bin(OpCode::Div, ex, s)};
+}
+std::vector<Val> log_softmax(Emitter& e, const ir::Node& n) {
+  const DType t = e.compute_dtype(n);
+  Val x = e.in(n, 0, t);
+  Val m = e.reduce(OpCode::ReduceMax, x);
+  Val shifted = e.bin(OpCode::Sub, x, m);
+  Val s = e.reduce(OpCode::ReduceSum, e.un(OpCode::Exp, shifted));
+  return {e.bin(OpCode::Sub, shifted, e.un(OpCode::Log, s))};
+}
+std::vector<Val> softmax_backward(Emitter& e, const ir::Node& n) {  // (grad_output, output, dim, input_dtype)
+  const DType t = e.compute_dtype(n);
+  Val g = e.in(n, 0, t), y = e.in(n, 1, t);
+  Val s = e.reduce(OpCode::ReduceSum, e.bin(OpCode::Mul, g, y));
+  return {e.bin(OpCode::Mul, y, e.bin(OpCode::Sub, g, s))};
+}
+std::vector<Val> log_softmax_backward(Emitter& e, const ir::Node& n) {
+  const DType t = e.compute_dtype(n);
+  Val g = e.in(n, 0, t), y = e.in(n, 1, t);
+  Val s = e.reduce(OpCode::ReduceSum, g);
+  return {e.bin(OpCode::Sub, g, e.bin(OpCode::Mul, e.un(OpCode::Exp, y), s))};
+}
+// native_layer_norm(input, normalized_shape, weight?, bias?, eps) -> (out, mean, rstd)
+std::vector<Val> layer_norm(Emitter& e, const ir::Node& n) {
+  const DType t = e.compute_dtype(n, 1);  // mean/rstd carry the accumulation dtype
+  Val x = e.in(n, 0, t);
+  const Val count = e.c(static_cast<double>(e.reduced_numel(n)), t);
+  Val mu = e.bin(OpCode::Div, e.reduce(OpCode::ReduceSum, x), count);
+  Val d = e.bin(OpCode::Sub, x, mu);
+  Val var = e.bin(OpCode::Div, e.reduce(OpCode::ReduceSum, e.bin(OpCode::Mul, d, d)), count);
+  Val rstd = e.un(OpCode::Rsqrt, e.bin(OpCode::Add, var, e.c(e.real(n, 4), t)));
+  Val y = e.bin(OpCode::Mul, d, rstd);
+  if (e.is_tensor(n, 2)) y = e.bin(OpCode::Mul, y, e.in(n, 2, t));
+  if (e.is_tensor(n, 3)) y = e.bin(OpCode::Add, y, e.in(n, 3, t));
+  return {y, mu, rstd};
+}
+
+const std::unordered_map<std::string, Row>& table() {
+  static const std::unordered_map<std::string, Row> t = {
+      {"aten::neg", {OpClass::Pointwise, unary<OpCode::Neg>}},
+      {"aten::abs", {OpClass::Pointwise, unary<OpCode::Abs>}},
+      {"aten::exp", {OpClass::Pointwise, unary<OpCode::Exp>}},
+      {"aten::log", {OpClass::Pointwise, unary<OpCode::Log>}},
+      {"aten::log1p", {OpClass::Pointwise, unary<OpCode::Log1p>}},
+      {"aten::expm1", {OpClass::Pointwise, unary<OpCode::Expm1>}},
+      {"aten::sin", {OpClass::Pointwise, unary<OpCode::Sin>}},
+      {"aten::cos", {OpClass::Pointwise, unary<OpCode::Cos>}},
+      {"aten::tan", {OpClass::Pointwise, unary<OpCode::Tan>}},
+      {"aten::tanh", {OpClass::Pointwise, unary<OpCode::Tanh>}},
+      {"aten::erf", {OpClass::Pointwise, unary<OpCode::Erf>}},
+      {"aten::sqrt", {OpClass::Pointwise, unary<OpCode::Sqrt>}},
+      {"aten::rsqrt", {OpClass::Pointwise, unary<OpCode::Rsqrt>}},
+      {"aten::reciprocal", {OpClass::Pointwise, reciprocal}},
+      {"aten::floor", {OpClass::Pointwise, unary<OpCode::Floor>}},
+      {"aten::ceil", {OpClass::Pointwise, unary<OpCode::Ceil>}},
+      {"aten::round", {OpClass::Pointwise, unary<OpCode::Round>}},
+      {"aten::trunc", {OpClass::Pointwise, unary<OpCode::Trunc>}},
+      {"aten::sigmoid", {OpClass::Pointwise, sigmoid}},
+      {"aten::relu", {OpClass::Pointwise, relu}},
+      {"aten::silu", {OpClass::Pointwise, silu}},
+      {"aten::gelu", {OpClass::Pointwise, gelu}},
+      {"aten::mish", {OpClass::Pointwise, mish}},
+      {"aten::hardtanh", {OpClass::Pointwise, hardtanh}},
+      {"aten::hardsigmoid", {OpClass::Pointwise, hardsigmoid}},
+      {"aten::hardswish", {OpClass::Pointwise, hardswish}},
+      {"aten::leaky_relu", {OpClass::Pointwise, leaky_relu}},
+      {"aten::elu", {OpClass::Pointwise, elu}},
+      {"aten::softplus", {OpClass::Pointwise, softplus}},
+      {"aten::threshold", {OpClass::Pointwise, threshold}},
+      {"aten::clamp", {OpClass::Pointwise, clamp}},
+      {"aten::clamp.Tensor", {OpClass::Pointwise, clamp}},
+      {"aten::clamp_min", {OpClass::Pointwise, clamp_min}},
+      {"aten::clamp_max", {OpClass::Pointwise, clamp_max}},
+      {"aten::logical_not", {OpClass::Pointwise, logical_not}},
+      {"aten::logical_and", {OpClass::Pointwise, logical<OpCode::And>}},
+      {"aten::logical_or", {OpClass::Pointwise, logical<OpCode::Or>}},
+      {"aten::isnan", {OpClass::Pointwise, isnan}},
+      {"aten::_to_copy", {OpClass::Pointwise, copy_as}},
+      {"aten::clone", {OpClass::Pointwise, copy_as}},
+      {"aten::add.Tensor", {OpClass::Pointwise, add_sub<OpCode::Add>}},
+      {"aten::add.Scalar", {OpClass::Pointwise, add_sub<OpCode::Add>}},
+      {"aten::sub.Tensor", {OpClass::Pointwise, add_sub<OpCode::Sub>}},
+      {"aten::sub.Scalar", {OpClass::Pointwise, add_sub<OpCode::Sub>}},
+      {"aten::rsub.Tensor", {OpClass::Pointwise, rsub}},
+      {"aten::rsub.Scalar", {OpClass::Pointwise, rsub}},
+      {"aten::mul.Tensor", {OpClass::Pointwise, binary<OpCode::Mul>}},
+      {"aten::mul.Scalar", {OpClass::Pointwise, binary<OpCode::Mul>}},
+      {"aten::div.Tensor", {OpClass::Pointwise, binary<OpCode::Div>}},
+      {"aten::div.Scalar", {OpClass::Pointwise, binary<OpCode::Div>}},
+      {"aten::maximum", {OpClass::Pointwise, binary<OpCode::Max>}},
+      {"aten::minimum", {OpClass::Pointwise, binary<OpCode::Min>}},
+      {"aten::pow.Tensor_Tensor", {OpClass::Pointwise, binary<OpCode::Pow>}},
+      {"aten::pow.Tensor_Scalar", {OpClass::Pointwise, pow_tensor_scalar}},
+      {"aten::pow.Scalar", {OpClass::Pointwise, pow_scalar}},
+      {"aten::eq.Tensor", {OpClass::Pointwise, compare<OpCode::Eq>}},
+      {"aten::eq.Scalar", {OpClass::Pointwise, compare<OpCode::Eq>}},
+      {"aten::ne.Tensor", {OpClass::Pointwise, compare<OpCode::Ne>}},
+      {"aten::ne.Scalar", {OpClass::Pointwise, compare<OpCode::Ne>}},
+      {"aten::lt.Tensor", {OpClass::Pointwise, compare<OpCode::Lt>}},
+      {"aten::lt.Scalar", {OpClass::Pointwise, compare<OpCode::Lt>}},
+      {"aten::le.Tensor", {OpClass::Pointwise, compare<OpCode::Le>}},
+      {"aten::le.Scalar", {OpClass::Pointwise, compare<OpCode::Le>}},
+      {"aten::gt.Tensor", {OpClass::Pointwise, compare<OpCode::Gt>}},
+      {"aten::gt.Scalar", {OpClass::Pointwise, compare<OpCode::Gt>}},
+      {"aten::ge.Tensor", {OpClass::Pointwise, compare<OpCode::Ge>}},
+      {"aten::ge.Scalar", {OpClass::Pointwise, compare<OpCode::Ge>}},
+      {"aten::where.self", {OpClass::Pointwise, where}},
+      {"aten::masked_fill.Scalar", {OpClass::Pointwise, masked_fill}},
+      {"aten::masked_fill.Tensor", {OpClass::Pointwise, masked_fill}},
+      {"aten::addcmul", {OpClass::Pointwise, addcmul}},
+      {"aten::addcdiv", {OpClass::Pointwise, addcdiv}},
+      {"aten::lerp.Scalar", {OpClass::Pointwise, lerp_scalar}},
+      {"aten::threshold_backward", {OpClass::Pointwise, threshold_backward}},
+      {"aten::sigmoid_backward", {OpClass::Pointwise, sigmoid_backward}},
+      {"aten::tanh_backward", {OpClass::Pointwise, tanh_backward}},
+      {"aten::gelu_backward", {OpClass::Pointwise, gelu_backward}},
+      {"aten::silu_backward", {OpClass::Pointwise, silu_backward}},
+      {"aten::hardtanh_backward", {OpClass::Pointwise, hardtanh_backward}},
+      {"aten::leaky_relu_backward", {OpClass::Pointwise, leaky_relu_backward}},
+      {"aten::softplus_backward", {OpClass::Pointwise, softplus_backward}},
+      {"aten::mse_loss_backward", {OpClass::Pointwise, mse_loss_backward}},
+      {"aten::sum.dim_IntList", {OpClass::Reduction, sum, dims_arg1}},
+      {"aten::sum", {OpClass::Reduction, sum, dims_all}},
+      {"aten::mean.dim", {OpClass::Reduction, mean, dims_arg1}},
+      {"aten::mean", {OpClass::Reduction, mean, dims_all}},
+      {"aten::amax", {OpClass::Reduction, reduce_minmax<OpCode::ReduceMax>, dims_arg1}},
+      {"aten::amin", {OpClass::Reduction, reduce_minmax<OpCode::ReduceMin>, dims_arg1}},
+      {"aten::mse_loss", {OpClass::Reduction, mse_loss, dims_mse}},
+      {"aten::_softmax", {OpClass::Row, softmax, dims_softmax}},
+      {"aten::_log_softmax", {OpClass::Row, log_softmax, dims_softmax}},
+      {"aten::_softmax_backward_data", {OpClass::Row, softmax_backward, dims_softmax_bw}},
+      {"aten::_log_softmax_backward_data", {OpClass::Row, log_softmax_backward, dims_softmax_bw}},
+      {"aten::native_layer_norm", {OpClass::Row, layer_norm, dims_layer_norm}},
+  };
+  return t;
+}
+
+const Row* find_row(const ir::Node& n) {
+  const auto& t = table();
+  auto it = t.find(n.qualified_op());
+  if (it == t.end()) it = t.find(n.op);
+  return it == t.end() ? nullptr : &it->second;
+}
+
+}  // namespace
+
+std::optional<kir::DType> to_kir(c10::ScalarType t) {
+  switch (t) {
+    case c10::kBool: return DType::Bool;
+    case c10::kByte: return DType::U8;
+    case c10::kChar: return DType::I8;
+    case c10::kShort: return DType::I16;
+    case c10::kInt: return DType::I32;
+    case c10::kLong: return DType::I64;
+    case c10::kHalf: return DType::F16;
+    case c10::kBFloat16: return DType::BF16;
+    case c10::kFloat: return DType::F32;
+    case c10::kDouble: return DType::F64;
+    default: return std::nullopt;
+  }
+}
+
+DType compute_type(DType t) { return t == DType::BF16 || t == DType::F16 ? DType::F32 : t; }
+
+std::optional<std::string> classify(const ir::Graph& g, const ir::Node& n, OpInfo* info) {
+  if (n.kind != ir::NodeKind::Call) return std::string("not an operator call");
+  const Row* row = find_row(n);
+  if (!row) return "no kernel IR lowering for " + n.qualified_op() + " (runs as an ATen call)";
+  // Every tensor read and written must be a dense CPU tensor of a kir dtype.
+  bool has_tensor_arg = false;
+  for (const auto& a : n.args) {
+    if (a.kind == ir::ArgKind::ValueList || a.kind == ir::ArgKind::OptValueList) return std::string("tensor-list argument");
+    if (a.kind == ir::ArgKind::Opaque) return std::string("opaque argument");
+    if (a.kind == ir::ArgKind::Complex) return std::string("complex scalar argument");
+  }
+  auto check_value = [&](ir::ValueId v) -> std::optional<std::string> {
+    const auto& m = g.value(v).meta;
+    if (!m.device.is_cpu()) return std::string("tensor on ") + m.device.str();
+    if (!to_kir(m.dtype)) return "dtype " + ir::dtype_short_name(m.dtype) + " has no kernels";
+    return std::nullopt;
+  };
+  for (const auto& a : n.args) {
+    if (a.kind != ir::ArgKind::Value) continue;
+    has_tensor_arg = true;
+    if (auto why = check_value(a.values[0])) return why;
+  }
+  if (!has_tensor_arg) return std::string("no tensor argument");
+  for (const auto& o : n.outputs) {
+    if (o.kind == ir::ArgKind::Value) {
+      if (auto why = check_value(o.values[0])) return why;
+    } else if (o.kind != ir::ArgKind::None) {
+      return std::string("non-tensor result");
+    }
+  }
+  // Ops whose arguments change what they compute in ways the table does not model.
+  const std::string op = n.qualified_op();
+  if (op == "aten::_to_copy") {
+    for (size_t i = 1; i < n.args.size(); ++i) {
+      const auto& a = n.args[i];
+      if ((a.name == "layout" || a.name == "device") && a.kind != ir::ArgKind::None) {
+        if (a.name == "device" && a.s == "cpu") continue;
+        return "_to_copy changes " + a.name;
+      }
+    }
+  }
+  if (op == "aten::round" && n.args.size() > 1) return std::string("round with decimals");
+  if (op == "aten::gelu" || op == "aten::gelu_backward") {
+    const auto& s = n.args.back().s;
+    if (s != "none" && s != "tanh") return "gelu approximate='" + s + "'";
+  }
+  if (op == "aten::mse_loss" && n.args.at(2).i == 0) {
+    // reduction='none' is pointwise
+    info->cls = OpClass::Pointwise;
+    info->reduce_dims.clear();
+    return std::nullopt;
+  }
+  const auto& m0 = g.value(n.args.at(0).kind == ir::ArgKind::Value ? n.args[0].values[0] : n.outputs.at(0).values.at(0)).meta;
+  const bool float_out = [&] {
+    for (const auto& o : n.outputs) {
+      if (o.kind == ir::ArgKind::Value && !kir::is_floating(*to_kir(g.value(o.values[0]).meta.dtype))) return false;
+    }
+    return true;
+  }();
+  static const char* float_only[] = {"aten::exp", "aten::log", "aten::log1p", "aten::expm1", "aten::sin", "aten::cos",
+                                     "aten::tan", "aten::tanh", "aten::erf", "aten::sqrt", "aten::rsqrt",
+                                     "aten::reciprocal", "aten::sigmoid", "aten::gelu", "aten::silu", "aten::mish",
+                                     "aten::floor", "aten::ceil", "aten::round", "aten::trunc", "aten::pow",
+                                     "aten::softplus", "aten::elu", "aten::div", "aten::mean", "aten::_softmax",
+                                     "aten::_log_softmax", "aten::native_layer_norm", "aten::hardsigmoid",
+                                     "aten::hardswish", "aten::lerp", "aten::addcdiv"};
+  for (const char* f : float_only) {
+    if (n.op == f && !float_out) return std::string("integer result (only floating results are fused for this op)");
+  }
+  (void)m0;
+  info->cls = row->cls;
+  info->reduce_dims = row->dims ? row->dims(g, n) : std::vector<int64_t>{};
+  if (row->cls != OpClass::Pointwise && info->reduce_dims.empty()) {
+    return std::string("reduction over no dims");
+  }
+  return std::nullopt;
+}
+
+// --- Emitter -----------------------------------------------------------------------
+
+std::vector<Val> Emitter::lower(const ir::Node& n) {
+  const Row* row = find_row(n);
+  TORCH_INTERNAL_ASSERT(row, "tcap fusion: no lowering for ", n.qualified_op());
+  return row->lower(*this, n);
+}
+
+bool Emitter::is_tensor(const ir::Node& n, size_t i) const {
+  return i < n.args.size() && (n.args[i].kind == ir::ArgKind::Value);
+}
+bool Emitter::is_none(const ir::Node& n, size_t i) const {
+  return i >= n.args.size() || n.args[i].kind == ir::ArgKind::None;
+}
+
+Val Emitter::in(const ir::Node& n, size_t i, DType want) {
+  const ir::Arg& a = n.args.at(i);
+  switch (a.kind) {
+    case ir::ArgKind::Value: return cast(resolve_(a.values[0]), want);
+    case ir::ArgKind::Double: return c(a.d, want);
+    case ir::ArgKind::Int:
+    case ir::ArgKind::Bool: return c(static_cast<double>(a.i), want);
+    case ir::ArgKind::WrappedScalar: {
+      const auto st = static_cast<c10::ScalarType>(a.i2);
+      return c(c10::isFloatingType(st) ? a.d : static_cast<double>(a.i), want);
+    }
+    default: break;
+  }
+  TORCH_CHECK(false, "tcap fusion: ", n.qualified_op(), " argument ", i, " (", a.name, ") is a ",
+              ir::to_string(a.kind), ", not a tensor or a scalar");
+}
+
+double Emitter::real(const ir::Node& n, size_t i) const {
+  const ir::Arg& a = n.args.at(i);
+  if (a.kind == ir::ArgKind::Double) return a.d;
+  if (a.kind == ir::ArgKind::WrappedScalar) {
+    return c10::isFloatingType(static_cast<c10::ScalarType>(a.i2)) ? a.d : static_cast<double>(a.i);
+  }
+  return static_cast<double>(a.i);
+}
+int64_t Emitter::integer(const ir::Node& n, size_t i) const { return n.args.at(i).i; }
+std::string Emitter::str(const ir::Node& n, size_t i) const { return n.args.at(i).s; }
+
+Val Emitter::c(double v, DType t) {
+  kir::Instr in;
+  in.op = OpCode::Const;
+  in.dtype = t;
+  if (kir::is_floating(t)) {
+    in.f = v;
+  } else if (t == DType::Bool) {
+    in.i = v != 0;
+  } else {
+    in.i = static_cast<int64_t>(v);
+  }
+  return {kir::add(k_, std::move(in)), t};
+}
+
+Val Emitter::cast(Val v, DType t) {
+  if (v.dtype == t) return v;
+  kir::Instr in;
+  in.op = OpCode::Cast;
+  in.dtype = t;
+  in.args = {v.id};
+  return {kir::add(k_, std::move(in)), t};
+}
+
+Val Emitter::un(OpCode op, Val a) {
+  kir::Instr in;
+  in.op = op;
+  in.dtype = op == OpCode::IsNan ? DType::Bool : a.dtype;
+  in.args = {a.id};
+  return {kir::add(k_, std::move(in)), in.dtype};
+}
+
+Val Emitter::bin(OpCode op, Val a, Val b) {
+  TORCH_INTERNAL_ASSERT(a.dtype == b.dtype, "tcap fusion: ", kir::to_string(op), " of ", kir::to_string(a.dtype),
+                        " and ", kir::to_string(b.dtype));
+  kir::Instr in;
+  in.op = op;
+  in.dtype = a.dtype;
+  in.args = {a.id, b.id};
+  return {kir::add(k_, std::move(in)), a.dtype};
+}
+
+Val Emitter::cmp(OpCode op, Val a, Val b) {
+  TORCH_INTERNAL_ASSERT(a.dtype == b.dtype);
+  kir::Instr in;
+  in.op = op;
+  in.dtype = DType::Bool;
+  in.args = {a.id, b.id};
+  return {kir::add(k_, std::move(in)), DType::Bool};
+}
+
+Val Emitter::where(Val cond, Val a, Val b) {
+  TORCH_INTERNAL_ASSERT(cond.dtype == DType::Bool && a.dtype == b.dtype);
+  kir::Instr in;
+  in.op = OpCode::Where;
+  in.dtype = a.dtype;
+  in.args = {cond.id, a.id, b.id};
+  return {kir::add(k_, std::move(in)), a.dtype};
+}
+
+Val Emitter::reduce(OpCode op, Val a) {
+  kir::Instr in;
+  in.op = op;
+  in.dtype = a.dtype;
+  in.args = {a.id};
+  return {kir::add(k_, std::move(in)), a.dtype};
+}
+
+DType Emitter::out_dtype(const ir::Node& n, size_t k) const {
+  size_t seen = 0;
+  for (const auto& o : n.outputs) {
+    if (o.kind != ir::ArgKind::Value) continue;
+    if (seen++ == k) return *to_kir(g_.value(o.values[0]).meta.dtype);
+  }
+  TORCH_INTERNAL_ASSERT(false, "tcap fusion: ", n.qualified_op(), " has no tensor output ", k);
+}
+
+DType Emitter::compute_dtype(const ir::Node& n, size_t k) const { return compute_type(out_dtype(n, k)); }
+
+DType Emitter::promoted(const ir::Node& n, std::initializer_list<size_t> args) const {
+  // ATen's result_type: dimensioned tensors win over zero-dim tensors, which win over
+  // wrapped numbers and scalars, unless a lower-priority argument is of a higher category
+  // (bool < integer < floating).
+  auto category = [](c10::ScalarType t) { return t == c10::kBool ? 0 : c10::isIntegralType(t, false) ? 1 : 2; };
+  std::optional<c10::ScalarType> dim_t, zero_t, wrapped_t;
+  auto merge = [](std::optional<c10::ScalarType>& s, c10::ScalarType t) { s = s ? c10::promoteTypes(*s, t) : t; };
+  for (size_t i : args) {
+    const ir::Arg& a = n.args.at(i);
+    if (a.kind == ir::ArgKind::Value) {
+      const auto& m = g_.value(a.values[0]).meta;
+      merge(m.sizes.empty() ? zero_t : dim_t, m.dtype);
+    } else if (a.kind == ir::ArgKind::WrappedScalar) {
+      merge(wrapped_t, c10::isFloatingType(static_cast<c10::ScalarType>(a.i2)) ? c10::kDouble : c10::kLong);
+    } else if (a.kind == ir::ArgKind::Double) {
+      merge(wrapped_t, c10::kDouble);
+    } else if (a.kind == ir::ArgKind::Int) {
+      merge(wrapped_t, c10::kLong);
+    } else if (a.kind == ir::ArgKind::Bool) {
+      merge(wrapped_t, c10::kBool);
+    }
+  }
+  c10::ScalarType r = dim_t ? *dim_t : zero_t ? *zero_t : wrapped_t ? *wrapped_t : c10::kFloat;
+  auto lift = [&](const std::optional<c10::ScalarType>& lower) {
+    if (lower && category(*lower) > category(r)) {
+      r = category(*lower) == 2 ? (c10::isFloatingType(*lower) && *lower != c10::kDouble ? *lower : c10::kFloat) : *lower;
+    }
+  };
+  if (dim_t) lift(zero_t);
+  lift(wrapped_t);
+  if (wrapped_t && !dim_t && !zero_t) r = *wrapped_t == c10::kDouble ? c10::kDouble : *wrapped_t;
+  auto k = to_kir(r);
+  TORCH_CHECK(k, "tcap fusion: unsupported promoted dtype");
+  return compute_type(*k);
+}
+
+int64_t Emitter::reduced_numel(const ir::Node& n) const {
+  OpInfo info;
+  const auto& meta = g_.value(n.args.at(n.op == "aten::mse_loss_backward" ? 1 : 0).values.at(0)).meta;
+  if (n.op == "aten::mse_loss_backward") return meta.numel();
+  classify(g_, n, &info);
+  int64_t count = 1;
+  for (int64_t d : info.reduce_dims) count *= meta.sizes[static_cast<size_t>(d)];
+  return count;
+}
+
+}  // namespace tcap::fuse

@@ -1,0 +1,317 @@
+#include "kir/kir.h"
+
+#include <c10/util/Exception.h>
+
+#include <cstdio>
+#include <sstream>
+
+namespace tcap::kir {
+
+namespace {
+
+int64_t product(const std::vector<int64_t>& s, size_t begin, size_t end) {
+  int64_t n = 1;
+  for (size_t d = begin; d < end; ++d) n *= s[d];
+  return n;
+}
+
+void print_index(std::ostream& os, const std::vector<int64_t>& strides, int64_t offset) {
+  os << "[";
+  for (size_t d = 0; d < strides.size(); ++d) os << (d ? ", " : "") << strides[d];
+  os << "]+" << offset;
+}
+
+std::string body(const Kernel& k) {
+  std::ostringstream os;
+  os << " sizes=[";
+  for (size_t d = 0; d < k.sizes.size(); ++d) os << (d ? ", " : "") << k.sizes[d];
+  os << "] reduce=" << k.num_reduce_dims << "\n";
+  for (size_t b = 0; b < k.buffers.size(); ++b) {
+    os << "  buf" << b << (k.buffers[b].is_output ? " out " : " in ") << to_string(k.buffers[b].dtype) << " "
+       << k.buffers[b].name << "\n";
+  }
+  for (size_t v = 0; v < k.instrs.size(); ++v) {
+    const Instr& in = k.instrs[v];
+    os << "  %" << v << " = " << to_string(in.op) << "." << to_string(in.dtype);
+    if (in.op == OpCode::Load) {
+      os << " buf" << in.buffer << " ";
+      print_index(os, in.strides, in.offset);
+    } else if (in.op == OpCode::Const) {
+      if (is_floating(in.dtype)) {
+        char buf[40];
+        std::snprintf(buf, sizeof buf, "%.17g", in.f);
+        os << " " << buf;
+      } else {
+        os << " " << in.i;
+      }
+    }
+    for (size_t a = 0; a < in.args.size(); ++a) os << (a ? ", %" : " %") << in.args[a];
+    os << "\n";
+  }
+  for (const Store& s : k.stores) {
+    os << "  store buf" << s.buffer << " ";
+    print_index(os, s.strides, s.offset);
+    os << " <- %" << s.value << "\n";
+  }
+  return os.str();
+}
+
+[[noreturn]] void fail(const Kernel& k, const std::string& what) {
+  TORCH_CHECK(false, "tcap kernel IR: ", what, "\n", to_string(k));
+}
+
+}  // namespace
+
+int64_t Kernel::numel() const { return product(sizes, 0, sizes.size()); }
+int64_t Kernel::outer_numel() const {
+  return product(sizes, 0, sizes.size() - static_cast<size_t>(num_reduce_dims));
+}
+int64_t Kernel::reduce_numel() const {
+  return product(sizes, sizes.size() - static_cast<size_t>(num_reduce_dims), sizes.size());
+}
+int64_t Kernel::parallel_range() const { return num_reduce_dims == 0 ? numel() : outer_numel(); }
+
+int32_t add(Kernel& k, Instr in) {
+  k.instrs.push_back(std::move(in));
+  return static_cast<int32_t>(k.instrs.size() - 1);
+}
+
+std::string to_string(const Kernel& k) { return "kernel " + k.name + body(k); }
+
+uint64_t structural_hash(const Kernel& k) {
+  const std::string s = body(k);
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+std::string hash_hex(uint64_t h) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+const char* to_string(OpCode op) {
+  switch (op) {
+    case OpCode::Load: return "load";
+    case OpCode::Const: return "const";
+    case OpCode::Cast: return "cast";
+    case OpCode::Neg: return "neg";
+    case OpCode::Abs: return "abs";
+    case OpCode::Exp: return "exp";
+    case OpCode::Log: return "log";
+    case OpCode::Log1p: return "log1p";
+    case OpCode::Expm1: return "expm1";
+    case OpCode::Sin: return "sin";
+    case OpCode::Cos: return "cos";
+    case OpCode::Tan: return "tan";
+    case OpCode::Tanh: return "tanh";
+    case OpCode::Erf: return "erf";
+    case OpCode::Sqrt: return "sqrt";
+    case OpCode::Rsqrt: return "rsqrt";
+    case OpCode::Recip: return "recip";
+    case OpCode::Floor: return "floor";
+    case OpCode::Ceil: return "ceil";
+    case OpCode::Round: return "round";
+    case OpCode::Trunc: return "trunc";
+    case OpCode::IsNan: return "isnan";
+    case OpCode::Not: return "not";
+    case OpCode::Add: return "add";
+    case OpCode::Sub: return "sub";
+    case OpCode::Mul: return "mul";
+    case OpCode::Div: return "div";
+    case OpCode::Pow: return "pow";
+    case OpCode::Max: return "max";
+    case OpCode::Min: return "min";
+    case OpCode::Lt: return "lt";
+    case OpCode::Le: return "le";
+    case OpCode::Gt: return "gt";
+    case OpCode::Ge: return "ge";
+    case OpCode::Eq: return "eq";
+    case OpCode::Ne: return "ne";
+    case OpCode::And: return "and";
+    case OpCode::Or: return "or";
+    case OpCode::Where: return "where";
+    case OpCode::ReduceSum: return "reduce_sum";
+    case OpCode::ReduceMax: return "reduce_max";
+    case OpCode::ReduceMin: return "reduce_min";
+  }
+  return "?";
+}
+
+const char* to_string(DType t) {
+  switch (t) {
+    case DType::Bool: return "b8";
+    case DType::U8: return "u8";
+    case DType::I8: return "i8";
+    case DType::I16: return "i16";
+    case DType::I32: return "i32";
+    case DType::I64: return "i64";
+    case DType::F16: return "f16";
+    case DType::BF16: return "bf16";
+    case DType::F32: return "f32";
+    case DType::F64: return "f64";
+  }
+  return "?";
+}
+
+int64_t dtype_size(DType t) {
+  switch (t) {
+    case DType::Bool:
+    case DType::U8:
+    case DType::I8: return 1;
+    case DType::I16:
+    case DType::F16:
+    case DType::BF16: return 2;
+    case DType::I32:
+    case DType::F32: return 4;
+    case DType::I64:
+    case DType::F64: return 8;
+  }
+  return 0;
+}
+
+bool is_floating(DType t) {
+  return t == DType::F16 || t == DType::BF16 || t == DType::F32 || t == DType::F64;
+}
+
+bool is_reduce(OpCode op) {
+  return op == OpCode::ReduceSum || op == OpCode::ReduceMax || op == OpCode::ReduceMin;
+}
+
+bool is_comparison(OpCode op) {
+  return op == OpCode::Lt || op == OpCode::Le || op == OpCode::Gt || op == OpCode::Ge || op == OpCode::Eq ||
+         op == OpCode::Ne;
+}
+
+std::vector<bool> element_level(const Kernel& k) {
+  const size_t rank = k.sizes.size();
+  const size_t first_reduce = rank - static_cast<size_t>(k.num_reduce_dims);
+  std::vector<bool> elem(k.instrs.size(), false);
+  for (size_t v = 0; v < k.instrs.size(); ++v) {
+    const Instr& in = k.instrs[v];
+    if (in.op == OpCode::Load) {
+      // With a single reduce point (reduce dims of size 1) every load is one per point.
+      if (k.num_reduce_dims == 0 || k.reduce_numel() == 1) {
+        elem[v] = true;
+      } else {
+        for (size_t d = first_reduce; d < rank && d < in.strides.size(); ++d) elem[v] = elem[v] || in.strides[d] != 0;
+      }
+    } else if (is_reduce(in.op)) {
+      elem[v] = false;
+    } else {
+      for (int32_t a : in.args) elem[v] = elem[v] || elem[static_cast<size_t>(a)];
+    }
+  }
+  return elem;
+}
+
+std::vector<int> reduce_level(const Kernel& k) {
+  std::vector<int> level(k.instrs.size(), 0);
+  for (size_t v = 0; v < k.instrs.size(); ++v) {
+    const Instr& in = k.instrs[v];
+    int l = 0;
+    for (int32_t a : in.args) l = std::max(l, level[static_cast<size_t>(a)]);
+    level[v] = is_reduce(in.op) ? l + 1 : l;
+  }
+  return level;
+}
+
+void verify(const Kernel& k) {
+  const size_t rank = k.sizes.size();
+  if (k.num_reduce_dims < 0 || static_cast<size_t>(k.num_reduce_dims) > rank) fail(k, "bad num_reduce_dims");
+  for (int64_t s : k.sizes) {
+    if (s < 0) fail(k, "negative size");
+  }
+  const auto elem = element_level(k);
+  for (size_t v = 0; v < k.instrs.size(); ++v) {
+    const Instr& in = k.instrs[v];
+    const std::string at = "%" + std::to_string(v) + " (" + to_string(in.op) + "): ";
+    for (int32_t a : in.args) {
+      if (a < 0 || static_cast<size_t>(a) >= v) fail(k, at + "operand %" + std::to_string(a) + " is not defined before");
+    }
+    auto arity = [&](size_t n) {
+      if (in.args.size() != n) fail(k, at + "expects " + std::to_string(n) + " operands");
+    };
+    auto dt = [&](size_t a) { return k.instrs[static_cast<size_t>(in.args[a])].dtype; };
+    switch (in.op) {
+      case OpCode::Load:
+        arity(0);
+        if (in.buffer < 0 || static_cast<size_t>(in.buffer) >= k.buffers.size()) fail(k, at + "bad buffer");
+        if (k.buffers[static_cast<size_t>(in.buffer)].dtype != in.dtype) fail(k, at + "dtype differs from the buffer's");
+        if (in.strides.size() != rank) fail(k, at + "needs one stride per domain dim");
+        break;
+      case OpCode::Const: arity(0); break;
+      case OpCode::Cast: arity(1); break;
+      case OpCode::IsNan:
+        arity(1);
+        if (in.dtype != DType::Bool || !is_floating(dt(0))) fail(k, at + "floating operand, Bool result");
+        break;
+      case OpCode::Not:
+      case OpCode::And:
+      case OpCode::Or:
+        arity(in.op == OpCode::Not ? 1 : 2);
+        for (size_t a = 0; a < in.args.size(); ++a) {
+          if (dt(a) != DType::Bool) fail(k, at + "needs Bool operands");
+        }
+        if (in.dtype != DType::Bool) fail(k, at + "result must be Bool");
+        break;
+      case OpCode::Where:
+        arity(3);
+        if (dt(0) != DType::Bool || dt(1) != in.dtype || dt(2) != in.dtype) fail(k, at + "operand dtypes");
+        break;
+      case OpCode::Lt:
+      case OpCode::Le:
+      case OpCode::Gt:
+      case OpCode::Ge:
+      case OpCode::Eq:
+      case OpCode::Ne:
+        arity(2);
+        if (dt(0) != dt(1) || in.dtype != DType::Bool) fail(k, at + "comparison dtypes");
+        break;
+      case OpCode::Add:
+      case OpCode::Sub:
+      case OpCode::Mul:
+      case OpCode::Div:
+      case OpCode::Pow:
+      case OpCode::Max:
+      case OpCode::Min:
+        arity(2);
+        if (dt(0) != in.dtype || dt(1) != in.dtype) fail(k, at + "operand dtypes differ from the result's");
+        break;
+      case OpCode::ReduceSum:
+      case OpCode::ReduceMax:
+      case OpCode::ReduceMin:
+        arity(1);
+        if (k.num_reduce_dims == 0) fail(k, at + "reduction in a kernel without reduce dims");
+        if (dt(0) != in.dtype) fail(k, at + "operand dtype differs");
+        if (!elem[static_cast<size_t>(in.args[0])]) fail(k, at + "operand is not element-level");
+        break;
+      default:
+        arity(1);
+        if (dt(0) != in.dtype) fail(k, at + "operand dtype differs");
+        if (!is_floating(in.dtype) && in.op != OpCode::Neg && in.op != OpCode::Abs) {
+          fail(k, at + "needs a floating dtype");
+        }
+        break;
+    }
+  }
+  for (const Store& s : k.stores) {
+    if (s.value < 0 || static_cast<size_t>(s.value) >= k.instrs.size()) fail(k, "store of an undefined value");
+    if (s.buffer < 0 || static_cast<size_t>(s.buffer) >= k.buffers.size()) fail(k, "store to a bad buffer");
+    const Buffer& b = k.buffers[static_cast<size_t>(s.buffer)];
+    if (!b.is_output) fail(k, "store to input buffer " + b.name);
+    if (b.dtype != k.instrs[static_cast<size_t>(s.value)].dtype) fail(k, "store dtype differs from the buffer's");
+    if (s.strides.size() != rank) fail(k, "store needs one stride per domain dim");
+    if (!elem[static_cast<size_t>(s.value)]) {
+      for (size_t d = rank - static_cast<size_t>(k.num_reduce_dims); d < rank; ++d) {
+        if (s.strides[d] != 0) fail(k, "store of an outer-level value with a non-zero reduce stride");
+      }
+    }
+  }
+}
+
+}  // namespace tcap::kir

@@ -1,0 +1,147 @@
+// Kernel IR: the target-neutral description of one fused loop nest (D7).
+//
+// The fusion pass (csrc/fuse) lowers groups of ATen nodes into a kir::Kernel; each
+// renderer (codegen/cpu_llvm, later codegen/cuda) turns a Kernel into machine code. The
+// IR is deliberately small and fully specialised: sizes and strides are constants (tcap
+// compiles per guarded shape), so a renderer can emit straight-line index arithmetic.
+//
+// Iteration domain. `sizes` lists the loop dims, outermost first. The last
+// `num_reduce_dims` of them are reduced; the others are "outer" dims. A point of the
+// domain is an index tuple (i_0, ..., i_{r-1}).
+//
+// Values. `instrs` is an SSA list in topological order; instruction k defines value k.
+// Every value is either
+//   - element-level: it depends on a Load whose strides are non-zero on some reduce dim
+//     (or, for a kernel without reduce dims or whose reduce dims are all of size 1, on
+//     any Load): one value per domain point;
+//   - outer-level: one value per outer index (a Reduce, or anything computed only from
+//     Reduces, Consts and Loads whose reduce strides are all zero).
+// A Reduce combines its (element-level) operand over all reduce dims for one outer index.
+// A Reduce's operand may itself depend on earlier Reduces (softmax: exp(x - max(x))):
+// a renderer evaluates such a kernel as several passes over the reduce dims per outer
+// index, pass k computing the Reduces whose operands depend on k earlier levels of
+// Reduces; element-level values are recomputed in each pass that needs them.
+//
+// Loads and Stores address a buffer at  offset + sum_d index[d] * strides[d]  (elements,
+// not bytes; strides may be zero for broadcast dims and are given for every domain dim).
+// A Store of an element-level value writes every domain point; a Store of an outer-level
+// value must have zero strides on the reduce dims and writes once per outer index, after
+// the last pass.
+//
+// Semantics follow eager ATen on CPU:
+//   - floating Max/Min propagate NaN (torch.maximum); comparisons are ordered (false on
+//     NaN) except Ne (true on NaN); Where(c, a, b) selects per element;
+//   - Cast float->int truncates toward zero, anything->Bool is `!= 0`, Bool->number 0/1;
+//     BF16/F16 <-> F32 round to nearest even;
+//   - transcendental ops are computed in the instruction's dtype (F32 or F64; the lowering
+//     casts BF16/F16 to F32 first) with at most a few ulps of error;
+//   - Round rounds half to even (std::nearbyint), Div is true division for floats and
+//     truncating division for integers.
+// Bool values are i1 in registers and one byte (0/1) in memory.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tcap::kir {
+
+enum class DType : uint8_t { Bool, U8, I8, I16, I32, I64, F16, BF16, F32, F64 };
+
+enum class OpCode : uint8_t {
+  // leaves
+  Load,   // buffer, strides, offset
+  Const,  // f (floating dtypes) or i (integer and Bool dtypes)
+  // unary (operand and result of the instruction's dtype, except Cast, IsNan, Not)
+  Cast,   // converts args[0] (any dtype) to dtype
+  Neg, Abs, Exp, Log, Log1p, Expm1, Sin, Cos, Tan, Tanh, Erf, Sqrt, Rsqrt, Recip,
+  Floor, Ceil, Round, Trunc,
+  IsNan,  // floating operand, Bool result
+  Not,    // Bool -> Bool
+  // binary (both operands of the instruction's dtype, except comparisons)
+  Add, Sub, Mul, Div, Pow, Max, Min,
+  Lt, Le, Gt, Ge, Eq, Ne,  // operands of one dtype, Bool result
+  And, Or,                 // Bool
+  // ternary
+  Where,  // args = {cond (Bool), a, b}; result dtype = a's dtype
+  // reductions over the reduce dims (operand of the instruction's dtype)
+  ReduceSum, ReduceMax, ReduceMin,
+};
+
+struct Instr {
+  OpCode op = OpCode::Const;
+  DType dtype = DType::F32;
+  std::vector<int32_t> args;     // value ids of the operands (earlier instructions)
+  // Load
+  int32_t buffer = -1;
+  std::vector<int64_t> strides;  // one per domain dim, in elements
+  int64_t offset = 0;
+  // Const
+  double f = 0.0;
+  int64_t i = 0;
+};
+
+struct Store {
+  int32_t value = -1;
+  int32_t buffer = -1;
+  std::vector<int64_t> strides;  // one per domain dim, in elements
+  int64_t offset = 0;
+};
+
+struct Buffer {
+  std::string name;   // for printing: the graph value it holds ("%12")
+  DType dtype = DType::F32;
+  bool is_output = false;
+};
+
+struct Kernel {
+  std::string name;               // unique within a process is not required; the hash is the identity
+  std::vector<int64_t> sizes;     // iteration domain, outermost first
+  int num_reduce_dims = 0;        // the last num_reduce_dims dims are reduced
+  std::vector<Buffer> buffers;    // kernel arguments, in order (data pointers at run time)
+  std::vector<Instr> instrs;      // SSA, topological
+  std::vector<Store> stores;
+
+  int64_t numel() const;          // product of sizes
+  int64_t outer_numel() const;    // product of the outer dims (1 if none)
+  int64_t reduce_numel() const;   // product of the reduce dims (1 if none)
+  // The number of iterations of the parallel loop: numel() for a kernel without reduce
+  // dims (one iteration per element, row-major), outer_numel() otherwise.
+  int64_t parallel_range() const;
+};
+
+// Adds an instruction; returns its value id.
+int32_t add(Kernel& k, Instr in);
+
+// Canonical text (stable across processes; used for printing, hashing and cache keys):
+//   kernel fused_0 sizes=[1024, 2048] reduce=0
+//     buf0 in f32 %3
+//     %0 = load.f32 buf0 [2048, 1]+0
+//     %1 = cos.f32 %0
+//     store buf1 [2048, 1]+0 <- %1
+std::string to_string(const Kernel& k);
+// 64-bit FNV-1a of the canonical text with the name left out (two kernels that differ
+// only by name share machine code).
+uint64_t structural_hash(const Kernel& k);
+std::string hash_hex(uint64_t h);
+
+// Checks the invariants above (operand ids, dtypes, strides' lengths, Reduce operands
+// element-level, outer-level Stores with zero reduce strides). Throws c10::Error with the
+// printed kernel on failure.
+void verify(const Kernel& k);
+
+const char* to_string(OpCode op);
+const char* to_string(DType t);   // "f32", "bf16", "b8", ...
+int64_t dtype_size(DType t);       // bytes in memory (Bool: 1)
+bool is_floating(DType t);
+bool is_reduce(OpCode op);
+bool is_comparison(OpCode op);
+
+// Which values are element-level (see above); index = value id.
+std::vector<bool> element_level(const Kernel& k);
+// Per value: how many nested levels of Reduce it depends on (a Reduce's level is its
+// operand's level + 1). A renderer runs pass p for the Reduces and element-level Stores
+// whose values have level p.
+std::vector<int> reduce_level(const Kernel& k);
+
+}  // namespace tcap::kir

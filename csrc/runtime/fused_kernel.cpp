@@ -1,0 +1,170 @@
+#include "runtime/fused_kernel.h"
+
+#include "support/logging.h"
+
+#include <tcap/interpreter.h>
+
+#include <ATen/Parallel.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/TensorImpl.h>
+#include <torch/library.h>
+
+#include <unordered_map>
+
+namespace tcap::runtime {
+
+namespace {
+
+struct Registry {
+  std::mutex mu;
+  std::unordered_map<int64_t, std::shared_ptr<FusedKernel>> kernels;
+  int64_t next = 1;
+};
+
+Registry& registry() {
+  static auto* r = new Registry();  // leaked: kernels may run during static destruction
+  return *r;
+}
+
+bool matches(const at::Tensor& t, const ir::TensorMeta& m) {
+  if (!t.defined() || t.scalar_type() != m.dtype || !t.device().is_cpu()) return false;
+  const auto sizes = t.sizes();
+  if (sizes.size() != m.sizes.size()) return false;
+  const auto strides = t.strides();
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (sizes[d] != m.sizes[d]) return false;
+    if (sizes[d] != 1 && strides[d] != m.strides[d]) return false;
+  }
+  return true;
+}
+
+std::string describe(const at::Tensor& t) {
+  std::ostringstream os;
+  if (!t.defined()) return "undefined";
+  os << ir::dtype_short_name(t.scalar_type()) << t.sizes() << " stride " << t.strides() << " on " << t.device();
+  return os.str();
+}
+
+std::string describe(const ir::TensorMeta& m) {
+  std::ostringstream os;
+  os << ir::dtype_short_name(m.dtype) << c10::IntArrayRef(m.sizes) << " stride " << c10::IntArrayRef(m.strides);
+  return os.str();
+}
+
+int64_t storage_bytes(const ir::TensorMeta& m) {
+  int64_t extent = 1;
+  for (size_t d = 0; d < m.sizes.size(); ++d) {
+    if (m.sizes[d] == 0) return 0;
+    extent += (m.sizes[d] - 1) * m.strides[d];
+  }
+  return extent * static_cast<int64_t>(c10::elementSize(m.dtype));
+}
+
+// An output tensor with the recorded layout, on the slot's storage when nobody else holds it.
+// See Note [Fused kernel outputs].
+at::Tensor allocate(c10::Storage& slot, const ir::TensorMeta& m) {
+  const int64_t nbytes = storage_bytes(m);
+  if (!slot || slot.use_count() != 1 || static_cast<int64_t>(slot.nbytes()) < nbytes) {
+    slot = c10::Storage(c10::Storage::use_byte_size_t(), nbytes, c10::GetCPUAllocator(), /*resizable=*/true);
+  }
+  auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(slot), c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                                   caffe2::TypeMeta::fromScalarType(m.dtype));
+  impl->set_sizes_and_strides(c10::IntArrayRef(m.sizes), c10::IntArrayRef(m.strides));
+  return at::Tensor(std::move(impl));
+}
+
+std::atomic<int64_t> g_launches{0};
+std::atomic<int64_t> g_fallbacks{0};
+
+std::vector<at::Tensor> fused_op(at::TensorList inputs, int64_t id) {
+  return run_fused(inputs.vec(), id);
+}
+
+}  // namespace
+
+FusedKernel::~FusedKernel() = default;
+
+int64_t register_kernel(std::shared_ptr<FusedKernel> k) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  const int64_t id = r.next++;
+  r.kernels[id] = std::move(k);
+  return id;
+}
+
+void release_kernel(int64_t id) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.kernels.erase(id);
+}
+
+RuntimeStats runtime_stats() {
+  return {g_launches.load(), g_fallbacks.load()};
+}
+
+std::shared_ptr<FusedKernel> find_kernel(int64_t id) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  auto it = r.kernels.find(id);
+  return it == r.kernels.end() ? nullptr : it->second;
+}
+
+std::vector<at::Tensor> run_fused(const std::vector<at::Tensor>& inputs, int64_t id) {
+  auto k = find_kernel(id);
+  TORCH_CHECK(k, "tcap::fused: kernel ", id,
+              " is not loaded in this process (graphs with fused nodes run only in the process that compiled them; "
+              "replay the graph dumped before fusion instead)");
+  k->calls.fetch_add(1, std::memory_order_relaxed);
+  std::string mismatch;
+  if (inputs.size() != k->inputs.size()) {
+    mismatch = "expected " + std::to_string(k->inputs.size()) + " inputs, got " + std::to_string(inputs.size());
+  } else {
+    for (size_t i = 0; i < inputs.size() && mismatch.empty(); ++i) {
+      if (!matches(inputs[i], k->inputs[i])) {
+        mismatch = "input " + std::to_string(i) + " is " + describe(inputs[i]) + ", the kernel was built for " +
+                   describe(k->inputs[i]);
+      }
+    }
+  }
+  if (!mismatch.empty()) {
+    k->fallbacks.fetch_add(1, std::memory_order_relaxed);
+    g_fallbacks.fetch_add(1, std::memory_order_relaxed);
+    std::lock_guard<std::mutex> lock(k->mu);
+    if (!k->logged_fallback) {
+      k->logged_fallback = true;
+      TCAP_LOG(GraphBreaks, "fused kernel " << k->name << " runs its ATen ops instead: " << mismatch);
+    }
+    if (!k->fallback_interp) {
+      k->fallback_interp = std::make_unique<Interpreter>(k->fallback);
+      k->fallback_interp->keep_values(false);
+    }
+    return k->fallback_interp->run(inputs);
+  }
+  std::vector<at::Tensor> outs(k->outputs.size());
+  {
+    std::lock_guard<std::mutex> lock(k->mu);
+    if (k->slots.size() != k->outputs.size()) k->slots.resize(k->outputs.size());
+    for (size_t i = 0; i < outs.size(); ++i) outs[i] = allocate(k->slots[i], k->outputs[i]);
+  }
+  g_launches.fetch_add(1, std::memory_order_relaxed);
+  c10::SmallVector<void*, 16> args;
+  for (const auto& t : inputs) args.push_back(const_cast<void*>(t.const_data_ptr()));
+  for (auto& t : outs) args.push_back(t.mutable_data_ptr());
+  const auto fn = k->cpu->fn;
+  void* const* a = args.data();
+  const int64_t range = k->cpu->range;
+  if (range > 0) {
+    at::parallel_for(0, range, std::max<int64_t>(k->cpu->grain, 1), [&](int64_t b, int64_t e) { fn(a, b, e); });
+  }
+  return outs;
+}
+
+}  // namespace tcap::runtime
+
+TORCH_LIBRARY(tcap, m) {
+  m.def("fused(Tensor[] inputs, int kernel) -> Tensor[]");
+}
+
+TORCH_LIBRARY_IMPL(tcap, CompositeExplicitAutograd, m) {
+  m.impl("fused", &tcap::runtime::fused_op);
+}

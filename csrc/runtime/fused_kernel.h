@@ -1,0 +1,70 @@
+// Runtime of fused kernels: the `tcap::fused(Tensor[] inputs, int kernel) -> Tensor[]`
+// operator, the registry it finds kernels in, output buffers, and the parallel launch.
+//
+// Note [Fused kernel outputs]
+// A kernel's outputs are allocated with the recorded sizes and strides (so they look
+// exactly like eager's). Each output slot keeps the storage it handed out last; when that
+// storage is referenced by nobody else any more (the intermediate died, the saved tensor
+// was freed by the backward), the next call reuses it under a fresh TensorImpl. A
+// steady-state step therefore allocates no new blocks for fused results (see
+// shared/notes/benchmarking-here.md on why that matters here), at the price of keeping
+// each slot's last buffer alive between calls.
+//
+// Note [Fused kernel guards]
+// A kernel is specialised to the recorded dtypes, sizes and strides of its inputs. Each
+// call checks them (a few compares per input); on a mismatch it runs the group's original
+// ATen ops through the interpreter instead and logs why once (TCAP_LOGS=graph_breaks).
+#pragma once
+
+#include "codegen/cpu_llvm/cpu_llvm.h"
+#include "kir/kir.h"
+
+#include <tcap/graph.h>
+#include <tcap/interpreter.h>
+
+#include <ATen/core/Tensor.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace tcap::runtime {
+
+struct FusedKernel {
+  std::string name;
+  kir::Kernel kernel;
+  std::shared_ptr<const codegen::CpuKernel> cpu;
+  std::vector<ir::TensorMeta> inputs;   // recorded metadata, in kernel buffer order
+  std::vector<ir::TensorMeta> outputs;
+  ir::Graph fallback;                   // the group's ATen ops (inputs -> outputs)
+
+  std::atomic<int64_t> calls{0};
+  std::atomic<int64_t> fallbacks{0};
+
+  // Internal state (slots, fallback interpreter).
+  std::mutex mu;
+  std::vector<c10::Storage> slots;
+  std::unique_ptr<Interpreter> fallback_interp;
+  bool logged_fallback = false;
+  ~FusedKernel();
+};
+
+// Registers a kernel for `tcap::fused`; returns its id. Ids are never reused.
+int64_t register_kernel(std::shared_ptr<FusedKernel> k);
+// Forgets a kernel (its executable died); later calls with its id fail with a clear error.
+void release_kernel(int64_t id);
+std::shared_ptr<FusedKernel> find_kernel(int64_t id);
+
+// Process-wide counters (tests, benchmarks).
+struct RuntimeStats {
+  int64_t launches = 0;   // fused kernel calls that ran generated code
+  int64_t fallbacks = 0;  // calls that ran the group's ATen ops (Note [Fused kernel guards])
+};
+RuntimeStats runtime_stats();
+
+// Runs kernel `id` on `inputs` (what the operator does).
+std::vector<at::Tensor> run_fused(const std::vector<at::Tensor>& inputs, int64_t id);
+
+}  // namespace tcap::runtime

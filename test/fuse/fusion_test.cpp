@@ -1,0 +1,328 @@
+// The fusion pass and the llvm backend end to end: which ops share a kernel, and every
+// fused pattern compared with eager (values and gradients) on odd sizes, broadcast and
+// non-contiguous inputs, NaN/Inf, bfloat16, and with 1 and 2 threads.
+//
+// Tolerances (vs eager on the same inputs): float32 rtol 1e-4 atol 1e-5 (libmvec's
+// transcendentals are within 4 ulp; fused chains round once instead of per op; sums are
+// reassociated); float64 rtol 1e-9 atol 1e-11; bfloat16 rtol 2e-2 atol 2e-2 (fused
+// kernels compute in float32 and round once, eager rounds after every op).
+#include <tcap/compile.h>
+
+#include "codegen/cpu_llvm/cpu_llvm.h"
+#include "fuse/fusion.h"
+#include "runtime/fused_kernel.h"
+#include "support/compare.h"
+
+#include <ATen/Parallel.h>
+#include <torch/torch.h>
+
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+using tcap::testing::close;
+using Tensors = std::vector<at::Tensor>;
+using Fn = std::function<Tensors(const Tensors&)>;
+
+namespace {
+
+// Groups found by the fusion pass in the forward and backward graphs of fn's first entry.
+struct Seen {
+  std::vector<tcap::fuse::FusionResult> results;  // forward, then backward
+};
+
+tcap::GraphCompiler spy(Seen* seen) {
+  return [seen](const tcap::ir::Graph& g) {
+    tcap::fuse::FusionOptions o;
+    int64_t next = 1000000;
+    o.compile = [&](const tcap::fuse::FusedGroup&, std::string*) { return next++; };
+    seen->results.push_back(tcap::fuse::fuse(g, o));
+    return tcap::llvm_backend(g);
+  };
+}
+
+struct Tol {
+  double rtol, atol;
+};
+
+Tol tol_for(at::ScalarType t) {
+  if (t == at::kDouble) return {1e-9, 1e-11};
+  if (t == at::kBFloat16) return {2e-2, 2e-2};
+  return {1e-4, 1e-5};
+}
+
+// Calls a compiled fn three times on fresh inputs (first call captures) and checks outputs
+// and input gradients against eager; checks generated kernels ran and none fell back.
+void check_against_eager(const std::string& name, const Fn& fn, const std::function<Tensors()>& make_inputs,
+                         at::ScalarType dtype, bool expect_kernels = true) {
+  SCOPED_TRACE(name);
+  const Tol tol = tol_for(dtype);
+  tcap::CompileOptions options;
+  options.name = name;
+  options.backend = "llvm";
+  auto f = tcap::compile(fn, options);
+  for (int call = 0; call < 3; ++call) {
+    SCOPED_TRACE("call " + std::to_string(call + 1));
+    Tensors in = make_inputs();
+    const auto before = tcap::runtime::runtime_stats();
+    Tensors out = (*f)(in);
+    Tensors weights;
+    at::Tensor loss;
+    for (const auto& o : out) {
+      if (!o.requires_grad()) continue;
+      auto w = torch::randn(o.sizes(), o.options().requires_grad(false));
+      loss = loss.defined() ? loss + (o * w).sum() : (o * w).sum();
+      weights.push_back(w);
+    }
+    if (loss.defined()) loss.backward();
+    const auto after = tcap::runtime::runtime_stats();
+    Tensors got_grads;
+    for (auto& t : in) {
+      got_grads.push_back(t.grad().defined() ? t.grad().clone() : at::Tensor());
+      if (t.grad().defined()) t.mutable_grad().reset();
+    }
+    ASSERT_EQ(f->eager_reason(), "");
+    if (call > 0) {
+      EXPECT_GE(f->stats().replays, call);
+      if (expect_kernels) {
+        EXPECT_GT(after.launches, before.launches) << "no fused kernel ran";
+      }
+      EXPECT_EQ(after.fallbacks, before.fallbacks) << "a fused kernel ran its ATen fallback";
+    }
+    Tensors ref = fn(in);
+    ASSERT_EQ(ref.size(), out.size());
+    at::Tensor ref_loss;
+    size_t wi = 0;
+    for (const auto& o : ref) {
+      if (!o.requires_grad()) continue;
+      auto term = (o * weights[wi++]).sum();
+      ref_loss = ref_loss.defined() ? ref_loss + term : term;
+    }
+    if (ref_loss.defined()) ref_loss.backward();
+    for (size_t k = 0; k < out.size(); ++k) {
+      EXPECT_TRUE(close(out[k].detach(), ref[k].detach(), tol.rtol, tol.atol)) << "output " << k;
+      EXPECT_EQ(out[k].sizes(), ref[k].sizes());
+      EXPECT_EQ(out[k].strides(), ref[k].strides()) << "output " << k << " layout differs from eager";
+    }
+    for (size_t k = 0; k < in.size(); ++k) {
+      at::Tensor want = in[k].grad().defined() ? in[k].grad().clone() : at::Tensor();
+      EXPECT_TRUE(close(got_grads[k], want, tol.rtol, tol.atol)) << "grad of input " << k;
+      if (in[k].grad().defined()) in[k].mutable_grad().reset();
+    }
+  }
+}
+
+at::Tensor leaf(at::Tensor t) { return t.detach().requires_grad_(true); }
+
+struct Case {
+  std::string name;
+  Fn fn;
+  // n = the odd size under test
+  std::function<Tensors(int64_t n, at::ScalarType dtype)> inputs;
+};
+
+std::vector<Case> cases() {
+  auto opts = [](at::ScalarType t) { return torch::TensorOptions().dtype(t); };
+  return {
+      {"pointwise_broadcast",
+       [](const Tensors& in) { return Tensors{torch::gelu(in[0] + in[1]) * torch::sigmoid(in[0]) - 0.5 * in[1]}; },
+       [=](int64_t n, at::ScalarType t) {
+         return Tensors{leaf(torch::randn({n, 33}, opts(t))), leaf(torch::randn({33}, opts(t)))};
+       }},
+      {"pointwise_noncontiguous",
+       [](const Tensors& in) { return Tensors{torch::tanh(in[0].t()) * torch::exp(-in[1]) + torch::cos(in[1])}; },
+       [=](int64_t n, at::ScalarType t) {
+         return Tensors{leaf(torch::randn({33, n}, opts(t))), leaf(torch::randn({n, 66}, opts(t)).slice(1, 0, 66, 2))};
+       }},
+      {"softmax_last",
+       [](const Tensors& in) { return Tensors{torch::softmax(in[0] * 2.0, -1)}; },
+       [=](int64_t n, at::ScalarType t) { return Tensors{leaf(torch::randn({n, 33}, opts(t)))}; }},
+      {"log_softmax_dim0",
+       [](const Tensors& in) { return Tensors{torch::log_softmax(in[0], 0)}; },
+       [=](int64_t n, at::ScalarType t) { return Tensors{leaf(torch::randn({n, 5}, opts(t)))}; }},
+      {"layer_norm",
+       [](const Tensors& in) { return Tensors{torch::layer_norm(in[0], {33}, in[1], in[2], 1e-5)}; },
+       [=](int64_t n, at::ScalarType t) {
+         return Tensors{leaf(torch::randn({n, 33}, opts(t)) * 3 + 1), leaf(torch::randn({33}, opts(t))),
+                        leaf(torch::randn({33}, opts(t)))};
+       }},
+      {"reductions",
+       [](const Tensors& in) {
+         auto x = in[0] * in[0];
+         return Tensors{x.sum(std::vector<int64_t>{0, 2}), x.mean(-1, /*keepdim=*/true) - x.amax(-1, true), in[0].sum()};
+       },
+       [=](int64_t n, at::ScalarType t) { return Tensors{leaf(torch::randn({n, 3, 5}, opts(t)))}; }},
+      {"mse_loss",
+       [](const Tensors& in) { return Tensors{torch::mse_loss(torch::relu(in[0]), in[1])}; },
+       [=](int64_t n, at::ScalarType t) {
+         return Tensors{leaf(torch::randn({n, 7}, opts(t))), torch::randn({n, 7}, opts(t))};
+       }},
+  };
+}
+
+using Param = std::tuple<size_t, int64_t, int>;
+
+class FusedPatterns : public ::testing::TestWithParam<Param> {};
+
+TEST_P(FusedPatterns, MatchEagerFloat32) {
+  std::string why;
+  if (!tcap::codegen::cpu_llvm_available(&why)) GTEST_SKIP() << why;
+  const auto all = cases();
+  const auto& c = all.at(std::get<0>(GetParam()));
+  const int64_t n = std::get<1>(GetParam());
+  const int threads = std::get<2>(GetParam());
+  const int saved_threads = at::get_num_threads();
+  at::set_num_threads(threads);
+  torch::manual_seed(static_cast<uint64_t>(n * 31 + threads));
+  check_against_eager(c.name, c.fn, [&] { return c.inputs(n, at::kFloat); }, at::kFloat);
+  at::set_num_threads(saved_threads);
+}
+
+TEST_P(FusedPatterns, MatchEagerFloat64) {
+  std::string why;
+  if (!tcap::codegen::cpu_llvm_available(&why)) GTEST_SKIP() << why;
+  if (std::get<2>(GetParam()) != 2) GTEST_SKIP() << "float64 runs with 2 threads only";
+  const auto all = cases();
+  const auto& c = all.at(std::get<0>(GetParam()));
+  const int64_t n = std::get<1>(GetParam());
+  torch::manual_seed(static_cast<uint64_t>(n * 17));
+  check_against_eager(c.name, c.fn, [&] { return c.inputs(n, at::kDouble); }, at::kDouble);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fusion, FusedPatterns,
+                         ::testing::Combine(::testing::Range<size_t>(0, cases().size()),
+                                            ::testing::Values<int64_t>(1, 3, 1023, 4097), ::testing::Values(1, 2)),
+                         [](const ::testing::TestParamInfo<Param>& info) {
+                           return cases().at(std::get<0>(info.param)).name + "_n" +
+                                  std::to_string(std::get<1>(info.param)) + "_t" +
+                                  std::to_string(std::get<2>(info.param));
+                         });
+
+class Fusion : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!tcap::codegen::cpu_llvm_available(&why)) GTEST_SKIP() << why;
+  }
+};
+
+TEST_F(Fusion, CosCosForwardAndBackwardAreOneKernelEach) {
+  Seen seen;
+  tcap::CompileOptions options;
+  options.name = "coscos";
+  options.fw_compiler = spy(&seen);
+  options.bw_compiler = spy(&seen);
+  auto fn = [](const Tensors& in) { return Tensors{torch::cos(torch::cos(in[0] + in[1] + in[2] + in[3]))}; };
+  auto f = tcap::compile(fn, options);
+  auto make = [] {
+    Tensors in;
+    for (int i = 0; i < 4; ++i) in.push_back(leaf(torch::randn({67, 129})));
+    return in;
+  };
+  Tensors in = make();
+  (*f)(in)[0].sum().backward();
+  ASSERT_EQ(seen.results.size(), 2u);
+  const auto& fw = seen.results[0];
+  ASSERT_EQ(fw.groups.size(), 1u) << fw.explain();
+  EXPECT_EQ(fw.groups[0].nodes.size(), 5u) << fw.explain();  // add, add, add, cos, cos
+  EXPECT_EQ(fw.groups[0].inputs.size(), 4u);
+  EXPECT_EQ(fw.groups[0].kernel.sizes, std::vector<int64_t>{67 * 129}) << "contiguous dims were not coalesced";
+  EXPECT_EQ(fw.graph.num_calls(), 1u) << tcap::ir::to_string(fw.graph);
+  const auto& bw = seen.results[1];
+  ASSERT_EQ(bw.groups.size(), 1u) << bw.explain();
+  check_against_eager("coscos", fn, make, at::kFloat);
+}
+
+TEST_F(Fusion, SoftmaxIsOneRowKernelAndMatmulStaysATen) {
+  Seen seen;
+  tcap::CompileOptions options;
+  options.fw_compiler = spy(&seen);
+  options.bw_compiler = spy(&seen);
+  auto fn = [](const Tensors& in) { return Tensors{torch::softmax(torch::mm(in[0], in[1]) + in[2], -1)}; };
+  auto f = tcap::compile(fn, options);
+  Tensors in{leaf(torch::randn({9, 5})), leaf(torch::randn({5, 11})), leaf(torch::randn({11}))};
+  (*f)(in)[0].sum().backward();
+  ASSERT_EQ(seen.results.size(), 2u);
+  const auto& fw = seen.results[0];
+  ASSERT_EQ(fw.groups.size(), 1u) << fw.explain();
+  EXPECT_EQ(fw.groups[0].kernel.num_reduce_dims, 1) << fw.explain();
+  EXPECT_NE(fw.explain().find("aten::mm: no kernel IR lowering"), std::string::npos) << fw.explain();
+}
+
+TEST_F(Fusion, NanAndInfPropagateLikeEager) {
+  auto fn = [](const Tensors& in) {
+    auto x = in[0];
+    return Tensors{torch::relu(x), torch::maximum(x, in[1]), torch::softmax(x, -1), x.amax(-1), torch::exp(x),
+                   torch::log(x), torch::where(x > 0, x, in[1])};
+  };
+  auto make = [] {
+    auto x = torch::randn({6, 9});
+    x.index_put_({0, 1}, std::numeric_limits<float>::quiet_NaN());
+    x.index_put_({1, 2}, std::numeric_limits<float>::infinity());
+    x.index_put_({2, 3}, -std::numeric_limits<float>::infinity());
+    x.index_put_({3}, -std::numeric_limits<float>::infinity());  // an all -inf row
+    auto y = torch::randn({6, 9});
+    y.index_put_({4, 4}, std::numeric_limits<float>::quiet_NaN());
+    return Tensors{x, y};
+  };
+  check_against_eager("nan_inf", fn, make, at::kFloat);
+}
+
+TEST_F(Fusion, BFloat16ComputesInFloatAndRoundsOnce) {
+  auto fn = [](const Tensors& in) { return Tensors{torch::silu(in[0] * in[1] + 1.0), torch::softmax(in[0], -1)}; };
+  auto make = [] {
+    auto o = torch::TensorOptions().dtype(at::kBFloat16);
+    return Tensors{leaf(torch::randn({37, 45}, o)), leaf(torch::randn({45}, o))};
+  };
+  check_against_eager("bf16", fn, make, at::kBFloat16);
+}
+
+TEST_F(Fusion, MlpWithGeluAndLayerNormTrains) {
+  torch::manual_seed(3);
+  auto l1 = torch::nn::Linear(64, 128);
+  auto l2 = torch::nn::Linear(128, 64);
+  auto ln = torch::nn::LayerNorm(torch::nn::LayerNormOptions({64}));
+  Tensors params;
+  for (auto& p : l1->parameters()) params.push_back(p);
+  for (auto& p : l2->parameters()) params.push_back(p);
+  for (auto& p : ln->parameters()) params.push_back(p);
+  auto fn = [&](const Tensors& in) {
+    auto h = torch::gelu(l1->forward(in[0]));
+    auto y = ln->forward(l2->forward(h));
+    return Tensors{(y * y).mean()};
+  };
+  tcap::CompileOptions options;
+  options.backend = "llvm";
+  auto f = tcap::compile(fn, options);
+  for (int step = 0; step < 3; ++step) {
+    auto x = torch::randn({31, 64});
+    for (auto& p : params) p.mutable_grad().reset();
+    auto loss = (*f)({x})[0];
+    loss.backward();
+    Tensors got;
+    for (auto& p : params) got.push_back(p.grad().clone());
+    for (auto& p : params) p.mutable_grad().reset();
+    auto ref = fn({x})[0];
+    ref.backward();
+    EXPECT_TRUE(close(loss.detach(), ref.detach(), 1e-4, 1e-6));
+    for (size_t k = 0; k < params.size(); ++k) EXPECT_TRUE(close(got[k], params[k].grad(), 1e-4, 1e-5)) << k;
+  }
+  EXPECT_GE(f->stats().replays, 2);
+}
+
+TEST_F(Fusion, UnsupportedGroupsStayATenAndSayWhy) {
+  // Integer tensors: exp of int64 is fused as float, but a complex tensor is not.
+  Seen seen;
+  tcap::CompileOptions options;
+  options.fw_compiler = spy(&seen);
+  auto fn = [](const Tensors& in) { return Tensors{torch::view_as_real(in[0] * 2).sum(-1)}; };
+  auto f = tcap::compile(fn, options);
+  auto z = torch::randn({4, 3}, torch::TensorOptions().dtype(at::kComplexFloat));
+  auto out = (*f)({z});
+  ASSERT_EQ(seen.results.size(), 1u);
+  EXPECT_NE(seen.results[0].explain().find("has no kernels"), std::string::npos) << seen.results[0].explain();
+  EXPECT_TRUE(close(out[0], fn({z})[0]));
+}
+
+}  // namespace
