@@ -16,7 +16,10 @@
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
 
+#include <filesystem>
 #include <functional>
+#include <cstdlib>
+#include <unistd.h>
 #include <limits>
 #include <string>
 #include <vector>
@@ -323,6 +326,35 @@ TEST_F(Fusion, UnsupportedGroupsStayATenAndSayWhy) {
   ASSERT_EQ(seen.results.size(), 1u);
   EXPECT_NE(seen.results[0].explain().find("has no kernels"), std::string::npos) << seen.results[0].explain();
   EXPECT_TRUE(close(out[0], fn({z})[0]));
+}
+
+}  // namespace
+
+namespace {
+
+TEST_F(Fusion, DumpDirGetsFusedGraphAndEachKernelsIr) {
+  // Not std::filesystem::remove_all: libtorch.so exports a copy of it that crashes when
+  // called from here (null function pointer, LibTorch 2.11 wheel).
+  char templ[] = "/tmp/tcap_fusion_dump_XXXXXX";
+  ASSERT_NE(::mkdtemp(templ), nullptr);
+  const std::filesystem::path dir = templ;
+  tcap::CompileOptions options;
+  options.name = "dumped";
+  options.backend = "llvm";
+  options.dump_dir = dir.string();
+  auto f = tcap::compile([](const Tensors& in) { return Tensors{torch::softmax(torch::sin(in[0]), -1)}; }, options);
+  auto x = leaf(torch::randn({5, 6}));
+  (*f)({x})[0].sum().backward();
+  int ll = 0, kir = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir / "kernels")) {
+    ll += e.path().extension() == ".ll";
+    kir += e.path().extension() == ".kir";
+  }
+  EXPECT_GE(ll, 2) << "one .ll per kernel (forward and backward)";
+  EXPECT_EQ(ll, kir);
+  EXPECT_TRUE(std::filesystem::exists(dir / "dumped.0.forward.fused.json"));
+  EXPECT_TRUE(std::filesystem::exists(dir / "dumped.0.backward.fused.json"));
+  EXPECT_EQ(std::system(("rm -rf '" + dir.string() + "'").c_str()), 0);
 }
 
 }  // namespace
