@@ -12,8 +12,11 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <mutex>
 #include <ostream>
 #include <stdexcept>
+#include <tuple>
+#include <unordered_map>
 
 namespace tcap::bench {
 
@@ -55,6 +58,17 @@ void Sample::stop(const char* metric) {
 }
 
 void Registry::add(Workload w) { workloads_.push_back(std::move(w)); }
+
+bool Options::wants(const std::string& variant) const {
+  return variants.empty() || std::find(variants.begin(), variants.end(), variant) != variants.end();
+}
+
+Variant Variant::skip(std::string name, std::string why, bool failed) {
+  Variant v{std::move(name), [](Sample&) {}};
+  v.skipped = std::move(why);
+  v.failed = failed;
+  return v;
+}
 
 Record* find_variant(std::vector<Record>& records, const std::string& variant) {
   for (auto& r : records) {
@@ -99,11 +113,39 @@ namespace {
 std::atomic<int> g_counting{0};          // live CpuByteCounters (0 or 1)
 std::atomic<int64_t> g_current_bytes{0};
 std::atomic<int64_t> g_peak_bytes{0};
+// Counted allocations alive: data pointer -> bytes. g_buckets counts them per hash of
+// the pointer, read without the lock: a free whose bucket is empty (nearly all frees in
+// timed rounds, even while a few counted buffers live on) skips the look-up.
+std::mutex g_counted_mutex;
+std::unordered_map<const void*, int64_t> g_counted;
+constexpr int kBucketBits = 16;
+std::atomic<uint32_t> g_buckets[size_t{1} << kBucketBits];
+c10::DeleterFnPtr g_base_deleter = nullptr;  // the wrapped allocator's raw deleter
+
+std::atomic<uint32_t>& bucket_of(const void* data) {
+  const auto h = (reinterpret_cast<uintptr_t>(data) >> 4) * uint64_t{0x9E3779B97F4A7C15};
+  return g_buckets[h >> (64 - kBucketBits)];
+}
 
 void raise_peak(int64_t now) {
   int64_t peak = g_peak_bytes.load(std::memory_order_relaxed);
   while (now > peak && !g_peak_bytes.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
   }
+}
+
+// The deleter of every DataPtr the counting allocator hands out (and its raw deleter).
+void release(void* data) {
+  auto& bucket = bucket_of(data);
+  if (bucket.load(std::memory_order_acquire) > 0) {
+    std::lock_guard<std::mutex> lock(g_counted_mutex);
+    auto it = g_counted.find(data);
+    if (it != g_counted.end()) {
+      g_current_bytes.fetch_sub(it->second, std::memory_order_relaxed);
+      g_counted.erase(it);
+      bucket.fetch_sub(1, std::memory_order_release);
+    }
+  }
+  g_base_deleter(data);
 }
 
 class CountingCpuAllocator final : public c10::Allocator {
@@ -112,35 +154,29 @@ class CountingCpuAllocator final : public c10::Allocator {
 
   c10::DataPtr allocate(size_t n) override {
     c10::DataPtr inner = base_->allocate(n);
-    if (g_counting.load(std::memory_order_relaxed) == 0) return inner;
-    void* data = inner.get();
+    TORCH_INTERNAL_ASSERT(inner.get() == inner.get_context() && inner.get_deleter() == g_base_deleter,
+                          "tcap-bench: the CPU allocator's DataPtrs are not simple; cannot count bytes");
     const c10::Device device = inner.device();
-    auto* counted = new Counted{std::move(inner), static_cast<int64_t>(n)};
-    raise_peak(g_current_bytes.fetch_add(counted->bytes, std::memory_order_relaxed) + counted->bytes);
-    return {data, counted, &CountingCpuAllocator::release, device};
+    void* data = inner.release_context();
+    if (g_counting.load(std::memory_order_relaxed) != 0 && data) {
+      const auto bytes = static_cast<int64_t>(n);
+      {
+        std::lock_guard<std::mutex> lock(g_counted_mutex);
+        g_counted[data] = bytes;
+        bucket_of(data).fetch_add(1, std::memory_order_release);
+      }
+      raise_peak(g_current_bytes.fetch_add(bytes, std::memory_order_relaxed) + bytes);
+    }
+    return {data, data, &release, device};
   }
 
-  // The wrapped allocator's: uncounted allocations carry its deleter. (raw_allocate() of a
-  // counted one would fail LibTorch's check; nothing calls it on the CPU allocator while a
-  // benchmark counts.)
-  c10::DeleterFnPtr raw_deleter() const override { return base_->raw_deleter(); }
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
 
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);
   }
 
  private:
-  // A counted allocation: the wrapped allocator's DataPtr (freed with it) and its size.
-  struct Counted {
-    c10::DataPtr inner;
-    int64_t bytes;
-  };
-  static void release(void* ctx) {
-    auto* counted = static_cast<Counted*>(ctx);
-    g_current_bytes.fetch_sub(counted->bytes, std::memory_order_relaxed);
-    delete counted;
-  }
-
   c10::Allocator* base_;
 };
 
@@ -150,8 +186,13 @@ CountingCpuAllocator* g_counting_allocator = nullptr;
 
 void install_cpu_byte_counter() {
   if (g_counting_allocator) return;
+  c10::Allocator* base = c10::GetCPUAllocator();
+  g_base_deleter = base->raw_deleter();
+  if (!g_base_deleter) {
+    throw std::runtime_error("tcap-bench: the CPU allocator has no raw deleter; cannot count bytes");
+  }
   // Never freed: tensors may outlive main(). Priority 1 beats the stock registration (0).
-  g_counting_allocator = new CountingCpuAllocator(c10::GetCPUAllocator());
+  g_counting_allocator = new CountingCpuAllocator(base);
   c10::SetCPUAllocator(g_counting_allocator, /*priority=*/1);
   if (c10::GetCPUAllocator() != g_counting_allocator) {
     throw std::runtime_error("tcap-bench: could not install the counting CPU allocator");
@@ -175,11 +216,22 @@ int64_t CpuByteCounter::current() const { return g_current_bytes.load(); }
 int64_t CpuByteCounter::peak() const { return g_peak_bytes.load(); }
 void CpuByteCounter::reset_peak() { g_peak_bytes.store(g_current_bytes.load()); }
 
+std::unordered_map<const void*, int64_t> CpuByteCounter::live() const {
+  std::lock_guard<std::mutex> lock(g_counted_mutex);
+  return g_counted;
+}
+
 // --- running ------------------------------------------------------------------------------
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+std::string format_gbs(double gbs) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f", gbs);
+  return buf;
+}
 
 double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
@@ -226,14 +278,48 @@ void add_ratios_to_eager(std::vector<Record>& records) {
   }
 }
 
-std::vector<Record> run_workload(const Workload& w, const Options& o) {
-  const std::vector<Variant> variants = w.make(o);
+// The peer's rows against its own eager: x_py_eager, bwd_x_py_eager.
+void add_ratios_to_py_eager(std::vector<Record>& records) {
+  const Record* py = find_variant(records, "py_eager");
+  if (!py) return;
+  for (auto& r : records) {
+    if (&r == py || r.variant != "inductor") continue;
+    for (const auto& [metric, key] : {std::pair<std::string, std::string>{"fwd_us", "x_py_eager"},
+                                      {"bwd_us", "bwd_x_py_eager"}}) {
+      if (r.get(metric) && py->get(metric)) r.set(key, *r.get(metric) / *py->get(metric));
+    }
+  }
+}
+
+// See Note [Bandwidth floors] in harness.h.
+void add_floors(const FloorBytes& floor, const Bandwidth& bw, std::vector<Record>& records) {
+  if (bw.triad_gbs <= 0) return;
+  for (auto& r : records) {
+    if (!r.skipped.empty()) continue;
+    for (const auto& [bytes, metric, floor_key, ratio_key] :
+         {std::tuple<double, const char*, const char*, const char*>{floor.fwd, "fwd_us", "floor_fwd_us",
+                                                                     "fwd_x_floor"},
+          {floor.bwd, "bwd_us", "floor_bwd_us", "bwd_x_floor"}}) {
+      if (bytes <= 0) continue;
+      const double floor_us = bytes / (bw.triad_gbs * 1e9) * 1e6;
+      r.set(floor_key, floor_us);
+      if (auto v = r.get(metric)) r.set(ratio_key, *v / floor_us);
+    }
+  }
+}
+
+std::vector<Record> run_workload(const Workload& w, const Options& o, std::vector<Record> peer,
+                                 const Bandwidth* bw) {
+  std::vector<Variant> variants = w.make(o);
+  variants.erase(std::remove_if(variants.begin(), variants.end(), [&](const Variant& v) { return !o.wants(v.name); }),
+                 variants.end());
   std::vector<int64_t> iters;
-  for (const auto& v : variants) iters.push_back(warm_up(v, o));
+  for (const auto& v : variants) iters.push_back(v.skipped.empty() ? warm_up(v, o) : 0);
 
   std::vector<Series> series(variants.size());
   for (int round = 0; round < o.repeats; ++round) {
     for (size_t i = 0; i < variants.size(); ++i) {  // interleaved: A B A B ...
+      if (!variants[i].skipped.empty()) continue;
       Sample s;
       for (int64_t k = 0; k < iters[i]; ++k) variants[i].run(s);
       const double units_in_round = static_cast<double>(iters[i]) * variants[i].units;
@@ -248,6 +334,12 @@ std::vector<Record> run_workload(const Workload& w, const Options& o) {
     Record r;
     r.workload = w.name;
     r.variant = variants[i].name;
+    if (!variants[i].skipped.empty()) {
+      r.skipped = variants[i].skipped;
+      r.failed = variants[i].failed;
+      records.push_back(std::move(r));
+      continue;
+    }
     r.rounds = o.repeats;
     r.iters_per_round = iters[i];
     for (const auto& [metric, xs] : series[i].per_metric) {
@@ -259,19 +351,72 @@ std::vector<Record> run_workload(const Workload& w, const Options& o) {
     for (const auto& [key, value] : variants[i].fixed) r.set(key, value);
     records.push_back(std::move(r));
   }
+  for (auto& r : peer) records.push_back(std::move(r));
   add_ratios_to_eager(records);
   if (w.derive) w.derive(records);
+  add_ratios_to_py_eager(records);
+  if (bw && w.floor_bytes) add_floors(w.floor_bytes(o), *bw, records);
   return records;
+}
+
+// options.filter: comma-separated substrings of workload names.
+bool selected(const Workload& w, const Options& o) {
+  if (o.filter.empty()) return true;
+  size_t from = 0;
+  while (from <= o.filter.size()) {
+    const size_t to = std::min(o.filter.find(',', from), o.filter.size());
+    const std::string part = o.filter.substr(from, to - from);
+    if (!part.empty() && w.name.find(part) != std::string::npos) return true;
+    from = to + 1;
+  }
+  return false;
 }
 
 }  // namespace
 
 std::vector<Record> run_all(const Registry& registry, const Options& o, std::ostream& out) {
   std::vector<Record> all;
+
+  // The bandwidth floors' one measurement. See Note [Bandwidth floors].
+  std::optional<Bandwidth> bw;
   for (const auto& w : registry.workloads()) {
-    if (!o.filter.empty() && w.name.find(o.filter) == std::string::npos) continue;
-    std::vector<Record> records = run_workload(w, o);
-    print_table(out, w, records);
+    if (!selected(w, o) || !w.floor_bytes) continue;
+    bw = measure_bandwidth(o.quick ? (int64_t{64} << 20) : (int64_t{256} << 20), o.quick ? 2 : 10);
+    out << "memory bandwidth (STREAM-style, 3 x " << (bw->array_bytes >> 20) << " MiB f32 arrays, "
+        << bw->threads << " threads, best of " << bw->passes << " passes): copy " << format_gbs(bw->copy_gbs)
+        << " GB/s, triad " << format_gbs(bw->triad_gbs) << " GB/s\n";
+    Record r;
+    r.workload = "memory_bandwidth";
+    r.variant = "stream";
+    r.set("bw_copy_gbs", bw->copy_gbs);
+    r.set("bw_triad_gbs", bw->triad_gbs);
+    r.set("array_mib", static_cast<double>(bw->array_bytes >> 20));
+    r.set("threads", bw->threads);
+    r.set("passes", bw->passes);
+    all.push_back(std::move(r));
+    break;
+  }
+
+  // The torch.compile peer, first (one process after the other, not interleaved). See
+  // Note [The torch.compile peer].
+  std::vector<Record> peer;
+  const bool peer_on = o.inductor == 1 || (o.inductor == -1 && !o.quick);
+  if (peer_on && (o.wants("inductor") || o.wants("py_eager"))) {
+    std::vector<std::string> names;
+    for (const auto& w : registry.workloads()) {
+      if (selected(w, o) && w.has_peer) names.push_back(w.name);
+    }
+    if (!names.empty()) peer = run_peer(o, names, out);
+  }
+
+  for (const auto& w : registry.workloads()) {
+    if (!selected(w, o)) continue;
+    std::vector<Record> mine;
+    for (auto& r : peer) {
+      if (r.workload == w.name && o.wants(r.variant)) mine.push_back(r);
+    }
+    std::vector<Record> records = run_workload(w, o, std::move(mine), bw ? &*bw : nullptr);
+    print_table(out, w, records, o);
     all.insert(all.end(), records.begin(), records.end());
   }
   return all;
@@ -298,6 +443,9 @@ std::string format_number(double v) {
   return buf;
 }
 
+// The floors are the same in every row: the table says them once, above it.
+bool is_floor(const std::string& key) { return key == "floor_fwd_us" || key == "floor_bwd_us"; }
+
 // Column names: every metric in first-seen order; a timed metric's p10/p90 fold into one
 // "[p10, p90]" column right after it.
 std::vector<std::string> columns_of(const std::vector<Record>& records) {
@@ -308,6 +456,7 @@ std::vector<std::string> columns_of(const std::vector<Record>& records) {
           r.is_timed(key.substr(0, key.size() - 4))) {
         continue;
       }
+      if (is_floor(key)) continue;
       if (std::find(cols.begin(), cols.end(), key) == cols.end()) cols.push_back(key);
     }
   }
@@ -316,10 +465,27 @@ std::vector<std::string> columns_of(const std::vector<Record>& records) {
 
 }  // namespace
 
-void print_table(std::ostream& out, const Workload& w, const std::vector<Record>& records) {
+void print_table(std::ostream& out, const Workload& w, const std::vector<Record>& records,
+                 const Options& o) {
   if (records.empty()) return;
-  out << "\n== " << w.name << ": " << w.description << "\n   (" << records.front().rounds
+  int rounds = 0;
+  for (const auto& r : records) rounds = std::max(rounds, r.rounds);
+  out << "\n== " << w.name << ": " << w.description << "\n   (" << rounds
       << " rounds; timed metrics: median [p10, p90] over rounds, µs)\n";
+  for (const auto& r : records) {  // Note [Bandwidth floors]: the same in every row
+    const auto fwd = r.get("floor_fwd_us");
+    const auto bwd = r.get("floor_bwd_us");
+    if (!fwd && !bwd) continue;
+    auto say = [&](const char* what, std::optional<double> us, double bytes) {
+      if (us) out << " " << what << " " << format_number(*us) << " µs (" << format_number(bytes / (1 << 20)) << " MiB)";
+    };
+    const FloorBytes floor = w.floor_bytes ? w.floor_bytes(o) : FloorBytes{};
+    out << "   bandwidth floor (bytes a perfect implementation moves / triad bandwidth):";
+    say("fwd", fwd, floor.fwd);
+    say("bwd", bwd, floor.bwd);
+    out << "\n";
+    break;
+  }
 
   const auto cols = columns_of(records);
   std::vector<bool> has_spread;  // per column: a timed metric in some record
@@ -331,7 +497,15 @@ void print_table(std::ostream& out, const Workload& w, const std::vector<Record>
     if (has_spread.back()) header.push_back("[p10, p90]");
   }
   std::vector<std::vector<std::string>> rows{header};
+  std::vector<std::string> skipped;  // per row: the reason, printed after the variant
+  skipped.emplace_back();
   for (const auto& r : records) {
+    if (!r.skipped.empty()) {
+      rows.push_back({r.variant});
+      skipped.push_back((r.failed ? "FAILED, not timed: " : "skipped: ") + r.skipped);
+      continue;
+    }
+    skipped.emplace_back();
     std::vector<std::string> row{r.variant, std::to_string(r.iters_per_round)};
     for (size_t i = 0; i < cols.size(); ++i) {
       const auto v = r.get(cols[i]);
@@ -348,8 +522,13 @@ void print_table(std::ostream& out, const Workload& w, const std::vector<Record>
   for (const auto& row : rows) {
     for (size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], row[i].size());
   }
-  for (const auto& row : rows) {
+  for (size_t k = 0; k < rows.size(); ++k) {
+    const auto& row = rows[k];
     out << "  ";
+    if (!skipped[k].empty()) {
+      out << row[0] << std::string(width[0] - row[0].size(), ' ') << "  " << skipped[k] << "\n";
+      continue;
+    }
     for (size_t i = 0; i < row.size(); ++i) {
       const std::string pad(width[i] - row[i].size(), ' ');
       // Text columns left-aligned, numbers right-aligned.
@@ -368,6 +547,10 @@ void write_json(const std::string& path, const std::vector<Record>& records) {
     o["variant"] = r.variant;
     o["rounds"] = r.rounds;
     o["iters_per_round"] = r.iters_per_round;
+    if (!r.skipped.empty()) {
+      o["skipped"] = r.skipped;
+      o["failed"] = r.failed;
+    }
     for (const auto& [key, value] : r.metrics) o[key] = value;  // NaN is written as null
     list.push_back(std::move(o));
   }

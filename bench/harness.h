@@ -1,6 +1,7 @@
 // tcap-bench's harness: a registry of named workloads, each with named variants ("eager",
-// "record", "tcap_eager", later "tcap_llvm", "inductor"), timed in one process and
-// reported as one Record per (workload, variant).
+// "record", "tcap_eager", "tcap_llvm", ...), timed in one process and reported as one
+// Record per (workload, variant); plus the machine's memory bandwidth (Note [Bandwidth
+// floors]) and the rows of the torch.compile peer (Note [The torch.compile peer]).
 //
 // Note [How tcap-bench times]
 // Absolute times on these 2-vCPU VMs move between runs (see
@@ -23,18 +24,29 @@
 #include <iosfwd>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
 namespace tcap::bench {
 
 struct Options {
-  std::string filter;     // run the workloads whose name contains this ("" = all)
+  std::string filter;     // run the workloads whose name contains one of these (comma-
+                          // separated; "" = all)
   std::string json_path;  // write the records there as a JSON list ("" = no file)
   int repeats = 15;       // rounds
   double round_ms = 50;   // target time per variant per round
   double warmup_ms = 100; // warm-up time per variant (at least 2 iterations)
   bool quick = false;     // a smoke test: few rounds and iterations
+  // Run only these variants (empty = all). A workload still builds what its selected
+  // variants need (a compile workload's eager step, for the checks), untimed.
+  std::vector<std::string> variants;
+  // The torch.compile peer (Note [The torch.compile peer]): -1 = when a python with the
+  // same torch is found (never with --quick), 0 = off, 1 = on (a skipped row if it fails).
+  int inductor = -1;
+  std::string python;     // the peer's interpreter ("" = search, see find_peer_python)
+
+  bool wants(const std::string& variant) const;
 };
 
 // Named metrics of one (workload, variant), in report order. Timed metrics are medians in
@@ -49,6 +61,11 @@ struct Record {
   // Metrics with a spread (timed ones, paired differences): one value per round, in round
   // order; their _p10 / _p90 come from these.
   std::vector<std::pair<std::string, std::vector<double>>> per_round;
+  // Non-empty: the variant was not timed, and why ("backend 'llvm' is not available",
+  // a failed check). `failed`: the reason is an error (a check that did not hold, tcap
+  // falling back to eager), not a missing backend or tool; tcap-bench then exits with 1.
+  std::string skipped;
+  bool failed = false;
 
   void set(const std::string& key, double value);  // replaces or appends
   std::optional<double> get(const std::string& key) const;
@@ -84,6 +101,16 @@ struct Variant {
   double units = 1;
   // Metrics measured once at setup (recorded op count, compile_ms, peak_bytes).
   std::vector<std::pair<std::string, double>> fixed;
+  // Non-empty: not timed (run is not called); reported with this reason. See Record.
+  std::string skipped;
+  bool failed = false;
+
+  static Variant skip(std::string name, std::string why, bool failed);
+};
+
+struct FloorBytes {
+  double fwd = 0;
+  double bwd = 0;
 };
 
 struct Workload {
@@ -93,6 +120,13 @@ struct Workload {
   std::function<std::vector<Variant>(const Options&)> make;
   // Optional: adds metrics that compare variants of the same run (overheads).
   std::function<void(std::vector<Record>&)> derive;
+  // Memory-bound workloads: the bytes a perfect implementation must move in the forward
+  // and the backward (0 = no floor), for the shapes `make` builds with these options. See
+  // Note [Bandwidth floors].
+  std::function<FloorBytes(const Options&)> floor_bytes = nullptr;
+  // The torch.compile peer (bench/inductor_bench.py) knows this workload: its rows
+  // (py_eager, inductor) join this workload's table.
+  bool has_peer = false;
 };
 
 class Registry {
@@ -105,25 +139,74 @@ class Registry {
 };
 
 // Runs every workload matching options.filter; prints each workload's table to `out` as
-// soon as it is done. Returns every record, workload by workload.
+// soon as it is done. Returns every record, workload by workload (and, first, the
+// bandwidth record when a selected workload has a floor).
 std::vector<Record> run_all(const Registry& registry, const Options& options, std::ostream& out);
 
-void print_table(std::ostream& out, const Workload& w, const std::vector<Record>& records);
+void print_table(std::ostream& out, const Workload& w, const std::vector<Record>& records,
+                 const Options& options);
 void write_json(const std::string& path, const std::vector<Record>& records);
+
+// --- bandwidth floors ----------------------------------------------------------------
+// Note [Bandwidth floors]
+// A memory-bound workload declares the bytes a perfect implementation must move
+// (Workload::floor_bytes: every input read once, every output and
+// saved tensor written once, nothing else). The harness measures the machine's memory
+// bandwidth once per run (measure_bandwidth: STREAM-style copy and triad over three
+// arrays much larger than the last-level cache, at::parallel_for over the current
+// intra-op threads, the best of several passes as STREAM reports), and gives every record
+// of such a workload
+//   floor_fwd_us = floor_fwd_bytes / triad bandwidth,   fwd_x_floor = fwd_us / floor_fwd_us
+//   floor_bwd_us = floor_bwd_bytes / triad bandwidth,   bwd_x_floor = bwd_us / floor_bwd_us
+// STREAM counts bytes as the program sees them: copy moves 2 x 4 bytes per element, triad
+// (a = b + s * c) 3 x 4 (not the write-allocate read of the written line).
+struct Bandwidth {
+  double copy_gbs = 0;   // 1e9 bytes per second
+  double triad_gbs = 0;
+  int64_t array_bytes = 0;
+  int threads = 0;
+  int passes = 0;
+};
+Bandwidth measure_bandwidth(int64_t array_bytes, int passes);
+
+// --- the torch.compile peer ---------------------------------------------------------------
+// Note [The torch.compile peer]
+// bench/inductor_bench.py builds the same workloads in Python (same shapes, losses, dtype,
+// thread count) and times `py_eager` and `inductor` (torch.compile, default mode) with
+// this harness's method. run_all runs it once, in a subprocess, before the C++ workloads
+// (the two processes run one after the other, not interleaved), and merges its rows into
+// each workload's table: `x_eager` / `bwd_x_eager` of those rows are against the C++
+// `eager` row of the same run, `x_py_eager` / `bwd_x_py_eager` against `py_eager`. Any
+// failure (no python with the same torch, torch.compile unable to build its kernels)
+// becomes a skipped row with the reason; never an abort.
+//
+// The python: options.python, else $TCAP_PYTHON, else the python of the venv whose torch
+// this binary links (tcap's bootstrap installs the pinned wheel there), else
+// ${TCAP_CACHE_DIR:-~/.cache/tcap}/venv/bin/python3, else /opt/torch/.venv/bin/python3;
+// the first that imports a torch of LibTorch's version. Returns "" and says why in `why`.
+std::string find_peer_python(const Options& options, std::string& why);
+// Runs bench/inductor_bench.py for these workloads (names) and returns its records, or
+// one skipped py_eager / inductor record per workload with the reason. Progress and the
+// command line go to `log`.
+std::vector<Record> run_peer(const Options& options, const std::vector<std::string>& workloads,
+                             std::ostream& log);
 
 // --- counting CPU bytes (peak_bytes, saved_bytes) ---------------------------------------
 // Note [Counting CPU bytes]
 // Memory metrics come from a c10::Allocator that wraps LibTorch's CPU allocator, installed
-// once at start (install_cpu_byte_counter(), before any workload runs). It counts only
-// while a CpuByteCounter is alive: otherwise allocate() returns the wrapped allocator's
-// DataPtr untouched, so timed rounds pay one virtual call and an atomic load per
-// allocation, and nothing else. A counted allocation carries a context that knows its size,
-// so its free is counted whenever it happens, counter alive or not. Frees of blocks that
-// were allocated while not counting are not seen: a measurement should first run one
-// priming iteration under the counter, so that what the measured iteration frees was
-// counted when it was allocated. Bytes are the sizes asked of the allocator (nbytes), not
-// what malloc rounds them to; only CPU tensors' storages are seen (not oneDNN scratch
-// space or other malloc calls).
+// once at start (install_cpu_byte_counter(), before any workload runs). Its DataPtrs are the
+// wrapped allocator's own (data pointer as context), with a deleter of ours that frees
+// through the wrapped one; so raw_allocate() / raw_deallocate() keep working (ATen's GELU
+// kernel, among others, takes scratch memory that way). It counts only while a
+// CpuByteCounter is alive: a counted allocation is entered in a table (pointer -> size),
+// and its free is counted whenever it happens, counter alive or not. Timed rounds pay one
+// virtual call and one atomic load per allocation, and one atomic load of a per-hash
+// count per free (a locked look-up only if a counted allocation shares the hash).
+// Frees of blocks that were allocated while not counting are not seen: a measurement
+// should first run one priming iteration under the counter, so that what the measured
+// iteration frees was counted when it was allocated. Bytes are the sizes asked of the
+// allocator (nbytes), not what malloc rounds them to; CPU tensor storages and raw
+// allocations through the CPU allocator are seen, not other malloc calls (oneDNN's own).
 void install_cpu_byte_counter();
 
 // Counts CPU tensor bytes while alive (one at a time). See Note [Counting CPU bytes].
@@ -137,6 +220,8 @@ class CpuByteCounter {
   int64_t current() const;  // bytes of counted allocations alive now
   int64_t peak() const;     // the highest current() since construction or reset_peak()
   void reset_peak();        // peak() = current()
+  // The counted allocations alive now: data pointer -> bytes.
+  std::unordered_map<const void*, int64_t> live() const;
 };
 
 // --- helpers for Workload::derive -----------------------------------------------------

@@ -1,4 +1,5 @@
-// tcap-bench [--filter WORKLOAD_SUBSTRING] [--json FILE] [--repeats N] [--quick]
+// tcap-bench [--filter SUBSTRING,...] [--variants A,B] [--json FILE] [--repeats N]
+//            [--quick] [--inductor | --no-inductor] [--python PATH]
 //
 // Runs the registered workloads (see workloads.h), prints one table per workload and,
 // with --json, writes one object per (workload, variant). See bench/README.md.
@@ -8,20 +9,36 @@
 #include <torch/torch.h>
 #include <torch/version.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <iterator>
 #include <cstring>
 #include <exception>
 #include <iostream>
+#include <sstream>
 #include <string>
 
 namespace {
 
 constexpr const char* kUsage =
-    "usage: tcap-bench [--filter WORKLOAD_SUBSTRING] [--json FILE] [--repeats N] [--quick]\n"
-    "  --filter S   run only the workloads whose name contains S\n"
-    "  --json FILE  also write the records to FILE (a JSON list, one object per variant)\n"
-    "  --repeats N  rounds per workload (default 15; 3 with --quick)\n"
-    "  --quick      few rounds and iterations: a smoke test, not a measurement\n";
+    "usage: tcap-bench [--filter SUBSTRING,...] [--variants A,B] [--json FILE] [--repeats N]\n"
+    "                  [--quick] [--inductor | --no-inductor] [--python PATH]\n"
+    "  --filter S,T    run only the workloads whose name contains S or T\n"
+    "  --variants A,B  run only these variants (eager, tcap_eager, tcap_eager_default,\n"
+    "                  tcap_llvm, py_eager, inductor, record, replay)\n"
+    "  --json FILE     also write the records to FILE (a JSON list, one object per variant)\n"
+    "  --repeats N     rounds per workload (default 15; 3 with --quick)\n"
+    "  --quick         few rounds and iterations: a smoke test, not a measurement (no\n"
+    "                  torch.compile peer unless --inductor)\n"
+    "  --inductor      run the torch.compile peer (bench/inductor_bench.py: py_eager, inductor);\n"
+    "                  default: when a python with LibTorch's torch is found, not with --quick\n"
+    "  --no-inductor   do not run it\n"
+    "  --python PATH   the peer's python (default: $TCAP_PYTHON, the venv of the linked torch,\n"
+    "                  ~/.cache/tcap/venv, /opt/torch/.venv)\n";
+
+// Every variant some workload has (--variants checks its names against these).
+const char* const kVariants[] = {"eager",     "record",   "replay",  "tcap_eager", "tcap_eager_default",
+                                 "tcap_llvm", "py_eager", "inductor"};
 
 [[noreturn]] void usage_error(const std::string& message) {
   std::cerr << "tcap-bench: " << message << "\n" << kUsage;
@@ -45,6 +62,22 @@ tcap::bench::Options parse(int argc, char** argv) {
       const std::string v = value();
       repeats = std::atoi(v.c_str());
       if (repeats < 1) usage_error("--repeats needs a positive integer, got '" + v + "'");
+    } else if (arg == "--variants") {
+      std::stringstream ss(value());
+      for (std::string v; std::getline(ss, v, ',');) {
+        if (v.empty()) continue;
+        if (std::find(std::begin(kVariants), std::end(kVariants), v) == std::end(kVariants)) {
+          usage_error("unknown variant '" + v + "'");
+        }
+        o.variants.push_back(v);
+      }
+      if (o.variants.empty()) usage_error("--variants needs at least one name");
+    } else if (arg == "--inductor") {
+      o.inductor = 1;
+    } else if (arg == "--no-inductor") {
+      o.inductor = 0;
+    } else if (arg == "--python") {
+      o.python = value();
     } else if (arg == "--quick") {
       o.quick = true;
     } else if (arg == "-h" || arg == "--help") {
@@ -80,7 +113,14 @@ int main(int argc, char** argv) {
     const auto records = tcap::bench::run_all(registry, options, std::cout);
     if (records.empty()) std::cerr << "tcap-bench: no workload matches '" << options.filter << "'\n";
     if (!options.json_path.empty()) tcap::bench::write_json(options.json_path, records);
-    return records.empty() ? 1 : 0;
+    int failed = 0;
+    for (const auto& r : records) {
+      if (r.failed) {
+        std::cerr << "tcap-bench: " << r.workload << "/" << r.variant << " FAILED: " << r.skipped << "\n";
+        ++failed;
+      }
+    }
+    return records.empty() || failed > 0 ? 1 : 0;
   } catch (const std::exception& e) {
     std::cerr << "tcap-bench: " << e.what() << "\n";
     return 1;

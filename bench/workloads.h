@@ -8,7 +8,8 @@ namespace tcap::bench {
 
 // record_small_ops, record_mlp_step (workloads_capture.cpp).
 void add_capture_workloads(Registry& registry);
-// coscos, mlp_small: tcap::compile replay vs eager (workloads_compile.cpp).
+// coscos, mlp_small, mlp_big, softmax_ce, transformer_block: tcap::compile replay vs eager
+// (workloads_compile.cpp).
 void add_compile_workloads(Registry& registry);
 
 }  // namespace tcap::bench

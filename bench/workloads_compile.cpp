@@ -5,25 +5,36 @@
 // Note [What a compile workload measures]
 // One iteration is a training-style step split in four: reset the grads to undefined
 // (untimed: zero_grad(set_to_none)), the forward call (fwd_us), the loss (untimed, eager in
-// every variant), loss.backward() (bwd_us). Variants:
+// every variant; softmax_ce's compiled function returns the loss itself), loss.backward()
+// (bwd_us). Variants:
 //   eager               plain LibTorch;
 //   tcap_eager          tcap::compile, backend "eager", Partitioner::MinCut;
-//   tcap_eager_default  the same with Partitioner::Default.
+//   tcap_eager_default  the same with Partitioner::Default;
+//   tcap_llvm           backend "llvm" (fused CPU kernels), Partitioner::MinCut.
+// (py_eager and inductor come from bench/inductor_bench.py: Note [The torch.compile peer]
+// in harness.h.) A tcap variant that cannot be set up is reported as skipped with the
+// reason instead of stopping the run: a backend that does not exist ("unknown backend")
+// is just skipped; anything else (tcap falling back to eager, a replay that differs from
+// eager) is a failure (the row says FAILED and tcap-bench exits with 1).
 // A tcap variant's first call and its backward run at setup:
 //   compile_ms        wall time of that call and backward (capture, partition, compile),
 //                     median of kCompiles fresh compiles, the last one kept;
 //   entry_compile_ms  tcap's own CompiledEntryInfo::compile_ms (partition and compile
 //                     alone), median of the same.
-// Setup then checks that a replay matches eager (values and grads), and every timed call
-// checks that it was a compiled replay whose backward ran compiled (CompileStats), or the
-// run stops with the reason.
+// Setup then checks that a replay matches eager (values and grads, within the workload's
+// Tolerance), and every timed call checks that it was a compiled replay whose backward ran
+// compiled (CompileStats), or the run stops with the reason.
 // Memory comes from a separate untimed pass under a CpuByteCounter (Note [Counting CPU
 // bytes] in harness.h): one priming iteration, then one measured iteration.
 //   peak_bytes   the most CPU tensor bytes in use during forward + loss + backward, above
-//                the bytes in use when the iteration starts (grads were reset: the
-//                iteration allocates them);
+//                the bytes in use before the priming iteration (grads were reset: the
+//                iteration allocates them; kept_bytes are included);
 //   held_bytes   measured: bytes the forward allocated that are still alive after it,
-//                less its outputs, i.e. what it keeps for the backward;
+//                less its output's storage, i.e. what it keeps for the backward (tensors
+//                that live in kept buffers are not in it: see kept_bytes);
+//   kept_bytes   bytes the priming iteration (a tcap variant's first replay) allocated and
+//                that stay allocated between iterations: buffers a backend keeps across
+//                calls (the llvm backend's output slots); eager: 0 or caches;
 //   saved_bytes  eager: held_bytes; tcap: entries()[0].partition.saved_bytes, the
 //                partitioner's count of saved tensors that are not inputs. It also counts
 //                saved user outputs and views of inputs, which hold no memory of their own,
@@ -57,8 +68,22 @@ struct Step {
   std::shared_ptr<tcap::CompiledFunction> compiled;   // tcap variants only
 };
 
-// Fresh compiles per tcap variant at setup; compile_ms is their median.
+// Fresh compiles per tcap variant at setup; compile_ms is their median (1 with --quick).
 constexpr int kCompiles = 5;
+
+// How close a replay must come to eager, elementwise:
+//   |got - want| <= atol * max|want| + rtol * |want|.
+// atol is relative to the tensor's largest magnitude, so one tolerance fits an output of
+// order 1 and the grads of a mean over 16M elements (order 1e-8, where any absolute atol
+// would accept anything).
+struct Tolerance {
+  double rtol;
+  double atol;
+};
+// Pointwise and tiny workloads: a fused backend may round differently, by a few ulp.
+constexpr Tolerance kPointwiseTol{1e-5, 1e-6};
+// Big matmuls and reductions (K = 4096): a backend may sum in another order.
+constexpr Tolerance kMatmulTol{1e-4, 1e-5};
 
 // Builds the step of one variant: options is null for eager.
 using MakeStep = std::function<Step(const tcap::CompileOptions* options)>;
@@ -120,22 +145,32 @@ void run_timed(const Step& s, Sample& sample) {
 struct Bytes {
   int64_t peak = 0;
   int64_t held = 0;
+  int64_t kept = 0;
 };
 
-// The untimed memory pass. See Note [Counting CPU bytes] in harness.h.
+// The untimed memory pass. See Note [Counting CPU bytes] in harness.h. For a tcap variant
+// it runs before any other replay, so that its priming iteration is the compiled
+// function's first replay: buffers a backend allocates then and keeps across calls (the
+// llvm backend's output slots) are counted, in kept_bytes and peak_bytes.
 Bytes measure_bytes(const Step& s) {
   CpuByteCounter counter;
+  const int64_t start = counter.current();
   run_untimed(s);  // priming: what the measured iteration frees was counted
   reset_grads(s.leaves);
   const int64_t before = counter.current();
   counter.reset_peak();
   Bytes b;
+  b.kept = before - start;
   {
+    const auto live_before = counter.live();
     at::Tensor out = s.forward();
-    b.held = counter.current() - before - static_cast<int64_t>(out.storage().nbytes());
+    // What the forward allocated and keeps, less its output's storage.
+    for (const auto& [data, bytes] : counter.live()) {
+      if (data != out.storage().data() && live_before.count(data) == 0) b.held += bytes;
+    }
     s.loss(out).backward();
   }
-  b.peak = counter.peak() - before;
+  b.peak = counter.peak() - start;
   return b;
 }
 
@@ -149,68 +184,100 @@ Tensors result_of(const Step& s) {
   return r;
 }
 
+// "" if got is close to want (see Tolerance), else what differs.
+std::string difference(const at::Tensor& got, const at::Tensor& want, Tolerance tol) {
+  if (got.defined() != want.defined()) return got.defined() ? "defined, eager's is not" : "undefined, eager's is not";
+  if (!want.defined()) return "";
+  if (got.sizes() != want.sizes()) return "of another shape";
+  const at::Tensor g = got.to(at::kDouble), w = want.to(at::kDouble);
+  double scale = w.abs().max().item<double>();
+  if (scale == 0) scale = 1;
+  const at::Tensor err = (g - w).abs();
+  if ((err <= tol.atol * scale + tol.rtol * w.abs()).all().item<bool>()) return "";
+  return "off by up to " + std::to_string(err.max().item<double>() / scale) + " of its largest magnitude (rtol " +
+         std::to_string(tol.rtol) + ", atol " + std::to_string(tol.atol) + ")";
+}
+
 // A replay must compute what eager computes, or its timing means nothing. The eager
 // backend runs the very kernels eager runs (a recompute repeats them on the same values).
-void check_matches(const Step& s, const Step& eager) {
+void check_matches(const Step& s, const Step& eager, Tolerance tol) {
   const Tensors got = result_of(s);
   const Tensors want = result_of(eager);
   for (size_t i = 0; i < want.size(); ++i) {
-    const bool same = got[i].defined() == want[i].defined() &&
-                      (!want[i].defined() || torch::allclose(got[i], want[i], 1e-5, 1e-6));
-    if (!same) {
-      fail(s, i == 0 ? "the replay's output differs from eager"
-                     : "the grad of leaf " + std::to_string(i - 1) + " differs from eager");
+    const std::string diff = difference(got[i], want[i], tol);
+    if (!diff.empty()) {
+      fail(s, (i == 0 ? "the replay's output" : "the grad of leaf " + std::to_string(i - 1)) + " differs from eager: " +
+                  diff);
     }
   }
 }
 
-std::vector<Variant> make_variants(const std::string& workload, const MakeStep& make_step) {
+std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+std::vector<Variant> make_variants(const std::string& workload, const Options& opts, Tolerance tol,
+                                   const MakeStep& make_step) {
   auto eager = std::make_shared<Step>(make_step(nullptr));
   eager->what = workload + "/eager";
   run_untimed(*eager);  // the first eager run pays one-time costs, not the captures below
 
   std::vector<Variant> variants;
-  {
+  if (opts.wants("eager")) {
     const Bytes b = measure_bytes(*eager);
     Variant v{"eager", [eager](Sample& s) { run_timed(*eager, s); }};
     v.fixed = {{"compile_ms", 0},
                {"entry_compile_ms", 0},
                {"peak_bytes", static_cast<double>(b.peak)},
                {"saved_bytes", static_cast<double>(b.held)},
-               {"held_bytes", static_cast<double>(b.held)}};
+               {"held_bytes", static_cast<double>(b.held)},
+               {"kept_bytes", static_cast<double>(b.kept)}};
     variants.push_back(std::move(v));
   }
   struct Spec {
     const char* name;
+    const char* backend;
     tcap::Partitioner partitioner;
   };
-  const Spec specs[] = {{"tcap_eager", tcap::Partitioner::MinCut},
-                        {"tcap_eager_default", tcap::Partitioner::Default}};
+  const Spec specs[] = {{"tcap_eager", "eager", tcap::Partitioner::MinCut},
+                        {"tcap_eager_default", "eager", tcap::Partitioner::Default},
+                        {"tcap_llvm", "llvm", tcap::Partitioner::MinCut}};
   for (const auto& spec : specs) {
+    if (!opts.wants(spec.name)) continue;
     tcap::CompileOptions o;
     o.name = workload;
-    o.backend = "eager";
+    o.backend = spec.backend;
     o.partitioner = spec.partitioner;
-    // One wall time each is noisy: the process's first capture pays one-time
-    // initialisation, and fresh heap pages fault in during a workload's first compiles.
-    std::shared_ptr<Step> step;
-    std::vector<double> compile_ms_of, entry_ms_of;
-    for (int k = 0; k < kCompiles; ++k) {
-      step = std::make_shared<Step>(make_step(&o));
-      step->what = workload + "/" + spec.name;
-      compile_ms_of.push_back(compile_first_call(*step));
-      entry_ms_of.push_back(step->compiled->entries().at(0).compile_ms);
+    try {
+      // One wall time each is noisy: the process's first capture pays one-time
+      // initialisation, and fresh heap pages fault in during a workload's first compiles.
+      std::shared_ptr<Step> step;
+      std::vector<double> compile_ms_of, entry_ms_of;
+      for (int k = 0; k < (opts.quick ? 1 : kCompiles); ++k) {
+        step = std::make_shared<Step>(make_step(&o));
+        step->what = workload + "/" + spec.name;
+        compile_ms_of.push_back(compile_first_call(*step));
+        entry_ms_of.push_back(step->compiled->entries().at(0).compile_ms);
+      }
+      const Bytes b = measure_bytes(*step);  // first: its priming iteration is the first replay
+      check_matches(*step, *eager, tol);
+      const int64_t saved = step->compiled->entries().at(0).partition.saved_bytes;
+      Variant v{spec.name, [step](Sample& s) { run_timed(*step, s); }};
+      v.fixed = {{"compile_ms", quantile(compile_ms_of, 0.5)},
+                 {"entry_compile_ms", quantile(entry_ms_of, 0.5)},
+                 {"peak_bytes", static_cast<double>(b.peak)},
+                 {"saved_bytes", static_cast<double>(saved)},
+                 {"held_bytes", static_cast<double>(b.held)},
+                 {"kept_bytes", static_cast<double>(b.kept)}};
+      variants.push_back(std::move(v));
+    } catch (const std::exception& e) {
+      // A backend that does not exist yet (tcap::compile's "unknown backend", seen when the
+      // first call's entry is compiled) is skipped; any other reason is a failure.
+      const std::string why = e.what();
+      const bool unavailable = why.find("unknown backend") != std::string::npos;
+      variants.push_back(Variant::skip(
+          spec.name, unavailable ? "backend '" + std::string(spec.backend) + "' is not available (" + first_line(why) + ")"
+                                 : first_line(why),
+          !unavailable));
     }
-    check_matches(*step, *eager);
-    const Bytes b = measure_bytes(*step);
-    const int64_t saved = step->compiled->entries().at(0).partition.saved_bytes;
-    Variant v{spec.name, [step](Sample& s) { run_timed(*step, s); }};
-    v.fixed = {{"compile_ms", quantile(compile_ms_of, 0.5)},
-               {"entry_compile_ms", quantile(entry_ms_of, 0.5)},
-               {"peak_bytes", static_cast<double>(b.peak)},
-               {"saved_bytes", static_cast<double>(saved)},
-               {"held_bytes", static_cast<double>(b.held)}};
-    variants.push_back(std::move(v));
   }
   return variants;
 }
@@ -228,12 +295,12 @@ void derive_bwd_ratio(std::vector<Record>& records) {
 
 Tensors coscos(const Tensors& in) { return {torch::cos(torch::cos(in[0] + in[1] + in[2] + in[3]))}; }
 
-std::vector<Variant> make_coscos(const Options&) {
+std::vector<Variant> make_coscos(const Options& opts) {
   torch::manual_seed(0);
   // Shared by every variant: grads are reset before each iteration.
   Tensors inputs;
   for (int i = 0; i < 4; ++i) inputs.push_back(torch::randn({1024, 2048}, torch::requires_grad()));
-  return make_variants("coscos", [inputs](const tcap::CompileOptions* o) {
+  return make_variants("coscos", opts, kPointwiseTol, [inputs](const tcap::CompileOptions* o) {
     Step s;
     s.leaves = inputs;
     s.loss = [](const at::Tensor& out) { return out.sum(); };
@@ -251,11 +318,11 @@ std::vector<Variant> make_coscos(const Options&) {
 
 // The seed MLP (as in record_mlp_step), batch 1, MSE loss against a fixed target. Each
 // variant has its own model, with the same weights.
-std::vector<Variant> make_mlp_small(const Options&) {
+std::vector<Variant> make_mlp_small(const Options& opts) {
   torch::manual_seed(0);
   const at::Tensor x = torch::randn({1, 10});
   const at::Tensor target = torch::randn({1, 2});
-  return make_variants("mlp_small", [x, target](const tcap::CompileOptions* o) {
+  return make_variants("mlp_small", opts, kPointwiseTol, [x, target](const tcap::CompileOptions* o) {
     torch::manual_seed(1);
     nn::Sequential model{nn::Linear(10, 5), nn::ReLU(), nn::Linear(5, 2), nn::Softmax(1)};
     Step s;
@@ -272,17 +339,147 @@ std::vector<Variant> make_mlp_small(const Options&) {
   });
 }
 
+// --- mlp_big -------------------------------------------------------------------------
+
+// Randomises a LayerNorm's affine parameters. With weight 1 and bias 0, mean(out^2) of a
+// LayerNorm's output is 1 whatever its input (up to eps), so every grad above it would be
+// rounding noise: nothing to check, and not a training step's values. The work is the same.
+void randomise_affine(nn::LayerNorm& norm) {
+  torch::NoGradGuard no_grad;
+  norm->weight.normal_(1.0, 0.5);
+  norm->bias.normal_(0.0, 0.5);
+}
+
+at::Tensor mean_of_squares(const at::Tensor& out) { return out.square().mean(); }
+
+// Linear(1024, 4096) -> GELU -> Linear(4096, 1024) -> LayerNorm(1024), batch 256 (64 with
+// --quick), compiled as a module; loss mean(out^2) and backward outside it, as in
+// mlp_small (the loss is 0.25M elements beside 4 GFLOP of matmuls).
+std::vector<Variant> make_mlp_big(const Options& opts) {
+  torch::manual_seed(0);
+  const at::Tensor x = torch::randn({opts.quick ? 64 : 256, 1024});
+  return make_variants("mlp_big", opts, kMatmulTol, [x](const tcap::CompileOptions* o) {
+    torch::manual_seed(1);
+    nn::LayerNorm norm(nn::LayerNormOptions({1024}));
+    randomise_affine(norm);
+    nn::Sequential model{nn::Linear(1024, 4096), nn::GELU(), nn::Linear(4096, 1024), norm};
+    Step s;
+    s.leaves = model->parameters();
+    s.loss = mean_of_squares;
+    if (!o) {
+      s.forward = [model, x]() mutable { return model->forward(x); };
+    } else {
+      s.compiled = tcap::compile(model, *o);
+      s.forward = [f = s.compiled.get(), model, x] { return f->forward(x); };
+    }
+    return s;
+  });
+}
+
+// --- softmax_ce ------------------------------------------------------------------------
+
+constexpr int64_t kCeClasses = 4096;
+int64_t ce_rows(const Options& o) { return o.quick ? 1024 : 4096; }  // 4096 x 4096 = 64 MiB
+
+// Softmax + cross-entropy (log_softmax + nll_loss, mean over rows): the compiled function
+// returns the loss, and loss.backward() is the timed backward.
+Tensors softmax_ce(const Tensors& in) { return {nn::functional::cross_entropy(in[0], in[1])}; }
+
+std::vector<Variant> make_softmax_ce(const Options& opts) {
+  torch::manual_seed(0);
+  const at::Tensor logits = torch::randn({ce_rows(opts), kCeClasses}, torch::requires_grad());
+  const at::Tensor targets = torch::randint(0, kCeClasses, {ce_rows(opts)}, torch::kLong);
+  return make_variants("softmax_ce", opts, kMatmulTol, [logits, targets](const tcap::CompileOptions* o) {
+    Step s;
+    s.leaves = {logits};
+    s.loss = [](const at::Tensor& out) { return out; };
+    const Tensors inputs{logits, targets};
+    if (!o) {
+      s.forward = [inputs] { return softmax_ce(inputs)[0]; };
+    } else {
+      s.compiled = tcap::compile(softmax_ce, *o);
+      s.forward = [f = s.compiled.get(), inputs] { return (*f)(inputs)[0]; };
+    }
+    return s;
+  });
+}
+
+// --- transformer_block -----------------------------------------------------------------
+
+// One nn::TransformerEncoderLayer (d_model 256, 4 heads, dim_feedforward 2048, ReLU,
+// post-norm, dropout 0 so that results are checkable), training mode, input [128, 8, 256]
+// (seq, batch, d_model; [32, 4, 256] with --quick), compiled as a module; loss mean(out^2)
+// outside it. Both LayerNorms' affine parameters are randomised (see randomise_affine).
+std::vector<Variant> make_transformer_block(const Options& opts) {
+  torch::manual_seed(0);
+  const at::Tensor src = opts.quick ? torch::randn({32, 4, 256}) : torch::randn({128, 8, 256});
+  return make_variants("transformer_block", opts, kMatmulTol, [src](const tcap::CompileOptions* o) {
+    torch::manual_seed(1);
+    nn::TransformerEncoderLayer layer(nn::TransformerEncoderLayerOptions(256, 4).dropout(0.0));
+    randomise_affine(layer->norm1);
+    randomise_affine(layer->norm2);
+    layer->train();
+    Step s;
+    s.leaves = layer->parameters();
+    s.loss = mean_of_squares;
+    if (!o) {
+      s.forward = [layer, src]() mutable { return layer->forward(src); };
+    } else {
+      s.compiled = tcap::compile(layer, *o);
+      s.forward = [f = s.compiled.get(), layer, src] { return f->forward(src); };
+    }
+    return s;
+  });
+}
+
 }  // namespace
 
 void add_compile_workloads(Registry& registry) {
-  registry.add({"coscos",
-                "cos(cos(a+b+c+d)), 4 x f32[1024, 2048] requiring grad, loss out.sum(): eager vs "
-                "tcap::compile replay (eager backend; min-cut / default partitioner); µs per call",
-                make_coscos, derive_bwd_ratio});
-  registry.add({"mlp_small",
-                "seed MLP 10-5-2 (softmax, batch 1) compiled as a module, MSE loss and backward "
-                "outside it: eager vs tcap::compile replay (eager backend); µs per call",
-                make_mlp_small, derive_bwd_ratio});
+  constexpr double kMiB = 1 << 20;
+  Workload coscos{"coscos",
+                  "cos(cos(a+b+c+d)), 4 x f32[1024, 2048] requiring grad, loss out.sum(): eager vs "
+                  "tcap::compile replay (eager / llvm backend; min-cut / default partitioner); µs per call",
+                  make_coscos, derive_bwd_ratio};
+  // Note [Bandwidth floors]: forward reads a, b, c, d and writes out and one saved tensor
+  // (a+b+c+d, for the recompute); backward reads it and grad_out and writes 4 grads.
+  coscos.floor_bytes = [](const Options&) { return FloorBytes{6 * 8 * kMiB, 6 * 8 * kMiB}; };
+  coscos.has_peer = true;
+  registry.add(std::move(coscos));
+
+  Workload mlp_small{"mlp_small",
+                     "seed MLP 10-5-2 (softmax, batch 1) compiled as a module, MSE loss and backward "
+                     "outside it: eager vs tcap::compile replay; µs per call",
+                     make_mlp_small, derive_bwd_ratio};
+  mlp_small.has_peer = true;
+  registry.add(std::move(mlp_small));
+
+  Workload mlp_big{"mlp_big",
+                   "Linear(1024,4096) GELU Linear(4096,1024) LayerNorm, batch 256 (64 with --quick), compiled "
+                   "as a module, loss mean(out^2) and backward outside it; µs per call",
+                   make_mlp_big, derive_bwd_ratio};
+  mlp_big.has_peer = true;
+  registry.add(std::move(mlp_big));
+
+  Workload ce{"softmax_ce",
+              "cross_entropy(logits f32[4096, 4096] requiring grad, int64 targets; 1024 rows with --quick) "
+              "compiled, returns the loss; µs per call",
+              make_softmax_ce, derive_bwd_ratio};
+  // Forward reads the logits once (a one-pass log-sum-exp per row; the 32 KiB of targets
+  // and the scalar loss are left out); backward reads them again and writes their grad.
+  ce.floor_bytes = [](const Options& o) {
+    const double logits = static_cast<double>(ce_rows(o) * kCeClasses) * 4;
+    return FloorBytes{logits, 2 * logits};
+  };
+  ce.has_peer = true;
+  registry.add(std::move(ce));
+
+  Workload block{"transformer_block",
+                 "nn::TransformerEncoderLayer(256, 4 heads, ff 2048, dropout 0), training, input "
+                 "[128, 8, 256] ([32, 4, 256] with --quick), compiled as a module, loss mean(out^2) "
+                 "outside it; µs per call",
+                 make_transformer_block, derive_bwd_ratio};
+  block.has_peer = true;
+  registry.add(std::move(block));
 }
 
 }  // namespace tcap::bench

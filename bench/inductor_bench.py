@@ -1,0 +1,390 @@
+#!/usr/bin/env python3
+"""tcap-bench's torch.compile peer (Note [The torch.compile peer] in bench/harness.h).
+
+Builds tcap-bench's compile workloads in Python with the same shapes, losses, dtype and
+thread count, and times two variants the way tcap-bench does (bench/harness.h, Note [How
+tcap-bench times]): warm-up that calibrates the iterations per round, rounds interleaved
+(py_eager, inductor, py_eager, ...), per round the mean per iteration, then the median
+over rounds with p10 / p90. One iteration: grads reset to None (untimed), the forward
+(fwd_us), the loss (untimed, eager), loss.backward() (bwd_us).
+
+  py_eager  plain PyTorch eager;
+  inductor  torch.compile(fn) in its default mode, compiled outside the timed region (its
+            first call and that call's backward: compile_ms), checked against py_eager
+            (values and grads, same tolerances as tcap-bench), then timed under
+            torch.compiler.set_stance("fail_on_recompile"): a timed call that would
+            recompile fails the variant instead of timing a compile.
+
+tcap-bench runs this script itself (with the python of the torch it links) and merges
+its rows; it can also be run alone:
+
+  ~/.cache/tcap/venv/bin/python3 bench/inductor_bench.py --workloads coscos --out /tmp/p.json
+
+Rows: one JSON object per (workload, variant), as tcap-bench writes them, plus a
+"per_round" object (the per-round values, for the table's spread). A variant that cannot
+run is a row with "skipped" (the reason) and "failed" (true when a check did not hold).
+"""
+import argparse
+import contextlib
+import json
+import math
+import sys
+import time
+import traceback
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+# Same as tcap-bench's (workloads_compile.cpp, struct Tolerance): elementwise
+# |got - want| <= atol * max|want| + rtol * |want|.
+POINTWISE_TOL = (1e-5, 1e-6)
+MATMUL_TOL = (1e-4, 1e-5)
+
+
+def log(*args):
+    print("[inductor_bench]", *args, file=sys.stderr, flush=True)
+
+
+def quantile(xs, q):
+    """Linearly interpolated, as tcap::bench::quantile."""
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    pos = q * (len(xs) - 1)
+    lo = int(math.floor(pos))
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (pos - lo) * (xs[hi] - xs[lo])
+
+
+class Step:
+    """One variant's training-style step (see the module docstring)."""
+
+    def __init__(self, forward, loss, leaves):
+        self.forward = forward  # () -> output tensor (the timed call)
+        self.loss = loss  # output -> scalar loss (untimed, eager)
+        self.leaves = list(leaves)  # what backward writes .grad of
+
+    def reset_grads(self):
+        for t in self.leaves:
+            t.grad = None
+
+    def run_untimed(self):
+        self.reset_grads()
+        self.loss(self.forward()).backward()
+
+    def run_timed(self, acc):
+        self.reset_grads()
+        t0 = time.perf_counter()
+        out = self.forward()
+        t1 = time.perf_counter()
+        loss = self.loss(out)
+        t2 = time.perf_counter()
+        loss.backward()
+        t3 = time.perf_counter()
+        acc["fwd_us"] += t1 - t0
+        acc["bwd_us"] += t3 - t2
+
+    def result(self):
+        """Output and grads of one untimed iteration, copied."""
+        self.reset_grads()
+        out = self.forward()
+        r = [out.detach().clone()]
+        self.loss(out).backward()
+        r += [None if t.grad is None else t.grad.clone() for t in self.leaves]
+        return r
+
+
+def difference(got, want, tol):
+    rtol, atol = tol
+    if (got is None) != (want is None):
+        return "defined where eager's is not" if got is not None else "undefined where eager's is not"
+    if want is None:
+        return ""
+    if got.shape != want.shape:
+        return "of another shape"
+    g, w = got.double(), want.double()
+    scale = w.abs().max().item() or 1.0
+    err = (g - w).abs()
+    if bool((err <= atol * scale + rtol * w.abs()).all()):
+        return ""
+    return f"off by up to {err.max().item() / scale:.3g} of its largest magnitude (rtol {rtol}, atol {atol})"
+
+
+# --- workloads: each returns (make_step(compiled: bool) -> Step, tolerance) --------------
+# The same as workloads_compile.cpp: shapes (and --quick's smaller ones), losses, dtype
+# (f32), initialisation scheme.
+
+
+def mean_of_squares(out):
+    return out.square().mean()
+
+
+def randomise_affine(norm):
+    # As workloads_compile.cpp: with weight 1 and bias 0, mean(out^2) of a LayerNorm is 1
+    # whatever its input, and every grad above it would be rounding noise.
+    with torch.no_grad():
+        norm.weight.normal_(1.0, 0.5)
+        norm.bias.normal_(0.0, 0.5)
+
+
+def coscos(quick):
+    torch.manual_seed(0)
+    inputs = [torch.randn(1024, 2048, requires_grad=True) for _ in range(4)]
+
+    def fn(a, b, c, d):
+        return torch.cos(torch.cos(a + b + c + d))
+
+    def make(compiled):
+        f = torch.compile(fn) if compiled else fn
+        return Step(lambda: f(*inputs), lambda out: out.sum(), inputs)
+
+    return make, POINTWISE_TOL
+
+
+def mlp_small(quick):
+    torch.manual_seed(0)
+    x = torch.randn(1, 10)
+    target = torch.randn(1, 2)
+
+    def make(compiled):
+        torch.manual_seed(1)
+        model = nn.Sequential(nn.Linear(10, 5), nn.ReLU(), nn.Linear(5, 2), nn.Softmax(1))
+        m = torch.compile(model) if compiled else model
+        return Step(lambda: m(x), lambda out: F.mse_loss(out, target), model.parameters())
+
+    return make, POINTWISE_TOL
+
+
+def mlp_big(quick):
+    torch.manual_seed(0)
+    x = torch.randn(64 if quick else 256, 1024)
+
+    def make(compiled):
+        torch.manual_seed(1)
+        norm = nn.LayerNorm(1024)
+        randomise_affine(norm)
+        model = nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 1024), norm)
+        m = torch.compile(model) if compiled else model
+        return Step(lambda: m(x), mean_of_squares, model.parameters())
+
+    return make, MATMUL_TOL
+
+
+def softmax_ce(quick):
+    torch.manual_seed(0)
+    rows = 1024 if quick else 4096
+    logits = torch.randn(rows, 4096, requires_grad=True)
+    targets = torch.randint(0, 4096, (rows,), dtype=torch.int64)
+
+    def fn(logits, targets):
+        return F.cross_entropy(logits, targets)
+
+    def make(compiled):
+        f = torch.compile(fn) if compiled else fn
+        return Step(lambda: f(logits, targets), lambda out: out, [logits])
+
+    return make, MATMUL_TOL
+
+
+class CppEncoderLayer(nn.Module):
+    """LibTorch's torch::nn::TransformerEncoderLayer, op for op (post-norm, ReLU, dropout 0).
+
+    Not Python's nn.TransformerEncoderLayer: the C++ module calls multi-head attention with
+    need_weights=true, i.e. the explicit softmax(q k^T) v path (no scaled_dot_product_attention)
+    and the attention weights averaged over heads (computed, then unused). Its two
+    torch::equal(query, key) host checks, which pick the packed in-projection, are left out
+    (Python's own MultiheadAttention tests `query is key`). Parameters are initialised as
+    LibTorch's (xavier_uniform in_proj, zero biases of the projections, Linear defaults).
+    """
+
+    def __init__(self, d_model=256, nhead=4, dim_feedforward=2048):
+        super().__init__()
+        self.nhead = nhead
+        self.in_proj_weight = nn.Parameter(torch.empty(3 * d_model, d_model))
+        self.in_proj_bias = nn.Parameter(torch.zeros(3 * d_model))
+        self.out_proj = nn.Linear(d_model, d_model)
+        nn.init.xavier_uniform_(self.in_proj_weight)
+        with torch.no_grad():
+            self.out_proj.bias.zero_()
+        self.linear1 = nn.Linear(d_model, dim_feedforward)
+        self.linear2 = nn.Linear(dim_feedforward, d_model)
+        self.norm1 = nn.LayerNorm(d_model)
+        self.norm2 = nn.LayerNorm(d_model)
+
+    def self_attn(self, x):
+        tgt_len, bsz, embed_dim = x.shape
+        head_dim = embed_dim // self.nhead
+        q, k, v = F.linear(x, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)
+        q = q * (1 / math.sqrt(head_dim))
+        q = q.contiguous().view(tgt_len, bsz * self.nhead, head_dim).transpose(0, 1)
+        k = k.contiguous().view(-1, bsz * self.nhead, head_dim).transpose(0, 1)
+        v = v.contiguous().view(-1, bsz * self.nhead, head_dim).transpose(0, 1)
+        w = torch.bmm(q, k.transpose(1, 2))
+        w = F.softmax(w, dim=-1)
+        out = torch.bmm(w, v)
+        out = out.transpose(0, 1).contiguous().view(tgt_len, bsz, embed_dim)
+        out = F.linear(out, self.out_proj.weight, self.out_proj.bias)
+        w = w.view(bsz, self.nhead, tgt_len, -1).sum(dim=1) / self.nhead
+        return out, w
+
+    def forward(self, src):
+        src2 = self.self_attn(src)[0]
+        ret = self.norm1(src + src2)
+        src2 = self.linear2(F.relu(self.linear1(ret)))
+        return self.norm2(ret + src2)
+
+
+def transformer_block(quick):
+    torch.manual_seed(0)
+    src = torch.randn(32, 4, 256) if quick else torch.randn(128, 8, 256)
+
+    def make(compiled):
+        torch.manual_seed(1)
+        layer = CppEncoderLayer(256, 4, 2048)
+        randomise_affine(layer.norm1)
+        randomise_affine(layer.norm2)
+        layer.train()
+        m = torch.compile(layer) if compiled else layer
+        return Step(lambda: m(src), mean_of_squares, layer.parameters())
+
+    return make, MATMUL_TOL
+
+
+WORKLOADS = {
+    "coscos": coscos,
+    "mlp_small": mlp_small,
+    "mlp_big": mlp_big,
+    "softmax_ce": softmax_ce,
+    "transformer_block": transformer_block,
+}
+
+
+# --- timing ------------------------------------------------------------------------------
+
+
+def warm_up(step, warmup_ms, round_ms):
+    acc = {"fwd_us": 0.0, "bwd_us": 0.0}
+    n = 0
+    t0 = time.perf_counter()
+    while True:
+        step.run_timed(acc)
+        n += 1
+        if n >= 2 and (time.perf_counter() - t0) * 1e3 >= warmup_ms:
+            break
+    ms_per_iter = (time.perf_counter() - t0) * 1e3 / n
+    return int(min(max(math.ceil(round_ms / max(ms_per_iter, 1e-6)), 1), 1e7))
+
+
+def graph_breaks():
+    from torch._dynamo.utils import counters
+
+    return sum(counters["graph_break"].values())
+
+
+def skipped(workload, variant, why, failed=False):
+    return {"workload": workload, "variant": variant, "rounds": 0, "iters_per_round": 0,
+            "skipped": why, "failed": failed}
+
+
+def one_line(e):
+    text = f"{type(e).__name__}: {e}".strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    line = lines[0] if lines else type(e).__name__
+    return line[:300]
+
+
+def run_workload(name, args, variants):
+    make, tol = WORKLOADS[name](args.quick)
+    torch._dynamo.reset()
+    eager = make(False)
+    eager.run_untimed()  # one-time costs
+    steps = {}  # variant -> (Step, fixed metrics)
+    rows = []
+    if "py_eager" in variants:
+        steps["py_eager"] = (eager, {})
+    if "inductor" in variants:
+        try:
+            from torch._dynamo.utils import counters
+
+            counters.clear()
+            step = make(True)
+            t0 = time.perf_counter()
+            step.run_untimed()  # dynamo + AOTAutograd + inductor: forward, then backward
+            compile_ms = (time.perf_counter() - t0) * 1e3
+            fixed = {"compile_ms": compile_ms, "graph_breaks": graph_breaks(),
+                     "graphs": counters["stats"]["unique_graphs"]}
+            got, want = step.result(), eager.result()
+            for i, (g, w) in enumerate(zip(got, want)):
+                diff = difference(g, w, tol)
+                if diff:
+                    what = "output" if i == 0 else f"grad of leaf {i - 1}"
+                    raise AssertionError(f"inductor's {what} differs from py_eager: {diff}")
+            steps["inductor"] = (step, fixed)
+        except AssertionError as e:
+            rows.append(skipped(name, "inductor", str(e), failed=True))
+        except Exception as e:  # no C++ compiler, an unsupported op, ...
+            log(f"{name}/inductor:", traceback.format_exc())
+            rows.append(skipped(name, "inductor", "torch.compile failed: " + one_line(e)))
+
+    order = [v for v in ("py_eager", "inductor") if v in steps]
+    iters = {v: warm_up(steps[v][0], args.warmup_ms, args.round_ms) for v in order}
+    per_round = {v: {"fwd_us": [], "bwd_us": []} for v in order}
+    # A timed call of the compiled function that would recompile raises instead.
+    stance = torch.compiler.set_stance("fail_on_recompile") if "inductor" in steps else contextlib.nullcontext()
+    with stance:
+        for _ in range(args.rounds):
+            for v in order:  # interleaved: A B A B ...
+                acc = {"fwd_us": 0.0, "bwd_us": 0.0}
+                step = steps[v][0]
+                for _ in range(iters[v]):
+                    step.run_timed(acc)
+                for m, s in acc.items():
+                    per_round[v][m].append(s * 1e6 / iters[v])
+    for v in order:
+        row = {"workload": name, "variant": v, "rounds": args.rounds, "iters_per_round": iters[v]}
+        for m, xs in per_round[v].items():
+            row[m] = quantile(xs, 0.5)
+            row[m + "_p10"] = quantile(xs, 0.1)
+            row[m + "_p90"] = quantile(xs, 0.9)
+        row.update(steps[v][1])
+        row["per_round"] = per_round[v]
+        rows.append(row)
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--variants", default="py_eager,inductor")
+    ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave)")
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--round-ms", type=float, default=50)
+    ap.add_argument("--warmup-ms", type=float, default=100)
+    ap.add_argument("--quick", action="store_true", help="tcap-bench --quick's smaller shapes")
+    ap.add_argument("--out", required=True, help="write the rows here (a JSON list)")
+    args = ap.parse_args()
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    variants = [v for v in args.variants.split(",") if v]
+    log(f"torch {torch.__version__}, python {sys.version.split()[0]}, {torch.get_num_threads()} threads")
+    rows = []
+    for name in [w for w in args.workloads.split(",") if w]:
+        if name not in WORKLOADS:
+            rows += [skipped(name, v, "inductor_bench.py has no such workload") for v in variants]
+            continue
+        log(f"{name}: {', '.join(variants)}")
+        t0 = time.perf_counter()
+        try:
+            rows += run_workload(name, args, variants)
+        except Exception as e:
+            log(f"{name}:", traceback.format_exc())
+            done = {r["variant"] for r in rows if r["workload"] == name}
+            rows += [skipped(name, v, one_line(e), failed=True) for v in variants if v not in done]
+        log(f"{name}: done in {time.perf_counter() - t0:.1f} s")
+    with open(args.out, "w") as f:
+        json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
