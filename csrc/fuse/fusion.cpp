@@ -483,8 +483,13 @@ class Fuser {
           bool outside = graph_outputs.count(v) > 0;
           for (ir::NodeId u : g_.users(v)) outside = outside || !members.count(u);
           if (outside) {
-            fg.outputs.push_back(v);
-            fg.output_metas.push_back(written_layout(g_.value(v).meta));
+            // See Note [Repeated gradient outputs]: one buffer per Grad occurrence beyond
+            // the first.
+            const int copies = 1 + std::max(0, grad_occurrences(v) - 1);
+            for (int c = 0; c < copies; ++c) {
+              fg.outputs.push_back(v);
+              fg.output_metas.push_back(written_layout(g_.value(v).meta));
+            }
           }
         }
       }
@@ -651,6 +656,27 @@ class Fuser {
     k.num_reduce_dims = static_cast<int>(n_red);
   }
 
+  // Note [Repeated gradient outputs]
+  // A backward graph often returns one value as the gradient of several inputs (coscos:
+  // d(a+b+c+d) is the same tensor for a, b, c and d, as in the seed's min-cut graph).
+  // autograd then accumulates each into a .grad by cloning it (only one can be stolen),
+  // which reads and writes the whole tensor again per extra input and allocates fresh
+  // pages each step. A fused kernel writes such a value into one buffer per Grad
+  // occurrence instead, from registers: each .grad steals its own buffer, and the output
+  // slots are reused next step. Forward (User) outputs keep their aliasing.
+  int grad_occurrences(ir::ValueId v) const {
+    const ir::Node* out = g_.output_node();
+    if (!out) return 0;
+    int n = 0;
+    for (size_t i = 0; i < out->args.size(); ++i) {
+      if (i < out->output_kinds.size() && out->output_kinds[i] == ir::OutputKind::Grad &&
+          out->args[i].values.at(0) == v) {
+        ++n;
+      }
+    }
+    return n;
+  }
+
   ir::Graph subgraph(const FusedGroup& fg) const {
     ir::Graph sg;
     std::map<ir::ValueId, ir::ValueId> remap;
@@ -789,7 +815,18 @@ class Fuser {
           remap[n.outputs.at(0).values.at(0)] = out.add_input(n.input_kind, n.name, g_.value(n.outputs[0].values[0]).meta);
         } else if (n.kind == ir::NodeKind::Output) {
           std::vector<ir::ValueId> vs;
-          for (const auto& a : n.args) vs.push_back(remap.at(a.values.at(0)));
+          std::map<ir::ValueId, size_t> used;  // Grad occurrences of a value so far
+          for (size_t i = 0; i < n.args.size(); ++i) {
+            const ir::ValueId v = n.args[i].values.at(0);
+            ir::ValueId nv = remap.at(v);
+            auto copies = extra_outputs_.find(v);
+            const bool grad = i < n.output_kinds.size() && n.output_kinds[i] == ir::OutputKind::Grad;
+            if (grad && copies != extra_outputs_.end()) {
+              const size_t k = used[v]++;
+              if (k > 0 && k - 1 < copies->second.size()) nv = copies->second[k - 1];
+            }
+            vs.push_back(nv);
+          }
           out.set_outputs(vs, n.output_names, n.output_kinds);
         } else {
           copy_node(g_, n, out, remap);
@@ -846,7 +883,11 @@ class Fuser {
     std::vector<ir::ValueId> outs;
     for (size_t i = 0; i < fg.outputs.size(); ++i) {
       const ir::ValueId nv = out.new_value(id, 0, static_cast<int>(i), fg.output_metas[i]);
-      remap[fg.outputs[i]] = nv;
+      if (i > 0 && fg.outputs[i] == fg.outputs[i - 1]) {
+        extra_outputs_[fg.outputs[i]].push_back(nv);  // Note [Repeated gradient outputs]
+      } else {
+        remap[fg.outputs[i]] = nv;
+      }
       outs.push_back(nv);
     }
     n.outputs.push_back(ir::Arg::value_list(outs, false));
@@ -862,6 +903,7 @@ class Fuser {
   std::vector<Space> space_of_value_;
   std::map<ir::NodeId, Space> node_space_;
   std::map<ir::NodeId, OpClass> node_class_;
+  std::map<ir::ValueId, std::vector<ir::ValueId>> extra_outputs_;  // Note [Repeated gradient outputs]
   std::vector<ir::NodeId> prev_effect_;  // per node: the previous effect node if it is one
   std::vector<std::string> decisions_;
   std::vector<FusedGroup> fused_;

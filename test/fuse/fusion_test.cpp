@@ -234,6 +234,9 @@ TEST_F(Fusion, CosCosForwardAndBackwardAreOneKernelEach) {
   EXPECT_EQ(fw.graph.num_calls(), 1u) << tcap::ir::to_string(fw.graph);
   const auto& bw = seen.results[1];
   ASSERT_EQ(bw.groups.size(), 1u) << bw.explain();
+  // Note [Repeated gradient outputs]: the one gradient is written once per input.
+  EXPECT_EQ(bw.groups[0].outputs.size(), 4u) << bw.explain();
+  EXPECT_EQ(bw.graph.num_calls(), 1u) << tcap::ir::to_string(bw.graph);
   check_against_eager("coscos", fn, make, at::kFloat);
 }
 
