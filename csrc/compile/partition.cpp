@@ -190,81 +190,8 @@ class MaxFlow {
   std::vector<size_t> it_;
 };
 
-std::string describe(const Graph& g, ValueId v) {
-  std::ostringstream ss;
-  const auto& val = g.value(v);
-  ss << "%" << v << " " << ir::dtype_short_name(val.meta.dtype) << "[";
-  for (size_t i = 0; i < val.meta.sizes.size(); ++i) ss << (i ? ", " : "") << val.meta.sizes[i];
-  ss << "]";
-  const Node& p = g.node(val.producer);
-  if (p.kind == ir::NodeKind::Input) ss << " input '" << p.name << "'";
-  else ss << " " << p.qualified_op();
-  return ss.str();
-}
 
 }  // namespace
-
-Graph extract_subgraph(const Graph& g, const std::vector<NodeId>& nodes, const std::vector<ValueId>& inputs,
-                       const std::vector<ir::InputKind>& input_kinds, const std::vector<std::string>& input_names,
-                       const std::vector<ValueId>& outputs, const std::vector<std::string>& output_names,
-                       const std::vector<ir::OutputKind>& output_kinds) {
-  TORCH_CHECK(inputs.size() == input_kinds.size() && inputs.size() == input_names.size(),
-              "tcap extract_subgraph: one kind and one name per input");
-  Graph h;
-  std::unordered_map<ValueId, ValueId> map;
-  for (size_t k = 0; k < inputs.size(); ++k) {
-    map[inputs[k]] = h.add_input(input_kinds[k], input_names[k], g.value(inputs[k]).meta);
-  }
-  auto remap = [&](const Node& n, ValueId v) -> ValueId {
-    if (v == ir::kNoValue) return v;
-    auto it = map.find(v);
-    TORCH_CHECK(it != map.end(), "tcap: cutting a graph: node %", n.id, " (", n.qualified_op(), ") reads ",
-                describe(g, v), ", which is neither an input of the cut graph nor made inside it");
-    return it->second;
-  };
-  for (NodeId id : nodes) {
-    Node n = g.node(id);
-    const auto new_id = static_cast<NodeId>(h.nodes().size());
-    for (auto& a : n.args) {
-      if (!a.refers_to_values()) continue;
-      for (auto& v : a.values) v = remap(n, v);
-    }
-    for (auto& a : n.outputs) {
-      if (!a.refers_to_values()) continue;
-      for (auto& v : a.values) {
-        if (v == ir::kNoValue) continue;
-        const auto& old = g.value(v);
-        const ValueId nv = h.new_value(new_id, old.output_index, old.list_index, old.meta);
-        auto& val = h.value(nv);
-        auto link = [&](ValueId o) {
-          auto it = map.find(o);
-          return (o == ir::kNoValue || it == map.end()) ? ir::kNoValue : it->second;
-        };
-        val.version_of = link(old.version_of);
-        val.view_of = link(old.view_of);
-        map[v] = nv;
-        v = nv;
-      }
-    }
-    const std::string q = n.qualified_op();
-    if (n.kind == ir::NodeKind::Call) {
-      auto it = g.schemas().find(q);
-      if (it != g.schemas().end()) h.schemas()[q] = it->second;
-    }
-    h.add_node(std::move(n));
-  }
-  std::vector<ValueId> outs;
-  for (ValueId v : outputs) {
-    auto it = map.find(v);
-    TORCH_CHECK(it != map.end(), "tcap: cutting a graph: output ", describe(g, v),
-                " is neither an input of the cut graph nor made inside it");
-    outs.push_back(it->second);
-  }
-  h.set_outputs(std::move(outs), output_names, output_kinds);
-  h.meta() = g.meta();
-  ir::verify(h);
-  return h;
-}
 
 Graph eliminate_dead_code(const Graph& g) {
   auto root_is_input = [&](ValueId v) {
@@ -413,12 +340,12 @@ PartitionResult partition(const JointGraph& joint, Partitioner which) {
       ValueId v = todo.back();
       todo.pop_back();
       if (saved_set.count(v) || !seen.insert(v).second) continue;
-      TORCH_CHECK(!primal_set.count(v), "tcap partition: the backward needs primal ", describe(g, v),
+      TORCH_CHECK(!primal_set.count(v), "tcap partition: the backward needs primal ", ir::describe(g, v),
                   " but it was not saved (internal error)");
       const NodeId p = fwd_producer.at(v);
       if (!recompute.insert(p).second) continue;
       std::string why;
-      TORCH_CHECK(!banned(p, &why), "tcap partition: would recompute ", describe(g, v), " but ", why,
+      TORCH_CHECK(!banned(p, &why), "tcap partition: would recompute ", ir::describe(g, v), " but ", why,
                   " (internal error)");
       for_each_read(g.node(p), [&](ValueId u) { todo.push_back(u); });
       // Other outputs of the same node are recomputed too.

@@ -4,6 +4,7 @@
 #include "support/logging.h"
 
 #include <c10/util/ArrayRef.h>
+#include <c10/util/strides.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <queue>
 #include <set>
 #include <sstream>
+#include <unordered_map>
 
 namespace tcap::fuse {
 
@@ -112,6 +114,8 @@ bool broadcast_src(c10::ArrayRef<int64_t> u, const std::vector<int64_t>& target,
 // eager's. A recorded layout that is not dense (overlapping, such as the stride-0 strides
 // seen on some gradient accumulations in captured backward graphs) cannot be written
 // element by element; such outputs are written contiguously instead.
+// Whether a layout covers its elements exactly once (c10's _compute_non_overlapping_and_dense
+// says the same but draws a false GCC 12 -Wmaybe-uninitialized from its SmallVector here).
 bool dense(const ir::TensorMeta& m) {
   std::vector<size_t> perm;
   for (size_t d = 0; d < m.sizes.size(); ++d) {
@@ -130,11 +134,8 @@ bool dense(const ir::TensorMeta& m) {
 ir::TensorMeta written_layout(const ir::TensorMeta& m) {
   if (dense(m)) return m;
   ir::TensorMeta c = m;
-  int64_t st = 1;
-  for (size_t d = c.sizes.size(); d-- > 0;) {
-    c.strides[d] = st;
-    st *= std::max<int64_t>(c.sizes[d], 1);
-  }
+  const auto strides = c10::contiguous_strides(m.sizes);
+  c.strides.assign(strides.begin(), strides.end());
   return c;
 }
 
@@ -145,7 +146,6 @@ class Fuser {
   FusionResult run() {
     const size_t n_nodes = g_.nodes().size();
     group_of_node_.assign(n_nodes, -1);
-    deps_.assign(n_nodes, {});
     group_of_value_.assign(g_.values().size(), -1);
     space_of_value_.assign(g_.values().size(), Space::Full);
     prev_effect_.assign(n_nodes, -1);
@@ -164,22 +164,15 @@ class Fuser {
  private:
   // --- grouping ------------------------------------------------------------------
   void visit(const ir::Node& n) {
-    std::set<int> deps;
-    ir::for_each_value(n.args, [&](ir::ValueId v) {
-      const auto p = g_.value(v).producer;
-      if (p >= 0) deps.insert(deps_[static_cast<size_t>(p)].begin(), deps_[static_cast<size_t>(p)].end());
-    });
     if (n.kind == ir::NodeKind::CallHook || (n.kind == ir::NodeKind::Call && is_mutation(g_, n))) {
       for (auto& gr : groups_) gr.closed = true;
     }
     if (n.kind != ir::NodeKind::Call) {
-      deps_[static_cast<size_t>(n.id)] = deps;
       return;
     }
     OpInfo info;
     if (auto why = classify(g_, n, &info)) {
       if (n.op.rfind("aten::", 0) == 0 && !is_view_like(n)) decide(n, *why);
-      deps_[static_cast<size_t>(n.id)] = deps;
       return;
     }
     // Candidate groups: those of the node's producers, in argument order.
@@ -211,8 +204,7 @@ class Fuser {
       space = info.cls == OpClass::Reduction ? Space::Outer : Space::Full;
       if (numel(gr.S) == 0) {
         decide(n, "empty tensor");
-        deps_[static_cast<size_t>(n.id)] = deps;
-        return;
+          return;
       }
       // A pointwise group started on a reduction's result is an Outer node of no group.
       groups_.push_back(gr);
@@ -231,8 +223,6 @@ class Fuser {
     group_of_node_[static_cast<size_t>(n.id)] = chosen;
     node_space_[n.id] = space;
     node_class_[n.id] = info.cls;
-    deps.insert(chosen);
-    deps_[static_cast<size_t>(n.id)] = deps;
     // Output spaces.
     size_t k = 0;
     for (const auto& o : n.outputs) {
@@ -282,7 +272,7 @@ class Fuser {
     ir::for_each_value(n.args, [&](ir::ValueId v) {
       const auto p = g_.value(v).producer;
       if (cycle || p < 0 || group_of_node_[static_cast<size_t>(p)] == gr.id) return;
-      if (deps_[static_cast<size_t>(p)].count(gr.id) || reaches_group(p, gr.id)) cycle = true;
+      if (reaches_group(p, gr.id)) cycle = true;
     });
     if (cycle) {
       *why = "it also reads a value computed outside the group from the group's results (a cycle)";
@@ -351,7 +341,6 @@ class Fuser {
     Group& h = groups_[static_cast<size_t>(hid)];
     for (ir::NodeId m : h.nodes) {
       group_of_node_[static_cast<size_t>(m)] = gid;
-      deps_[static_cast<size_t>(m)].insert(gid);
       for (const auto& o : g_.node(m).outputs) {
         if (o.kind == ir::ArgKind::Value) group_of_value_[static_cast<size_t>(o.values[0])] = gid;
       }
@@ -364,8 +353,8 @@ class Fuser {
   }
 
   // Whether node `start` depends on group `gid`, walking producers backwards; a node of a
-  // group stands for the whole group (the group runs as one unit). The groups a node
-  // depends on grow as groups gain members, so deps_ alone can be stale.
+  // group stands for the whole group (the group runs as one unit). Walked afresh each
+  // time: what a node depends on grows as groups gain members.
   bool reaches_group(ir::NodeId start, int gid) const {
     std::vector<char> seen(g_.nodes().size(), 0);
     std::vector<char> seen_group(groups_.size(), 0);
@@ -447,7 +436,6 @@ class Fuser {
 
   // --- kernels ---------------------------------------------------------------------
   void build_kernels() {
-    const auto last = g_.last_readers();
     const auto outputs = g_.output_values();
     std::set<ir::ValueId> graph_outputs(outputs.begin(), outputs.end());
     for (auto& gr : groups_) {
@@ -511,7 +499,6 @@ class Fuser {
       kept_[gr.id] = fused_.size();
       fused_.push_back(std::move(fg));
     }
-    (void)last;
   }
 
   kir::Kernel lower_group(const Group& gr, const FusedGroup& fg) {
@@ -677,54 +664,14 @@ class Fuser {
     return n;
   }
 
+  // The group's nodes as a standalone graph (FusedGroup::fallback).
   ir::Graph subgraph(const FusedGroup& fg) const {
-    ir::Graph sg;
-    std::map<ir::ValueId, ir::ValueId> remap;
-    for (ir::ValueId v : fg.inputs) {
-      remap[v] = sg.add_input(ir::InputKind::UserInput, "%" + std::to_string(v), g_.value(v).meta);
-    }
-    for (ir::NodeId id : fg.nodes) copy_node(g_, g_.node(id), sg, remap);
-    std::vector<ir::ValueId> outs;
-    std::vector<std::string> names;
-    std::vector<ir::OutputKind> kinds;
-    for (ir::ValueId v : fg.outputs) {
-      outs.push_back(remap.at(v));
-      names.push_back("%" + std::to_string(v));
-      kinds.push_back(ir::OutputKind::User);
-    }
-    sg.set_outputs(outs, names, kinds);
-    for (const auto& [op, schema] : g_.schemas()) sg.schemas()[op] = schema;
-    return sg;
-  }
-
-  // Copies a node of `from` into `to`, remapping value ids (new results added to remap).
-  static ir::NodeId copy_node(const ir::Graph& from, const ir::Node& n, ir::Graph& to,
-                              std::map<ir::ValueId, ir::ValueId>& remap) {
-    ir::Node c = n;
-    for (auto& a : c.args) {
-      for (auto& v : a.values) {
-        if (v != ir::kNoValue) v = remap.at(v);
-      }
-    }
-    // Results get fresh ids once the node has one.
-    for (auto& o : c.outputs) {
-      for (auto& v : o.values) v = ir::kNoValue;
-    }
-    const ir::NodeId id = static_cast<ir::NodeId>(to.nodes().size());
-    for (size_t r = 0; r < n.outputs.size(); ++r) {
-      const auto& o = n.outputs[r];
-      for (size_t li = 0; li < o.values.size(); ++li) {
-        const ir::ValueId old = o.values[li];
-        if (old == ir::kNoValue) continue;
-        const ir::Value& ov = from.value(old);
-        const ir::ValueId nv = to.new_value(id, static_cast<int>(r), o.kind == ir::ArgKind::ValueList ? static_cast<int>(li) : -1, ov.meta);
-        if (ov.version_of != ir::kNoValue) to.value(nv).version_of = remap.at(ov.version_of);
-        if (ov.view_of != ir::kNoValue) to.value(nv).view_of = remap.at(ov.view_of);
-        remap[old] = nv;
-        c.outputs[r].values[li] = nv;
-      }
-    }
-    return to.add_node(std::move(c));
+    std::vector<ir::InputKind> kinds(fg.inputs.size(), ir::InputKind::UserInput);
+    std::vector<std::string> names, out_names;
+    for (ir::ValueId v : fg.inputs) names.push_back("%" + std::to_string(v));
+    for (ir::ValueId v : fg.outputs) out_names.push_back("%" + std::to_string(v));
+    return ir::extract_subgraph(g_, fg.nodes, fg.inputs, kinds, names, fg.outputs, out_names,
+                                std::vector<ir::OutputKind>(fg.outputs.size(), ir::OutputKind::User));
   }
 
   // --- rewrite ---------------------------------------------------------------------
@@ -800,7 +747,7 @@ class Fuser {
     FusionResult res;
     ir::Graph& out = res.graph;
     for (const auto& h : g_.hooks()) out.add_hook(h.kind, h.autograd_node);
-    std::map<ir::ValueId, ir::ValueId> remap;
+    std::unordered_map<ir::ValueId, ir::ValueId> remap;
     size_t emitted = 0;
     while (!ready.empty()) {
       const int u = ready.top().second;
@@ -829,7 +776,7 @@ class Fuser {
           }
           out.set_outputs(vs, n.output_names, n.output_kinds);
         } else {
-          copy_node(g_, n, out, remap);
+          ir::copy_node(g_, n, out, remap);
         }
       }
       for (int s : succ[static_cast<size_t>(u)]) {
@@ -866,7 +813,7 @@ class Fuser {
     return idx;
   }
 
-  void emit_group(const FusedGroup& fg, ir::Graph& out, std::map<ir::ValueId, ir::ValueId>& remap) {
+  void emit_group(const FusedGroup& fg, ir::Graph& out, std::unordered_map<ir::ValueId, ir::ValueId>& remap) {
     ir::Node n;
     n.kind = ir::NodeKind::Call;
     n.op = kFusedOp;
@@ -898,7 +845,6 @@ class Fuser {
   const FusionOptions& opts_;
   std::vector<Group> groups_;
   std::vector<int> group_of_node_;
-  std::vector<std::set<int>> deps_;
   std::vector<int> group_of_value_;
   std::vector<Space> space_of_value_;
   std::map<ir::NodeId, Space> node_space_;

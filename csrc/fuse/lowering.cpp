@@ -563,7 +563,6 @@ std::optional<std::string> classify(const ir::Graph& g, const ir::Node& n, OpInf
     info->reduce_dims.clear();
     return std::nullopt;
   }
-  const auto& m0 = g.value(n.args.at(0).kind == ir::ArgKind::Value ? n.args[0].values[0] : n.outputs.at(0).values.at(0)).meta;
   const bool float_out = [&] {
     for (const auto& o : n.outputs) {
       if (o.kind == ir::ArgKind::Value && !kir::is_floating(*to_kir(g.value(o.values[0]).meta.dtype))) return false;
@@ -580,7 +579,6 @@ std::optional<std::string> classify(const ir::Graph& g, const ir::Node& n, OpInf
   for (const char* f : float_only) {
     if (n.op == f && !float_out) return std::string("integer result (only floating results are fused for this op)");
   }
-  (void)m0;
   info->cls = row->cls;
   info->reduce_dims = row->dims ? row->dims(g, n) : std::vector<int64_t>{};
   if (row->cls != OpClass::Pointwise && info->reduce_dims.empty()) {
@@ -747,12 +745,13 @@ DType Emitter::promoted(const ir::Node& n, std::initializer_list<size_t> args) c
 }
 
 int64_t Emitter::reduced_numel(const ir::Node& n) const {
-  OpInfo info;
-  const auto& meta = g_.value(n.args.at(n.op == "aten::mse_loss_backward" ? 1 : 0).values.at(0)).meta;
-  if (n.op == "aten::mse_loss_backward") return meta.numel();
-  classify(g_, n, &info);
+  // mse_loss_backward (grad, self, ...) is pointwise, but its mean divides by self's numel.
+  if (n.op == "aten::mse_loss_backward") return g_.value(n.args.at(1).values.at(0)).meta.numel();
+  const Row* row = find_row(n);
+  TORCH_INTERNAL_ASSERT(row && row->dims, "tcap fusion: ", n.qualified_op(), " reduces no dims");
+  const auto& sizes = g_.value(n.args.at(0).values.at(0)).meta.sizes;
   int64_t count = 1;
-  for (int64_t d : info.reduce_dims) count *= meta.sizes[static_cast<size_t>(d)];
+  for (int64_t d : row->dims(g_, n)) count *= sizes[static_cast<size_t>(d)];
   return count;
 }
 

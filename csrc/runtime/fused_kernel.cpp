@@ -4,6 +4,7 @@
 
 #include <tcap/interpreter.h>
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/Parallel.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/TensorImpl.h>
@@ -51,19 +52,11 @@ std::string describe(const ir::TensorMeta& m) {
   return os.str();
 }
 
-int64_t storage_bytes(const ir::TensorMeta& m) {
-  int64_t extent = 1;
-  for (size_t d = 0; d < m.sizes.size(); ++d) {
-    if (m.sizes[d] == 0) return 0;
-    extent += (m.sizes[d] - 1) * m.strides[d];
-  }
-  return extent * static_cast<int64_t>(c10::elementSize(m.dtype));
-}
-
 // An output tensor with the recorded layout, on the slot's storage when nobody else holds it.
 // See Note [Fused kernel outputs].
 at::Tensor allocate(c10::Storage& slot, const ir::TensorMeta& m) {
-  const int64_t nbytes = storage_bytes(m);
+  const auto nbytes = static_cast<int64_t>(
+      at::detail::computeStorageNbytes(m.sizes, m.strides, c10::elementSize(m.dtype)));
   if (!slot || slot.use_count() != 1 || static_cast<int64_t>(slot.nbytes()) < nbytes) {
     slot = c10::Storage(c10::Storage::use_byte_size_t(), nbytes, c10::GetCPUAllocator(), /*resizable=*/true);
   }

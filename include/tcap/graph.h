@@ -19,6 +19,7 @@
 #include <iosfwd>
 #include <map>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace tcap::ir {
@@ -211,6 +212,24 @@ class Graph {
   std::map<std::string, std::string> schemas_;
   std::map<std::string, std::string> meta_;
 };
+
+// One value for messages: "%7 f32[4, 5] aten::add.Tensor" or "%0 f32[4] input 'x'".
+std::string describe(const Graph& g, ValueId v);
+
+// Appends a copy of node n of `from` to `to`. `map` renames values of `from` to values of
+// `to`: every value n reads must be in it (else throws, naming the node); n's results get
+// new values in `to` (same metadata; view/version links renamed when their target is in
+// the map, dropped otherwise) and are added to it. Returns the new node's id.
+NodeId copy_node(const Graph& from, const Node& n, Graph& to, std::unordered_map<ValueId, ValueId>& map);
+
+// A copy of g holding only `nodes` (ids, in graph order), with `inputs` as its Input nodes
+// (kinds and names given) and `outputs` as its Output node. Every value the kept nodes read
+// must be an input or made by a kept node. Used to cut forward and backward graphs out of
+// a joint graph, and a fusion group out of a graph.
+Graph extract_subgraph(const Graph& g, const std::vector<NodeId>& nodes, const std::vector<ValueId>& inputs,
+                       const std::vector<InputKind>& input_kinds, const std::vector<std::string>& input_names,
+                       const std::vector<ValueId>& outputs, const std::vector<std::string>& output_names,
+                       const std::vector<OutputKind>& output_kinds);
 
 // Checks structural invariants (ids, topological order, value producers, version/view
 // links, output node last). Throws c10::Error whose message ends with the printed graph.

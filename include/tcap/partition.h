@@ -70,16 +70,9 @@ struct PartitionResult {
 // c10::Error with a clear message on a malformed joint graph.
 PartitionResult partition(const JointGraph& joint, Partitioner p);
 
-// A copy of g holding only `nodes` (ids, in graph order), with `inputs` as its Input nodes
-// (kinds and names given) and `outputs` as its Output node. Every value the kept nodes read
-// must be an input or made by a kept node. Used to cut forward and backward graphs.
-ir::Graph extract_subgraph(const ir::Graph& g, const std::vector<ir::NodeId>& nodes,
-                           const std::vector<ir::ValueId>& inputs,
-                           const std::vector<ir::InputKind>& input_kinds,
-                           const std::vector<std::string>& input_names,
-                           const std::vector<ir::ValueId>& outputs,
-                           const std::vector<std::string>& output_names,
-                           const std::vector<ir::OutputKind>& output_kinds);
+// ir::extract_subgraph (tcap/graph.h), also reachable as tcap::extract_subgraph: cuts
+// forward and backward graphs out of a joint graph.
+using ir::extract_subgraph;
 
 // A copy of g without the nodes nothing depends on: a node is kept if the Output node
 // reads one of its results (directly or through other kept nodes) or if it writes into a

@@ -1,0 +1,85 @@
+// Copying nodes between graphs: copy_node and extract_subgraph (tcap/graph.h).
+#include <tcap/graph.h>
+
+#include <c10/util/Exception.h>
+
+#include <sstream>
+
+namespace tcap::ir {
+
+std::string describe(const Graph& g, ValueId v) {
+  std::ostringstream ss;
+  const auto& val = g.value(v);
+  ss << "%" << v << " " << dtype_short_name(val.meta.dtype) << "[";
+  for (size_t i = 0; i < val.meta.sizes.size(); ++i) ss << (i ? ", " : "") << val.meta.sizes[i];
+  ss << "]";
+  const Node& p = g.node(val.producer);
+  if (p.kind == NodeKind::Input) ss << " input '" << p.name << "'";
+  else ss << " " << p.qualified_op();
+  return ss.str();
+}
+
+NodeId copy_node(const Graph& from, const Node& node, Graph& to, std::unordered_map<ValueId, ValueId>& map) {
+  Node n = node;
+  const auto new_id = static_cast<NodeId>(to.nodes().size());
+  for (auto& a : n.args) {
+    if (!a.refers_to_values()) continue;
+    for (auto& v : a.values) {
+      if (v == kNoValue) continue;
+      auto it = map.find(v);
+      TORCH_CHECK(it != map.end(), "tcap: cutting a graph: node %", n.id, " (", n.qualified_op(), ") reads ",
+                  describe(from, v), ", which is neither an input of the cut graph nor made inside it");
+      v = it->second;
+    }
+  }
+  auto link = [&](ValueId o) {
+    auto it = map.find(o);
+    return (o == kNoValue || it == map.end()) ? kNoValue : it->second;
+  };
+  for (auto& a : n.outputs) {
+    if (!a.refers_to_values()) continue;
+    for (auto& v : a.values) {
+      if (v == kNoValue) continue;
+      const auto& old = from.value(v);
+      const ValueId nv = to.new_value(new_id, old.output_index, old.list_index, old.meta);
+      auto& val = to.value(nv);
+      val.version_of = link(old.version_of);
+      val.view_of = link(old.view_of);
+      map[v] = nv;
+      v = nv;
+    }
+  }
+  if (n.kind == NodeKind::Call) {
+    const std::string q = n.qualified_op();
+    auto it = from.schemas().find(q);
+    if (it != from.schemas().end()) to.schemas()[q] = it->second;
+  }
+  return to.add_node(std::move(n));
+}
+
+Graph extract_subgraph(const Graph& g, const std::vector<NodeId>& nodes, const std::vector<ValueId>& inputs,
+                       const std::vector<InputKind>& input_kinds, const std::vector<std::string>& input_names,
+                       const std::vector<ValueId>& outputs, const std::vector<std::string>& output_names,
+                       const std::vector<OutputKind>& output_kinds) {
+  TORCH_CHECK(inputs.size() == input_kinds.size() && inputs.size() == input_names.size(),
+              "tcap extract_subgraph: one kind and one name per input");
+  Graph h;
+  std::unordered_map<ValueId, ValueId> map;
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    map[inputs[k]] = h.add_input(input_kinds[k], input_names[k], g.value(inputs[k]).meta);
+  }
+  for (NodeId id : nodes) copy_node(g, g.node(id), h, map);
+  std::vector<ValueId> outs;
+  for (ValueId v : outputs) {
+    auto it = map.find(v);
+    TORCH_CHECK(it != map.end(), "tcap: cutting a graph: output ", describe(g, v),
+                " is neither an input of the cut graph nor made inside it");
+    outs.push_back(it->second);
+  }
+  h.set_outputs(std::move(outs), output_names, output_kinds);
+  h.meta() = g.meta();
+  verify(h);
+  return h;
+}
+
+}  // namespace tcap::ir
