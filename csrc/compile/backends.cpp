@@ -44,7 +44,7 @@ Executable fused_backend(const ir::Graph& g, const std::string& what, const std:
         const std::string base = dump_dir + "/kernels/" + what + "." + fg.name;
         std::filesystem::create_directories(dump_dir + "/kernels");
         write_file(base + ".kir", kir::to_string(fg.kernel));
-        write_file(base + ".ll", codegen::cpu_kernel_llvm_ir(fg.kernel));
+        write_file(base + ".ll", fk->cpu->llvm_ir);
       }
       const int64_t id = runtime::register_kernel(std::move(fk));
       ids->push_back(id);

@@ -78,15 +78,16 @@ int32_t add(Kernel& k, Instr in) {
 
 std::string to_string(const Kernel& k) { return "kernel " + k.name + body(k); }
 
-uint64_t structural_hash(const Kernel& k) {
-  const std::string s = body(k);
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) {
-    h ^= c;
+uint64_t fnv1a(const void* data, size_t n, uint64_t h) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) {
+    h ^= p[i];
     h *= 1099511628211ull;
   }
   return h;
 }
+
+uint64_t structural_hash(const Kernel& k) { return fnv1a(body(k)); }
 
 std::string hash_hex(uint64_t h) {
   char buf[17];

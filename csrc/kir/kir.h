@@ -120,6 +120,11 @@ int32_t add(Kernel& k, Instr in);
 //     %1 = cos.f32 %0
 //     store buf1 [2048, 1]+0 <- %1
 std::string to_string(const Kernel& k);
+// 64-bit FNV-1a of n bytes, continuing from h (chain calls to hash several pieces).
+constexpr uint64_t kFnvOffset = 1469598103934665603ull;
+uint64_t fnv1a(const void* data, size_t n, uint64_t h = kFnvOffset);
+inline uint64_t fnv1a(const std::string& s, uint64_t h = kFnvOffset) { return fnv1a(s.data(), s.size(), h); }
+
 // 64-bit FNV-1a of the canonical text with the name left out (two kernels that differ
 // only by name share machine code).
 uint64_t structural_hash(const Kernel& k);

@@ -66,16 +66,16 @@ std::shared_ptr<const CpuKernel> compile_cpu_kernel(const kir::Kernel& k) {
   Backend& be = backend();
   std::lock_guard<std::mutex> lock(be.mu);
   cpu::CpuJit& jit = jit_or_throw();
-  const cpu::KernelPlan plan = cpu::make_plan(k, jit.target());  // throws on unsupported kernels
-  TORCH_CHECK(jit.target_runnable(), "tcap cpu_llvm: kernel ", k.name,
-              ": the testing vector width is wider than this CPU runs; use cpu_kernel_llvm_ir");
   const std::string key = cache_key(k, jit);
   if (auto it = be.memory.find(key); it != be.memory.end()) {
     ++be.stats.memory_hits;
     return it->second;
   }
+  const cpu::KernelPlan plan = cpu::make_plan(k, jit.target());  // throws on unsupported kernels
+  TORCH_CHECK(jit.target_runnable(), "tcap cpu_llvm: kernel ", k.name,
+              ": the testing vector width is wider than this CPU runs; use cpu_kernel_llvm_ir");
   auto out = std::make_shared<CpuKernel>();
-  out->key_hash = kir::hash_hex(cpu::fnv1a(key));
+  out->key_hash = kir::hash_hex(kir::fnv1a(key));
   out->name = symbol_for(out->key_hash);
   out->range = k.parallel_range();
   out->grain = plan.grain;
@@ -110,6 +110,7 @@ std::shared_ptr<const CpuKernel> compile_cpu_kernel(const kir::Kernel& k) {
       TCAP_LOG(Perf, "cpu_llvm: kernel " << k.name << " not written to the disk cache: " << why);
     }
   }
+  out->llvm_ir = std::move(entry.ir);
   out->compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   TCAP_LOG(Perf, "cpu_llvm: " << k.name << " -> " << out->name << (out->from_disk ? " loaded from disk" : " compiled")
                               << " in " << out->compile_ms << " ms");
@@ -124,7 +125,7 @@ std::string cpu_kernel_llvm_ir(const kir::Kernel& k) {
   cpu::CpuJit& jit = jit_or_throw();
   const cpu::KernelPlan plan = cpu::make_plan(k, jit.target());
   const std::string key = cache_key(k, jit);
-  return jit.compile(k, plan, symbol_for(kir::hash_hex(cpu::fnv1a(key))), /*want_object=*/false).ir;
+  return jit.compile(k, plan, symbol_for(kir::hash_hex(kir::fnv1a(key))), /*want_object=*/false).ir;
 }
 
 std::string cpu_target_description() {

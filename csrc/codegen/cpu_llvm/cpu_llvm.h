@@ -33,6 +33,7 @@ struct CpuKernel {
   int64_t grain = 1;       // suggested at::parallel_for grain size (iterations)
   double compile_ms = 0;   // wall time of compile() for this kernel (0 on a memory hit)
   bool from_disk = false;  // loaded from the disk cache (no LLVM optimisation ran)
+  std::string llvm_ir;     // the optimised LLVM IR text (for TCAP_DUMP_DIR)
 };
 
 struct CpuLlvmStats {
@@ -51,8 +52,9 @@ bool cpu_llvm_available(std::string* why = nullptr);
 // leaves the group's ops to ATen. Thread-safe.
 std::shared_ptr<const CpuKernel> compile_cpu_kernel(const kir::Kernel& k);
 
-// The optimised LLVM IR text of a kernel (renders and optimises without JIT or caches);
-// used for TCAP_DUMP_DIR dumps and tests.
+// The optimised LLVM IR text of a kernel (renders and optimises without JIT or caches),
+// for kernels that need not run here (tests of other vector widths). A compiled kernel
+// carries its own in CpuKernel::llvm_ir.
 std::string cpu_kernel_llvm_ir(const kir::Kernel& k);
 
 // A short description of the target ("x86_64-pc-linux-gnu znver3 +avx2,+fma vf32=8").

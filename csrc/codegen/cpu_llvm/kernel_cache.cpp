@@ -1,5 +1,8 @@
 #include "codegen/cpu_llvm/kernel_cache.h"
 
+#include "kir/kir.h"
+
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -47,27 +50,14 @@ bool make_dirs(const std::string& dir, std::string* why) {
   return true;
 }
 
+// FNV-1a of the file without header bytes [kChecksummedHeader, kHeaderSize) (the checksum
+// field itself and what follows it in the header).
 uint64_t checksum(const std::string& file) {
-  uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < file.size(); ++i) {
-    if (i >= kChecksummedHeader && i < kHeaderSize) continue;
-    h ^= static_cast<unsigned char>(file[i]);
-    h *= 1099511628211ull;
-  }
-  return h;
+  const uint64_t head = kir::fnv1a(file.data(), std::min(file.size(), kChecksummedHeader));
+  if (file.size() <= kHeaderSize) return head;
+  return kir::fnv1a(file.data() + kHeaderSize, file.size() - kHeaderSize, head);
 }
 
-}  // namespace
-
-uint64_t fnv1a(const std::string& s, uint64_t h) {
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
-namespace {
 
 struct BuildIdSearch {
   uintptr_t addr = 0;

@@ -31,7 +31,6 @@ struct CacheEntry {
 
 enum class CacheRead { Missing, Hit, Corrupt };
 
-uint64_t fnv1a(const std::string& s, uint64_t h = 1469598103934665603ull);
 // The GNU build id (hex) of the shared object holding tcap's code, "" if it has none.
 // Part of the cache key: a rebuilt libtcap.so never loads kernels rendered by an older
 // renderer, even if nobody bumped the codegen version.
