@@ -87,6 +87,39 @@ constexpr Tolerance kMatmulTol{1e-4, 1e-5};
 
 // Builds the step of one variant: options is null for eager.
 using MakeStep = std::function<Step(const tcap::CompileOptions* options)>;
+using Loss = std::function<at::Tensor(const at::Tensor&)>;
+
+// A step calling fn(inputs)[0]: eagerly (options == nullptr) or through tcap::compile.
+Step function_step(Tensors (*fn)(const Tensors&), Tensors inputs, Tensors leaves, Loss loss,
+                   const tcap::CompileOptions* options) {
+  Step s;
+  s.leaves = std::move(leaves);
+  s.loss = std::move(loss);
+  if (!options) {
+    s.forward = [fn, inputs] { return fn(inputs)[0]; };
+  } else {
+    s.compiled = tcap::compile(fn, *options);
+    s.forward = [f = s.compiled.get(), inputs] { return (*f)(inputs)[0]; };
+  }
+  return s;
+}
+
+// A step calling module->forward(x): eagerly (options == nullptr) or through
+// tcap::compile(module); the leaves are the module's parameters.
+template <class M>
+Step module_step(M module, at::Tensor x, Loss loss, const tcap::CompileOptions* options) {
+  Step s;
+  s.leaves = module->parameters();
+  s.loss = std::move(loss);
+  if (!options) {
+    s.forward = [module, x]() mutable { return module->forward(x); };
+  } else {
+    s.compiled = tcap::compile(module, *options);
+    // The compiled function holds the module weakly: the step keeps it alive.
+    s.forward = [f = s.compiled.get(), module, x] { return f->forward(x); };
+  }
+  return s;
+}
 
 void reset_grads(const Tensors& leaves) {
   for (const auto& t : leaves) {
@@ -301,16 +334,7 @@ std::vector<Variant> make_coscos(const Options& opts) {
   Tensors inputs;
   for (int i = 0; i < 4; ++i) inputs.push_back(torch::randn({1024, 2048}, torch::requires_grad()));
   return make_variants("coscos", opts, kPointwiseTol, [inputs](const tcap::CompileOptions* o) {
-    Step s;
-    s.leaves = inputs;
-    s.loss = [](const at::Tensor& out) { return out.sum(); };
-    if (!o) {
-      s.forward = [inputs] { return coscos(inputs)[0]; };
-    } else {
-      s.compiled = tcap::compile(coscos, *o);
-      s.forward = [f = s.compiled.get(), inputs] { return (*f)(inputs)[0]; };
-    }
-    return s;
+    return function_step(coscos, inputs, inputs, [](const at::Tensor& out) { return out.sum(); }, o);
   });
 }
 
@@ -325,17 +349,7 @@ std::vector<Variant> make_mlp_small(const Options& opts) {
   return make_variants("mlp_small", opts, kPointwiseTol, [x, target](const tcap::CompileOptions* o) {
     torch::manual_seed(1);
     nn::Sequential model{nn::Linear(10, 5), nn::ReLU(), nn::Linear(5, 2), nn::Softmax(1)};
-    Step s;
-    s.leaves = model->parameters();
-    s.loss = [target](const at::Tensor& out) { return torch::mse_loss(out, target); };
-    if (!o) {
-      s.forward = [model, x]() mutable { return model->forward(x); };
-    } else {
-      s.compiled = tcap::compile(model, *o);
-      // The compiled function holds the module weakly: the step keeps it alive.
-      s.forward = [f = s.compiled.get(), model, x] { return f->forward(x); };
-    }
-    return s;
+    return module_step(model, x, [target](const at::Tensor& out) { return torch::mse_loss(out, target); }, o);
   });
 }
 
@@ -363,16 +377,7 @@ std::vector<Variant> make_mlp_big(const Options& opts) {
     nn::LayerNorm norm(nn::LayerNormOptions({1024}));
     randomise_affine(norm);
     nn::Sequential model{nn::Linear(1024, 4096), nn::GELU(), nn::Linear(4096, 1024), norm};
-    Step s;
-    s.leaves = model->parameters();
-    s.loss = mean_of_squares;
-    if (!o) {
-      s.forward = [model, x]() mutable { return model->forward(x); };
-    } else {
-      s.compiled = tcap::compile(model, *o);
-      s.forward = [f = s.compiled.get(), model, x] { return f->forward(x); };
-    }
-    return s;
+    return module_step(model, x, mean_of_squares, o);
   });
 }
 
@@ -390,17 +395,7 @@ std::vector<Variant> make_softmax_ce(const Options& opts) {
   const at::Tensor logits = torch::randn({ce_rows(opts), kCeClasses}, torch::requires_grad());
   const at::Tensor targets = torch::randint(0, kCeClasses, {ce_rows(opts)}, torch::kLong);
   return make_variants("softmax_ce", opts, kMatmulTol, [logits, targets](const tcap::CompileOptions* o) {
-    Step s;
-    s.leaves = {logits};
-    s.loss = [](const at::Tensor& out) { return out; };
-    const Tensors inputs{logits, targets};
-    if (!o) {
-      s.forward = [inputs] { return softmax_ce(inputs)[0]; };
-    } else {
-      s.compiled = tcap::compile(softmax_ce, *o);
-      s.forward = [f = s.compiled.get(), inputs] { return (*f)(inputs)[0]; };
-    }
-    return s;
+    return function_step(softmax_ce, {logits, targets}, {logits}, [](const at::Tensor& out) { return out; }, o);
   });
 }
 
@@ -419,16 +414,7 @@ std::vector<Variant> make_transformer_block(const Options& opts) {
     randomise_affine(layer->norm1);
     randomise_affine(layer->norm2);
     layer->train();
-    Step s;
-    s.leaves = layer->parameters();
-    s.loss = mean_of_squares;
-    if (!o) {
-      s.forward = [layer, src]() mutable { return layer->forward(src); };
-    } else {
-      s.compiled = tcap::compile(layer, *o);
-      s.forward = [f = s.compiled.get(), layer, src] { return f->forward(src); };
-    }
-    return s;
+    return module_step(layer, src, mean_of_squares, o);
   });
 }
 
