@@ -46,8 +46,9 @@ const std::vector<double>* Record::rounds_of(const std::string& key) const {
   return nullptr;
 }
 
-void Sample::stop(const char* metric) {
-  const double s = std::chrono::duration<double>(Clock::now() - t0_).count();
+void Sample::stop(const char* metric) { add(metric, std::chrono::duration<double>(Clock::now() - t0_).count()); }
+
+void Sample::add(const char* metric, double s) {
   for (auto& [m, total] : seconds_) {
     if (m == metric || std::strcmp(m, metric) == 0) {
       total += s;

@@ -81,6 +81,8 @@ class Sample {
   void start() { t0_ = Clock::now(); }
   // Adds the time since start() to `metric` (a string literal: compared by address first).
   void stop(const char* metric);
+  // Adds `seconds` measured elsewhere to `metric` (same naming rule as stop()).
+  void add(const char* metric, double seconds);
   const std::vector<std::pair<const char*, double>>& seconds() const { return seconds_; }
   void clear() { seconds_.clear(); }
 

@@ -38,7 +38,7 @@ constexpr const char* kUsage =
 
 // Every variant some workload has (--variants checks its names against these).
 const char* const kVariants[] = {"eager",     "record",   "replay",  "tcap_eager", "tcap_eager_default",
-                                 "tcap_llvm", "py_eager", "inductor"};
+                                 "tcap_llvm", "ca_eager", "ca_llvm", "py_eager", "inductor"};
 
 [[noreturn]] void usage_error(const std::string& message) {
   std::cerr << "tcap-bench: " << message << "\n" << kUsage;

@@ -10,7 +10,11 @@
 //   eager               plain LibTorch;
 //   tcap_eager          tcap::compile, backend "eager", Partitioner::MinCut;
 //   tcap_eager_default  the same with Partitioner::Default;
-//   tcap_llvm           backend "llvm" (fused CPU kernels), Partitioner::MinCut.
+//   tcap_llvm           backend "llvm" (fused CPU kernels), Partitioner::MinCut;
+//   ca_eager, ca_llvm   eager forward, loss.backward() under a CompiledAutogradGuard
+//                       (compiled autograd, backend "eager" / "llvm"); these also report
+//                       lookup_us: the guard's walk of the autograd graph and cache lookup,
+//                       part of bwd_us.
 // (py_eager and inductor come from bench/inductor_bench.py: Note [The torch.compile peer]
 // in harness.h.) A tcap variant that cannot be set up is reported as skipped with the
 // reason instead of stopping the run: a backend that does not exist ("unknown backend")
@@ -42,6 +46,7 @@
 #include "workloads.h"
 
 #include <tcap/compile.h>
+#include <tcap/compiled_autograd.h>
 
 #include <torch/torch.h>
 
@@ -66,7 +71,20 @@ struct Step {
   std::function<at::Tensor(const at::Tensor&)> loss;  // untimed, eager
   Tensors leaves;                                     // what the backward writes .grad of
   std::shared_ptr<tcap::CompiledFunction> compiled;   // tcap variants only
+  std::shared_ptr<tcap::CompiledAutogradOptions> ca;  // compiled-autograd variants only
 };
+
+// loss.backward(), under a compiled-autograd guard for the ca_* variants.
+void backward_of(const Step& s, const at::Tensor& loss) {
+  if (!s.ca) {
+    loss.backward();
+    return;
+  }
+  tcap::CompiledAutogradGuard guard(*s.ca);
+  loss.backward();
+}
+
+tcap::CompiledAutogradStats ca_stats(const Step& s) { return tcap::CompiledAutogradGuard(*s.ca).stats(); }
 
 // Fresh compiles per tcap variant at setup; compile_ms is their median (1 with --quick).
 constexpr int kCompiles = 5;
@@ -129,7 +147,7 @@ void reset_grads(const Tensors& leaves) {
 
 void run_untimed(const Step& s) {
   reset_grads(s.leaves);
-  s.loss(s.forward()).backward();
+  backward_of(s, s.loss(s.forward()));
 }
 
 [[noreturn]] void fail(const Step& s, const std::string& why) {
@@ -146,6 +164,15 @@ double compile_first_call(const Step& s) {
   const auto t0 = std::chrono::steady_clock::now();
   run_untimed(s);
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (s.ca) {
+    const auto st = ca_stats(s);
+    if (st.captures != 1 || st.compiles != 1) {
+      fail(s, "expected compiled autograd to capture and compile the first backward, got " +
+                  std::to_string(st.captures) + " captures and " + std::to_string(st.compiles) +
+                  " compiles (TCAP_LOGS=graph_breaks says why)");
+    }
+    return ms;
+  }
   if (!s.compiled->eager_reason().empty()) fail(s, "tcap::compile fell back to eager");
   const tcap::CompileStats& st = s.compiled->stats();
   if (st.captures != 1 || st.compiles != 1 || s.compiled->entries().size() != 1) {
@@ -159,14 +186,21 @@ double compile_first_call(const Step& s) {
 void run_timed(const Step& s, Sample& sample) {
   const int replays = s.compiled ? s.compiled->stats().replays : 0;
   const int fallbacks = s.compiled ? s.compiled->stats().backward_fallbacks : 0;
+  const tcap::CompiledAutogradStats ca_before = s.ca ? ca_stats(s) : tcap::CompiledAutogradStats{};
   reset_grads(s.leaves);
   sample.start();
   at::Tensor out = s.forward();
   sample.stop("fwd_us");
   at::Tensor loss = s.loss(out);
   sample.start();
-  loss.backward();
+  backward_of(s, loss);
   sample.stop("bwd_us");
+  if (s.ca) {
+    const auto st = ca_stats(s);
+    if (st.hits != ca_before.hits + 1) fail(s, "a timed backward was not served by the compiled backward");
+    sample.add("lookup_us", (st.lookup_us - ca_before.lookup_us) * 1e-6);
+    return;
+  }
   if (!s.compiled) return;
   const tcap::CompileStats& st = s.compiled->stats();
   if (st.replays != replays + 1) fail(s, "a timed call was not a compiled replay");
@@ -201,7 +235,7 @@ Bytes measure_bytes(const Step& s) {
     for (const auto& [data, bytes] : counter.live()) {
       if (data != out.storage().data() && live_before.count(data) == 0) b.held += bytes;
     }
-    s.loss(out).backward();
+    backward_of(s, s.loss(out));
   }
   b.peak = counter.peak() - start;
   return b;
@@ -212,7 +246,7 @@ Tensors result_of(const Step& s) {
   reset_grads(s.leaves);
   at::Tensor out = s.forward();
   Tensors r{out.detach().clone()};
-  s.loss(out).backward();
+  backward_of(s, s.loss(out));
   for (const auto& t : s.leaves) r.push_back(t.grad().defined() ? t.grad().clone() : at::Tensor());
   return r;
 }
@@ -310,6 +344,31 @@ std::vector<Variant> make_variants(const std::string& workload, const Options& o
           spec.name, unavailable ? "backend '" + std::string(spec.backend) + "' is not available (" + first_line(why) + ")"
                                  : first_line(why),
           !unavailable));
+    }
+  }
+  const Spec ca_specs[] = {{"ca_eager", "eager", tcap::Partitioner::MinCut},
+                           {"ca_llvm", "llvm", tcap::Partitioner::MinCut}};
+  for (const auto& spec : ca_specs) {
+    if (!opts.wants(spec.name)) continue;
+    try {
+      auto step = std::make_shared<Step>(make_step(nullptr));
+      step->what = workload + "/" + spec.name;
+      step->ca = std::make_shared<tcap::CompiledAutogradOptions>();
+      step->ca->compile.name = workload + "_" + spec.name;
+      step->ca->compile.backend = spec.backend;
+      const double ms = compile_first_call(*step);
+      const Bytes b = measure_bytes(*step);
+      check_matches(*step, *eager, tol);
+      Variant v{spec.name, [step](Sample& s) { run_timed(*step, s); }};
+      v.fixed = {{"compile_ms", ms},
+                 {"peak_bytes", static_cast<double>(b.peak)},
+                 {"held_bytes", static_cast<double>(b.held)},
+                 {"kept_bytes", static_cast<double>(b.kept)}};
+      variants.push_back(std::move(v));
+    } catch (const std::exception& e) {
+      const std::string why = e.what();
+      const bool unavailable = why.find("cannot compile") != std::string::npos && why.find("LLVM") != std::string::npos;
+      variants.push_back(Variant::skip(spec.name, first_line(why), !unavailable));
     }
   }
   return variants;
@@ -418,6 +477,25 @@ std::vector<Variant> make_transformer_block(const Options& opts) {
   });
 }
 
+// --- ca_chain --------------------------------------------------------------------------
+
+// A chain of 100 small pointwise ops on f32[64]: a backward of ~100 autograd nodes whose
+// kernels are tiny, so compiled autograd's per-call cost (the graph walk and cache lookup,
+// lookup_us) shows. Goal: lookup_us under 20 µs.
+Tensors ca_chain(const Tensors& in) {
+  at::Tensor x = in[0];
+  for (int i = 0; i < 33; ++i) x = torch::sin(x * 1.01 + in[1]);
+  return {x};
+}
+
+std::vector<Variant> make_ca_chain(const Options& opts) {
+  torch::manual_seed(0);
+  Tensors inputs{torch::randn({64}, torch::requires_grad()), torch::randn({64}, torch::requires_grad())};
+  return make_variants("ca_chain", opts, kPointwiseTol, [inputs](const tcap::CompileOptions* o) {
+    return function_step(ca_chain, inputs, inputs, [](const at::Tensor& out) { return out.sum(); }, o);
+  });
+}
+
 }  // namespace
 
 void add_compile_workloads(Registry& registry) {
@@ -438,6 +516,12 @@ void add_compile_workloads(Registry& registry) {
                      make_mlp_small, derive_bwd_ratio};
   mlp_small.has_peer = true;
   registry.add(std::move(mlp_small));
+
+  Workload chain{"ca_chain",
+                 "33 x sin(x * 1.01 + b) on f32[64] (a 100-node backward): compiled autograd's per-call "
+                 "walk and cache lookup (lookup_us) against the whole backward; µs per call",
+                 make_ca_chain, derive_bwd_ratio};
+  registry.add(std::move(chain));
 
   Workload mlp_big{"mlp_big",
                    "Linear(1024,4096) GELU Linear(4096,1024) LayerNorm, batch 256 (64 with --quick), compiled "

@@ -10,6 +10,7 @@
 #include <torch/csrc/autograd/utils/warnings.h>
 
 #include <ATen/ThreadLocalState.h>
+#include <c10/core/GradMode.h>
 #include <c10/core/AutogradState.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
@@ -75,6 +76,13 @@ variable_list engine_hook(const std::shared_ptr<torch::autograd::Node>& root, co
 std::vector<at::Tensor> BackwardCall::root_grads() const {
   if (auto* gr = dynamic_cast<torch::autograd::GraphRoot*>(root.get())) return gr->outputs;
   return {};
+}
+
+bool BackwardCall::keep_graph() const { return task->keep_graph_; }
+
+bool BackwardCall::create_graph() const {
+  at::ThreadLocalStateGuard as_the_task(task->thread_locals_);
+  return at::GradMode::is_enabled();
 }
 
 void BackwardCall::include_in_thread_locals(c10::DispatchKey key) const {

@@ -32,6 +32,8 @@ struct BackwardCall {
   bool accumulate_grad = true;                    // backward() (true) or grad() (false)
   const torch::autograd::edge_list* outputs = nullptr;
   std::vector<at::Tensor> root_grads() const;     // the gradients fed to the roots
+  bool keep_graph() const;                         // retain_graph
+  bool create_graph() const;                       // the task runs with grad mode on
   // Adds `key` to the dispatch keys included in the task's thread-local snapshot (the
   // engine runs every node under that snapshot) and turns autograd threads off there;
   // everything else in the snapshot (grad mode = create_graph, ...) stays.

@@ -10,6 +10,7 @@
 #include <torch/csrc/autograd/function_hook.h>
 
 #include <mutex>
+#include <optional>
 #include <unordered_set>
 
 namespace tcap::capture {
@@ -22,13 +23,16 @@ using torch::autograd::variable_list;
 // Notifies every recording session on this thread around one hook call.
 class HookCall {
  public:
-  HookCall(ir::HookKind kind, const std::string& node_name) {
+  HookCall(ir::HookKind kind, const std::string& node_name, int slot) : slot_(slot) {
     for (Session* s : thread_sessions()) {
-      if (s->recording()) open_.emplace_back(s, s->begin_hook(kind, node_name));
+      if (s->recording()) open_.emplace_back(s, s->begin_hook(kind, node_name, slot));
     }
   }
-  void finish(const variable_list& in, const variable_list& out) {
-    for (auto& [s, id] : open_) s->end_hook(id, in, out);
+  void finish(const variable_list& in, const variable_list& node_in, const variable_list& out) {
+    for (auto& [s, id] : open_) {
+      if (slot_ >= 0) s->end_opaque_hook(id, in, node_in, out);
+      else s->end_hook(id, in, out);
+    }
     open_.clear();
   }
   ~HookCall() {
@@ -36,34 +40,53 @@ class HookCall {
   }
 
  private:
+  int slot_;
   std::vector<std::pair<Session*, int>> open_;
 };
 
+// An opaque hook's body runs with the recording key off (Note [Opaque hooks]).
+struct MaybeHidden {
+  explicit MaybeHidden(int slot) {
+    if (slot >= 0) guard.emplace(recording_key());
+  }
+  std::optional<c10::impl::ExcludeDispatchKeyGuard> guard;
+};
+
 struct RecordingPreHook : FunctionPreHook {
-  RecordingPreHook(std::unique_ptr<FunctionPreHook> inner, ir::HookKind kind, std::string node)
-      : inner(std::move(inner)), kind(kind), node(std::move(node)) {}
+  RecordingPreHook(std::unique_ptr<FunctionPreHook> inner, ir::HookKind kind, std::string node, int slot)
+      : inner(std::move(inner)), kind(kind), node(std::move(node)), slot(slot) {}
   variable_list operator()(const variable_list& grads) override {
-    HookCall call(kind, node);
-    variable_list out = (*inner)(grads);
-    call.finish(grads, out);
+    HookCall call(kind, node, slot);
+    variable_list out;
+    {
+      MaybeHidden hidden(slot);
+      out = (*inner)(grads);
+    }
+    call.finish(grads, {}, out);
     return out;
   }
   std::unique_ptr<FunctionPreHook> inner;
   ir::HookKind kind;
   std::string node;
+  int slot;
 };
 
 struct RecordingPostHook : FunctionPostHook {
-  RecordingPostHook(std::unique_ptr<FunctionPostHook> inner, std::string node)
-      : inner(std::move(inner)), node(std::move(node)) {}
+  RecordingPostHook(std::unique_ptr<FunctionPostHook> inner, std::string node, int slot)
+      : inner(std::move(inner)), node(std::move(node)), slot(slot) {}
   variable_list operator()(const variable_list& outputs, const variable_list& inputs) override {
-    HookCall call(ir::HookKind::PostHook, node);
-    variable_list out = (*inner)(outputs, inputs);
-    call.finish(outputs, out);
+    HookCall call(ir::HookKind::PostHook, node, slot);
+    variable_list out;
+    {
+      MaybeHidden hidden(slot);
+      out = (*inner)(outputs, inputs);
+    }
+    call.finish(outputs, slot >= 0 ? inputs : variable_list{}, out);
     return out;
   }
   std::unique_ptr<FunctionPostHook> inner;
   std::string node;
+  int slot;
 };
 
 template <class Wrapper, class Inner>
@@ -72,61 +95,73 @@ std::unique_ptr<Inner> unwrap(std::unique_ptr<Inner>& slot) {
   return std::move(slot);
 }
 
-// Wraps every hook reachable from a root for the lifetime of the object.
-class HookWrapScope {
- public:
-  explicit HookWrapScope(const NodePtr& root) {
-    std::vector<torch::autograd::Node*> todo{root.get()};
-    std::unordered_set<torch::autograd::Node*> seen;
-    while (!todo.empty()) {
-      torch::autograd::Node* n = todo.back();
-      todo.pop_back();
-      if (!n || !seen.insert(n).second) continue;
-      wrap(n);
-      for (const auto& e : n->next_edges()) {
-        if (e.function) todo.push_back(e.function.get());
-      }
-    }
-  }
-  ~HookWrapScope() {
-    for (const auto& keep : nodes_) restore(keep.get());
-  }
+}  // namespace
 
- private:
-  void wrap(torch::autograd::Node* n) {
-    bool any = false;
-    const std::string name = n->name();
-    for (auto& h : n->tensor_pre_hooks()) {
-      if (dynamic_cast<ObserverPreHook*>(h.get())) continue;
-      h = std::make_unique<RecordingPreHook>(std::move(h), ir::HookKind::TensorPreHook, name);
-      any = true;
-    }
-    for (auto& [k, h] : n->retains_grad_hooks()) {
-      h = std::make_unique<RecordingPreHook>(std::move(h), ir::HookKind::RetainsGradHook, name);
-      any = true;
-    }
-    for (auto& h : n->pre_hooks()) {
-      h = std::make_unique<RecordingPreHook>(std::move(h), ir::HookKind::PreHook, name);
-      any = true;
-    }
-    for (auto& h : n->post_hooks()) {
-      if (dynamic_cast<ObserverPostHook*>(h.get())) continue;
-      h = std::make_unique<RecordingPostHook>(std::move(h), name);
-      any = true;
-    }
-    if (any) {
-      nodes_.push_back(n->getptr());
-      TCAP_LOG(Capture, "wrapped the hooks of " << name);
+HookWrapScope::HookWrapScope(const NodePtr& root, const SlotOf* slots, const NodeLabeler* label)
+    : slots_(slots), label_(label) {
+  std::vector<torch::autograd::Node*> todo{root.get()};
+  std::unordered_set<torch::autograd::Node*> seen;
+  while (!todo.empty()) {
+    torch::autograd::Node* n = todo.back();
+    todo.pop_back();
+    if (!n || !seen.insert(n).second) continue;
+    wrap(n);
+    for (const auto& e : n->next_edges()) {
+      if (e.function) todo.push_back(e.function.get());
     }
   }
-  static void restore(torch::autograd::Node* n) {
-    for (auto& h : n->tensor_pre_hooks()) h = unwrap<RecordingPreHook>(h);
-    for (auto& [k, h] : n->retains_grad_hooks()) h = unwrap<RecordingPreHook>(h);
-    for (auto& h : n->pre_hooks()) h = unwrap<RecordingPreHook>(h);
-    for (auto& h : n->post_hooks()) h = unwrap<RecordingPostHook>(h);
+}
+
+HookWrapScope::~HookWrapScope() {
+  for (const auto& keep : nodes_) restore(keep.get());
+}
+
+int HookWrapScope::slot_of(const void* hook) const {
+  if (!slots_) return -1;
+  auto it = slots_->find(hook);
+  return it == slots_->end() ? -1 : it->second;
+}
+
+void HookWrapScope::wrap(torch::autograd::Node* n) {
+  bool any = false;
+  const std::string name = label_ && *label_ ? (*label_)(*n) : n->name();
+  for (auto& h : n->tensor_pre_hooks()) {
+    if (dynamic_cast<ObserverPreHook*>(h.get())) continue;
+    const int slot = slot_of(h.get());
+    h = std::make_unique<RecordingPreHook>(std::move(h), ir::HookKind::TensorPreHook, name, slot);
+    any = true;
   }
-  std::vector<NodePtr> nodes_;
-};
+  for (auto& [k, h] : n->retains_grad_hooks()) {
+    const int slot = slot_of(h.get());
+    h = std::make_unique<RecordingPreHook>(std::move(h), ir::HookKind::RetainsGradHook, name, slot);
+    any = true;
+  }
+  for (auto& h : n->pre_hooks()) {
+    if (dynamic_cast<ObserverPreHook*>(h.get())) continue;
+    const int slot = slot_of(h.get());
+    h = std::make_unique<RecordingPreHook>(std::move(h), ir::HookKind::PreHook, name, slot);
+    any = true;
+  }
+  for (auto& h : n->post_hooks()) {
+    if (dynamic_cast<ObserverPostHook*>(h.get())) continue;
+    const int slot = slot_of(h.get());
+    h = std::make_unique<RecordingPostHook>(std::move(h), name, slot);
+    any = true;
+  }
+  if (any) {
+    nodes_.push_back(n->getptr());
+    TCAP_LOG(Capture, "wrapped the hooks of " << name);
+  }
+}
+
+void HookWrapScope::restore(torch::autograd::Node* n) {
+  for (auto& h : n->tensor_pre_hooks()) h = unwrap<RecordingPreHook>(h);
+  for (auto& [k, h] : n->retains_grad_hooks()) h = unwrap<RecordingPreHook>(h);
+  for (auto& h : n->pre_hooks()) h = unwrap<RecordingPreHook>(h);
+  for (auto& h : n->post_hooks()) h = unwrap<RecordingPostHook>(h);
+}
+
+namespace {
 
 struct Armed {
   std::mutex mutex;
@@ -207,6 +242,13 @@ void disarm_watcher(const BackwardWatcher* w) {
   }
 }
 
+namespace {
+thread_local BackwardHandler* tls_handler = nullptr;
+}  // namespace
+
+BackwardHandlerScope::BackwardHandlerScope(BackwardHandler* h) : prev_(tls_handler) { tls_handler = h; }
+BackwardHandlerScope::~BackwardHandlerScope() { tls_handler = prev_; }
+
 variable_list capture_backward_driver(const BackwardCall& call) {
   std::vector<Session*> sessions;
   for (Session* s : thread_sessions()) {
@@ -214,8 +256,18 @@ variable_list capture_backward_driver(const BackwardCall& call) {
   }
   // Armed sessions follow plain backward() calls only: grad() and inputs= skip them.
   const bool plain = call.accumulate_grad && (call.outputs == nullptr || call.outputs->empty());
-  ArmedScope armed_scope(call, plain ? armed_watchers() : std::vector<std::shared_ptr<BackwardWatcher>>{});
-  if (sessions.empty() && armed_scope.watchers().empty()) return call.run();
+  auto watchers = plain ? armed_watchers() : std::vector<std::shared_ptr<BackwardWatcher>>{};
+  if (sessions.empty() && watchers.empty()) {
+    if (BackwardHandler* h = tls_handler) {
+      BackwardHandlerScope not_reentrant(nullptr);  // a backward inside a hook runs plainly
+      return h->handle(call);
+    }
+    return call.run();
+  }
+  if (tls_handler) {
+    TCAP_LOG(CompiledAutograd, "compiled autograd: this backward runs eagerly: a capture on this thread is recording it");
+  }
+  ArmedScope armed_scope(call, std::move(watchers));
   const auto root_grads = call.root_grads();
   HookWrapScope wrap(call.root);
   for (Session* s : sessions) s->begin_backward(root_grads);

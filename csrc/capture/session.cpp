@@ -245,7 +245,7 @@ void Session::before_op(const OpInfo& info, c10::ArrayRef<c10::IValue> args, Pen
   if (!hook_stack_.empty()) n.hook = hook_stack_.back();
   if (in_backward_ > 0) {
     if (auto node = torch::autograd::get_current_node()) {
-      n.autograd_node = node_name(*node);
+      n.autograd_node = node_labeler_ ? node_labeler_(*node) : node_name(*node);
     } else if (n.hook >= 0) {
       n.autograd_node = graph_.hooks()[static_cast<size_t>(n.hook)].autograd_node;
     }
@@ -366,8 +366,8 @@ void Session::begin_backward(const std::vector<at::Tensor>& root_grads) {
 
 void Session::end_backward() { --in_backward_; }
 
-int Session::begin_hook(ir::HookKind kind, const std::string& autograd_node) {
-  const int id = graph_.add_hook(kind, autograd_node);
+int Session::begin_hook(ir::HookKind kind, const std::string& autograd_node, int slot) {
+  const int id = graph_.add_hook(kind, autograd_node, slot);
   hook_stack_.push_back(id);
   return id;
 }
@@ -399,6 +399,39 @@ void Session::end_hook(int hook, const std::vector<at::Tensor>& in,
     }
     const ir::ValueId v = graph_.new_value(id, 0, static_cast<int>(i), meta_of(out[i]));
     table_.define(out[i], v);  // later ops read the gradient through the hook
+    outs.push_back(v);
+  }
+  n.outputs.push_back(ir::Arg::value_list(outs, true));
+  graph_.add_node(std::move(n));
+}
+
+void Session::end_opaque_hook(int hook, const std::vector<at::Tensor>& in, const std::vector<at::Tensor>& node_in,
+                              const std::vector<at::Tensor>& out) {
+  abort_hook(hook);
+  ir::Node n;
+  n.kind = ir::NodeKind::CallHook;
+  n.hook = hook;
+  n.phase = ir::Phase::Backward;
+  n.grad_mode = at::GradMode::is_enabled();
+  n.autograd_node = graph_.hooks()[static_cast<size_t>(hook)].autograd_node;
+  auto values = [&](const std::vector<at::Tensor>& ts) {
+    std::vector<ir::ValueId> vs;
+    for (const at::Tensor& t : ts) vs.push_back(t.defined() ? value_for(t) : ir::kNoValue);
+    return vs;
+  };
+  n.args.push_back(ir::Arg::value_list(values(in), true, "inputs"));
+  if (!node_in.empty()) n.args.push_back(ir::Arg::value_list(values(node_in), true, "node_inputs"));
+  // Every result is a new value, even one the hook passed through: later ops read the
+  // gradient through the call, so replay keeps the hook where eager ran it.
+  const ir::NodeId id = static_cast<ir::NodeId>(graph_.nodes().size());
+  std::vector<ir::ValueId> outs;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (!out[i].defined()) {
+      outs.push_back(ir::kNoValue);
+      continue;
+    }
+    const ir::ValueId v = graph_.new_value(id, 0, static_cast<int>(i), meta_of(out[i]));
+    table_.define(out[i], v);
     outs.push_back(v);
   }
   n.outputs.push_back(ir::Arg::value_list(outs, true));

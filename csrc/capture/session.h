@@ -13,6 +13,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
 
+#include <functional>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -61,8 +62,16 @@ class Session {
   // --- backward driver and hooks ----------------------------------------------------
   void begin_backward(const std::vector<at::Tensor>& root_grads);
   void end_backward();
-  int begin_hook(ir::HookKind kind, const std::string& autograd_node);
+  // slot >= 0: an opaque hook (Note [Opaque hooks]): its body is not recorded and
+  // end_opaque_hook records one CallHook node that replay turns into a call of the hook.
+  int begin_hook(ir::HookKind kind, const std::string& autograd_node, int slot = -1);
   void end_hook(int hook, const std::vector<at::Tensor>& in, const std::vector<at::Tensor>& out);
+  // `node_in`: for a post-hook, the gradients the node received (empty otherwise).
+  void end_opaque_hook(int hook, const std::vector<at::Tensor>& in, const std::vector<at::Tensor>& node_in,
+                       const std::vector<at::Tensor>& out);
+  // Names the autograd node a backward op ran in (default: its type, "MulBackward0").
+  using NodeLabeler = std::function<std::string(const torch::autograd::Node&)>;
+  void set_node_labeler(NodeLabeler f) { node_labeler_ = std::move(f); }
   void abort_hook(int hook);
 
   // --- user declarations -------------------------------------------------------------
@@ -111,6 +120,7 @@ class Session {
   std::vector<std::pair<at::Tensor, std::string>> grad_leaves_;  // inputs that may get a .grad
   int auto_names_ = 0;
   int tangents_ = 0;
+  NodeLabeler node_labeler_;
 };
 
 }  // namespace tcap::capture

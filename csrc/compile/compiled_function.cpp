@@ -19,6 +19,7 @@
 #include "compile/guards.h"
 #include "compile/inplace.h"
 #include "compile/region.h"
+#include "compile/replay_node.h"
 #include "support/logging.h"
 
 #include <ATen/core/Generator.h>
@@ -1054,3 +1055,23 @@ std::shared_ptr<CompiledFunction> compile(std::shared_ptr<torch::nn::Module> mod
 }
 
 }  // namespace tcap
+
+namespace tcap::aot {
+
+bool describe_replay_node(const torch::autograd::Node& node, std::string& key, std::vector<at::Tensor>& tensors,
+                          std::vector<c10::IValue>& keep_alive) {
+  const auto* cpp = dynamic_cast<const torch::autograd::CppNode<ReplayFunction>*>(&node);
+  if (!cpp) return false;
+  // NOLINTNEXTLINE(cppcoreguidelines-pro-type-const-cast): reading the context only.
+  auto& ctx = const_cast<torch::autograd::AutogradContext&>(cpp->ctx_);
+  const c10::IValue& entry = ctx.saved_data.at("entry");
+  const auto* holder = static_cast<const EntryHolder*>(entry.toCapsule().get());
+  const auto address = reinterpret_cast<std::uintptr_t>(holder->entry.get());
+  key.append(reinterpret_cast<const char*>(&address), sizeof(address));
+  keep_alive.push_back(entry);
+  for (const auto& t : ctx.get_saved_variables()) tensors.push_back(t);
+  for (const auto& t : ctx.saved_data.at("primals").toTensorVector()) tensors.push_back(t);
+  return true;
+}
+
+}  // namespace tcap::aot

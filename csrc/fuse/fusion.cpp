@@ -746,7 +746,7 @@ class Fuser {
     }
     FusionResult res;
     ir::Graph& out = res.graph;
-    for (const auto& h : g_.hooks()) out.add_hook(h.kind, h.autograd_node);
+    for (const auto& h : g_.hooks()) out.add_hook(h.kind, h.autograd_node, h.slot);
     std::unordered_map<ir::ValueId, ir::ValueId> remap;
     size_t emitted = 0;
     while (!ready.empty()) {

@@ -1,5 +1,6 @@
 #include <tcap/interpreter.h>
 
+#include "interp/hook_runner.h"
 #include "support/logging.h"
 
 #include <ATen/ScalarOps.h>
@@ -16,7 +17,15 @@ namespace {
   TORCH_CHECK(false, "tcap interpreter: node %", n.id, " (", n.qualified_op(), "): ", what);
 }
 
+thread_local const interp::HookRunner* tls_hook_runner = nullptr;
+
 }  // namespace
+
+namespace interp {
+HookRunnerScope::HookRunnerScope(const HookRunner* runner) : prev_(tls_hook_runner) { tls_hook_runner = runner; }
+HookRunnerScope::~HookRunnerScope() { tls_hook_runner = prev_; }
+const HookRunner* current_hook_runner() { return tls_hook_runner; }
+}  // namespace interp
 
 Interpreter::Interpreter(const ir::Graph& graph, bool differentiable)
     : graph_(graph), differentiable_(differentiable) {
@@ -134,9 +143,30 @@ void Interpreter::run_call(const ir::Node& n, const c10::OperatorHandle& op) {
 }
 
 void Interpreter::run_hook(const ir::Node& n) {
+  const auto& outs = n.outputs.at(0).values;
+  const ir::Hook& hook = graph_.hooks().at(static_cast<size_t>(n.hook));
+  if (hook.slot >= 0) {
+    // Note [Opaque hooks]: call the hook object of the current backward.
+    const interp::HookRunner* runner = interp::current_hook_runner();
+    if (!runner) fail(n, "calls hook slot " + std::to_string(hook.slot) + " but no hook runner is installed");
+    auto tensors = [&](size_t arg) {
+      std::vector<at::Tensor> ts;
+      if (arg >= n.args.size()) return ts;
+      for (ir::ValueId v : n.args[arg].values) ts.push_back(v == ir::kNoValue ? at::Tensor() : get(n, v));
+      return ts;
+    };
+    std::vector<at::Tensor> results = (*runner)(hook.slot, tensors(0), tensors(1));
+    if (results.size() != outs.size()) {
+      fail(n, "the hook returned " + std::to_string(results.size()) + " gradients, " + std::to_string(outs.size()) +
+                  " when captured");
+    }
+    for (size_t i = 0; i < outs.size(); ++i) {
+      if (outs[i] != ir::kNoValue) env_[static_cast<size_t>(outs[i])] = std::move(results[i]);
+    }
+    return;
+  }
   // The hook's body ran as ordinary nodes before this one; its results flow on.
   const auto& results = n.args.at(1).values;
-  const auto& outs = n.outputs.at(0).values;
   for (size_t i = 0; i < outs.size(); ++i) {
     if (outs[i] == ir::kNoValue) continue;
     env_[static_cast<size_t>(outs[i])] = get(n, results.at(i));

@@ -100,7 +100,7 @@ bool Node::operator==(const Node& o) const {
 }
 
 bool Hook::operator==(const Hook& o) const {
-  return id == o.id && kind == o.kind && autograd_node == o.autograd_node;
+  return id == o.id && kind == o.kind && autograd_node == o.autograd_node && slot == o.slot;
 }
 
 bool Graph::operator==(const Graph& o) const {
@@ -150,8 +150,9 @@ void Graph::set_outputs(std::vector<ValueId> values, std::vector<std::string> na
   add_node(std::move(n));
 }
 
-int Graph::add_hook(HookKind kind, std::string autograd_node) {
+int Graph::add_hook(HookKind kind, std::string autograd_node, int slot) {
   Hook h;
+  h.slot = slot;
   h.id = static_cast<int>(hooks_.size());
   h.kind = kind;
   h.autograd_node = std::move(autograd_node);

@@ -242,6 +242,7 @@ OrderedJson graph_to_json(const Graph& g) {
   for (const Hook& h : g.hooks()) {
     j["hooks"].push_back(
         {{"id", h.id}, {"kind", to_string(h.kind)}, {"autograd_node", h.autograd_node}});
+    if (h.slot >= 0) j["hooks"].back()["slot"] = h.slot;
   }
   j["values"] = OrderedJson::array();
   for (const Value& v : g.values()) j["values"].push_back(value_to_json(v));
@@ -463,8 +464,10 @@ Graph graph_from_json(const Json& root) {
   Graph g;
   for (size_t k = 0; k < hooks.size(); ++k) {
     check_dense_id(hooks[k], k);
+    int slot = -1;
+    if (auto f = hooks[k].field("slot", false)) slot = static_cast<int>(f->integer());
     g.add_hook(read_ir_enum(hooks[k]["kind"], kHookKinds, "hook kind"),
-               hooks[k]["autograd_node"].string());
+               hooks[k]["autograd_node"].string(), slot);
   }
   for (size_t k = 0; k < values.size(); ++k) read_value(values[k], k, c, g);
   for (size_t k = 0; k < nodes.size(); ++k) g.add_node(read_node(nodes[k], k, c));

@@ -64,6 +64,7 @@ Graph extract_subgraph(const Graph& g, const std::vector<NodeId>& nodes, const s
   TORCH_CHECK(inputs.size() == input_kinds.size() && inputs.size() == input_names.size(),
               "tcap extract_subgraph: one kind and one name per input");
   Graph h;
+  for (const Hook& hk : g.hooks()) h.add_hook(hk.kind, hk.autograd_node, hk.slot);  // ids kept
   std::unordered_map<ValueId, ValueId> map;
   for (size_t k = 0; k < inputs.size(); ++k) {
     map[inputs[k]] = h.add_input(input_kinds[k], input_names[k], g.value(inputs[k]).meta);

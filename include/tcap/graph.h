@@ -157,6 +157,10 @@ struct Hook {
   int id = -1;
   HookKind kind = HookKind::TensorPreHook;
   std::string autograd_node;  // the Node the hook is attached to
+  // -1: the hook's body was recorded as ordinary nodes (capture). >= 0: the body was not
+  // recorded; replay calls the hook object at this position of the hook list handed to
+  // the interpreter (compiled autograd, Note [Opaque hooks]).
+  int slot = -1;
   bool operator==(const Hook& o) const;
 };
 
@@ -169,7 +173,7 @@ class Graph {
   ValueId new_value(NodeId producer, int output_index, int list_index, TensorMeta meta);
   void set_outputs(std::vector<ValueId> values, std::vector<std::string> names,
                    std::vector<OutputKind> kinds);
-  int add_hook(HookKind kind, std::string autograd_node);
+  int add_hook(HookKind kind, std::string autograd_node, int slot = -1);
   // Rewires every use of `from` to `to` (arguments and outputs of later nodes).
   void replace_all_uses_with(ValueId from, ValueId to);
 

@@ -5,6 +5,7 @@
 
 #include <tcap/capture.h>
 #include <tcap/compile.h>
+#include <tcap/compiled_autograd.h>
 #include <tcap/graph.h>
 #include <tcap/graph_json.h>
 #include <tcap/interpreter.h>

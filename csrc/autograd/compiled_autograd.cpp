@@ -1,0 +1,807 @@
+// Compiled autograd runtime (include/tcap/compiled_autograd.h).
+//
+// Note [Compiled autograd]
+// Every backward()/grad() on a thread with a guard reaches handle(): through the engine
+// hook (Note [Intercepting backward()]) or the guard's explicit backward()/grad(). It
+// walks the autograd graph (Note [The backward key]) and looks the key up:
+//  - a hit runs the entry's compiled graph on this call's root gradients and saved
+//    tensors, with this call's hook objects serving the call_hook nodes (Note [Opaque
+//    hooks]); each gradient the graph delivers to a leaf is handed to that leaf's real
+//    AccumulateGrad node, which accumulates with the engine's own steal/clone/add rules;
+//    without retain_graph the graph's saved variables are released as the engine would;
+//  - a miss runs the real engine once while recording it: the walk's tensors are the
+//    graph's inputs, hooks are wrapped into opaque call_hook nodes, an observer pre-hook
+//    on every AccumulateGrad names the value delivered to it. The graph is the dataflow
+//    slice that computes those values and calls the hooks (AccumulateGrad's own ops are
+//    left out), compiled with the guard's backend.
+// A miss on sizes alone marks the changed sizes dynamic: when the graphs recorded at the
+// two sizes differ only by integers that follow the changed sizes (Note [Dynamic dims]),
+// later sizes are served by patching those integers, without running the engine.
+// create_graph=true, graphs the walk cannot describe, and the cache-size limit run the
+// plain engine, with the reason in the log.
+#include <tcap/compiled_autograd.h>
+
+#include <tcap/graph_json.h>
+
+#include "autograd/walk.h"
+#include "capture/armed.h"
+#include "capture/hooks.h"
+#include "capture/recorder.h"
+#include "capture/session.h"
+#include "compile/backends.h"
+#include "interp/hook_runner.h"
+#include "support/logging.h"
+
+#include <c10/core/AutogradState.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/functions/basic_ops.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <set>
+#include <sstream>
+
+namespace tcap {
+namespace {
+
+using torch::autograd::edge_list;
+using torch::autograd::Node;
+using torch::autograd::variable_list;
+
+// One backward() / grad() call, however it reached us.
+struct Request {
+  std::shared_ptr<Node> root;  // a GraphRoot
+  const edge_list* outputs = nullptr;
+  bool accumulate_grad = true;
+  bool keep_graph = false;
+  bool create_graph = false;
+  std::function<variable_list()> run;          // the plain engine
+  std::function<void()> prepare_capture;       // make run() record on this thread
+};
+
+struct IntPatch {
+  enum Kind { Arg, ArgList, Size, Stride, Offset } kind;
+  int64_t where;   // node id (Arg, ArgList) or value id
+  size_t index;    // arg index or dim
+  size_t element;  // ArgList element
+  size_t cls;      // which class of dynamic sizes
+  int64_t mul, add;
+};
+
+struct Entry {
+  int id = 0;
+  std::string key;
+  std::vector<size_t> node_key_end;
+  std::vector<int64_t> sizes;
+  std::vector<std::string> size_labels;  // per size: the node it came from
+  ir::Graph graph;
+  Executable exe;
+  std::vector<int> acc_output;   // per AccumulateGrad (walk order): output position or -1
+  std::vector<int> grad_output;  // per grad() output edge: output position or -1
+  std::vector<c10::IValue> keep_alive;
+  // Dynamic sizes: per size, -1 (static) or its class; classes share one value.
+  std::vector<int> size_class;
+  std::vector<IntPatch> patches;
+  std::map<std::vector<int64_t>, std::shared_ptr<Entry>> specialized;
+  bool dynamic() const { return !patches.empty() || std::any_of(size_class.begin(), size_class.end(), [](int c) { return c >= 0; }); }
+};
+
+struct Cache {
+  CompiledAutogradOptions options;
+  std::mutex mutex;
+  std::vector<std::shared_ptr<Entry>> entries;
+  std::set<std::string> eager_keys;  // structures that cannot be compiled (reason logged once)
+  CompiledAutogradStats stats;
+  bool warned_limit = false;
+};
+
+std::string fingerprint(const CompiledAutogradOptions& o) {
+  std::ostringstream s;
+  s << o.compile.backend << '|' << o.compile.cache_size_limit << '|' << o.compile.dynamic << '|' << o.compile.name
+    << '|' << o.compile.dump_dir;
+  return s.str();
+}
+
+std::mutex g_caches_mutex;
+std::map<std::string, std::shared_ptr<Cache>>& caches() {
+  static auto* m = new std::map<std::string, std::shared_ptr<Cache>>();
+  return *m;
+}
+
+std::shared_ptr<Cache> cache_for(const CompiledAutogradOptions& o) {
+  std::lock_guard<std::mutex> lock(g_caches_mutex);
+  auto& slot = caches()[fingerprint(o)];
+  if (!slot) {
+    slot = std::make_shared<Cache>();
+    slot->options = o;
+  }
+  return slot;
+}
+
+// The AccumulateGrad observer: names the value delivered to the node (after its tensor
+// pre-hooks and pre-hooks), so the graph can output it.
+struct DeliveredMarker : capture::ObserverPreHook {
+  DeliveredMarker(capture::Session* s, ir::ValueId* slot) : session(s), out(slot) {}
+  variable_list operator()(const variable_list& grads) override {
+    if (!grads.empty() && grads[0].defined()) {
+      if (auto v = session->lookup(grads[0])) *out = *v;
+    }
+    return grads;
+  }
+  capture::Session* session;
+  ir::ValueId* out;
+};
+
+class Markers {
+ public:
+  Markers(const ca::BackwardWalk& w, capture::Session* s) : delivered(w.accumulate.size(), ir::kNoValue) {
+    for (size_t i = 0; i < w.accumulate.size(); ++i) {
+      Node* n = w.nodes[w.accumulate[i]].get();
+      auto m = std::make_unique<DeliveredMarker>(s, &delivered[i]);
+      placed_.emplace_back(n, m.get());
+      n->pre_hooks().push_back(std::move(m));
+    }
+  }
+  ~Markers() {
+    for (auto& [n, m] : placed_) {
+      auto& hs = n->pre_hooks();
+      hs.erase(std::remove_if(hs.begin(), hs.end(), [&](const auto& h) { return h.get() == m; }), hs.end());
+    }
+  }
+  std::vector<ir::ValueId> delivered;
+
+ private:
+  std::vector<std::pair<Node*, const void*>> placed_;
+};
+
+// Pushes a session on this thread for one engine run, and restores everything after.
+class RecordingScope {
+ public:
+  explicit RecordingScope(capture::Session* s) : s_(s) {
+    auto& tls = c10::AutogradState::get_tls_state();
+    prev_mt_ = tls.get_multithreading_enabled();
+    tls.set_multithreading_enabled(false);
+    capture::push_session(s);
+  }
+  ~RecordingScope() {
+    s_->set_recording(false);
+    capture::pop_session(s_);
+    c10::AutogradState::get_tls_state().set_multithreading_enabled(prev_mt_);
+  }
+
+ private:
+  capture::Session* s_;
+  bool prev_mt_;
+};
+
+std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+class Runtime : public capture::BackwardHandler {
+ public:
+  explicit Runtime(std::shared_ptr<Cache> c) : cache_(std::move(c)) {}
+  variable_list handle(const capture::BackwardCall& call) override {
+    Request r;
+    r.root = call.root;
+    r.outputs = call.outputs;
+    r.accumulate_grad = call.accumulate_grad;
+    r.keep_graph = call.keep_graph();
+    r.create_graph = call.create_graph();
+    r.run = [&call] { return call.run(); };
+    r.prepare_capture = [&call] { call.include_in_thread_locals(capture::recording_key()); };
+    return serve(r);
+  }
+
+  variable_list serve(const Request& r);
+  Cache& cache() { return *cache_; }
+
+ private:
+  const CompileOptions& opts() const { return cache_->options.compile; }
+  void count(int CompiledAutogradStats::*f) {
+    std::lock_guard<std::mutex> lock(cache_->mutex);
+    ++(cache_->stats.*f);
+  }
+  variable_list eager(const Request& r, const std::string& why);
+  variable_list replay(const Request& r, const Entry& e, const ca::BackwardWalk& w);
+  variable_list capture(const Request& r, const ca::BackwardWalk& w, const std::shared_ptr<Entry>& size_miss_of,
+                        const std::vector<size_t>& changed);
+  std::shared_ptr<Entry> specialize(const std::shared_ptr<Entry>& e, const ca::BackwardWalk& w);
+  std::string generalize(const Entry& a, Entry& b, const std::vector<size_t>& changed);
+  std::string miss_reason(const ca::BackwardWalk& w, const std::shared_ptr<Entry>& same_key,
+                          std::vector<size_t>* changed) const;
+  std::shared_ptr<Cache> cache_;
+};
+
+variable_list Runtime::eager(const Request& r, const std::string& why) {
+  count(&CompiledAutogradStats::eager_calls);
+  TCAP_LOG(CompiledAutograd, "compiled autograd: this backward runs eagerly: " << why);
+  return r.run();
+}
+
+// Sizes equal, or different only in dynamic classes that stay consistent.
+bool sizes_fit(const Entry& e, const std::vector<ca::SizeRef>& sizes) {
+  if (sizes.size() != e.sizes.size()) return false;
+  std::map<int, int64_t> cls;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const int c = e.size_class.empty() ? -1 : e.size_class[i];
+    if (c < 0) {
+      if (sizes[i].value != e.sizes[i]) return false;
+      continue;
+    }
+    if (sizes[i].value < 2) return false;
+    auto [it, fresh] = cls.emplace(c, sizes[i].value);
+    if (!fresh && it->second != sizes[i].value) return false;
+  }
+  return true;
+}
+
+std::string Runtime::miss_reason(const ca::BackwardWalk& w, const std::shared_ptr<Entry>& same_key,
+                                 std::vector<size_t>* changed) const {
+  std::ostringstream s;
+  if (same_key) {
+    for (size_t i = 0; i < w.sizes.size(); ++i) {
+      if (w.sizes[i].value != same_key->sizes[i]) changed->push_back(i);
+    }
+    for (size_t k = 0; k < changed->size(); ++k) {
+      const size_t i = (*changed)[k];
+      if (k) s << "\n";
+      s << "Cache miss due to changed shapes: marking size idx " << i << " of " << w.label(w.sizes[i].node)
+        << " as dynamic (" << same_key->sizes[i] << " -> " << w.sizes[i].value << ")";
+    }
+    return s.str();
+  }
+  // The first node whose part of the key differs from every cached entry.
+  size_t node = 0;
+  std::vector<size_t> previous;
+  for (const auto& e : cache_->entries) {
+    previous.push_back(e->key.size());
+    size_t i = 0;
+    while (i < w.node_key_end.size() && i < e->node_key_end.size() && w.node_key_end[i] == e->node_key_end[i] &&
+           w.key.compare(0, w.node_key_end[i], e->key, 0, e->node_key_end[i]) == 0) {
+      ++i;
+    }
+    node = std::max(node, i);
+  }
+  node = std::min(node, w.nodes.size() - 1);
+  s << "Cache miss due to new autograd node: " << w.label(static_cast<uint32_t>(node)) << " with key size "
+    << w.key.size() << ", previous key sizes=[";
+  for (size_t k = 0; k < previous.size(); ++k) s << (k ? ", " : "") << previous[k];
+  s << "]";
+  return s.str();
+}
+
+variable_list Runtime::serve(const Request& r) {
+  count(&CompiledAutogradStats::calls);
+  if (r.create_graph) return eager(r, "create_graph=true (double backward needs the engine's graph)");
+  const auto t0 = std::chrono::steady_clock::now();
+  const edge_list none;
+  ca::BackwardWalk w = ca::walk_backward(r.root, r.outputs ? *r.outputs : none, r.accumulate_grad);
+  std::shared_ptr<Entry> hit, same_key;
+  bool known_eager = false;
+  {
+    std::lock_guard<std::mutex> lock(cache_->mutex);
+    if (w.why_not.empty()) {
+      known_eager = cache_->eager_keys.count(w.key) > 0;
+      for (const auto& e : cache_->entries) {
+        if (e->key != w.key) continue;
+        if (sizes_fit(*e, w.sizes)) {
+          hit = e;
+          break;
+        }
+        if (!same_key) same_key = e;
+      }
+    }
+    cache_->stats.lookup_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  }
+  if (!w.why_not.empty()) return eager(r, "cannot compile this backward: " + w.why_not);
+  if (known_eager) return eager(r, "this graph could not be compiled before (see the earlier log line)");
+  if (hit) {
+    if (hit->dynamic()) hit = specialize(hit, w);
+    if (hit) return replay(r, *hit, w);
+  }
+  std::vector<size_t> changed;
+  const std::string why = miss_reason(w, same_key, &changed);
+  {
+    std::lock_guard<std::mutex> lock(cache_->mutex);
+    if (static_cast<int>(cache_->entries.size()) >= opts().cache_size_limit) {
+      if (!cache_->warned_limit) {
+        cache_->warned_limit = true;
+        TORCH_WARN("tcap compiled autograd: cache_size_limit (", opts().cache_size_limit,
+                   ") reached; further new backward graphs run eagerly. Last miss: ", first_line(why));
+      }
+      ++cache_->stats.eager_calls;
+      TCAP_LOG(Recompiles, "compiled autograd: cache_size_limit reached, running eagerly: " << why);
+      return r.run();
+    }
+  }
+  if (!cache_->entries.empty()) {
+    TCAP_LOG(Recompiles, "compiled autograd: " << why);
+    count(&CompiledAutogradStats::recompiles);
+  }
+  TCAP_LOG(CompiledAutogradVerbose, why);
+  return capture(r, w, opts().dynamic ? same_key : nullptr, changed);
+}
+
+variable_list Runtime::replay(const Request& r, const Entry& e, const ca::BackwardWalk& w) {
+  count(&CompiledAutogradStats::hits);
+  const auto outer_keys = c10::impl::tls_local_dispatch_key_set();
+  interp::HookRunner runner = [&](int slot, const std::vector<at::Tensor>& in,
+                                  const std::vector<at::Tensor>& node_in) {
+    // As the engine runs hooks: default dispatch, grad mode = create_graph (off).
+    c10::impl::ForceDispatchKeyGuard keys(outer_keys);
+    at::AutoGradMode no_grad(false);
+    return ca::call_hook(w.hooks.at(static_cast<size_t>(slot)), in, node_in);
+  };
+  std::vector<at::Tensor> outs;
+  {
+    interp::HookRunnerScope scope(&runner);
+    std::vector<at::Tensor> inputs = w.tensors;
+    outs = e.exe(inputs);
+  }
+  variable_list result;
+  if (r.accumulate_grad) {
+    for (size_t i = 0; i < e.acc_output.size(); ++i) {
+      const int p = e.acc_output[i];
+      if (p < 0) continue;
+      ca::accumulate(*w.nodes[w.accumulate[i]], std::move(outs[static_cast<size_t>(p)]));
+    }
+  }
+  for (int p : e.grad_output) result.push_back(p < 0 ? at::Tensor() : outs[static_cast<size_t>(p)]);
+  if (!r.keep_graph && (r.outputs == nullptr || r.outputs->empty())) {
+    for (const auto& n : w.nodes) n->release_variables();
+  }
+  return result;
+}
+
+// The nodes that compute `outputs` or call a hook, in graph order.
+std::vector<ir::NodeId> live_nodes(const ir::Graph& g, const std::vector<ir::ValueId>& outputs) {
+  std::vector<char> live(g.nodes().size(), 0);
+  std::vector<ir::NodeId> todo;
+  auto need = [&](ir::ValueId v) {
+    if (v == ir::kNoValue) return;
+    const ir::NodeId p = g.value(v).producer;
+    if (!live[static_cast<size_t>(p)]) {
+      live[static_cast<size_t>(p)] = 1;
+      todo.push_back(p);
+    }
+  };
+  for (ir::ValueId v : outputs) need(v);
+  for (const auto& n : g.nodes()) {
+    if (n.kind == ir::NodeKind::CallHook && !live[static_cast<size_t>(n.id)]) {
+      live[static_cast<size_t>(n.id)] = 1;
+      todo.push_back(n.id);
+    }
+  }
+  while (!todo.empty()) {
+    const ir::NodeId id = todo.back();
+    todo.pop_back();
+    ir::for_each_value(g.node(id).args, need);
+  }
+  std::vector<ir::NodeId> out;
+  for (const auto& n : g.nodes()) {
+    if (live[static_cast<size_t>(n.id)] && n.kind != ir::NodeKind::Input) out.push_back(n.id);
+  }
+  return out;
+}
+
+variable_list Runtime::capture(const Request& r, const ca::BackwardWalk& w, const std::shared_ptr<Entry>& size_miss_of,
+                               const std::vector<size_t>& changed) {
+  count(&CompiledAutogradStats::captures);
+  const auto t0 = std::chrono::steady_clock::now();
+  capture::Session s(CaptureOptions{});
+  std::unordered_map<const Node*, std::string> labels;
+  for (uint32_t i = 0; i < w.nodes.size(); ++i) labels.emplace(w.nodes[i].get(), w.label(i));
+  capture::HookWrapScope::NodeLabeler labeler = [&labels](const Node& n) {
+    auto it = labels.find(&n);
+    return it == labels.end() ? n.name() : it->second;
+  };
+  s.set_node_labeler(labeler);
+  std::vector<ir::ValueId> inputs;
+  std::vector<ir::InputKind> kinds;
+  std::vector<std::string> names;
+  for (size_t k = 0; k < w.tensors.size(); ++k) {
+    const uint32_t node = w.tensor_node[k];
+    const bool tangent = node == 0;
+    names.push_back(tangent ? "tangents_" + std::to_string(k)
+                            : w.names[node].substr(w.names[node].rfind(':') == std::string::npos ? 0 : w.names[node].rfind(':') + 1) +
+                                  "_" + std::to_string(node) + "_saved_" + std::to_string(k));
+    kinds.push_back(tangent ? ir::InputKind::Tangent : ir::InputKind::Saved);
+    inputs.push_back(s.declare_input(w.tensors[k], names.back(), kinds.back()));
+  }
+  capture::HookWrapScope::SlotOf slots;
+  for (size_t k = 0; k < w.hooks.size(); ++k) slots.emplace(w.hooks[k].object, static_cast<int>(k));
+
+  variable_list results;
+  std::vector<ir::ValueId> delivered;
+  {
+    Markers markers(w, &s);
+    capture::HookWrapScope wrap(r.root, &slots, &labeler);
+    RecordingScope recording(&s);
+    r.prepare_capture();
+    s.begin_backward({});
+    struct End {
+      capture::Session& s;
+      ~End() { s.end_backward(); }
+    } end{s};
+    results = r.run();
+    delivered = markers.delivered;
+  }
+
+  auto entry = std::make_shared<Entry>();
+  entry->key = w.key;
+  entry->node_key_end = w.node_key_end;
+  for (const auto& sz : w.sizes) {
+    entry->sizes.push_back(sz.value);
+    entry->size_labels.push_back(w.label(sz.node));
+  }
+  entry->keep_alive = w.keep_alive;
+  std::vector<ir::ValueId> outs;
+  std::vector<std::string> out_names;
+  std::string why;
+  if (r.accumulate_grad) {
+    for (size_t i = 0; i < delivered.size(); ++i) {
+      if (delivered[i] == ir::kNoValue) {
+        entry->acc_output.push_back(-1);
+        continue;
+      }
+      entry->acc_output.push_back(static_cast<int>(outs.size()));
+      outs.push_back(delivered[i]);
+      out_names.push_back("grad_" + std::to_string(w.accumulate[i]));
+    }
+  }
+  for (size_t j = 0; j < results.size(); ++j) {
+    if (!results[j].defined()) {
+      entry->grad_output.push_back(-1);
+      continue;
+    }
+    auto v = s.lookup(results[j]);
+    if (!v) {
+      why = "grad() returned a gradient that was not recorded";
+      break;
+    }
+    entry->grad_output.push_back(static_cast<int>(outs.size()));
+    outs.push_back(*v);
+    out_names.push_back("grad_output_" + std::to_string(j));
+  }
+  ir::Graph graph;
+  if (why.empty()) {
+    const ir::Graph& rec = s.graph();
+    auto nodes = live_nodes(rec, outs);
+    const std::set<ir::ValueId> declared(inputs.begin(), inputs.end());
+    for (ir::NodeId id : nodes) {
+      ir::for_each_value(rec.node(id).args, [&](ir::ValueId v) {
+        const auto& p = rec.node(rec.value(v).producer);
+        if (why.empty() && p.kind == ir::NodeKind::Input && !declared.count(v)) {
+          why = "the backward reads a tensor that is neither a root gradient nor saved by a node (" +
+                ir::describe(rec, v) + ", read by " + rec.node(id).qualified_op() + " in " + rec.node(id).autograd_node + ")";
+        }
+      });
+    }
+    for (ir::NodeId id : nodes) {
+      const auto& n = rec.node(id);
+      if (why.empty() && n.kind == ir::NodeKind::Call && n.hook >= 0) why = "an op ran inside a hook that was not wrapped";
+    }
+    if (why.empty()) {
+      try {
+        graph = ir::extract_subgraph(rec, nodes, inputs, kinds, names, outs, out_names,
+                                     std::vector<ir::OutputKind>(outs.size(), ir::OutputKind::Grad));
+        graph.meta()["producer"] = "tcap compiled autograd";
+      } catch (const c10::Error& e) {
+        why = first_line(e.what_without_backtrace());
+      }
+    }
+  }
+  if (!why.empty()) {
+    std::lock_guard<std::mutex> lock(cache_->mutex);
+    cache_->eager_keys.insert(w.key);
+    TCAP_LOG(GraphBreaks, "compiled autograd: this backward graph runs eagerly from now on: " << why);
+    return results;
+  }
+  {
+    std::lock_guard<std::mutex> lock(cache_->mutex);
+    entry->id = static_cast<int>(cache_->entries.size());
+  }
+  const std::string what = opts().name + ".ca" + std::to_string(entry->id);
+  TCAP_LOG(CompiledAutograd, "TRACED GRAPH\n===== Compiled autograd graph " << entry->id << " =====\n"
+                                 << ir::to_string(graph));
+  if (log_enabled(LogChannel::CompiledAutogradVerbose)) {
+    std::ostringstream s2;
+    for (size_t i = 0; i < entry->sizes.size(); ++i) s2 << " " << i << ":" << entry->sizes[i];
+    TCAP_LOG(CompiledAutogradVerbose, what << ": " << w.nodes.size() << " autograd nodes, " << w.tensors.size()
+                                           << " tensors, " << w.hooks.size() << " hooks, sizes" << s2.str() << "\n"
+                                           << ir::to_table(graph));
+  }
+  if (!opts().dump_dir.empty()) {
+    try {
+      ir::save_json(graph, opts().dump_dir + "/" + what + ".backward.json");
+    } catch (const std::exception& e) {
+      TCAP_LOG(CompiledAutograd, "could not dump " << what << ": " << e.what());
+    }
+  }
+  try {
+    entry->graph = graph;
+    entry->exe = compile_with_backend(opts().backend, graph, what, opts().dump_dir);
+  } catch (const c10::Error& e) {
+    std::lock_guard<std::mutex> lock(cache_->mutex);
+    cache_->eager_keys.insert(w.key);
+    TCAP_LOG(GraphBreaks, "compiled autograd: " << what << " could not be compiled, runs eagerly from now on: "
+                                                << first_line(e.what_without_backtrace()));
+    return results;
+  }
+  if (size_miss_of) {
+    const std::string g = generalize(*size_miss_of, *entry, changed);
+    if (g.empty()) {
+      TCAP_LOG(Recompiles, "compiled autograd: " << what << " is dynamic in " << changed.size() << " sizes ("
+                                                  << entry->patches.size() << " integers follow them)");
+    } else {
+      entry->size_class.clear();
+      entry->patches.clear();
+      TCAP_LOG(Recompiles, "compiled autograd: " << what << " stays static: " << g);
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(cache_->mutex);
+    cache_->entries.push_back(entry);
+    ++cache_->stats.compiles;
+  }
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  TCAP_LOG(Perf, "compiled autograd: " << what << " captured and compiled in " << ms << " ms");
+  return results;
+}
+
+std::string Runtime::generalize(const Entry& a, Entry& b, const std::vector<size_t>& changed) {
+  if (changed.empty()) return "no size changed";
+  // Classes: sizes that changed together from the same value to the same value.
+  std::vector<std::pair<int64_t, int64_t>> cls;
+  b.size_class.assign(b.sizes.size(), -1);
+  for (size_t i : changed) {
+    const std::pair<int64_t, int64_t> p{a.sizes[i], b.sizes[i]};
+    if (p.first < 2 || p.second < 2) return "a size changed to or from 0 or 1";
+    auto it = std::find(cls.begin(), cls.end(), p);
+    b.size_class[i] = static_cast<int>(it - cls.begin());
+    if (it == cls.end()) cls.push_back(p);
+  }
+  // Unchanged sizes equal to a changed one are ambiguous: keep them tied to it.
+  for (size_t i = 0; i < b.sizes.size(); ++i) {
+    if (b.size_class[i] >= 0) continue;
+    for (size_t c = 0; c < cls.size(); ++c) {
+      if (b.sizes[i] == cls[c].second && a.sizes[i] == cls[c].first) return "size idx " + std::to_string(i) + " is ambiguous";
+    }
+  }
+  const auto& ga = a.graph;
+  const auto& gb = b.graph;
+  if (ga.nodes().size() != gb.nodes().size() || ga.values().size() != gb.values().size() ||
+      a.acc_output != b.acc_output || a.grad_output != b.grad_output) {
+    return "the graphs recorded at the two sizes differ in structure";
+  }
+  std::vector<IntPatch> patches;
+  auto explain = [&](int64_t x, int64_t y, IntPatch p) {
+    if (x == y) return true;
+    for (size_t c = 0; c < cls.size(); ++c) {
+      const int64_t d = cls[c].first - cls[c].second;
+      if (d == 0 || (x - y) % d != 0) continue;
+      const int64_t m = (x - y) / d;
+      if (m == 0) continue;
+      p.cls = c;
+      p.mul = m;
+      p.add = y - m * cls[c].second;
+      patches.push_back(p);
+      return true;
+    }
+    return false;
+  };
+  for (size_t i = 0; i < gb.nodes().size(); ++i) {
+    const auto& na = ga.nodes()[i];
+    const auto& nb = gb.nodes()[i];
+    const std::string where = "node %" + std::to_string(i) + " (" + nb.qualified_op() + ")";
+    if (na.kind != nb.kind || na.op != nb.op || na.overload != nb.overload || na.args.size() != nb.args.size() ||
+        na.outputs != nb.outputs || na.hook != nb.hook) {
+      return "the graphs at the two sizes differ at " + where;
+    }
+    for (size_t k = 0; k < nb.args.size(); ++k) {
+      const auto& x = na.args[k];
+      const auto& y = nb.args[k];
+      if (x.kind != y.kind) return "argument kinds differ at " + where;
+      if (x.kind == ir::ArgKind::Int) {
+        if (!explain(x.i, y.i, {IntPatch::Arg, static_cast<int64_t>(i), k, 0, 0, 0, 0})) {
+          return "an integer argument of " + where + " does not follow the changed sizes";
+        }
+      } else if (x.kind == ir::ArgKind::IntList) {
+        if (x.ints.size() != y.ints.size()) return "an int list of " + where + " changed length";
+        for (size_t e = 0; e < x.ints.size(); ++e) {
+          if (!explain(x.ints[e], y.ints[e], {IntPatch::ArgList, static_cast<int64_t>(i), k, e, 0, 0, 0})) {
+            return "an int list argument of " + where + " does not follow the changed sizes";
+          }
+        }
+      } else if (!(x == y)) {
+        return "argument '" + y.name + "' of " + where + " changes with the size";
+      }
+    }
+  }
+  for (size_t v = 0; v < gb.values().size(); ++v) {
+    const auto& ma = ga.values()[v].meta;
+    const auto& mb = gb.values()[v].meta;
+    if (ma.dtype != mb.dtype || ma.device != mb.device || ma.sizes.size() != mb.sizes.size() ||
+        ga.values()[v].version_of != gb.values()[v].version_of || ga.values()[v].view_of != gb.values()[v].view_of) {
+      return "value %" + std::to_string(v) + " differs between the two sizes";
+    }
+    const auto vid = static_cast<int64_t>(v);
+    for (size_t d = 0; d < mb.sizes.size(); ++d) {
+      if (!explain(ma.sizes[d], mb.sizes[d], {IntPatch::Size, vid, d, 0, 0, 0, 0}) ||
+          (d < mb.strides.size() && !explain(ma.strides[d], mb.strides[d], {IntPatch::Stride, vid, d, 0, 0, 0, 0}))) {
+        return "the shape of %" + std::to_string(v) + " does not follow the changed sizes";
+      }
+    }
+    if (!explain(ma.storage_offset, mb.storage_offset, {IntPatch::Offset, vid, 0, 0, 0, 0, 0})) {
+      return "the storage offset of %" + std::to_string(v) + " does not follow the changed sizes";
+    }
+  }
+  b.patches = std::move(patches);
+  if (b.patches.empty()) b.patches.push_back({IntPatch::Offset, -1, 0, 0, 0, 0, 0});  // marks dynamic
+  return "";
+}
+
+std::shared_ptr<Entry> Runtime::specialize(const std::shared_ptr<Entry>& e, const ca::BackwardWalk& w) {
+  // The value of each class in this call.
+  std::map<size_t, int64_t> value;
+  bool own = true;
+  for (size_t i = 0; i < w.sizes.size(); ++i) {
+    if (e->size_class[i] < 0) continue;
+    value[static_cast<size_t>(e->size_class[i])] = w.sizes[i].value;
+    own = own && w.sizes[i].value == e->sizes[i];
+  }
+  if (own) return e;
+  std::vector<int64_t> key;
+  for (const auto& [c, v] : value) key.push_back(v);
+  {
+    std::lock_guard<std::mutex> lock(cache_->mutex);
+    auto it = e->specialized.find(key);
+    if (it != e->specialized.end()) return it->second;
+  }
+  ir::Graph g = e->graph;
+  for (const auto& p : e->patches) {
+    if (p.where < 0) continue;
+    const int64_t v = p.mul * value.at(p.cls) + p.add;
+    switch (p.kind) {
+      case IntPatch::Arg: g.mutable_nodes()[static_cast<size_t>(p.where)].args[p.index].i = v; break;
+      case IntPatch::ArgList: g.mutable_nodes()[static_cast<size_t>(p.where)].args[p.index].ints[p.element] = v; break;
+      case IntPatch::Size: g.value(p.where).meta.sizes[p.index] = v; break;
+      case IntPatch::Stride: g.value(p.where).meta.strides[p.index] = v; break;
+      case IntPatch::Offset: g.value(p.where).meta.storage_offset = v; break;
+    }
+  }
+  auto s = std::make_shared<Entry>(*e);
+  s->specialized.clear();
+  s->size_class.clear();
+  s->patches.clear();
+  s->graph = g;
+  for (size_t i = 0; i < w.sizes.size(); ++i) s->sizes[i] = w.sizes[i].value;
+  const std::string what = opts().name + ".ca" + std::to_string(e->id) + ".sizes";
+  try {
+    s->exe = compile_with_backend(opts().backend, g, what, opts().dump_dir);
+  } catch (const c10::Error& err) {
+    TCAP_LOG(Recompiles, "compiled autograd: specialising entry " << e->id << " failed ("
+                                                                 << first_line(err.what_without_backtrace()) << "); recapturing");
+    return nullptr;
+  }
+  std::lock_guard<std::mutex> lock(cache_->mutex);
+  ++cache_->stats.compiles;
+  TCAP_LOG(Recompiles, "compiled autograd: entry " << e->id << " specialized to sizes " << c10::IntArrayRef(key)
+                                                  << " of its dynamic sizes (no recapture)");
+  e->specialized[key] = s;
+  return s;
+}
+
+}  // namespace
+
+struct CompiledAutogradGuard::Impl {
+  explicit Impl(CompiledAutogradOptions o) : runtime(cache_for(o)), handler_scope(&runtime) {
+    if (o.use_engine_hook) {
+      try {
+        lease = std::make_unique<capture::EngineHookLease>(&capture::capture_backward_driver);
+      } catch (const std::exception& e) {
+        TCAP_LOG(CompiledAutograd, "compiled autograd: the engine hook could not be installed ("
+                                       << first_line(e.what()) << "); only the guard's backward()/grad() are compiled");
+      }
+    }
+  }
+  Runtime runtime;
+  capture::BackwardHandlerScope handler_scope;
+  std::unique_ptr<capture::EngineHookLease> lease;
+
+  variable_list explicit_call(const std::vector<at::Tensor>& tensors, const std::vector<at::Tensor>& grads,
+                              bool keep_graph, bool create_graph, bool accumulate, const edge_list& outputs) {
+    TORCH_CHECK(grads.empty() || grads.size() == tensors.size(), "tcap compiled autograd: got ", grads.size(),
+                " gradients for ", tensors.size(), " tensors");
+    edge_list roots;
+    variable_list root_grads;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const at::Tensor& t = tensors[i];
+      TORCH_CHECK(t.requires_grad(), "tcap compiled autograd: element ", i,
+                  " of tensors does not require grad and does not have a grad_fn");
+      roots.push_back(torch::autograd::impl::gradient_edge(t));
+      if (i < grads.size() && grads[i].defined()) {
+        root_grads.push_back(grads[i]);
+      } else {
+        TORCH_CHECK(t.numel() == 1, "tcap compiled autograd: grad can be implicitly created only for scalar outputs");
+        root_grads.push_back(at::ones_like(t, c10::MemoryFormat::Preserve));
+      }
+    }
+    if (lease) {  // the engine hook is ours: the engine hands the call to the runtime
+      return torch::autograd::Engine::get_default_engine().execute(roots, root_grads, keep_graph, create_graph,
+                                                                    accumulate, outputs);
+    }
+    Request r;
+    r.root = std::make_shared<torch::autograd::GraphRoot>(roots, root_grads);
+    r.outputs = &outputs;
+    r.accumulate_grad = accumulate;
+    r.keep_graph = keep_graph;
+    r.create_graph = create_graph;
+    r.run = [&] {
+      return torch::autograd::Engine::get_default_engine().execute(roots, root_grads, keep_graph, create_graph,
+                                                                    accumulate, outputs);
+    };
+    r.prepare_capture = [] {};
+    capture::BackwardHandlerScope not_reentrant(nullptr);
+    return runtime.serve(r);
+  }
+};
+
+CompiledAutogradGuard::CompiledAutogradGuard(CompileOptions options)
+    : CompiledAutogradGuard(CompiledAutogradOptions{std::move(options), true}) {}
+
+CompiledAutogradGuard::CompiledAutogradGuard(CompiledAutogradOptions options)
+    : impl_(std::make_unique<Impl>(std::move(options))) {}
+
+CompiledAutogradGuard::~CompiledAutogradGuard() = default;
+
+bool CompiledAutogradGuard::engine_hook_installed() const { return impl_->lease != nullptr; }
+
+void CompiledAutogradGuard::backward(const std::vector<at::Tensor>& tensors, const std::vector<at::Tensor>& grad_tensors,
+                                     std::optional<bool> retain_graph, bool create_graph) {
+  impl_->explicit_call(tensors, grad_tensors, retain_graph.value_or(create_graph), create_graph, true, {});
+}
+
+std::vector<at::Tensor> CompiledAutogradGuard::grad(const std::vector<at::Tensor>& outputs,
+                                                    const std::vector<at::Tensor>& inputs,
+                                                    const std::vector<at::Tensor>& grad_outputs,
+                                                    std::optional<bool> retain_graph, bool create_graph,
+                                                    bool allow_unused) {
+  edge_list out_edges;
+  for (const auto& t : inputs) {
+    TORCH_CHECK(t.requires_grad(), "tcap compiled autograd: an input of grad() does not require grad");
+    out_edges.push_back(torch::autograd::impl::gradient_edge(t));
+  }
+  auto res = impl_->explicit_call(outputs, grad_outputs, retain_graph.value_or(create_graph), create_graph, false,
+                                  out_edges);
+  for (size_t i = 0; i < res.size() && !allow_unused; ++i) {
+    TORCH_CHECK(res[i].defined(), "tcap compiled autograd: one of the differentiated Tensors appears to not have "
+                                  "been used in the graph. Set allow_unused=true if this is the desired behavior.");
+  }
+  return res;
+}
+
+CompiledAutogradStats CompiledAutogradGuard::stats() const {
+  auto& c = impl_->runtime.cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  return c.stats;
+}
+
+std::vector<ir::Graph> CompiledAutogradGuard::graphs() const {
+  auto& c = impl_->runtime.cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  std::vector<ir::Graph> out;
+  for (const auto& e : c.entries) out.push_back(e->graph);
+  return out;
+}
+
+void reset_compiled_autograd() {
+  std::lock_guard<std::mutex> lock(g_caches_mutex);
+  caches().clear();
+}
+
+}  // namespace tcap

@@ -1,0 +1,75 @@
+// Compiled autograd's view of one backward's autograd graph: the structural cache key,
+// the tensors the backward reads, and the hooks it calls (Note [The backward key]).
+// This is the one file that reads autograd internals for compiled autograd
+// (Node::compiled_args through torch/csrc/dynamo/compiled_autograd.h, AccumulateGrad,
+// InputMetadata); they change between LibTorch releases.
+#pragma once
+
+#include <torch/csrc/autograd/function.h>
+
+#include <ATen/core/ivalue.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace tcap::ca {
+
+enum class HookSite : uint8_t { TensorPre, RetainsGrad, Pre, Post };
+
+struct HookRef {
+  uint32_t node;       // NodeCall id of the node it is attached to
+  HookSite site;
+  const void* object;  // the FunctionPreHook / FunctionPostHook
+};
+
+// One size (or stride) the graph depends on, compared per call: equal, or dynamic.
+struct SizeRef {
+  uint32_t node;  // NodeCall id it came from
+  int64_t value;
+};
+
+struct BackwardWalk {
+  std::string why_not;            // non-empty: this backward cannot be compiled (why)
+  std::string key;                // node types, topology, constants, dtypes, hook counts
+  std::vector<size_t> node_key_end;  // per node: where its part of `key` ends
+  std::vector<SizeRef> sizes;     // sizes and strides of tensors and metadata, in walk order
+  std::vector<std::shared_ptr<torch::autograd::Node>> nodes;  // by NodeCall id; 0 is the root
+  std::vector<std::string> names;  // "MulBackward0"
+  // What the backward reads, in order: the root gradients, then each node's saved tensors.
+  std::vector<at::Tensor> tensors;
+  std::vector<uint32_t> tensor_node;
+  std::vector<HookRef> hooks;      // in slot order
+  std::vector<uint32_t> accumulate;  // NodeCall ids of AccumulateGrad nodes
+  std::vector<c10::IValue> keep_alive;  // objects the key refers to by address
+
+  std::string label(uint32_t node) const {  // "MulBackward0 (NodeCall 2)"
+    return names.at(node) + " (NodeCall " + std::to_string(node) + ")";
+  }
+  // The NodeCall id of a node, or -1.
+  int id_of(const torch::autograd::Node* n) const;
+};
+
+// Walks the graph below `root` (a GraphRoot whose outputs are the root gradients).
+// `outputs`: the edges grad() returns gradients for (empty for backward()).
+// Never throws for graphs it cannot compile: it says why in why_not.
+BackwardWalk walk_backward(const std::shared_ptr<torch::autograd::Node>& root,
+                           const torch::autograd::edge_list& outputs, bool accumulate_grad);
+
+// AccumulateGrad support for replay.
+bool is_accumulate_grad(const torch::autograd::Node& n);
+// Accumulates `grad` into the leaf's .grad exactly as the engine's AccumulateGrad node
+// does (steal / clone / add rules, post-accumulate-grad hooks). `grad` is moved from, so
+// an unshared gradient can be stolen.
+void accumulate(torch::autograd::Node& accumulate_grad_node, at::Tensor&& grad);
+// The leaf an AccumulateGrad node writes to.
+at::Tensor leaf_of(const torch::autograd::Node& accumulate_grad_node);
+
+// Calls hook `h` of the walk as the engine would: pre-hooks take the gradients the node
+// receives and return them (possibly replaced); post-hooks take the node's outputs and
+// inputs and return the outputs.
+torch::autograd::variable_list call_hook(const HookRef& h, const torch::autograd::variable_list& in,
+                                         const torch::autograd::variable_list& node_in);
+
+}  // namespace tcap::ca

@@ -1,0 +1,20 @@
+// What compiled autograd needs to know about the backward node of a tcap::compile region
+// (a CppNode<ReplayFunction>, whose saved state Node::compiled_args cannot describe).
+#pragma once
+
+#include <torch/csrc/autograd/function.h>
+
+#include <ATen/core/ivalue.h>
+
+#include <string>
+#include <vector>
+
+namespace tcap::aot {
+
+// If `node` is the backward of a tcap::compile region: appends what fixes its backward
+// computation (the compiled entry, by address, kept alive through `keep_alive`) to `key`
+// and the tensors its backward reads to `tensors`, and returns true. Else returns false.
+bool describe_replay_node(const torch::autograd::Node& node, std::string& key, std::vector<at::Tensor>& tensors,
+                          std::vector<c10::IValue>& keep_alive);
+
+}  // namespace tcap::aot

@@ -1,0 +1,435 @@
+// Compiled autograd (include/tcap/compiled_autograd.h): the scenarios of the seed
+// 002 (compiled autograd tutorial) in C++, each checked against eager LibTorch.
+#include <tcap/compiled_autograd.h>
+#include <tcap/compile.h>
+
+#include "support/compare.h"
+#include "support/logging.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+namespace {
+
+using tcap::testing::close;
+
+// Collects log lines of some channels for one test.
+class LogCapture {
+ public:
+  explicit LogCapture(const char* channels) {
+    path_ = ::testing::TempDir() + "/tcap_ca_log_" + std::to_string(counter()++) + ".txt";
+    std::remove(path_.c_str());
+    setenv("TCAP_LOGS", channels, 1);
+    setenv("TCAP_LOG_FILE", path_.c_str(), 1);
+    tcap::reload_config_for_testing();
+  }
+  ~LogCapture() {
+    unsetenv("TCAP_LOGS");
+    unsetenv("TCAP_LOG_FILE");
+    tcap::reload_config_for_testing();
+    std::remove(path_.c_str());
+  }
+  std::string text() const {
+    std::ifstream f(path_);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+  }
+  int count(const std::string& needle) const {
+    const std::string t = text();
+    int n = 0;
+    for (size_t p = t.find(needle); p != std::string::npos; p = t.find(needle, p + 1)) ++n;
+    return n;
+  }
+
+ private:
+  static int& counter() {
+    static int c = 0;
+    return c;
+  }
+  std::string path_;
+};
+
+tcap::CompileOptions opts(const std::string& name, const std::string& backend = "eager") {
+  tcap::CompileOptions o;
+  o.name = name;
+  o.backend = backend;
+  return o;
+}
+
+int count_call_hooks(const tcap::ir::Graph& g) {
+  int n = 0;
+  for (const auto& node : g.nodes()) n += node.kind == tcap::ir::NodeKind::CallHook;
+  return n;
+}
+
+class CompiledAutograd : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    tcap::reset_compiled_autograd();
+    torch::manual_seed(0);
+  }
+};
+
+// Seed 002, "Basic usage": a linear layer; the second backward is served compiled and
+// matches eager, values and .grad.
+TEST_F(CompiledAutograd, LinearModelCompiledBackwardMatchesEager) {
+  torch::nn::Linear model(10, 10);
+  torch::nn::Linear ref(10, 10);
+  {
+    torch::NoGradGuard ng;
+    ref->weight.copy_(model->weight);
+    ref->bias.copy_(model->bias);
+  }
+  for (int step = 0; step < 3; ++step) {
+    auto x = torch::randn({7, 10});
+    {
+      tcap::CompiledAutogradGuard ca(opts("linear"));
+      model->forward(x).sum().backward();
+      auto st = ca.stats();
+      EXPECT_EQ(st.captures, 1);
+      EXPECT_EQ(st.hits, step);
+    }
+    ref->forward(x).sum().backward();
+    EXPECT_TRUE(close(model->weight.grad(), ref->weight.grad()));
+    EXPECT_TRUE(close(model->bias.grad(), ref->bias.grad()));
+  }
+}
+
+// Seed 002: "Graph breaks in the forward pass lead to graph breaks in the backward pass".
+// Three separately compiled regions: tcap::compile makes three backward graphs,
+// compiled autograd makes one.
+TEST_F(CompiledAutograd, ThreeRegionsGiveOneBackwardGraph) {
+  auto r1 = tcap::compile([](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{in[0] + 10}; },
+                          opts("r1"));
+  auto r2 = tcap::compile([](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{in[0] + 10}; },
+                          opts("r2"));
+  auto r3 = tcap::compile([](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{in[0].sum()}; },
+                          opts("r3"));
+  auto fn = [&](const at::Tensor& x) { return (*r3)({(*r2)({(*r1)({x})[0]})[0]})[0]; };
+  // Warm the regions up: each compiles its own forward and backward.
+  for (int i = 0; i < 2; ++i) {
+    auto x = torch::randn({10, 10}, torch::requires_grad());
+    fn(x).backward();
+  }
+  int region_backwards = 0;  // tcap::compile: one backward graph per region
+  for (const auto& r : {r1, r2, r3}) {
+    region_backwards += static_cast<int>(r->entries().size());
+    EXPECT_GE(r->stats().replays, 1);
+  }
+  EXPECT_EQ(region_backwards, 3);
+  for (int step = 0; step < 3; ++step) {
+    auto x = torch::randn({10, 10}, torch::requires_grad());
+    auto loss = fn(x);
+    tcap::CompiledAutogradGuard ca(opts("three_regions"));
+    loss.backward();
+    EXPECT_TRUE(close(x.grad(), torch::ones({10, 10})));
+    EXPECT_EQ(ca.stats().captures, 1);  // unique_graphs == 1
+    EXPECT_EQ(ca.graphs().size(), 1u);
+  }
+}
+
+// Seed 002: "Backward hooks are not captured": a leaf hook grad + 10 is a call_hook node
+// and still runs (with its side effects) when the compiled backward replays.
+TEST_F(CompiledAutograd, LeafHookIsACallHookNode) {
+  int calls = 0;
+  for (int step = 0; step < 3; ++step) {
+    auto x = torch::randn({10, 10}, torch::requires_grad());
+    x.register_hook([&calls](const at::Tensor& g) {
+      ++calls;
+      return g + 10;
+    });
+    auto loss = x.sum();
+    tcap::CompiledAutogradGuard ca(opts("leaf_hook"));
+    loss.backward();
+    EXPECT_TRUE(close(x.grad(), torch::full({10, 10}, 11.0)));
+    EXPECT_EQ(ca.graphs().size(), 1u);
+    EXPECT_EQ(count_call_hooks(ca.graphs().at(0)), 1) << ca.graphs().at(0);
+    EXPECT_EQ(calls, step + 1);
+  }
+}
+
+// Seed 002: "Due to changes in the autograd structure": one recompile per new node.
+TEST_F(CompiledAutograd, NewAutogradNodeRecompiles) {
+  LogCapture log("compiled_autograd_verbose");
+  auto x = torch::randn({10}, torch::requires_grad());
+  std::vector<std::function<at::Tensor(const at::Tensor&, const at::Tensor&)>> ops = {
+      [](const at::Tensor& a, const at::Tensor& b) { return torch::add(a, b); },
+      [](const at::Tensor& a, const at::Tensor& b) { return torch::sub(a, b); },
+      [](const at::Tensor& a, const at::Tensor& b) { return torch::mul(a, b); },
+      [](const at::Tensor& a, const at::Tensor& b) { return torch::div(a, b); }};
+  std::vector<at::Tensor> expected = {torch::full({10}, 2.0), torch::zeros({10}), 2 * x.detach(),
+                                      torch::zeros({10})};
+  for (int round = 0; round < 2; ++round) {
+    for (size_t k = 0; k < ops.size(); ++k) {
+      auto loss = ops[k](x, x).sum();
+      x.mutable_grad() = at::Tensor();
+      tcap::CompiledAutogradGuard ca(opts("ops"));
+      loss.backward();
+      EXPECT_TRUE(close(x.grad(), expected[k])) << k;
+      EXPECT_EQ(ca.stats().captures, 4 * 0 + static_cast<int>(round == 0 ? k + 1 : 4));
+    }
+  }
+  EXPECT_EQ(log.count("Cache miss due to new autograd node: torch::autograd::GraphRoot (NodeCall 0)"), 1) << log.text();
+  EXPECT_EQ(log.count("Cache miss due to new autograd node: SubBackward0"), 1) << log.text();
+  EXPECT_EQ(log.count("Cache miss due to new autograd node: MulBackward0"), 1) << log.text();
+  EXPECT_EQ(log.count("Cache miss due to new autograd node: DivBackward0"), 1) << log.text();
+}
+
+// Seed 002: "Due to tensors changing shapes": sizes 10, 100, 10 -> one recompile, then
+// the changed sizes are dynamic and a new size reuses the compiled graph.
+TEST_F(CompiledAutograd, ChangedShapesBecomeDynamic) {
+  LogCapture log("recompiles");
+  for (int n : {10, 100, 10, 37}) {
+    auto x = torch::randn({n, n}, torch::requires_grad());
+    auto loss = (x * x).sum();
+    tcap::CompiledAutogradGuard ca(opts("shapes"));
+    loss.backward();
+    EXPECT_TRUE(close(x.grad(), 2 * x.detach())) << n;
+  }
+  tcap::CompiledAutogradGuard ca(opts("shapes"));
+  auto st = ca.stats();
+  EXPECT_EQ(st.captures, 2) << log.text();
+  EXPECT_EQ(st.recompiles, 1);
+  EXPECT_EQ(st.hits, 2);
+  EXPECT_GE(log.count("Cache miss due to changed shapes: marking size idx"), 1) << log.text();
+  EXPECT_EQ(log.count("specialized to sizes [37]"), 1) << log.text();
+}
+
+// retain_graph=true twice: the second call is a hit and accumulates like eager.
+TEST_F(CompiledAutograd, RetainGraphTwice) {
+  auto w = torch::randn({5, 3}, torch::requires_grad());
+  auto xin = torch::randn({4, 5});
+  auto w_ref = w.detach().clone().requires_grad_(true);
+  auto loss = torch::tanh(torch::mm(xin, w)).pow(2).sum();
+  auto loss_ref = torch::tanh(torch::mm(xin, w_ref)).pow(2).sum();
+  tcap::CompiledAutogradGuard ca(opts("retain"));
+  loss.backward({}, /*retain_graph=*/true);
+  loss.backward({}, /*retain_graph=*/true);
+  EXPECT_EQ(ca.stats().hits, 1);
+  loss_ref.backward({}, true);
+  loss_ref.backward({}, true);
+  EXPECT_TRUE(close(w.grad(), w_ref.grad()));
+  // Without retain_graph the replay frees the graph as the engine does.
+  loss.backward();
+  EXPECT_THROW(loss.backward(), c10::Error);
+}
+
+// create_graph=true runs the engine (double backward stays correct).
+TEST_F(CompiledAutograd, CreateGraphFallsBackToEager) {
+  auto x = torch::randn({6}, torch::requires_grad());
+  tcap::CompiledAutogradGuard ca(opts("double"));
+  auto y = (x * x * x).sum();
+  auto g = torch::autograd::grad({y}, {x}, {}, /*retain_graph=*/true, /*create_graph=*/true)[0];
+  auto gg = torch::autograd::grad({g.sum()}, {x})[0];
+  EXPECT_TRUE(close(g, 3 * x.detach() * x.detach()));
+  EXPECT_TRUE(close(gg, 6 * x.detach()));
+  EXPECT_GE(ca.stats().eager_calls, 1);
+}
+
+// grad() is compiled too; results match eager.
+TEST_F(CompiledAutograd, GradIsCompiled) {
+  for (int step = 0; step < 3; ++step) {
+    auto a = torch::randn({3, 7}, torch::requires_grad());
+    auto b = torch::randn({7}, torch::requires_grad());
+    auto y = (torch::sigmoid(a) * b).sum();
+    tcap::CompiledAutogradGuard ca(opts("grad"));
+    auto gs = torch::autograd::grad({y}, {a, b});
+    auto sa = torch::sigmoid(a.detach());
+    EXPECT_TRUE(close(gs[0], sa * (1 - sa) * b.detach()));
+    EXPECT_TRUE(close(gs[1], sa.sum(0)));
+    EXPECT_FALSE(a.grad().defined());
+    EXPECT_EQ(ca.stats().hits, step);
+  }
+}
+
+// A hook that throws: the exception reaches the caller, the engine stays usable.
+TEST_F(CompiledAutograd, ExceptionInHookPropagates) {
+  for (int step = 0; step < 3; ++step) {
+    auto x = torch::randn({4}, torch::requires_grad());
+    const bool fail = step == 2;  // the third call is a compiled replay
+    x.register_hook([fail](const at::Tensor& g) {
+      if (fail) throw std::runtime_error("hook failed on purpose");
+      return g * 2;
+    });
+    auto loss = (x * 3).sum();
+    tcap::CompiledAutogradGuard ca(opts("throwing"));
+    if (fail) {
+      EXPECT_THROW(loss.backward(), std::exception);
+    } else {
+      loss.backward();
+      EXPECT_TRUE(close(x.grad(), torch::full({4}, 6.0)));
+    }
+  }
+  // Still usable, with and without the guard.
+  auto x = torch::randn({4}, torch::requires_grad());
+  (x * 3).sum().backward();
+  EXPECT_TRUE(close(x.grad(), torch::full({4}, 3.0)));
+  {
+    tcap::CompiledAutogradGuard ca(opts("after_throw"));
+    auto z = torch::randn({4}, torch::requires_grad());
+    (z * 3).sum().backward();
+    EXPECT_TRUE(close(z.grad(), torch::full({4}, 3.0)));
+  }
+}
+
+// zero_grad() (set_to_none) between steps does not recompile; accumulation without it
+// (.grad defined) is served by the same entry too.
+TEST_F(CompiledAutograd, ZeroGradDoesNotRecompile) {
+  torch::nn::Linear model(8, 4);
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  for (int step = 0; step < 4; ++step) {
+    opt.zero_grad();
+    auto loss = model->forward(torch::randn({5, 8})).pow(2).mean();
+    tcap::CompiledAutogradGuard ca(opts("zero_grad"));
+    loss.backward();
+    opt.step();
+  }
+  // Two accumulating backwards without zero_grad.
+  for (int step = 0; step < 2; ++step) {
+    auto loss = model->forward(torch::randn({5, 8})).pow(2).mean();
+    tcap::CompiledAutogradGuard ca(opts("zero_grad"));
+    loss.backward();
+  }
+  tcap::CompiledAutogradGuard ca(opts("zero_grad"));
+  EXPECT_EQ(ca.stats().captures, 1);
+  EXPECT_EQ(ca.stats().hits, 5);
+}
+
+// retain_grad() on an intermediate and a hook on it: call_hook nodes, same .grad as eager.
+TEST_F(CompiledAutograd, RetainGradAndIntermediateHook) {
+  std::vector<double> norms, norms_ref;
+  for (int step = 0; step < 3; ++step) {
+    auto x = torch::randn({6, 5}, torch::requires_grad());
+    auto xr = x.detach().clone().requires_grad_(true);
+    auto run = [](const at::Tensor& in, std::vector<double>& log) {
+      auto h = torch::relu(in) * 2;
+      h.retain_grad();
+      h.register_hook([&log](const at::Tensor& g) {
+        log.push_back(g.norm().item<double>());
+        return g * 0.5;
+      });
+      return std::make_pair(h, (h * h).sum());
+    };
+    auto [h, loss] = run(x, norms);
+    auto [hr, loss_ref] = run(xr, norms_ref);
+    {
+      tcap::CompiledAutogradGuard ca(opts("retain_grad"));
+      loss.backward();
+      EXPECT_EQ(count_call_hooks(ca.graphs().at(0)), 2);
+    }
+    loss_ref.backward();
+    EXPECT_TRUE(close(x.grad(), xr.grad()));
+    EXPECT_TRUE(close(h.grad(), hr.grad()));
+  }
+  ASSERT_EQ(norms.size(), norms_ref.size());
+  for (size_t i = 0; i < norms.size(); ++i) EXPECT_NEAR(norms[i], norms_ref[i], 1e-9);
+}
+
+// The explicit path works without the engine hook, and plain backward() is then not
+// intercepted.
+TEST_F(CompiledAutograd, ExplicitPathWithoutEngineHook) {
+  tcap::CompiledAutogradOptions o;
+  o.compile = opts("explicit");
+  o.use_engine_hook = false;
+  for (int step = 0; step < 3; ++step) {
+    auto x = torch::randn({3, 4}, torch::requires_grad());
+    auto loss = torch::exp(x).sum();
+    tcap::CompiledAutogradGuard ca(o);
+    EXPECT_FALSE(ca.engine_hook_installed());
+    ca.backward({loss});
+    EXPECT_TRUE(close(x.grad(), torch::exp(x.detach())));
+    EXPECT_EQ(ca.stats().hits, step);
+    auto y = torch::randn({2}, torch::requires_grad());
+    (y * 2).sum().backward();  // not seen by the guard
+    EXPECT_EQ(ca.stats().calls, step + 1);
+  }
+}
+
+// Leaving the scope restores the engine: later backwards are plain.
+TEST_F(CompiledAutograd, LeavingTheScopeRestoresTheEngine) {
+  auto x = torch::randn({3}, torch::requires_grad());
+  {
+    tcap::CompiledAutogradGuard ca(opts("scope"));
+    EXPECT_TRUE(ca.engine_hook_installed());
+    (x * 2).sum().backward();
+  }
+  (x * 2).sum().backward();
+  tcap::CompiledAutogradGuard ca(opts("scope"));
+  EXPECT_EQ(ca.stats().calls, 1);
+  EXPECT_TRUE(close(x.grad(), torch::full({3}, 4.0)));
+}
+
+// Seed-scale training: a transformer encoder layer, 20 Adam steps, gradient-norm hooks
+// on every parameter and on the layer's output. Losses, gradients and the norms the hooks
+// log match eager at every step; only the first backward is captured.
+void transformer_training(const std::string& backend, double rtol, double atol) {
+  auto make = [] {
+    return torch::nn::TransformerEncoderLayer(
+        torch::nn::TransformerEncoderLayerOptions(16, 4).dim_feedforward(24).dropout(0.0));
+  };
+  torch::manual_seed(3);
+  auto model = make();
+  auto ref = make();
+  {
+    torch::NoGradGuard ng;
+    auto a = model->parameters();
+    auto b = ref->parameters();
+    for (size_t i = 0; i < a.size(); ++i) b[i].copy_(a[i]);
+  }
+  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-2));
+  torch::optim::Adam opt_ref(ref->parameters(), torch::optim::AdamOptions(1e-2));
+  std::vector<double> norms, norms_ref;
+  for (auto& p : model->parameters()) {
+    p.register_hook([&norms](const at::Tensor& g) { norms.push_back(g.norm().item<double>()); });
+  }
+  for (auto& p : ref->parameters()) {
+    p.register_hook([&norms_ref](const at::Tensor& g) { norms_ref.push_back(g.norm().item<double>()); });
+  }
+  tcap::CompileOptions o = opts("transformer_" + backend, backend);
+  for (int step = 0; step < 20; ++step) {
+    auto src = torch::randn({7, 3, 16});  // (sequence, batch, features): odd sizes
+    auto target = torch::randn({7, 3, 16});
+    auto forward = [&](torch::nn::TransformerEncoderLayer& m, std::vector<double>& log) {
+      auto out = m->forward(src);
+      out.register_hook([&log](const at::Tensor& g) { log.push_back(g.norm().item<double>()); });
+      return torch::mse_loss(out, target);
+    };
+    opt.zero_grad();
+    opt_ref.zero_grad();
+    auto loss = forward(model, norms);
+    auto loss_ref = forward(ref, norms_ref);
+    EXPECT_TRUE(close(loss, loss_ref, rtol, atol)) << "step " << step;
+    {
+      tcap::CompiledAutogradGuard ca(o);
+      loss.backward();
+    }
+    loss_ref.backward();
+    auto a = model->parameters();
+    auto b = ref->parameters();
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_TRUE(close(a[i].grad(), b[i].grad(), rtol, atol)) << "step " << step << " parameter " << i;
+    }
+    opt.step();
+    opt_ref.step();
+  }
+  ASSERT_EQ(norms.size(), norms_ref.size());
+  for (size_t i = 0; i < norms.size(); ++i) EXPECT_NEAR(norms[i], norms_ref[i], 1e-4 * (1 + norms_ref[i])) << i;
+  tcap::CompiledAutogradGuard ca(o);
+  EXPECT_EQ(ca.stats().captures, 1);
+  EXPECT_EQ(ca.stats().hits, 19);
+  EXPECT_EQ(count_call_hooks(ca.graphs().at(0)), static_cast<int>(model->parameters().size()) + 1);
+}
+
+TEST_F(CompiledAutograd, TransformerEncoderAdamWithGradNormHooks) { transformer_training("eager", 1e-5, 1e-6); }
+
+TEST_F(CompiledAutograd, TransformerEncoderAdamWithGradNormHooksLlvm) {
+  transformer_training("auto", 1e-4, 1e-5);
+}
+
+}  // namespace
