@@ -406,9 +406,11 @@ variable_list Runtime::capture(const Request& r, const ca::BackwardWalk& w, cons
   for (size_t k = 0; k < w.tensors.size(); ++k) {
     const uint32_t node = w.tensor_node[k];
     const bool tangent = node == 0;
+    const std::string& type = *w.names[node];  // "MulBackward0", "torch::autograd::CppNode<...>"
+    const size_t colon = type.rfind(':');
     names.push_back(tangent ? "tangents_" + std::to_string(k)
-                            : w.names[node].substr(w.names[node].rfind(':') == std::string::npos ? 0 : w.names[node].rfind(':') + 1) +
-                                  "_" + std::to_string(node) + "_saved_" + std::to_string(k));
+                            : type.substr(colon == std::string::npos ? 0 : colon + 1) + "_" + std::to_string(node) +
+                                  "_saved_" + std::to_string(k));
     kinds.push_back(tangent ? ir::InputKind::Tangent : ir::InputKind::Saved);
     inputs.push_back(s.declare_input(w.tensors[k], names.back(), kinds.back()));
   }

@@ -7,6 +7,9 @@
 #include <torch/csrc/autograd/functions/basic_ops.h>
 #include <torch/csrc/dynamo/compiled_autograd.h>
 
+#include <algorithm>
+#include <cstring>
+#include <typeinfo>
 #include <unordered_map>
 
 // Note [The backward key]
@@ -32,13 +35,20 @@ using torch::dynamo::autograd::AutogradCompilerCall;
 using torch::dynamo::autograd::CompiledNodeArgs;
 using torch::dynamo::autograd::SizeInput;
 
+// Appends to the key without a library call per field (the walk writes a few dozen
+// fields per node; see the lookup_us benchmark). Walker::finish trims the buffer.
+struct KeyWriter {
+  std::string& buf;
+  size_t len = 0;
+  void write(const void* p, size_t n) {
+    if (len + n > buf.size()) buf.resize(std::max(buf.size() * 2, len + n + 1024));
+    std::memcpy(&buf[len], p, n);
+    len += n;
+  }
+};
 template <class T>
-void put(std::string& key, const T& v) {
-  key.append(reinterpret_cast<const char*>(&v), sizeof(T));
-}
-void put_str(std::string& key, const std::string& s) {
-  put(key, static_cast<uint32_t>(s.size()));
-  key += s;
+void put(KeyWriter& key, const T& v) {
+  key.write(&v, sizeof(T));
 }
 
 bool is_observer(const torch::autograd::FunctionPreHook* h) {
@@ -48,19 +58,29 @@ bool is_observer(const torch::autograd::FunctionPostHook* h) {
   return dynamic_cast<const capture::ObserverPostHook*>(h) != nullptr;
 }
 
+// Node::name() demangles on every call; a node's name is a function of its type. The
+// returned string is stable for the thread's life; its address stands for the type in keys.
+const std::string* name_of(const Node& n) {
+  thread_local std::unordered_map<const std::type_info*, std::string> names;
+  auto it = names.find(&typeid(n));
+  if (it == names.end()) it = names.emplace(&typeid(n), n.name()).first;
+  return &it->second;
+}
+
 struct Walker {
   BackwardWalk& w;
+  KeyWriter key{w.key};
   AutogradCompilerCall compiler{SizeInput::STATIC};
   std::unordered_map<const Node*, uint32_t> ids;
 
   void size(uint32_t node, int64_t v) { w.sizes.push_back({node, v}); }
 
   void tensor_meta(uint32_t node, const at::Tensor& t) {
-    put(w.key, t.scalar_type());
-    put(w.key, static_cast<int8_t>(t.device().type()));
-    put(w.key, t.device().index());
-    put(w.key, t.layout());
-    put(w.key, static_cast<int64_t>(t.dim()));
+    put(key, t.scalar_type());
+    put(key, static_cast<int8_t>(t.device().type()));
+    put(key, t.device().index());
+    put(key, t.layout());
+    put(key, static_cast<int64_t>(t.dim()));
     if (t.layout() != c10::kStrided) return;
     for (int64_t s : t.sizes()) size(node, s);
     for (int64_t s : t.strides()) size(node, s);
@@ -73,6 +93,7 @@ struct Walker {
   }
 
   void discover(const std::shared_ptr<Node>& root) {
+    ids.reserve(64);
     std::vector<Node*> todo{root.get()};
     while (!todo.empty()) {
       Node* n = todo.back();
@@ -80,7 +101,7 @@ struct Walker {
       if (!n || ids.count(n)) continue;
       ids.emplace(n, static_cast<uint32_t>(w.nodes.size()));
       w.nodes.push_back(n->getptr());
-      w.names.push_back(n->name());
+      w.names.push_back(name_of(*n));
       const auto& es = n->next_edges();
       for (auto it = es.rbegin(); it != es.rend(); ++it) {
         if (it->is_valid()) todo.push_back(it->function.get());
@@ -96,42 +117,42 @@ struct Walker {
       w.hooks.push_back({id, site, h.get()});
       ++count;
     }
-    put(w.key, count);
+    put(key, count);
   }
 
   bool describe(uint32_t id) {
     Node& n = *w.nodes[id];
-    put_str(w.key, w.names[id]);
-    put(w.key, static_cast<uint32_t>(n.num_inputs()));
+    put(key, w.names[id]);
+    put(key, static_cast<uint32_t>(n.num_inputs()));
     for (uint32_t i = 0; i < n.num_inputs(); ++i) {
       const auto& m = n.input_metadata(i);
       if (m.is_nested_tensor()) return fail(id, "nested tensors are not supported");
       if (m.is_tensor_subclass()) return fail(id, "tensor subclasses are not supported");
-      put(w.key, m.dtype());
-      put(w.key, static_cast<int8_t>(m.device().type()));
-      put(w.key, m.device().index());
+      put(key, m.dtype());
+      put(key, static_cast<int8_t>(m.device().type()));
+      put(key, m.device().index());
       const auto shape = m.shape_as_dim_vector();
-      put(w.key, static_cast<uint32_t>(shape.size()));
+      put(key, static_cast<uint32_t>(shape.size()));
       for (const auto& s : shape) {
         auto v = s.maybe_as_int();
         if (!v) return fail(id, "symbolic sizes are not supported");
         size(id, *v);
       }
     }
-    put(w.key, static_cast<uint32_t>(n.next_edges().size()));
+    put(key, static_cast<uint32_t>(n.next_edges().size()));
     for (const auto& e : n.next_edges()) {
-      put(w.key, e.is_valid() ? static_cast<int64_t>(ids.at(e.function.get())) : int64_t{-1});
-      put(w.key, e.input_nr);
+      put(key, e.is_valid() ? static_cast<int64_t>(ids.at(e.function.get())) : int64_t{-1});
+      put(key, e.input_nr);
     }
     hooks(id, n.tensor_pre_hooks(), HookSite::TensorPre);
     {
       uint32_t count = 0;
       for (const auto& [k, h] : n.retains_grad_hooks()) {
         w.hooks.push_back({id, HookSite::RetainsGrad, h.get()});
-        put(w.key, static_cast<int64_t>(k));
+        put(key, static_cast<int64_t>(k));
         ++count;
       }
-      put(w.key, count);
+      put(key, count);
     }
     hooks(id, n.pre_hooks(), HookSite::Pre);
     hooks(id, n.post_hooks(), HookSite::Post);
@@ -139,9 +160,9 @@ struct Walker {
     if (id == 0) {  // the GraphRoot: its outputs are the root gradients
       const auto* root = dynamic_cast<const torch::autograd::GraphRoot*>(&n);
       if (!root) return fail(id, "the backward does not start at a GraphRoot");
-      put(w.key, static_cast<uint32_t>(root->outputs.size()));
+      put(key, static_cast<uint32_t>(root->outputs.size()));
       for (const auto& g : root->outputs) {
-        put(w.key, g.defined());
+        put(key, g.defined());
         if (!g.defined()) continue;
         tensor_meta(id, g);
         w.tensors.push_back(g);
@@ -149,21 +170,24 @@ struct Walker {
       }
       return true;
     }
-    if (auto* acc = dynamic_cast<torch::autograd::AccumulateGrad*>(&n)) {
+    if (typeid(n) == typeid(torch::autograd::AccumulateGrad)) {
+      auto* acc = static_cast<torch::autograd::AccumulateGrad*>(&n);
       if (!acc->post_hooks().empty()) return fail(id, "post hooks on AccumulateGrad are not supported");
       const at::Tensor& leaf = acc->variable;
-      put(w.key, leaf.defined());
+      put(key, leaf.defined());
       if (leaf.defined()) {
-        put(w.key, leaf.requires_grad());
+        put(key, leaf.requires_grad());
         tensor_meta(id, leaf);
       }
       w.accumulate.push_back(id);
       return true;
     }
     std::vector<at::Tensor> region_tensors;
-    if (aot::describe_replay_node(n, w.key, region_tensors, w.keep_alive)) {
+    std::string region_key;
+    if (aot::describe_replay_node(n, region_key, region_tensors, w.keep_alive)) {
+      key.write(region_key.data(), region_key.size());
       for (auto& t : region_tensors) {
-        put(w.key, t.defined());
+        put(key, t.defined());
         if (!t.defined()) continue;
         tensor_meta(id, t);
         w.tensors.push_back(std::move(t));
@@ -172,7 +196,7 @@ struct Walker {
       return true;
     }
     // Everything else describes itself (generated nodes, CppNode<T> of custom functions).
-    auto& call = compiler.node_calls.lookup(w.nodes[id]);
+    torch::dynamo::autograd::NodeCall call(id, w.nodes[id]);
     compiler.set_active_node_call_idx(id);
     const size_t tensors_before = compiler.tensor_args.inputs.size();
     const size_t sizes_before = compiler.all_size_inputs.size();
@@ -181,8 +205,8 @@ struct Walker {
       CompiledNodeArgs args(compiler, call);
       n.compiled_args(args);
       const auto k = args.key();
-      put(w.key, k.key_size);
-      w.key.append(reinterpret_cast<const char*>(k.key), k.key_size);
+      put(key, k.key_size);
+      key.write(k.key, k.key_size);
     } catch (const std::exception& e) {
       std::string msg = e.what();
       if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
@@ -196,8 +220,8 @@ struct Walker {
     // Scalars a custom function saved: specialised on.
     for (size_t i = lifted_before; i < compiler.lifted_ivalue_args.args.size(); ++i) {
       const c10::IValue& iv = *compiler.lifted_ivalue_args.args[i].actual_ptr;
-      if (iv.isInt()) put(w.key, iv.toInt());
-      else if (iv.isDouble()) put(w.key, iv.toDouble());
+      if (iv.isInt()) put(key, iv.toInt());
+      else if (iv.isDouble()) put(key, iv.toDouble());
       else return fail(id, "saves a symbolic scalar");
     }
     for (size_t i = tensors_before; i < compiler.tensor_args.inputs.size(); ++i) {
@@ -224,28 +248,32 @@ BackwardWalk walk_backward(const std::shared_ptr<torch::autograd::Node>& root,
   BackwardWalk w;
   Walker walker{w};
   walker.discover(root);
-  put(w.key, accumulate_grad);
-  put(w.key, static_cast<uint32_t>(outputs.size()));
+  w.key.resize(w.nodes.size() * 96 + 64);
+  w.sizes.reserve(w.nodes.size() * 8);
+  KeyWriter& key = walker.key;
+  put(key, accumulate_grad);
+  put(key, static_cast<uint32_t>(outputs.size()));
   for (const auto& e : outputs) {
     auto it = e.is_valid() ? walker.ids.find(e.function.get()) : walker.ids.end();
-    put(w.key, it == walker.ids.end() ? int64_t{-1} : static_cast<int64_t>(it->second));
-    put(w.key, e.input_nr);
+    put(key, it == walker.ids.end() ? int64_t{-1} : static_cast<int64_t>(it->second));
+    put(key, e.input_nr);
     if (e.is_valid() && it == walker.ids.end()) {
       // grad() of a tensor the roots do not reach: the engine answers that alone.
       w.why_not = "grad() asks for a tensor outside the graph";
-      return w;
+      break;
     }
   }
   w.node_key_end.reserve(w.nodes.size());
-  for (uint32_t id = 0; id < w.nodes.size(); ++id) {
-    if (!walker.describe(id)) return w;
-    w.node_key_end.push_back(w.key.size());
+  for (uint32_t id = 0; id < w.nodes.size() && w.why_not.empty(); ++id) {
+    if (!walker.describe(id)) break;
+    w.node_key_end.push_back(key.len);
   }
+  w.key.resize(key.len);
   return w;
 }
 
 bool is_accumulate_grad(const torch::autograd::Node& n) {
-  return dynamic_cast<const torch::autograd::AccumulateGrad*>(&n) != nullptr;
+  return typeid(n) == typeid(torch::autograd::AccumulateGrad);
 }
 
 void accumulate(torch::autograd::Node& node, at::Tensor&& grad) {

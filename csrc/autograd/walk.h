@@ -36,7 +36,7 @@ struct BackwardWalk {
   std::vector<size_t> node_key_end;  // per node: where its part of `key` ends
   std::vector<SizeRef> sizes;     // sizes and strides of tensors and metadata, in walk order
   std::vector<std::shared_ptr<torch::autograd::Node>> nodes;  // by NodeCall id; 0 is the root
-  std::vector<std::string> names;  // "MulBackward0"
+  std::vector<const std::string*> names;  // "MulBackward0" (interned per node type)
   // What the backward reads, in order: the root gradients, then each node's saved tensors.
   std::vector<at::Tensor> tensors;
   std::vector<uint32_t> tensor_node;
@@ -45,7 +45,7 @@ struct BackwardWalk {
   std::vector<c10::IValue> keep_alive;  // objects the key refers to by address
 
   std::string label(uint32_t node) const {  // "MulBackward0 (NodeCall 2)"
-    return names.at(node) + " (NodeCall " + std::to_string(node) + ")";
+    return *names.at(node) + " (NodeCall " + std::to_string(node) + ")";
   }
   // The NodeCall id of a node, or -1.
   int id_of(const torch::autograd::Node* n) const;

@@ -1060,8 +1060,8 @@ namespace tcap::aot {
 
 bool describe_replay_node(const torch::autograd::Node& node, std::string& key, std::vector<at::Tensor>& tensors,
                           std::vector<c10::IValue>& keep_alive) {
-  const auto* cpp = dynamic_cast<const torch::autograd::CppNode<ReplayFunction>*>(&node);
-  if (!cpp) return false;
+  if (typeid(node) != typeid(torch::autograd::CppNode<ReplayFunction>)) return false;
+  const auto* cpp = static_cast<const torch::autograd::CppNode<ReplayFunction>*>(&node);
   // NOLINTNEXTLINE(cppcoreguidelines-pro-type-const-cast): reading the context only.
   auto& ctx = const_cast<torch::autograd::AutogradContext&>(cpp->ctx_);
   const c10::IValue& entry = ctx.saved_data.at("entry");
