@@ -29,6 +29,7 @@
 #include "capture/recorder.h"
 #include "capture/session.h"
 #include "compile/backends.h"
+#include "compile/int_patches.h"
 #include "interp/hook_runner.h"
 #include "support/logging.h"
 
@@ -64,15 +65,6 @@ struct Request {
   std::function<void()> prepare_capture;       // make run() record on this thread
 };
 
-struct IntPatch {
-  enum Kind { Arg, ArgList, Size, Stride, Offset } kind;
-  int64_t where;   // node id (Arg, ArgList) or value id
-  size_t index;    // arg index or dim
-  size_t element;  // ArgList element
-  size_t cls;      // which class of dynamic sizes
-  int64_t mul, add;
-};
-
 struct Entry {
   int id = 0;
   std::string key;
@@ -86,9 +78,11 @@ struct Entry {
   std::vector<c10::IValue> keep_alive;
   // Dynamic sizes: per size, -1 (static) or its class; classes share one value.
   std::vector<int> size_class;
-  std::vector<IntPatch> patches;
+  std::vector<aot::IntPatch> patches;  // IntPatch::size is a class
   std::map<std::vector<int64_t>, std::shared_ptr<Entry>> specialized;
-  bool dynamic() const { return !patches.empty() || std::any_of(size_class.begin(), size_class.end(), [](int c) { return c >= 0; }); }
+  bool dynamic() const {
+    return std::any_of(size_class.begin(), size_class.end(), [](int c) { return c >= 0; });
+  }
 };
 
 struct Cache {
@@ -574,76 +568,13 @@ std::string Runtime::generalize(const Entry& a, Entry& b, const std::vector<size
       if (b.sizes[i] == cls[c].second && a.sizes[i] == cls[c].first) return "size idx " + std::to_string(i) + " is ambiguous";
     }
   }
-  const auto& ga = a.graph;
-  const auto& gb = b.graph;
-  if (ga.nodes().size() != gb.nodes().size() || ga.values().size() != gb.values().size() ||
-      a.acc_output != b.acc_output || a.grad_output != b.grad_output) {
+  if (a.acc_output != b.acc_output || a.grad_output != b.grad_output) {
     return "the graphs recorded at the two sizes differ in structure";
   }
-  std::vector<IntPatch> patches;
-  auto explain = [&](int64_t x, int64_t y, IntPatch p) {
-    if (x == y) return true;
-    for (size_t c = 0; c < cls.size(); ++c) {
-      const int64_t d = cls[c].first - cls[c].second;
-      if (d == 0 || (x - y) % d != 0) continue;
-      const int64_t m = (x - y) / d;
-      if (m == 0) continue;
-      p.cls = c;
-      p.mul = m;
-      p.add = y - m * cls[c].second;
-      patches.push_back(p);
-      return true;
-    }
-    return false;
-  };
-  for (size_t i = 0; i < gb.nodes().size(); ++i) {
-    const auto& na = ga.nodes()[i];
-    const auto& nb = gb.nodes()[i];
-    const std::string where = "node %" + std::to_string(i) + " (" + nb.qualified_op() + ")";
-    if (na.kind != nb.kind || na.op != nb.op || na.overload != nb.overload || na.args.size() != nb.args.size() ||
-        na.outputs != nb.outputs || na.hook != nb.hook) {
-      return "the graphs at the two sizes differ at " + where;
-    }
-    for (size_t k = 0; k < nb.args.size(); ++k) {
-      const auto& x = na.args[k];
-      const auto& y = nb.args[k];
-      if (x.kind != y.kind) return "argument kinds differ at " + where;
-      if (x.kind == ir::ArgKind::Int) {
-        if (!explain(x.i, y.i, {IntPatch::Arg, static_cast<int64_t>(i), k, 0, 0, 0, 0})) {
-          return "an integer argument of " + where + " does not follow the changed sizes";
-        }
-      } else if (x.kind == ir::ArgKind::IntList) {
-        if (x.ints.size() != y.ints.size()) return "an int list of " + where + " changed length";
-        for (size_t e = 0; e < x.ints.size(); ++e) {
-          if (!explain(x.ints[e], y.ints[e], {IntPatch::ArgList, static_cast<int64_t>(i), k, e, 0, 0, 0})) {
-            return "an int list argument of " + where + " does not follow the changed sizes";
-          }
-        }
-      } else if (!(x == y)) {
-        return "argument '" + y.name + "' of " + where + " changes with the size";
-      }
-    }
-  }
-  for (size_t v = 0; v < gb.values().size(); ++v) {
-    const auto& ma = ga.values()[v].meta;
-    const auto& mb = gb.values()[v].meta;
-    if (ma.dtype != mb.dtype || ma.device != mb.device || ma.sizes.size() != mb.sizes.size() ||
-        ga.values()[v].version_of != gb.values()[v].version_of || ga.values()[v].view_of != gb.values()[v].view_of) {
-      return "value %" + std::to_string(v) + " differs between the two sizes";
-    }
-    const auto vid = static_cast<int64_t>(v);
-    for (size_t d = 0; d < mb.sizes.size(); ++d) {
-      if (!explain(ma.sizes[d], mb.sizes[d], {IntPatch::Size, vid, d, 0, 0, 0, 0}) ||
-          (d < mb.strides.size() && !explain(ma.strides[d], mb.strides[d], {IntPatch::Stride, vid, d, 0, 0, 0, 0}))) {
-        return "the shape of %" + std::to_string(v) + " does not follow the changed sizes";
-      }
-    }
-    if (!explain(ma.storage_offset, mb.storage_offset, {IntPatch::Offset, vid, 0, 0, 0, 0, 0})) {
-      return "the storage offset of %" + std::to_string(v) + " does not follow the changed sizes";
-    }
-  }
+  std::vector<aot::IntPatch> patches;
+  std::string why = aot::find_int_patches(a.graph, b.graph, cls, patches);
+  if (!why.empty()) return why;
   b.patches = std::move(patches);
-  if (b.patches.empty()) b.patches.push_back({IntPatch::Offset, -1, 0, 0, 0, 0, 0});  // marks dynamic
   return "";
 }
 
@@ -665,17 +596,7 @@ std::shared_ptr<Entry> Runtime::specialize(const std::shared_ptr<Entry>& e, cons
     if (it != e->specialized.end()) return it->second;
   }
   ir::Graph g = e->graph;
-  for (const auto& p : e->patches) {
-    if (p.where < 0) continue;
-    const int64_t v = p.mul * value.at(p.cls) + p.add;
-    switch (p.kind) {
-      case IntPatch::Arg: g.mutable_nodes()[static_cast<size_t>(p.where)].args[p.index].i = v; break;
-      case IntPatch::ArgList: g.mutable_nodes()[static_cast<size_t>(p.where)].args[p.index].ints[p.element] = v; break;
-      case IntPatch::Size: g.value(p.where).meta.sizes[p.index] = v; break;
-      case IntPatch::Stride: g.value(p.where).meta.strides[p.index] = v; break;
-      case IntPatch::Offset: g.value(p.where).meta.storage_offset = v; break;
-    }
-  }
+  aot::apply_int_patches(g, e->patches, key);  // key[c] is class c's value
   auto s = std::make_shared<Entry>(*e);
   s->specialized.clear();
   s->size_class.clear();

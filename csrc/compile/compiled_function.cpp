@@ -18,6 +18,7 @@
 #include "compile/backends.h"
 #include "compile/guards.h"
 #include "compile/inplace.h"
+#include "compile/int_patches.h"
 #include "compile/region.h"
 #include "compile/replay_node.h"
 #include "support/logging.h"
@@ -190,16 +191,8 @@ struct Entry {
   struct DimRef {
     size_t input, dim;
   };
-  struct IntPatch {
-    enum Kind { Arg, ArgList, Size, Stride, Offset } kind;
-    int64_t where;   // node id (Arg, ArgList) or value id
-    size_t index;    // arg index (Arg, ArgList) or dim (Size, Stride)
-    size_t element;  // ArgList: list element
-    size_t dim;      // index into dyn_dims
-    int64_t mul, add;
-  };
   std::vector<DimRef> dyn_dims;
-  std::vector<IntPatch> patches;
+  std::vector<aot::IntPatch> patches;  // IntPatch::size indexes dyn_dims
   std::map<std::vector<int64_t>, std::shared_ptr<Entry>> specialized;
 };
 
@@ -794,75 +787,15 @@ struct CompiledFunction::Impl {
     if (!a.host_expected.empty() || !b.host_expected.empty()) return "the function reads values on the host";
     const auto& ga = a.joint.graph;
     const auto& gb = b.joint.graph;
-    if (ga.nodes().size() != gb.nodes().size() || ga.values().size() != gb.values().size() ||
-        a.joint.num_primals != b.joint.num_primals || a.joint.num_tangents != b.joint.num_tangents ||
+    if (a.joint.num_primals != b.joint.num_primals || a.joint.num_tangents != b.joint.num_tangents ||
         a.joint.grad_of != b.joint.grad_of) {
       return "the graphs at the two sizes differ in structure";
     }
     std::vector<std::pair<int64_t, int64_t>> sizes;  // (at a, at b) per change
     for (const auto& c : changes) sizes.emplace_back(a.inputs[c.input].sizes[c.dim], b.inputs[c.input].sizes[c.dim]);
-    std::vector<Entry::IntPatch> patches;
-    auto explain = [&](int64_t x, int64_t y, Entry::IntPatch p) {
-      if (x == y) return true;
-      for (size_t c = 0; c < sizes.size(); ++c) {
-        const int64_t da = sizes[c].first - sizes[c].second;
-        if (da == 0 || (x - y) % da != 0) continue;
-        const int64_t m = (x - y) / da;
-        if (m == 0) continue;
-        p.dim = c;
-        p.mul = m;
-        p.add = y - m * sizes[c].second;
-        patches.push_back(p);
-        return true;
-      }
-      return false;
-    };
-    for (size_t i = 0; i < gb.nodes().size(); ++i) {
-      const auto& na = ga.nodes()[i];
-      const auto& nb = gb.nodes()[i];
-      const std::string where = "node %" + std::to_string(i) + " (" + nb.qualified_op() + ")";
-      if (na.kind != nb.kind || na.op != nb.op || na.overload != nb.overload || na.phase != nb.phase ||
-          na.args.size() != nb.args.size() || na.outputs != nb.outputs) {
-        return "the graphs at the two sizes differ at " + where;
-      }
-      for (size_t k = 0; k < nb.args.size(); ++k) {
-        const auto& x = na.args[k];
-        const auto& y = nb.args[k];
-        if (x.kind != y.kind) return "argument kinds differ at " + where;
-        if (x.kind == ir::ArgKind::Int) {
-          if (!explain(x.i, y.i, {Entry::IntPatch::Arg, static_cast<int64_t>(i), k, 0, 0, 0, 0})) {
-            return "an integer argument of " + where + " does not follow the changed sizes";
-          }
-        } else if (x.kind == ir::ArgKind::IntList) {
-          if (x.ints.size() != y.ints.size()) return "an int list of " + where + " changed length";
-          for (size_t e = 0; e < x.ints.size(); ++e) {
-            if (!explain(x.ints[e], y.ints[e], {Entry::IntPatch::ArgList, static_cast<int64_t>(i), k, e, 0, 0, 0})) {
-              return "an int list argument of " + where + " does not follow the changed sizes";
-            }
-          }
-        } else if (!(x == y)) {
-          return "argument '" + y.name + "' of " + where + " changes with the size (" + ir::to_string(y.kind) + ")";
-        }
-      }
-    }
-    for (size_t v = 0; v < gb.values().size(); ++v) {
-      const auto& ma = ga.values()[v].meta;
-      const auto& mb = gb.values()[v].meta;
-      if (ma.dtype != mb.dtype || ma.device != mb.device || ma.sizes.size() != mb.sizes.size() ||
-          ga.values()[v].version_of != gb.values()[v].version_of || ga.values()[v].view_of != gb.values()[v].view_of) {
-        return "value %" + std::to_string(v) + " differs between the two sizes";
-      }
-      const auto vid = static_cast<int64_t>(v);
-      for (size_t d = 0; d < mb.sizes.size(); ++d) {
-        if (!explain(ma.sizes[d], mb.sizes[d], {Entry::IntPatch::Size, vid, d, 0, 0, 0, 0}) ||
-            !explain(ma.strides[d], mb.strides[d], {Entry::IntPatch::Stride, vid, d, 0, 0, 0, 0})) {
-          return "the shape of %" + std::to_string(v) + " does not follow the changed sizes";
-        }
-      }
-      if (!explain(ma.storage_offset, mb.storage_offset, {Entry::IntPatch::Offset, vid, 0, 0, 0, 0, 0})) {
-        return "the storage offset of %" + std::to_string(v) + " does not follow the changed sizes";
-      }
-    }
+    std::vector<aot::IntPatch> patches;
+    std::string why = aot::find_int_patches(ga, gb, sizes, patches);
+    if (!why.empty()) return why;
     b.dyn_dims = changes;
     b.patches = std::move(patches);
     for (const auto& c : changes) {
@@ -891,18 +824,7 @@ struct CompiledFunction::Impl {
     s->dyn_dims.clear();
     s->patches.clear();
     JointGraph j = e->joint;
-    for (const auto& p : e->patches) {
-      const int64_t v = p.mul * key[p.dim] + p.add;
-      switch (p.kind) {
-        case Entry::IntPatch::Arg: j.graph.mutable_nodes()[static_cast<size_t>(p.where)].args[p.index].i = v; break;
-        case Entry::IntPatch::ArgList:
-          j.graph.mutable_nodes()[static_cast<size_t>(p.where)].args[p.index].ints[p.element] = v;
-          break;
-        case Entry::IntPatch::Size: j.graph.value(p.where).meta.sizes[p.index] = v; break;
-        case Entry::IntPatch::Stride: j.graph.value(p.where).meta.strides[p.index] = v; break;
-        case Entry::IntPatch::Offset: j.graph.value(p.where).meta.storage_offset = v; break;
-      }
-    }
+    aot::apply_int_patches(j.graph, e->patches, key);
     finish_entry(*s, primals, std::move(j), e->has_backward);
     count(&CompileStats::compiles);
     TCAP_LOG(Recompiles, "'" << options.name << "' entry " << e->id << " specialized to sizes " << c10::IntArrayRef(key)

@@ -1,0 +1,35 @@
+// Integers of a graph that follow some sizes (Note [Dynamic dims]): found by comparing the
+// graphs recorded at two sizes, and patched to serve a third. Shared by tcap::compile's
+// dynamic entries and compiled autograd's dynamic backwards.
+#pragma once
+
+#include <tcap/graph.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace tcap::aot {
+
+// One integer of a graph that is mul * size + add of one of the changed sizes.
+struct IntPatch {
+  enum Kind { Arg, ArgList, Size, Stride, Offset } kind;
+  int64_t where;   // node id (Arg, ArgList) or value id
+  size_t index;    // arg index (Arg, ArgList) or dim (Size, Stride)
+  size_t element;  // ArgList: list element
+  size_t size;     // which of the changed sizes it follows
+  int64_t mul, add;
+};
+
+// ga and gb are the same graph recorded with sizes[k].first and sizes[k].second. Fills
+// `patches` with every integer (op arguments, tensor sizes, strides, offsets) that differs
+// between them, explained as an affine function of one size; returns "" on success, else
+// why the graphs are not the same up to those integers.
+std::string find_int_patches(const ir::Graph& ga, const ir::Graph& gb,
+                             const std::vector<std::pair<int64_t, int64_t>>& sizes, std::vector<IntPatch>& patches);
+
+// Rewrites g's integers for sizes[k] = the value of changed size k.
+void apply_int_patches(ir::Graph& g, const std::vector<IntPatch>& patches, const std::vector<int64_t>& sizes);
+
+}  // namespace tcap::aot
