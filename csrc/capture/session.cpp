@@ -379,48 +379,33 @@ void Session::abort_hook(int hook) {
 void Session::end_hook(int hook, const std::vector<at::Tensor>& in,
                        const std::vector<at::Tensor>& out) {
   abort_hook(hook);
-  ir::Node n;
-  n.kind = ir::NodeKind::CallHook;
-  n.hook = hook;
-  n.phase = ir::Phase::Backward;
-  n.grad_mode = at::GradMode::is_enabled();
-  n.autograd_node = graph_.hooks()[static_cast<size_t>(hook)].autograd_node;
-  std::vector<ir::ValueId> ins, results;
-  for (const at::Tensor& t : in) ins.push_back(t.defined() ? value_for(t) : ir::kNoValue);
-  for (const at::Tensor& t : out) results.push_back(t.defined() ? value_for(t) : ir::kNoValue);
-  n.args.push_back(ir::Arg::value_list(ins, true, "inputs"));
-  n.args.push_back(ir::Arg::value_list(results, true, "results"));
-  const ir::NodeId id = static_cast<ir::NodeId>(graph_.nodes().size());
-  std::vector<ir::ValueId> outs;
-  for (size_t i = 0; i < out.size(); ++i) {
-    if (!out[i].defined()) {
-      outs.push_back(ir::kNoValue);
-      continue;
-    }
-    const ir::ValueId v = graph_.new_value(id, 0, static_cast<int>(i), meta_of(out[i]));
-    table_.define(out[i], v);  // later ops read the gradient through the hook
-    outs.push_back(v);
-  }
-  n.outputs.push_back(ir::Arg::value_list(outs, true));
-  graph_.add_node(std::move(n));
+  add_call_hook(hook, {ir::Arg::value_list(values_of(in), true, "inputs"),
+                       ir::Arg::value_list(values_of(out), true, "results")},
+                out);
 }
 
 void Session::end_opaque_hook(int hook, const std::vector<at::Tensor>& in, const std::vector<at::Tensor>& node_in,
                               const std::vector<at::Tensor>& out) {
   abort_hook(hook);
+  std::vector<ir::Arg> args{ir::Arg::value_list(values_of(in), true, "inputs")};
+  if (!node_in.empty()) args.push_back(ir::Arg::value_list(values_of(node_in), true, "node_inputs"));
+  add_call_hook(hook, std::move(args), out);
+}
+
+std::vector<ir::ValueId> Session::values_of(const std::vector<at::Tensor>& ts) {
+  std::vector<ir::ValueId> vs;
+  for (const at::Tensor& t : ts) vs.push_back(t.defined() ? value_for(t) : ir::kNoValue);
+  return vs;
+}
+
+void Session::add_call_hook(int hook, std::vector<ir::Arg> args, const std::vector<at::Tensor>& out) {
   ir::Node n;
   n.kind = ir::NodeKind::CallHook;
   n.hook = hook;
   n.phase = ir::Phase::Backward;
   n.grad_mode = at::GradMode::is_enabled();
   n.autograd_node = graph_.hooks()[static_cast<size_t>(hook)].autograd_node;
-  auto values = [&](const std::vector<at::Tensor>& ts) {
-    std::vector<ir::ValueId> vs;
-    for (const at::Tensor& t : ts) vs.push_back(t.defined() ? value_for(t) : ir::kNoValue);
-    return vs;
-  };
-  n.args.push_back(ir::Arg::value_list(values(in), true, "inputs"));
-  if (!node_in.empty()) n.args.push_back(ir::Arg::value_list(values(node_in), true, "node_inputs"));
+  n.args = std::move(args);
   // Every result is a new value, even one the hook passed through: later ops read the
   // gradient through the call, so replay keeps the hook where eager ran it.
   const ir::NodeId id = static_cast<ir::NodeId>(graph_.nodes().size());

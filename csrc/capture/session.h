@@ -92,6 +92,9 @@ class Session {
 
  private:
   ir::ValueId value_for(const at::Tensor& t);  // lookup, or a new Input node
+  std::vector<ir::ValueId> values_of(const std::vector<at::Tensor>& ts);  // kNoValue for undefined
+  // A CallHook node for `hook` whose results are new values bound to `out`.
+  void add_call_hook(int hook, std::vector<ir::Arg> args, const std::vector<at::Tensor>& out);
   ir::ValueId new_input(const at::Tensor& t, ir::InputKind kind, std::string name);
   ir::Arg convert(const c10::IValue& iv, OpInfo::IntHint hint, const std::string& name,
                   ir::ValueId* first_value);
