@@ -236,13 +236,6 @@ struct Walker {
 
 }  // namespace
 
-int BackwardWalk::id_of(const torch::autograd::Node* n) const {
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    if (nodes[i].get() == n) return static_cast<int>(i);
-  }
-  return -1;
-}
-
 BackwardWalk walk_backward(const std::shared_ptr<torch::autograd::Node>& root,
                            const torch::autograd::edge_list& outputs, bool accumulate_grad) {
   BackwardWalk w;
@@ -272,18 +265,10 @@ BackwardWalk walk_backward(const std::shared_ptr<torch::autograd::Node>& root,
   return w;
 }
 
-bool is_accumulate_grad(const torch::autograd::Node& n) {
-  return typeid(n) == typeid(torch::autograd::AccumulateGrad);
-}
-
 void accumulate(torch::autograd::Node& node, at::Tensor&& grad) {
   torch::autograd::variable_list in;
   in.push_back(std::move(grad));
   node(std::move(in));
-}
-
-at::Tensor leaf_of(const torch::autograd::Node& node) {
-  return static_cast<const torch::autograd::AccumulateGrad&>(node).variable;
 }
 
 torch::autograd::variable_list call_hook(const HookRef& h, const torch::autograd::variable_list& in,

@@ -47,8 +47,6 @@ struct BackwardWalk {
   std::string label(uint32_t node) const {  // "MulBackward0 (NodeCall 2)"
     return *names.at(node) + " (NodeCall " + std::to_string(node) + ")";
   }
-  // The NodeCall id of a node, or -1.
-  int id_of(const torch::autograd::Node* n) const;
 };
 
 // Walks the graph below `root` (a GraphRoot whose outputs are the root gradients).
@@ -57,14 +55,10 @@ struct BackwardWalk {
 BackwardWalk walk_backward(const std::shared_ptr<torch::autograd::Node>& root,
                            const torch::autograd::edge_list& outputs, bool accumulate_grad);
 
-// AccumulateGrad support for replay.
-bool is_accumulate_grad(const torch::autograd::Node& n);
 // Accumulates `grad` into the leaf's .grad exactly as the engine's AccumulateGrad node
 // does (steal / clone / add rules, post-accumulate-grad hooks). `grad` is moved from, so
 // an unshared gradient can be stolen.
 void accumulate(torch::autograd::Node& accumulate_grad_node, at::Tensor&& grad);
-// The leaf an AccumulateGrad node writes to.
-at::Tensor leaf_of(const torch::autograd::Node& accumulate_grad_node);
 
 // Calls hook `h` of the walk as the engine would: pre-hooks take the gradients the node
 // receives and return them (possibly replaced); post-hooks take the node's outputs and
