@@ -1,11 +1,13 @@
 // The fusion pass and the llvm backend end to end: which ops share a kernel, and every
 // fused pattern compared with eager (values and gradients) on odd sizes, broadcast and
-// non-contiguous inputs, NaN/Inf, bfloat16, and with 1 and 2 threads.
+// non-contiguous inputs, NaN/Inf, bfloat16, and with 1 and 2 threads. Inputs are random
+// but seeded (test/support/seeded_main.cpp seeds before every test).
 //
 // Tolerances (vs eager on the same inputs): float32 rtol 1e-4 atol 1e-5 (libmvec's
 // transcendentals are within 4 ulp; fused chains round once instead of per op; sums are
-// reassociated); float64 rtol 1e-9 atol 1e-11; bfloat16 rtol 2e-2 atol 2e-2 (fused
-// kernels compute in float32 and round once, eager rounds after every op).
+// reassociated); float64 rtol 1e-9 atol 1e-11; bfloat16 against float64 instead (fused
+// kernels compute in float32 and round once, eager rounds after every op; see
+// no_worse_than_eager).
 #include <tcap/compile.h>
 
 #include "codegen/cpu_llvm/cpu_llvm.h"
@@ -51,14 +53,52 @@ struct Tol {
 
 Tol tol_for(at::ScalarType t) {
   if (t == at::kDouble) return {1e-9, 1e-11};
-  if (t == at::kBFloat16) return {2e-2, 2e-2};
   return {1e-4, 1e-5};
+}
+
+// bfloat16 is not compared with eager directly: eager rounds to bfloat16 after every op and
+// can land further from the exact result than a fused kernel that computes in float32 and
+// rounds once, by more than any fixed tolerance (seen: 0.036 eager vs 0.015 fused). Instead
+// both are measured against the same computation in float64, and the compiled result must
+// be no further from it than eager is, plus
+//   kBf16Rounding * |exact|: up to two bfloat16 roundings of the element (a compiled graph
+//     stores an intermediate between kernels, then rounds the result), and
+//   kBf16Rounding / 2 * max |exact|: one rounding of terms as large as the tensor's largest
+//     that cancel in the element (seen: exact 0.00014 from gradient terms near 0.25).
+constexpr double kBf16Rounding = 1.0 / 128;
+
+::testing::AssertionResult no_worse_than_eager(const at::Tensor& got, const at::Tensor& eager,
+                                               const at::Tensor& exact) {
+  if (!got.defined() || !eager.defined()) {
+    if (got.defined() == eager.defined()) return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure() << "one tensor is undefined";
+  }
+  if (got.sizes() != exact.sizes() || got.scalar_type() != eager.scalar_type()) {
+    return ::testing::AssertionFailure() << "shape/dtype " << got.sizes() << " " << got.scalar_type() << " vs "
+                                         << exact.sizes() << " " << eager.scalar_type();
+  }
+  const auto g = got.detach().to(at::kDouble), e = eager.detach().to(at::kDouble), x = exact.detach();
+  const auto err = (g - x).abs(), eager_err = (e - x).abs();
+  const double scale = x.numel() ? x.abs().nan_to_num(0, 0, 0).max().item<double>() : 0.0;
+  const auto bound = eager_err + kBf16Rounding * x.abs() + kBf16Rounding / 2 * scale;
+  const auto nan_ok = g.isnan() == x.isnan();
+  const auto bad = (err > bound).logical_and(x.isnan().logical_not()).logical_or(nan_ok.logical_not());
+  if (!bad.any().item<bool>()) return ::testing::AssertionSuccess();
+  const auto excess = (err - bound).nan_to_num(1e9).flatten();
+  const int64_t i = excess.argmax().item<int64_t>();
+  return ::testing::AssertionFailure() << "compiled " << g.flatten()[i].item<double>() << " is "
+                                       << err.flatten()[i].item<double>() << " from the float64 result "
+                                       << x.flatten()[i].item<double>() << "; eager ("
+                                       << e.flatten()[i].item<double>() << ") is " << eager_err.flatten()[i].item<double>()
+                                       << " from it (index " << i << ")";
 }
 
 // Calls a compiled fn three times on fresh inputs (first call captures) and checks outputs
 // and input gradients against eager; checks generated kernels ran and none fell back.
+// bf16_fused_output: a bfloat16 output computed by a chain of several ops in one kernel,
+// whose mean error against float64 must be below eager's.
 void check_against_eager(const std::string& name, const Fn& fn, const std::function<Tensors()>& make_inputs,
-                         at::ScalarType dtype, bool expect_kernels = true) {
+                         at::ScalarType dtype, bool expect_kernels = true, int bf16_fused_output = -1) {
   SCOPED_TRACE(name);
   const Tol tol = tol_for(dtype);
   tcap::CompileOptions options;
@@ -103,14 +143,45 @@ void check_against_eager(const std::string& name, const Fn& fn, const std::funct
       ref_loss = ref_loss.defined() ? ref_loss + term : term;
     }
     if (ref_loss.defined()) ref_loss.backward();
+    // bfloat16: the same computation in float64 (see no_worse_than_eager).
+    Tensors exact, exact_grads;
+    if (dtype == at::kBFloat16) {
+      Tensors in64;
+      for (const auto& t : in) in64.push_back(t.detach().to(at::kDouble).requires_grad_(t.requires_grad()));
+      exact = fn(in64);
+      at::Tensor loss64;
+      wi = 0;
+      for (size_t k = 0; k < exact.size(); ++k) {
+        if (!ref[k].requires_grad()) continue;
+        auto term = (exact[k] * weights[wi++].to(at::kDouble)).sum();
+        loss64 = loss64.defined() ? loss64 + term : term;
+      }
+      if (loss64.defined()) loss64.backward();
+      for (auto& t : in64) exact_grads.push_back(t.grad());
+    }
     for (size_t k = 0; k < out.size(); ++k) {
-      EXPECT_TRUE(close(out[k].detach(), ref[k].detach(), tol.rtol, tol.atol)) << "output " << k;
+      if (dtype == at::kBFloat16) {
+        EXPECT_TRUE(no_worse_than_eager(out[k], ref[k], exact[k])) << "output " << k;
+        if (call > 0 && bf16_fused_output == static_cast<int>(k)) {
+          // Rounding once must show on average: across the tensor the fused result is
+          // closer to float64 than eager's op-by-op rounding.
+          const double fused_err = (out[k].detach().to(at::kDouble) - exact[k]).abs().mean().item<double>();
+          const double eager_err = (ref[k].detach().to(at::kDouble) - exact[k]).abs().mean().item<double>();
+          EXPECT_LT(fused_err, eager_err) << "output " << k << " mean error vs float64";
+        }
+      } else {
+        EXPECT_TRUE(close(out[k].detach(), ref[k].detach(), tol.rtol, tol.atol)) << "output " << k;
+      }
       EXPECT_EQ(out[k].sizes(), ref[k].sizes());
       EXPECT_EQ(out[k].strides(), ref[k].strides()) << "output " << k << " layout differs from eager";
     }
     for (size_t k = 0; k < in.size(); ++k) {
       at::Tensor want = in[k].grad().defined() ? in[k].grad().clone() : at::Tensor();
-      EXPECT_TRUE(close(got_grads[k], want, tol.rtol, tol.atol)) << "grad of input " << k;
+      if (dtype == at::kBFloat16) {
+        EXPECT_TRUE(no_worse_than_eager(got_grads[k], want, exact_grads[k])) << "grad of input " << k;
+      } else {
+        EXPECT_TRUE(close(got_grads[k], want, tol.rtol, tol.atol)) << "grad of input " << k;
+      }
       if (in[k].grad().defined()) in[k].mutable_grad().reset();
     }
   }
@@ -281,7 +352,7 @@ TEST_F(Fusion, BFloat16ComputesInFloatAndRoundsOnce) {
     auto o = torch::TensorOptions().dtype(at::kBFloat16);
     return Tensors{leaf(torch::randn({37, 45}, o)), leaf(torch::randn({45}, o))};
   };
-  check_against_eager("bf16", fn, make, at::kBFloat16);
+  check_against_eager("bf16", fn, make, at::kBFloat16, /*expect_kernels=*/true, /*bf16_fused_output=*/0);
 }
 
 TEST_F(Fusion, MlpWithGeluAndLayerNormTrains) {
