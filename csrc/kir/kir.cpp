@@ -60,6 +60,42 @@ std::string body(const Kernel& k) {
   TORCH_CHECK(false, "tcap kernel IR: ", what, "\n", to_string(k));
 }
 
+// One dim of a coalesced group: its size and the stride of every access along it.
+struct Dim {
+  int64_t size = 1;
+  std::vector<int64_t> strides;
+};
+
+// Coalesces dims [lo, hi) of `sizes` for the given accesses (each a full stride vector
+// over the kernel's domain). Size-1 dims are dropped; an inner dim merges into the dim
+// outside it when, for every access, outer_stride == inner_stride * inner_size, which
+// keeps the row-major order of the points. A group with a size-0 dim becomes one size-0
+// dim; an empty group becomes one size-1 dim with zero strides.
+std::vector<Dim> coalesce_dims(const std::vector<int64_t>& sizes, size_t lo, size_t hi,
+                               const std::vector<const std::vector<int64_t>*>& accesses) {
+  const size_t n = accesses.size();
+  std::vector<Dim> out;
+  for (size_t d = lo; d < hi; ++d) {
+    if (sizes[d] == 0) return {Dim{0, std::vector<int64_t>(n, 0)}};
+    if (sizes[d] == 1) continue;
+    Dim cur{sizes[d], {}};
+    for (const auto* s : accesses) cur.strides.push_back((*s)[d]);
+    if (!out.empty()) {
+      Dim& prev = out.back();
+      bool mergeable = true;
+      for (size_t a = 0; a < n && mergeable; ++a) mergeable = prev.strides[a] == cur.strides[a] * cur.size;
+      if (mergeable) {
+        prev.size *= cur.size;
+        prev.strides = cur.strides;
+        continue;
+      }
+    }
+    out.push_back(std::move(cur));
+  }
+  if (out.empty()) out.push_back(Dim{1, std::vector<int64_t>(n, 0)});
+  return out;
+}
+
 }  // namespace
 
 int64_t Kernel::numel() const { return product(sizes, 0, sizes.size()); }
@@ -186,6 +222,37 @@ bool is_reduce(OpCode op) {
 bool is_comparison(OpCode op) {
   return op == OpCode::Lt || op == OpCode::Le || op == OpCode::Gt || op == OpCode::Ge || op == OpCode::Eq ||
          op == OpCode::Ne;
+}
+
+Coalesced coalesce(const Kernel& k) {
+  const size_t rank = k.sizes.size();
+  const size_t nr = static_cast<size_t>(k.num_reduce_dims);
+  std::vector<const std::vector<int64_t>*> accesses;
+  std::vector<size_t> load_ids;
+  for (size_t v = 0; v < k.instrs.size(); ++v) {
+    if (k.instrs[v].op == OpCode::Load) {
+      accesses.push_back(&k.instrs[v].strides);
+      load_ids.push_back(v);
+    }
+  }
+  for (const Store& s : k.stores) accesses.push_back(&s.strides);
+  std::vector<Dim> dims = coalesce_dims(k.sizes, 0, rank - nr, accesses);
+  Coalesced c;
+  c.num_outer = static_cast<int>(dims.size());
+  if (nr > 0) {
+    std::vector<Dim> red = coalesce_dims(k.sizes, rank - nr, rank, accesses);
+    dims.insert(dims.end(), red.begin(), red.end());
+  }
+  for (const Dim& d : dims) c.sizes.push_back(d.size);
+  auto access = [&](size_t a, int64_t offset) {
+    Access acc{offset, {}};
+    for (const Dim& d : dims) acc.strides.push_back(d.strides[a]);
+    return acc;
+  };
+  c.loads.resize(k.instrs.size());
+  for (size_t a = 0; a < load_ids.size(); ++a) c.loads[load_ids[a]] = access(a, k.instrs[load_ids[a]].offset);
+  for (size_t s = 0; s < k.stores.size(); ++s) c.stores.push_back(access(load_ids.size() + s, k.stores[s].offset));
+  return c;
 }
 
 std::vector<bool> element_level(const Kernel& k) {

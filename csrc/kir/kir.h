@@ -142,6 +142,26 @@ bool is_floating(DType t);
 bool is_reduce(OpCode op);
 bool is_comparison(OpCode op);
 
+// The address of a Load or Store over a coalesced domain (below), in elements.
+struct Access {
+  int64_t offset = 0;
+  std::vector<int64_t> strides;  // one per coalesced dim
+};
+
+// A kernel's domain with size-1 dims dropped and adjacent dims merged where every access
+// allows it (the outer and the reduce dims separately, never across the boundary); what a
+// renderer walks. sizes[0, num_outer) are the outer dims, the rest the reduce dims; a
+// kernel without reduce dims has num_outer == sizes.size(). Each group keeps at least one
+// dim (an empty group becomes one size-1 dim with zero strides; a group with a size-0 dim
+// becomes one size-0 dim).
+struct Coalesced {
+  std::vector<int64_t> sizes;
+  int num_outer = 0;
+  std::vector<Access> loads;   // indexed by value id (empty strides for non-Loads)
+  std::vector<Access> stores;  // indexed like Kernel::stores
+};
+Coalesced coalesce(const Kernel& k);
+
 // Which values are element-level (see above); index = value id.
 std::vector<bool> element_level(const Kernel& k);
 // Per value: how many nested levels of Reduce it depends on (a Reduce's level is its

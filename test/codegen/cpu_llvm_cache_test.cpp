@@ -1,4 +1,4 @@
-// cpu_llvm: the memory and disk kernel caches (Note [CPU kernel cache files]): round
+// cpu_llvm: the memory and disk kernel caches (Note [Kernel cache files]): round
 // trips, corrupt files detected and rebuilt, and compile / warm-start times.
 #include "kernel_builder.h"
 #include "support/logging.h"

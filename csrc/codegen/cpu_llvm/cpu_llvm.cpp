@@ -3,7 +3,7 @@
 #include "codegen/cpu_llvm/cpu_llvm.h"
 
 #include "codegen/cpu_llvm/jit.h"
-#include "codegen/cpu_llvm/kernel_cache.h"
+#include "codegen/kernel_cache.h"
 #include "codegen/cpu_llvm/plan.h"
 #include "codegen/cpu_llvm/testing.h"
 #include "support/logging.h"
@@ -43,7 +43,7 @@ cpu::CpuJit& jit_or_throw() {
   return *jit;
 }
 
-// See Note [CPU kernel cache files] in kernel_cache.h.
+// See Note [Kernel cache files] in kernel_cache.h.
 std::string cache_key(const kir::Kernel& k, const cpu::CpuJit& jit) {
   // Neither the kernel's name nor its buffers' names (graph value names) change the
   // machine code: kernels that differ only there (the same layer norm in every layer)
@@ -51,7 +51,7 @@ std::string cache_key(const kir::Kernel& k, const cpu::CpuJit& jit) {
   kir::Kernel anonymous = k;
   anonymous.name.clear();
   for (kir::Buffer& b : anonymous.buffers) b.name.clear();
-  return "tcap cpu_llvm codegen " + std::to_string(kCodegenVersion) + "\nbuild " + cpu::library_build_id() + "\n" +
+  return "tcap cpu_llvm codegen " + std::to_string(kCodegenVersion) + "\nbuild " + library_build_id() + "\n" +
          jit.target_key() + "\n" + kir::to_string(anonymous);
 }
 
@@ -80,21 +80,21 @@ std::shared_ptr<const CpuKernel> compile_cpu_kernel(const kir::Kernel& k) {
   out->range = k.parallel_range();
   out->grain = plan.grain;
 
-  const std::string path = cpu::cache_file_path(Config::get().cache_dir, out->key_hash);
-  cpu::CacheEntry entry;
+  const std::string path = cache_file_path(Config::get().cache_dir, out->key_hash);
+  CacheEntry entry;
   std::string why;
-  cpu::CacheRead read = cpu::read_cache_file(path, key, &entry, &why);
-  if (read == cpu::CacheRead::Hit) {
+  CacheRead read = read_cache_file(path, key, &entry, &why);
+  if (read == CacheRead::Hit) {
     try {
       out->fn = jit.load(out->name, entry.object);
       out->from_disk = true;
       ++be.stats.disk_hits;
     } catch (const c10::Error& e) {
-      read = cpu::CacheRead::Corrupt;
+      read = CacheRead::Corrupt;
       why = std::string("the object does not link: ") + e.what_without_backtrace();
     }
   }
-  if (read == cpu::CacheRead::Corrupt) {
+  if (read == CacheRead::Corrupt) {
     ++be.stats.corrupt_cache_files;
     TCAP_LOG(Perf, "cpu_llvm: cache file " << path << " of kernel " << k.name << " rejected (" << why
                                            << "); recompiling");
@@ -106,7 +106,7 @@ std::shared_ptr<const CpuKernel> compile_cpu_kernel(const kir::Kernel& k) {
     entry.ir = std::move(compiled.ir);
     out->fn = jit.load(out->name, entry.object);
     ++be.stats.compiled;
-    if (!cpu::write_cache_file(path, key, entry, &why)) {
+    if (!write_cache_file(path, key, entry, &why)) {
       TCAP_LOG(Perf, "cpu_llvm: kernel " << k.name << " not written to the disk cache: " << why);
     }
   }

@@ -9,42 +9,6 @@ namespace tcap::codegen::cpu {
 
 namespace {
 
-// One dim of a coalesced group: its size and the stride of every access along it.
-struct Dim {
-  int64_t size = 1;
-  std::vector<int64_t> strides;
-};
-
-// Coalesces dims [lo, hi) of `sizes` for the given accesses (each a full stride vector
-// over the kernel's domain). Size-1 dims are dropped; an inner dim merges into the dim
-// outside it when, for every access, outer_stride == inner_stride * inner_size, which
-// keeps the row-major order of the points. A group with a size-0 dim becomes one size-0
-// dim; an empty group becomes one size-1 dim with zero strides.
-std::vector<Dim> coalesce(const std::vector<int64_t>& sizes, size_t lo, size_t hi,
-                          const std::vector<const std::vector<int64_t>*>& accesses) {
-  const size_t n = accesses.size();
-  std::vector<Dim> out;
-  for (size_t d = lo; d < hi; ++d) {
-    if (sizes[d] == 0) return {Dim{0, std::vector<int64_t>(n, 0)}};
-    if (sizes[d] == 1) continue;
-    Dim cur{sizes[d], {}};
-    for (const auto* s : accesses) cur.strides.push_back((*s)[d]);
-    if (!out.empty()) {
-      Dim& prev = out.back();
-      bool mergeable = true;
-      for (size_t a = 0; a < n && mergeable; ++a) mergeable = prev.strides[a] == cur.strides[a] * cur.size;
-      if (mergeable) {
-        prev.size *= cur.size;
-        prev.strides = cur.strides;
-        continue;
-      }
-    }
-    out.push_back(std::move(cur));
-  }
-  if (out.empty()) out.push_back(Dim{1, std::vector<int64_t>(n, 0)});
-  return out;
-}
-
 bool is_unit(int64_t stride) { return stride == 0 || stride == 1; }
 
 }  // namespace
@@ -81,36 +45,17 @@ KernelPlan make_plan(const kir::Kernel& k, const TargetInfo& t, const PlanOption
   KernelPlan p;
   p.elem = kir::element_level(k);
   p.level = kir::reduce_level(k);
-  const size_t rank = k.sizes.size();
   const size_t nr = static_cast<size_t>(k.num_reduce_dims);
 
-  // Coalesce the outer and the reduce dims separately (never across the boundary).
-  std::vector<const std::vector<int64_t>*> accesses;
+  kir::Coalesced c = kir::coalesce(k);
+  p.sizes = std::move(c.sizes);
+  p.num_outer = c.num_outer;
+  p.loads = std::move(c.loads);
+  p.stores = std::move(c.stores);
   std::vector<int32_t> load_ids;
   for (size_t v = 0; v < k.instrs.size(); ++v) {
-    if (k.instrs[v].op == kir::OpCode::Load) {
-      accesses.push_back(&k.instrs[v].strides);
-      load_ids.push_back(static_cast<int32_t>(v));
-    }
+    if (k.instrs[v].op == kir::OpCode::Load) load_ids.push_back(static_cast<int32_t>(v));
   }
-  for (const kir::Store& s : k.stores) accesses.push_back(&s.strides);
-  std::vector<Dim> dims = coalesce(k.sizes, 0, rank - nr, accesses);
-  p.num_outer = static_cast<int>(dims.size());
-  if (nr > 0) {
-    std::vector<Dim> red = coalesce(k.sizes, rank - nr, rank, accesses);
-    dims.insert(dims.end(), red.begin(), red.end());
-  }
-  for (const Dim& d : dims) p.sizes.push_back(d.size);
-  auto access = [&](size_t a, int64_t offset) {
-    Access acc{offset, {}};
-    for (const Dim& d : dims) acc.strides.push_back(d.strides[a]);
-    return acc;
-  };
-  p.loads.resize(k.instrs.size());
-  for (size_t a = 0; a < load_ids.size(); ++a) {
-    p.loads[static_cast<size_t>(load_ids[a])] = access(a, k.instrs[static_cast<size_t>(load_ids[a])].offset);
-  }
-  for (size_t s = 0; s < k.stores.size(); ++s) p.stores.push_back(access(load_ids.size() + s, k.stores[s].offset));
 
   // Passes (reductions only): pass q computes the Reduces whose operand has level q and
   // the element-level Stores of level-q values.

@@ -31,16 +31,11 @@ enum class LoopMode {
 };
 const char* to_string(LoopMode m);
 
-// The address of a Load or Store over the plan's (coalesced) dims, in elements.
-struct Access {
-  int64_t offset = 0;
-  std::vector<int64_t> strides;  // one per plan dim
-};
+using Access = kir::Access;  // over the plan's (coalesced) dims
 
 struct KernelPlan {
-  // Coalesced domain: sizes[0, num_outer) are the outer dims, the rest the reduce dims.
-  // A pointwise kernel has num_outer == sizes.size(). Size-1 dims are dropped and
-  // adjacent dims merged when every access allows it; each group keeps at least one dim.
+  // The coalesced domain (kir::coalesce): sizes[0, num_outer) are the outer dims, the
+  // rest the reduce dims.
   std::vector<int64_t> sizes;
   int num_outer = 0;
   std::vector<Access> loads;   // indexed by value id (empty strides for non-Loads)

@@ -1,4 +1,4 @@
-#include "codegen/cpu_llvm/kernel_cache.h"
+#include "codegen/kernel_cache.h"
 
 #include "kir/kir.h"
 
@@ -15,7 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-namespace tcap::codegen::cpu {
+namespace tcap::codegen {
 
 namespace {
 
@@ -178,4 +178,4 @@ bool write_cache_file(const std::string& path, const std::string& key, const Cac
   return true;
 }
 
-}  // namespace tcap::codegen::cpu
+}  // namespace tcap::codegen

@@ -1,9 +1,11 @@
-// The on-disk kernel cache of the cpu_llvm backend (LLVM-free).
+// The on-disk kernel cache shared by the code generators (cpu_llvm, cuda).
 //
-// Note [CPU kernel cache files]
+// Note [Kernel cache files]
 // One file per kernel: <cache_dir>/kernels/<key hash>.bin, where the key is the full
-// text of the cache key: codegen version, libtcap build id, LLVM version, target triple,
-// CPU, features, vector width, and the kernel IR's canonical text without its name. Layout, integers
+// text of the cache key, chosen by the backend: for cpu_llvm the codegen version, libtcap
+// build id, LLVM version, target triple, CPU, features, vector width and the kernel IR's
+// canonical text without its name; for cuda the codegen version, build id, NVRTC version,
+// architecture and the CUDA source. Layout, integers
 // little-endian:
 //   0  char[8] magic "TCAPKRN\0"
 //   8  u32     format version (kFormatVersion)
@@ -22,11 +24,11 @@
 #include <cstdint>
 #include <string>
 
-namespace tcap::codegen::cpu {
+namespace tcap::codegen {
 
 struct CacheEntry {
-  std::string object;  // ELF object
-  std::string ir;      // optimised LLVM IR text
+  std::string object;  // machine code: an ELF object (cpu_llvm), a cubin or PTX (cuda)
+  std::string ir;      // its source text: optimised LLVM IR (cpu_llvm), CUDA C++ (cuda)
 };
 
 enum class CacheRead { Missing, Hit, Corrupt };
@@ -41,4 +43,4 @@ CacheRead read_cache_file(const std::string& path, const std::string& key, Cache
 // Writes atomically (temporary file + rename); returns false with *why on I/O failure.
 bool write_cache_file(const std::string& path, const std::string& key, const CacheEntry& e, std::string* why);
 
-}  // namespace tcap::codegen::cpu
+}  // namespace tcap::codegen
