@@ -1,15 +1,18 @@
 #include "compile/backends.h"
 
 #include "codegen/cpu_llvm/cpu_llvm.h"
+#include "codegen/cuda/cuda.h"
 #include "fuse/fusion.h"
 #include "runtime/fused_kernel.h"
 #include "support/logging.h"
 
 #include <tcap/graph_json.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 namespace tcap {
 
@@ -20,23 +23,36 @@ void write_file(const std::string& path, const std::string& text) {
   f << text;
 }
 
-bool all_cpu(const ir::Graph& g) {
+// The devices of the graph's tensors (CPU scalars next to CUDA tensors count).
+std::vector<c10::Device> devices_of(const ir::Graph& g) {
+  std::vector<c10::Device> out;
   for (const auto& v : g.values()) {
-    if (!v.meta.device.is_cpu()) return false;
+    if (std::find(out.begin(), out.end(), v.meta.device) == out.end()) out.push_back(v.meta.device);
   }
-  return true;
+  return out;
 }
 
-Executable fused_backend(const ir::Graph& g, const std::string& what, const std::string& dump_dir) {
+// Kernels for `device`: cpu_llvm on the CPU, cuda on a CUDA device. Nodes with tensors
+// elsewhere (a CPU scalar tensor in a CUDA graph) stay ATen calls.
+Executable fused_backend(const ir::Graph& g, const std::string& what, const std::string& dump_dir,
+                         const c10::Device& device) {
   const auto t0 = std::chrono::steady_clock::now();
   auto ids = std::make_shared<std::vector<int64_t>>();
   fuse::FusionOptions opts;
+  opts.device = device;
+  std::optional<codegen::cuda::Target> cuda_target;
+  if (device.is_cuda()) cuda_target = codegen::cuda::target_for(device.index());
   opts.compile = [&](const fuse::FusedGroup& fg, std::string* why) -> int64_t {
     try {
       auto fk = std::make_shared<runtime::FusedKernel>();
       fk->name = fg.name;
       fk->kernel = fg.kernel;
-      fk->cpu = codegen::compile_cpu_kernel(fg.kernel);
+      fk->device = device;
+      if (cuda_target) {
+        fk->cuda = codegen::cuda::compile_cuda_kernel(fg.kernel, *cuda_target);
+      } else {
+        fk->cpu = codegen::compile_cpu_kernel(fg.kernel);
+      }
       for (ir::ValueId v : fg.inputs) fk->inputs.push_back(g.value(v).meta);
       fk->outputs = fg.output_metas;
       fk->fallback = fg.fallback;
@@ -44,7 +60,8 @@ Executable fused_backend(const ir::Graph& g, const std::string& what, const std:
         const std::string base = dump_dir + "/kernels/" + what + "." + fg.name;
         std::filesystem::create_directories(dump_dir + "/kernels");
         write_file(base + ".kir", kir::to_string(fg.kernel));
-        write_file(base + ".ll", fk->cpu->llvm_ir);
+        if (fk->cpu) write_file(base + ".ll", fk->cpu->llvm_ir);
+        if (fk->cuda) write_file(base + ".cu", fk->cuda->source);
       }
       const int64_t id = runtime::register_kernel(std::move(fk));
       ids->push_back(id);
@@ -77,20 +94,39 @@ Executable llvm_backend(const ir::Graph& g) { return compile_with_backend("llvm"
 Executable compile_with_backend(const std::string& backend, const ir::Graph& g, const std::string& what,
                                 const std::string& dump_dir) {
   if (backend == "eager") return eager_backend(g);
-  if (backend == "llvm" || backend == "auto") {
-    std::string why;
-    if (!all_cpu(g)) {
-      why = "the graph has tensors that are not on the CPU";
-    } else if (!codegen::cpu_llvm_available(&why)) {
-      // why set
-    } else {
-      return fused_backend(g, what, dump_dir);
-    }
-    TORCH_CHECK(backend == "auto", "tcap::compile: backend 'llvm' cannot compile ", what, ": ", why);
-    TCAP_LOG(GraphBreaks, what << ": backend 'auto' runs the eager backend: " << why);
-    return eager_backend(g);
+  TORCH_CHECK(backend == "llvm" || backend == "cuda" || backend == "auto", "tcap::compile: unknown backend '", backend,
+              "' (available: eager, llvm, cuda, auto)");
+  // The device the kernels run on: the one device of the graph's tensors, ignoring CPU
+  // tensors next to CUDA ones (scalars; they stay ATen inputs).
+  const std::vector<c10::Device> devices = devices_of(g);
+  std::optional<c10::Device> cuda_device;
+  bool several = false;
+  for (const auto& d : devices) {
+    if (!d.is_cuda()) continue;
+    several = several || (cuda_device && *cuda_device != d);
+    cuda_device = d;
   }
-  TORCH_CHECK(false, "tcap::compile: unknown backend '", backend, "' (available: eager, llvm, auto)");
+  std::string why;
+  if (backend == "llvm" || (backend == "auto" && !cuda_device)) {
+    if (cuda_device) {
+      why = "the graph has tensors on " + cuda_device->str() + " (backend 'llvm' compiles CPU graphs)";
+    } else if (std::any_of(devices.begin(), devices.end(), [](const c10::Device& d) { return !d.is_cpu(); })) {
+      why = "the graph has tensors that are neither on the CPU nor on a CUDA device";
+    } else if (codegen::cpu_llvm_available(&why)) {
+      return fused_backend(g, what, dump_dir, c10::Device(c10::kCPU));
+    }
+  } else {
+    if (!cuda_device) {
+      why = "the graph has no CUDA tensors (backend 'cuda' compiles CUDA graphs)";
+    } else if (several) {
+      why = "the graph's tensors are on more than one CUDA device";
+    } else if (codegen::cuda::cuda_available(&why)) {
+      return fused_backend(g, what, dump_dir, *cuda_device);
+    }
+  }
+  TORCH_CHECK(backend == "auto", "tcap::compile: backend '", backend, "' cannot compile ", what, ": ", why);
+  TCAP_LOG(GraphBreaks, what << ": backend 'auto' runs the eager backend: " << why);
+  return eager_backend(g);
 }
 
 }  // namespace tcap

@@ -171,7 +171,7 @@ class Fuser {
       return;
     }
     OpInfo info;
-    if (auto why = classify(g_, n, &info)) {
+    if (auto why = classify(g_, n, &info, opts_.device)) {
       if (n.op.rfind("aten::", 0) == 0 && !is_view_like(n)) decide(n, *why);
       return;
     }

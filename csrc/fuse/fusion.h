@@ -34,6 +34,8 @@ struct FusionOptions {
   std::function<int64_t(const FusedGroup&, std::string* why)> compile;
   // Groups of fewer nodes than this stay ATen calls (1: every lowerable op is a kernel).
   int min_nodes = 1;
+  // Where the kernels run: only nodes whose tensors all live on this device are fused.
+  c10::Device device = c10::Device(c10::kCPU);
 };
 
 struct FusionResult {

@@ -511,11 +511,11 @@ std::optional<kir::DType> to_kir(c10::ScalarType t) {
 
 DType compute_type(DType t) { return t == DType::BF16 || t == DType::F16 ? DType::F32 : t; }
 
-std::optional<std::string> classify(const ir::Graph& g, const ir::Node& n, OpInfo* info) {
+std::optional<std::string> classify(const ir::Graph& g, const ir::Node& n, OpInfo* info, const c10::Device& device) {
   if (n.kind != ir::NodeKind::Call) return std::string("not an operator call");
   const Row* row = find_row(n);
   if (!row) return "no kernel IR lowering for " + n.qualified_op() + " (runs as an ATen call)";
-  // Every tensor read and written must be a dense CPU tensor of a kir dtype.
+  // Every tensor read and written must be a dense tensor of a kir dtype on the kernels' device.
   bool has_tensor_arg = false;
   for (const auto& a : n.args) {
     if (a.kind == ir::ArgKind::ValueList || a.kind == ir::ArgKind::OptValueList) return std::string("tensor-list argument");
@@ -524,7 +524,7 @@ std::optional<std::string> classify(const ir::Graph& g, const ir::Node& n, OpInf
   }
   auto check_value = [&](ir::ValueId v) -> std::optional<std::string> {
     const auto& m = g.value(v).meta;
-    if (!m.device.is_cpu()) return std::string("tensor on ") + m.device.str();
+    if (m.device != device) return "tensor on " + m.device.str() + ", kernels run on " + device.str();
     if (!to_kir(m.dtype)) return "dtype " + ir::dtype_short_name(m.dtype) + " has no kernels";
     return std::nullopt;
   };
@@ -547,7 +547,7 @@ std::optional<std::string> classify(const ir::Graph& g, const ir::Node& n, OpInf
     for (size_t i = 1; i < n.args.size(); ++i) {
       const auto& a = n.args[i];
       if ((a.name == "layout" || a.name == "device") && a.kind != ir::ArgKind::None) {
-        if (a.name == "device" && a.s == "cpu") continue;
+        if (a.name == "device" && (a.s == device.str() || (device.is_cpu() && a.s == "cpu"))) continue;
         return "_to_copy changes " + a.name;
       }
     }

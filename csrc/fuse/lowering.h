@@ -32,8 +32,10 @@ struct OpInfo {
   std::vector<int64_t> reduce_dims;  // Reduction / Row: dims of the first tensor argument, sorted
 };
 
-// Why a node cannot be lowered, or std::nullopt with `info` filled in.
-std::optional<std::string> classify(const ir::Graph& g, const ir::Node& n, OpInfo* info);
+// Why a node cannot be lowered for kernels on `device` (every tensor it reads and writes
+// must live there), or std::nullopt with `info` filled in.
+std::optional<std::string> classify(const ir::Graph& g, const ir::Node& n, OpInfo* info,
+                                    const c10::Device& device = c10::Device(c10::kCPU));
 
 // Builds instructions for one node. The fusion pass supplies `resolve` (the kir value of a
 // tensor argument: an instruction of the group or a Load of an outside value).

@@ -6,8 +6,11 @@
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty_strided.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/TensorImpl.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
 
 #include <unordered_map>
@@ -28,7 +31,7 @@ Registry& registry() {
 }
 
 bool matches(const at::Tensor& t, const ir::TensorMeta& m) {
-  if (!t.defined() || t.scalar_type() != m.dtype || !t.device().is_cpu()) return false;
+  if (!t.defined() || t.scalar_type() != m.dtype || t.device() != m.device) return false;
   const auto sizes = t.sizes();
   if (sizes.size() != m.sizes.size()) return false;
   const auto strides = t.strides();
@@ -48,7 +51,8 @@ std::string describe(const at::Tensor& t) {
 
 std::string describe(const ir::TensorMeta& m) {
   std::ostringstream os;
-  os << ir::dtype_short_name(m.dtype) << c10::IntArrayRef(m.sizes) << " stride " << c10::IntArrayRef(m.strides);
+  os << ir::dtype_short_name(m.dtype) << c10::IntArrayRef(m.sizes) << " stride " << c10::IntArrayRef(m.strides)
+     << " on " << m.device;
   return os.str();
 }
 
@@ -68,6 +72,22 @@ at::Tensor allocate(c10::Storage& slot, const ir::TensorMeta& m) {
 
 std::atomic<int64_t> g_launches{0};
 std::atomic<int64_t> g_fallbacks{0};
+
+// Runs a CUDA kernel on the current stream of its device; outputs from the caching allocator.
+std::vector<at::Tensor> run_cuda(FusedKernel& k, const std::vector<at::Tensor>& inputs) {
+  c10::DeviceGuard guard(k.device);
+  std::vector<at::Tensor> outs;
+  outs.reserve(k.outputs.size());
+  for (const auto& m : k.outputs) {
+    outs.push_back(at::empty_strided(m.sizes, m.strides, at::TensorOptions().dtype(m.dtype).device(k.device)));
+  }
+  c10::SmallVector<void*, 16> args;
+  for (const auto& t : inputs) args.push_back(const_cast<void*>(t.const_data_ptr()));
+  for (auto& t : outs) args.push_back(t.mutable_data_ptr());
+  void* stream = c10::impl::getDeviceGuardImpl(k.device.type())->getStream(k.device).native_handle();
+  codegen::cuda::launch(*k.cuda, k.device.index(), stream, args.data(), args.size());
+  return outs;
+}
 
 std::vector<at::Tensor> fused_op(at::TensorList inputs, int64_t id) {
   return run_fused(inputs.vec(), id);
@@ -132,6 +152,10 @@ std::vector<at::Tensor> run_fused(const std::vector<at::Tensor>& inputs, int64_t
       k->fallback_interp->keep_values(false);
     }
     return k->fallback_interp->run(inputs);
+  }
+  if (k->cuda) {
+    g_launches.fetch_add(1, std::memory_order_relaxed);
+    return run_cuda(*k, inputs);
   }
   std::vector<at::Tensor> outs(k->outputs.size());
   {

@@ -10,13 +10,18 @@
 // shared/notes/benchmarking-here.md on why that matters here), at the price of keeping
 // each slot's last buffer alive between calls.
 //
+// On CUDA (a kernel with `cuda` set) outputs come from LibTorch's caching allocator
+// instead (it already reuses blocks per stream) and the kernel is launched on the
+// current stream of its device.
+//
 // Note [Fused kernel guards]
-// A kernel is specialised to the recorded dtypes, sizes and strides of its inputs. Each
+// A kernel is specialised to the recorded device, dtypes, sizes and strides of its inputs. Each
 // call checks them (a few compares per input); on a mismatch it runs the group's original
 // ATen ops through the interpreter instead and logs why once (TCAP_LOGS=graph_breaks).
 #pragma once
 
 #include "codegen/cpu_llvm/cpu_llvm.h"
+#include "codegen/cuda/cuda.h"
 #include "kir/kir.h"
 
 #include <tcap/graph.h>
@@ -35,7 +40,9 @@ namespace tcap::runtime {
 struct FusedKernel {
   std::string name;
   kir::Kernel kernel;
-  std::shared_ptr<const codegen::CpuKernel> cpu;
+  c10::Device device = c10::Device(c10::kCPU);
+  std::shared_ptr<const codegen::CpuKernel> cpu;              // device is the CPU
+  std::shared_ptr<const codegen::cuda::CudaKernel> cuda;      // device is a CUDA device
   std::vector<ir::TensorMeta> inputs;   // recorded metadata, in kernel buffer order
   std::vector<ir::TensorMeta> outputs;
   ir::Graph fallback;                   // the group's ATen ops (inputs -> outputs)

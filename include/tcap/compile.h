@@ -45,8 +45,9 @@ Executable llvm_backend(const ir::Graph& g);
 
 struct CompileOptions {
   std::string name = "fn";                   // used in logs and dump file names
-  // "eager" (the interpreter), "llvm" (fused CPU kernels), "auto" (llvm for CPU graphs when
-  // tcap was built with LLVM, else eager, logged).
+  // "eager" (the interpreter), "llvm" (fused CPU kernels), "cuda" (fused CUDA kernels
+  // through NVRTC, for graphs on one CUDA device), "auto" (cuda for CUDA graphs and llvm
+  // for CPU graphs where available, else eager, logged).
   std::string backend = "eager";
   Partitioner partitioner = Partitioner::MinCut;
   GraphCompiler fw_compiler;                 // overrides the backend for forward graphs

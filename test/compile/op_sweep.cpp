@@ -22,9 +22,23 @@
 // as tcap_op_sweep_llvm_tests with TCAP_SWEEP_BACKEND="llvm": the same cases through the
 // fused LLVM kernels (same tolerances: libmvec's transcendentals are within 4 ulp and
 // reassociated sums stay far inside them at these sizes).
+//
+// A third build, tcap_op_sweep_cuda_tests (TCAP_SWEEP_CUDA), is issue 6's sweep: with a
+// CUDA device the inputs live on it (same layouts) and the backend is `cuda`; without
+// one, the graphs stay on the CPU and run eagerly, and every kernel the fusion pass forms
+// from them is rendered to CUDA C++ and compiled to PTX with NVRTC (a failure names the
+// kernel and carries NVRTC's log), so the CUDA renderer is checked on every op without a GPU.
 #include <tcap/compile.h>
 
 #include "support/compare.h"
+
+#ifdef TCAP_SWEEP_CUDA
+#include "codegen/cuda/cuda.h"
+#include "codegen/cuda/driver.h"
+#include "fuse/fusion.h"
+
+#include <torch/cuda.h>
+#endif
 
 #include <torch/torch.h>
 
@@ -489,9 +503,54 @@ at::Tensor make_input(const Spec& s, at::ScalarType dtype, bool noncontig, size_
   return t;
 }
 
+#ifdef TCAP_SWEEP_CUDA
+// Whether the sweep runs on a CUDA device (else: PTX only, see the top of the file).
+bool on_device() {
+  static const bool yes = [] {
+    std::string why;
+    return tcap::codegen::cuda::cuda_available(&why) && torch::cuda::is_available();
+  }();
+  return yes;
+}
+
+// The same tensor on the device, with the same sizes and strides.
+at::Tensor to_device(const at::Tensor& t) {
+  at::Tensor d = at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kCUDA));
+  d.copy_(t.detach());
+  return d.requires_grad_(t.requires_grad());
+}
+
+// A fw/bw compiler that renders every kernel the fusion pass forms to CUDA and compiles it
+// to PTX, then runs the graph eagerly.
+tcap::Executable ptx_checking_compiler(const tcap::ir::Graph& g) {
+  static const int arch = [] {
+    auto archs = tcap::codegen::cuda::nvrtc_supported_archs();
+    return std::find(archs.begin(), archs.end(), 90) != archs.end() ? 90 : *std::min_element(archs.begin(), archs.end());
+  }();
+  tcap::fuse::FusionOptions fo;
+  fo.compile = [](const tcap::fuse::FusedGroup& fg, std::string* why) -> int64_t {
+    try {
+      const std::string ptx = tcap::codegen::cuda::compile_to_ptx(fg.kernel, arch);
+      EXPECT_NE(ptx.find(".entry"), std::string::npos) << fg.name;
+    } catch (const c10::Error& e) {
+      ADD_FAILURE() << "kernel " << fg.name << " did not compile to PTX:\n" << e.what_without_backtrace();
+    }
+    *why = "PTX only";
+    return -1;
+  };
+  tcap::fuse::fuse(g, fo);
+  return tcap::eager_backend(g);
+}
+#endif
+
 Tensors make_inputs(const Row& row, at::ScalarType dtype, bool noncontig) {
   Tensors in;
   for (size_t k = 0; k < row.inputs.size(); ++k) in.push_back(make_input(row.inputs[k], dtype, noncontig, k));
+#ifdef TCAP_SWEEP_CUDA
+  if (on_device()) {
+    for (auto& t : in) t = to_device(t);
+  }
+#endif
   return in;
 }
 
@@ -562,6 +621,16 @@ void run_layout(const Row& row, at::ScalarType dtype, bool noncontig) {
 #ifdef TCAP_SWEEP_BACKEND
   options.backend = TCAP_SWEEP_BACKEND;
 #endif
+#ifdef TCAP_SWEEP_CUDA
+  if (on_device()) {
+    options.backend = "cuda";
+  } else {
+    std::string why;
+    if (!tcap::codegen::cuda::nvrtc_available(&why)) GTEST_SKIP() << "no NVRTC here: " << why;
+    options.fw_compiler = ptx_checking_compiler;
+    options.bw_compiler = ptx_checking_compiler;
+  }
+#endif
   auto f = tcap::compile(row.fn, options);
   Tensors weights;
   for (int call = 0; call < 3; ++call) {
@@ -578,7 +647,7 @@ void run_layout(const Row& row, at::ScalarType dtype, bool noncontig) {
     Tensors out = (*f)(in);
     if (weights.empty()) {
       for (const auto& o : out) {
-        weights.push_back(torch::randn(o.sizes(), torch::TensorOptions().dtype(o.scalar_type())));
+        weights.push_back(torch::randn(o.sizes(), torch::TensorOptions().dtype(o.scalar_type()).device(o.device())));
       }
     }
     ASSERT_EQ(out.size(), weights.size());

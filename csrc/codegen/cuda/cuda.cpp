@@ -1,0 +1,192 @@
+// The public entry points of the cuda backend (cuda.h): caches in front of the renderer
+// and NVRTC, and the launch. One mutex serialises compiles; launches take only the
+// kernel's own lock, and only to load its module on a new device.
+#include "codegen/cuda/cuda.h"
+
+#include "codegen/cuda/driver.h"
+#include "codegen/kernel_cache.h"
+#include "support/logging.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+
+#include <unistd.h>
+
+namespace tcap::codegen::cuda {
+
+namespace {
+
+// Bump whenever the renderer emits different code for the same kernel IR (the source is
+// in the key too, so this only documents intent; libtcap's build id also changes).
+constexpr int kCodegenVersion = 1;
+
+struct Backend {
+  std::mutex mu;
+  std::unordered_map<std::string, std::shared_ptr<const CudaKernel>> memory;  // key text -> kernel
+  CudaStats stats;
+  std::unordered_map<int, DeviceInfo> devices;
+};
+
+Backend& backend() {
+  static auto* b = new Backend;  // never destroyed: kernels may run during static destruction
+  return *b;
+}
+
+std::atomic<int64_t> g_launches{0};
+
+std::string arch_name(const Target& t) { return (t.cubin ? "sm_" : "compute_") + std::to_string(t.arch); }
+
+std::string cache_key(const CudaSource& src, const Target& t) {
+  return "tcap cuda codegen " + std::to_string(kCodegenVersion) + "\nbuild " + library_build_id() + "\nnvrtc " +
+         nvrtc_version() + "\narch " + arch_name(t) + "\n" + src.source;
+}
+
+const DeviceInfo& info_of(int device) {
+  Backend& be = backend();
+  std::lock_guard<std::mutex> lock(be.mu);
+  auto it = be.devices.find(device);
+  if (it == be.devices.end()) it = be.devices.emplace(device, device_info(device)).first;
+  return it->second;
+}
+
+}  // namespace
+
+bool cuda_available(std::string* why) {
+  std::string w;
+  if (!nvrtc_available(&w) || !driver_available(&w)) {
+    if (why) *why = w;
+    return false;
+  }
+  if (why) why->clear();
+  return true;
+}
+
+Target target_for(int device) {
+  const int cc = info_of(device).capability;
+  std::vector<int> archs = nvrtc_supported_archs();
+  TORCH_CHECK(!archs.empty(), "tcap cuda: NVRTC ", nvrtc_version(), " reports no supported architecture");
+  std::sort(archs.begin(), archs.end());
+  if (std::find(archs.begin(), archs.end(), cc) != archs.end()) return {cc, /*cubin=*/true};
+  TORCH_CHECK(cc > archs.back(), "tcap cuda: device ", device, " is sm_", cc, ", older than anything NVRTC ",
+              nvrtc_version(), " compiles for (sm_", archs.front(), " and newer)");
+  return {archs.back(), /*cubin=*/false};  // the driver JIT-compiles PTX for newer devices
+}
+
+std::shared_ptr<const CudaKernel> compile_cuda_kernel(const kir::Kernel& k, const Target& target) {
+  const auto t0 = std::chrono::steady_clock::now();
+  CudaSource src = render(k);  // throws on unsupported kernels
+  Backend& be = backend();
+  std::lock_guard<std::mutex> lock(be.mu);
+  const std::string key = cache_key(src, target);
+  if (auto it = be.memory.find(key); it != be.memory.end()) {
+    ++be.stats.memory_hits;
+    return it->second;
+  }
+  auto out = std::make_shared<CudaKernel>();
+  out->name = k.name;
+  out->entry = src.entry;
+  out->plan = src.plan;
+  out->num_buffers = k.buffers.size();
+  out->arch = target.arch;
+  out->is_ptx = !target.cubin;
+  out->key_hash = "cuda-" + kir::hash_hex(kir::fnv1a(key));
+  const std::string path = cache_file_path(Config::get().cache_dir, out->key_hash);
+  CacheEntry entry;
+  std::string why;
+  CacheRead read = read_cache_file(path, key, &entry, &why);
+  if (read == CacheRead::Hit && entry.object.empty()) {
+    read = CacheRead::Corrupt;
+    why = "empty binary";
+  }
+  if (read == CacheRead::Hit) {
+    out->binary = std::move(entry.object);
+    out->from_disk = true;
+    ++be.stats.disk_hits;
+  } else {
+    if (read == CacheRead::Corrupt) {
+      ++be.stats.corrupt_cache_files;
+      TCAP_LOG(Perf, "cuda: cache file " << path << " of kernel " << k.name << " rejected (" << why << "); recompiling");
+      ::unlink(path.c_str());
+    }
+    std::string log;
+    const bool ok = nvrtc_compile(src.source, src.entry, target.arch, target.cubin, &out->binary, &log);
+    TORCH_CHECK(ok, "tcap cuda: NVRTC ", nvrtc_version(), " could not compile kernel ", k.name, " for ",
+                arch_name(target), ":\n", log, "\n--- source ---\n", src.source);
+    out->compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    ++be.stats.compiled;
+    entry.object = out->binary;
+    entry.ir = src.source;
+    if (!write_cache_file(path, key, entry, &why)) {
+      TCAP_LOG(Perf, "cuda: kernel " << k.name << " not written to the disk cache: " << why);
+    }
+  }
+  out->source = std::move(src.source);
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  TCAP_LOG(Perf, "cuda: " << k.name << " -> " << out->entry << " (" << arch_name(target) << ")"
+                          << (out->from_disk ? " loaded from disk" : " compiled") << " in " << ms << " ms");
+  TCAP_LOG(Fusion, "cuda: " << k.name << " -> " << out->entry << ": " << to_string(out->plan));
+  be.memory.emplace(key, out);
+  return out;
+}
+
+std::string compile_to_ptx(const kir::Kernel& k, int arch, std::string* source) {
+  CudaSource src = render(k);
+  std::string ptx, log;
+  const bool ok = nvrtc_compile(src.source, src.entry, arch, /*cubin=*/false, &ptx, &log);
+  TORCH_CHECK(ok, "tcap cuda: NVRTC ", nvrtc_version(), " could not compile kernel ", k.name, " for compute_", arch,
+              ":\n", log, "\n--- source ---\n", src.source);
+  if (source) *source = std::move(src.source);
+  return ptx;
+}
+
+void launch(const CudaKernel& k, int device, void* stream, void* const* buffers, size_t num_buffers) {
+  const LaunchPlan& p = k.plan;
+  TORCH_CHECK(num_buffers == k.num_buffers, "tcap cuda: kernel ", k.name, " takes ", k.num_buffers, " buffers, got ",
+              num_buffers);
+  if (p.work_items == 0) return;
+  void* fn = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(k.mu);
+    auto it = k.functions.find(device);
+    if (it == k.functions.end()) it = k.functions.emplace(device, load_function(device, k.binary, k.entry, k.name)).first;
+    fn = it->second;
+  }
+  // Vector path only when every unit-stride access is aligned to the vector's width.
+  int vec_ok = p.vec > 1 ? 1 : 0;
+  for (const auto& a : p.aligned) {
+    const auto addr = reinterpret_cast<uintptr_t>(buffers[a.buffer]) + static_cast<uintptr_t>(a.offset * a.elem_size);
+    if (addr % static_cast<uintptr_t>(p.vec * a.elem_size) != 0) vec_ok = 0;
+  }
+  // Grid: what the work needs, capped at a few waves of resident blocks (grid-stride loops
+  // cover the rest).
+  const int sms = std::max(1, info_of(device).multiprocessors);
+  const int64_t resident = int64_t{sms} * std::max(1, 2048 / p.block);
+  const int64_t grid = std::max<int64_t>(1, std::min(p.blocks_needed(), resident * 4));
+  // cuLaunchKernel takes a pointer to each argument.
+  std::vector<void*> params;
+  params.reserve(num_buffers + 1);
+  for (size_t b = 0; b < num_buffers; ++b) params.push_back(const_cast<void**>(&buffers[b]));
+  params.push_back(&vec_ok);
+  cuda::launch(device, fn, grid, p.block, stream, params.data(), k.name);
+  g_launches.fetch_add(1, std::memory_order_relaxed);
+}
+
+CudaStats cuda_stats() {
+  Backend& be = backend();
+  std::lock_guard<std::mutex> lock(be.mu);
+  CudaStats s = be.stats;
+  s.launches = g_launches.load();
+  return s;
+}
+
+void cuda_clear_memory_cache_for_testing() {
+  Backend& be = backend();
+  std::lock_guard<std::mutex> lock(be.mu);
+  be.memory.clear();
+}
+
+}  // namespace tcap::codegen::cuda

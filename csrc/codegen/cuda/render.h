@@ -1,0 +1,100 @@
+// cuda renderer: a kir::Kernel as CUDA C++ source for NVRTC (D7). Pure C++: nothing here
+// needs the CUDA toolkit, so rendering is tested on machines without one.
+//
+// Note [CUDA kernel shapes]
+// One __global__ function per kernel, `extern "C"`, taking one pointer per kernel buffer
+// (inputs `const T* __restrict__`, outputs `T* __restrict__`) and an int `vec_ok`:
+//   Pointwise  no reduce dims. A grid-stride loop over the elements in row-major domain
+//              order; coordinates come from the linear index by division by constant sizes
+//              of the coalesced domain (kir::coalesce). When every access has stride 0
+//              or 1 along the innermost dim (stores: 1), each thread also has a vector
+//              path over `vec` elements at once with 16-byte loads and stores (narrower
+//              for 1-byte types), taken when the host says every unit-stride access is
+//              aligned (vec_ok). With several dims, vectors stay inside a row (the row
+//              length and the unit-stride accesses' outer strides are multiples of vec);
+//              with one dim, a scalar tail finishes the odd elements.
+//   BlockRow   reductions over a long or contiguous reduce extent: one block per outer
+//              index (grid-stride over outer indices); the block's threads stride the
+//              reduce points, combine with warp shuffles and one shared-memory step, and
+//              every thread gets the result (Reduces of later passes need it).
+//   ThreadRow  reductions with a short reduce extent, or whose element loads are
+//              contiguous along the outer dims rather than the reduce dims (column sums):
+//              one thread per outer index, a serial loop over the reduce points, so
+//              adjacent threads read adjacent outputs' data.
+// A reduction kernel runs kir's passes (kir::reduce_level) one after the other per outer
+// index; outer-level values are computed by every thread of the row, stored by one.
+//
+// Note [CUDA value representation]
+// Registers hold bool for Bool, float for F32/F16/BF16, double for F64 and the C integer
+// type for the rest. An F16/BF16 instruction rounds its float result to the dtype right
+// away (round to nearest even; the value stays exactly representable), so every value
+// equals what the CPU renderer computes in half / bfloat16. Memory holds F16/BF16 as
+// 16-bit patterns (converted with cvt.f32.f16 / cvt.rn.f16.f32 and bit operations), Bool
+// as one byte. Transcendentals use CUDA's accurate libdevice functions (expf, not
+// __expf); NVRTC's defaults (IEEE division and sqrt, FMA contraction on, as ATen's own
+// CUDA kernels are built) apply. Max/Min propagate NaN and order -0 < +0, integer
+// division by zero gives 0, float -> integer casts saturate (NaN -> 0): the semantics of
+// kir.h and of the CPU renderer.
+//
+// Indexing is 32-bit when every offset the kernel can form (plus one grid stride) fits in
+// an int32, 64-bit otherwise.
+#pragma once
+
+#include "kir/kir.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tcap::codegen::cuda {
+
+enum class Strategy { Pointwise, BlockRow, ThreadRow };
+const char* to_string(Strategy s);
+
+// What the host needs to launch a rendered kernel.
+struct LaunchPlan {
+  Strategy strategy = Strategy::Pointwise;
+  int block = 256;            // threads per block (a multiple of 32)
+  int64_t work_items = 0;     // parallel items: vector groups or elements (Pointwise), outer
+                              // indices (BlockRow: one block each; ThreadRow: one thread each)
+  int64_t elements = 0;       // Pointwise: domain points (numel)
+  int vec = 1;                // Pointwise: elements per vector access (1 = no vector path)
+  // Pointwise vector path: for each buffer read or written with unit stride, its kernel
+  // buffer index, element offset and element size; the host sets vec_ok when every
+  // (data pointer + offset * size) is aligned to vec * size bytes.
+  struct Aligned {
+    int buffer = 0;
+    int64_t offset = 0;
+    int64_t elem_size = 0;
+  };
+  std::vector<Aligned> aligned;
+  bool index32 = true;
+  // Grid size: min(blocks needed, max_blocks_per_sm * multiprocessors).
+  int64_t blocks_needed() const;
+};
+
+struct CudaSource {
+  std::string entry;   // the __global__ function's name
+  std::string source;  // the whole translation unit
+  LaunchPlan plan;
+};
+
+struct RenderOptions {
+  int pointwise_block = 256;
+  int row_block_max = 512;      // BlockRow: threads per block are the reduce extent rounded
+                                // up to a power of two, between 32 and this
+  int64_t thread_row_max = 16;  // reduce extents up to this run as ThreadRow
+};
+
+// Checks that the renderer supports every instruction (after kir::verify). Throws
+// c10::Error naming the kernel, the instruction and the reason otherwise.
+void check_supported(const kir::Kernel& k);
+
+// Renders a kernel (calls check_supported). Deterministic: the same kernel IR gives the
+// same source, whatever its name (the entry is named after the structural hash).
+CudaSource render(const kir::Kernel& k, const RenderOptions& o = {});
+
+// One line: strategy, block, vector width, index width (TCAP_LOGS=fusion, test messages).
+std::string to_string(const LaunchPlan& p);
+
+}  // namespace tcap::codegen::cuda

@@ -1,0 +1,446 @@
+// The cuda backend (issue 6). Without a device: every op and dtype of the kernel IR renders
+// and compiles to PTX with NVRTC, the launch plans (vector widths, reduction strategies,
+// index width) are the intended ones, the caches work. With a device (skipped otherwise,
+// saying why): generated kernels against ATen on CUDA, through tcap::compile's `cuda`
+// backend, on odd sizes, broadcast and non-contiguous inputs, float32/float16/bfloat16.
+#include "codegen/cuda/cuda.h"
+#include "codegen/cuda/driver.h"
+#include "codegen/kernel_cache.h"
+#include "kernel_builder.h"
+#include "support/compare.h"
+#include "support/logging.h"
+
+#include <tcap/compile.h>
+
+#include <torch/torch.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+using tcap::test::KernelBuilder;
+using tcap::kir::DType;
+using tcap::kir::OpCode;
+namespace cuda = tcap::codegen::cuda;
+
+#define SKIP_WITHOUT_NVRTC()                                                    \
+  do {                                                                          \
+    std::string why_;                                                           \
+    if (!cuda::nvrtc_available(&why_)) GTEST_SKIP() << "no NVRTC here: " << why_; \
+  } while (0)
+
+const std::vector<DType> kFloats = {DType::F32, DType::F64, DType::F16, DType::BF16};
+const std::vector<DType> kInts = {DType::U8, DType::I8, DType::I16, DType::I32, DType::I64};
+const std::vector<DType> kAll = {DType::Bool, DType::U8, DType::I8, DType::I16, DType::I32,
+                                 DType::I64,  DType::F16, DType::BF16, DType::F32, DType::F64};
+
+DType compute(DType t) { return t == DType::F16 || t == DType::BF16 ? DType::F32 : t; }
+
+// One pointwise kernel that uses every floating op on dtype t (computing in t itself, as
+// kir allows, and in float for the 16-bit types), every comparison and every cast.
+tcap::kir::Kernel every_float_op(DType t) {
+  KernelBuilder kb(std::string("floats_") + tcap::kir::to_string(t), {5, 7});
+  const int32_t ia = kb.input(t), ib = kb.input(t), out = kb.output(t), mask = kb.output(DType::Bool);
+  const int32_t a = kb.load(ia, {7, 1}), b = kb.load(ib, {0, 1});
+  int32_t acc = a;
+  for (OpCode o : {OpCode::Neg, OpCode::Abs, OpCode::Exp, OpCode::Log, OpCode::Log1p, OpCode::Expm1, OpCode::Sin,
+                   OpCode::Cos, OpCode::Tan, OpCode::Tanh, OpCode::Erf, OpCode::Sqrt, OpCode::Rsqrt, OpCode::Recip,
+                   OpCode::Floor, OpCode::Ceil, OpCode::Round, OpCode::Trunc}) {
+    acc = kb.bin(OpCode::Add, acc, kb.un(o, a));
+  }
+  for (OpCode o : {OpCode::Add, OpCode::Sub, OpCode::Mul, OpCode::Div, OpCode::Pow, OpCode::Max, OpCode::Min}) {
+    acc = kb.bin(OpCode::Add, acc, kb.bin(o, a, b));
+  }
+  for (double p : {2.0, 3.0, 0.5, -0.5, -1.0, -2.0, 1.7}) acc = kb.bin(OpCode::Add, acc, kb.bin(OpCode::Pow, a, kb.fconst(t, p)));
+  int32_t m = kb.un(OpCode::IsNan, acc);
+  for (OpCode o : {OpCode::Lt, OpCode::Le, OpCode::Gt, OpCode::Ge, OpCode::Eq, OpCode::Ne}) {
+    m = kb.bin(OpCode::Or, m, kb.bin(o, a, b));
+  }
+  m = kb.bin(OpCode::And, kb.un(OpCode::Not, m), kb.bin(OpCode::Lt, a, kb.fconst(t, 0.25)));
+  acc = kb.where(m, acc, b);
+  for (DType to : kAll) {
+    if (to == t) continue;
+    acc = kb.bin(OpCode::Add, acc, kb.cast(kb.cast(acc, to), t));
+  }
+  kb.store(acc, out, {7, 1});
+  kb.store(m, mask, {7, 1});
+  return kb.k;
+}
+
+tcap::kir::Kernel every_int_op(DType t) {
+  KernelBuilder kb(std::string("ints_") + tcap::kir::to_string(t), {9, 4});
+  const int32_t ia = kb.input(t), ib = kb.input(t), out = kb.output(t);
+  const int32_t a = kb.load(ia, {1, 9}), b = kb.load(ib, {4, 1});
+  int32_t acc = kb.un(OpCode::Abs, kb.un(OpCode::Neg, a));
+  for (OpCode o : {OpCode::Add, OpCode::Sub, OpCode::Mul, OpCode::Div, OpCode::Max, OpCode::Min}) {
+    acc = kb.bin(OpCode::Add, acc, kb.bin(o, a, b));
+  }
+  acc = kb.where(kb.bin(OpCode::Ge, a, kb.iconst(t, 3)), acc, kb.iconst(t, -1));
+  for (DType to : kAll) {
+    if (to != t) acc = kb.bin(OpCode::Sub, acc, kb.cast(kb.cast(acc, to), t));
+  }
+  kb.store(acc, out, {4, 1});
+  return kb.k;
+}
+
+tcap::kir::Kernel bool_ops() {
+  KernelBuilder kb("bools", {13});
+  const int32_t ia = kb.input(DType::Bool), out = kb.output(DType::Bool), f = kb.output(DType::F32);
+  const int32_t a = kb.load(ia, {1}), b = kb.load(ia, {0});
+  int32_t x = kb.bin(OpCode::Add, a, b);
+  x = kb.bin(OpCode::Mul, x, kb.un(OpCode::Not, b));
+  x = kb.bin(OpCode::Max, x, kb.bin(OpCode::Min, a, b));
+  x = kb.bin(OpCode::Ne, x, kb.bin(OpCode::Eq, a, b));
+  kb.store(x, out, {1});
+  kb.store(kb.cast(x, DType::F32), f, {1});
+  return kb.k;
+}
+
+// Sum, max and min over rows of dtype t, accumulating in the compute dtype.
+tcap::kir::Kernel reductions(DType t, std::vector<int64_t> sizes, int nr, std::vector<int64_t> strides) {
+  KernelBuilder kb(std::string("reduce_") + tcap::kir::to_string(t), sizes, nr);
+  const int32_t in = kb.input(t);
+  const int32_t os = kb.output(t), omax = kb.output(t), omin = kb.output(t);
+  const DType c = t == DType::Bool ? DType::Bool : compute(t);
+  const int32_t x = kb.cast(kb.load(in, strides), c);
+  std::vector<int64_t> ostr(sizes.size(), 0);
+  int64_t s = 1;
+  for (int d = static_cast<int>(sizes.size()) - nr - 1; d >= 0; --d) {
+    ostr[static_cast<size_t>(d)] = s;
+    s *= sizes[static_cast<size_t>(d)];
+  }
+  if (t != DType::Bool) kb.store(kb.cast(kb.reduce(OpCode::ReduceSum, x), t), os, ostr);
+  kb.store(kb.cast(kb.reduce(OpCode::ReduceMax, x), t), omax, ostr);
+  kb.store(kb.cast(kb.reduce(OpCode::ReduceMin, x), t), omin, ostr);
+  if (t == DType::Bool) kb.k.buffers.erase(kb.k.buffers.begin() + 1);  // no sum output
+  if (t == DType::Bool) {
+    for (auto& st : kb.k.stores) --st.buffer;
+  }
+  return kb.k;
+}
+
+// softmax over the last dim of [rows, cols] (contiguous): three passes.
+tcap::kir::Kernel softmax(DType t, int64_t rows, int64_t cols) {
+  KernelBuilder kb("softmax", {rows, cols}, 1);
+  const int32_t in = kb.input(t), out = kb.output(t);
+  const int32_t x = kb.cast(kb.load(in, {cols, 1}), compute(t));
+  const int32_t m = kb.reduce(OpCode::ReduceMax, x);
+  const int32_t e = kb.un(OpCode::Exp, kb.bin(OpCode::Sub, x, m));
+  const int32_t y = kb.bin(OpCode::Div, e, kb.reduce(OpCode::ReduceSum, e));
+  kb.store(kb.cast(y, t), out, {cols, 1});
+  return kb.k;
+}
+
+std::string ptx_of(const tcap::kir::Kernel& k, int arch = 90) {
+  std::string src;
+  std::string ptx = cuda::compile_to_ptx(k, arch, &src);
+  EXPECT_NE(ptx.find(".entry"), std::string::npos) << src;
+  return ptx;
+}
+
+// The oldest architecture this NVRTC compiles for, and sm_90 (H100).
+std::vector<int> archs_to_check() {
+  std::vector<int> archs = cuda::nvrtc_supported_archs();
+  std::sort(archs.begin(), archs.end());
+  std::vector<int> out{archs.front()};
+  if (std::find(archs.begin(), archs.end(), 90) != archs.end() && archs.front() != 90) out.push_back(90);
+  return out;
+}
+
+TEST(CudaRender, EveryOpAndDtypeCompilesToPtx) {
+  SKIP_WITHOUT_NVRTC();
+  std::vector<tcap::kir::Kernel> kernels;
+  for (DType t : kFloats) kernels.push_back(every_float_op(t));
+  for (DType t : kInts) kernels.push_back(every_int_op(t));
+  kernels.push_back(bool_ops());
+  for (DType t : kAll) {
+    kernels.push_back(reductions(t, {37, 45}, 1, {45, 1}));        // rows: block per row
+    kernels.push_back(reductions(t, {3000, 5}, 1, {5, 1}));        // short rows: thread per row
+    kernels.push_back(reductions(t, {2048, 4097}, 1, {1, 2048}));  // columns: thread per row
+    kernels.push_back(reductions(t, {6, 5, 7}, 2, {35, 7, 1}));    // two reduce dims
+  }
+  for (DType t : kFloats) kernels.push_back(softmax(t, 7, 1000));
+  for (int arch : archs_to_check()) {
+    SCOPED_TRACE("compute_" + std::to_string(arch));
+    for (const auto& k : kernels) {
+      SCOPED_TRACE(k.name);
+      EXPECT_NO_THROW(ptx_of(k, arch));
+    }
+  }
+}
+
+TEST(CudaRender, PointwiseVectorisesContiguousAndBroadcastRows) {
+  SKIP_WITHOUT_NVRTC();
+  {
+    KernelBuilder kb("contig_f32", {1023});  // odd size: vector body + scalar tail
+    const int32_t x = kb.load(kb.input(DType::F32), {1});
+    kb.store(kb.un(OpCode::Cos, x), kb.output(DType::F32), {1});
+    const auto src = cuda::render(kb.k);
+    EXPECT_EQ(src.plan.vec, 4) << src.source;
+    EXPECT_EQ(src.plan.aligned.size(), 2u);
+    EXPECT_TRUE(src.plan.index32);
+    EXPECT_NE(ptx_of(kb.k).find("v4.f32"), std::string::npos) << "no 16-byte vector access";
+  }
+  {
+    KernelBuilder kb("bcast_f16", {67, 128});  // a [128] row broadcast over 67 rows
+    const int32_t a = kb.load(kb.input(DType::F16), {128, 1});
+    const int32_t b = kb.load(kb.input(DType::F16), {0, 1});
+    kb.store(kb.cast(kb.bin(OpCode::Mul, kb.cast(a, DType::F32), kb.cast(b, DType::F32)), DType::F16),
+             kb.output(DType::F16), {128, 1});
+    const auto src = cuda::render(kb.k);
+    EXPECT_EQ(src.plan.vec, 8) << src.source;
+    EXPECT_NE(ptx_of(kb.k).find("v4.u32"), std::string::npos) << "no 16-byte vector access";
+  }
+  {
+    // Rows of 30 read from a padded [67, 32] buffer (no coalescing): 30 % 4 != 0, so only
+    // pairs fit in a row.
+    KernelBuilder kb("rows_not_multiple", {67, 30});
+    const int32_t a = kb.load(kb.input(DType::F32), {32, 1});
+    kb.store(kb.un(OpCode::Exp, a), kb.output(DType::F32), {30, 1});
+    EXPECT_EQ(cuda::render(kb.k).plan.vec, 2);
+  }
+  {
+    KernelBuilder kb("transposed", {33, 17});  // an input read across rows: scalar code
+    const int32_t a = kb.load(kb.input(DType::F32), {1, 33});
+    kb.store(kb.un(OpCode::Exp, a), kb.output(DType::F32), {17, 1});
+    const auto src = cuda::render(kb.k);
+    EXPECT_EQ(src.plan.vec, 1);
+    EXPECT_EQ(src.plan.strategy, cuda::Strategy::Pointwise);
+    ptx_of(kb.k);
+  }
+}
+
+TEST(CudaRender, ReductionStrategies) {
+  SKIP_WITHOUT_NVRTC();
+  const auto rows = cuda::render(softmax(DType::F32, 100, 1000));
+  EXPECT_EQ(rows.plan.strategy, cuda::Strategy::BlockRow);
+  EXPECT_EQ(rows.plan.block, 512);
+  EXPECT_EQ(rows.plan.work_items, 100);
+  EXPECT_NE(ptx_of(softmax(DType::F32, 100, 1000)).find("shfl.sync.bfly"), std::string::npos);
+  EXPECT_EQ(cuda::render(softmax(DType::F32, 100, 40)).plan.block, 64);
+  EXPECT_EQ(cuda::render(reductions(DType::F32, {3000, 5}, 1, {5, 1})).plan.strategy, cuda::Strategy::ThreadRow);
+  EXPECT_EQ(cuda::render(reductions(DType::F32, {2048, 4097}, 1, {1, 2048})).plan.strategy,
+            cuda::Strategy::ThreadRow);
+  // Few columns: a block per column beats 33 threads.
+  EXPECT_EQ(cuda::render(reductions(DType::F32, {33, 4097}, 1, {1, 33})).plan.strategy, cuda::Strategy::BlockRow);
+}
+
+TEST(CudaRender, SixtyFourBitIndexingOnlyWhenNeeded) {
+  SKIP_WITHOUT_NVRTC();
+  KernelBuilder big("big", {int64_t{3} << 30});
+  big.store(big.un(OpCode::Neg, big.load(big.input(DType::F32), {1})), big.output(DType::F32), {1});
+  const auto src = cuda::render(big.k);
+  EXPECT_FALSE(src.plan.index32);
+  EXPECT_NE(src.source.find("long long g ="), std::string::npos) << src.source;
+  ptx_of(big.k);
+  KernelBuilder far("far_offset", {4, 4});  // small domain, but a stride beyond int32
+  far.store(far.load(far.input(DType::F32), {int64_t{1} << 31, 1}), far.output(DType::F32), {4, 1});
+  EXPECT_FALSE(cuda::render(far.k).plan.index32);
+  KernelBuilder small("small", {1000, 1000});
+  small.store(small.load(small.input(DType::F32), {1000, 1}), small.output(DType::F32), {1000, 1});
+  EXPECT_TRUE(cuda::render(small.k).plan.index32);
+}
+
+TEST(CudaRender, NamesDoNotChangeTheSource) {
+  SKIP_WITHOUT_NVRTC();
+  tcap::kir::Kernel a = softmax(DType::F32, 8, 100);
+  tcap::kir::Kernel b = a;
+  b.name = "another_layer";
+  for (auto& buf : b.buffers) buf.name += "_x";
+  EXPECT_EQ(cuda::render(a).source, cuda::render(b).source);
+  tcap::kir::Kernel c = softmax(DType::F32, 8, 101);
+  EXPECT_NE(cuda::render(a).entry, cuda::render(c).entry);
+}
+
+TEST(CudaRender, UnsupportedKernelsSayWhy) {
+  KernelBuilder kb("ipow", {4});
+  const int32_t a = kb.load(kb.input(DType::I32), {1});
+  kb.store(kb.bin(OpCode::Pow, a, a), kb.output(DType::I32), {1});
+  try {
+    cuda::render(kb.k);
+    FAIL() << "integer pow rendered";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("integer pow is not supported by the CUDA renderer"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(CudaRender, NvrtcErrorsCarryTheLog) {
+  SKIP_WITHOUT_NVRTC();
+  std::string bin, log;
+  EXPECT_FALSE(cuda::nvrtc_compile("extern \"C\" __global__ void k() { undefined_thing(); }", "broken", 90, false,
+                                   &bin, &log));
+  EXPECT_NE(log.find("undefined_thing"), std::string::npos) << log;
+}
+
+// compile_cuda_kernel for a PTX target needs NVRTC but no device: memory, disk and corrupt
+// cache entries (Note [Kernel cache files]).
+TEST(CudaCache, MemoryDiskAndCorruptEntries) {
+  SKIP_WITHOUT_NVRTC();
+  const cuda::Target target{archs_to_check().front(), /*cubin=*/false};
+  tcap::kir::Kernel k = softmax(DType::BF16, 5, 77);
+  const auto s0 = cuda::cuda_stats();
+  auto first = cuda::compile_cuda_kernel(k, target);
+  EXPECT_TRUE(first->is_ptx);
+  EXPECT_FALSE(first->from_disk);
+  EXPECT_NE(first->binary.find(".entry " + first->entry), std::string::npos);
+  auto again = cuda::compile_cuda_kernel(k, target);
+  EXPECT_EQ(again.get(), first.get());
+  cuda::cuda_clear_memory_cache_for_testing();
+  auto from_disk = cuda::compile_cuda_kernel(k, target);
+  EXPECT_TRUE(from_disk->from_disk);
+  EXPECT_EQ(from_disk->binary, first->binary);
+  // Flip a byte of the file: rejected, counted, rebuilt.
+  const std::string path = tcap::codegen::cache_file_path(tcap::Config::get().cache_dir, first->key_hash);
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    ASSERT_TRUE(f.good()) << path;
+    f.seekp(100);
+    f.put('\x5a');
+  }
+  cuda::cuda_clear_memory_cache_for_testing();
+  auto rebuilt = cuda::compile_cuda_kernel(k, target);
+  EXPECT_FALSE(rebuilt->from_disk);
+  EXPECT_EQ(rebuilt->binary, first->binary);
+  const auto s1 = cuda::cuda_stats();
+  EXPECT_EQ(s1.compiled - s0.compiled, 2);
+  EXPECT_EQ(s1.disk_hits - s0.disk_hits, 1);
+  EXPECT_EQ(s1.memory_hits - s0.memory_hits, 1);
+  EXPECT_EQ(s1.corrupt_cache_files - s0.corrupt_cache_files, 1);
+}
+
+// --- with a device -----------------------------------------------------------------
+
+#define SKIP_WITHOUT_CUDA_DEVICE()                                                          \
+  do {                                                                                      \
+    std::string why_;                                                                       \
+    if (!cuda::cuda_available(&why_)) GTEST_SKIP() << "needs a CUDA device: " << why_;      \
+    if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a CUDA device: LibTorch sees none"; \
+  } while (0)
+
+using Tensors = std::vector<at::Tensor>;
+using Fn = std::function<Tensors(const Tensors&)>;
+
+// tcap::compile with backend "cuda" against eager CUDA: outputs and input gradients, three
+// calls on fresh inputs, generated kernels ran.
+void check_cuda(const std::string& name, const Fn& fn, const std::function<Tensors()>& make, double rtol,
+                double atol) {
+  SCOPED_TRACE(name);
+  tcap::CompileOptions o;
+  o.name = name;
+  o.backend = "cuda";
+  auto f = tcap::compile(fn, o);
+  for (int call = 0; call < 3; ++call) {
+    SCOPED_TRACE("call " + std::to_string(call + 1));
+    Tensors in = make();
+    const auto before = cuda::cuda_stats().launches;
+    Tensors out = (*f)(in);
+    at::Tensor loss;
+    Tensors w;
+    for (const auto& t : out) {
+      w.push_back(torch::randn_like(t));
+      if (t.requires_grad()) loss = loss.defined() ? loss + (t * w.back()).sum() : (t * w.back()).sum();
+    }
+    if (loss.defined()) loss.backward();
+    Tensors got_grads;
+    for (auto& t : in) {
+      got_grads.push_back(t.grad().defined() ? t.grad().clone() : at::Tensor());
+      if (t.grad().defined()) t.mutable_grad().reset();
+    }
+    ASSERT_EQ(f->eager_reason(), "");
+    if (call > 0) {
+      EXPECT_GT(cuda::cuda_stats().launches, before) << "no generated CUDA kernel ran";
+    }
+    Tensors ref = fn(in);
+    at::Tensor ref_loss;
+    for (size_t k = 0; k < ref.size(); ++k) {
+      if (ref[k].requires_grad()) ref_loss = ref_loss.defined() ? ref_loss + (ref[k] * w[k]).sum() : (ref[k] * w[k]).sum();
+    }
+    if (ref_loss.defined()) ref_loss.backward();
+    for (size_t k = 0; k < out.size(); ++k) {
+      EXPECT_TRUE(tcap::testing::close(out[k].detach().cpu(), ref[k].detach().cpu(), rtol, atol)) << "output " << k;
+    }
+    for (size_t k = 0; k < in.size(); ++k) {
+      at::Tensor want = in[k].grad().defined() ? in[k].grad().cpu() : at::Tensor();
+      EXPECT_TRUE(tcap::testing::close(got_grads[k].defined() ? got_grads[k].cpu() : at::Tensor(), want, rtol, atol))
+          << "grad of input " << k;
+      if (in[k].grad().defined()) in[k].mutable_grad().reset();
+    }
+  }
+}
+
+at::Tensor leaf(const at::Tensor& t) { return t.detach().requires_grad_(true); }
+
+TEST(CudaDevice, FusedPatternsMatchEager) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  const auto dev = torch::TensorOptions().device(torch::kCUDA);
+  for (int64_t n : {1, 3, 1023, 4097}) {
+    SCOPED_TRACE("n=" + std::to_string(n));
+    check_cuda("pointwise_broadcast",
+               [](const Tensors& in) { return Tensors{torch::gelu(in[0] + in[1]) * torch::sigmoid(in[0]) - 0.5 * in[1]}; },
+               [&] { return Tensors{leaf(torch::randn({n, 33}, dev)), leaf(torch::randn({33}, dev))}; }, 1e-4, 1e-5);
+    check_cuda("noncontiguous",
+               [](const Tensors& in) { return Tensors{torch::tanh(in[0].t()) * torch::exp(-in[1]) + torch::cos(in[1])}; },
+               [&] {
+                 return Tensors{leaf(torch::randn({33, n}, dev)), leaf(torch::randn({n, 66}, dev).slice(1, 0, 66, 2))};
+               },
+               1e-4, 1e-5);
+    check_cuda("softmax", [](const Tensors& in) { return Tensors{torch::softmax(in[0] * 2.0, -1)}; },
+               [&] { return Tensors{leaf(torch::randn({n, 1000}, dev))}; }, 1e-4, 1e-6);
+    check_cuda("layer_norm",
+               [](const Tensors& in) { return Tensors{torch::layer_norm(in[0], {33}, in[1], in[2], 1e-5)}; },
+               [&] {
+                 return Tensors{leaf(torch::randn({n, 33}, dev) * 3 + 1), leaf(torch::randn({33}, dev)),
+                                leaf(torch::randn({33}, dev))};
+               },
+               1e-4, 1e-4);
+    check_cuda("reductions",
+               [](const Tensors& in) {
+                 auto x = in[0] * in[0];
+                 return Tensors{x.sum(std::vector<int64_t>{0, 2}), x.mean(-1, true) - x.amax(-1, true), in[0].sum()};
+               },
+               [&] { return Tensors{leaf(torch::randn({n, 3, 5}, dev))}; }, 1e-4, 1e-4);
+  }
+}
+
+TEST(CudaDevice, HalfAndBFloat16ComputeInFloat) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  for (auto dtype : {at::kHalf, at::kBFloat16}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    const auto o = torch::TensorOptions().device(torch::kCUDA).dtype(dtype);
+    // One rounding (fused) against eager's per-op rounding: bounded by a few ulps of the dtype.
+    const double tol = dtype == at::kHalf ? 4e-3 : 3e-2;
+    check_cuda("half_pointwise",
+               [](const Tensors& in) { return Tensors{torch::silu(in[0] * in[1] + 1.0), torch::softmax(in[0], -1)}; },
+               [&] { return Tensors{leaf(torch::randn({37, 45}, o)), leaf(torch::randn({45}, o))}; }, tol, tol);
+  }
+}
+
+TEST(CudaDevice, MisalignedInputsTakeTheScalarPath) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  // A view starting one element in: the vector path's alignment check must refuse it.
+  check_cuda("misaligned", [](const Tensors& in) { return Tensors{torch::exp(in[0]) * 2.0}; },
+             [] {
+               auto base = torch::randn({4098}, torch::TensorOptions().device(torch::kCUDA));
+               return Tensors{leaf(base.slice(0, 1, 4098))};
+             },
+             1e-5, 1e-6);
+}
+
+TEST(CudaBackend, CpuGraphsAreRefusedWithAReason) {
+  tcap::CompileOptions o;
+  o.backend = "cuda";
+  auto f = tcap::compile([](const Tensors& in) { return Tensors{in[0].cos()}; }, o);
+  for (int call = 0; call < 2; ++call) {
+    Tensors in{leaf(torch::randn({4}))};
+    Tensors out = (*f)(in);
+    out[0].sum().backward();
+    EXPECT_TRUE(tcap::testing::close(in[0].grad(), -in[0].detach().sin()));
+  }
+  EXPECT_NE(f->eager_reason().find("backend 'cuda' cannot compile"), std::string::npos) << f->eager_reason();
+  EXPECT_NE(f->eager_reason().find("has no CUDA tensors"), std::string::npos) << f->eager_reason();
+}
+
+}  // namespace
