@@ -386,6 +386,8 @@ void walk_backward(const std::shared_ptr<torch::autograd::Node>& root, const tor
 
   Walker walker{w, scratch};
   walker.discover(root);
+  walker.compiler.tensor_args.inputs.reserve(w.nodes.size());
+  walker.compiler.all_size_inputs.reserve(w.nodes.size());
   KeyWriter& key = walker.key;
   put(key, accumulate_grad);
   put(key, static_cast<uint32_t>(outputs.size()));
