@@ -9,8 +9,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <typeinfo>
-#include <unordered_map>
 
 // Note [The backward key]
 // A compiled backward may replace the engine only for a graph that computes the same
@@ -36,15 +36,28 @@ using torch::dynamo::autograd::CompiledNodeArgs;
 using torch::dynamo::autograd::SizeInput;
 
 // Appends to the key without a library call per field (the walk writes a few dozen
-// fields per node; see the lookup_us benchmark). Walker::finish trims the buffer.
-struct KeyWriter {
-  std::string& buf;
-  size_t len = 0;
+// fields per node; see the lookup_us benchmark). The buffer only grows, so a walk that
+// reuses a BackwardWalk neither allocates nor clears it.
+class KeyWriter {
+ public:
+  explicit KeyWriter(std::string& buf) : buf_(buf), data_(buf.data()), cap_(buf.size()) {}
   void write(const void* p, size_t n) {
-    if (len + n > buf.size()) buf.resize(std::max(buf.size() * 2, len + n + 1024));
-    std::memcpy(&buf[len], p, n);
+    if (C10_UNLIKELY(len + n > cap_)) grow(len + n);
+    std::memcpy(data_ + len, p, n);
     len += n;
   }
+  const char* data() const { return data_; }
+  size_t len = 0;
+
+ private:
+  void grow(size_t need) {
+    buf_.resize(std::max(buf_.size() * 2, need + 4096));
+    data_ = buf_.data();
+    cap_ = buf_.size();
+  }
+  std::string& buf_;
+  char* data_;
+  size_t cap_;
 };
 template <class T>
 void put(KeyWriter& key, const T& v) {
@@ -58,22 +71,126 @@ bool is_observer(const torch::autograd::FunctionPostHook* h) {
   return dynamic_cast<const capture::ObserverPostHook*>(h) != nullptr;
 }
 
-// Node::name() demangles on every call; a node's name is a function of its type. The
-// returned string is stable for the thread's life; its address stands for the type in keys.
-const std::string* name_of(const Node& n) {
-  thread_local std::unordered_map<const std::type_info*, std::string> names;
-  auto it = names.find(&typeid(n));
-  if (it == names.end()) it = names.emplace(&typeid(n), n.name()).first;
-  return &it->second;
-}
+// What the walk needs to know about a node type, computed once per type on this thread:
+// Node::name() demangles on every call, and comparing type_infos costs a strcmp. The
+// name's address stands for the type in keys; it is stable for the thread's life.
+struct NodeType {
+  enum class Kind : uint8_t { Root, AccumulateGrad, Replay, Other };
+  std::string name;
+  Kind kind;
+};
+
+// Pointer -> uint32_t, open addressing with linear probing; the walk's maps from nodes to
+// NodeCall ids and from type_infos to NodeTypes. Never shrinks, so a walk that reuses
+// it allocates nothing.
+class PtrMap {
+ public:
+  static constexpr uint32_t kAbsent = UINT32_MAX;
+  void clear() {
+    if (size_ == 0) return;
+    std::fill(slots_.begin(), slots_.end(), Slot{});
+    size_ = 0;
+  }
+  uint32_t find(const void* p) const {
+    if (slots_.empty()) return kAbsent;
+    for (size_t i = home(p);; i = (i + 1) & mask_) {
+      if (slots_[i].key == p) return slots_[i].value;
+      if (slots_[i].key == nullptr) return kAbsent;
+    }
+  }
+  // Inserts p -> value unless p is present; returns false if it was.
+  bool insert(const void* p, uint32_t value) {
+    if (2 * (size_ + 1) > slots_.size()) grow();
+    for (size_t i = home(p);; i = (i + 1) & mask_) {
+      if (slots_[i].key == p) return false;
+      if (slots_[i].key == nullptr) {
+        slots_[i] = {p, value};
+        ++size_;
+        return true;
+      }
+    }
+  }
+
+ private:
+  struct Slot {
+    const void* key = nullptr;
+    uint32_t value = 0;
+  };
+  size_t home(const void* p) const {  // Fibonacci hashing of the address
+    return static_cast<size_t>((reinterpret_cast<uintptr_t>(p) * 0x9E3779B97F4A7C15ull) >> shift_);
+  }
+  void grow() {
+    std::vector<Slot> old = std::move(slots_);
+    const size_t n = old.empty() ? 256 : 2 * old.size();
+    slots_.assign(n, Slot{});
+    mask_ = n - 1;
+    shift_ = 64 - static_cast<unsigned>(__builtin_ctzll(n));
+    size_ = 0;
+    for (const Slot& s : old) {
+      if (s.key) insert(s.key, s.value);
+    }
+  }
+  std::vector<Slot> slots_;
+  size_t mask_ = 0;
+  unsigned shift_ = 64;
+  size_t size_ = 0;
+};
+
+// This thread's NodeTypes, by type_info.
+class NodeTypes {
+ public:
+  static NodeTypes& of_this_thread() {
+    thread_local NodeTypes types;
+    return types;
+  }
+  const NodeType& of(const Node& n) {
+    const std::type_info& t = typeid(n);
+    uint32_t i = index_.find(&t);
+    if (C10_UNLIKELY(i == PtrMap::kAbsent)) {
+      NodeType::Kind kind = NodeType::Kind::Other;
+      if (t == typeid(torch::autograd::GraphRoot)) kind = NodeType::Kind::Root;
+      else if (t == typeid(torch::autograd::AccumulateGrad)) kind = NodeType::Kind::AccumulateGrad;
+      else if (t == aot::replay_node_type()) kind = NodeType::Kind::Replay;
+      types_.push_back({n.name(), kind});
+      i = static_cast<uint32_t>(types_.size() - 1);
+      index_.insert(&t, i);
+    }
+    return types_[i];
+  }
+
+ private:
+  PtrMap index_;
+  std::deque<NodeType> types_;  // stable addresses
+};
+
+// A walk's working memory, kept per thread so that a walk allocates little; `busy`
+// guards against a walk started from inside another (an unpack hook calling backward).
+struct Scratch {
+  PtrMap ids;
+  std::vector<const std::shared_ptr<Node>*> todo;
+  std::vector<NodeType::Kind> kinds;  // by NodeCall id
+  std::vector<at::Tensor> region_tensors;
+  std::string region_key;
+  bool busy = false;
+};
 
 struct Walker {
   BackwardWalk& w;
-  KeyWriter key{w.key};
+  Scratch& scratch;
+  KeyWriter key{w.key_buffer};
+  NodeTypes& types = NodeTypes::of_this_thread();
   AutogradCompilerCall compiler{SizeInput::STATIC};
-  std::unordered_map<const Node*, uint32_t> ids;
+  torch::dynamo::autograd::NodeCall call{0, nullptr};  // reused for every node
+  PtrMap& ids = scratch.ids;
+  std::vector<NodeType::Kind>& kinds = scratch.kinds;
 
-  void size(uint32_t node, int64_t v) { w.sizes.push_back({node, v}); }
+  void size(uint32_t node, int64_t v) {
+    // Field by field: a braced temporary makes GCC store two fields and load them back
+    // as one, which stalls store forwarding on every size.
+    SizeRef& s = w.sizes.emplace_back();
+    s.node = node;
+    s.value = v;
+  }
 
   void tensor_meta(uint32_t node, const at::Tensor& t) {
     put(key, t.scalar_type());
@@ -93,18 +210,19 @@ struct Walker {
   }
 
   void discover(const std::shared_ptr<Node>& root) {
-    ids.reserve(64);
-    std::vector<Node*> todo{root.get()};
+    auto& todo = scratch.todo;
+    todo.assign(1, &root);
     while (!todo.empty()) {
-      Node* n = todo.back();
+      const std::shared_ptr<Node>& n = *todo.back();
       todo.pop_back();
-      if (!n || ids.count(n)) continue;
-      ids.emplace(n, static_cast<uint32_t>(w.nodes.size()));
-      w.nodes.push_back(n->getptr());
-      w.names.push_back(name_of(*n));
+      if (!n || !ids.insert(n.get(), static_cast<uint32_t>(w.nodes.size()))) continue;
+      w.nodes.push_back(n);
+      const NodeType& type = types.of(*n);
+      w.names.push_back(&type.name);
+      kinds.push_back(type.kind);
       const auto& es = n->next_edges();
       for (auto it = es.rbegin(); it != es.rend(); ++it) {
-        if (it->is_valid()) todo.push_back(it->function.get());
+        if (it->is_valid()) todo.push_back(&it->function);
       }
     }
   }
@@ -141,7 +259,7 @@ struct Walker {
     }
     put(key, static_cast<uint32_t>(n.next_edges().size()));
     for (const auto& e : n.next_edges()) {
-      put(key, e.is_valid() ? static_cast<int64_t>(ids.at(e.function.get())) : int64_t{-1});
+      put(key, e.is_valid() ? static_cast<int64_t>(ids.find(e.function.get())) : int64_t{-1});
       put(key, e.input_nr);
     }
     hooks(id, n.tensor_pre_hooks(), HookSite::TensorPre);
@@ -158,8 +276,8 @@ struct Walker {
     hooks(id, n.post_hooks(), HookSite::Post);
 
     if (id == 0) {  // the GraphRoot: its outputs are the root gradients
-      const auto* root = dynamic_cast<const torch::autograd::GraphRoot*>(&n);
-      if (!root) return fail(id, "the backward does not start at a GraphRoot");
+      if (kinds[0] != NodeType::Kind::Root) return fail(id, "the backward does not start at a GraphRoot");
+      const auto* root = static_cast<const torch::autograd::GraphRoot*>(&n);
       put(key, static_cast<uint32_t>(root->outputs.size()));
       for (const auto& g : root->outputs) {
         put(key, g.defined());
@@ -170,7 +288,7 @@ struct Walker {
       }
       return true;
     }
-    if (typeid(n) == typeid(torch::autograd::AccumulateGrad)) {
+    if (kinds[id] == NodeType::Kind::AccumulateGrad) {
       auto* acc = static_cast<torch::autograd::AccumulateGrad*>(&n);
       if (!acc->post_hooks().empty()) return fail(id, "post hooks on AccumulateGrad are not supported");
       const at::Tensor& leaf = acc->variable;
@@ -182,9 +300,14 @@ struct Walker {
       w.accumulate.push_back(id);
       return true;
     }
-    std::vector<at::Tensor> region_tensors;
-    std::string region_key;
-    if (aot::describe_replay_node(n, region_key, region_tensors, w.keep_alive)) {
+    if (kinds[id] == NodeType::Kind::Replay) {
+      auto& region_tensors = scratch.region_tensors;
+      auto& region_key = scratch.region_key;
+      region_tensors.clear();
+      region_key.clear();
+      if (!aot::describe_replay_node(n, region_key, region_tensors, w.keep_alive)) {
+        return fail(id, "a tcap::compile region's backward node could not be described");
+      }
       key.write(region_key.data(), region_key.size());
       for (auto& t : region_tensors) {
         put(key, t.defined());
@@ -196,8 +319,16 @@ struct Walker {
       return true;
     }
     // Everything else describes itself (generated nodes, CppNode<T> of custom functions).
-    torch::dynamo::autograd::NodeCall call(id, w.nodes[id]);
-    compiler.set_active_node_call_idx(id);
+    // (No set_active_node_call_idx: it only records each input's origin for PyTorch's
+    // verbose logging.)
+    call.id = id;
+    call.node = w.nodes[id];
+    call.tensor_pre_hooks.clear();  // only Python hooks add to these; empty here
+    call.cpp_tensor_pre_hooks.clear();
+    call.pre_hooks.clear();
+    call.post_hooks.clear();
+    call.post_acc_grad_hooks.clear();
+    call.graph_output.clear();
     const size_t tensors_before = compiler.tensor_args.inputs.size();
     const size_t sizes_before = compiler.all_size_inputs.size();
     const size_t lifted_before = compiler.lifted_ivalue_args.args.size();
@@ -236,33 +367,59 @@ struct Walker {
 
 }  // namespace
 
-BackwardWalk walk_backward(const std::shared_ptr<torch::autograd::Node>& root,
-                           const torch::autograd::edge_list& outputs, bool accumulate_grad) {
-  BackwardWalk w;
-  Walker walker{w};
+void walk_backward(const std::shared_ptr<torch::autograd::Node>& root, const torch::autograd::edge_list& outputs,
+                   bool accumulate_grad, BackwardWalk& w) {
+  w.clear();
+  thread_local Scratch thread_scratch;
+  Scratch nested_scratch;
+  Scratch& scratch = thread_scratch.busy ? nested_scratch : thread_scratch;
+  scratch.busy = true;
+  scratch.ids.clear();
+  scratch.kinds.clear();
+  struct Release {
+    Scratch& s;
+    ~Release() {
+      s.region_tensors.clear();
+      s.busy = false;
+    }
+  } release{scratch};
+
+  Walker walker{w, scratch};
   walker.discover(root);
-  w.key.resize(w.nodes.size() * 96 + 64);
-  w.sizes.reserve(w.nodes.size() * 8);
+  walker.compiler.tensor_args.inputs.reserve(w.nodes.size());
+  walker.compiler.all_size_inputs.reserve(w.nodes.size());
   KeyWriter& key = walker.key;
   put(key, accumulate_grad);
   put(key, static_cast<uint32_t>(outputs.size()));
   for (const auto& e : outputs) {
-    auto it = e.is_valid() ? walker.ids.find(e.function.get()) : walker.ids.end();
-    put(key, it == walker.ids.end() ? int64_t{-1} : static_cast<int64_t>(it->second));
+    const uint32_t id = e.is_valid() ? walker.ids.find(e.function.get()) : PtrMap::kAbsent;
+    put(key, id == PtrMap::kAbsent ? int64_t{-1} : static_cast<int64_t>(id));
     put(key, e.input_nr);
-    if (e.is_valid() && it == walker.ids.end()) {
+    if (e.is_valid() && id == PtrMap::kAbsent) {
       // grad() of a tensor the roots do not reach: the engine answers that alone.
       w.why_not = "grad() asks for a tensor outside the graph";
       break;
     }
   }
-  w.node_key_end.reserve(w.nodes.size());
   for (uint32_t id = 0; id < w.nodes.size() && w.why_not.empty(); ++id) {
     if (!walker.describe(id)) break;
     w.node_key_end.push_back(key.len);
   }
-  w.key.resize(key.len);
-  return w;
+  w.key_size = key.len;
+}
+
+void BackwardWalk::clear() {
+  why_not.clear();
+  key_size = 0;
+  node_key_end.clear();
+  sizes.clear();
+  nodes.clear();
+  names.clear();
+  tensors.clear();
+  tensor_node.clear();
+  hooks.clear();
+  accumulate.clear();
+  keep_alive.clear();
 }
 
 void accumulate(torch::autograd::Node& node, at::Tensor&& grad) {

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace tcap::ca {
@@ -32,8 +33,12 @@ struct SizeRef {
 
 struct BackwardWalk {
   std::string why_not;            // non-empty: this backward cannot be compiled (why)
-  std::string key;                // node types, topology, constants, dtypes, hook counts
-  std::vector<size_t> node_key_end;  // per node: where its part of `key` ends
+  // The key: node types, topology, constants, dtypes, hook counts. Its bytes are the first
+  // key_size of key_buffer, which keeps its size across walks (no copy, no zero fill).
+  std::string_view key() const { return std::string_view(key_buffer.data(), key_size); }
+  std::string key_buffer;
+  size_t key_size = 0;
+  std::vector<size_t> node_key_end;  // per node: where its part of the key ends
   std::vector<SizeRef> sizes;     // sizes and strides of tensors and metadata, in walk order
   std::vector<std::shared_ptr<torch::autograd::Node>> nodes;  // by NodeCall id; 0 is the root
   std::vector<const std::string*> names;  // "MulBackward0" (interned per node type)
@@ -47,13 +52,17 @@ struct BackwardWalk {
   std::string label(uint32_t node) const {  // "MulBackward0 (NodeCall 2)"
     return *names.at(node) + " (NodeCall " + std::to_string(node) + ")";
   }
+  // Drops every reference (nodes, tensors, hooks) and keeps the buffers' capacity.
+  void clear();
 };
 
-// Walks the graph below `root` (a GraphRoot whose outputs are the root gradients).
+// Walks the graph below `root` (a GraphRoot whose outputs are the root gradients) into
+// `w`, which is cleared first; a walk object reused across calls makes the walk allocate
+// little (the walk runs on every backward; see the lookup_us benchmark).
 // `outputs`: the edges grad() returns gradients for (empty for backward()).
 // Never throws for graphs it cannot compile: it says why in why_not.
-BackwardWalk walk_backward(const std::shared_ptr<torch::autograd::Node>& root,
-                           const torch::autograd::edge_list& outputs, bool accumulate_grad);
+void walk_backward(const std::shared_ptr<torch::autograd::Node>& root, const torch::autograd::edge_list& outputs,
+                   bool accumulate_grad, BackwardWalk& w);
 
 // Accumulates `grad` into the leaf's .grad exactly as the engine's AccumulateGrad node
 // does (steal / clone / add rules, post-accumulate-grad hooks). `grad` is moved from, so

@@ -980,6 +980,8 @@ std::shared_ptr<CompiledFunction> compile(std::shared_ptr<torch::nn::Module> mod
 
 namespace tcap::aot {
 
+const std::type_info& replay_node_type() { return typeid(torch::autograd::CppNode<ReplayFunction>); }
+
 bool describe_replay_node(const torch::autograd::Node& node, std::string& key, std::vector<at::Tensor>& tensors,
                           std::vector<c10::IValue>& keep_alive) {
   if (typeid(node) != typeid(torch::autograd::CppNode<ReplayFunction>)) return false;

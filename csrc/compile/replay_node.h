@@ -7,9 +7,14 @@
 #include <ATen/core/ivalue.h>
 
 #include <string>
+#include <typeinfo>
 #include <vector>
 
 namespace tcap::aot {
+
+// The type of that node (CppNode<ReplayFunction>): describe_replay_node describes exactly
+// the nodes of this type.
+const std::type_info& replay_node_type();
 
 // If `node` is the backward of a tcap::compile region: appends what fixes its backward
 // computation (the compiled entry, by address, kept alive through `keep_alive`) to `key`

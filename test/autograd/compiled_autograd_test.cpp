@@ -181,6 +181,22 @@ TEST_F(CompiledAutograd, NewAutogradNodeRecompiles) {
   EXPECT_EQ(log.count("Cache miss due to new autograd node: DivBackward0"), 1) << log.text();
 }
 
+// A constant inside a node is part of the key: the backward of x * 1.02 is not served by
+// the graph compiled for x * 1.01 (which would compute the wrong gradient).
+TEST_F(CompiledAutograd, ChangedConstantRecompiles) {
+  auto x = torch::randn({9}, torch::requires_grad());
+  for (double c : {1.01, 1.01, 1.02, 1.02, 1.01}) {
+    x.mutable_grad() = at::Tensor();
+    auto loss = torch::sin(x * c).sum();
+    tcap::CompiledAutogradGuard ca(opts("constant"));
+    loss.backward();
+    EXPECT_TRUE(close(x.grad(), torch::cos(x.detach() * c) * c)) << c;
+  }
+  tcap::CompiledAutogradGuard ca(opts("constant"));
+  EXPECT_EQ(ca.stats().captures, 2);
+  EXPECT_EQ(ca.stats().hits, 3);
+}
+
 // Seed 002: "Due to tensors changing shapes": sizes 10, 100, 10 -> one recompile, then
 // the changed sizes are dynamic and a new size reuses the compiled graph.
 TEST_F(CompiledAutograd, ChangedShapesBecomeDynamic) {
