@@ -38,23 +38,13 @@ __device__ __forceinline__ unsigned short tcap_f16_bits(float f) {
 }
 __device__ __forceinline__ float tcap_round_bf16(float f) { return tcap_bf16_load(tcap_bf16_bits(f)); }
 __device__ __forceinline__ float tcap_round_f16(float f) { return tcap_f16_load(tcap_f16_bits(f)); }
-// torch.maximum / torch.minimum: NaN propagates, -0 < +0.
-__device__ __forceinline__ float tcap_fmax(float a, float b) {
+// torch.maximum / torch.minimum: NaN propagates, -0 < +0 (float and double).
+template <typename T> __device__ __forceinline__ T tcap_fmax(T a, T b) {
   if (a != a || b != b) return a + b;
   if (a == b) return signbit(a) ? b : a;
   return a > b ? a : b;
 }
-__device__ __forceinline__ float tcap_fmin(float a, float b) {
-  if (a != a || b != b) return a + b;
-  if (a == b) return signbit(a) ? a : b;
-  return a < b ? a : b;
-}
-__device__ __forceinline__ double tcap_fmax(double a, double b) {
-  if (a != a || b != b) return a + b;
-  if (a == b) return signbit(a) ? b : a;
-  return a > b ? a : b;
-}
-__device__ __forceinline__ double tcap_fmin(double a, double b) {
+template <typename T> __device__ __forceinline__ T tcap_fmin(T a, T b) {
   if (a != a || b != b) return a + b;
   if (a == b) return signbit(a) ? a : b;
   return a < b ? a : b;
