@@ -288,6 +288,23 @@ std::vector<int> reduce_level(const Kernel& k) {
   return level;
 }
 
+void check_renderable(const Kernel& k, const char* backend, const char* renderer) {
+  verify(k);
+  for (size_t v = 0; v < k.instrs.size(); ++v) {
+    const Instr& in = k.instrs[v];
+    const char* why = nullptr;
+    if (in.dtype == DType::Bool && (in.op == OpCode::Neg || in.op == OpCode::Sub || in.op == OpCode::Div ||
+                                    in.op == OpCode::Pow || in.op == OpCode::ReduceSum)) {
+      why = "arithmetic on Bool";
+    } else if (in.op == OpCode::Pow && !is_floating(in.dtype)) {
+      why = "integer pow";
+    }
+    TORCH_CHECK(why == nullptr, "tcap ", backend, ": kernel ", k.name, ": %", v, " = ", to_string(in.op), ".",
+                to_string(in.dtype), ": ", why, " is not supported by the ", renderer,
+                " renderer (leave this op to ATen)\n", to_string(k));
+  }
+}
+
 void verify(const Kernel& k) {
   const size_t rank = k.sizes.size();
   if (k.num_reduce_dims < 0 || static_cast<size_t>(k.num_reduce_dims) > rank) fail(k, "bad num_reduce_dims");

@@ -135,6 +135,12 @@ std::string hash_hex(uint64_t h);
 // printed kernel on failure.
 void verify(const Kernel& k);
 
+// verify(), then refuses what kir's invariants allow but no renderer implements (nothing
+// lowers to them): arithmetic on Bool (Neg, Sub, Div, Pow, ReduceSum) and integer Pow.
+// Throws c10::Error naming the renderer ("cpu_llvm"/"CPU", "cuda"/"CUDA"), the kernel
+// and the instruction, so the caller can leave the group's ops to ATen.
+void check_renderable(const Kernel& k, const char* backend, const char* renderer);
+
 const char* to_string(OpCode op);
 const char* to_string(DType t);   // "f32", "bf16", "b8", ...
 int64_t dtype_size(DType t);       // bytes in memory (Bool: 1)

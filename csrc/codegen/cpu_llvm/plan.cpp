@@ -22,26 +22,8 @@ const char* to_string(LoopMode m) {
   return "?";
 }
 
-void check_supported(const kir::Kernel& k) {
-  kir::verify(k);
-  for (size_t v = 0; v < k.instrs.size(); ++v) {
-    const kir::Instr& in = k.instrs[v];
-    const char* why = nullptr;
-    if (in.dtype == kir::DType::Bool &&
-        (in.op == kir::OpCode::Neg || in.op == kir::OpCode::Sub || in.op == kir::OpCode::Div ||
-         in.op == kir::OpCode::Pow || in.op == kir::OpCode::ReduceSum)) {
-      why = "arithmetic on Bool";
-    } else if (in.op == kir::OpCode::Pow && !kir::is_floating(in.dtype)) {
-      why = "integer pow";
-    }
-    TORCH_CHECK(why == nullptr, "tcap cpu_llvm: kernel ", k.name, ": %", v, " = ", kir::to_string(in.op), ".",
-                kir::to_string(in.dtype), ": ", why,
-                " is not supported by the CPU renderer (leave this op to ATen)\n", kir::to_string(k));
-  }
-}
-
 KernelPlan make_plan(const kir::Kernel& k, const TargetInfo& t, const PlanOptions& o) {
-  check_supported(k);
+  kir::check_renderable(k, "cpu_llvm", "CPU");
   KernelPlan p;
   p.elem = kir::element_level(k);
   p.level = kir::reduce_level(k);

@@ -67,11 +67,7 @@ struct PlanOptions {
   int max_unroll = 4;
 };
 
-// Checks that the renderer supports every instruction (after kir::verify). Throws
-// c10::Error naming the kernel, the instruction and the reason otherwise.
-void check_supported(const kir::Kernel& k);
-
-// Plans a kernel for a target. Calls check_supported first.
+// Plans a kernel for a target. Calls kir::check_renderable first.
 KernelPlan make_plan(const kir::Kernel& k, const TargetInfo& t, const PlanOptions& o = {});
 
 // One line per decision, for TCAP_LOGS=fusion and test failure messages.

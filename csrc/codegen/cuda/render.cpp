@@ -823,25 +823,8 @@ std::string to_string(const LaunchPlan& p) {
   return os.str();
 }
 
-void check_supported(const kir::Kernel& k) {
-  kir::verify(k);
-  for (size_t v = 0; v < k.instrs.size(); ++v) {
-    const kir::Instr& in = k.instrs[v];
-    const char* why = nullptr;
-    if (in.dtype == DType::Bool && (in.op == OpCode::Neg || in.op == OpCode::Sub || in.op == OpCode::Div ||
-                                    in.op == OpCode::Pow || in.op == OpCode::ReduceSum)) {
-      why = "arithmetic on Bool";
-    } else if (in.op == OpCode::Pow && !kir::is_floating(in.dtype)) {
-      why = "integer pow";
-    }
-    TORCH_CHECK(why == nullptr, "tcap cuda: kernel ", k.name, ": %", v, " = ", kir::to_string(in.op), ".",
-                kir::to_string(in.dtype), ": ", why,
-                " is not supported by the CUDA renderer (leave this op to ATen)\n", kir::to_string(k));
-  }
-}
-
 CudaSource render(const kir::Kernel& k, const RenderOptions& o) {
-  check_supported(k);
+  kir::check_renderable(k, "cuda", "CUDA");
   // Neither the kernel's name nor its buffers' names (graph values) change the code:
   // kernels that differ only there (the same layer norm in every layer) share a binary.
   kir::Kernel anonymous = k;

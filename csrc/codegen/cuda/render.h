@@ -86,11 +86,7 @@ struct RenderOptions {
   int64_t thread_row_max = 16;  // reduce extents up to this run as ThreadRow
 };
 
-// Checks that the renderer supports every instruction (after kir::verify). Throws
-// c10::Error naming the kernel, the instruction and the reason otherwise.
-void check_supported(const kir::Kernel& k);
-
-// Renders a kernel (calls check_supported). Deterministic: the same kernel IR gives the
+// Renders a kernel (calls kir::check_renderable). Deterministic: the same kernel IR gives the
 // same source, whatever its name (the entry is named after the structural hash).
 CudaSource render(const kir::Kernel& k, const RenderOptions& o = {});
 
