@@ -291,30 +291,32 @@ void Renderer::plan() {
     const size_t last = static_cast<size_t>(rank - 1);
     bool ok = numel >= 2;
     int64_t widest = 1;
-    std::vector<const kir::Access*> unit;
+    // The unit-stride accesses: what the host checks for alignment, and their strides.
+    std::vector<std::pair<LaunchPlan::Aligned, const kir::Access*>> unit;
+    auto add_unit = [&](int32_t buffer, const kir::Access& a) {
+      const int64_t size = kir::dtype_size(k_.buffers[static_cast<size_t>(buffer)].dtype);
+      widest = std::max(widest, size);
+      unit.push_back({{buffer, a.offset, size}, &a});
+    };
     for (size_t id = 0; id < k_.instrs.size() && ok; ++id) {
       const kir::Instr& in = k_.instrs[id];
       if (in.op != OpCode::Load) continue;
       const int64_t s = c_.loads[id].strides[last];
       ok = s == 0 || s == 1;
-      if (s == 1) {
-        widest = std::max(widest, kir::dtype_size(k_.buffers[static_cast<size_t>(in.buffer)].dtype));
-        unit.push_back(&c_.loads[id]);
-      }
+      if (s == 1) add_unit(in.buffer, c_.loads[id]);
     }
     for (size_t s = 0; s < k_.stores.size() && ok; ++s) {
       ok = c_.stores[s].strides[last] == 1;
-      widest = std::max(widest, kir::dtype_size(k_.buffers[static_cast<size_t>(k_.stores[s].buffer)].dtype));
-      unit.push_back(&c_.stores[s]);
+      add_unit(k_.stores[s].buffer, c_.stores[s]);
     }
     int vec = ok ? static_cast<int>(std::min<int64_t>(8, 16 / widest)) : 1;
     if (rank > 1) {
       // Narrow the width until rows hold whole, aligned vectors (or give up).
       auto fits = [&](int w) {
         if (c_.sizes[last] % w != 0) return false;
-        for (const kir::Access* a : unit) {
+        for (const auto& u : unit) {
           for (size_t d = 0; d < last; ++d) {
-            if (a->strides[d] % w != 0) return false;
+            if (u.second->strides[d] % w != 0) return false;
           }
         }
         return true;
@@ -323,15 +325,7 @@ void Renderer::plan() {
     }
     plan_.vec = vec;
     if (plan_.vec > 1) {
-      for (size_t id = 0; id < k_.instrs.size(); ++id) {
-        const kir::Instr& in = k_.instrs[id];
-        if (in.op != OpCode::Load || c_.loads[id].strides[last] != 1) continue;
-        plan_.aligned.push_back({in.buffer, c_.loads[id].offset, kir::dtype_size(k_.buffers[static_cast<size_t>(in.buffer)].dtype)});
-      }
-      for (size_t s = 0; s < k_.stores.size(); ++s) {
-        const int b = k_.stores[s].buffer;
-        plan_.aligned.push_back({b, c_.stores[s].offset, kir::dtype_size(k_.buffers[static_cast<size_t>(b)].dtype)});
-      }
+      for (const auto& u : unit) plan_.aligned.push_back(u.first);
     }
     plan_.work_items = plan_.vec > 1 ? (numel + plan_.vec - 1) / plan_.vec : numel;
     return;
