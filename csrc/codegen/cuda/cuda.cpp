@@ -1,6 +1,6 @@
 // The public entry points of the cuda backend (cuda.h): caches in front of the renderer
-// and NVRTC, and the launch. One mutex serialises compiles; launches take only the
-// kernel's own lock, and only to load its module on a new device.
+// and NVRTC, and the launch. One mutex serialises compiles; a launch takes only the
+// kernel's own lock (briefly; the first launch on a device loads the module there).
 #include "codegen/cuda/cuda.h"
 
 #include "codegen/cuda/driver.h"
@@ -8,6 +8,7 @@
 #include "support/logging.h"
 
 #include <c10/util/Exception.h>
+#include <c10/util/SmallVector.h>
 
 #include <algorithm>
 #include <atomic>
@@ -148,11 +149,19 @@ void launch(const CudaKernel& k, int device, void* stream, void* const* buffers,
   TORCH_CHECK(num_buffers == k.num_buffers, "tcap cuda: kernel ", k.name, " takes ", k.num_buffers, " buffers, got ",
               num_buffers);
   if (p.work_items == 0) return;
-  void* fn = nullptr;
+  CudaKernel::Loaded fn;
   {
     std::lock_guard<std::mutex> lock(k.mu);
-    auto it = k.functions.find(device);
-    if (it == k.functions.end()) it = k.functions.emplace(device, load_function(device, k.binary, k.entry, k.name)).first;
+    auto it = k.loaded.find(device);
+    if (it == k.loaded.end()) {
+      // Grid: what the work needs, capped at a few waves of resident blocks (grid-stride
+      // loops cover the rest).
+      const int sms = std::max(1, info_of(device).multiprocessors);
+      const int64_t resident = int64_t{sms} * std::max(1, 2048 / p.block);
+      const CudaKernel::Loaded l{load_function(device, k.binary, k.entry, k.name),
+                                 std::max<int64_t>(1, std::min(p.blocks_needed(), resident * 4))};
+      it = k.loaded.emplace(device, l).first;
+    }
     fn = it->second;
   }
   // Vector path only when every unit-stride access is aligned to the vector's width.
@@ -161,17 +170,11 @@ void launch(const CudaKernel& k, int device, void* stream, void* const* buffers,
     const auto addr = reinterpret_cast<uintptr_t>(buffers[a.buffer]) + static_cast<uintptr_t>(a.offset * a.elem_size);
     if (addr % static_cast<uintptr_t>(p.vec * a.elem_size) != 0) vec_ok = 0;
   }
-  // Grid: what the work needs, capped at a few waves of resident blocks (grid-stride loops
-  // cover the rest).
-  const int sms = std::max(1, info_of(device).multiprocessors);
-  const int64_t resident = int64_t{sms} * std::max(1, 2048 / p.block);
-  const int64_t grid = std::max<int64_t>(1, std::min(p.blocks_needed(), resident * 4));
   // cuLaunchKernel takes a pointer to each argument.
-  std::vector<void*> params;
-  params.reserve(num_buffers + 1);
+  c10::SmallVector<void*, 16> params;
   for (size_t b = 0; b < num_buffers; ++b) params.push_back(const_cast<void**>(&buffers[b]));
   params.push_back(&vec_ok);
-  cuda::launch(device, fn, grid, p.block, stream, params.data(), k.name);
+  cuda::launch(device, fn.fn, fn.grid, p.block, stream, params.data(), k.name);
   g_launches.fetch_add(1, std::memory_order_relaxed);
 }
 

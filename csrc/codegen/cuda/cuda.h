@@ -38,9 +38,14 @@ struct CudaKernel {
   double compile_ms = 0;   // NVRTC time (0 when the binary came from a cache)
   bool from_disk = false;
 
-  // Functions loaded per device (lazily, on first launch there).
+  // Per device, loaded on the first launch there: the function and its grid size (which
+  // depends only on the plan and the device), so a launch takes no global lock.
+  struct Loaded {
+    void* fn = nullptr;
+    int64_t grid = 1;
+  };
   mutable std::mutex mu;
-  mutable std::unordered_map<int, void*> functions;
+  mutable std::unordered_map<int, Loaded> loaded;
 };
 
 struct CudaStats {

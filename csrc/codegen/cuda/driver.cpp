@@ -190,21 +190,25 @@ void check_cu(CUresult r, const char* call, const std::string& what) {
 }
 
 // Makes the primary context of `device` current on this thread (the context LibTorch's
-// runtime API calls use), retaining it on first use.
+// runtime API calls use), retaining it on first use. Runs on every launch: after a
+// thread's first launch on a device it takes no lock, only cuCtxGetCurrent.
 void make_current(int device, const std::string& what) {
   Driver& d = driver();
+  thread_local std::unordered_map<int, CUcontext> known;  // this thread's view of d.contexts
   CUcontext ctx = nullptr;
-  {
+  if (auto it = known.find(device); it != known.end()) {
+    ctx = it->second;
+  } else {
     std::lock_guard<std::mutex> lock(d.mu);
-    auto it = d.contexts.find(device);
-    if (it == d.contexts.end()) {
+    auto at = d.contexts.find(device);
+    if (at == d.contexts.end()) {
       CUdevice dev = 0;
       check_cu(d.DeviceGet(&dev, device), "cuDeviceGet", what);
       check_cu(d.DevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain", what);
-      d.contexts.emplace(device, ctx);
-    } else {
-      ctx = it->second;
+      at = d.contexts.emplace(device, ctx).first;
     }
+    ctx = at->second;
+    known.emplace(device, ctx);
   }
   CUcontext cur = nullptr;
   check_cu(d.CtxGetCurrent(&cur), "cuCtxGetCurrent", what);
