@@ -337,36 +337,23 @@ void check_cuda(const std::string& name, const Fn& fn, const std::function<Tenso
     Tensors in = make();
     const auto before = cuda::cuda_stats().launches;
     Tensors out = (*f)(in);
-    at::Tensor loss;
     Tensors w;
-    for (const auto& t : out) {
-      w.push_back(torch::randn_like(t));
-      if (t.requires_grad()) loss = loss.defined() ? loss + (t * w.back()).sum() : (t * w.back()).sum();
-    }
-    if (loss.defined()) loss.backward();
-    Tensors got_grads;
-    for (auto& t : in) {
-      got_grads.push_back(t.grad().defined() ? t.grad().clone() : at::Tensor());
-      if (t.grad().defined()) t.mutable_grad().reset();
-    }
+    for (const auto& t : out) w.push_back(torch::randn_like(t));
+    if (at::Tensor loss = tcap::testing::weighted_loss(out, w); loss.defined()) loss.backward();
+    const Tensors got_grads = tcap::testing::take_grads(in);
     ASSERT_EQ(f->eager_reason(), "");
     if (call > 0) {
       EXPECT_GT(cuda::cuda_stats().launches, before) << "no generated CUDA kernel ran";
     }
     Tensors ref = fn(in);
-    at::Tensor ref_loss;
-    for (size_t k = 0; k < ref.size(); ++k) {
-      if (ref[k].requires_grad()) ref_loss = ref_loss.defined() ? ref_loss + (ref[k] * w[k]).sum() : (ref[k] * w[k]).sum();
-    }
-    if (ref_loss.defined()) ref_loss.backward();
+    if (at::Tensor loss = tcap::testing::weighted_loss(ref, w); loss.defined()) loss.backward();
+    const Tensors want_grads = tcap::testing::take_grads(in);
     for (size_t k = 0; k < out.size(); ++k) {
       EXPECT_TRUE(tcap::testing::close(out[k].detach().cpu(), ref[k].detach().cpu(), rtol, atol)) << "output " << k;
     }
+    auto cpu = [](const at::Tensor& t) { return t.defined() ? t.cpu() : t; };
     for (size_t k = 0; k < in.size(); ++k) {
-      at::Tensor want = in[k].grad().defined() ? in[k].grad().cpu() : at::Tensor();
-      EXPECT_TRUE(tcap::testing::close(got_grads[k].defined() ? got_grads[k].cpu() : at::Tensor(), want, rtol, atol))
-          << "grad of input " << k;
-      if (in[k].grad().defined()) in[k].mutable_grad().reset();
+      EXPECT_TRUE(tcap::testing::close(cpu(got_grads[k]), cpu(want_grads[k]), rtol, atol)) << "grad of input " << k;
     }
   }
 }

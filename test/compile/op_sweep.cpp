@@ -554,16 +554,6 @@ Tensors make_inputs(const Row& row, at::ScalarType dtype, bool noncontig) {
   return in;
 }
 
-at::Tensor loss_of(const Tensors& outs, const Tensors& weights) {
-  at::Tensor loss;
-  for (size_t k = 0; k < outs.size(); ++k) {
-    if (!outs[k].requires_grad()) continue;
-    at::Tensor term = (outs[k] * weights[k]).sum();
-    loss = loss.defined() ? loss + term : term;
-  }
-  return loss;
-}
-
 struct Snapshot {
   Tensors outs, grads, state;  // state: every input that does not require grad
 };
@@ -651,7 +641,7 @@ void run_layout(const Row& row, at::ScalarType dtype, bool noncontig) {
       }
     }
     ASSERT_EQ(out.size(), weights.size());
-    if (at::Tensor loss = loss_of(out, weights); loss.defined()) loss.backward();
+    if (at::Tensor loss = tcap::testing::weighted_loss(out, weights); loss.defined()) loss.backward();
     const Snapshot got = snapshot(out, in);
     {
       const auto& st = f->stats();
@@ -678,7 +668,7 @@ void run_layout(const Row& row, at::ScalarType dtype, bool noncontig) {
     }
     Tensors ref = row.fn(in);
     ASSERT_EQ(ref.size(), out.size());
-    if (at::Tensor loss = loss_of(ref, weights); loss.defined()) loss.backward();
+    if (at::Tensor loss = tcap::testing::weighted_loss(ref, weights); loss.defined()) loss.backward();
     const Snapshot want = snapshot(ref, in);
 
     for (size_t k = 0; k < out.size(); ++k) {

@@ -27,6 +27,8 @@
 #include <vector>
 
 using tcap::testing::close;
+using tcap::testing::take_grads;
+using tcap::testing::weighted_loss;
 using Tensors = std::vector<at::Tensor>;
 using Fn = std::function<Tensors(const Tensors&)>;
 
@@ -111,20 +113,10 @@ void check_against_eager(const std::string& name, const Fn& fn, const std::funct
     const auto before = tcap::runtime::runtime_stats();
     Tensors out = (*f)(in);
     Tensors weights;
-    at::Tensor loss;
-    for (const auto& o : out) {
-      if (!o.requires_grad()) continue;
-      auto w = torch::randn(o.sizes(), o.options().requires_grad(false));
-      loss = loss.defined() ? loss + (o * w).sum() : (o * w).sum();
-      weights.push_back(w);
-    }
-    if (loss.defined()) loss.backward();
+    for (const auto& o : out) weights.push_back(torch::randn(o.sizes(), o.options().requires_grad(false)));
+    if (at::Tensor loss = weighted_loss(out, weights); loss.defined()) loss.backward();
     const auto after = tcap::runtime::runtime_stats();
-    Tensors got_grads;
-    for (auto& t : in) {
-      got_grads.push_back(t.grad().defined() ? t.grad().clone() : at::Tensor());
-      if (t.grad().defined()) t.mutable_grad().reset();
-    }
+    Tensors got_grads = take_grads(in);
     ASSERT_EQ(f->eager_reason(), "");
     if (call > 0) {
       EXPECT_GE(f->stats().replays, call);
@@ -135,28 +127,17 @@ void check_against_eager(const std::string& name, const Fn& fn, const std::funct
     }
     Tensors ref = fn(in);
     ASSERT_EQ(ref.size(), out.size());
-    at::Tensor ref_loss;
-    size_t wi = 0;
-    for (const auto& o : ref) {
-      if (!o.requires_grad()) continue;
-      auto term = (o * weights[wi++]).sum();
-      ref_loss = ref_loss.defined() ? ref_loss + term : term;
-    }
-    if (ref_loss.defined()) ref_loss.backward();
+    if (at::Tensor loss = weighted_loss(ref, weights); loss.defined()) loss.backward();
+    const Tensors want_grads = take_grads(in);
     // bfloat16: the same computation in float64 (see no_worse_than_eager).
     Tensors exact, exact_grads;
     if (dtype == at::kBFloat16) {
       Tensors in64;
       for (const auto& t : in) in64.push_back(t.detach().to(at::kDouble).requires_grad_(t.requires_grad()));
       exact = fn(in64);
-      at::Tensor loss64;
-      wi = 0;
-      for (size_t k = 0; k < exact.size(); ++k) {
-        if (!ref[k].requires_grad()) continue;
-        auto term = (exact[k] * weights[wi++].to(at::kDouble)).sum();
-        loss64 = loss64.defined() ? loss64 + term : term;
-      }
-      if (loss64.defined()) loss64.backward();
+      Tensors weights64;
+      for (const auto& w : weights) weights64.push_back(w.to(at::kDouble));
+      if (at::Tensor loss = weighted_loss(exact, weights64); loss.defined()) loss.backward();
       for (auto& t : in64) exact_grads.push_back(t.grad());
     }
     for (size_t k = 0; k < out.size(); ++k) {
@@ -176,13 +157,11 @@ void check_against_eager(const std::string& name, const Fn& fn, const std::funct
       EXPECT_EQ(out[k].strides(), ref[k].strides()) << "output " << k << " layout differs from eager";
     }
     for (size_t k = 0; k < in.size(); ++k) {
-      at::Tensor want = in[k].grad().defined() ? in[k].grad().clone() : at::Tensor();
       if (dtype == at::kBFloat16) {
-        EXPECT_TRUE(no_worse_than_eager(got_grads[k], want, exact_grads[k])) << "grad of input " << k;
+        EXPECT_TRUE(no_worse_than_eager(got_grads[k], want_grads[k], exact_grads[k])) << "grad of input " << k;
       } else {
-        EXPECT_TRUE(close(got_grads[k], want, tol.rtol, tol.atol)) << "grad of input " << k;
+        EXPECT_TRUE(close(got_grads[k], want_grads[k], tol.rtol, tol.atol)) << "grad of input " << k;
       }
-      if (in[k].grad().defined()) in[k].mutable_grad().reset();
     }
   }
 }

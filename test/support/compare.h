@@ -8,6 +8,7 @@
 
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace tcap::testing {
 
@@ -32,5 +33,27 @@ inline ::testing::AssertionResult close(const at::Tensor& actual, const at::Tens
 }
 
 inline std::string dump(const ir::Graph& g) { return ir::to_string(g); }
+
+// sum_k (outs[k] * weights[k]).sum() over the outputs that require grad (undefined when
+// none does): one scalar whose backward gives every input a weighted gradient.
+inline at::Tensor weighted_loss(const std::vector<at::Tensor>& outs, const std::vector<at::Tensor>& weights) {
+  at::Tensor loss;
+  for (size_t k = 0; k < outs.size(); ++k) {
+    if (!outs[k].requires_grad()) continue;
+    at::Tensor term = (outs[k] * weights.at(k)).sum();
+    loss = loss.defined() ? loss + term : term;
+  }
+  return loss;
+}
+
+// Each tensor's .grad (a copy; undefined where it has none), reset for the next backward.
+inline std::vector<at::Tensor> take_grads(std::vector<at::Tensor>& in) {
+  std::vector<at::Tensor> grads;
+  for (auto& t : in) {
+    grads.push_back(t.grad().defined() ? t.grad().clone() : at::Tensor());
+    if (t.grad().defined()) t.mutable_grad().reset();
+  }
+  return grads;
+}
 
 }  // namespace tcap::testing
