@@ -391,12 +391,16 @@ void verify(const Kernel& k) {
     if (!b.is_output) fail(k, "store to input buffer " + b.name);
     if (b.dtype != k.instrs[static_cast<size_t>(s.value)].dtype) fail(k, "store dtype differs from the buffer's");
     if (s.strides.size() != rank) fail(k, "store needs one stride per domain dim");
-    if (!elem[static_cast<size_t>(s.value)]) {
-      for (size_t d = rank - static_cast<size_t>(k.num_reduce_dims); d < rank; ++d) {
-        if (s.strides[d] != 0) fail(k, "store of an outer-level value with a non-zero reduce stride");
-      }
-    }
   }
+}
+
+bool per_element(const Kernel& k, const Store& s, const std::vector<bool>& elem) {
+  if (elem[static_cast<size_t>(s.value)]) return true;
+  const size_t rank = k.sizes.size();
+  for (size_t d = rank - static_cast<size_t>(k.num_reduce_dims); d < rank && d < s.strides.size(); ++d) {
+    if (s.strides[d] != 0) return true;
+  }
+  return false;
 }
 
 }  // namespace tcap::kir

@@ -24,9 +24,12 @@
 //
 // Loads and Stores address a buffer at  offset + sum_d index[d] * strides[d]  (elements,
 // not bytes; strides may be zero for broadcast dims and are given for every domain dim).
-// A Store of an element-level value writes every domain point; a Store of an outer-level
-// value must have zero strides on the reduce dims and writes once per outer index, after
-// the last pass.
+// A Store of an element-level value writes every domain point. A Store of an outer-level
+// value with zero strides on the reduce dims writes once per outer index, after the last
+// pass; with a non-zero reduce stride it is a broadcast store: the value is written at
+// every domain point, in the pass of its level (a pointwise result of a reduction group
+// whose inputs are all broadcast along the reduce dims, such as an expanded gradient).
+// `per_element` tells the two kinds apart.
 //
 // Semantics follow eager ATen on CPU:
 //   - floating Max/Min propagate NaN (torch.maximum); comparisons are ordered (false on
@@ -131,7 +134,7 @@ uint64_t structural_hash(const Kernel& k);
 std::string hash_hex(uint64_t h);
 
 // Checks the invariants above (operand ids, dtypes, strides' lengths, Reduce operands
-// element-level, outer-level Stores with zero reduce strides). Throws c10::Error with the
+// element-level). Throws c10::Error with the
 // printed kernel on failure.
 void verify(const Kernel& k);
 
@@ -174,5 +177,8 @@ std::vector<bool> element_level(const Kernel& k);
 // operand's level + 1). A renderer runs pass p for the Reduces and element-level Stores
 // whose values have level p.
 std::vector<int> reduce_level(const Kernel& k);
+// Whether store s writes every domain point (its value is element-level, or it is a
+// broadcast store) rather than once per outer index. `elem` is element_level(k).
+bool per_element(const Kernel& k, const Store& s, const std::vector<bool>& elem);
 
 }  // namespace tcap::kir

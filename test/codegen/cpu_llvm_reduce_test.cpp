@@ -188,6 +188,47 @@ TEST(CpuLlvmReduce, OuterAndElementStores) {
   EXPECT_TRUE(close(vo, (yr - yr.mean(1, true)).pow(2).sum(1), 1e-4, 1e-4, kb.k));
 }
 
+// Broadcast stores (kir.h): outer-level values written at every domain point. One is
+// computed from loads broadcast along the reduce dim (an expanded gradient times a
+// per-row scale), one from a Reduce (each row's max, written across the row). Both loop
+// modes: reduce along the contiguous dim (ReduceInner) and along the strided one
+// (ReduceOuter, the reduce dim is the tensor's dim 0).
+TEST(CpuLlvmReduce, BroadcastStores) {
+  const auto seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  at::manual_seed(seed);
+  for (bool columns : {false, true}) {
+    SCOPED_TRACE(columns ? "reduce over dim 0" : "reduce over dim 1");
+    const int64_t rows = 37, cols = 1029;
+    // Domain [outer, reduce]; the tensors are [rows, cols] with rows or cols reduced.
+    const int64_t outer = columns ? cols : rows, red = columns ? rows : cols;
+    auto dom = [&](const at::Tensor& t) {  // strides of t in domain order
+      return columns ? std::vector<int64_t>{t.stride(1), t.stride(0)} : std::vector<int64_t>{t.stride(0), t.stride(1)};
+    };
+    at::Tensor x = at::randn({rows, cols});
+    at::Tensor scale = columns ? at::randn({1, cols}) : at::randn({rows, 1});
+    KernelBuilder kb("broadcast_stores", {outer, red}, 1);
+    int32_t bx = kb.input(DType::F32), bs = kb.input(DType::F32);
+    int32_t bscaled = kb.output(DType::F32), bmax = kb.output(DType::F32), bsum = kb.output(DType::F32);
+    int32_t ls = kb.load(bs, dom(scale.expand({rows, cols})));  // zero stride along the reduce dim
+    int32_t scaled = kb.bin(OpCode::Mul, ls, kb.fconst(DType::F32, 0.5));
+    at::Tensor scaled_out = at::empty({rows, cols}), max_out = at::empty({rows, cols}), sum_out = at::empty({outer});
+    kb.store(scaled, bscaled, dom(scaled_out));
+    int32_t lx = kb.load(bx, dom(x));
+    int32_t mx = kb.reduce(OpCode::ReduceMax, kb.bin(OpCode::Mul, lx, scaled));
+    kb.store(mx, bmax, dom(max_out));
+    kb.store(kb.reduce(OpCode::ReduceSum, kb.bin(OpCode::Sub, lx, mx)), bsum, {1, 0});
+    auto ck = compile(kb);
+    run(*ck, {x, scale, scaled_out, max_out, sum_out});
+    const int64_t rd = columns ? 0 : 1;
+    at::Tensor want_scaled = (scale * 0.5).expand({rows, cols});
+    at::Tensor want_max = std::get<0>((x * want_scaled).max(rd, /*keepdim=*/true)).expand({rows, cols});
+    EXPECT_TRUE(same(scaled_out, want_scaled, kb.k));
+    EXPECT_TRUE(same(max_out, want_max, kb.k));
+    EXPECT_TRUE(close(sum_out, (x - want_max).sum(rd), 1e-4, 1e-3, kb.k));
+  }
+}
+
 TEST(CpuLlvmReduce, IntegerBoolAndHalfReductions) {
   const auto seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));

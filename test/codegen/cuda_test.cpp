@@ -227,6 +227,27 @@ TEST(CudaRender, ReductionStrategies) {
   EXPECT_EQ(cuda::render(reductions(DType::F32, {33, 4097}, 1, {1, 33})).plan.strategy, cuda::Strategy::BlockRow);
 }
 
+// Broadcast stores (kir.h): an outer-level value written at every point of its row is
+// stored inside the pass loop, not once per row; in both reduction strategies.
+TEST(CudaRender, BroadcastStoresWriteEveryElement) {
+  SKIP_WITHOUT_NVRTC();
+  for (int64_t cols : {5, 1000}) {
+    KernelBuilder kb("broadcast_store", {64, cols}, 1);
+    const int32_t in = kb.input(DType::F32), scale = kb.input(DType::F32);
+    const int32_t out_scaled = kb.output(DType::F32), out_max = kb.output(DType::F32);
+    const int32_t s = kb.bin(OpCode::Mul, kb.load(scale, {1, 0}), kb.fconst(DType::F32, 0.5));
+    kb.store(s, out_scaled, {cols, 1});
+    const int32_t m = kb.reduce(OpCode::ReduceMax, kb.bin(OpCode::Mul, kb.load(in, {cols, 1}), s));
+    kb.store(m, out_max, {cols, 1});
+    const auto r = cuda::render(kb.k);
+    SCOPED_TRACE(r.source);
+    // Both stores index with the reduce coordinate: they sit inside a loop over r.
+    EXPECT_NE(r.source.find("b2[os0 + "), std::string::npos);
+    EXPECT_NE(r.source.find("b3[os1 + "), std::string::npos);
+    ptx_of(kb.k);
+  }
+}
+
 TEST(CudaRender, SixtyFourBitIndexingOnlyWhenNeeded) {
   SKIP_WITHOUT_NVRTC();
   KernelBuilder big("big", {int64_t{3} << 30});

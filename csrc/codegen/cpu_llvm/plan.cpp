@@ -46,7 +46,7 @@ KernelPlan make_plan(const kir::Kernel& k, const TargetInfo& t, const PlanOption
   }
   for (const kir::Store& s : k.stores) {
     const size_t v = static_cast<size_t>(s.value);
-    if (nr > 0 && p.elem[v]) p.num_passes = std::max(p.num_passes, p.level[v] + 1);
+    if (nr > 0 && kir::per_element(k, s, p.elem)) p.num_passes = std::max(p.num_passes, p.level[v] + 1);
   }
 
   // Vector width: one register of the widest value type (F16/BF16 compute in f32).
@@ -79,7 +79,7 @@ KernelPlan make_plan(const kir::Kernel& k, const TargetInfo& t, const PlanOption
   }
   for (size_t s = 0; s < k.stores.size(); ++s) {
     const Access& a = p.stores[s];
-    if (p.elem[static_cast<size_t>(k.stores[s].value)]) {
+    if (kir::per_element(k, k.stores[s], p.elem)) {
       inner_unit = inner_unit && is_unit(a.strides[static_cast<size_t>(last)]);
     }
     outer_unit = outer_unit && is_unit(a.strides[static_cast<size_t>(olast)]);

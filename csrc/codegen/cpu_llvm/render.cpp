@@ -329,7 +329,7 @@ void Renderer::reduction_body(Index& idx, int outer_lanes) {
   }
   for (size_t s = 0; s < k_.stores.size(); ++s) {
     const size_t v = static_cast<size_t>(k_.stores[s].value);
-    if (!p_.elem[v]) store(s, outer_[v], idx, outer_lanes);
+    if (!kir::per_element(k_, k_.stores[s], p_.elem)) store(s, outer_[v], idx, outer_lanes);
   }
 }
 
@@ -344,7 +344,7 @@ Renderer::Pass Renderer::make_pass(int q, int outer_lanes) {
   }
   for (size_t s = 0; s < k_.stores.size(); ++s) {
     const size_t v = static_cast<size_t>(k_.stores[s].value);
-    if (p_.elem[v] && p_.level[v] == q) ps.stores.push_back(s);
+    if (kir::per_element(k_, k_.stores[s], p_.elem) && p_.level[v] == q) ps.stores.push_back(s);
   }
   ps.inner_vec = p_.mode == LoopMode::ReduceInner && p_.vf > 1;
   // Extra accumulators only pay off for reductions; a store-only pass (softmax's last)

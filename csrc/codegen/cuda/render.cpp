@@ -634,7 +634,7 @@ void Renderer::reduction(std::ostringstream& os) {
   }
   for (const kir::Store& s : k_.stores) {
     const auto u = static_cast<size_t>(s.value);
-    if (elem_[u]) passes = std::max(passes, level_[u] + 1);
+    if (kir::per_element(k_, s, elem_)) passes = std::max(passes, level_[u] + 1);
   }
 
   // Reduce helpers: accumulator type, identity, combine functor.
@@ -717,7 +717,7 @@ void Renderer::reduction(std::ostringstream& os) {
     std::vector<size_t> stores;
     for (size_t s = 0; s < k_.stores.size(); ++s) {
       const auto u = static_cast<size_t>(k_.stores[s].value);
-      if (elem_[u] && level_[u] == p) {
+      if (kir::per_element(k_, k_.stores[s], elem_) && level_[u] == p) {
         stores.push_back(s);
         roots.push_back(k_.stores[s].value);
       }
@@ -759,7 +759,7 @@ void Renderer::reduction(std::ostringstream& os) {
   std::ostringstream outer_stores;
   for (size_t s = 0; s < k_.stores.size(); ++s) {
     const kir::Store& st = k_.stores[s];
-    if (elem_[static_cast<size_t>(st.value)]) continue;
+    if (kir::per_element(k_, st, elem_)) continue;
     outer_stores << "      " << buf(st.buffer) << "[os" << s
                  << "] = " << to_memory(k_.buffers[static_cast<size_t>(st.buffer)].dtype, v(st.value)) << ";\n";
   }
