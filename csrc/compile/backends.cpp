@@ -53,7 +53,7 @@ Executable fused_backend(const ir::Graph& g, const std::string& what, const std:
       } else {
         fk->cpu = codegen::compile_cpu_kernel(fg.kernel);
       }
-      for (ir::ValueId v : fg.inputs) fk->inputs.push_back(g.value(v).meta);
+      fk->inputs = fg.input_metas;
       fk->outputs = fg.output_metas;
       fk->fallback = fg.fallback;
       if (!dump_dir.empty()) {

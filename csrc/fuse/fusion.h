@@ -13,11 +13,14 @@
 
 namespace tcap::fuse {
 
+// Node and value ids of a group refer to the graph the fusion pass grouped: the input graph
+// after decompose_for_fusion (decompose.h), which may differ from the graph handed to fuse().
 struct FusedGroup {
   std::string name;                  // "fused_3_add_cos_cos"
-  std::vector<ir::NodeId> nodes;     // in the input graph, in order
-  std::vector<ir::ValueId> inputs;   // input graph values the kernel reads (kernel buffers 0..)
-  std::vector<ir::ValueId> outputs;  // input graph values it writes (the buffers after the inputs)
+  std::vector<ir::NodeId> nodes;     // in order
+  std::vector<ir::ValueId> inputs;   // values the kernel reads (kernel buffers 0..)
+  std::vector<ir::ValueId> outputs;  // values it writes (the buffers after the inputs)
+  std::vector<ir::TensorMeta> input_metas;  // per input: the recorded tensor
   // Layout the kernel writes each output in: the recorded one when it is dense (the usual
   // case: eager's TensorIterator layout), else contiguous. See Note [Fused output layout].
   std::vector<ir::TensorMeta> output_metas;
