@@ -1,5 +1,6 @@
 #include "fuse/fusion.h"
 
+#include "fuse/decompose.h"
 #include "fuse/lowering.h"
 #include "support/logging.h"
 
@@ -32,6 +33,14 @@ namespace tcap::fuse {
 // it depends on). Groups are closed at every mutation and hook call, and the rewritten
 // graph orders mutations after every group formed before them, so no kernel reads a
 // buffer after (or writes one before) an in-place op that eager ordered differently.
+
+// Note [Sibling reductions]
+// A group grows along producers, so two kernels that only share an input stay apart. For
+// reductions that costs a whole extra read of a tensor when, as in a layer norm's weight
+// and bias gradients (sum(go * xhat) and sum(go) over the batch), they reduce the same
+// tensor over the same dims. So a reduction that joins none of its producers' groups may
+// join an earlier group that reads its input, under the same rules (same shape and
+// reduced dims, no cycle): its kernel then also writes the second sum.
 
 namespace {
 
@@ -181,15 +190,26 @@ class Fuser {
       const int gid = group_of_value_[static_cast<size_t>(v)];
       if (gid >= 0 && std::find(candidates.begin(), candidates.end(), gid) == candidates.end()) candidates.push_back(gid);
     });
+    // Then, for a reduction, the groups that already read its input (Note [Sibling reductions]).
+    const size_t n_producer_groups = candidates.size();
+    if (info.cls == OpClass::Reduction) {
+      const ir::ValueId src = n.args.at(0).values.at(0);
+      for (ir::NodeId u : g_.users(src)) {
+        if (u >= n.id) break;
+        const int gid = group_of_node_[static_cast<size_t>(u)];
+        if (gid >= 0 && std::find(candidates.begin(), candidates.end(), gid) == candidates.end()) candidates.push_back(gid);
+      }
+    }
     int chosen = -1;
     Space space = Space::Full;
-    for (int gid : candidates) {
+    for (size_t c = 0; c < candidates.size(); ++c) {
+      const int gid = candidates[c];
       std::string why;
       if (try_join(n, info, groups_[static_cast<size_t>(gid)], &space, &why)) {
         chosen = gid;
         break;
       }
-      decide(n, "not fused with " + group_name(gid) + ": " + why);
+      if (c < n_producer_groups) decide(n, "not fused with " + group_name(gid) + ": " + why);
     }
     if (chosen < 0) {
       Group gr;
@@ -213,7 +233,8 @@ class Fuser {
     if (info.cls != OpClass::Pointwise || space == Space::Full) {
       // The node also reads other groups of the same shape: merge them into this one
       // (coscos backward: sin(x) and the chain through cos(x) meet at the last mul).
-      for (int h : candidates) {
+      for (size_t c = 0; c < n_producer_groups; ++c) {
+        const int h = candidates[c];
         if (h != chosen && can_merge(chosen, h)) merge(chosen, h);
       }
     }
@@ -282,6 +303,12 @@ class Fuser {
       const auto out = out_sizes(n);
       if (same(out, gr.S)) {
         *space = Space::Full;
+        if (!gr.R.empty() && feeds_only_other_reductions(n, gr.R)) {
+          // Joining would make this kernel write the value out for the other reduction's
+          // kernel to read back (a layer norm's weight gradient after its row kernel).
+          *why = "its result only feeds reductions over other dims than the group's";
+          return false;
+        }
         return full_args_ok(n, gr, why);
       }
       if (!gr.R.empty() && (out == outer_shape(gr.S, gr.R, true) || out == outer_shape(gr.S, gr.R, false))) {
@@ -311,6 +338,22 @@ class Fuser {
     Group probe = gr;
     probe.R = R;
     return full_args_ok(n, probe, why);
+  }
+
+  // Whether every reader of n's result is a reduction over other dims than R.
+  bool feeds_only_other_reductions(const ir::Node& n, const std::vector<int64_t>& R) const {
+    bool any = false;
+    for (const auto& o : n.outputs) {
+      if (o.kind != ir::ArgKind::Value) continue;
+      for (ir::NodeId u : g_.users(o.values[0])) {
+        OpInfo ui;
+        if (classify(g_, g_.node(u), &ui, opts_.device) || ui.cls != OpClass::Reduction || ui.reduce_dims == R) {
+          return false;
+        }
+        any = true;
+      }
+    }
+    return any;
   }
 
   bool can_merge(int gid, int hid) const {
@@ -481,6 +524,7 @@ class Fuser {
           }
         }
       }
+      for (ir::ValueId v : fg.inputs) fg.input_metas.push_back(g_.value(v).meta);
       try {
         fg.kernel = lower_group(gr, fg);
         fg.fallback = subgraph(fg);
@@ -874,7 +918,15 @@ std::string FusionResult::explain() const {
 
 FusionResult fuse(const ir::Graph& g, const FusionOptions& options) {
   TORCH_CHECK(options.compile, "tcap::fuse::fuse: FusionOptions::compile is required");
-  return Fuser(g, options).run();
+  Decomposed d = decompose_for_fusion(g, options.device);
+  if (d.count == 0) {
+    FusionResult res = Fuser(g, options).run();
+    res.decisions.insert(res.decisions.begin(), d.decisions.begin(), d.decisions.end());
+    return res;
+  }
+  FusionResult res = Fuser(d.graph, options).run();
+  res.decisions.insert(res.decisions.begin(), d.decisions.begin(), d.decisions.end());
+  return res;
 }
 
 }  // namespace tcap::fuse

@@ -67,6 +67,14 @@ std::vector<int64_t> dims_layer_norm(const ir::Graph& g, const ir::Node& n) {
   for (int64_t i = rank - k; i < rank; ++i) d.push_back(i);
   return d;
 }
+// native_layer_norm_backward(grad_out, input, normalized_shape, ...): the normalized dims.
+std::vector<int64_t> dims_layer_norm_bw(const ir::Graph& g, const ir::Node& n) {
+  const int64_t rank = rank_of_arg0(g, n);
+  const int64_t k = static_cast<int64_t>(n.args.at(2).ints.size());
+  std::vector<int64_t> d;
+  for (int64_t i = rank - k; i < rank; ++i) d.push_back(i);
+  return d;
+}
 // mse_loss(self, target, reduction): reduces everything unless reduction == none.
 std::vector<int64_t> dims_mse(const ir::Graph& g, const ir::Node& n) { return all_dims(rank_of_arg0(g, n)); }
 
@@ -383,6 +391,23 @@ std::vector<Val> layer_norm(Emitter& e, const ir::Node& n) {
   if (e.is_tensor(n, 3)) y = e.bin(OpCode::Add, y, e.in(n, 3, t));
   return {y, mu, rstd};
 }
+// native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight?, bias?,
+// output_mask = [1, 0, 0]) -> grad_input. With g = grad_out * weight and
+// xhat = (input - mean) * rstd, over the N normalized elements of a row:
+//   grad_input = rstd * (g - (sum(g) + xhat * sum(g * xhat)) / N)
+// (eager's formula, centered). Weight and bias gradients are split off before fusion
+// (Note [Decompositions for fusion]).
+std::vector<Val> layer_norm_backward(Emitter& e, const ir::Node& n) {
+  const DType t = e.compute_dtype(n);
+  Val dy = e.in(n, 0, t), x = e.in(n, 1, t), mu = e.in(n, 3, t), rstd = e.in(n, 4, t);
+  Val g = e.is_tensor(n, 5) ? e.bin(OpCode::Mul, dy, e.in(n, 5, t)) : dy;
+  Val xhat = e.bin(OpCode::Mul, e.bin(OpCode::Sub, x, mu), rstd);
+  Val sum_g = e.reduce(OpCode::ReduceSum, g);
+  Val sum_gx = e.reduce(OpCode::ReduceSum, e.bin(OpCode::Mul, g, xhat));
+  const Val count = e.c(static_cast<double>(e.reduced_numel(n)), t);
+  Val inner = e.bin(OpCode::Div, e.bin(OpCode::Add, sum_g, e.bin(OpCode::Mul, xhat, sum_gx)), count);
+  return {e.bin(OpCode::Mul, rstd, e.bin(OpCode::Sub, g, inner))};
+}
 
 const std::unordered_map<std::string, Row>& table() {
   static const std::unordered_map<std::string, Row> t = {
@@ -480,6 +505,7 @@ const std::unordered_map<std::string, Row>& table() {
       {"aten::_softmax_backward_data", {OpClass::Row, softmax_backward, dims_softmax_bw}},
       {"aten::_log_softmax_backward_data", {OpClass::Row, log_softmax_backward, dims_softmax_bw}},
       {"aten::native_layer_norm", {OpClass::Row, layer_norm, dims_layer_norm}},
+      {"aten::native_layer_norm_backward", {OpClass::Row, layer_norm_backward, dims_layer_norm_bw}},
   };
   return t;
 }
@@ -537,7 +563,7 @@ std::optional<std::string> classify(const ir::Graph& g, const ir::Node& n, OpInf
   for (const auto& o : n.outputs) {
     if (o.kind == ir::ArgKind::Value) {
       if (auto why = check_value(o.values[0])) return why;
-    } else if (o.kind != ir::ArgKind::None) {
+    } else if (o.kind != ir::ArgKind::None && o.kind != ir::ArgKind::UndefinedTensor) {
       return std::string("non-tensor result");
     }
   }
@@ -553,6 +579,12 @@ std::optional<std::string> classify(const ir::Graph& g, const ir::Node& n, OpInf
     }
   }
   if (op == "aten::round" && n.args.size() > 1) return std::string("round with decimals");
+  if (op == "aten::native_layer_norm_backward") {
+    const auto& mask = n.args.at(7).ints;
+    if (mask.size() != 3 || !mask[0] || mask[1] || mask[2] || n.outputs.at(0).kind != ir::ArgKind::Value) {
+      return std::string("computes weight/bias gradients (only grad_input is a row op; see Note [Decompositions for fusion])");
+    }
+  }
   if (op == "aten::gelu" || op == "aten::gelu_backward") {
     const auto& s = n.args.back().s;
     if (s != "none" && s != "tanh") return "gelu approximate='" + s + "'";
@@ -574,7 +606,8 @@ std::optional<std::string> classify(const ir::Graph& g, const ir::Node& n, OpInf
                                      "aten::reciprocal", "aten::sigmoid", "aten::gelu", "aten::silu", "aten::mish",
                                      "aten::floor", "aten::ceil", "aten::round", "aten::trunc", "aten::pow",
                                      "aten::softplus", "aten::elu", "aten::div", "aten::mean", "aten::_softmax",
-                                     "aten::_log_softmax", "aten::native_layer_norm", "aten::hardsigmoid",
+                                     "aten::_log_softmax", "aten::native_layer_norm", "aten::native_layer_norm_backward",
+                                     "aten::hardsigmoid",
                                      "aten::hardswish", "aten::lerp", "aten::addcdiv"};
   for (const char* f : float_only) {
     if (n.op == f && !float_out) return std::string("integer result (only floating results are fused for this op)");

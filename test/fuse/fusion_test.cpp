@@ -18,6 +18,7 @@
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <functional>
 #include <cstdlib>
@@ -200,6 +201,17 @@ std::vector<Case> cases() {
          return Tensors{leaf(torch::randn({n, 33}, opts(t)) * 3 + 1), leaf(torch::randn({33}, opts(t))),
                         leaf(torch::randn({33}, opts(t)))};
        }},
+      {"layer_norm_3d_no_affine_noncontiguous",
+       [](const Tensors& in) { return Tensors{torch::layer_norm(in[0].transpose(0, 1) * 2.0, {3, 5})}; },
+       [=](int64_t n, at::ScalarType t) { return Tensors{leaf(torch::randn({3, n, 5}, opts(t)))}; }},
+      {"layer_norm_weight_only_then_gelu",
+       [](const Tensors& in) {
+         return Tensors{torch::gelu(torch::layer_norm(in[0] + in[2], {17}, in[1], {}, 1e-6))};
+       },
+       [=](int64_t n, at::ScalarType t) {
+         return Tensors{leaf(torch::randn({n, 17}, opts(t))), leaf(torch::randn({17}, opts(t))),
+                        leaf(torch::randn({17}, opts(t)))};
+       }},
       {"reductions",
        [](const Tensors& in) {
          auto x = in[0] * in[0];
@@ -304,6 +316,58 @@ TEST_F(Fusion, SoftmaxIsOneRowKernelAndMatmulStaysATen) {
   ASSERT_EQ(fw.groups.size(), 1u) << fw.explain();
   EXPECT_EQ(fw.groups[0].kernel.num_reduce_dims, 1) << fw.explain();
   EXPECT_NE(fw.explain().find("aten::mm: no kernel IR lowering"), std::string::npos) << fw.explain();
+}
+
+// Note [Decompositions for fusion]: the layer norm backward is one row kernel (grad_input)
+// and one column kernel writing both the weight and the bias gradient.
+TEST_F(Fusion, LayerNormBackwardIsARowKernelAndOneColumnKernel) {
+  Seen seen;
+  tcap::CompileOptions options;
+  options.fw_compiler = spy(&seen);
+  options.bw_compiler = spy(&seen);
+  auto fn = [](const Tensors& in) {
+    return Tensors{torch::layer_norm(in[0], {33}, in[1], in[2], 1e-5) * 0.5};
+  };
+  auto f = tcap::compile(fn, options);
+  Tensors in{leaf(torch::randn({19, 33})), leaf(torch::randn({33})), leaf(torch::randn({33}))};
+  (*f)(in)[0].sum().backward();
+  ASSERT_EQ(seen.results.size(), 2u);
+  const auto& bw = seen.results[1];
+  ASSERT_EQ(bw.groups.size(), 2u) << bw.explain();
+  const auto row = std::find_if(bw.groups.begin(), bw.groups.end(), [](const auto& g) {
+    return g.name.find("native_layer_norm_backward") != std::string::npos;
+  });
+  ASSERT_NE(row, bw.groups.end()) << bw.explain();
+  EXPECT_EQ(row->kernel.sizes, (std::vector<int64_t>{19, 33})) << bw.explain();
+  const auto& col = row == bw.groups.begin() ? bw.groups[1] : bw.groups[0];
+  EXPECT_EQ(col.kernel.sizes, (std::vector<int64_t>{33, 19})) << "the batch dim is reduced: " << bw.explain();
+  EXPECT_EQ(col.outputs.size(), 2u) << "weight and bias gradients in one kernel: " << bw.explain();
+  EXPECT_EQ(bw.graph.num_calls(), 2u) << tcap::ir::to_string(bw.graph);
+  EXPECT_NE(bw.explain().find("weight/bias gradients as column sums"), std::string::npos) << bw.explain();
+  check_against_eager("layer_norm_bw", fn, [] {
+    return Tensors{leaf(torch::randn({19, 33})), leaf(torch::randn({33})), leaf(torch::randn({33}))};
+  }, at::kFloat);
+}
+
+// bfloat16: grad_input is still a row kernel (computing in float); the weight and bias
+// gradients stay one ATen call, which accumulates in float as eager does.
+TEST_F(Fusion, LayerNormBackwardInBFloat16KeepsWeightGradientsNative) {
+  Seen seen;
+  tcap::CompileOptions options;
+  options.fw_compiler = spy(&seen);
+  options.bw_compiler = spy(&seen);
+  auto fn = [](const Tensors& in) { return Tensors{torch::layer_norm(in[0], {40}, in[1], in[2], 1e-5)}; };
+  auto make = [] {
+    auto o = torch::TensorOptions().dtype(at::kBFloat16);
+    return Tensors{leaf(torch::randn({23, 40}, o)), leaf(torch::randn({40}, o)), leaf(torch::randn({40}, o))};
+  };
+  auto f = tcap::compile(fn, options);
+  (*f)(make())[0].sum().backward();
+  ASSERT_EQ(seen.results.size(), 2u);
+  const auto& bw = seen.results[1];
+  ASSERT_EQ(bw.groups.size(), 1u) << bw.explain();
+  EXPECT_NE(bw.explain().find("weight/bias gradients stay an ATen call"), std::string::npos) << bw.explain();
+  check_against_eager("layer_norm_bf16", fn, make, at::kBFloat16);
 }
 
 TEST_F(Fusion, NanAndInfPropagateLikeEager) {
