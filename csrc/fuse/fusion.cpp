@@ -524,6 +524,14 @@ class Fuser {
           }
         }
       }
+      if (fg.outputs.empty()) {
+        // Nothing the group computes is read (an attention's averaged weights nobody
+        // asked for): its ops are pure, so they are dropped instead of run.
+        decide(g_.node(gr.nodes[0]), "group " + fg.name + " computes nothing that is read: its " +
+                                         std::to_string(gr.nodes.size()) + " ops are dropped");
+        dead_groups_.insert(gr.id);
+        continue;
+      }
       for (ir::ValueId v : fg.inputs) fg.input_metas.push_back(g_.value(v).meta);
       try {
         fg.kernel = lower_group(gr, fg);
@@ -732,6 +740,7 @@ class Fuser {
     std::vector<int> unit_of_node(g_.nodes().size(), -1);
     for (const auto& n : g_.nodes()) {
       const int gid = group_of_node_[static_cast<size_t>(n.id)];
+      if (dead_groups_.count(gid)) continue;  // unit_of_node stays -1
       auto kit = gid >= 0 ? kept_.find(gid) : kept_.end();
       if (kit != kept_.end()) {
         const int u = unit_index_of_group(units, static_cast<int>(kit->second));
@@ -754,10 +763,11 @@ class Fuser {
     std::vector<int> seen_units;
     for (const auto& n : g_.nodes()) {
       const int u = unit_of_node[static_cast<size_t>(n.id)];
+      if (u < 0) continue;  // a dropped group's node
       auto& pu = preds[static_cast<size_t>(u)];
       ir::for_each_value(n.args, [&](ir::ValueId v) {
         const auto p = g_.value(v).producer;
-        if (p >= 0) pu.insert(unit_of_node[static_cast<size_t>(p)]);
+        if (p >= 0 && unit_of_node[static_cast<size_t>(p)] >= 0) pu.insert(unit_of_node[static_cast<size_t>(p)]);
       });
       const bool barrier = n.kind == ir::NodeKind::CallHook || n.kind == ir::NodeKind::Output ||
                            (n.kind == ir::NodeKind::Call && is_mutation(g_, n));
@@ -898,6 +908,7 @@ class Fuser {
   std::vector<std::string> decisions_;
   std::vector<FusedGroup> fused_;
   std::map<int, size_t> kept_;         // group id -> index in fused_
+  std::set<int> dead_groups_;          // groups whose results nobody reads: dropped
   std::map<int, int> unit_of_group_;   // index in fused_ -> unit
 };
 
@@ -925,6 +936,8 @@ FusionResult fuse(const ir::Graph& g, const FusionOptions& options) {
     return res;
   }
   FusionResult res = Fuser(d.graph, options).run();
+  d.decisions.push_back("(the ids above are the input graph's; groups and the lines below number the nodes after " +
+                        std::to_string(d.count) + " decomposition" + (d.count > 1 ? "s" : "") + ")");
   res.decisions.insert(res.decisions.begin(), d.decisions.begin(), d.decisions.end());
   return res;
 }

@@ -370,6 +370,28 @@ TEST_F(Fusion, LayerNormBackwardInBFloat16KeepsWeightGradientsNative) {
   check_against_eager("layer_norm_bf16", fn, make, at::kBFloat16);
 }
 
+// A group whose results nobody reads (like an attention's averaged weights that the caller
+// drops) is not run at all.
+TEST_F(Fusion, GroupsWhoseResultsAreUnreadAreDropped) {
+  Seen seen;
+  tcap::CompileOptions options;
+  options.fw_compiler = spy(&seen);
+  auto fn = [](const Tensors& in) {
+    auto unused = (in[0] * in[0]).sum(-1) / 3.0;  // computed, never returned
+    (void)unused;
+    return Tensors{torch::exp(torch::mm(in[0], in[0]))};
+  };
+  auto f = tcap::compile(fn, options);
+  auto x = torch::randn({6, 6});
+  auto out = (*f)({x});
+  ASSERT_EQ(seen.results.size(), 1u);
+  const auto& fw = seen.results[0];
+  EXPECT_NE(fw.explain().find("computes nothing that is read"), std::string::npos) << fw.explain();
+  ASSERT_EQ(fw.groups.size(), 1u) << fw.explain();  // only exp
+  for (const auto& n : fw.graph.nodes()) EXPECT_NE(n.op, "aten::sum") << tcap::ir::to_string(fw.graph);
+  EXPECT_TRUE(close(out[0], fn({x})[0], 1e-5, 1e-6));
+}
+
 TEST_F(Fusion, NanAndInfPropagateLikeEager) {
   auto fn = [](const Tensors& in) {
     auto x = in[0];
