@@ -233,7 +233,7 @@ class Runtime : public capture::BackwardHandler {
     ++(cache_->stats.*f);
   }
   variable_list eager(const Request& r, const std::string& why);
-  variable_list replay(const Request& r, const Entry& e, const ca::BackwardWalk& w);
+  variable_list replay(const Request& r, const Entry& e, ca::BackwardWalk& w);
   variable_list capture(const Request& r, const ca::BackwardWalk& w, const std::shared_ptr<Entry>& size_miss_of,
                         const std::vector<size_t>& changed);
   std::shared_ptr<Entry> specialize(const std::shared_ptr<Entry>& e, const ca::BackwardWalk& w);
@@ -355,7 +355,7 @@ variable_list Runtime::serve(const Request& r) {
   return capture(r, w, opts().dynamic ? same_key : nullptr, changed);
 }
 
-variable_list Runtime::replay(const Request& r, const Entry& e, const ca::BackwardWalk& w) {
+variable_list Runtime::replay(const Request& r, const Entry& e, ca::BackwardWalk& w) {
   count(&CompiledAutogradStats::hits);
   const auto outer_keys = c10::impl::tls_local_dispatch_key_set();
   interp::HookRunner runner = [&](int slot, const std::vector<at::Tensor>& in,
@@ -365,11 +365,19 @@ variable_list Runtime::replay(const Request& r, const Entry& e, const ca::Backwa
     at::AutoGradMode no_grad(false);
     return ca::call_hook(w.hooks.at(static_cast<size_t>(slot)), in, node_in);
   };
+  // Note [Saved tensors freed as the backward runs]: without retain_graph, the engine
+  // frees each node's saved tensors once the node has run. The compiled backward gets the
+  // same peak memory by releasing the graph's saved variables up front and moving the
+  // only remaining references (the walk's unpacked copies) into the executable, which
+  // drops each at its last use.
+  const bool release = !r.keep_graph && (r.outputs == nullptr || r.outputs->empty());
+  if (release) {
+    for (const auto& n : w.nodes) n->release_variables();
+  }
   std::vector<at::Tensor> outs;
   {
     interp::HookRunnerScope scope(&runner);
-    std::vector<at::Tensor> inputs = w.tensors;
-    outs = e.exe(inputs);
+    outs = e.exe(release ? std::move(w.tensors) : w.tensors);
   }
   variable_list result;
   if (r.accumulate_grad) {
@@ -380,9 +388,6 @@ variable_list Runtime::replay(const Request& r, const Entry& e, const ca::Backwa
     }
   }
   for (int p : e.grad_output) result.push_back(p < 0 ? at::Tensor() : outs[static_cast<size_t>(p)]);
-  if (!r.keep_graph && (r.outputs == nullptr || r.outputs->empty())) {
-    for (const auto& n : w.nodes) n->release_variables();
-  }
   return result;
 }
 

@@ -84,7 +84,7 @@ Executable fused_backend(const ir::Graph& g, const std::string& what, const std:
   auto owner = std::shared_ptr<void>(nullptr, [ids](void*) {
     for (int64_t id : *ids) runtime::release_kernel(id);
   });
-  return [inner, owner](const std::vector<at::Tensor>& in) { return inner(in); };
+  return [inner, owner](std::vector<at::Tensor> in) { return inner(std::move(in)); };
 }
 
 }  // namespace

@@ -49,9 +49,9 @@ Executable eager_backend(const ir::Graph& g) {
   TCAP_LOG(Perf, "eager backend: " << rewritten << " ops run in place on a dying intermediate");
   interp->keep_values(false);
   auto mu = std::make_shared<std::mutex>();
-  return [interp, mu](const std::vector<at::Tensor>& in) {
+  return [interp, mu](std::vector<at::Tensor> in) {
     std::lock_guard<std::mutex> lock(*mu);
-    return interp->run(in);
+    return interp->run(std::move(in));
   };
 }
 

@@ -173,7 +173,7 @@ void Interpreter::run_hook(const ir::Node& n) {
   }
 }
 
-std::vector<at::Tensor> Interpreter::run(const std::vector<at::Tensor>& inputs) {
+std::vector<at::Tensor> Interpreter::run(std::vector<at::Tensor> inputs) {
   const auto input_nodes = graph_.input_nodes();
   TORCH_CHECK(inputs.size() == input_nodes.size(), "tcap interpreter: the graph has ",
               input_nodes.size(), " inputs but ", inputs.size(), " tensors were given");
@@ -188,8 +188,9 @@ std::vector<at::Tensor> Interpreter::run(const std::vector<at::Tensor>& inputs) 
                 "tcap interpreter: input ", k, " ('", n.name, "') should be ",
                 ir::dtype_short_name(meta.dtype), c10::IntArrayRef(meta.sizes), " but is ",
                 ir::dtype_short_name(inputs[k].scalar_type()), inputs[k].sizes());
-    env_[static_cast<size_t>(v)] = inputs[k];
+    env_[static_cast<size_t>(v)] = std::move(inputs[k]);
   }
+  inputs.clear();
   // Below autograd: the graph already holds the backward. Each op still sees the grad
   // mode it was recorded with, since some kernels branch on it (mkldnn_rnn_layer keeps
   // its workspace only when grad mode is on).

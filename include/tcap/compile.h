@@ -30,8 +30,11 @@
 
 namespace tcap {
 
-// A compiled graph: takes the graph's inputs in order, returns its outputs in order.
-using Executable = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;
+// A compiled graph: takes the graph's inputs in order, returns its outputs in order. The
+// inputs are taken by value: a caller that moves them in (compiled autograd, after the
+// autograd graph released its saved tensors) lets the built-in backends free each input
+// after its last use, as the engine frees a node's saved tensors once the node has run.
+using Executable = std::function<std::vector<at::Tensor>(std::vector<at::Tensor>)>;
 // Turns a forward or backward graph into an Executable (aot_function's fw_compiler /
 // bw_compiler). The graph may be rewritten freely as long as its inputs and outputs keep
 // their meaning.

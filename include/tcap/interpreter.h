@@ -28,7 +28,9 @@ class Interpreter {
   explicit Interpreter(const ir::Graph& graph, bool differentiable = false);
 
   // inputs: one tensor per Input node, in graph order. Returns the Output node's values.
-  std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs);
+  // With keep_values(false) each input is released after its last use: pass them with
+  // std::move to let that free memory.
+  std::vector<at::Tensor> run(std::vector<at::Tensor> inputs);
   // After run(): the tensor computed for a value (undefined if never computed). With
   // keep_values(false) nothing is kept after run() returns (what compiled code wants).
   const at::Tensor& value(ir::ValueId v) const { return env_.at(static_cast<size_t>(v)); }

@@ -236,6 +236,47 @@ TEST_F(CompiledAutograd, RetainGraphTwice) {
   EXPECT_THROW(loss.backward(), c10::Error);
 }
 
+// Note [Saved tensors freed as the backward runs]: like the engine, the compiled backward
+// drops a saved tensor once the backward no longer needs it, not when it returns. A hook
+// that runs after sin's backward sees the tensor sin saved already freed; with
+// retain_graph the graph keeps it. (The first, capturing call runs the engine with the
+// walk's references held: only replays free early.)
+TEST_F(CompiledAutograd, SavedTensorsAreFreedAsTheBackwardRuns) {
+  for (const char* backend : {"eager", "llvm"}) {
+    SCOPED_TRACE(backend);
+    tcap::reset_compiled_autograd();
+    auto w = torch::randn({64, 64}, torch::requires_grad());
+    auto w_ref = w.detach().clone().requires_grad_(true);
+    for (int step = 0; step < 3; ++step) {
+      SCOPED_TRACE("step " + std::to_string(step));
+      auto x = torch::randn({64, 64});
+      bool saved_alive_at_hook = true;
+      bool retain = step == 2;
+      {
+        tcap::CompiledAutogradGuard ca(opts("saved_freed", backend));
+        auto t = torch::mm(x, w) * 1.5;  // saved by sin's backward only
+        c10::weak_intrusive_ptr<c10::StorageImpl> weak = t.storage().getWeakStorageImpl();
+        auto u = torch::sin(t);
+        t.register_hook([&](const at::Tensor& g) {  // runs after SinBackward
+          saved_alive_at_hook = !weak.expired();
+          return g;
+        });
+        t.reset();
+        auto loss = (u * u).sum();
+        loss.backward({}, retain);
+        EXPECT_EQ(ca.stats().hits, step);
+      }
+      if (step > 0) {
+        EXPECT_EQ(saved_alive_at_hook, retain) << (retain ? "retain_graph keeps the saved tensor"
+                                                          : "the saved tensor outlived its last use");
+      }
+      auto t_ref = torch::mm(x, w_ref) * 1.5;
+      (torch::sin(t_ref) * torch::sin(t_ref)).sum().backward();
+      EXPECT_TRUE(close(w.grad(), w_ref.grad(), 1e-4, 1e-5));
+    }
+  }
+}
+
 // create_graph=true runs the engine (double backward stays correct).
 TEST_F(CompiledAutograd, CreateGraphFallsBackToEager) {
   auto x = torch::randn({6}, torch::requires_grad());
