@@ -60,17 +60,13 @@ std::vector<int64_t> dims_softmax(const ir::Graph& g, const ir::Node& n) {
 std::vector<int64_t> dims_softmax_bw(const ir::Graph& g, const ir::Node& n) {
   return normalize({n.args.at(2).i}, rank_of_arg0(g, n));
 }
+// The trailing dims named by the normalized_shape argument at position `shape_arg`:
+// native_layer_norm(input, normalized_shape, ...) and
+// native_layer_norm_backward(grad_out, input, normalized_shape, ...).
+template <size_t shape_arg>
 std::vector<int64_t> dims_layer_norm(const ir::Graph& g, const ir::Node& n) {
   const int64_t rank = rank_of_arg0(g, n);
-  const int64_t k = static_cast<int64_t>(n.args.at(1).ints.size());
-  std::vector<int64_t> d;
-  for (int64_t i = rank - k; i < rank; ++i) d.push_back(i);
-  return d;
-}
-// native_layer_norm_backward(grad_out, input, normalized_shape, ...): the normalized dims.
-std::vector<int64_t> dims_layer_norm_bw(const ir::Graph& g, const ir::Node& n) {
-  const int64_t rank = rank_of_arg0(g, n);
-  const int64_t k = static_cast<int64_t>(n.args.at(2).ints.size());
+  const int64_t k = static_cast<int64_t>(n.args.at(shape_arg).ints.size());
   std::vector<int64_t> d;
   for (int64_t i = rank - k; i < rank; ++i) d.push_back(i);
   return d;
@@ -504,8 +500,8 @@ const std::unordered_map<std::string, Row>& table() {
       {"aten::_log_softmax", {OpClass::Row, log_softmax, dims_softmax}},
       {"aten::_softmax_backward_data", {OpClass::Row, softmax_backward, dims_softmax_bw}},
       {"aten::_log_softmax_backward_data", {OpClass::Row, log_softmax_backward, dims_softmax_bw}},
-      {"aten::native_layer_norm", {OpClass::Row, layer_norm, dims_layer_norm}},
-      {"aten::native_layer_norm_backward", {OpClass::Row, layer_norm_backward, dims_layer_norm_bw}},
+      {"aten::native_layer_norm", {OpClass::Row, layer_norm, dims_layer_norm<1>}},
+      {"aten::native_layer_norm_backward", {OpClass::Row, layer_norm_backward, dims_layer_norm<2>}},
   };
   return t;
 }
