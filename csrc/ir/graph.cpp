@@ -109,14 +109,25 @@ bool Graph::operator==(const Graph& o) const {
 }
 
 ValueId Graph::new_value(NodeId producer, int output_index, int list_index, TensorMeta meta) {
-  Value v;
-  v.id = static_cast<ValueId>(values_.size());
+  Value& v = emplace_value(producer, output_index, list_index);
+  v.meta = std::move(meta);
+  return v.id;
+}
+
+Value& Graph::emplace_value(NodeId producer, int output_index, int list_index) {
+  Value& v = values_.emplace_back();
+  v.id = static_cast<ValueId>(values_.size() - 1);
   v.producer = producer;
   v.output_index = output_index;
   v.list_index = list_index;
-  v.meta = std::move(meta);
-  values_.push_back(std::move(v));
-  return values_.back().id;
+  return v;
+}
+
+Node& Graph::emplace_node(NodeKind kind) {
+  Node& n = nodes_.emplace_back();
+  n.id = static_cast<NodeId>(nodes_.size() - 1);
+  n.kind = kind;
+  return n;
 }
 
 ValueId Graph::add_input(InputKind kind, std::string name, TensorMeta meta) {

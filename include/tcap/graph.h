@@ -171,6 +171,11 @@ class Graph {
   // Appends a node; fills in node.id. Values referenced by outputs must have been made with new_value.
   NodeId add_node(Node node);
   ValueId new_value(NodeId producer, int output_index, int list_index, TensorMeta meta);
+  // In-place forms of add_node and new_value for builders that make one node per call
+  // (the recorder): the new element, id set and everything else default, to be filled
+  // by the caller. The reference is valid until the next node (or value) is added.
+  Node& emplace_node(NodeKind kind);
+  Value& emplace_value(NodeId producer, int output_index, int list_index);
   void set_outputs(std::vector<ValueId> values, std::vector<std::string> names,
                    std::vector<OutputKind> kinds);
   int add_hook(HookKind kind, std::string autograd_node, int slot = -1);
