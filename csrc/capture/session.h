@@ -110,7 +110,7 @@ class Session {
   int in_backward_ = 0;
   std::vector<int> hook_stack_;
   ir::Graph graph_;
-  ValueTable table_;
+  ValueTable table_{graph_};
   std::vector<at::Tensor> input_tensors_;  // aligned with the graph's Input nodes
   struct Named {
     at::Tensor keep_alive;

@@ -4,64 +4,83 @@
 
 namespace tcap::capture {
 
-bool ValueTable::Geometry::matches(const at::Tensor& t) const {
-  return offset == t.storage_offset() && dtype == t.scalar_type() && device == t.device() &&
-         c10::IntArrayRef(sizes) == t.sizes() && c10::IntArrayRef(strides) == t.strides();
-}
-
 // Inference tensors have no version counter, and views made under InferenceMode see
 // version bumps that no op accounts for: both are trusted by identity alone.
 static bool trust_identity(const at::Tensor& t) {
   return t.is_inference() || c10::InferenceMode::is_enabled();
 }
 
-static bool has_strided_storage(const at::Tensor& t) {
-  return t.has_storage() && t.layout() == c10::kStrided && t.storage().unsafeGetStorageImpl();
+// t's storage if t is strided and has one: only those get a storage record.
+static const c10::Storage* strided_storage(const at::Tensor& t) {
+  if (!t.has_storage() || t.layout() != c10::kStrided) return nullptr;
+  const c10::Storage& s = t.storage();
+  return s.unsafeGetStorageImpl() ? &s : nullptr;
 }
 
-ValueTable::StorageRecord* ValueTable::record_of(const at::Tensor& t) const {
-  if (!has_strided_storage(t)) return nullptr;
-  auto it = storages_.find(t.storage().unsafeGetStorageImpl());
-  return it == storages_.end() ? nullptr : &it->second;
+bool ValueTable::same_geometry(ir::ValueId v, const at::Tensor& t) const {
+  // See Note [Geometry from the graph].
+  const ir::TensorMeta& m = graph_.values()[static_cast<size_t>(v)].meta;
+  return m.storage_offset == t.storage_offset() && m.dtype == t.scalar_type() && m.device == t.device() &&
+         c10::IntArrayRef(m.sizes) == t.sizes() && c10::IntArrayRef(m.strides) == t.strides();
 }
 
-bool ValueTable::still_valid(Slot& s, const at::Tensor& t, int64_t writes) const {
-  if (s.version == kTrusted || t.is_inference()) return true;
-  if (s.version == kPending) {
+int32_t ValueTable::record_of(const c10::StorageImpl* storage) const {
+  if (!storage) return kNoRecord;
+  auto it = record_index_.find(storage);
+  return it == record_index_.end() ? kNoRecord : it->second;
+}
+
+int32_t ValueTable::make_record(const c10::Storage& storage) {
+  auto [it, inserted] = record_index_.emplace(storage.unsafeGetStorageImpl(), static_cast<int32_t>(records_.size()));
+  if (inserted) records_.push_back(StorageRecord{storage.getWeakStorageImpl(), /*writes=*/0, /*shadow_seq=*/-1, /*views=*/{}});
+  return it->second;
+}
+
+bool ValueTable::still_valid(Binding& b, const at::Tensor& t, int64_t writes) const {
+  if (b.version == kTrusted || t.is_inference()) return true;
+  if (b.version == kPending) {
     // First use since define(): adopt the counter as it is now (see the Note).
-    s.version = static_cast<int64_t>(t._version());
-    s.storage_writes = writes;
+    b.version = static_cast<int64_t>(t._version());
+    b.storage_writes = writes;
     return true;
   }
-  const int64_t moved = static_cast<int64_t>(t._version()) - s.version;
-  return moved >= 0 && moved <= writes - s.storage_writes;
+  const int64_t moved = static_cast<int64_t>(t._version()) - b.version;
+  return moved >= 0 && moved <= writes - b.storage_writes;
 }
 
-bool ValueTable::alias_valid(const Slot& s, const at::Tensor& t, int64_t writes) const {
-  if (s.version == kTrusted || s.version == kPending || t.is_inference()) return true;
+bool ValueTable::alias_valid(const Binding& b, const at::Tensor& t, int64_t writes) const {
+  if (b.version == kTrusted || b.version == kPending || t.is_inference()) return true;
   const int64_t v = static_cast<int64_t>(t._version());
   // The same counter as the defining tensor, moved only by recorded writes ...
-  if (v >= s.version && v - s.version <= writes - s.storage_writes) return true;
+  if (v >= b.version && v - b.version <= writes - b.storage_writes) return true;
   // ... or a fresh counter of its own that saw only recorded writes.
-  return v <= writes - s.define_writes;
+  return v <= writes - b.define_writes;
 }
 
 std::optional<ir::ValueId> ValueTable::lookup(const at::Tensor& t) const {
-  StorageRecord* rec = record_of(t);
-  const int64_t writes = rec ? rec->writes : 0;
-  const Slot* best = nullptr;
+  const c10::Storage* storage = strided_storage(t);
+  const c10::StorageImpl* storage_impl = storage ? storage->unsafeGetStorageImpl() : nullptr;
   auto it = by_impl_.find(t.unsafeGetTensorImpl());
-  if (it != by_impl_.end() && still_valid(it->second, t, writes)) {
-    best = &it->second;
+  // The record found at define() serves while the tensor keeps its storage (set_() can
+  // re-point it): no second hash lookup for the common hit.
+  const int32_t rec_id = it != by_impl_.end() && it->second.storage == storage_impl ? it->second.binding.record
+                                                                                   : record_of(storage_impl);
+  const StorageRecord* rec = rec_id == kNoRecord ? nullptr : &records_[static_cast<size_t>(rec_id)];
+  const int64_t writes = rec ? rec->writes : 0;
+  const Binding* best = nullptr;
+  if (it != by_impl_.end() && still_valid(it->second.binding, t, writes)) {
+    best = &it->second.binding;
     // Only a later binding of another tensor with this geometry can shadow it.
     if (!rec || rec->shadow_seq < best->seq) return best->value;
   }
   if (rec) {
-    for (auto& [geometry, slot] : rec->views) {
-      if (!geometry.matches(t)) continue;
+    for (const ViewSlot& view : rec->views) {
+      if (!same_geometry(view.binding.value, t)) continue;
       // The same tensor's own binding is by_impl_'s (already checked above).
-      const bool same_impl = slot.pin._unsafe_get_target() == t.unsafeGetTensorImpl();
-      if (!same_impl && (!best || slot.seq > best->seq) && alias_valid(slot, t, writes)) best = &slot;
+      const bool same_impl = view.impl == t.unsafeGetTensorImpl();
+      if (!same_impl && (!best || view.binding.seq > best->seq) && alias_valid(view.binding, t, writes)) {
+        best = &view.binding;
+      }
       break;
     }
   }
@@ -69,47 +88,40 @@ std::optional<ir::ValueId> ValueTable::lookup(const at::Tensor& t) const {
   return best->value;
 }
 
-ValueTable::StorageRecord* ValueTable::make_record(const at::Tensor& t) {
-  if (!has_strided_storage(t)) return nullptr;
-  auto* storage = t.storage().unsafeGetStorageImpl();
-  auto it = storages_.find(storage);
-  if (it == storages_.end()) {
-    StorageRecord rec{c10::weak_intrusive_ptr<c10::StorageImpl>(
-                          c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(storage)),
-                      /*writes=*/0, /*shadow_seq=*/-1, /*views=*/{}};
-    it = storages_.emplace(storage, std::move(rec)).first;
-  }
-  return &it->second;
-}
-
 void ValueTable::note_write(const at::Tensor& t) {
-  if (StorageRecord* rec = make_record(t)) ++rec->writes;
+  if (const c10::Storage* storage = strided_storage(t)) ++records_[static_cast<size_t>(make_record(*storage))].writes;
 }
 
 void ValueTable::define(const at::Tensor& t, ir::ValueId v) {
-  StorageRecord* rec = make_record(t);
-  const int64_t writes = rec ? rec->writes : 0;
-  Slot s{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
-             c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(
-                 t.unsafeGetTensorImpl())),
-         v, trust_identity(t) ? kTrusted : kPending, writes, writes, next_seq_++};
-  if (rec) {
+  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  const c10::Storage* storage = strided_storage(t);
+  const int32_t rec_id = storage ? make_record(*storage) : kNoRecord;
+  const int64_t writes = rec_id == kNoRecord ? 0 : records_[static_cast<size_t>(rec_id)].writes;
+  const Binding b{v, rec_id, trust_identity(t) ? kTrusted : kPending, writes, writes, next_seq_++};
+  if (rec_id != kNoRecord) {
+    StorageRecord& rec = records_[static_cast<size_t>(rec_id)];
     bool replaced = false;
-    for (auto& [geometry, slot] : rec->views) {
-      if (!geometry.matches(t)) continue;
-      if (slot.pin._unsafe_get_target() != t.unsafeGetTensorImpl()) rec->shadow_seq = s.seq;
-      slot = s;
+    for (ViewSlot& view : rec.views) {
+      if (!same_geometry(view.binding.value, t)) continue;
+      if (view.impl != impl) rec.shadow_seq = b.seq;
+      view = ViewSlot{impl, b};
       replaced = true;
       break;
     }
-    if (!replaced) {
-      Geometry g{t.storage_offset(), ir::Dims(t.sizes().begin(), t.sizes().end()),
-                 ir::Dims(t.strides().begin(), t.strides().end()), t.scalar_type(), t.device()};
-      rec->views.emplace_back(std::move(g), s);
-    }
+    if (!replaced) rec.views.push_back(ViewSlot{impl, b});
   }
-  auto [it, inserted] = by_impl_.emplace(t.unsafeGetTensorImpl(), s);
-  if (!inserted) it->second = std::move(s);
+  // One hash probe: the pin is made only when the impl is new (ska's emplace converts
+  // the argument only when it inserts).
+  struct NewSlot {
+    const at::Tensor& t;
+    operator ImplSlot() const {  // NOLINT(google-explicit-constructor)
+      return ImplSlot{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(t.getIntrusivePtr()),
+                      nullptr, Binding{}};
+    }
+  };
+  ImplSlot& slot = by_impl_.emplace(impl, NewSlot{t}).first->second;
+  slot.storage = storage ? storage->unsafeGetStorageImpl() : nullptr;
+  slot.binding = b;
 }
 
 }  // namespace tcap::capture

@@ -13,6 +13,13 @@
 // which bumps the version of an in-place op's output and swaps a view's counter for its
 // base's only after our fallback returns. Inference tensors have no version counter and
 // are trusted by identity alone.
+//
+// Note [Geometry from the graph]
+// A storage record lists the newest binding per geometry (offset, sizes, strides, dtype,
+// device). The geometry is not copied into the table: define(t, v) is only called with a
+// value v whose graph metadata was just filled from t, and capture never changes a
+// value's recorded geometry afterwards, so the table compares against graph_.value(v).meta.
+// One copy of the sizes and strides per output, in the graph, instead of two.
 #pragma once
 
 #include <tcap/graph.h>
@@ -29,49 +36,62 @@ namespace tcap::capture {
 
 class ValueTable {
  public:
+  // Geometries are read from `graph`'s value metadata (see Note [Geometry from the graph]).
+  explicit ValueTable(const ir::Graph& graph) : graph_(graph) {}
+
   // The value currently bound to t, if any (see the Note above).
   std::optional<ir::ValueId> lookup(const at::Tensor& t) const;
-  // Binds t (and its storage view key) to v.
+  // Binds t (and its storage and geometry) to v, whose metadata must describe t.
   void define(const at::Tensor& t, ir::ValueId v);
   // Counts a recorded write to t's storage (call before define() of the new version).
   void note_write(const at::Tensor& t);
 
  private:
-  struct Slot {
-    c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> pin;
+  static constexpr int32_t kNoRecord = -1;
+  struct Binding {
     ir::ValueId value;
+    int32_t record;          // t's storage record at define(), or kNoRecord
     int64_t version;         // t._version() at first use, or kPending / kTrusted
     int64_t storage_writes;  // recorded writes to the storage when `version` was read
     int64_t define_writes;   // recorded writes to the storage at define()
     int64_t seq;             // definition order: the newest binding wins
   };
-  // Where a tensor looks into its storage; compared against a tensor without copying.
-  struct Geometry {
-    int64_t offset;
-    ir::Dims sizes, strides;
-    c10::ScalarType dtype;
-    c10::Device device;
-    bool matches(const at::Tensor& t) const;
+  // by_impl_'s entry: the pin keeps the TensorImpl's address from being reused while the
+  // capture lives, so other structures may hold the bare pointer.
+  struct ImplSlot {
+    c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> pin;
+    const c10::StorageImpl* storage;  // t's storage at define(), nullptr if none
+    Binding binding;
+  };
+  // A binding seen through its storage: re-wrapped aliases are found this way.
+  struct ViewSlot {
+    const c10::TensorImpl* impl;  // pinned by by_impl_
+    Binding binding;
   };
   // Per storage: the pin (a storage address cannot be reused while the capture lives),
-  // the count of recorded writes, and the newest binding per geometry, through which
-  // re-wrapped aliases are found.
+  // the count of recorded writes, and the newest binding per geometry.
   struct StorageRecord {
     c10::weak_intrusive_ptr<c10::StorageImpl> pin;
     int64_t writes = 0;
     int64_t shadow_seq = -1;  // last define that replaced another tensor's binding here
-    c10::SmallVector<std::pair<Geometry, Slot>, 1> views;  // usually one: no heap
+    c10::SmallVector<ViewSlot, 1> views;  // usually one: no heap
   };
   static constexpr int64_t kTrusted = -1;  // no version check (inference tensors)
   static constexpr int64_t kPending = -2;  // version not read yet
-  StorageRecord* record_of(const at::Tensor& t) const;  // nullptr if none yet
-  StorageRecord* make_record(const at::Tensor& t);       // nullptr if t has no storage
-  bool still_valid(Slot& s, const at::Tensor& t, int64_t writes) const;
-  bool alias_valid(const Slot& s, const at::Tensor& t, int64_t writes) const;
+  // Does the value's recorded geometry (offset, sizes, strides, dtype, device) match t's?
+  bool same_geometry(ir::ValueId v, const at::Tensor& t) const;
+  int32_t record_of(const c10::StorageImpl* storage) const;  // kNoRecord if none yet
+  int32_t make_record(const c10::Storage& storage);
+  bool still_valid(Binding& b, const at::Tensor& t, int64_t writes) const;
+  bool alias_valid(const Binding& b, const at::Tensor& t, int64_t writes) const;
 
-  // mutable: a lookup may adopt a pending slot's version (still_valid).
-  mutable ska::flat_hash_map<const c10::TensorImpl*, Slot> by_impl_;
-  mutable ska::flat_hash_map<const void*, StorageRecord> storages_;
+  const ir::Graph& graph_;
+  // mutable: a lookup may adopt a pending binding's version (still_valid).
+  mutable ska::flat_hash_map<const c10::TensorImpl*, ImplSlot> by_impl_;
+  // The map holds indices into records_: a rehash moves small entries, not records, and
+  // a binding can name its record without a second hash lookup.
+  ska::flat_hash_map<const c10::StorageImpl*, int32_t> record_index_;
+  std::vector<StorageRecord> records_;
   int64_t next_seq_ = 0;
 };
 
