@@ -6,24 +6,31 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
-#include <c10/util/SmallVector.h>
+#include <c10/util/flat_hash_map.h>
 #include <torch/library.h>
 
 #include <algorithm>
-#include <unordered_map>
+#include <memory>
 
 namespace tcap::capture {
 namespace {
 
 c10::DispatchKey g_key = c10::DispatchKey::Undefined;
 
-thread_local std::vector<Session*> tls_sessions;
-thread_local bool tls_key_was_included = false;
+// Everything the recorder keeps per thread, in one thread_local: in a shared library each
+// access to a thread_local is a call (__tls_get_addr), and the fallback runs per op.
+struct ThreadState {
+  std::vector<Session*> sessions;  // outermost first
+  bool key_was_included = false;
+  // Reused across ops, one per nested session: no per-op construction.
+  std::vector<Session::Pending> pending;
+  // Operator facts, keyed by the (stable) schema address.
+  ska::flat_hash_map<const c10::FunctionSchema*, std::unique_ptr<OpInfo>> ops;
+};
+thread_local ThreadState tls;
 
-// Per-thread cache of operator facts, keyed by the (stable) schema address.
-const OpInfo& op_info(const c10::OperatorHandle& op) {
-  thread_local std::unordered_map<const c10::FunctionSchema*, std::unique_ptr<OpInfo>> cache;
-  auto& slot = cache[&op.schema()];
+const OpInfo& op_info(ThreadState& ts, const c10::OperatorHandle& op) {
+  auto& slot = ts.ops[&op.schema()];
   if (!slot) slot = std::make_unique<OpInfo>(OpInfo::from(op));
   return *slot;
 }
@@ -47,21 +54,20 @@ void redispatch_hidden(const c10::OperatorHandle& op, c10::DispatchKeySet below,
 void record_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
                      torch::jit::Stack* stack) {
   const c10::DispatchKeySet below = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, g_key);
-  const auto& sessions = tls_sessions;
+  ThreadState& ts = tls;
+  const auto& sessions = ts.sessions;
   // A thread can carry the key without a session (at::launch copies TLS): record nothing.
   const bool any = std::any_of(sessions.begin(), sessions.end(),
                                [](const Session* s) { return s->recording(); });
   if (!any) return redispatch_hidden(op, below, stack);
-  const OpInfo& info = op_info(op);
+  const OpInfo& info = op_info(ts, op);
   if (info.composite_implicit && !runs_backend_kernel(op, below)) {
     // Its parts come back through the dispatcher with the key on and are recorded.
     op.redispatchBoxed(below, stack);
     return;
   }
-  // Reused across ops (one per nested session): no per-op construction of a Node.
-  thread_local std::vector<Session::Pending> scratch;
-  if (scratch.size() < sessions.size()) scratch.resize(sessions.size());
-  auto& pending = scratch;
+  auto& pending = ts.pending;
+  if (pending.size() < sessions.size()) pending.resize(sessions.size());
   for (size_t k = 0; k < sessions.size(); ++k) pending[k].reset();
   const auto args = torch::jit::last(*stack, info.num_arguments);
   for (size_t k = 0; k < sessions.size(); ++k) {
@@ -103,22 +109,24 @@ c10::DispatchKey recording_key() {
 
 void push_session(Session* s) {
   const c10::DispatchKey key = recording_key();
-  if (tls_sessions.empty()) {
-    tls_key_was_included = c10::impl::tls_is_dispatch_key_included(key);
+  ThreadState& ts = tls;
+  if (ts.sessions.empty()) {
+    ts.key_was_included = c10::impl::tls_is_dispatch_key_included(key);
     c10::impl::tls_set_dispatch_key_included(key, true);
   }
-  tls_sessions.push_back(s);
+  ts.sessions.push_back(s);
 }
 
 void pop_session(Session* s) {
-  auto it = std::find(tls_sessions.begin(), tls_sessions.end(), s);
-  if (it == tls_sessions.end()) return;
-  tls_sessions.erase(it);
-  if (tls_sessions.empty()) {
-    c10::impl::tls_set_dispatch_key_included(g_key, tls_key_was_included);
+  ThreadState& ts = tls;
+  auto it = std::find(ts.sessions.begin(), ts.sessions.end(), s);
+  if (it == ts.sessions.end()) return;
+  ts.sessions.erase(it);
+  if (ts.sessions.empty()) {
+    c10::impl::tls_set_dispatch_key_included(g_key, ts.key_was_included);
   }
 }
 
-const std::vector<Session*>& thread_sessions() { return tls_sessions; }
+const std::vector<Session*>& thread_sessions() { return tls.sessions; }
 
 }  // namespace tcap::capture

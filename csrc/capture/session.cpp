@@ -9,6 +9,7 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include <mutex>
 #include <sstream>
 #include <typeindex>
 
@@ -67,6 +68,14 @@ bool is_floating_or_complex(c10::ScalarType t) {
   return c10::isFloatingType(t) || c10::isComplexType(t);
 }
 
+// A dense id per distinct schema text, shared by every thread's OpInfo of that operator.
+int schema_id(const std::string& schema) {
+  static std::mutex mutex;
+  static std::unordered_map<std::string, int> ids;
+  std::lock_guard<std::mutex> lock(mutex);
+  return ids.emplace(schema, static_cast<int>(ids.size())).first->second;
+}
+
 }  // namespace
 
 OpInfo OpInfo::from(const c10::OperatorHandle& op) {
@@ -78,6 +87,7 @@ OpInfo OpInfo::from(const c10::OperatorHandle& op) {
   std::ostringstream os;
   os << s;
   info.schema = os.str();
+  info.id = schema_id(info.schema);
   info.num_arguments = s.arguments().size();
   info.num_returns = s.returns().size();
   info.composite_implicit = op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
@@ -130,11 +140,8 @@ ir::ValueId Session::value_for(const at::Tensor& t) {
   return new_input(t, kind, std::move(name));
 }
 
-ir::Arg Session::convert(const c10::IValue& iv, OpInfo::IntHint hint, const std::string& name,
-                         ir::ValueId* first_value) {
-  ir::Arg a;
-  a.name = name;
-  if (iv.isNone()) return a;
+void Session::convert(ir::Arg& a, const c10::IValue& iv, OpInfo::IntHint hint, ir::ValueId* first_value) {
+  if (iv.isNone()) return;
   if (iv.isTensor()) {
     const at::Tensor& t = iv.toTensor();
     if (!t.defined()) {
@@ -155,13 +162,13 @@ ir::Arg Session::convert(const c10::IValue& iv, OpInfo::IntHint hint, const std:
       a.values.push_back(value_for(t));
       if (first_value) *first_value = a.values[0];
     }
-    return a;
+    return;
   }
   if (iv.isTensorList()) {
     a.kind = ir::ArgKind::ValueList;
     for (const at::Tensor& t : iv.toTensorList()) a.values.push_back(value_for(t));
     if (first_value && !a.values.empty()) *first_value = a.values[0];
-    return a;
+    return;
   }
   if (iv.isBool()) {
     a.kind = ir::ArgKind::Bool;
@@ -231,31 +238,27 @@ ir::Arg Session::convert(const c10::IValue& iv, OpInfo::IntHint hint, const std:
     a.kind = ir::ArgKind::Opaque;
     a.s = iv.tagKind();
   }
-  return a;
 }
 
 void Session::before_op(const OpInfo& info, c10::ArrayRef<c10::IValue> args, Pending& p) {
   p.active = true;
-  ir::Node& n = p.node;
-  n.kind = ir::NodeKind::Call;
-  n.op = info.op;
-  n.overload = info.overload;
-  n.grad_mode = at::GradMode::is_enabled();
-  n.phase = in_backward_ > 0 ? ir::Phase::Backward : ir::Phase::Forward;
-  if (!hook_stack_.empty()) n.hook = hook_stack_.back();
+  p.grad_mode = at::GradMode::is_enabled();
+  p.phase = in_backward_ > 0 ? ir::Phase::Backward : ir::Phase::Forward;
+  if (!hook_stack_.empty()) p.hook = hook_stack_.back();
   if (in_backward_ > 0) {
     if (auto node = torch::autograd::get_current_node()) {
-      n.autograd_node = node_labeler_ ? node_labeler_(*node) : node_name(*node);
-    } else if (n.hook >= 0) {
-      n.autograd_node = graph_.hooks()[static_cast<size_t>(n.hook)].autograd_node;
+      p.autograd_node = node_labeler_ ? node_labeler_(*node) : node_name(*node);
+    } else if (p.hook >= 0) {
+      p.autograd_node = graph_.hooks()[static_cast<size_t>(p.hook)].autograd_node;
     }
   }
-  n.args.reserve(args.size());
+  p.args.reserve(args.size());
   p.arg_first_value.assign(args.size(), ir::kNoValue);
   for (size_t i = 0; i < args.size(); ++i) {
-    n.args.push_back(convert(args[i], info.int_hint[i], {}, &p.arg_first_value[i]));
+    ir::Arg& a = p.args.emplace_back();
+    convert(a, args[i], info.int_hint[i], &p.arg_first_value[i]);
     // Tensor arguments print positionally; constants keep their schema name.
-    if (!n.args.back().refers_to_values()) n.args.back().name = info.arg_name[i];
+    if (!a.refers_to_values()) a.name = info.arg_name[i];
   }
   // Writes are counted before the op runs, so that aliases defined earlier stay valid.
   for (size_t i = 0; i < args.size(); ++i) {
@@ -275,39 +278,47 @@ void Session::before_op(const OpInfo& info, c10::ArrayRef<c10::IValue> args, Pen
 ir::ValueId Session::define_output(const at::Tensor& t, ir::NodeId producer, int index,
                                    int list_index, bool requires_grad_guess) {
   // Filled in place: the recorder makes one of these per op output.
-  const ir::ValueId v = graph_.new_value(producer, index, list_index, {});
-  ir::TensorMeta& m = graph_.value(v).meta;
+  ir::Value& val = graph_.emplace_value(producer, index, list_index);
+  ir::TensorMeta& m = val.meta;
   fill_meta(m, t);
   m.requires_grad = m.requires_grad || (requires_grad_guess && is_floating_or_complex(m.dtype));
+  const ir::ValueId v = val.id;
   table_.define(t, v);
   return v;
 }
 
+void Session::record_schema(const OpInfo& info) {
+  const auto k = static_cast<size_t>(info.id);
+  if (k >= schema_recorded_.size()) schema_recorded_.resize(k + 1, false);
+  if (schema_recorded_[k]) return;
+  schema_recorded_[k] = true;
+  graph_.schemas()[info.qualified] = info.schema;
+}
+
 void Session::after_op(const OpInfo& info, c10::ArrayRef<c10::IValue> rets, Pending& p) {
-  if (schemas_recorded_.insert(&info).second) graph_.schemas()[info.qualified] = info.schema;
-  ir::Node& n = p.node;
+  record_schema(info);
+  // The node is appended after its results are defined (as add_node would), at this id.
   const ir::NodeId id = static_cast<ir::NodeId>(graph_.nodes().size());
   // A differentiable op's outputs require grad if grad mode is on and an input does; the
   // truth is read again when the output is next used (see value_for).
-  bool guess = n.grad_mode && n.phase == ir::Phase::Forward;
+  bool guess = p.grad_mode && p.phase == ir::Phase::Forward;
   if (guess) {
     guess = false;
-    for (const auto& a : n.args) {
-      for (ir::ValueId v : a.values) {
-        if (v != ir::kNoValue && graph_.value(v).meta.requires_grad) guess = true;
-      }
-    }
+    ir::for_each_value(p.args, [&](ir::ValueId v) { guess = guess || graph_.value(v).meta.requires_grad; });
   }
   c10::SmallVector<uint8_t, 8> write_returned(p.writes.empty() ? 0 : info.num_arguments, 0);
+  std::vector<ir::Arg> outputs;
+  outputs.reserve(rets.size() + p.writes.size());
   for (size_t r = 0; r < rets.size(); ++r) {
     const c10::IValue& iv = rets[r];
     const int alias = info.return_alias_arg[r];
     const ir::ValueId base = alias >= 0 ? p.arg_first_value[static_cast<size_t>(alias)] : ir::kNoValue;
-    ir::Arg out;
+    ir::Arg& out = outputs.emplace_back();
     if (iv.isTensor()) {
       const at::Tensor& t = iv.toTensor();
       if (t.defined()) {
-        out = ir::Arg::value(define_output(t, id, static_cast<int>(r), -1, guess));
+        out.kind = ir::ArgKind::Value;
+        out.values.push_back(define_output(t, id, static_cast<int>(r), -1, guess));
         auto& val = graph_.value(out.values[0]);
         if (info.return_is_write[r]) {
           val.version_of = base;
@@ -319,19 +330,17 @@ void Session::after_op(const OpInfo& info, c10::ArrayRef<c10::IValue> rets, Pend
         out.kind = ir::ArgKind::UndefinedTensor;
       }
     } else if (iv.isTensorList()) {
-      std::vector<ir::ValueId> vs;
+      out.kind = ir::ArgKind::ValueList;
       int k = 0;
       for (const at::Tensor& t : iv.toTensorList()) {
         const ir::ValueId v = define_output(t, id, static_cast<int>(r), k++, guess);
         graph_.value(v).view_of = info.return_is_write[r] ? ir::kNoValue : base;
-        vs.push_back(v);
+        out.values.push_back(v);
       }
-      out = ir::Arg::value_list(std::move(vs), false);
       if (info.return_is_write[r] && alias >= 0 && !write_returned.empty()) write_returned[static_cast<size_t>(alias)] = 1;
     } else {
-      out = convert(iv, OpInfo::IntHint::Int, {}, nullptr);
+      convert(out, iv, OpInfo::IntHint::Int, nullptr);
     }
-    n.outputs.push_back(std::move(out));
   }
   // Mutated arguments that the op does not return (e.g. batch norm's running stats) get
   // a new version as an extra result after the schema's returns.
@@ -340,13 +349,24 @@ void Session::after_op(const OpInfo& info, c10::ArrayRef<c10::IValue> rets, Pend
     const auto& [i, t] = p.writes[w];
     list_pos = (w > 0 && p.writes[w - 1].first == i) ? list_pos + 1 : 0;
     if (write_returned[i]) continue;
-    const auto& old = n.args[i].values;
-    const ir::ValueId v = define_output(t, id, static_cast<int>(n.outputs.size()), -1, false);
+    const auto& old = p.args[i].values;
+    const ir::ValueId v = define_output(t, id, static_cast<int>(outputs.size()), -1, false);
     graph_.value(v).meta.requires_grad = t.requires_grad();
     graph_.value(v).version_of = list_pos < old.size() ? old[list_pos] : ir::kNoValue;
-    n.outputs.push_back(ir::Arg::value(v));
+    ir::Arg& out = outputs.emplace_back();
+    out.kind = ir::ArgKind::Value;
+    out.values.push_back(v);
   }
-  graph_.add_node(std::move(n));
+  TORCH_INTERNAL_ASSERT_DEBUG_ONLY(static_cast<size_t>(id) == graph_.nodes().size());
+  ir::Node& n = graph_.emplace_node(ir::NodeKind::Call);
+  n.op = info.op;
+  n.overload = info.overload;
+  n.args = std::move(p.args);
+  n.outputs = std::move(outputs);
+  n.phase = p.phase;
+  n.grad_mode = p.grad_mode;
+  n.autograd_node = std::move(p.autograd_node);
+  n.hook = p.hook;
 }
 
 void Session::begin_backward(const std::vector<at::Tensor>& root_grads) {

@@ -12,11 +12,11 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
+#include <c10/util/SmallVector.h>
 
 #include <functional>
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 namespace tcap::capture {
@@ -25,6 +25,7 @@ namespace tcap::capture {
 struct OpInfo {
   enum class IntHint : uint8_t { Int, ScalarType, Layout, MemoryFormat };
   std::string op, overload, qualified, schema;
+  int id = 0;  // dense, one per distinct schema in the process (see Session::record_schema)
   size_t num_arguments = 0, num_returns = 0;
   bool composite_implicit = false;
   std::vector<IntHint> int_hint;           // per argument
@@ -44,14 +45,22 @@ class Session {
   const CaptureOptions& options() const { return options_; }
 
   // --- recorder -------------------------------------------------------------------
+  // What before_op learns about a call; after_op appends the node, built in place in the
+  // graph, and moves `args` and `autograd_node` into it. Reused across ops.
   struct Pending {
     bool active = false;
-    ir::Node node;
-    std::vector<ir::ValueId> arg_first_value;  // per argument: its (first) tensor value
+    bool grad_mode = true;
+    ir::Phase phase = ir::Phase::Forward;
+    int hook = -1;
+    std::string autograd_node;
+    std::vector<ir::Arg> args;
+    c10::SmallVector<ir::ValueId, 8> arg_first_value;   // per argument: its (first) tensor value
     std::vector<std::pair<size_t, at::Tensor>> writes;  // mutated arguments (Tensor(a!))
     void reset() {
       active = false;
-      node = ir::Node();
+      hook = -1;
+      autograd_node.clear();
+      args.clear();
       arg_first_value.clear();
       writes.clear();
     }
@@ -96,10 +105,12 @@ class Session {
   // A CallHook node for `hook` whose results are new values bound to `out`.
   void add_call_hook(int hook, std::vector<ir::Arg> args, const std::vector<at::Tensor>& out);
   ir::ValueId new_input(const at::Tensor& t, ir::InputKind kind, std::string name);
-  ir::Arg convert(const c10::IValue& iv, OpInfo::IntHint hint, const std::string& name,
-                  ir::ValueId* first_value);
+  // Fills `a` (a default Arg, unnamed) from iv.
+  void convert(ir::Arg& a, const c10::IValue& iv, OpInfo::IntHint hint, ir::ValueId* first_value);
   ir::ValueId define_output(const at::Tensor& t, ir::NodeId producer, int index, int list_index,
                             bool requires_grad_guess);
+  // Stores the operator's schema in the graph the first time this session records it.
+  void record_schema(const OpInfo& info);
 
   friend class ::tcap::CaptureGuard;
   CaptureOptions options_;
@@ -119,7 +130,7 @@ class Session {
   };
   std::unordered_map<const c10::TensorImpl*, Named> names_;
   std::vector<std::pair<ir::ValueId, std::string>> outputs_;
-  std::unordered_set<const OpInfo*> schemas_recorded_;
+  std::vector<bool> schema_recorded_;  // by OpInfo::id
   std::vector<std::pair<at::Tensor, std::string>> grad_leaves_;  // inputs that may get a .grad
   int auto_names_ = 0;
   int tangents_ = 0;
