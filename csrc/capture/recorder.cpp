@@ -17,8 +17,8 @@ namespace {
 
 c10::DispatchKey g_key = c10::DispatchKey::Undefined;
 
-// Everything the recorder keeps per thread, in one thread_local: in a shared library each
-// access to a thread_local is a call (__tls_get_addr), and the fallback runs per op.
+// Everything the recorder keeps per thread, in one place: in a shared library each access
+// to a thread_local is a call (__tls_get_addr), and the fallback runs per op.
 struct ThreadState {
   std::vector<Session*> sessions;  // outermost first
   bool key_was_included = false;
@@ -27,7 +27,21 @@ struct ThreadState {
   // Operator facts, keyed by the (stable) schema address.
   ska::flat_hash_map<const c10::FunctionSchema*, std::unique_ptr<OpInfo>> ops;
 };
-thread_local ThreadState tls;
+
+// A thread_local with a destructor is reached through an initialization check on every
+// access; a plain pointer is not. The owner is touched once per thread.
+thread_local ThreadState* tls_state = nullptr;
+
+ThreadState& thread_state() {
+  if (ThreadState* ts = tls_state) return *ts;
+  struct Owner {
+    ThreadState state;
+    ~Owner() { tls_state = nullptr; }
+  };
+  thread_local Owner owner;
+  tls_state = &owner.state;
+  return owner.state;
+}
 
 const OpInfo& op_info(ThreadState& ts, const c10::OperatorHandle& op) {
   auto& slot = ts.ops[&op.schema()];
@@ -54,7 +68,7 @@ void redispatch_hidden(const c10::OperatorHandle& op, c10::DispatchKeySet below,
 void record_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
                      torch::jit::Stack* stack) {
   const c10::DispatchKeySet below = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, g_key);
-  ThreadState& ts = tls;
+  ThreadState& ts = thread_state();
   const auto& sessions = ts.sessions;
   // A thread can carry the key without a session (at::launch copies TLS): record nothing.
   const bool any = std::any_of(sessions.begin(), sessions.end(),
@@ -109,7 +123,7 @@ c10::DispatchKey recording_key() {
 
 void push_session(Session* s) {
   const c10::DispatchKey key = recording_key();
-  ThreadState& ts = tls;
+  ThreadState& ts = thread_state();
   if (ts.sessions.empty()) {
     ts.key_was_included = c10::impl::tls_is_dispatch_key_included(key);
     c10::impl::tls_set_dispatch_key_included(key, true);
@@ -118,7 +132,7 @@ void push_session(Session* s) {
 }
 
 void pop_session(Session* s) {
-  ThreadState& ts = tls;
+  ThreadState& ts = thread_state();
   auto it = std::find(ts.sessions.begin(), ts.sessions.end(), s);
   if (it == ts.sessions.end()) return;
   ts.sessions.erase(it);
@@ -127,6 +141,6 @@ void pop_session(Session* s) {
   }
 }
 
-const std::vector<Session*>& thread_sessions() { return tls.sessions; }
+const std::vector<Session*>& thread_sessions() { return thread_state().sessions; }
 
 }  // namespace tcap::capture
