@@ -289,14 +289,15 @@ ir::ValueId Session::define_output(const at::Tensor& t, ir::NodeId producer, int
 
 void Session::record_schema(const OpInfo& info) {
   const auto k = static_cast<size_t>(info.id);
-  if (k >= schema_recorded_.size()) schema_recorded_.resize(k + 1, false);
+  if (k >= schema_recorded_.size()) schema_recorded_.resize(k + 1, 0);
   if (schema_recorded_[k]) return;
-  schema_recorded_[k] = true;
+  schema_recorded_[k] = 1;
   graph_.schemas()[info.qualified] = info.schema;
 }
 
 void Session::after_op(const OpInfo& info, c10::ArrayRef<c10::IValue> rets, Pending& p) {
-  record_schema(info);
+  const auto schema_k = static_cast<size_t>(info.id);
+  if (schema_k >= schema_recorded_.size() || !schema_recorded_[schema_k]) record_schema(info);
   // The node is appended after its results are defined (as add_node would), at this id.
   const ir::NodeId id = static_cast<ir::NodeId>(graph_.nodes().size());
   // A differentiable op's outputs require grad if grad mode is on and an input does; the

@@ -130,7 +130,7 @@ class Session {
   };
   std::unordered_map<const c10::TensorImpl*, Named> names_;
   std::vector<std::pair<ir::ValueId, std::string>> outputs_;
-  std::vector<bool> schema_recorded_;  // by OpInfo::id
+  std::vector<uint8_t> schema_recorded_;  // by OpInfo::id: 1 once the schema is in the graph
   std::vector<std::pair<at::Tensor, std::string>> grad_leaves_;  // inputs that may get a .grad
   int auto_names_ = 0;
   int tangents_ = 0;
