@@ -39,6 +39,9 @@ struct OpInfo {
 class Session {
  public:
   explicit Session(CaptureOptions options);
+  // Not copyable or movable: the value table refers to graph_.
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
 
   bool recording() const { return recording_; }
   void set_recording(bool on) { recording_ = on; }
