@@ -339,7 +339,14 @@ struct Walker {
     // (No set_active_node_call_idx: it only records each input's origin for PyTorch's
     // verbose logging.)
     call.id = id;
-    call.node = w.nodes[id];
+    // Lent for the call and moved back (no reference-count traffic: two atomic operations
+    // per node otherwise).
+    call.node = std::move(w.nodes[id]);
+    struct GiveBack {
+      std::shared_ptr<Node>& from;
+      std::shared_ptr<Node>& to;
+      ~GiveBack() { to = std::move(from); }
+    } give_back{call.node, w.nodes[id]};
     call.tensor_pre_hooks.clear();  // only Python hooks add to these; empty here
     call.cpp_tensor_pre_hooks.clear();
     call.pre_hooks.clear();
