@@ -123,32 +123,37 @@ int HookWrapScope::slot_of(const void* hook) const {
 }
 
 void HookWrapScope::wrap(torch::autograd::Node* n) {
-  bool any = false;
-  const std::string name = label_ && *label_ ? (*label_)(*n) : n->name();
+  // The node's label only for nodes that have hooks: most have none, and naming one
+  // demangles its type.
+  std::string name;
+  bool named = false;
+  auto label = [&]() -> const std::string& {
+    if (!named) {
+      name = label_ && *label_ ? (*label_)(*n) : n->name();
+      named = true;
+    }
+    return name;
+  };
   for (auto& h : n->tensor_pre_hooks()) {
     if (dynamic_cast<ObserverPreHook*>(h.get())) continue;
     const int slot = slot_of(h.get());
-    h = std::make_unique<RecordingPreHook>(std::move(h), ir::HookKind::TensorPreHook, name, slot);
-    any = true;
+    h = std::make_unique<RecordingPreHook>(std::move(h), ir::HookKind::TensorPreHook, label(), slot);
   }
   for (auto& [k, h] : n->retains_grad_hooks()) {
     const int slot = slot_of(h.get());
-    h = std::make_unique<RecordingPreHook>(std::move(h), ir::HookKind::RetainsGradHook, name, slot);
-    any = true;
+    h = std::make_unique<RecordingPreHook>(std::move(h), ir::HookKind::RetainsGradHook, label(), slot);
   }
   for (auto& h : n->pre_hooks()) {
     if (dynamic_cast<ObserverPreHook*>(h.get())) continue;
     const int slot = slot_of(h.get());
-    h = std::make_unique<RecordingPreHook>(std::move(h), ir::HookKind::PreHook, name, slot);
-    any = true;
+    h = std::make_unique<RecordingPreHook>(std::move(h), ir::HookKind::PreHook, label(), slot);
   }
   for (auto& h : n->post_hooks()) {
     if (dynamic_cast<ObserverPostHook*>(h.get())) continue;
     const int slot = slot_of(h.get());
-    h = std::make_unique<RecordingPostHook>(std::move(h), name, slot);
-    any = true;
+    h = std::make_unique<RecordingPostHook>(std::move(h), label(), slot);
   }
-  if (any) {
+  if (named) {
     nodes_.push_back(n->getptr());
     TCAP_LOG(Capture, "wrapped the hooks of " << name);
   }
