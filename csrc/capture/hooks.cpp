@@ -123,13 +123,12 @@ int HookWrapScope::slot_of(const void* hook) const {
 }
 
 void HookWrapScope::wrap(torch::autograd::Node* n) {
-  // The node's label only for nodes that have hooks: most have none, and naming one
-  // demangles its type.
+  // The node's label only for nodes that have hooks: most have none.
   std::string name;
   bool named = false;
   auto label = [&]() -> const std::string& {
     if (!named) {
-      name = label_ && *label_ ? (*label_)(*n) : n->name();
+      name = label_ && *label_ ? (*label_)(*n) : node_name(*n);
       named = true;
     }
     return name;

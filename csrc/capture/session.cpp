@@ -56,14 +56,6 @@ bool same_alias_set(const c10::AliasInfo* a, const c10::AliasInfo* b) {
   return a && b && !a->beforeSets().empty() && a->beforeSets() == b->beforeSets();
 }
 
-// Node::name() demangles on every call; a node's name is a function of its type.
-const std::string& node_name(const torch::autograd::Node& node) {
-  thread_local std::unordered_map<std::type_index, std::string> names;
-  auto it = names.find(typeid(node));
-  if (it == names.end()) it = names.emplace(typeid(node), node.name()).first;
-  return it->second;
-}
-
 bool is_floating_or_complex(c10::ScalarType t) {
   return c10::isFloatingType(t) || c10::isComplexType(t);
 }
@@ -77,6 +69,14 @@ int schema_id(const std::string& schema) {
 }
 
 }  // namespace
+
+// A node's name is a function of its type.
+const std::string& node_name(const torch::autograd::Node& node) {
+  thread_local std::unordered_map<std::type_index, std::string> names;
+  auto it = names.find(typeid(node));
+  if (it == names.end()) it = names.emplace(typeid(node), node.name()).first;
+  return it->second;
+}
 
 OpInfo OpInfo::from(const c10::OperatorHandle& op) {
   OpInfo info;

@@ -21,6 +21,9 @@
 
 namespace tcap::capture {
 
+// Node::name() (which demangles on every call), cached per node type on this thread.
+const std::string& node_name(const torch::autograd::Node& node);
+
 // Facts about an operator that the recorder needs on every call, computed once.
 struct OpInfo {
   enum class IntHint : uint8_t { Int, ScalarType, Layout, MemoryFormat };
