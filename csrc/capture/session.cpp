@@ -290,7 +290,6 @@ ir::ValueId Session::define_output(const at::Tensor& t, ir::NodeId producer, int
 void Session::record_schema(const OpInfo& info) {
   const auto k = static_cast<size_t>(info.id);
   if (k >= schema_recorded_.size()) schema_recorded_.resize(k + 1, 0);
-  if (schema_recorded_[k]) return;
   schema_recorded_[k] = 1;
   graph_.schemas()[info.qualified] = info.schema;
 }

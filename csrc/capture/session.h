@@ -115,7 +115,8 @@ class Session {
   void convert(ir::Arg& a, const c10::IValue& iv, OpInfo::IntHint hint, ir::ValueId* first_value);
   ir::ValueId define_output(const at::Tensor& t, ir::NodeId producer, int index, int list_index,
                             bool requires_grad_guess);
-  // Stores the operator's schema in the graph the first time this session records it.
+  // Stores the operator's schema in the graph; after_op calls it the first time this
+  // session records the operator.
   void record_schema(const OpInfo& info);
 
   friend class ::tcap::CaptureGuard;
