@@ -3,6 +3,7 @@
 #include "capture/armed.h"
 #include "compile/replay_node.h"
 
+#include <c10/util/ScopeExit.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/functions/basic_ops.h>
 #include <torch/csrc/dynamo/compiled_autograd.h>
@@ -342,11 +343,7 @@ struct Walker {
     // Lent for the call and moved back (no reference-count traffic: two atomic operations
     // per node otherwise).
     call.node = std::move(w.nodes[id]);
-    struct GiveBack {
-      std::shared_ptr<Node>& from;
-      std::shared_ptr<Node>& to;
-      ~GiveBack() { to = std::move(from); }
-    } give_back{call.node, w.nodes[id]};
+    const auto give_back = c10::make_scope_exit([&] { w.nodes[id] = std::move(call.node); });
     call.tensor_pre_hooks.clear();  // only Python hooks add to these; empty here
     call.cpp_tensor_pre_hooks.clear();
     call.pre_hooks.clear();
