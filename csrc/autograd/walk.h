@@ -64,6 +64,11 @@ struct BackwardWalk {
 void walk_backward(const std::shared_ptr<torch::autograd::Node>& root, const torch::autograd::edge_list& outputs,
                    bool accumulate_grad, BackwardWalk& w);
 
+// Whether walks describe LibTorch's generated nodes from their members (the default) or
+// all through Node::compiled_args (Note [Generated nodes described from their fields]);
+// for tests that compare the two. Returns the previous setting.
+bool set_describe_generated_fields(bool on);
+
 // Accumulates `grad` into the leaf's .grad exactly as the engine's AccumulateGrad node
 // does (steal / clone / add rules, post-accumulate-grad hooks). `grad` is moved from, so
 // an unshared gradient can be stolen.
