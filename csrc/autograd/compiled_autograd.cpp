@@ -135,7 +135,7 @@ class Markers {
  public:
   Markers(const ca::BackwardWalk& w, capture::Session* s) : delivered(w.accumulate.size(), ir::kNoValue) {
     for (size_t i = 0; i < w.accumulate.size(); ++i) {
-      Node* n = w.nodes[w.accumulate[i]].get();
+      Node* n = w.nodes[w.accumulate[i]];
       auto m = std::make_unique<DeliveredMarker>(s, &delivered[i]);
       placed_.emplace_back(n, m.get());
       n->pre_hooks().push_back(std::move(m));
@@ -428,7 +428,7 @@ variable_list Runtime::capture(const Request& r, const ca::BackwardWalk& w, cons
   const auto t0 = std::chrono::steady_clock::now();
   capture::Session s(CaptureOptions{});
   std::unordered_map<const Node*, std::string> labels;
-  for (uint32_t i = 0; i < w.nodes.size(); ++i) labels.emplace(w.nodes[i].get(), w.label(i));
+  for (uint32_t i = 0; i < w.nodes.size(); ++i) labels.emplace(w.nodes[i], w.label(i));
   capture::HookWrapScope::NodeLabeler labeler = [&labels](const Node& n) {
     auto it = labels.find(&n);
     return it == labels.end() ? n.name() : it->second;

@@ -354,7 +354,7 @@ struct Walker {
       const std::shared_ptr<Node>& n = *todo.back();
       todo.pop_back();
       if (!n || !ids.insert(n.get(), static_cast<uint32_t>(w.nodes.size()))) continue;
-      w.nodes.push_back(n);
+      w.nodes.push_back(n.get());
       const NodeType& type = types.of(*n);
       w.names.push_back(&type.name);
       types_of.push_back(&type);
@@ -400,18 +400,22 @@ struct Walker {
       put(key, e.is_valid() ? static_cast<int64_t>(ids.find(e.function.get())) : int64_t{-1});
       put(key, e.input_nr);
     }
-    hooks(id, n.tensor_pre_hooks(), HookSite::TensorPre);
-    {
+    const auto& tensor_pre = n.tensor_pre_hooks();
+    const auto& retains = n.retains_grad_hooks();
+    const bool any_hook = !tensor_pre.empty() || !retains.empty() || !n.pre_hooks().empty() || !n.post_hooks().empty();
+    put(key, any_hook);  // most nodes have none: one byte
+    if (any_hook) {
+      hooks(id, tensor_pre, HookSite::TensorPre);
       uint32_t count = 0;
-      for (const auto& [k, h] : n.retains_grad_hooks()) {
+      for (const auto& [k, h] : retains) {
         w.hooks.push_back({id, HookSite::RetainsGrad, h.get()});
         put(key, static_cast<int64_t>(k));
         ++count;
       }
       put(key, count);
+      hooks(id, n.pre_hooks(), HookSite::Pre);
+      hooks(id, n.post_hooks(), HookSite::Post);
     }
-    hooks(id, n.pre_hooks(), HookSite::Pre);
-    hooks(id, n.post_hooks(), HookSite::Post);
 
     if (id == 0) {  // the GraphRoot: its outputs are the root gradients
       if (types_of[0]->kind != NodeType::Kind::Root) return fail(id, "the backward does not start at a GraphRoot");
@@ -466,10 +470,7 @@ struct Walker {
     // (No set_active_node_call_idx: it only records each input's origin for PyTorch's
     // verbose logging.)
     call.id = id;
-    // Lent for the call and moved back (no reference-count traffic: two atomic operations
-    // per node otherwise).
-    call.node = std::move(w.nodes[id]);
-    const auto give_back = c10::make_scope_exit([&] { w.nodes[id] = std::move(call.node); });
+    call.node = n.getptr();
     call.tensor_pre_hooks.clear();  // only Python hooks add to these; empty here
     call.cpp_tensor_pre_hooks.clear();
     call.pre_hooks.clear();
@@ -539,7 +540,7 @@ void FieldVisitor::operator()(const torch::autograd::SavedVariable& sv) {
     ok = ok && !sv.has_hooks();
     return;
   }
-  at::Tensor t = is_saved_output(sv) ? sv.unpack(walker.w.nodes[id]) : sv.unpack();
+  at::Tensor t = is_saved_output(sv) ? sv.unpack(walker.w.nodes[id]->getptr()) : sv.unpack();
   if (!t.defined()) {
     put(key, uint32_t{0});
     return;
@@ -620,6 +621,7 @@ void walk_backward(const std::shared_ptr<torch::autograd::Node>& root, const tor
   } release{scratch};
 
   Walker walker{w, scratch};
+  w.graph = root;
   walker.discover(root);
   walker.compiler.tensor_args.inputs.reserve(w.nodes.size());
   walker.compiler.all_size_inputs.reserve(w.nodes.size());
@@ -650,6 +652,7 @@ void BackwardWalk::clear() {
   node_key_end.clear();
   sizes.clear();
   nodes.clear();
+  graph.reset();
   names.clear();
   tensors.clear();
   tensor_node.clear();

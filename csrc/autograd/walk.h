@@ -40,7 +40,11 @@ struct BackwardWalk {
   size_t key_size = 0;
   std::vector<size_t> node_key_end;  // per node: where its part of the key ends
   std::vector<SizeRef> sizes;     // sizes and strides of tensors and metadata, in walk order
-  std::vector<std::shared_ptr<torch::autograd::Node>> nodes;  // by NodeCall id; 0 is the root
+  // By NodeCall id; 0 is the root. Plain pointers: `graph` owns them (every node is reached
+  // from the root through edges, which hold shared_ptrs), and a reference count per node
+  // would be two atomic operations each on every backward.
+  std::vector<torch::autograd::Node*> nodes;
+  std::shared_ptr<torch::autograd::Node> graph;  // the root; keeps `nodes` alive
   std::vector<const std::string*> names;  // "MulBackward0" (interned per node type)
   // What the backward reads, in order: the root gradients, then each node's saved tensors.
   std::vector<at::Tensor> tensors;
