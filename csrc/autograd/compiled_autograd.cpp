@@ -369,10 +369,17 @@ variable_list Runtime::replay(const Request& r, const Entry& e, ca::BackwardWalk
   // frees each node's saved tensors once the node has run. The compiled backward gets the
   // same peak memory by releasing the graph's saved variables up front and moving the
   // only remaining references (the walk's unpacked copies) into the executable, which
-  // drops each at its last use.
-  const bool release = !r.keep_graph && (r.outputs == nullptr || r.outputs->empty());
-  if (release) {
-    for (const auto& n : w.nodes) n->release_variables();
+  // drops each at its last use. grad(outputs) and backward(inputs=...) run, and release,
+  // only the nodes above the outputs (ca::nodes_run_for); the others keep their saved
+  // tensors for a later backward, as with the engine.
+  const bool release = !r.keep_graph;
+  if (release && (r.outputs == nullptr || r.outputs->empty())) {
+    for (Node* n : w.nodes) n->release_variables();
+  } else if (release) {
+    const std::vector<char> runs = ca::nodes_run_for(w, *r.outputs, r.accumulate_grad);
+    for (size_t i = 0; i < w.nodes.size(); ++i) {
+      if (runs[i]) w.nodes[i]->release_variables();
+    }
   }
   std::vector<at::Tensor> outs;
   {

@@ -646,6 +646,47 @@ void walk_backward(const std::shared_ptr<torch::autograd::Node>& root, const tor
   w.key_size = key.len;
 }
 
+std::vector<char> nodes_run_for(const BackwardWalk& w, const torch::autograd::edge_list& outputs,
+                                bool accumulate_grad) {
+  const size_t n = w.nodes.size();
+  PtrMap id;
+  for (size_t i = 0; i < n; ++i) id.insert(w.nodes[i], static_cast<uint32_t>(i));
+  std::vector<char> output(n, 0), run(n, 0), done(n, 0);
+  for (const auto& e : outputs) {
+    const uint32_t i = e.is_valid() ? id.find(e.function.get()) : PtrMap::kAbsent;
+    if (i != PtrMap::kAbsent) output[i] = 1;
+  }
+  // Post-order over the DAG (iterative: graphs can be deep): a node runs if a child is an
+  // output or runs.
+  std::vector<std::pair<uint32_t, size_t>> stack;  // node, next edge to look at
+  for (uint32_t start = 0; start < n; ++start) {
+    if (done[start]) continue;
+    stack.emplace_back(start, 0);
+    done[start] = 1;  // on the stack or finished (a DAG has no back edges)
+    while (!stack.empty()) {
+      auto& [v, next] = stack.back();
+      const auto& edges = w.nodes[v]->next_edges();
+      if (next < edges.size()) {
+        const auto& e = edges[next++];
+        const uint32_t c = e.is_valid() ? id.find(e.function.get()) : PtrMap::kAbsent;
+        if (c != PtrMap::kAbsent && !done[c]) {
+          done[c] = 1;
+          stack.emplace_back(c, 0);
+        }
+        continue;
+      }
+      bool runs = accumulate_grad && output[v];
+      for (const auto& e : edges) {
+        const uint32_t c = e.is_valid() ? id.find(e.function.get()) : PtrMap::kAbsent;
+        if (c != PtrMap::kAbsent && (output[c] || run[c])) runs = true;
+      }
+      run[v] = runs;
+      stack.pop_back();
+    }
+  }
+  return run;
+}
+
 void BackwardWalk::clear() {
   why_not.clear();
   key_size = 0;

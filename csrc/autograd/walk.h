@@ -68,6 +68,13 @@ struct BackwardWalk {
 void walk_backward(const std::shared_ptr<torch::autograd::Node>& root, const torch::autograd::edge_list& outputs,
                    bool accumulate_grad, BackwardWalk& w);
 
+// For grad(outputs) and backward(inputs=...): by NodeCall id, whether the engine would
+// run the node, i.e. whether one of `outputs` is reachable below it (with
+// `accumulate_grad`, an output's own node runs too), as GraphTask::init_to_execute
+// decides. Only the nodes it runs release their saved variables.
+std::vector<char> nodes_run_for(const BackwardWalk& w, const torch::autograd::edge_list& outputs,
+                                bool accumulate_grad);
+
 // Whether walks describe LibTorch's generated nodes from their members (the default) or
 // all through Node::compiled_args (Note [Generated nodes described from their fields]);
 // for tests that compare the two. Returns the previous setting.

@@ -305,6 +305,26 @@ TEST_F(CompiledAutograd, GradIsCompiled) {
   }
 }
 
+// grad() without retain_graph frees the saved tensors of the nodes it runs (a second
+// grad() through them fails, as with the engine) and keeps the others' (a later grad()
+// of another leaf through them works), on replays too.
+TEST_F(CompiledAutograd, GradReleasesOnlyTheNodesItRuns) {
+  for (int step = 0; step < 3; ++step) {
+    auto a = torch::randn({5}, torch::requires_grad());
+    auto b = torch::randn({5}, torch::requires_grad());
+    auto loss = torch::sin(a).sum() + torch::cos(b).sum();
+    tcap::CompiledAutogradGuard ca(opts("grad_release"));
+    auto ga = torch::autograd::grad({loss}, {a});
+    EXPECT_TRUE(close(ga[0], torch::cos(a.detach())));
+    EXPECT_EQ(ca.stats().hits, step);
+    // cos's node did not run: its saved tensor is still there.
+    auto gb = torch::autograd::grad({loss}, {b});
+    EXPECT_TRUE(close(gb[0], -torch::sin(b.detach())));
+    // sin's node ran and released its saved tensor.
+    EXPECT_THROW(torch::autograd::grad({loss}, {a}), c10::Error) << "step " << step;
+  }
+}
+
 // A hook that throws: the exception reaches the caller, the engine stays usable.
 TEST_F(CompiledAutograd, ExceptionInHookPropagates) {
   for (int step = 0; step < 3; ++step) {
