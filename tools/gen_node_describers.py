@@ -40,6 +40,15 @@ SUPPORTED = {
     "c10::OptionalArray<c10::SymInt>",
     "std::string",
     "std::optional<std::string>",
+    "size_t",
+    "at::TensorOptions",
+    "torch::autograd::generated::TypeAndSize",
+    "std::vector<SavedVariable>",
+    "std::vector<at::Scalar>",
+    "::std::vector<at::ScalarType>",
+    "::std::vector<::std::vector<c10::SymInt>>",
+    "::std::vector<::std::vector<int64_t>>",
+    "at::TensorGeometry",
 }
 
 STRUCT = re.compile(r"struct TORCH_API (\w+) : public (\w+) \{\n#endif\n(.*?)\n\};", re.S)

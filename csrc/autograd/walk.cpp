@@ -38,15 +38,18 @@
 // every saved tensor goes through TensorArgs, two std::unordered_map inserts (a malloc
 // each) plus the compiler's teardown; on ca_chain that was a third of the walk. A
 // generated node's compiled_args only collects the node's members, one after another,
-// so for the generated nodes whose members all have types FieldVisitor knows
-// (generated_nodes.inc, written by tools/gen_node_describers.py from the installed
-// Functions.h) the walk describes the members itself, with the same meaning:
+// so for the generated nodes whose members all have types FieldVisitor knows (all 701 of
+// LibTorch 2.11's; generated_nodes.inc, written by tools/gen_node_describers.py from the
+// installed Functions.h) the walk describes the members itself, with the same meaning:
 //  - a SavedVariable is unpacked (with the node, for a saved output) and lifted into the
 //    backward's tensors, deduplicated by TensorImpl like TensorArgs does; the key gets its
 //    index, and for a new tensor its metadata and requires_grad (after the node's members,
 //    so the sizes come in compiled_args' order: SymInts first, then tensor metadata);
 //  - a SymInt is a size compared per call (it can become dynamic), like an all_size_input;
-//  - scalars, dtypes, layouts, ints, doubles, strings and lists of them are key bytes.
+//    so are the sizes in a TypeAndSize and the sizes, strides and offset of a
+//    TensorGeometry;
+//  - scalars, dtypes, layouts, TensorOptions, ints, doubles, strings and lists of them
+//    are key bytes.
 // The key describes at least what compiled_args does: every member, not only the ones
 // compiled_args collects. Each entry mirrors the node's members in a struct with the same
 // base and static_asserts equal sizes, so a release that adds a member breaks the build
@@ -144,6 +147,30 @@ struct FieldVisitor {
   void operator()(bool v) { bytes(v); }
   void operator()(int64_t v) { bytes(v); }
   void operator()(double v) { bytes(v); }
+  void operator()(size_t v) { bytes(v); }
+  void operator()(const c10::TensorOptions& o) {  // what CompiledNodeArgs::collect takes
+    bytes(static_cast<int8_t>(o.device().type()));
+    bytes(o.device().index());
+    bytes(o.dtype().id());
+    bytes(o.layout());
+    bytes(o.requires_grad());
+    bytes(o.pinned_memory());
+    (*this)(o.memory_format_opt());
+  }
+  void operator()(const torch::autograd::TypeAndSize& t) {
+    (*this)(t.sym_sizes);
+    (*this)(t.options);
+  }
+  void operator()(c10::MemoryFormat v) { bytes(v); }
+  void operator()(const at::TensorGeometry& g) {  // sizes, strides, offset: all sizes
+    (*this)(g.sym_sizes());
+    (*this)(g.sym_strides());
+    (*this)(g.sym_storage_offset());
+  }
+  void operator()(c10::SymIntArrayRef list) {
+    bytes(static_cast<uint32_t>(list.size()));
+    for (const c10::SymInt& x : list) (*this)(x);
+  }
   template <class T>
   void operator()(const std::vector<T>& list) {
     bytes(static_cast<uint32_t>(list.size()));

@@ -111,6 +111,17 @@ TEST(BackwardWalk, KeyTellsApartMembersOfGeneratedNodes) {
        [](const at::Tensor& x) { return x.view({1, -1, 1}).expand({2, -1, 2}).permute({2, 0, 1}) * 3; }},
       // two saved tensors that are one tensor, against two tensors (MulBackward0)
       {[](const at::Tensor& x) { return x * x; }, [](const at::Tensor& x) { return x * (x + 0); }},
+      // at::TensorOptions (ToCopyBackward0::self_options)
+      {[](const at::Tensor& x) { return x.to(torch::kDouble); },
+       [](const at::Tensor& x) { return x.to(torch::kDouble).to(torch::kFloat).to(torch::kDouble); }},
+      {[](const at::Tensor& x) { return x.to(torch::kDouble) * 2; }, [](const at::Tensor& x) { return x.to(torch::kHalf) * 2; }},
+      // size_t and std::vector<at::ScalarType> (StackBackward0: two tensors against three)
+      {[](const at::Tensor& x) { return torch::stack({x, x * 2}); },
+       [](const at::Tensor& x) { return torch::stack({x, x * 2, x * 3}).narrow(0, 0, 2); }},
+      // std::vector<std::vector<c10::SymInt>> sizes are sizes, compared apart; the dim is a
+      // byte (CatBackward0::dim)
+      {[](const at::Tensor& x) { return torch::cat({x.view({1, -1}), x.view({1, -1})}, 0); },
+       [](const at::Tensor& x) { return torch::cat({x.view({1, -1}), x.view({1, -1})}, 1).view({2, -1}); }},
   };
   for (size_t i = 0; i < std::size(pairs); ++i) {
     EXPECT_EQ(key_of(pairs[i].first), key_of(pairs[i].first)) << "pair " << i;
@@ -137,6 +148,15 @@ TEST(BackwardWalk, GeneratedNodesByMembersMatchCompiledArgs) {
                torch::clamp(x, -0.5, 0.5) * torch::where(x > 0, x, x * 2) + torch::maximum(x, x.flip(0));
       },
       [](const at::Tensor& x) { return x.narrow(0, 1, 3).unsqueeze(1).expand({3, 2}).transpose(0, 1).mean(1); },
+      // Lists of saved tensors, TensorOptions, TypeAndSize, TensorGeometry, nested lists.
+      [](const at::Tensor& x) {
+        auto parts = (x * 2).split(3);
+        at::Tensor idx = torch::tensor({0, 2, 2}, torch::kLong);
+        at::Tensor y = torch::cat({parts[0], x.to(torch::kDouble).to(torch::kFloat)}, 0);
+        at::Tensor z = torch::stack({x.index({idx}), x.flip(0).narrow(0, 0, 3)}, 1).sum(1);
+        at::Tensor w = x.as_strided({2, 2}, {1, 2}, 1).reshape({-1});
+        return torch::cat({y, z, w, torch::index_put(x, {idx}, x.narrow(0, 0, 3) * 3)}, 0);
+      },
   };
   for (size_t i = 0; i < std::size(forwards); ++i) {
     auto x = torch::randn({7}, torch::requires_grad());
