@@ -173,7 +173,7 @@ class RecordingScope {
   bool prev_mt_;
 };
 
-std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+using ca::first_line;
 
 // A BackwardWalk from this thread's pool: the walk runs on every backward, and reusing
 // its buffers keeps it from allocating (see the lookup_us benchmark). It goes back
@@ -373,12 +373,11 @@ variable_list Runtime::replay(const Request& r, const Entry& e, ca::BackwardWalk
   // only the nodes above the outputs (ca::nodes_run_for); the others keep their saved
   // tensors for a later backward, as with the engine.
   const bool release = !r.keep_graph;
-  if (release && (r.outputs == nullptr || r.outputs->empty())) {
-    for (Node* n : w.nodes) n->release_variables();
-  } else if (release) {
-    const std::vector<char> runs = ca::nodes_run_for(w, *r.outputs, r.accumulate_grad);
+  if (release) {
+    const bool whole = r.outputs == nullptr || r.outputs->empty();
+    const std::vector<char> runs = whole ? std::vector<char>() : ca::nodes_run_for(w, *r.outputs, r.accumulate_grad);
     for (size_t i = 0; i < w.nodes.size(); ++i) {
-      if (runs[i]) w.nodes[i]->release_variables();
+      if (whole || runs[i]) w.nodes[i]->release_variables();
     }
   }
   std::vector<at::Tensor> outs;

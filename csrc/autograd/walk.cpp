@@ -97,12 +97,6 @@ C10_ALWAYS_INLINE void put(KeyWriter& key, const T& v) {
   key.write(&v, sizeof(T));
 }
 
-std::string first_line(const char* what) {
-  std::string msg = what;
-  if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
-  return msg;
-}
-
 bool is_observer(const torch::autograd::FunctionPreHook* h) {
   return dynamic_cast<const capture::ObserverPreHook*>(h) != nullptr;
 }
@@ -639,13 +633,10 @@ void walk_backward(const std::shared_ptr<torch::autograd::Node>& root, const tor
   scratch.types.clear();
   scratch.saved.clear();
   scratch.lifted.clear();
-  struct Release {
-    Scratch& s;
-    ~Release() {
-      s.region_tensors.clear();
-      s.busy = false;
-    }
-  } release{scratch};
+  const auto release = c10::make_scope_exit([&scratch] {
+    scratch.region_tensors.clear();
+    scratch.busy = false;
+  });
 
   Walker walker{w, scratch};
   w.graph = root;
@@ -713,6 +704,8 @@ std::vector<char> nodes_run_for(const BackwardWalk& w, const torch::autograd::ed
   }
   return run;
 }
+
+std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
 
 void BackwardWalk::clear() {
   why_not.clear();

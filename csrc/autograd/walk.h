@@ -75,6 +75,10 @@ void walk_backward(const std::shared_ptr<torch::autograd::Node>& root, const tor
 std::vector<char> nodes_run_for(const BackwardWalk& w, const torch::autograd::edge_list& outputs,
                                 bool accumulate_grad);
 
+// The first line of a message (PyTorch's errors carry a backtrace after it), for logs
+// and reasons.
+std::string first_line(const std::string& s);
+
 // Whether walks describe LibTorch's generated nodes from their members (the default) or
 // all through Node::compiled_args (Note [Generated nodes described from their fields]);
 // for tests that compare the two. Returns the previous setting.
