@@ -1,9 +1,15 @@
 // cpu_llvm: accuracy of the vectorised transcendentals (glibc libmvec, Note [CPU math
 // library]) measured in ulps against a long-double reference on fresh random inputs,
 // including large arguments, overflow/underflow edges and NaN-producing domains.
+#include "codegen/cpu_llvm/testing.h"
 #include "kernel_builder.h"
 
+#include <ATen/Parallel.h>
+
+#include <algorithm>
 #include <cfloat>
+#include <cstdlib>
+#include <cstring>
 #include <cmath>
 #include <iomanip>
 #include <limits>
@@ -146,6 +152,159 @@ TEST(CpuLlvmMath, TranscendentalsWithinFourUlpF64) {
   const auto seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   for (const MathCase& c : cases()) check_math<double>(c, seed);
+}
+
+// f32 sin and cos are inline code of our own (Note [CPU sin and cos]): at most 1.6 ulp
+// on |x| <= 2^18, the library's 4 ulp beyond, the same bits in vector lanes and in the
+// scalar tail, and the zero, NaN and infinity cases of eager.
+constexpr double kSinCosMaxUlp = 1.6;
+constexpr float kSinCosFastLimit = 262144.0f;
+
+std::shared_ptr<const codegen::CpuKernel> sin_cos_kernel(OpCode op, int64_t n) {
+  KernelBuilder kb(op == OpCode::Sin ? "sin_f32" : "cos_f32", {n});
+  int32_t bx = kb.input(DType::F32), bo = kb.output(DType::F32);
+  kb.store(kb.un(op, kb.load(bx, {1})), bo, {1});
+  return compile(kb);
+}
+
+// Worst ulp error of sin or cos over x (split at the fast limit); prints and checks it.
+void check_sin_cos(OpCode op, const at::Tensor& x, const std::string& what) {
+  auto ck = sin_cos_kernel(op, x.numel());
+  at::Tensor out = at::empty_like(x);
+  run(*ck, {x, out});
+  const float* xp = x.data_ptr<float>();
+  const float* op_ = out.data_ptr<float>();
+  double worst[2] = {0, 0};
+  int64_t at_i[2] = {0, 0};
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const double xd = xp[i];
+    const double e = ulp_error<float>(op_[i], op == OpCode::Sin ? std::sin(static_cast<long double>(xd))
+                                                                : std::cos(static_cast<long double>(xd)));
+    const int big = std::fabs(xp[i]) > kSinCosFastLimit ? 1 : 0;
+    if (e > worst[big]) {
+      worst[big] = e;
+      at_i[big] = i;
+    }
+  }
+  std::cout << "[ ulp      ] " << kir::to_string(op) << ".f32 " << what << ": max " << std::setprecision(3) << worst[0]
+            << " ulp for |x| <= 2^18, " << worst[1] << " beyond\n";
+  EXPECT_LE(worst[0], kSinCosMaxUlp) << what << " at x = " << std::setprecision(9) << xp[at_i[0]] << ": got "
+                                     << op_[at_i[0]];
+  EXPECT_LE(worst[1], kMaxUlp) << what << " at x = " << std::setprecision(9) << xp[at_i[1]] << ": got "
+                               << op_[at_i[1]];
+}
+
+TEST(CpuLlvmMath, SinCosF32OwnCodeWithinOnePointSixUlp) {
+  const auto seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 g(seed);
+  std::vector<float> v;
+  // Uniform over the fast range and over small arguments.
+  for (int i = 0; i < 200000; ++i) v.push_back(static_cast<float>(uniform(g, -kSinCosFastLimit, kSinCosFastLimit)));
+  for (int i = 0; i < 100000; ++i) v.push_back(static_cast<float>(uniform(g, -8, 8)));
+  for (int i = 0; i < 50000; ++i) v.push_back(static_cast<float>(log_uniform(g, -40, 5.4, true)));
+  // The hard cases of the reduction: floats next to multiples of pi/2.
+  for (int i = 0; i < 50000; ++i) {
+    const double k = std::round(uniform(g, -166886, 166886));  // |k pi/2| <= 2^18
+    float f = static_cast<float>(k * M_PI / 2);
+    for (int d = std::uniform_int_distribution<int>(0, 3)(g); d > 0; --d) f = std::nextafter(f, coin(g, 0.5) ? 1e9f : -1e9f);
+    v.push_back(f);
+  }
+  // Around the fast limit, so that vectors mix fast and library lanes; and far beyond.
+  float below = kSinCosFastLimit, above = kSinCosFastLimit;
+  for (int i = 0; i < 64; ++i) {
+    v.push_back(below = std::nextafter(below, 0.f));
+    v.push_back(-(above = std::nextafter(above, 1e9f)));
+  }
+  for (int i = 0; i < 20000; ++i) v.push_back(static_cast<float>(log_uniform(g, 5.5, 38, true)));
+  std::shuffle(v.begin(), v.end(), g);
+  const float specials[] = {0.f, -0.f, std::numeric_limits<float>::denorm_min(), -std::numeric_limits<float>::denorm_min(),
+                            std::numeric_limits<float>::min(), std::numeric_limits<float>::max(),
+                            -std::numeric_limits<float>::max(), std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()};
+  v.insert(v.begin(), std::begin(specials), std::end(specials));
+  v.push_back(-0.f);  // in the scalar tail too (the length is odd)
+  if (v.size() % 8 == 0) v.push_back(1.f);
+  at::Tensor x = at::from_blob(v.data(), {static_cast<int64_t>(v.size())}, at::kFloat).clone();
+  for (OpCode op : {OpCode::Sin, OpCode::Cos}) {
+    check_sin_cos(op, x, "sampled");
+    // Eager's zeros, NaN and infinities, bit for bit where it matters.
+    auto ck = sin_cos_kernel(op, x.numel());
+    at::Tensor out = at::empty_like(x);
+    run(*ck, {x, out});
+    const at::Tensor ref = op == OpCode::Sin ? x.sin() : x.cos();
+    for (int64_t i : {int64_t{0}, int64_t{1}, x.numel() - 1}) {
+      EXPECT_EQ(std::signbit(out[i].item<float>()), std::signbit(ref[i].item<float>())) << "x = " << x[i].item<float>();
+      EXPECT_EQ(out[i].item<float>(), ref[i].item<float>()) << "x = " << x[i].item<float>();
+    }
+    for (int64_t i = 7; i <= 9; ++i) EXPECT_TRUE(std::isnan(out[i].item<float>())) << "x = " << x[i].item<float>();
+    // Vector lanes and the scalar tail compute the same bits: shift the data by one so
+    // every element of the tail lands in a vector (and back).
+    const int64_t n = x.numel();
+    at::Tensor shifted = at::roll(x, 5);
+    at::Tensor out_shifted = at::empty_like(x);
+    run(*ck, {shifted, out_shifted});
+    EXPECT_TRUE(at::equal(at::roll(out_shifted, -5).isnan(), out.isnan()));
+    EXPECT_TRUE(at::equal(at::roll(out_shifted, -5).nan_to_num(0), out.nan_to_num(0))) << n << " elements";
+    // 128-bit vectors (4 lanes) give the same bits as the host's width.
+    codegen::cpu_llvm_set_vector_bits_for_testing(128);
+    auto ck128 = sin_cos_kernel(op, n);
+    codegen::cpu_llvm_set_vector_bits_for_testing(0);
+    at::Tensor out128 = at::empty_like(x);
+    run(*ck128, {x, out128});
+    EXPECT_TRUE(at::equal(out128.nan_to_num(0), out.nan_to_num(0)));
+  }
+}
+
+// Every f32 in [0, 2^19] (negative x mirrors exactly): about a minute on two cores, so
+// only with TCAP_EXHAUSTIVE=1 (about 90 s). This is the sweep behind the bound in Note [CPU
+// sin and cos].
+TEST(CpuLlvmMath, SinCosF32Exhaustive) {
+  const char* env = std::getenv("TCAP_EXHAUSTIVE");
+  if (!env || std::string(env) != "1") GTEST_SKIP() << "set TCAP_EXHAUSTIVE=1 to check every f32 in [0, 2^19]";
+  const float hi = 2 * kSinCosFastLimit;
+  uint32_t last = 0;
+  std::memcpy(&last, &hi, sizeof last);
+  const int64_t chunk = int64_t{1} << 24;
+  for (OpCode op : {OpCode::Sin, OpCode::Cos}) {
+    auto ck = sin_cos_kernel(op, chunk);
+    double worst[2] = {0, 0};
+    float worst_x[2] = {0, 0};
+    at::Tensor x = at::empty({chunk}, at::kFloat), out = at::empty({chunk}, at::kFloat);
+    for (uint64_t start = 0; start <= last; start += static_cast<uint64_t>(chunk)) {
+      uint32_t* xb = reinterpret_cast<uint32_t*>(x.data_ptr<float>());
+      for (int64_t i = 0; i < chunk; ++i) xb[i] = static_cast<uint32_t>(std::min<uint64_t>(start + i, last));
+      run(*ck, {x, out});
+      const float* xp = x.data_ptr<float>();
+      const float* o = out.data_ptr<float>();
+      double w[2] = {0, 0};
+      float wx[2] = {0, 0};
+      at::parallel_for(0, 2, 1, [&](int64_t b, int64_t e) {
+        for (int64_t part = b; part < e; ++part) {
+          for (int64_t i = part; i < chunk; i += 2) {
+            const double xd = xp[i];
+            const double err = ulp_error<float>(o[i], op == OpCode::Sin ? std::sin(xd) : std::cos(xd));
+            if (err > w[part]) {
+              w[part] = err;
+              wx[part] = xp[i];
+            }
+          }
+        }
+      });
+      for (int part = 0; part < 2; ++part) {
+        const int big = std::fabs(wx[part]) > kSinCosFastLimit ? 1 : 0;
+        if (w[part] > worst[big]) {
+          worst[big] = w[part];
+          worst_x[big] = wx[part];
+        }
+      }
+    }
+    std::cout << "[ ulp      ] " << kir::to_string(op) << ".f32 every x in [0, 2^19]: max " << std::setprecision(4)
+              << worst[0] << " ulp at " << std::setprecision(9) << worst_x[0] << " (|x| <= 2^18), "
+              << std::setprecision(4) << worst[1] << " beyond\n";
+    EXPECT_LE(worst[0], kSinCosMaxUlp);
+    EXPECT_LE(worst[1], kMaxUlp);
+  }
 }
 
 // pow with the exponents ATen special-cases (2, 3, 0.5, -0.5, -1, -2) computes what ATen does.

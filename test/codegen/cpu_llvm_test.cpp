@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <limits>
+#include <sstream>
 #include <thread>
 
 namespace tcap::test {
@@ -543,6 +544,40 @@ TEST(CpuLlvmPointwise, LlvmIrShowsVectorMath) {
   const std::string ir128 = codegen::cpu_kernel_llvm_ir(kb.k);
   codegen::cpu_llvm_set_vector_bits_for_testing(0);
   EXPECT_NE(ir128.find("_ZGVbN4v_expf"), std::string::npos) << ir128;
+}
+
+// f32 sin and cos are inline (Note [CPU sin and cos]); the library is only called for
+// lanes beyond the fast range, and not at all for the sin of a cos, whose argument lies in
+// [-1, 1]. sin(x) and cos(x) of one x share their range reduction.
+TEST(CpuLlvmPointwise, SinOfCosNeedsNoRangeCheck) {
+  const int64_t n = 4099;
+  KernelBuilder kb("sin_cos", {n});
+  int32_t bx = kb.input(DType::F32), bo = kb.output(DType::F32), bp = kb.output(DType::F32);
+  int32_t x = kb.load(bx, {1});
+  int32_t c = kb.un(OpCode::Cos, x);
+  kb.store(kb.un(OpCode::Sin, c), bo, {1});
+  kb.store(kb.bin(OpCode::Mul, kb.un(OpCode::Sin, x), c), bp, {1});
+  const std::string ir = codegen::cpu_kernel_llvm_ir(kb.k);
+  auto count = [&](const std::string& s, bool at_start) {  // lines containing (or starting with) s
+    size_t k = 0;
+    std::istringstream lines(ir);
+    for (std::string line; std::getline(lines, line);) k += at_start ? line.rfind(s, 0) == 0 : line.find(s) != std::string::npos;
+    return k;
+  };
+  if (codegen::cpu_target_description().find("+fma") != std::string::npos) {
+    // The vector body and the scalar tail: one library branch each for cos(x) and for
+    // sin(x), none for sin(cos(x)); one reduction (a multiply by 2/pi) per x.
+    EXPECT_EQ(count("cos.large", true), 2u) << ir;  // block labels
+    EXPECT_EQ(count("sin.large", true), 2u) << ir;
+    EXPECT_EQ(count("0x3FE45F3060000000", false), 2u * 2u) << ir;  // 2/pi: x and cos(x), body and tail
+  }
+  at::manual_seed(fresh_seed());
+  at::Tensor in = (at::rand({n}) - 0.5) * 100;
+  in[0] = 3e5;  // one lane beyond the fast range
+  at::Tensor out = at::empty({n}), prod = at::empty({n});
+  run(*compile(kb), {in, out, prod});
+  EXPECT_TRUE(close(out, in.cos().sin(), 3e-7, 1e-7, kb.k));
+  EXPECT_TRUE(close(prod, in.sin() * in.cos(), 3e-7, 1e-7, kb.k));
 }
 
 #endif  // TCAP_HAVE_LLVM

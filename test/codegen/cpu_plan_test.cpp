@@ -19,6 +19,7 @@ TargetInfo target(int bits) {
   t.x86 = true;
   t.has_avx2 = bits >= 256;
   t.has_avx512f = bits >= 512;
+  t.has_fma = bits >= 256;
   t.libmvec = true;
   return t;
 }

@@ -23,7 +23,7 @@ namespace {
 // Bump whenever the renderer emits different code for the same kernel IR, so that old
 // disk cache entries stop matching (libtcap's build id in the key catches the changes
 // nobody bumped this for; see kernel_cache.h).
-constexpr int kCodegenVersion = 1;
+constexpr int kCodegenVersion = 2;  // 2: inline f32 sin/cos (Note [CPU sin and cos])
 
 struct Backend {
   std::mutex mu;

@@ -54,6 +54,9 @@ class ValueEmitter {
   // exp, log, ..., pow on f32/f64 compute values: glibc libmvec for vectors, libm for
   // scalars (math_lib.cpp). `y` is the exponent of Pow, null otherwise.
   llvm::Value* math(kir::OpCode op, llvm::Value* x, llvm::Value* y);
+  // sin or cos of f32 values, inline (Note [CPU sin and cos], math_lib.cpp). `small_arg`:
+  // |x| <= 1 is known (x is a sin, cos, tanh or erf), so no lane can need the library.
+  llvm::Value* sin_cos_f32(kir::OpCode op, llvm::Value* x, bool small_arg);
 
  private:
   llvm::Value* float_op(const kir::Kernel& k, const kir::Instr& in, const std::vector<llvm::Value*>& x);

@@ -74,6 +74,7 @@ CpuJit* CpuJit::get(std::string* why) {
     t.x86 = jtmb->getTargetTriple().getArch() == llvm::Triple::x86_64;
     t.has_avx2 = t.x86 && has_feature(features, "avx2");
     t.has_avx512f = t.x86 && has_feature(features, "avx512f");
+    t.has_fma = t.x86 ? has_feature(features, "fma") : jtmb->getTargetTriple().getArch() == llvm::Triple::aarch64;
     t.vector_bits = t.has_avx512f ? 512 : t.has_avx2 ? 256 : 128;
     jtmb->setFeatures(t.features);
     auto tm = jtmb->createTargetMachine();

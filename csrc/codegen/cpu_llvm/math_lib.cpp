@@ -1,4 +1,4 @@
-// Transcendentals: glibc's libmvec for vectors, libm for scalars.
+// Transcendentals: glibc's libmvec for vectors, libm for scalars; f32 sin and cos inline.
 //
 // Note [CPU math library]
 // LLVM's llvm.exp & co. stay scalar unless a vector library is configured, and a scalar
@@ -17,8 +17,10 @@
 #include <c10/util/Exception.h>
 
 #include <llvm/IR/Constants.h>
+#include <llvm/IR/MDBuilder.h>
 
 #include <algorithm>
+#include <cstring>
 
 namespace tcap::codegen::cpu {
 
@@ -113,6 +115,96 @@ Value* ValueEmitter::call_vector_math(const std::string& name, Value* x, Value* 
     parts = std::move(joined);
   }
   return parts[0];
+}
+
+// Note [CPU sin and cos]
+// f32 sin and cos (also the compute form of bf16 and f16) are emitted inline instead of
+// calling libmvec, on targets with hardware FMA:
+//   q = round(x * 2/pi)        adding and subtracting 1.5 * 2^23 in one FMA; the low bits
+//                              of the sum's bit pattern are q mod 4
+//   r = x - q * pi/2           three FMAs (Cody-Waite; pi/2 = C1 + C2 + C3 + 1.06e-23, the
+//                              first product is exact, so r keeps its bits when x is near
+//                              a multiple of pi/2)
+//   s = r + r^3 P(r^2), c = 1 + r^2 (-1/2 + r^2 Q(r^2))   Cephes' sinf/cosf minimax
+//                              polynomials on [-pi/4, pi/4]
+//   sin x = (s, c, -s, -c)[q mod 4]; cos x is the same at q + 1.
+// Checked against double sin/cos on every f32 in [0, 2^18]: at most 1.54 ulp
+// (cpu_llvm_math_test.cpp; TCAP_EXHAUSTIVE=1 runs that sweep, about 90 s). Negative
+// x mirrors exactly. A vector with a lane above kSinCosFastLimit (2^18) or infinite takes
+// a branch that calls the library for the whole vector and keeps its result for those
+// lanes; NaN stays NaN on the fast path; sin(-0) is -0.
+// Why not libmvec: the coscos backward needs sin(x) and cos(x) of one x and sin of the
+// cos; inline, LLVM shares the reduction and polynomials between sin(x) and cos(x) (only
+// the final selects differ), an argument known to lie in [-1, 1] skips the range test,
+// and no call spills the kernel's live vectors (all vector registers are caller-saved in
+// the x86-64 ABI). Without FMA the reduction would need shorter constants; those
+// targets keep libmvec.
+namespace {
+constexpr float kSinCosFastLimit = 262144.0f;  // 2^18
+}  // namespace
+
+Value* ValueEmitter::sin_cos_f32(kir::OpCode op, Value* x, bool small_arg) {
+  const bool is_cos = op == kir::OpCode::Cos;
+  const int lanes = lanes_of(x);
+  llvm::Type* ft = x->getType();
+  llvm::Type* it = vector_type(b_.getInt32Ty(), lanes);
+  auto f = [&](uint32_t bits) {
+    float v;
+    static_assert(sizeof v == sizeof bits);
+    std::memcpy(&v, &bits, sizeof v);
+    return float_const(b_.getFloatTy(), v, lanes);
+  };
+  auto fc = [&](float v) { return float_const(b_.getFloatTy(), v, lanes); };
+  auto fma = [&](Value* a, Value* m, Value* c) {
+    return b_.CreateIntrinsic(llvm::Intrinsic::fma, {ft}, {a, m, c});
+  };
+  Value* magic = fc(12582912.0f);                           // 1.5 * 2^23
+  Value* qm = fma(x, f(0x3f22f983), magic);                 // x * (2/pi) + magic, rounded once
+  Value* q = b_.CreateFSub(qm, magic);
+  Value* r = fma(q, f(0xbfc90fdb), x);                      // - C1 = -1.57079637
+  r = fma(q, f(0x333bbd2e), r);                             // - C2 = +4.37113883e-8
+  r = fma(q, f(0x26f72ced), r);                             // - C3 = +1.71512451e-15
+  Value* z = b_.CreateFMul(r, r);
+  Value* p = fma(fma(fc(-1.9515295891e-4f), z, fc(8.3321608736e-3f)), z, fc(-1.6666654611e-1f));
+  Value* s = fma(p, b_.CreateFMul(z, r), r);
+  Value* qc = fma(fma(fma(fc(2.443315711809948e-5f), z, fc(-1.388731625493765e-3f)), z, fc(4.166664568298827e-2f)), z,
+                  fc(-0.5f));
+  Value* c = fma(qc, z, fc(1.0f));
+  Value* quadrant = b_.CreateBitCast(qm, it);
+  if (is_cos) quadrant = b_.CreateAdd(quadrant, int_const(b_.getInt32Ty(), 1, lanes));
+  Value* odd = b_.CreateICmpNE(b_.CreateAnd(quadrant, int_const(b_.getInt32Ty(), 1, lanes)),
+                               int_const(b_.getInt32Ty(), 0, lanes));
+  Value* v = b_.CreateSelect(odd, c, s);
+  Value* sign = b_.CreateShl(b_.CreateAnd(quadrant, int_const(b_.getInt32Ty(), 2, lanes)),
+                             int_const(b_.getInt32Ty(), 30, lanes));
+  Value* fast = b_.CreateBitCast(b_.CreateXor(b_.CreateBitCast(v, it), sign), ft);
+  if (!is_cos) {
+    // r + r^3 P is +0 for x = -0 (the two zero terms add to +0): keep x's zero.
+    fast = b_.CreateSelect(b_.CreateFCmpOEQ(x, float_const(b_.getFloatTy(), 0.0, lanes)), x, fast);
+  }
+  if (small_arg) return fast;
+
+  // Lanes beyond the fast range (or infinite): the library, for the whole vector.
+  // (ordered: NaN stays on the fast path)
+  Value* big = b_.CreateFCmpOGT(b_.CreateUnaryIntrinsic(llvm::Intrinsic::fabs, x), fc(kSinCosFastLimit));
+  Value* any = lanes == 1 ? big : b_.CreateOrReduce(big);
+  llvm::BasicBlock* fast_bb = b_.GetInsertBlock();
+  llvm::Function* fn = fast_bb->getParent();
+  auto& ctx = m_.getContext();
+  auto* slow_bb = llvm::BasicBlock::Create(ctx, is_cos ? "cos.large" : "sin.large", fn);
+  auto* join_bb = llvm::BasicBlock::Create(ctx, is_cos ? "cos.join" : "sin.join", fn);
+  b_.CreateCondBr(any, slow_bb, join_bb, llvm::MDBuilder(ctx).createBranchWeights(1, 1 << 20));
+  b_.SetInsertPoint(slow_bb);
+  const char* name = is_cos ? "cosf" : "sinf";
+  Value* lib = lanes == 1 ? call_scalar_math(name, x, nullptr) : call_vector_math(name, x, nullptr);
+  Value* mixed = lanes == 1 ? lib : b_.CreateSelect(big, lib, fast);
+  llvm::BasicBlock* slow_end = b_.GetInsertBlock();
+  b_.CreateBr(join_bb);
+  b_.SetInsertPoint(join_bb);
+  llvm::PHINode* phi = b_.CreatePHI(ft, 2, is_cos ? "cos" : "sin");
+  phi->addIncoming(fast, fast_bb);
+  phi->addIncoming(mixed, slow_end);
+  return phi;
 }
 
 Value* ValueEmitter::math(kir::OpCode op, Value* x, Value* y) {

@@ -196,6 +196,28 @@ Value* ValueEmitter::op(const kir::Kernel& k, const kir::Instr& in, const std::v
   return int_op(in, args);
 }
 
+namespace {
+
+// Whether every value of instruction `v` lies in [-1, 1] (or is NaN): results of sin, cos,
+// tanh and erf, and their negations, absolute values and floating casts.
+bool within_one(const kir::Kernel& k, int32_t v) {
+  const kir::Instr& in = k.instrs[static_cast<size_t>(v)];
+  switch (in.op) {
+    case OpCode::Sin:
+    case OpCode::Cos:
+    case OpCode::Tanh:
+    case OpCode::Erf: return true;
+    case OpCode::Neg:
+    case OpCode::Abs: return within_one(k, in.args[0]);
+    case OpCode::Cast:
+      return kir::is_floating(in.dtype) && kir::is_floating(k.instrs[static_cast<size_t>(in.args[0])].dtype) &&
+             within_one(k, in.args[0]);
+    default: return false;
+  }
+}
+
+}  // namespace
+
 Value* ValueEmitter::float_op(const kir::Kernel& k, const kir::Instr& in, const std::vector<Value*>& x) {
   namespace I = llvm::Intrinsic;
   Value* a = x[0];
@@ -204,12 +226,16 @@ Value* ValueEmitter::float_op(const kir::Kernel& k, const kir::Instr& in, const 
   switch (in.op) {
     case OpCode::Neg: return b_.CreateFNeg(a);
     case OpCode::Abs: return b_.CreateUnaryIntrinsic(I::fabs, a);
+    case OpCode::Sin:
+    case OpCode::Cos:
+      if (a->getType()->getScalarType()->isFloatTy() && t_.has_fma) {
+        return sin_cos_f32(in.op, a, within_one(k, in.args[0]));
+      }
+      return math(in.op, a, nullptr);
     case OpCode::Exp:
     case OpCode::Log:
     case OpCode::Log1p:
     case OpCode::Expm1:
-    case OpCode::Sin:
-    case OpCode::Cos:
     case OpCode::Tan:
     case OpCode::Tanh:
     case OpCode::Erf: return math(in.op, a, nullptr);

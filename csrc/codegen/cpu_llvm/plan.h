@@ -20,6 +20,7 @@ struct TargetInfo {
   bool x86 = false;
   bool has_avx2 = false;
   bool has_avx512f = false;
+  bool has_fma = false;      // fused multiply-add in hardware (x86 FMA3, AArch64)
   bool libmvec = false;      // glibc libmvec's x86-64 vector-ABI functions can be called
 };
 
