@@ -72,6 +72,7 @@ at::Tensor allocate(c10::Storage& slot, const ir::TensorMeta& m) {
 
 std::atomic<int64_t> g_launches{0};
 std::atomic<int64_t> g_fallbacks{0};
+std::atomic<int64_t> g_split_launches{0};
 
 // Runs a CUDA kernel on the current stream of its device; outputs from the caching allocator.
 std::vector<at::Tensor> run_cuda(FusedKernel& k, const std::vector<at::Tensor>& inputs) {
@@ -112,7 +113,7 @@ void release_kernel(int64_t id) {
 }
 
 RuntimeStats runtime_stats() {
-  return {g_launches.load(), g_fallbacks.load()};
+  return {g_launches.load(), g_fallbacks.load(), g_split_launches.load()};
 }
 
 std::shared_ptr<FusedKernel> find_kernel(int64_t id) {
@@ -171,7 +172,14 @@ std::vector<at::Tensor> run_fused(const std::vector<at::Tensor>& inputs, int64_t
   void* const* a = args.data();
   const int64_t range = k->cpu->range;
   if (range > 0) {
-    at::parallel_for(0, range, std::max<int64_t>(k->cpu->grain, 1), [&](int64_t b, int64_t e) { fn(a, b, e); });
+    // Splits over the intra-op threads only because this file is compiled with OpenMP
+    // (Note [at::parallel_for needs OpenMP in the caller], cmake/TcapTorch.cmake).
+    std::atomic<bool> split{false};
+    at::parallel_for(0, range, std::max<int64_t>(k->cpu->grain, 1), [&](int64_t b, int64_t e) {
+      if (at::get_thread_num() != 0) split.store(true, std::memory_order_relaxed);
+      fn(a, b, e);
+    });
+    if (split.load(std::memory_order_relaxed)) g_split_launches.fetch_add(1, std::memory_order_relaxed);
   }
   return outs;
 }

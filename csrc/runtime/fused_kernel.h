@@ -68,6 +68,7 @@ std::shared_ptr<FusedKernel> find_kernel(int64_t id);
 struct RuntimeStats {
   int64_t launches = 0;   // fused kernel calls that ran generated code
   int64_t fallbacks = 0;  // calls that ran the group's ATen ops (Note [Fused kernel guards])
+  int64_t split_launches = 0;  // CPU launches whose range ran on more than one thread
 };
 RuntimeStats runtime_stats();
 
