@@ -228,33 +228,6 @@ std::vector<Case> cases() {
 
 using Param = std::tuple<size_t, int64_t, int>;
 
-// A kernel with work for several chunks runs on every intra-op thread: the launcher's
-// at::parallel_for really splits (Note [at::parallel_for needs OpenMP in the caller];
-// without OpenMP it silently ran everything on the calling thread).
-TEST(Fusion, KernelsUseTheIntraOpThreads) {
-  std::string why;
-  if (!tcap::codegen::cpu_llvm_available(&why)) GTEST_SKIP() << why;
-  tcap::CompileOptions options;
-  options.name = "threads";
-  options.backend = "llvm";
-  auto f = tcap::compile([](const Tensors& in) { return Tensors{(in[0] * 2 + 1).tanh()}; }, options);
-  const int saved_threads = at::get_num_threads();
-  for (int threads : {2, 1}) {
-    at::set_num_threads(threads);
-    const at::Tensor x = torch::randn({1 << 20});
-    for (int call = 0; call < 2; ++call) {  // the first call captures
-      const auto before = tcap::runtime::runtime_stats();
-      const Tensors out = (*f)({x});
-      const auto after = tcap::runtime::runtime_stats();
-      ASSERT_TRUE(torch::allclose(out[0], (x * 2 + 1).tanh(), 1e-5, 1e-6));
-      if (call == 0) continue;
-      EXPECT_EQ(after.launches - before.launches, 1) << threads << " threads";
-      EXPECT_EQ(after.split_launches - before.split_launches, threads > 1 ? 1 : 0) << threads << " threads";
-    }
-  }
-  at::set_num_threads(saved_threads);
-}
-
 class FusedPatterns : public ::testing::TestWithParam<Param> {};
 
 TEST_P(FusedPatterns, MatchEagerFloat32) {
@@ -298,6 +271,31 @@ class Fusion : public ::testing::Test {
     if (!tcap::codegen::cpu_llvm_available(&why)) GTEST_SKIP() << why;
   }
 };
+
+// A kernel with work for several chunks runs on every intra-op thread: the launcher's
+// at::parallel_for really splits (Note [at::parallel_for needs OpenMP in the caller];
+// without OpenMP it silently ran everything on the calling thread).
+TEST_F(Fusion, KernelsUseTheIntraOpThreads) {
+  tcap::CompileOptions options;
+  options.name = "threads";
+  options.backend = "llvm";
+  auto f = tcap::compile([](const Tensors& in) { return Tensors{(in[0] * 2 + 1).tanh()}; }, options);
+  const int saved_threads = at::get_num_threads();
+  for (int threads : {2, 1}) {
+    at::set_num_threads(threads);
+    const at::Tensor x = torch::randn({1 << 20});
+    for (int call = 0; call < 2; ++call) {  // the first call captures
+      const auto before = tcap::runtime::runtime_stats();
+      const Tensors out = (*f)({x});
+      const auto after = tcap::runtime::runtime_stats();
+      ASSERT_TRUE(torch::allclose(out[0], (x * 2 + 1).tanh(), 1e-5, 1e-6));
+      if (call == 0) continue;
+      EXPECT_EQ(after.launches - before.launches, 1) << threads << " threads";
+      EXPECT_EQ(after.split_launches - before.split_launches, threads > 1 ? 1 : 0) << threads << " threads";
+    }
+  }
+  at::set_num_threads(saved_threads);
+}
 
 TEST_F(Fusion, CosCosForwardAndBackwardAreOneKernelEach) {
   Seen seen;
