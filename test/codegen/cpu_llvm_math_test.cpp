@@ -160,16 +160,25 @@ TEST(CpuLlvmMath, TranscendentalsWithinFourUlpF64) {
 constexpr double kSinCosMaxUlp = 1.6;
 constexpr float kSinCosFastLimit = 262144.0f;
 
-std::shared_ptr<const codegen::CpuKernel> sin_cos_kernel(OpCode op, int64_t n) {
+// clamped: sin/cos of clamp(x, -1, 1), which takes the short polynomial of arguments
+// known to lie in [-1, 1] (`bounds` in ops.cpp).
+std::shared_ptr<const codegen::CpuKernel> sin_cos_kernel(OpCode op, int64_t n, bool clamped = false) {
   KernelBuilder kb(op == OpCode::Sin ? "sin_f32" : "cos_f32", {n});
   int32_t bx = kb.input(DType::F32), bo = kb.output(DType::F32);
-  kb.store(kb.un(op, kb.load(bx, {1})), bo, {1});
+  int32_t x = kb.load(bx, {1});
+  if (clamped) {
+    x = kb.bin(OpCode::Min, kb.bin(OpCode::Max, x, kb.fconst(DType::F32, -1.0)), kb.fconst(DType::F32, 1.0));
+  }
+  kb.store(kb.un(op, x), bo, {1});
+  if (clamped && codegen::cpu_target_description().find("+fma") != std::string::npos) {
+    EXPECT_EQ(codegen::cpu_kernel_llvm_ir(kb.k).find(".large"), std::string::npos) << "no range test expected";
+  }
   return compile(kb);
 }
 
 // Worst ulp error of sin or cos over x (split at the fast limit); prints and checks it.
-void check_sin_cos(OpCode op, const at::Tensor& x, const std::string& what) {
-  auto ck = sin_cos_kernel(op, x.numel());
+void check_sin_cos(OpCode op, const at::Tensor& x, const std::string& what, bool clamped = false) {
+  auto ck = sin_cos_kernel(op, x.numel(), clamped);
   at::Tensor out = at::empty_like(x);
   run(*ck, {x, out});
   const float* xp = x.data_ptr<float>();
@@ -256,24 +265,52 @@ TEST(CpuLlvmMath, SinCosF32OwnCodeWithinOnePointSixUlp) {
   }
 }
 
-// Every f32 in [0, 2^19] (negative x mirrors exactly): about a minute on two cores, so
-// only with TCAP_EXHAUSTIVE=1 (about 90 s). This is the sweep behind the bound in Note [CPU
-// sin and cos].
+// Arguments known to lie in [-1, 1] take a Taylor polynomial without reduction.
+TEST(CpuLlvmMath, SinCosF32OfBoundedArguments) {
+  const auto seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 g(seed);
+  std::vector<float> v = {0.f, -0.f, 1.f, -1.f, std::nextafter(1.f, 0.f), std::numeric_limits<float>::denorm_min(),
+                          -std::numeric_limits<float>::min(), std::numeric_limits<float>::quiet_NaN()};
+  for (int i = 0; i < 300000; ++i) v.push_back(static_cast<float>(uniform(g, -1, 1)));
+  for (int i = 0; i < 50000; ++i) v.push_back(static_cast<float>(log_uniform(g, -40, 0, true)));
+  v.push_back(-0.f);
+  if (v.size() % 8 == 0) v.push_back(0.5f);
+  const at::Tensor x = at::from_blob(v.data(), {static_cast<int64_t>(v.size())}, at::kFloat).clone();
+  for (OpCode op : {OpCode::Sin, OpCode::Cos}) {
+    check_sin_cos(op, x, "of clamp(x, -1, 1)", /*clamped=*/true);
+    auto ck = sin_cos_kernel(op, x.numel(), true);
+    at::Tensor out = at::empty_like(x);
+    run(*ck, {x, out});
+    const at::Tensor ref = op == OpCode::Sin ? x.sin() : x.cos();
+    for (int64_t i : {int64_t{0}, int64_t{1}, x.numel() - 1}) {
+      EXPECT_EQ(std::signbit(out[i].item<float>()), std::signbit(ref[i].item<float>())) << "x = " << x[i].item<float>();
+      EXPECT_EQ(out[i].item<float>(), ref[i].item<float>()) << "x = " << x[i].item<float>();
+    }
+    EXPECT_TRUE(std::isnan(out[7].item<float>()));
+  }
+}
+
+// Every f32 in [0, 2^19], and every f32 in [0, 1] through the bounded-argument path
+// (negative x mirrors exactly): a few minutes, so only with TCAP_EXHAUSTIVE=1. This is
+// the sweep behind the bounds in Note [CPU sin and cos].
 TEST(CpuLlvmMath, SinCosF32Exhaustive) {
   const char* env = std::getenv("TCAP_EXHAUSTIVE");
-  if (!env || std::string(env) != "1") GTEST_SKIP() << "set TCAP_EXHAUSTIVE=1 to check every f32 in [0, 2^19]";
+  if (!env || std::string(env) != "1") GTEST_SKIP() << "set TCAP_EXHAUSTIVE=1 to check every f32 in [0, 2^19] (and [0, 1] bounded)";
   const float hi = 2 * kSinCosFastLimit;
   uint32_t last = 0;
   std::memcpy(&last, &hi, sizeof last);
   const int64_t chunk = int64_t{1} << 24;
-  for (OpCode op : {OpCode::Sin, OpCode::Cos}) {
-    auto ck = sin_cos_kernel(op, chunk);
+  for (const auto& [op, clamped] : {std::pair{OpCode::Sin, false}, std::pair{OpCode::Cos, false},
+                                    std::pair{OpCode::Sin, true}, std::pair{OpCode::Cos, true}}) {
+    auto ck = sin_cos_kernel(op, chunk, clamped);
+    const uint32_t last_x = clamped ? 0x3f800000u : last;  // 1.0f for the bounded path
     double worst[2] = {0, 0};
     float worst_x[2] = {0, 0};
     at::Tensor x = at::empty({chunk}, at::kFloat), out = at::empty({chunk}, at::kFloat);
-    for (uint64_t start = 0; start <= last; start += static_cast<uint64_t>(chunk)) {
+    for (uint64_t start = 0; start <= last_x; start += static_cast<uint64_t>(chunk)) {
       uint32_t* xb = reinterpret_cast<uint32_t*>(x.data_ptr<float>());
-      for (int64_t i = 0; i < chunk; ++i) xb[i] = static_cast<uint32_t>(std::min<uint64_t>(start + i, last));
+      for (int64_t i = 0; i < chunk; ++i) xb[i] = static_cast<uint32_t>(std::min<uint64_t>(start + i, last_x));
       run(*ck, {x, out});
       const float* xp = x.data_ptr<float>();
       const float* o = out.data_ptr<float>();
@@ -299,7 +336,7 @@ TEST(CpuLlvmMath, SinCosF32Exhaustive) {
         }
       }
     }
-    std::cout << "[ ulp      ] " << kir::to_string(op) << ".f32 every x in [0, 2^19]: max " << std::setprecision(4)
+    std::cout << "[ ulp      ] " << kir::to_string(op) << ".f32 every x in " << (clamped ? "[0, 1] (bounded path)" : "[0, 2^19]") << ": max " << std::setprecision(4)
               << worst[0] << " ulp at " << std::setprecision(9) << worst_x[0] << " (|x| <= 2^18), "
               << std::setprecision(4) << worst[1] << " beyond\n";
     EXPECT_LE(worst[0], kSinCosMaxUlp);

@@ -55,7 +55,7 @@ class ValueEmitter {
   // scalars (math_lib.cpp). `y` is the exponent of Pow, null otherwise.
   llvm::Value* math(kir::OpCode op, llvm::Value* x, llvm::Value* y);
   // sin or cos of f32 values, inline (Note [CPU sin and cos], math_lib.cpp). `small_arg`:
-  // |x| <= 1 is known (x is a sin, cos, tanh or erf), so no lane can need the library.
+  // |x| <= 1 is known (ops.cpp's `bounds`): a short polynomial, no reduction or library.
   llvm::Value* sin_cos_f32(kir::OpCode op, llvm::Value* x, bool small_arg);
 
  private:

@@ -133,11 +133,13 @@ Value* ValueEmitter::call_vector_math(const std::string& name, Value* x, Value* 
 // x mirrors exactly. A vector with a lane above kSinCosFastLimit (2^18) or infinite takes
 // a branch that calls the library for the whole vector and keeps its result for those
 // lanes; NaN stays NaN on the fast path; sin(-0) is -0.
+// An argument known to lie in [-1, 1] (a sin, cos, tanh or erf, or a clamp to [-1, 1];
+// `bounds` in ops.cpp) needs no reduction and no range test: a Taylor polynomial.
 // Why not libmvec: the coscos backward needs sin(x) and cos(x) of one x and sin of the
-// cos; inline, LLVM shares the reduction and polynomials between sin(x) and cos(x) (only
-// the final selects differ), an argument known to lie in [-1, 1] skips the range test,
-// and no call spills the kernel's live vectors (all vector registers are caller-saved in
-// the x86-64 ABI). Without FMA the reduction would need shorter constants; those
+// cos, its forward the cos of a cos; inline, LLVM shares the reduction and polynomials
+// between sin(x) and cos(x) (only the final selects differ), the inner results take the
+// short polynomial, and no call spills the kernel's live vectors (all vector registers
+// are caller-saved in the x86-64 ABI). Without FMA the reduction would need shorter constants; those
 // targets keep libmvec.
 namespace {
 constexpr float kSinCosFastLimit = 262144.0f;  // 2^18
@@ -158,6 +160,21 @@ Value* ValueEmitter::sin_cos_f32(kir::OpCode op, Value* x, bool small_arg) {
   auto fma = [&](Value* a, Value* m, Value* c) {
     return b_.CreateIntrinsic(llvm::Intrinsic::fma, {ft}, {a, m, c});
   };
+  if (small_arg) {
+    // |x| <= 1: no reduction. Taylor series to x^11 (sin) and x^12 (cos): the first
+    // omitted terms are below 1.6e-10 and 1.2e-11, far under half an f32 ulp; the Horner
+    // steps and the final FMA round to about 1 ulp (tested exhaustively on [0, 1]).
+    Value* z = b_.CreateFMul(x, x);
+    if (is_cos) {
+      Value* p = fc(1.0f / 479001600.0f);
+      for (float c : {-1.0f / 3628800.0f, 1.0f / 40320.0f, -1.0f / 720.0f, 1.0f / 24.0f, -0.5f}) p = fma(p, z, fc(c));
+      return fma(p, z, fc(1.0f));
+    }
+    Value* p = fc(-1.0f / 39916800.0f);
+    for (float c : {1.0f / 362880.0f, -1.0f / 5040.0f, 1.0f / 120.0f, -1.0f / 6.0f}) p = fma(p, z, fc(c));
+    Value* s = fma(p, b_.CreateFMul(z, x), x);
+    return b_.CreateSelect(b_.CreateFCmpOEQ(x, float_const(b_.getFloatTy(), 0.0, lanes)), x, s);  // sin(-0) = -0
+  }
   Value* magic = fc(12582912.0f);                           // 1.5 * 2^23
   Value* qm = fma(x, f(0x3f22f983), magic);                 // x * (2/pi) + magic, rounded once
   Value* q = b_.CreateFSub(qm, magic);
@@ -182,7 +199,6 @@ Value* ValueEmitter::sin_cos_f32(kir::OpCode op, Value* x, bool small_arg) {
     // r + r^3 P is +0 for x = -0 (the two zero terms add to +0): keep x's zero.
     fast = b_.CreateSelect(b_.CreateFCmpOEQ(x, float_const(b_.getFloatTy(), 0.0, lanes)), x, fast);
   }
-  if (small_arg) return fast;
 
   // Lanes beyond the fast range (or infinite): the library, for the whole vector.
   // (ordered: NaN stays on the fast path)

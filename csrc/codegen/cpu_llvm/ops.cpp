@@ -198,22 +198,56 @@ Value* ValueEmitter::op(const kir::Kernel& k, const kir::Instr& in, const std::v
 
 namespace {
 
-// Whether every value of instruction `v` lies in [-1, 1] (or is NaN): results of sin, cos,
-// tanh and erf, and their negations, absolute values and floating casts.
-bool within_one(const kir::Kernel& k, int32_t v) {
+// Bounds [lo, hi] of the non-NaN values of instruction `v` (-inf/+inf where unknown), by
+// interval arithmetic over the few ops that bound their results. A float type's rounding
+// may move a bound slightly, but never across +-1 (representable, and rounding is
+// monotonic), which is what within_one needs.
+std::pair<double, double> bounds(const kir::Kernel& k, int32_t v, int depth = 0) {
+  constexpr double inf = std::numeric_limits<double>::infinity();
   const kir::Instr& in = k.instrs[static_cast<size_t>(v)];
+  if (depth > 32 || !kir::is_floating(in.dtype)) return {-inf, inf};
+  auto arg = [&](size_t i) { return bounds(k, in.args[i], depth + 1); };
   switch (in.op) {
+    case OpCode::Const:
+      if (in.dtype == DType::F64) return {in.f, in.f};
+      if (in.dtype == DType::F32) return {static_cast<float>(in.f), static_cast<float>(in.f)};
+      return {-inf, inf};
     case OpCode::Sin:
     case OpCode::Cos:
     case OpCode::Tanh:
-    case OpCode::Erf: return true;
-    case OpCode::Neg:
-    case OpCode::Abs: return within_one(k, in.args[0]);
+    case OpCode::Erf: return {-1.0, 1.0};
+    case OpCode::Neg: {
+      const auto [lo, hi] = arg(0);
+      return {-hi, -lo};
+    }
+    case OpCode::Abs: {
+      const auto [lo, hi] = arg(0);
+      return {lo >= 0 ? lo : hi <= 0 ? -hi : 0.0, std::max(std::fabs(lo), std::fabs(hi))};
+    }
+    case OpCode::Max: {
+      const auto a = arg(0), b = arg(1);
+      return {std::max(a.first, b.first), std::max(a.second, b.second)};
+    }
+    case OpCode::Min: {
+      const auto a = arg(0), b = arg(1);
+      return {std::min(a.first, b.first), std::min(a.second, b.second)};
+    }
+    case OpCode::Where: {
+      const auto a = arg(1), b = arg(2);
+      return {std::min(a.first, b.first), std::max(a.second, b.second)};
+    }
     case OpCode::Cast:
-      return kir::is_floating(in.dtype) && kir::is_floating(k.instrs[static_cast<size_t>(in.args[0])].dtype) &&
-             within_one(k, in.args[0]);
-    default: return false;
+      if (kir::is_floating(k.instrs[static_cast<size_t>(in.args[0])].dtype)) return arg(0);
+      return {-inf, inf};
+    default: return {-inf, inf};
   }
+}
+
+// Whether every non-NaN value of instruction `v` lies in [-1, 1]: sin, cos, tanh, erf,
+// clamp(x, -1, 1), and what negation, abs, min, max, where and float casts make of them.
+bool within_one(const kir::Kernel& k, int32_t v) {
+  const auto [lo, hi] = bounds(k, v);
+  return lo >= -1.0 && hi <= 1.0;
 }
 
 }  // namespace
