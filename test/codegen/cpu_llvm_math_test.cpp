@@ -203,6 +203,19 @@ void check_sin_cos(OpCode op, const at::Tensor& x, const std::string& what, bool
                                << op_[at_i[1]];
 }
 
+// Runs a sin/cos kernel on x whose elements 0, 1 and the last are +0, -0 and -0 (the
+// last one in the scalar tail) and checks eager's zeros, sign included.
+at::Tensor run_with_eager_zeros(const codegen::CpuKernel& ck, OpCode op, const at::Tensor& x) {
+  at::Tensor out = at::empty_like(x);
+  run(ck, {x, out});
+  const at::Tensor ref = op == OpCode::Sin ? x.sin() : x.cos();
+  for (int64_t i : {int64_t{0}, int64_t{1}, x.numel() - 1}) {
+    EXPECT_EQ(std::signbit(out[i].item<float>()), std::signbit(ref[i].item<float>())) << "x = " << x[i].item<float>();
+    EXPECT_EQ(out[i].item<float>(), ref[i].item<float>()) << "x = " << x[i].item<float>();
+  }
+  return out;
+}
+
 TEST(CpuLlvmMath, SinCosF32OwnCodeWithinOnePointSixUlp) {
   const auto seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
@@ -237,17 +250,10 @@ TEST(CpuLlvmMath, SinCosF32OwnCodeWithinOnePointSixUlp) {
   at::Tensor x = at::from_blob(v.data(), {static_cast<int64_t>(v.size())}, at::kFloat).clone();
   for (OpCode op : {OpCode::Sin, OpCode::Cos}) {
     check_sin_cos(op, x, "sampled");
-    // Eager's zeros, NaN and infinities, bit for bit where it matters.
     auto ck = sin_cos_kernel(op, x.numel());
-    at::Tensor out = at::empty_like(x);
-    run(*ck, {x, out});
-    const at::Tensor ref = op == OpCode::Sin ? x.sin() : x.cos();
-    for (int64_t i : {int64_t{0}, int64_t{1}, x.numel() - 1}) {
-      EXPECT_EQ(std::signbit(out[i].item<float>()), std::signbit(ref[i].item<float>())) << "x = " << x[i].item<float>();
-      EXPECT_EQ(out[i].item<float>(), ref[i].item<float>()) << "x = " << x[i].item<float>();
-    }
+    const at::Tensor out = run_with_eager_zeros(*ck, op, x);
     for (int64_t i = 7; i <= 9; ++i) EXPECT_TRUE(std::isnan(out[i].item<float>())) << "x = " << x[i].item<float>();
-    // Vector lanes and the scalar tail compute the same bits: shift the data by one so
+    // Vector lanes and the scalar tail compute the same bits: shift the data by five so
     // every element of the tail lands in a vector (and back).
     const int64_t n = x.numel();
     at::Tensor shifted = at::roll(x, 5);
@@ -279,14 +285,7 @@ TEST(CpuLlvmMath, SinCosF32OfBoundedArguments) {
   const at::Tensor x = at::from_blob(v.data(), {static_cast<int64_t>(v.size())}, at::kFloat).clone();
   for (OpCode op : {OpCode::Sin, OpCode::Cos}) {
     check_sin_cos(op, x, "of clamp(x, -1, 1)", /*clamped=*/true);
-    auto ck = sin_cos_kernel(op, x.numel(), true);
-    at::Tensor out = at::empty_like(x);
-    run(*ck, {x, out});
-    const at::Tensor ref = op == OpCode::Sin ? x.sin() : x.cos();
-    for (int64_t i : {int64_t{0}, int64_t{1}, x.numel() - 1}) {
-      EXPECT_EQ(std::signbit(out[i].item<float>()), std::signbit(ref[i].item<float>())) << "x = " << x[i].item<float>();
-      EXPECT_EQ(out[i].item<float>(), ref[i].item<float>()) << "x = " << x[i].item<float>();
-    }
+    const at::Tensor out = run_with_eager_zeros(*sin_cos_kernel(op, x.numel(), true), op, x);
     EXPECT_TRUE(std::isnan(out[7].item<float>()));
   }
 }
