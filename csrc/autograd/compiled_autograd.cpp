@@ -380,6 +380,11 @@ variable_list Runtime::replay(const Request& r, const Entry& e, ca::BackwardWalk
       if (whole || runs[i]) w.nodes[i]->release_variables();
     }
   }
+  // The engine runs a backward with grad mode = create_graph, which is off here (a
+  // create_graph backward runs eagerly): the graph's ops record no autograd history, and
+  // AccumulateGrad may steal a fresh gradient instead of cloning it (it only steals with
+  // grad mode off).
+  at::AutoGradMode grad_mode(false);
   std::vector<at::Tensor> outs;
   {
     interp::HookRunnerScope scope(&runner);

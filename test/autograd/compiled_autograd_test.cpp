@@ -325,6 +325,25 @@ TEST_F(CompiledAutograd, GradReleasesOnlyTheNodesItRuns) {
   }
 }
 
+// AccumulateGrad steals a fresh gradient instead of copying it, as under the engine: a
+// compiled backward runs with grad mode off (only create_graph=false is compiled). The
+// leaf's hook sees the tensor that arrives; .grad must be that tensor, not a copy.
+TEST_F(CompiledAutograd, LeafGradIsStolenNotCopied) {
+  for (int step = 0; step < 3; ++step) {
+    auto x = torch::randn({6}, torch::requires_grad());
+    const void* delivered = nullptr;
+    x.register_hook([&delivered](const at::Tensor& g) { delivered = g.data_ptr(); });
+    auto loss = (x.sin() * 3).sum();
+    tcap::CompiledAutogradGuard ca(opts("steal"));
+    loss.backward();
+    EXPECT_EQ(ca.stats().hits, step);
+    ASSERT_TRUE(x.grad().defined());
+    EXPECT_EQ(x.grad().data_ptr(), delivered) << "step " << step << ": .grad is a copy of the delivered gradient";
+    EXPECT_FALSE(x.grad().requires_grad());
+    EXPECT_TRUE(close(x.grad(), x.detach().cos() * 3));
+  }
+}
+
 // A hook that throws: the exception reaches the caller, the engine stays usable.
 TEST_F(CompiledAutograd, ExceptionInHookPropagates) {
   for (int step = 0; step < 3; ++step) {
