@@ -139,8 +139,8 @@ Value* ValueEmitter::call_vector_math(const std::string& name, Value* x, Value* 
 // cos, its forward the cos of a cos; inline, LLVM shares the reduction and polynomials
 // between sin(x) and cos(x) (only the final selects differ), the inner results take the
 // short polynomial, and no call spills the kernel's live vectors (all vector registers
-// are caller-saved in the x86-64 ABI). Without FMA the reduction would need shorter constants; those
-// targets keep libmvec.
+// are caller-saved in the x86-64 ABI). Without FMA the reduction would need shorter
+// constants; those targets keep libmvec.
 namespace {
 constexpr float kSinCosFastLimit = 262144.0f;  // 2^18
 }  // namespace
@@ -160,6 +160,10 @@ Value* ValueEmitter::sin_cos_f32(kir::OpCode op, Value* x, bool small_arg) {
   auto fma = [&](Value* a, Value* m, Value* c) {
     return b_.CreateIntrinsic(llvm::Intrinsic::fma, {ft}, {a, m, c});
   };
+  // x + (terms that are +0 at x = 0) is +0 for x = -0 (two zeros add to +0): sin keeps x's zero.
+  auto keep_zero = [&](Value* sin) {
+    return b_.CreateSelect(b_.CreateFCmpOEQ(x, float_const(b_.getFloatTy(), 0.0, lanes)), x, sin);
+  };
   if (small_arg) {
     // |x| <= 1: no reduction. Taylor series to x^11 (sin) and x^12 (cos): the first
     // omitted terms are below 1.6e-10 and 1.2e-11, far under half an f32 ulp; the Horner
@@ -172,8 +176,7 @@ Value* ValueEmitter::sin_cos_f32(kir::OpCode op, Value* x, bool small_arg) {
     }
     Value* p = fc(-1.0f / 39916800.0f);
     for (float c : {1.0f / 362880.0f, -1.0f / 5040.0f, 1.0f / 120.0f, -1.0f / 6.0f}) p = fma(p, z, fc(c));
-    Value* s = fma(p, b_.CreateFMul(z, x), x);
-    return b_.CreateSelect(b_.CreateFCmpOEQ(x, float_const(b_.getFloatTy(), 0.0, lanes)), x, s);  // sin(-0) = -0
+    return keep_zero(fma(p, b_.CreateFMul(z, x), x));
   }
   Value* magic = fc(12582912.0f);                           // 1.5 * 2^23
   Value* qm = fma(x, f(0x3f22f983), magic);                 // x * (2/pi) + magic, rounded once
@@ -195,10 +198,7 @@ Value* ValueEmitter::sin_cos_f32(kir::OpCode op, Value* x, bool small_arg) {
   Value* sign = b_.CreateShl(b_.CreateAnd(quadrant, int_const(b_.getInt32Ty(), 2, lanes)),
                              int_const(b_.getInt32Ty(), 30, lanes));
   Value* fast = b_.CreateBitCast(b_.CreateXor(b_.CreateBitCast(v, it), sign), ft);
-  if (!is_cos) {
-    // r + r^3 P is +0 for x = -0 (the two zero terms add to +0): keep x's zero.
-    fast = b_.CreateSelect(b_.CreateFCmpOEQ(x, float_const(b_.getFloatTy(), 0.0, lanes)), x, fast);
-  }
+  if (!is_cos) fast = keep_zero(fast);
 
   // Lanes beyond the fast range (or infinite): the library, for the whole vector.
   // (ordered: NaN stays on the fast path)
