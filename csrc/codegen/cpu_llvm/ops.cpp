@@ -199,48 +199,42 @@ Value* ValueEmitter::op(const kir::Kernel& k, const kir::Instr& in, const std::v
 namespace {
 
 // Bounds [lo, hi] of the non-NaN values of instruction `v` (-inf/+inf where unknown), by
-// interval arithmetic over the few ops that bound their results. A float type's rounding
-// may move a bound slightly, but never across +-1 (representable, and rounding is
-// monotonic), which is what within_one needs.
-std::pair<double, double> bounds(const kir::Kernel& k, int32_t v, int depth = 0) {
+// interval arithmetic over the few ops that bound their results, in one pass over the
+// instructions up to `v` (operands come before their users). A float type's rounding may
+// move a bound slightly, but never across +-1 (representable, and rounding is monotonic),
+// which is what within_one needs.
+std::pair<double, double> bounds(const kir::Kernel& k, int32_t v) {
   constexpr double inf = std::numeric_limits<double>::infinity();
-  const kir::Instr& in = k.instrs[static_cast<size_t>(v)];
-  if (depth > 32 || !kir::is_floating(in.dtype)) return {-inf, inf};
-  auto arg = [&](size_t i) { return bounds(k, in.args[i], depth + 1); };
-  switch (in.op) {
-    case OpCode::Const:
-      if (in.dtype == DType::F64) return {in.f, in.f};
-      if (in.dtype == DType::F32) return {static_cast<float>(in.f), static_cast<float>(in.f)};
-      return {-inf, inf};
-    case OpCode::Sin:
-    case OpCode::Cos:
-    case OpCode::Tanh:
-    case OpCode::Erf: return {-1.0, 1.0};
-    case OpCode::Neg: {
-      const auto [lo, hi] = arg(0);
-      return {-hi, -lo};
+  std::vector<std::pair<double, double>> b(static_cast<size_t>(v) + 1, {-inf, inf});
+  for (size_t i = 0; i < b.size(); ++i) {
+    const kir::Instr& in = k.instrs[i];
+    if (!kir::is_floating(in.dtype)) continue;
+    auto arg = [&](size_t a) { return b[static_cast<size_t>(in.args[a])]; };
+    switch (in.op) {
+      case OpCode::Const:
+        if (in.dtype == DType::F64) b[i] = {in.f, in.f};
+        if (in.dtype == DType::F32) b[i] = {static_cast<float>(in.f), static_cast<float>(in.f)};
+        break;
+      case OpCode::Sin:
+      case OpCode::Cos:
+      case OpCode::Tanh:
+      case OpCode::Erf: b[i] = {-1.0, 1.0}; break;
+      case OpCode::Neg: b[i] = {-arg(0).second, -arg(0).first}; break;
+      case OpCode::Abs: {
+        const auto [lo, hi] = arg(0);
+        b[i] = {lo >= 0 ? lo : hi <= 0 ? -hi : 0.0, std::max(std::fabs(lo), std::fabs(hi))};
+        break;
+      }
+      case OpCode::Max: b[i] = {std::max(arg(0).first, arg(1).first), std::max(arg(0).second, arg(1).second)}; break;
+      case OpCode::Min: b[i] = {std::min(arg(0).first, arg(1).first), std::min(arg(0).second, arg(1).second)}; break;
+      case OpCode::Where: b[i] = {std::min(arg(1).first, arg(2).first), std::max(arg(1).second, arg(2).second)}; break;
+      case OpCode::Cast:
+        if (kir::is_floating(k.instrs[static_cast<size_t>(in.args[0])].dtype)) b[i] = arg(0);
+        break;
+      default: break;
     }
-    case OpCode::Abs: {
-      const auto [lo, hi] = arg(0);
-      return {lo >= 0 ? lo : hi <= 0 ? -hi : 0.0, std::max(std::fabs(lo), std::fabs(hi))};
-    }
-    case OpCode::Max: {
-      const auto a = arg(0), b = arg(1);
-      return {std::max(a.first, b.first), std::max(a.second, b.second)};
-    }
-    case OpCode::Min: {
-      const auto a = arg(0), b = arg(1);
-      return {std::min(a.first, b.first), std::min(a.second, b.second)};
-    }
-    case OpCode::Where: {
-      const auto a = arg(1), b = arg(2);
-      return {std::min(a.first, b.first), std::max(a.second, b.second)};
-    }
-    case OpCode::Cast:
-      if (kir::is_floating(k.instrs[static_cast<size_t>(in.args[0])].dtype)) return arg(0);
-      return {-inf, inf};
-    default: return {-inf, inf};
   }
+  return b.back();
 }
 
 // Whether every non-NaN value of instruction `v` lies in [-1, 1]: sin, cos, tanh, erf,
