@@ -176,11 +176,9 @@ std::shared_ptr<const codegen::CpuKernel> sin_cos_kernel(OpCode op, int64_t n, b
   return compile(kb);
 }
 
-// Worst ulp error of sin or cos over x (split at the fast limit); prints and checks it.
-void check_sin_cos(OpCode op, const at::Tensor& x, const std::string& what, bool clamped = false) {
-  auto ck = sin_cos_kernel(op, x.numel(), clamped);
-  at::Tensor out = at::empty_like(x);
-  run(*ck, {x, out});
+// Worst ulp error of a sin or cos kernel's `out` over x (split at the fast limit); prints
+// and checks it.
+void check_sin_cos(OpCode op, const at::Tensor& x, const at::Tensor& out, const std::string& what) {
   const float* xp = x.data_ptr<float>();
   const float* op_ = out.data_ptr<float>();
   double worst[2] = {0, 0};
@@ -249,9 +247,9 @@ TEST(CpuLlvmMath, SinCosF32OwnCodeWithinOnePointSixUlp) {
   if (v.size() % 8 == 0) v.push_back(1.f);
   at::Tensor x = at::from_blob(v.data(), {static_cast<int64_t>(v.size())}, at::kFloat).clone();
   for (OpCode op : {OpCode::Sin, OpCode::Cos}) {
-    check_sin_cos(op, x, "sampled");
     auto ck = sin_cos_kernel(op, x.numel());
     const at::Tensor out = run_with_eager_zeros(*ck, op, x);
+    check_sin_cos(op, x, out, "sampled");
     for (int64_t i = 7; i <= 9; ++i) EXPECT_TRUE(std::isnan(out[i].item<float>())) << "x = " << x[i].item<float>();
     // Vector lanes and the scalar tail compute the same bits: shift the data by five so
     // every element of the tail lands in a vector (and back).
@@ -284,8 +282,8 @@ TEST(CpuLlvmMath, SinCosF32OfBoundedArguments) {
   if (v.size() % 8 == 0) v.push_back(0.5f);
   const at::Tensor x = at::from_blob(v.data(), {static_cast<int64_t>(v.size())}, at::kFloat).clone();
   for (OpCode op : {OpCode::Sin, OpCode::Cos}) {
-    check_sin_cos(op, x, "of clamp(x, -1, 1)", /*clamped=*/true);
-    const at::Tensor out = run_with_eager_zeros(*sin_cos_kernel(op, x.numel(), true), op, x);
+    const at::Tensor out = run_with_eager_zeros(*sin_cos_kernel(op, x.numel(), /*clamped=*/true), op, x);
+    check_sin_cos(op, x, out, "of clamp(x, -1, 1)");
     EXPECT_TRUE(std::isnan(out[7].item<float>()));
   }
 }
@@ -295,7 +293,9 @@ TEST(CpuLlvmMath, SinCosF32OfBoundedArguments) {
 // the sweep behind the bounds in Note [CPU sin and cos].
 TEST(CpuLlvmMath, SinCosF32Exhaustive) {
   const char* env = std::getenv("TCAP_EXHAUSTIVE");
-  if (!env || std::string(env) != "1") GTEST_SKIP() << "set TCAP_EXHAUSTIVE=1 to check every f32 in [0, 2^19] (and [0, 1] bounded)";
+  if (!env || std::string(env) != "1") {
+    GTEST_SKIP() << "set TCAP_EXHAUSTIVE=1 to check every f32 in [0, 2^19] (and [0, 1] bounded)";
+  }
   const float hi = 2 * kSinCosFastLimit;
   uint32_t last = 0;
   std::memcpy(&last, &hi, sizeof last);
@@ -335,8 +335,8 @@ TEST(CpuLlvmMath, SinCosF32Exhaustive) {
         }
       }
     }
-    std::cout << "[ ulp      ] " << kir::to_string(op) << ".f32 every x in " << (clamped ? "[0, 1] (bounded path)" : "[0, 2^19]") << ": max " << std::setprecision(4)
-              << worst[0] << " ulp at " << std::setprecision(9) << worst_x[0] << " (|x| <= 2^18), "
+    std::cout << "[ ulp      ] " << kir::to_string(op) << ".f32 every x in "
+              << (clamped ? "[0, 1] (bounded path)" : "[0, 2^19]") << ": max " << std::setprecision(4) << worst[0] << " ulp at " << std::setprecision(9) << worst_x[0] << " (|x| <= 2^18), "
               << std::setprecision(4) << worst[1] << " beyond\n";
     EXPECT_LE(worst[0], kSinCosMaxUlp);
     EXPECT_LE(worst[1], kMaxUlp);

@@ -157,12 +157,13 @@ Value* ValueEmitter::sin_cos_f32(kir::OpCode op, Value* x, bool small_arg) {
     return float_const(b_.getFloatTy(), v, lanes);
   };
   auto fc = [&](float v) { return float_const(b_.getFloatTy(), v, lanes); };
+  auto ic = [&](uint32_t v) { return int_const(b_.getInt32Ty(), v, lanes); };
   auto fma = [&](Value* a, Value* m, Value* c) {
     return b_.CreateIntrinsic(llvm::Intrinsic::fma, {ft}, {a, m, c});
   };
   // x + (terms that are +0 at x = 0) is +0 for x = -0 (two zeros add to +0): sin keeps x's zero.
   auto keep_zero = [&](Value* sin) {
-    return b_.CreateSelect(b_.CreateFCmpOEQ(x, float_const(b_.getFloatTy(), 0.0, lanes)), x, sin);
+    return b_.CreateSelect(b_.CreateFCmpOEQ(x, fc(0.0f)), x, sin);
   };
   if (small_arg) {
     // |x| <= 1: no reduction. Taylor series to x^11 (sin) and x^12 (cos): the first
@@ -191,12 +192,10 @@ Value* ValueEmitter::sin_cos_f32(kir::OpCode op, Value* x, bool small_arg) {
                   fc(-0.5f));
   Value* c = fma(qc, z, fc(1.0f));
   Value* quadrant = b_.CreateBitCast(qm, it);
-  if (is_cos) quadrant = b_.CreateAdd(quadrant, int_const(b_.getInt32Ty(), 1, lanes));
-  Value* odd = b_.CreateICmpNE(b_.CreateAnd(quadrant, int_const(b_.getInt32Ty(), 1, lanes)),
-                               int_const(b_.getInt32Ty(), 0, lanes));
+  if (is_cos) quadrant = b_.CreateAdd(quadrant, ic(1));
+  Value* odd = b_.CreateICmpNE(b_.CreateAnd(quadrant, ic(1)), ic(0));
   Value* v = b_.CreateSelect(odd, c, s);
-  Value* sign = b_.CreateShl(b_.CreateAnd(quadrant, int_const(b_.getInt32Ty(), 2, lanes)),
-                             int_const(b_.getInt32Ty(), 30, lanes));
+  Value* sign = b_.CreateShl(b_.CreateAnd(quadrant, ic(2)), ic(30));
   Value* fast = b_.CreateBitCast(b_.CreateXor(b_.CreateBitCast(v, it), sign), ft);
   if (!is_cos) fast = keep_zero(fast);
 
