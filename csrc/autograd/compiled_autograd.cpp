@@ -360,9 +360,9 @@ variable_list Runtime::replay(const Request& r, const Entry& e, ca::BackwardWalk
   const auto outer_keys = c10::impl::tls_local_dispatch_key_set();
   interp::HookRunner runner = [&](int slot, const std::vector<at::Tensor>& in,
                                   const std::vector<at::Tensor>& node_in) {
-    // As the engine runs hooks: default dispatch, grad mode = create_graph (off).
+    // As the engine runs hooks: default dispatch; grad mode is off for the whole replay
+    // (below).
     c10::impl::ForceDispatchKeyGuard keys(outer_keys);
-    at::AutoGradMode no_grad(false);
     return ca::call_hook(w.hooks.at(static_cast<size_t>(slot)), in, node_in);
   };
   // Note [Saved tensors freed as the backward runs]: without retain_graph, the engine
