@@ -4,123 +4,132 @@
 
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/functions/basic_ops.h>
-#include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/autograd/input_buffer.h>
 
-#include <torch/csrc/autograd/utils/warnings.h>
-
-#include <ATen/ThreadLocalState.h>
-#include <c10/core/GradMode.h>
 #include <c10/core/AutogradState.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
-#include <type_traits>
-
-// Note [Replaying backward warnings]
-// Engine::execute replays the warnings its worker threads gathered through
-// DelayWarningHandler::replay_warnings(), which libtorch does not export. The standard
-// explicit-instantiation rule (access checks do not apply to the names in an explicit
-// instantiation) gives this file a pointer to the handler's private queue, and
-// replay_backward_warnings() does what replay_warnings() does.
-namespace tcap::capture {
-namespace {
-template <auto Member>
-struct PrivateAccess {
-  friend constexpr auto warnings_member() { return Member; }
-};
-constexpr auto warnings_member();
-template struct PrivateAccess<&torch::autograd::utils::DelayWarningHandler::warnings_>;
-
-void replay_backward_warnings(torch::autograd::utils::DelayWarningHandler& h) {
-  auto& queue = h.*warnings_member();
-  for (const auto& w : queue) c10::warn(w);
-  queue.clear();
-}
-}  // namespace
-}  // namespace tcap::capture
+#include <optional>
 
 namespace tcap::capture {
-namespace {
 
 using torch::autograd::Engine;
-using torch::autograd::GraphTask;
+using torch::autograd::edge_list;
 using torch::autograd::variable_list;
 
-// See Note [Intercepting backward()]: the 2.6 - 2.12 signature.
-using ExpectedHook = variable_list (*)(const std::shared_ptr<torch::autograd::Node>&,
-                                       const GraphTask&, bool,
-                                       const torch::autograd::edge_list&);
-static_assert(std::is_same_v<Engine::compiled_autograd_fn, ExpectedHook>,
-              "tcap: Engine::compiled_autograd_fn changed in this LibTorch; update engine_shim.cpp");
+// See Note [Intercepting backward()].
+class ForwardingEngine final : public Engine {
+ public:
+  explicit ForwardingEngine(Engine& next) : next_(next) {}
+
+  variable_list execute(const edge_list& roots, const variable_list& inputs, bool keep_graph, bool create_graph,
+                        bool accumulate_grad, const edge_list& outputs) override;
+
+  c10::intrusive_ptr<at::ivalue::Future> execute_with_graph_task(
+      const std::shared_ptr<torch::autograd::GraphTask>& graph_task, std::shared_ptr<torch::autograd::Node> graph_root,
+      torch::autograd::InputBuffer&& input_buffer) override {
+    return next_.execute_with_graph_task(graph_task, std::move(graph_root), std::move(input_buffer));
+  }
+  std::unique_ptr<torch::autograd::AnomalyMetadata> make_anomaly_metadata() override {
+    return next_.make_anomaly_metadata();
+  }
+  std::unique_ptr<torch::autograd::SavedVariableHooks> get_default_saved_variable_hooks() override {
+    return next_.get_default_saved_variable_hooks();
+  }
+
+ private:
+  Engine& next_;
+};
+
+namespace {
 
 std::mutex g_mutex;
 int g_leases = 0;
-std::atomic<BackwardDriver> g_driver{nullptr};  // read by the hook without the mutex
+std::atomic<BackwardDriver> g_driver{nullptr};  // read by execute() without the mutex
+std::atomic<ForwardingEngine*> g_engine{nullptr};
 
-variable_list engine_hook(const std::shared_ptr<torch::autograd::Node>& root, const GraphTask& task,
-                          bool accumulate_grad, const torch::autograd::edge_list& outputs) {
-  BackwardCall call;
-  call.root = root;
-  // NOLINTNEXTLINE(cppcoreguidelines-pro-type-const-cast): the engine owns it mutably.
-  call.task = const_cast<GraphTask&>(task).shared_from_this();
-  call.accumulate_grad = accumulate_grad;
-  call.outputs = &outputs;
-  BackwardDriver driver = g_driver.load();
-  return driver ? driver(call) : call.run();
+Engine& forwarding_engine() { return *g_engine.load(std::memory_order_acquire); }
+
+// Under g_mutex. Never uninstalled; see Note [Intercepting backward()].
+void install_forwarding_engine() {
+  if (g_engine.load() != nullptr) return;
+  Engine& next = Engine::get_default_engine();
+  // Leaked: a thread may reach it through the stub at any time, process exit included.
+  g_engine.store(new ForwardingEngine(next), std::memory_order_release);
+  torch::autograd::set_default_engine_stub(&forwarding_engine);
+  TCAP_LOG(Capture, "installed tcap's forwarding autograd engine");
 }
 
+// Restores a thread-local autograd setting on scope exit.
+class MultithreadingOff {
+ public:
+  MultithreadingOff() : prev_(c10::AutogradState::get_tls_state().get_multithreading_enabled()) {
+    c10::AutogradState::get_tls_state().set_multithreading_enabled(false);
+  }
+  ~MultithreadingOff() { c10::AutogradState::get_tls_state().set_multithreading_enabled(prev_); }
+  MultithreadingOff(const MultithreadingOff&) = delete;
+  MultithreadingOff& operator=(const MultithreadingOff&) = delete;
+
+ private:
+  bool prev_;
+};
+
 }  // namespace
+
+variable_list ForwardingEngine::execute(const edge_list& roots, const variable_list& inputs, bool keep_graph,
+                                        bool create_graph, bool accumulate_grad, const edge_list& outputs) {
+  BackwardDriver driver = g_driver.load(std::memory_order_acquire);
+  if (driver == nullptr) return next_.execute(roots, inputs, keep_graph, create_graph, accumulate_grad, outputs);
+  // The checks (and casts) Engine::execute makes first, so the driver sees the gradients
+  // the engine would run with; the engine repeats them on the checked list (no-ops).
+  variable_list grads = inputs;
+  torch::autograd::validate_outputs(roots, grads, [](const std::string& msg) { return msg; });
+  BackwardCall call;
+  call.roots = &roots;
+  call.root = std::make_shared<torch::autograd::GraphRoot>(roots, std::move(grads));
+  call.accumulate_grad = accumulate_grad;
+  call.outputs = &outputs;
+  call.keep_graph_ = keep_graph;
+  call.create_graph_ = create_graph;
+  call.next_ = &next_;
+  return driver(call);
+}
 
 std::vector<at::Tensor> BackwardCall::root_grads() const {
   if (auto* gr = dynamic_cast<torch::autograd::GraphRoot*>(root.get())) return gr->outputs;
   return {};
 }
 
-bool BackwardCall::keep_graph() const { return task->keep_graph_; }
-
-bool BackwardCall::create_graph() const {
-  at::ThreadLocalStateGuard as_the_task(task->thread_locals_);
-  return at::GradMode::is_enabled();
-}
-
 void BackwardCall::include_in_thread_locals(c10::DispatchKey key) const {
-  at::ThreadLocalStateGuard as_the_task(task->thread_locals_);
-  c10::impl::tls_set_dispatch_key_included(key, true);
-  c10::AutogradState::get_tls_state().set_multithreading_enabled(false);
-  task->thread_locals_ = at::ThreadLocalState();
+  if (std::find(include_.begin(), include_.end(), key) == include_.end()) include_.push_back(key);
 }
 
 variable_list BackwardCall::run() const {
-  auto fut = Engine::get_default_engine().execute_with_graph_task(
-      task, root, torch::autograd::InputBuffer(variable_list()));
-  fut->wait();
-  replay_backward_warnings(task->warning_handler_);
-  return fut->value().toTensorVector();
+  // GraphTask's constructor snapshots this thread's state; every node runs under it.
+  c10::DispatchKeySet keys;
+  for (c10::DispatchKey k : include_) keys = keys | c10::DispatchKeySet(k);
+  std::optional<c10::impl::IncludeDispatchKeyGuard> include;
+  std::optional<MultithreadingOff> single_threaded;
+  if (!include_.empty()) {
+    include.emplace(keys);
+    single_threaded.emplace();
+  }
+  return next_->execute(*roots, root_grads(), keep_graph_, create_graph_, accumulate_grad, *outputs);
 }
 
 EngineHookLease::EngineHookLease(BackwardDriver driver) {
   std::lock_guard<std::mutex> lock(g_mutex);
-  TORCH_CHECK(g_driver == nullptr || g_driver == driver,
-              "tcap: another backward driver is installed");
-  if (g_leases++ == 0) {
-    g_driver = driver;
-    Engine::set_compiled_autograd(&engine_hook);
-  }
+  TORCH_CHECK(g_driver == nullptr || g_driver == driver, "tcap: another backward driver is installed");
+  install_forwarding_engine();
+  if (g_leases++ == 0) g_driver = driver;
 }
 
 EngineHookLease::~EngineHookLease() {
   std::lock_guard<std::mutex> lock(g_mutex);
-  if (--g_leases == 0) {
-    try {
-      Engine::set_compiled_autograd(nullptr);
-      g_driver = nullptr;
-    } catch (const std::exception& e) {
-      // The hook stays installed; with no session on a thread it only runs the engine.
-      TCAP_LOG(Capture, "could not uninstall the engine hook (kept, harmless): " << e.what());
-    }
-  }
+  if (--g_leases == 0) g_driver = nullptr;
 }
 
 }  // namespace tcap::capture

@@ -1,15 +1,27 @@
-// The one place tcap touches the autograd engine's internal hook
-// (Engine::set_compiled_autograd). See Note [Intercepting backward()].
+// The one place tcap touches the autograd engine's internals: it puts its own Engine in
+// front of the default one (set_default_engine_stub). See Note [Intercepting backward()].
 //
 // Note [Intercepting backward()]
-// Engine::execute, after building the GraphTask and a GraphRoot and computing the
-// dependencies, hands the whole backward to a process-wide function pointer when one is
-// installed (PyTorch's compiled-autograd hook). tcap installs one while any capture that
-// records backward is alive. Its driver may observe the graph (wrap hooks, mark the
-// backward phase) and then runs the graph task exactly as the engine would have
-// (execute_with_graph_task, wait, replay warnings), so behaviour is unchanged.
-// The hook's signature changed across releases (GraphTask& -> const GraphTask& in 2.6,
-// shared_ptr<Node> -> intrusive_ptr<Node> in 2.13): it is checked at compile time here.
+// Every backward()/grad() in C++ reaches Engine::get_default_engine().execute(roots,
+// grads, keep_graph, create_graph, accumulate_grad, outputs). LibTorch lets one replace
+// the default engine (set_default_engine_stub; Python's PythonEngine is installed that
+// way). On the first lease tcap installs a forwarding engine: its execute() hands the
+// call to tcap's driver while a lease is alive, and otherwise (and for every other
+// entry point) forwards to the engine that was the default before, so the engine's
+// worker threads, ready queues and semantics stay that engine's own. The driver may
+// observe the graph (wrap hooks, mark the backward phase, compile it) and then runs it
+// through the previous engine (BackwardCall::run).
+//
+// Why not Engine::set_compiled_autograd (PyTorch's compiled-autograd hook, which tcap
+// used before): Engine::execute guards that hook with a best-effort counter of threads
+// "in compiled autograd" that is raised and dropped around the hook call without a
+// lock, so two threads entering backward() at the same moment fail with "Re-entrant into
+// Compiled Autograd ... not yet supported" (Guard.ConcurrentBackwardsFromManyThreads
+// failed about one run in eight). The hook is process-wide, so even threads that never
+// capture were exposed. Its signature also changes across releases; execute()'s has not.
+//
+// The forwarding engine stays installed once installed (a thread may hold a reference
+// to it at any time); with no lease it costs one atomic load per backward().
 #pragma once
 
 #include <torch/csrc/autograd/function.h>
@@ -18,7 +30,7 @@
 #include <vector>
 
 namespace torch::autograd {
-struct GraphTask;
+struct Engine;
 }
 
 namespace tcap::capture {
@@ -27,26 +39,33 @@ using NodePtr = std::shared_ptr<torch::autograd::Node>;
 
 // What the driver receives for one backward()/grad() call.
 struct BackwardCall {
-  NodePtr root;                                   // a GraphRoot
-  std::shared_ptr<torch::autograd::GraphTask> task;
+  const torch::autograd::edge_list* roots = nullptr;
+  NodePtr root;                                   // a GraphRoot over roots and the checked gradients
   bool accumulate_grad = true;                    // backward() (true) or grad() (false)
   const torch::autograd::edge_list* outputs = nullptr;
+  bool keep_graph_ = false;
+  bool create_graph_ = false;
   std::vector<at::Tensor> root_grads() const;     // the gradients fed to the roots
-  bool keep_graph() const;                         // retain_graph
-  bool create_graph() const;                       // the task runs with grad mode on
-  // Adds `key` to the dispatch keys included in the task's thread-local snapshot (the
-  // engine runs every node under that snapshot) and turns autograd threads off there;
-  // everything else in the snapshot (grad mode = create_graph, ...) stays.
+  bool keep_graph() const { return keep_graph_; }      // retain_graph
+  bool create_graph() const { return create_graph_; }  // the backward runs with grad mode on
+  // Makes run() include `key` in the dispatch keys of the thread-local state the engine
+  // runs every node under, with autograd threads off there; the rest of that state is the
+  // calling thread's, as for any backward().
   void include_in_thread_locals(c10::DispatchKey key) const;
-  // Runs the task as Engine::execute would have without a hook; returns grad()'s results.
+  // Runs the backward on the engine as it would have run without tcap; returns grad()'s
+  // results.
   torch::autograd::variable_list run() const;
+
+ private:
+  friend class ForwardingEngine;
+  torch::autograd::Engine* next_ = nullptr;  // the engine that runs it
+  mutable std::vector<c10::DispatchKey> include_;
 };
 
 using BackwardDriver = torch::autograd::variable_list (*)(const BackwardCall&);
 
 // While at least one lease is alive, every backward()/grad() in the process goes through
-// `driver` (which must call BackwardCall::run()). The previous (null) hook is restored
-// when the last lease ends.
+// `driver` (which must call BackwardCall::run()).
 class EngineHookLease {
  public:
   explicit EngineHookLease(BackwardDriver driver);

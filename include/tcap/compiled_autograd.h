@@ -42,9 +42,9 @@ struct CompiledAutogradOptions {
   // Backend, cache_size_limit, dynamic, name and dump_dir apply to the backward graphs;
   // partitioner and fw/bw compilers are not used (there is no forward to partition).
   CompileOptions compile;
-  // Install tcap into the engine (Engine::set_compiled_autograd) so that plain
-  // loss.backward() and torch::autograd::grad() are intercepted. When false, or when the
-  // hook cannot be installed, only the guard's own backward()/grad() are compiled.
+  // Route the autograd engine through tcap (a forwarding engine, docs/architecture.md) so
+  // that plain loss.backward() and torch::autograd::grad() are intercepted. When false, or
+  // when that cannot be done, only the guard's own backward()/grad() are compiled.
   bool use_engine_hook = true;
 };
 
