@@ -11,6 +11,8 @@
 
 #include <algorithm>
 #include <memory>
+#include <mutex>
+#include <unordered_map>
 
 namespace tcap::capture {
 namespace {
@@ -24,8 +26,9 @@ struct ThreadState {
   bool key_was_included = false;
   // Reused across ops, one per nested session: no per-op construction.
   std::vector<Session::Pending> pending;
-  // Operator facts, keyed by the (stable) schema address.
-  ska::flat_hash_map<const c10::FunctionSchema*, std::unique_ptr<OpInfo>> ops;
+  // Operator facts, keyed by the (stable) schema address: this thread's cache of the
+  // process-wide registry.
+  ska::flat_hash_map<const c10::FunctionSchema*, const OpInfo*> ops;
 };
 
 // A thread_local with a destructor is reached through an initialization check on every
@@ -43,9 +46,20 @@ ThreadState& thread_state() {
   return owner.state;
 }
 
-const OpInfo& op_info(ThreadState& ts, const c10::OperatorHandle& op) {
-  auto& slot = ts.ops[&op.schema()];
+// OpInfos live as long as the process: sessions keep pointers to them (Session::
+// record_schema), and a session may outlive the thread that recorded into it.
+const OpInfo& registered_op_info(const c10::OperatorHandle& op) {
+  static std::mutex mutex;
+  static auto* registry = new std::unordered_map<const c10::FunctionSchema*, std::unique_ptr<OpInfo>>();
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& slot = (*registry)[&op.schema()];
   if (!slot) slot = std::make_unique<OpInfo>(OpInfo::from(op));
+  return *slot;
+}
+
+const OpInfo& op_info(ThreadState& ts, const c10::OperatorHandle& op) {
+  const OpInfo*& slot = ts.ops[&op.schema()];
+  if (!slot) slot = &registered_op_info(op);
   return *slot;
 }
 

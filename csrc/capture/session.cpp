@@ -111,15 +111,30 @@ OpInfo OpInfo::from(const c10::OperatorHandle& op) {
   return info;
 }
 
+// Room for a training step of a small model without reallocating as the graph grows (a
+// capture per step is common: growing from empty cost about a tenth of the recording).
+constexpr size_t kReservedNodes = 64;
+constexpr size_t kReservedValues = 128;
+
 Session::Session(CaptureOptions options) : options_(options) {
   graph_.meta()["producer"] = "tcap capture";
+  graph_.reserve(kReservedNodes, kReservedValues);
+  table_.reserve(kReservedValues, kReservedValues);
 }
 
 ir::ValueId Session::new_input(const at::Tensor& t, ir::InputKind kind, std::string name) {
-  const ir::ValueId v = graph_.add_input(kind, std::move(name), meta_of(t));
+  // Built in place, as Graph::add_input would: the value first, then its Input node.
+  const auto producer = static_cast<ir::NodeId>(graph_.nodes().size());
+  ir::Value& val = graph_.emplace_value(producer, 0, -1);
+  fill_meta(val.meta, t);
+  const ir::ValueId v = val.id;
+  ir::Node& n = graph_.emplace_node(ir::NodeKind::Input);
+  n.input_kind = kind;
+  n.name = std::move(name);
+  n.outputs.push_back(ir::Arg::value(v));
   input_tensors_.push_back(t);
   // Every leaf that requires grad may receive a .grad inside the capture (see snapshot).
-  if (t.requires_grad() && t.is_leaf()) grad_leaves_.emplace_back(t, graph_.node(graph_.value(v).producer).name);
+  if (t.requires_grad() && t.is_leaf()) grad_leaves_.emplace_back(t, n.name);
   table_.define(t, v);
   return v;
 }
@@ -291,7 +306,12 @@ void Session::record_schema(const OpInfo& info) {
   const auto k = static_cast<size_t>(info.id);
   if (k >= schema_recorded_.size()) schema_recorded_.resize(k + 1, 0);
   schema_recorded_[k] = 1;
-  graph_.schemas()[info.qualified] = info.schema;
+  unflushed_schemas_.push_back(&info);
+}
+
+void Session::flush_schemas() {
+  for (const OpInfo* info : unflushed_schemas_) graph_.schemas().emplace(info->qualified, info->schema);
+  unflushed_schemas_.clear();
 }
 
 void Session::after_op(const OpInfo& info, c10::ArrayRef<c10::IValue> rets, Pending& p) {
@@ -485,6 +505,7 @@ ir::Graph Session::snapshot() const {
     kinds.push_back(ir::OutputKind::Grad);
   }
   ir::Graph g = graph_;
+  for (const OpInfo* info : unflushed_schemas_) g.schemas().emplace(info->qualified, info->schema);
   g.set_outputs(std::move(values), std::move(names), std::move(kinds));
   return g;
 }

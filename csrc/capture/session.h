@@ -102,7 +102,10 @@ class Session {
   // region from code that was not recorded).
   ir::ValueId tangent_for(const at::Tensor& t, const std::string& name);
   // The graph recorded so far (no Output node).
-  const ir::Graph& graph() const { return graph_; }
+  const ir::Graph& graph() {
+    flush_schemas();
+    return graph_;
+  }
   const std::vector<at::Tensor>& input_tensors() const { return input_tensors_; }
 
  private:
@@ -115,9 +118,12 @@ class Session {
   void convert(ir::Arg& a, const c10::IValue& iv, OpInfo::IntHint hint, ir::ValueId* first_value);
   ir::ValueId define_output(const at::Tensor& t, ir::NodeId producer, int index, int list_index,
                             bool requires_grad_guess);
-  // Stores the operator's schema in the graph; after_op calls it the first time this
-  // session records the operator.
+  // Notes the operator for the graph's schema table; after_op calls it the first time
+  // this session records the operator. The table is filled when the graph is read
+  // (flush_schemas, snapshot): map inserts and string copies were a tenth of a
+  // small training step's recording.
   void record_schema(const OpInfo& info);
+  void flush_schemas();
 
   friend class ::tcap::CaptureGuard;
   CaptureOptions options_;
@@ -137,7 +143,8 @@ class Session {
   };
   std::unordered_map<const c10::TensorImpl*, Named> names_;
   std::vector<std::pair<ir::ValueId, std::string>> outputs_;
-  std::vector<uint8_t> schema_recorded_;  // by OpInfo::id: 1 once the schema is in the graph
+  std::vector<uint8_t> schema_recorded_;  // by OpInfo::id: 1 once the schema is noted
+  std::vector<const OpInfo*> unflushed_schemas_;  // OpInfos are immortal (recorder.cpp)
   std::vector<std::pair<at::Tensor, std::string>> grad_leaves_;  // inputs that may get a .grad
   int auto_names_ = 0;
   int tangents_ = 0;

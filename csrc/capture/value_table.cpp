@@ -88,6 +88,12 @@ std::optional<ir::ValueId> ValueTable::lookup(const at::Tensor& t) const {
   return best->value;
 }
 
+void ValueTable::reserve(size_t tensors, size_t storages) {
+  by_impl_.reserve(tensors);
+  record_index_.reserve(storages);
+  records_.reserve(storages);
+}
+
 void ValueTable::note_write(const at::Tensor& t) {
   if (const c10::Storage* storage = strided_storage(t)) ++records_[static_cast<size_t>(make_record(*storage))].writes;
 }

@@ -45,6 +45,8 @@ class ValueTable {
   void define(const at::Tensor& t, ir::ValueId v);
   // Counts a recorded write to t's storage (call before define() of the new version).
   void note_write(const at::Tensor& t);
+  // Room for this many tensors and storages before the tables grow.
+  void reserve(size_t tensors, size_t storages);
 
  private:
   static constexpr int32_t kNoRecord = -1;

@@ -178,6 +178,11 @@ class Graph {
   Value& emplace_value(NodeId producer, int output_index, int list_index);
   void set_outputs(std::vector<ValueId> values, std::vector<std::string> names,
                    std::vector<OutputKind> kinds);
+  // Room for this many nodes and values before the next reallocation.
+  void reserve(size_t nodes, size_t values) {
+    nodes_.reserve(nodes);
+    values_.reserve(values);
+  }
   int add_hook(HookKind kind, std::string autograd_node, int slot = -1);
   // Rewires every use of `from` to `to` (arguments and outputs of later nodes).
   void replace_all_uses_with(ValueId from, ValueId to);
