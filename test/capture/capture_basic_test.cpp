@@ -6,6 +6,8 @@
 
 #include <torch/torch.h>
 
+#include <optional>
+
 using tcap::testing::close;
 using tcap::testing::dump;
 namespace ir = tcap::ir;
@@ -96,6 +98,49 @@ TEST(Capture, BackwardIsRecordedAndMarked) {
   loss_e.backward();
   EXPECT_TRUE(close(res[0], loss_e));
   EXPECT_TRUE(close(res[1], w2e.grad())) << dump(g);
+}
+
+namespace {
+
+// A custom Function whose backward warns: the engine gathers warnings raised while it
+// runs nodes and replays them to the caller of backward() when it returns.
+struct WarnInBackward : torch::autograd::Function<WarnInBackward> {
+  static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& x) { return x * 2; }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
+                                                 torch::autograd::variable_list g) {
+    TORCH_WARN("tcap test: a warning from backward");
+    return {g[0] * 2};
+  }
+};
+
+struct CollectWarnings : c10::WarningHandler {
+  std::vector<std::string> messages;
+  void process(const c10::Warning& w) override { messages.push_back(w.msg()); }
+};
+
+}  // namespace
+
+// tcap's forwarding engine (Note [Intercepting backward()]) must keep this behaviour.
+TEST(Capture, BackwardWarningsReachTheCaller) {
+  for (bool capture : {false, true}) {
+    CollectWarnings handler;
+    c10::WarningUtils::WarningHandlerGuard use(&handler);
+    auto x = torch::randn({5}, torch::requires_grad());
+    std::optional<tcap::CaptureGuard> cap;
+    if (capture) cap.emplace();
+    WarnInBackward::apply(x).sum().backward();
+    if (cap) {
+      cap->stop();
+      const ir::Graph g = cap->graph();
+      int backward_calls = 0;
+      for (const auto& n : g.nodes()) backward_calls += n.kind == ir::NodeKind::Call && n.phase == ir::Phase::Backward;
+      EXPECT_GT(backward_calls, 0) << dump(g);
+    }
+    EXPECT_TRUE(torch::allclose(x.grad(), torch::full({5}, 2.0))) << "capture " << capture;
+    int ours = 0;
+    for (const auto& m : handler.messages) ours += m.find("a warning from backward") != std::string::npos;
+    EXPECT_EQ(ours, 1) << "capture " << capture;
+  }
 }
 
 TEST(Capture, HooksBecomeCallHookNodes) {
