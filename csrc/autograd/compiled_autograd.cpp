@@ -33,7 +33,6 @@
 #include "interp/hook_runner.h"
 #include "support/logging.h"
 
-#include <c10/core/AutogradState.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/engine.h>
@@ -151,26 +150,6 @@ class Markers {
 
  private:
   std::vector<std::pair<Node*, const void*>> placed_;
-};
-
-// Pushes a session on this thread for one engine run, and restores everything after.
-class RecordingScope {
- public:
-  explicit RecordingScope(capture::Session* s) : s_(s) {
-    auto& tls = c10::AutogradState::get_tls_state();
-    prev_mt_ = tls.get_multithreading_enabled();
-    tls.set_multithreading_enabled(false);
-    capture::push_session(s);
-  }
-  ~RecordingScope() {
-    s_->set_recording(false);
-    capture::pop_session(s_);
-    c10::AutogradState::get_tls_state().set_multithreading_enabled(prev_mt_);
-  }
-
- private:
-  capture::Session* s_;
-  bool prev_mt_;
 };
 
 using ca::first_line;
@@ -467,7 +446,7 @@ variable_list Runtime::capture(const Request& r, const ca::BackwardWalk& w, cons
   {
     Markers markers(w, &s);
     capture::HookWrapScope wrap(r.root, &slots, &labeler);
-    RecordingScope recording(&s);
+    capture::RecordingScope recording(&s);
     r.prepare_capture();
     s.begin_backward({});
     struct End {

@@ -1,15 +1,14 @@
 #include "capture/engine_shim.h"
 
+#include "capture/recorder.h"
 #include "support/logging.h"
 
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/functions/basic_ops.h>
 #include <torch/csrc/autograd/input_buffer.h>
 
-#include <c10/core/AutogradState.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
-#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <optional>
@@ -63,20 +62,6 @@ void install_forwarding_engine() {
   TCAP_LOG(Capture, "installed tcap's forwarding autograd engine");
 }
 
-// Restores a thread-local autograd setting on scope exit.
-class MultithreadingOff {
- public:
-  MultithreadingOff() : prev_(c10::AutogradState::get_tls_state().get_multithreading_enabled()) {
-    c10::AutogradState::get_tls_state().set_multithreading_enabled(false);
-  }
-  ~MultithreadingOff() { c10::AutogradState::get_tls_state().set_multithreading_enabled(prev_); }
-  MultithreadingOff(const MultithreadingOff&) = delete;
-  MultithreadingOff& operator=(const MultithreadingOff&) = delete;
-
- private:
-  bool prev_;
-};
-
 }  // namespace
 
 variable_list ForwardingEngine::execute(const edge_list& roots, const variable_list& inputs, bool keep_graph,
@@ -103,18 +88,14 @@ std::vector<at::Tensor> BackwardCall::root_grads() const {
   return {};
 }
 
-void BackwardCall::include_in_thread_locals(c10::DispatchKey key) const {
-  if (std::find(include_.begin(), include_.end(), key) == include_.end()) include_.push_back(key);
-}
+void BackwardCall::include_in_thread_locals(c10::DispatchKey key) const { include_ = include_ | c10::DispatchKeySet(key); }
 
 variable_list BackwardCall::run() const {
   // GraphTask's constructor snapshots this thread's state; every node runs under it.
-  c10::DispatchKeySet keys;
-  for (c10::DispatchKey k : include_) keys = keys | c10::DispatchKeySet(k);
   std::optional<c10::impl::IncludeDispatchKeyGuard> include;
   std::optional<MultithreadingOff> single_threaded;
   if (!include_.empty()) {
-    include.emplace(keys);
+    include.emplace(include_);
     single_threaded.emplace();
   }
   return next_->execute(*roots, root_grads(), keep_graph_, create_graph_, accumulate_grad, *outputs);

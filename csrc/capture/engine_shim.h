@@ -43,8 +43,6 @@ struct BackwardCall {
   NodePtr root;                                   // a GraphRoot over roots and the checked gradients
   bool accumulate_grad = true;                    // backward() (true) or grad() (false)
   const torch::autograd::edge_list* outputs = nullptr;
-  bool keep_graph_ = false;
-  bool create_graph_ = false;
   std::vector<at::Tensor> root_grads() const;     // the gradients fed to the roots
   bool keep_graph() const { return keep_graph_; }      // retain_graph
   bool create_graph() const { return create_graph_; }  // the backward runs with grad mode on
@@ -58,8 +56,10 @@ struct BackwardCall {
 
  private:
   friend class ForwardingEngine;
+  bool keep_graph_ = false;
+  bool create_graph_ = false;
   torch::autograd::Engine* next_ = nullptr;  // the engine that runs it
-  mutable std::vector<c10::DispatchKey> include_;
+  mutable c10::DispatchKeySet include_;
 };
 
 using BackwardDriver = torch::autograd::variable_list (*)(const BackwardCall&);

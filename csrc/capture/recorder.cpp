@@ -5,6 +5,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <c10/core/AutogradState.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/flat_hash_map.h>
 #include <torch/library.h>
@@ -156,5 +157,18 @@ void pop_session(Session* s) {
 }
 
 const std::vector<Session*>& thread_sessions() { return thread_state().sessions; }
+
+MultithreadingOff::MultithreadingOff() : prev_(c10::AutogradState::get_tls_state().get_multithreading_enabled()) {
+  c10::AutogradState::get_tls_state().set_multithreading_enabled(false);
+}
+
+MultithreadingOff::~MultithreadingOff() { c10::AutogradState::get_tls_state().set_multithreading_enabled(prev_); }
+
+RecordingScope::RecordingScope(Session* s) : s_(s) { push_session(s); }
+
+RecordingScope::~RecordingScope() {
+  s_->set_recording(false);
+  pop_session(s_);
+}
 
 }  // namespace tcap::capture

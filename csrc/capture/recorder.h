@@ -31,4 +31,31 @@ void push_session(Session* s);
 void pop_session(Session* s);
 const std::vector<Session*>& thread_sessions();
 
+// Turns autograd's worker threads off on this thread for a scope, so that the engine runs
+// every node on the calling thread, where the sessions are (DESIGN.md D2).
+class MultithreadingOff {
+ public:
+  MultithreadingOff();
+  ~MultithreadingOff();
+  MultithreadingOff(const MultithreadingOff&) = delete;
+  MultithreadingOff& operator=(const MultithreadingOff&) = delete;
+
+ private:
+  bool prev_;
+};
+
+// Records into `s` on this thread for a scope, autograd threads off; on exit the session
+// stops recording and is popped, then the thread's autograd setting is restored.
+class RecordingScope {
+ public:
+  explicit RecordingScope(Session* s);
+  ~RecordingScope();
+  RecordingScope(const RecordingScope&) = delete;
+  RecordingScope& operator=(const RecordingScope&) = delete;
+
+ private:
+  MultithreadingOff single_threaded_;
+  Session* s_;
+};
+
 }  // namespace tcap::capture

@@ -29,7 +29,6 @@
 #include "compile/region.h"
 #include "support/logging.h"
 
-#include <c10/core/AutogradState.h>
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/optim/adam.h>
@@ -296,19 +295,7 @@ struct CompiledStep::Impl {
     std::vector<at::Tensor> outs;
     {
       capture::EngineHookLease lease(&capture::capture_backward_driver);
-      auto& autograd_tls = c10::AutogradState::get_tls_state();
-      const bool prev_mt = autograd_tls.get_multithreading_enabled();
-      autograd_tls.set_multithreading_enabled(false);
-      capture::push_session(&s);
-      struct Pop {
-        capture::Session& s;
-        bool mt;
-        ~Pop() {
-          s.set_recording(false);
-          capture::pop_session(&s);
-          c10::AutogradState::get_tls_state().set_multithreading_enabled(mt);
-        }
-      } pop{s, prev_mt};
+      capture::RecordingScope recording(&s);
       outs = fn(user);
     }
     e.opt_at_capture = snapshot();
