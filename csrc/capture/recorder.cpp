@@ -54,7 +54,10 @@ const OpInfo& registered_op_info(const c10::OperatorHandle& op) {
   static auto* registry = new std::unordered_map<const c10::FunctionSchema*, std::unique_ptr<OpInfo>>();
   std::lock_guard<std::mutex> lock(mutex);
   auto& slot = (*registry)[&op.schema()];
-  if (!slot) slot = std::make_unique<OpInfo>(OpInfo::from(op));
+  if (!slot) {
+    slot = std::make_unique<OpInfo>(OpInfo::from(op));
+    slot->id = static_cast<int>(registry->size()) - 1;  // the slot is already counted
+  }
   return *slot;
 }
 

@@ -9,7 +9,6 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
-#include <mutex>
 #include <sstream>
 #include <typeindex>
 
@@ -60,14 +59,6 @@ bool is_floating_or_complex(c10::ScalarType t) {
   return c10::isFloatingType(t) || c10::isComplexType(t);
 }
 
-// A dense id per distinct schema text, shared by every thread's OpInfo of that operator.
-int schema_id(const std::string& schema) {
-  static std::mutex mutex;
-  static std::unordered_map<std::string, int> ids;
-  std::lock_guard<std::mutex> lock(mutex);
-  return ids.emplace(schema, static_cast<int>(ids.size())).first->second;
-}
-
 }  // namespace
 
 // A node's name is a function of its type.
@@ -87,7 +78,6 @@ OpInfo OpInfo::from(const c10::OperatorHandle& op) {
   std::ostringstream os;
   os << s;
   info.schema = os.str();
-  info.id = schema_id(info.schema);
   info.num_arguments = s.arguments().size();
   info.num_returns = s.returns().size();
   info.composite_implicit = op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);

@@ -28,7 +28,7 @@ const std::string& node_name(const torch::autograd::Node& node);
 struct OpInfo {
   enum class IntHint : uint8_t { Int, ScalarType, Layout, MemoryFormat };
   std::string op, overload, qualified, schema;
-  int id = 0;  // dense, one per distinct schema in the process (see Session::record_schema)
+  int id = 0;  // dense, one per operator in the recorder's registry (see Session::record_schema)
   size_t num_arguments = 0, num_returns = 0;
   bool composite_implicit = false;
   std::vector<IntHint> int_hint;           // per argument
