@@ -57,6 +57,10 @@ class ValueEmitter {
   // sin or cos of f32 values, inline (Note [CPU sin and cos], math_lib.cpp). `small_arg`:
   // |x| <= 1 is known (ops.cpp's `bounds`): a short polynomial, no reduction or library.
   llvm::Value* sin_cos_f32(kir::OpCode op, llvm::Value* x, bool small_arg);
+  // exp and erf of f32 values, inline (Note [CPU exp and erf], math_lib.cpp).
+  llvm::Value* exp_f32(llvm::Value* x);
+  llvm::Value* erf_f32(llvm::Value* x);
+  llvm::Value* exp_f32_core(llvm::Value* x, bool two_scales);
 
  private:
   llvm::Value* float_op(const kir::Kernel& k, const kir::Instr& in, const std::vector<llvm::Value*>& x);

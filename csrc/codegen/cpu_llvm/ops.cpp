@@ -261,12 +261,16 @@ Value* ValueEmitter::float_op(const kir::Kernel& k, const kir::Instr& in, const 
       }
       return math(in.op, a, nullptr);
     case OpCode::Exp:
+    case OpCode::Erf:
+      if (a->getType()->getScalarType()->isFloatTy() && t_.has_fma) {
+        return in.op == OpCode::Exp ? exp_f32(a) : erf_f32(a);
+      }
+      return math(in.op, a, nullptr);
     case OpCode::Log:
     case OpCode::Log1p:
     case OpCode::Expm1:
     case OpCode::Tan:
-    case OpCode::Tanh:
-    case OpCode::Erf: return math(in.op, a, nullptr);
+    case OpCode::Tanh: return math(in.op, a, nullptr);
     case OpCode::Sqrt: return b_.CreateUnaryIntrinsic(I::sqrt, a);
     // 1/sqrt(x) with a correctly rounded division, not the ~12-bit rsqrtps estimate.
     case OpCode::Rsqrt: return b_.CreateFDiv(one, b_.CreateUnaryIntrinsic(I::sqrt, a));
