@@ -393,7 +393,7 @@ TEST(CpuLlvmPointwise, HalfTypes) {
       run(*ck, {x, y, s, e, d});
       EXPECT_TRUE(same(s, x + y, kb.k));
       EXPECT_TRUE(same(d, (x + y) * x, kb.k));
-      // exp: libmvec and ATen's Sleef may differ by an f32 ulp, i.e. one half-type ulp after rounding.
+      // exp: tcap's inline exp and ATen's Sleef may differ by an f32 ulp, i.e. one half-type ulp after rounding.
       EXPECT_TRUE(close(e, x.exp(), st == at::kBFloat16 ? 8e-3 : 1e-3, 0, kb.k));
     }
   }
@@ -523,27 +523,39 @@ TEST(CpuLlvmPointwise, NarrowVectorWidths) {
 
 // The IR shows the explicit vectors and libmvec calls (AVX-512 rendered as IR only).
 TEST(CpuLlvmPointwise, LlvmIrShowsVectorMath) {
-  KernelBuilder kb("ir_exp", {4096});
+  KernelBuilder kb("ir_log", {4096});
   int32_t bx = kb.input(DType::F32), bo = kb.output(DType::F32);
-  kb.store(kb.un(OpCode::Exp, kb.load(bx, {1})), bo, {1});
+  kb.store(kb.un(OpCode::Log, kb.load(bx, {1})), bo, {1});
   const std::string desc = codegen::cpu_target_description();
   const std::string ir = codegen::cpu_kernel_llvm_ir(kb.k);
   EXPECT_NE(ir.find("define void @tcap_k_"), std::string::npos) << ir;
   if (desc.find("+avx512f") != std::string::npos) {
-    EXPECT_NE(ir.find("_ZGVeN16v_expf"), std::string::npos) << ir;
+    EXPECT_NE(ir.find("_ZGVeN16v_logf"), std::string::npos) << ir;
   } else if (desc.find("+avx2") != std::string::npos) {
-    EXPECT_NE(ir.find("_ZGVdN8v_expf"), std::string::npos) << ir;
+    EXPECT_NE(ir.find("_ZGVdN8v_logf"), std::string::npos) << ir;
     EXPECT_NE(ir.find("<8 x float>"), std::string::npos) << ir;
   }
   codegen::cpu_llvm_set_vector_bits_for_testing(512);
   const std::string ir512 = codegen::cpu_kernel_llvm_ir(kb.k);
   codegen::cpu_llvm_set_vector_bits_for_testing(0);
-  EXPECT_NE(ir512.find("_ZGVeN16v_expf"), std::string::npos) << ir512;
+  EXPECT_NE(ir512.find("_ZGVeN16v_logf"), std::string::npos) << ir512;
   EXPECT_NE(ir512.find("\"min-legal-vector-width\"=\"512\""), std::string::npos) << ir512;
   codegen::cpu_llvm_set_vector_bits_for_testing(128);
   const std::string ir128 = codegen::cpu_kernel_llvm_ir(kb.k);
   codegen::cpu_llvm_set_vector_bits_for_testing(0);
-  EXPECT_NE(ir128.find("_ZGVbN4v_expf"), std::string::npos) << ir128;
+  EXPECT_NE(ir128.find("_ZGVbN4v_logf"), std::string::npos) << ir128;
+}
+
+// f32 exp is inline on FMA targets (Note [CPU exp and erf]): no library call, and a
+// branch for vectors with a lane beyond +-87 (or NaN).
+TEST(CpuLlvmPointwise, ExpF32IsInline) {
+  KernelBuilder kb("ir_exp", {4096});
+  int32_t bx = kb.input(DType::F32), bo = kb.output(DType::F32);
+  kb.store(kb.un(OpCode::Exp, kb.load(bx, {1})), bo, {1});
+  if (codegen::cpu_target_description().find("+fma") == std::string::npos) GTEST_SKIP() << "no FMA on this CPU";
+  const std::string ir = codegen::cpu_kernel_llvm_ir(kb.k);
+  EXPECT_EQ(ir.find("expf"), std::string::npos) << ir;
+  EXPECT_NE(ir.find("exp.range"), std::string::npos) << ir;
 }
 
 // f32 sin and cos are inline (Note [CPU sin and cos]); the library is only called for
