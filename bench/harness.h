@@ -209,6 +209,9 @@ std::vector<Record> run_peer(const Options& options, const std::vector<std::stri
 // iteration frees was counted when it was allocated. Bytes are the sizes asked of the
 // allocator (nbytes), not what malloc rounds them to; CPU tensor storages and raw
 // allocations through the CPU allocator are seen, not other malloc calls (oneDNN's own).
+// tcap's CPU buffer pool (Note [CPU buffer pool]), installed at the first compiled replay,
+// wraps this allocator: its blocks are counted from the moment the pool takes them until
+// it frees them, cached or in use, as memory the process holds.
 void install_cpu_byte_counter();
 
 // Counts CPU tensor bytes while alive (one at a time). See Note [Counting CPU bytes].

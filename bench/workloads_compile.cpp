@@ -38,13 +38,15 @@
 //                that live in kept buffers are not in it: see kept_bytes);
 //   kept_bytes   bytes the priming iteration (a tcap variant's first replay) allocated and
 //                that stay allocated between iterations: buffers a backend keeps across
-//                calls (the llvm backend's output slots); eager: 0 or caches;
+//                calls (the CPU buffer pool's cached blocks, Note [CPU buffer pool]);
+//                eager: 0 or caches;
 //   saved_bytes  eager: held_bytes; tcap: entries()[0].partition.saved_bytes, the
 //                partitioner's count of saved tensors that are not inputs. It also counts
 //                saved user outputs and views of inputs, which hold no memory of their own,
 //                so held_bytes is the like-for-like figure.
 #include "workloads.h"
 
+#include <tcap/buffer_pool.h>
 #include <tcap/compile.h>
 #include <tcap/compiled_autograd.h>
 
@@ -218,8 +220,11 @@ struct Bytes {
 // The untimed memory pass. See Note [Counting CPU bytes] in harness.h. For a tcap variant
 // it runs before any other replay, so that its priming iteration is the compiled
 // function's first replay: buffers a backend allocates then and keeps across calls (the
-// llvm backend's output slots) are counted, in kept_bytes and peak_bytes.
+// CPU buffer pool's cached blocks) are counted, in kept_bytes and peak_bytes; the pool is
+// emptied first.
 Bytes measure_bytes(const Step& s) {
+  // Blocks the pool cached for an earlier variant would serve this one uncounted.
+  tcap::empty_buffer_pool();
   CpuByteCounter counter;
   const int64_t start = counter.current();
   run_untimed(s);  // priming: what the measured iteration frees was counted

@@ -21,6 +21,7 @@
 #include "compile/int_patches.h"
 #include "compile/region.h"
 #include "compile/replay_node.h"
+#include "runtime/buffer_pool.h"
 #include "support/logging.h"
 
 #include <ATen/core/Generator.h>
@@ -51,6 +52,7 @@ Executable eager_backend(const ir::Graph& g) {
   auto mu = std::make_shared<std::mutex>();
   return [interp, mu](std::vector<at::Tensor> in) {
     std::lock_guard<std::mutex> lock(*mu);
+    runtime::PoolScope pool;  // Note [CPU buffer pool]
     return interp->run(std::move(in));
   };
 }

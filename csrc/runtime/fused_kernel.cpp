@@ -1,5 +1,7 @@
 #include "runtime/fused_kernel.h"
 
+#include "runtime/buffer_pool.h"
+
 #include "support/logging.h"
 
 #include <tcap/interpreter.h>
@@ -56,18 +58,10 @@ std::string describe(const ir::TensorMeta& m) {
   return os.str();
 }
 
-// An output tensor with the recorded layout, on the slot's storage when nobody else holds it.
-// See Note [Fused kernel outputs].
-at::Tensor allocate(c10::Storage& slot, const ir::TensorMeta& m) {
-  const auto nbytes = static_cast<int64_t>(
-      at::detail::computeStorageNbytes(m.sizes, m.strides, c10::elementSize(m.dtype)));
-  if (!slot || slot.use_count() != 1 || static_cast<int64_t>(slot.nbytes()) < nbytes) {
-    slot = c10::Storage(c10::Storage::use_byte_size_t(), nbytes, c10::GetCPUAllocator(), /*resizable=*/true);
-  }
-  auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(slot), c10::DispatchKeySet(c10::DispatchKey::CPU),
-                                                   caffe2::TypeMeta::fromScalarType(m.dtype));
-  impl->set_sizes_and_strides(c10::IntArrayRef(m.sizes), c10::IntArrayRef(m.strides));
-  return at::Tensor(std::move(impl));
+// An output tensor with the recorded layout, from the buffer pool (the caller holds a
+// PoolScope). See Note [Fused kernel outputs].
+at::Tensor allocate(const ir::TensorMeta& m) {
+  return at::Tensor(at::detail::empty_strided_cpu(m.sizes, m.strides, m.dtype));
 }
 
 std::atomic<int64_t> g_launches{0};
@@ -160,9 +154,8 @@ std::vector<at::Tensor> run_fused(const std::vector<at::Tensor>& inputs, int64_t
   }
   std::vector<at::Tensor> outs(k->outputs.size());
   {
-    std::lock_guard<std::mutex> lock(k->mu);
-    if (k->slots.size() != k->outputs.size()) k->slots.resize(k->outputs.size());
-    for (size_t i = 0; i < outs.size(); ++i) outs[i] = allocate(k->slots[i], k->outputs[i]);
+    PoolScope pool;
+    for (size_t i = 0; i < outs.size(); ++i) outs[i] = allocate(k->outputs[i]);
   }
   g_launches.fetch_add(1, std::memory_order_relaxed);
   c10::SmallVector<void*, 16> args;

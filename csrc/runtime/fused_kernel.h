@@ -3,12 +3,11 @@
 //
 // Note [Fused kernel outputs]
 // A kernel's outputs are allocated with the recorded sizes and strides (so they look
-// exactly like eager's). Each output slot keeps the storage it handed out last; when that
-// storage is referenced by nobody else any more (the intermediate died, the saved tensor
-// was freed by the backward), the next call reuses it under a fresh TensorImpl. A
-// steady-state step therefore allocates no new blocks for fused results (see
-// shared/notes/benchmarking-here.md on why that matters here), at the price of keeping
-// each slot's last buffer alive between calls.
+// exactly like eager's), through LibTorch's CPU allocator inside a PoolScope: a
+// steady-state step takes its blocks from the CPU buffer pool and allocates no new ones
+// (Note [CPU buffer pool]; shared/notes/benchmarking-here.md on why that matters here).
+// (Until session 11 each output slot kept its last buffer instead: memory held per slot
+// between calls, and no reuse across kernels.)
 //
 // On CUDA (a kernel with `cuda` set) outputs come from LibTorch's caching allocator
 // instead (it already reuses blocks per stream) and the kernel is launched on the
@@ -50,9 +49,8 @@ struct FusedKernel {
   std::atomic<int64_t> calls{0};
   std::atomic<int64_t> fallbacks{0};
 
-  // Internal state (slots, fallback interpreter).
+  // Internal state (fallback interpreter).
   std::mutex mu;
-  std::vector<c10::Storage> slots;
   std::unique_ptr<Interpreter> fallback_interp;
   bool logged_fallback = false;
   ~FusedKernel();

@@ -55,6 +55,16 @@ Config read_config() {
   c.log_file = env_or("TCAP_LOG_FILE", "");
   c.dump_dir = env_or("TCAP_DUMP_DIR", "");
   c.cache_dir = env_or("TCAP_CACHE_DIR", env_or("HOME", "/tmp") + "/.cache/tcap");
+  const std::string pool = env_or("TCAP_BUFFER_POOL_MB", "");
+  if (!pool.empty()) {
+    char* end = nullptr;
+    const long long mb = std::strtoll(pool.c_str(), &end, 10);
+    if (end && *end == '\0' && mb >= 0) {
+      c.buffer_pool_mb = mb;
+    } else {
+      std::fprintf(stderr, "[tcap] TCAP_BUFFER_POOL_MB: '%s' is not a number of megabytes (ignored)\n", pool.c_str());
+    }
+  }
   return c;
 }
 

@@ -6,6 +6,8 @@
 //   TCAP_LOG_FILE    append log lines there instead of stderr.
 //   TCAP_DUMP_DIR    folder where graphs (and later kernels) are dumped.
 //   TCAP_CACHE_DIR   on-disk cache folder (default ~/.cache/tcap).
+//   TCAP_BUFFER_POOL_MB  cap of the CPU buffer pool's cached blocks (default 1024; 0: no
+//                    pool). Note [CPU buffer pool].
 #pragma once
 
 #include <sstream>
@@ -31,6 +33,7 @@ struct Config {
   std::string log_file;
   std::string dump_dir;
   std::string cache_dir;
+  long long buffer_pool_mb = 1024;
   static const Config& get();
 };
 

@@ -3,6 +3,7 @@
 
 #define TCAP_VERSION_STRING "0.1.0"
 
+#include <tcap/buffer_pool.h>
 #include <tcap/capture.h>
 #include <tcap/compile.h>
 #include <tcap/compiled_autograd.h>

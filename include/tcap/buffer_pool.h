@@ -1,0 +1,33 @@
+// tcap's CPU buffer pool: compiled code reuses freed CPU blocks instead of returning them
+// to malloc (docs/memory.md).
+//
+// While a compiled graph runs (tcap::compile's forward and backward, compile_step,
+// compiled autograd; fused kernels' outputs), CPU allocations of 64 KiB and more on that
+// thread come from a pool; when such a tensor dies, wherever and whenever, its block goes
+// back to the pool for the next step, up to TCAP_BUFFER_POOL_MB cached megabytes
+// (default 1024; 0 turns the pool off). Eager code outside compiled graphs allocates as
+// before. Like PyTorch's CUDA caching allocator, cached blocks are memory the process
+// keeps: empty_buffer_pool() gives them back.
+#pragma once
+
+#include <cstdint>
+
+namespace tcap {
+
+struct BufferPoolStats {
+  bool enabled = false;        // the pool is installed (after the first compiled replay)
+  int64_t hits = 0;            // pooled allocations served from a cached block
+  int64_t misses = 0;          // pooled allocations that took a new block from malloc
+  int64_t cached_bytes = 0;    // free blocks kept for reuse
+  int64_t cached_blocks = 0;
+  int64_t live_bytes = 0;      // pooled blocks in use by tensors
+  int64_t cap_bytes = 0;       // the most cached_bytes may reach
+};
+
+BufferPoolStats buffer_pool_stats();
+
+// Frees every cached block (blocks in use go back to malloc when their tensors die only
+// if the pool is full; they return to the pool otherwise).
+void empty_buffer_pool();
+
+}  // namespace tcap

@@ -1,0 +1,173 @@
+// The CPU buffer pool (Note [CPU buffer pool], include/tcap/buffer_pool.h): compiled
+// steps reuse their blocks, eager code is left alone, the raw allocation interface and
+// frees on other threads work, the cap holds.
+//
+// Tolerances: rtol 1e-4, atol 1e-5 (float32; the llvm backend's fused kernels round
+// differently from ATen's, and the min-cut partition recomputes).
+#include <tcap/buffer_pool.h>
+#include <tcap/compile.h>
+
+#include "runtime/buffer_pool.h"
+#include "support/compare.h"
+#include "support/logging.h"
+
+#include <c10/core/CPUAllocator.h>
+#include <torch/torch.h>
+
+#include <cstdlib>
+#include <thread>
+
+using tcap::testing::close;
+using Tensors = std::vector<at::Tensor>;
+
+namespace {
+
+// Large enough that every intermediate is pooled (>= 64 KiB): 300 x 301 f32 = 353 KiB.
+Tensors mlp_like(const Tensors& in) {
+  auto h = torch::relu(torch::mm(in[0], in[1]) + in[2]);
+  return {torch::tanh(h * in[0] - 0.5)};
+}
+
+Tensors fresh_inputs() {
+  return {torch::randn({300, 301}, torch::requires_grad()), torch::randn({301, 301}, torch::requires_grad()),
+          torch::randn({301}, torch::requires_grad())};
+}
+
+Tensors grads(const Tensors& ts) {
+  Tensors g;
+  for (const auto& t : ts) g.push_back(t.grad().clone());
+  return g;
+}
+
+void steady_state_allocates_nothing(const std::string& backend) {
+  tcap::CompileOptions o;
+  o.backend = backend;
+  o.name = "pool_" + backend;
+  auto f = tcap::compile(mlp_like, o);
+  int64_t misses_after_warmup = -1;
+  for (int step = 0; step < 6; ++step) {
+    Tensors in = fresh_inputs();
+    Tensors out = (*f)(in);
+    out[0].sum().backward();
+    const Tensors g = grads(in);
+    Tensors ref_in;
+    for (const auto& t : in) ref_in.push_back(t.detach().clone().requires_grad_(true));
+    const Tensors ref = mlp_like(ref_in);
+    ref[0].sum().backward();
+    EXPECT_TRUE(close(out[0], ref[0], 1e-4, 1e-5)) << backend << " step " << step;
+    for (size_t i = 0; i < in.size(); ++i) {
+      EXPECT_TRUE(close(g[i], ref_in[i].grad(), 1e-4, 1e-5)) << backend << " step " << step << " grad " << i;
+    }
+    // Step 0 captures and compiles; steps 1-2 replay and fill the pool.
+    if (step == 2) misses_after_warmup = tcap::buffer_pool_stats().misses;
+  }
+  EXPECT_EQ(f->stats().replays, 5) << backend;
+  const auto st = tcap::buffer_pool_stats();
+  ASSERT_TRUE(st.enabled);
+  EXPECT_GT(st.hits, 0);
+  EXPECT_EQ(st.misses, misses_after_warmup) << backend << ": a steady-state step took new blocks";
+}
+
+TEST(BufferPool, CompiledStepsReuseTheirBlocksEagerBackend) { steady_state_allocates_nothing("eager"); }
+
+TEST(BufferPool, CompiledStepsReuseTheirBlocksFusedKernels) { steady_state_allocates_nothing("auto"); }
+
+TEST(BufferPool, EagerCodeOutsideCompiledGraphsIsNotPooled) {
+  { tcap::runtime::PoolScope install; }
+  const auto before = tcap::buffer_pool_stats();
+  ASSERT_TRUE(before.enabled);
+  {
+    at::Tensor big = at::empty({1 << 20});
+    big.fill_(1);
+    EXPECT_EQ(tcap::buffer_pool_stats().live_bytes, before.live_bytes);
+  }
+  const auto after = tcap::buffer_pool_stats();
+  EXPECT_EQ(after.misses, before.misses);
+  EXPECT_EQ(after.cached_bytes, before.cached_bytes);
+}
+
+TEST(BufferPool, BlocksComeBackWhereverTheTensorDies) {
+  at::Tensor t;
+  {
+    tcap::runtime::PoolScope scope;
+    t = at::empty({3, 1 << 18});  // 3 MiB
+  }
+  const auto held = tcap::buffer_pool_stats();
+  EXPECT_GE(held.live_bytes, 3 << 20);
+  std::thread([t = std::move(t)]() mutable { t.reset(); }).join();
+  const auto freed = tcap::buffer_pool_stats();
+  EXPECT_EQ(freed.live_bytes, held.live_bytes - (3 << 20));
+  EXPECT_EQ(freed.cached_bytes, held.cached_bytes + (3 << 20));
+  // The same size again is a hit on that block.
+  tcap::runtime::PoolScope scope;
+  at::Tensor again = at::ones({3, 1 << 18});
+  EXPECT_EQ(tcap::buffer_pool_stats().hits, freed.hits + 1);
+  EXPECT_EQ(again.sum().item<float>(), 3 << 18);
+}
+
+TEST(BufferPool, RawAllocationAndResizeWork) {
+  tcap::runtime::PoolScope scope;
+  c10::Allocator* a = c10::GetCPUAllocator();
+  ASSERT_NE(a->raw_deleter(), nullptr);
+  const auto before = tcap::buffer_pool_stats();
+  void* p = a->raw_allocate(1 << 20);  // pooled: raw_allocate needs data == context
+  ASSERT_NE(p, nullptr);
+  std::memset(p, 7, 1 << 20);
+  EXPECT_EQ(tcap::buffer_pool_stats().live_bytes, before.live_bytes + (1 << 20));
+  a->raw_deallocate(p);
+  EXPECT_EQ(tcap::buffer_pool_stats().live_bytes, before.live_bytes);
+  void* small = a->raw_allocate(100);  // forwarded, same deleter
+  a->raw_deallocate(small);
+  // A pooled tensor grows through the storage's allocator and keeps its values.
+  at::Tensor t = at::arange(1 << 17, at::kFloat);
+  t.resize_({1 << 19});
+  EXPECT_EQ(t.slice(0, 0, 1 << 17).equal(at::arange(1 << 17, at::kFloat)), true);
+}
+
+TEST(BufferPool, CachedBytesStayUnderTheCap) {
+  { tcap::runtime::PoolScope install; }
+  tcap::empty_buffer_pool();
+  const int64_t old_cap = tcap::runtime::set_buffer_pool_cap_for_testing(int64_t{2} << 20);
+  {
+    Tensors ts;
+    tcap::runtime::PoolScope scope;
+    for (int i = 0; i < 4; ++i) ts.push_back(at::empty({1 << 18}));  // 1 MiB each
+  }
+  const auto st = tcap::buffer_pool_stats();
+  EXPECT_EQ(st.cap_bytes, int64_t{2} << 20);
+  EXPECT_EQ(st.cached_bytes, int64_t{2} << 20);
+  EXPECT_EQ(st.cached_blocks, 2);
+  tcap::empty_buffer_pool();
+  EXPECT_EQ(tcap::buffer_pool_stats().cached_bytes, 0);
+  EXPECT_EQ(tcap::buffer_pool_stats().cached_blocks, 0);
+  tcap::runtime::set_buffer_pool_cap_for_testing(old_cap);
+}
+
+TEST(BufferPool, SizesDoNotMatchFarApart) {
+  { tcap::runtime::PoolScope install; }
+  tcap::empty_buffer_pool();
+  tcap::runtime::PoolScope scope;
+  { at::Tensor big = at::empty({1 << 20}); }  // 4 MiB cached
+  const auto before = tcap::buffer_pool_stats();
+  at::Tensor small = at::empty({1 << 18});  // 1 MiB: not served by the 4 MiB block
+  const auto after = tcap::buffer_pool_stats();
+  EXPECT_EQ(after.misses, before.misses + 1);
+  EXPECT_EQ(after.cached_bytes, before.cached_bytes);
+  at::Tensor close_size = at::empty({(1 << 20) - 1000});  // within 1/8: the 4 MiB block
+  EXPECT_EQ(tcap::buffer_pool_stats().hits, after.hits + 1);
+}
+
+// TCAP_BUFFER_POOL_MB=0 leaves LibTorch's allocator alone. The pool installs once per
+// process, so this holds only if nothing installed it before (CTest runs each test alone).
+TEST(BufferPool, ZeroMegabytesTurnsThePoolOff) {
+  const c10::Allocator* stock = c10::GetCPUAllocator();
+  setenv("TCAP_BUFFER_POOL_MB", "0", 1);
+  tcap::reload_config_for_testing();
+  { tcap::runtime::PoolScope scope; }
+  unsetenv("TCAP_BUFFER_POOL_MB");
+  tcap::reload_config_for_testing();
+  if (tcap::buffer_pool_stats().enabled) GTEST_SKIP() << "the pool was installed by an earlier test in this process";
+  EXPECT_EQ(c10::GetCPUAllocator(), stock);
+}
+
+}  // namespace
