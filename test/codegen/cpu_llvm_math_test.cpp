@@ -288,6 +288,35 @@ TEST(CpuLlvmMath, SinCosF32OfBoundedArguments) {
   }
 }
 
+// Runs `ck` (one f32 input, one f32 output) on every f32 whose bit pattern lies in
+// [first, last], `chunk` at a time, and hands the worst ulp error against `ref` of each
+// half chunk, with its input, to `take` (the halves are checked on two threads).
+template <class Ref, class Take>
+void sweep_f32_bits(const codegen::CpuKernel& ck, int64_t chunk, uint32_t first, uint32_t last, Ref ref, Take take) {
+  at::Tensor x = at::empty({chunk}, at::kFloat), out = at::empty({chunk}, at::kFloat);
+  for (uint64_t start = first; start <= last; start += static_cast<uint64_t>(chunk)) {
+    uint32_t* xb = reinterpret_cast<uint32_t*>(x.data_ptr<float>());
+    for (int64_t i = 0; i < chunk; ++i) xb[i] = static_cast<uint32_t>(std::min<uint64_t>(start + i, last));
+    run(ck, {x, out});
+    const float* xp = x.data_ptr<float>();
+    const float* o = out.data_ptr<float>();
+    double w[2] = {0, 0};
+    float wx[2] = {0, 0};
+    at::parallel_for(0, 2, 1, [&](int64_t b, int64_t e) {
+      for (int64_t part = b; part < e; ++part) {
+        for (int64_t i = part; i < chunk; i += 2) {
+          const double err = ulp_error<float>(o[i], ref(static_cast<double>(xp[i])));
+          if (err > w[part]) {
+            w[part] = err;
+            wx[part] = xp[i];
+          }
+        }
+      }
+    });
+    for (int part = 0; part < 2; ++part) take(w[part], wx[part]);
+  }
+}
+
 // Every f32 in [0, 2^19], and every f32 in [0, 1] through the bounded-argument path
 // (negative x mirrors exactly): a few minutes, so only with TCAP_EXHAUSTIVE=1. This is
 // the sweep behind the bounds in Note [CPU sin and cos].
@@ -306,35 +335,16 @@ TEST(CpuLlvmMath, SinCosF32Exhaustive) {
     const uint32_t last_x = clamped ? 0x3f800000u : last;  // 1.0f for the bounded path
     double worst[2] = {0, 0};
     float worst_x[2] = {0, 0};
-    at::Tensor x = at::empty({chunk}, at::kFloat), out = at::empty({chunk}, at::kFloat);
-    for (uint64_t start = 0; start <= last_x; start += static_cast<uint64_t>(chunk)) {
-      uint32_t* xb = reinterpret_cast<uint32_t*>(x.data_ptr<float>());
-      for (int64_t i = 0; i < chunk; ++i) xb[i] = static_cast<uint32_t>(std::min<uint64_t>(start + i, last_x));
-      run(*ck, {x, out});
-      const float* xp = x.data_ptr<float>();
-      const float* o = out.data_ptr<float>();
-      double w[2] = {0, 0};
-      float wx[2] = {0, 0};
-      at::parallel_for(0, 2, 1, [&](int64_t b, int64_t e) {
-        for (int64_t part = b; part < e; ++part) {
-          for (int64_t i = part; i < chunk; i += 2) {
-            const double xd = xp[i];
-            const double err = ulp_error<float>(o[i], op == OpCode::Sin ? std::sin(xd) : std::cos(xd));
-            if (err > w[part]) {
-              w[part] = err;
-              wx[part] = xp[i];
-            }
+    const OpCode fn = op;  // (a structured binding cannot be captured in C++17)
+    sweep_f32_bits(
+        *ck, chunk, 0u, last_x, [fn](double x) { return fn == OpCode::Sin ? std::sin(x) : std::cos(x); },
+        [&](double w, float x) {
+          const int big = std::fabs(x) > kSinCosFastLimit ? 1 : 0;
+          if (w > worst[big]) {
+            worst[big] = w;
+            worst_x[big] = x;
           }
-        }
-      });
-      for (int part = 0; part < 2; ++part) {
-        const int big = std::fabs(wx[part]) > kSinCosFastLimit ? 1 : 0;
-        if (w[part] > worst[big]) {
-          worst[big] = w[part];
-          worst_x[big] = wx[part];
-        }
-      }
-    }
+        });
     std::cout << "[ ulp      ] " << kir::to_string(op) << ".f32 every x in "
               << (clamped ? "[0, 1] (bounded path)" : "[0, 2^19]") << ": max " << std::setprecision(4) << worst[0] << " ulp at " << std::setprecision(9) << worst_x[0] << " (|x| <= 2^18), "
               << std::setprecision(4) << worst[1] << " beyond\n";
@@ -453,35 +463,15 @@ TEST(CpuLlvmMath, ExpErfF32Exhaustive) {
   double worst[2] = {0, 0};
   float worst_x[2] = {0, 0};
   for (const Range& r : ranges) {
-    auto ck = unary_f32_kernel(r.op, chunk);
-    at::Tensor x = at::empty({chunk}, at::kFloat), out = at::empty({chunk}, at::kFloat);
     const int which = r.op == OpCode::Exp ? 0 : 1;
-    for (uint64_t start = r.first; start <= r.last; start += static_cast<uint64_t>(chunk)) {
-      uint32_t* xb = reinterpret_cast<uint32_t*>(x.data_ptr<float>());
-      for (int64_t i = 0; i < chunk; ++i) xb[i] = static_cast<uint32_t>(std::min<uint64_t>(start + i, r.last));
-      run(*ck, {x, out});
-      const float* xp = x.data_ptr<float>();
-      const float* o = out.data_ptr<float>();
-      double w[2] = {0, 0};
-      float wx[2] = {0, 0};
-      at::parallel_for(0, 2, 1, [&](int64_t b, int64_t e) {
-        for (int64_t part = b; part < e; ++part) {
-          for (int64_t i = part; i < chunk; i += 2) {
-            const double err = ulp_error<float>(o[i], exp_or_erf(r.op, static_cast<double>(xp[i])));
-            if (err > w[part]) {
-              w[part] = err;
-              wx[part] = xp[i];
-            }
+    sweep_f32_bits(
+        *unary_f32_kernel(r.op, chunk), chunk, r.first, r.last, [&r](double x) { return exp_or_erf(r.op, x); },
+        [&](double w, float x) {
+          if (w > worst[which]) {
+            worst[which] = w;
+            worst_x[which] = x;
           }
-        }
-      });
-      for (int part = 0; part < 2; ++part) {
-        if (w[part] > worst[which]) {
-          worst[which] = w[part];
-          worst_x[which] = wx[part];
-        }
-      }
-    }
+        });
   }
   std::cout << "[ ulp      ] exp.f32 every x in [-104, 89]: max " << std::setprecision(4) << worst[0] << " ulp at "
             << std::setprecision(9) << worst_x[0] << "\n[ ulp      ] erf.f32 every x in [0, 4.5]: max "
