@@ -35,7 +35,7 @@
 //                iteration allocates them; kept_bytes are included);
 //   held_bytes   measured: bytes the forward allocated that are still alive after it,
 //                less its output's storage, i.e. what it keeps for the backward (tensors
-//                that live in kept buffers are not in it: see kept_bytes);
+//                that live in recycled pool blocks are not in it: see kept_bytes);
 //   kept_bytes   bytes the priming iteration (a tcap variant's first replay) allocated and
 //                that stay allocated between iterations: buffers a backend keeps across
 //                calls (the CPU buffer pool's cached blocks, Note [CPU buffer pool]);
