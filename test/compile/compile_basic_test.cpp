@@ -84,6 +84,25 @@ TEST(Compile, CosCosDefaultSavesTwoTensors) {
   EXPECT_EQ(es[0].partition.recomputed_nodes, 0u);
 }
 
+// relu's backward reads relu's output. Saving a + b and recomputing the relu costs as many
+// bytes as saving the relu: of cuts with equal bytes, min-cut takes the later tensor and
+// recomputes nothing (Note [Min-cut recomputation]).
+Tensors relu_of_sum(const Tensors& in) { return {torch::relu(in[0] + in[1]) * 3}; }
+
+TEST(Compile, MinCutTieSavesTheLaterTensor) {
+  tcap::CompileOptions o;
+  o.partitioner = tcap::Partitioner::MinCut;
+  auto f = tcap::compile(relu_of_sum, o);
+  check_against_eager(*f, relu_of_sum, 2, {31, 9}, 1e-5, 1e-6);
+  auto es = f->entries();
+  ASSERT_EQ(es.size(), 1u);
+  const auto& p = es[0].partition;
+  ASSERT_EQ(p.saved.size(), 1u) << p.explain();
+  EXPECT_EQ(p.saved_bytes, 31 * 9 * 4);
+  EXPECT_EQ(es[0].joint.graph.node(es[0].joint.graph.value(p.saved.at(0)).producer).op, "aten::relu") << p.explain();
+  EXPECT_EQ(p.recomputed_nodes, 0u) << p.explain();
+}
+
 TEST(Compile, ExplainSaysWhy) {
   auto f = tcap::compile(coscos);
   auto in = leaves(4, {8, 8});
