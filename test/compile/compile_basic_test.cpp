@@ -72,16 +72,24 @@ TEST(Compile, CosCosMinCutSavesOneTensor) {
   EXPECT_EQ(p.recomputed_nodes, 1u) << p.explain();
 }
 
-TEST(Compile, CosCosDefaultSavesTwoTensors) {
+// Compiles fn with `partitioner`, checks it against eager on n inputs of `shape`, and
+// returns its one compiled entry.
+tcap::CompiledEntryInfo checked_entry(const std::function<Tensors(const Tensors&)>& fn, tcap::Partitioner partitioner,
+                                      int n, std::vector<int64_t> shape) {
   tcap::CompileOptions o;
-  o.partitioner = tcap::Partitioner::Default;
-  auto f = tcap::compile(coscos, o);
-  check_against_eager(*f, coscos, 4, {33, 17}, 1e-5, 1e-6);
+  o.partitioner = partitioner;
+  auto f = tcap::compile(fn, o);
+  check_against_eager(*f, fn, n, std::move(shape), 1e-5, 1e-6);
   auto es = f->entries();
-  ASSERT_EQ(es.size(), 1u);
-  EXPECT_EQ(es[0].partition.saved.size(), 2u) << es[0].partition.explain();
-  EXPECT_EQ(es[0].partition.saved_bytes, 2 * 33 * 17 * 4);
-  EXPECT_EQ(es[0].partition.recomputed_nodes, 0u);
+  EXPECT_EQ(es.size(), 1u);
+  return es.at(0);
+}
+
+TEST(Compile, CosCosDefaultSavesTwoTensors) {
+  const auto e = checked_entry(coscos, tcap::Partitioner::Default, 4, {33, 17});
+  EXPECT_EQ(e.partition.saved.size(), 2u) << e.partition.explain();
+  EXPECT_EQ(e.partition.saved_bytes, 2 * 33 * 17 * 4);
+  EXPECT_EQ(e.partition.recomputed_nodes, 0u);
 }
 
 // relu's backward reads relu's output. Saving a + b and recomputing the relu costs as many
@@ -90,16 +98,11 @@ TEST(Compile, CosCosDefaultSavesTwoTensors) {
 Tensors relu_of_sum(const Tensors& in) { return {torch::relu(in[0] + in[1]) * 3}; }
 
 TEST(Compile, MinCutTieSavesTheLaterTensor) {
-  tcap::CompileOptions o;
-  o.partitioner = tcap::Partitioner::MinCut;
-  auto f = tcap::compile(relu_of_sum, o);
-  check_against_eager(*f, relu_of_sum, 2, {31, 9}, 1e-5, 1e-6);
-  auto es = f->entries();
-  ASSERT_EQ(es.size(), 1u);
-  const auto& p = es[0].partition;
+  const auto e = checked_entry(relu_of_sum, tcap::Partitioner::MinCut, 2, {31, 9});
+  const auto& p = e.partition;
   ASSERT_EQ(p.saved.size(), 1u) << p.explain();
   EXPECT_EQ(p.saved_bytes, 31 * 9 * 4);
-  EXPECT_EQ(es[0].joint.graph.node(es[0].joint.graph.value(p.saved.at(0)).producer).op, "aten::relu") << p.explain();
+  EXPECT_EQ(e.joint.graph.node(e.joint.graph.value(p.saved.at(0)).producer).op, "aten::relu") << p.explain();
   EXPECT_EQ(p.recomputed_nodes, 0u) << p.explain();
 }
 
