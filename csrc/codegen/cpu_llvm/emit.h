@@ -19,6 +19,7 @@
 #include <llvm/IR/IRBuilder.h>
 #include <llvm/IR/Module.h>
 
+#include <functional>
 #include <vector>
 
 namespace tcap::codegen::cpu {
@@ -75,6 +76,11 @@ class ValueEmitter {
   llvm::Value* call_scalar_math(const std::string& name, llvm::Value* x, llvm::Value* y);
   llvm::Value* call_vector_math(const std::string& name, llvm::Value* x, llvm::Value* y);
   llvm::FunctionCallee math_function(const std::string& name, llvm::Type* t, int arity);
+  llvm::Value* fma(llvm::Value* a, llvm::Value* m, llvm::Value* c);
+  // `fast`, unless a lane of the i1 (vector) `rare` is set: then the value `slow` emits on
+  // a branch weighted as rarely taken (blocks <name>.<slow_block>, <name>.join).
+  llvm::Value* unless_rare(llvm::Value* rare, llvm::Value* fast, const std::string& name,
+                           const std::string& slow_block, const std::function<llvm::Value*()>& slow);
 
   llvm::IRBuilder<>& b_;
   llvm::Module& m_;

@@ -118,6 +118,30 @@ Value* ValueEmitter::call_vector_math(const std::string& name, Value* x, Value* 
   return parts[0];
 }
 
+Value* ValueEmitter::fma(Value* a, Value* m, Value* c) {
+  return b_.CreateIntrinsic(llvm::Intrinsic::fma, {a->getType()}, {a, m, c});
+}
+
+Value* ValueEmitter::unless_rare(Value* rare, Value* fast, const std::string& name, const std::string& slow_block,
+                                 const std::function<Value*()>& slow) {
+  Value* any = lanes_of(rare) == 1 ? rare : b_.CreateOrReduce(rare);
+  llvm::BasicBlock* fast_bb = b_.GetInsertBlock();
+  llvm::Function* fn = fast_bb->getParent();
+  auto& ctx = m_.getContext();
+  auto* slow_bb = llvm::BasicBlock::Create(ctx, name + "." + slow_block, fn);
+  auto* join_bb = llvm::BasicBlock::Create(ctx, name + ".join", fn);
+  b_.CreateCondBr(any, slow_bb, join_bb, llvm::MDBuilder(ctx).createBranchWeights(1, 1 << 20));
+  b_.SetInsertPoint(slow_bb);
+  Value* slow_value = slow();
+  llvm::BasicBlock* slow_end = b_.GetInsertBlock();
+  b_.CreateBr(join_bb);
+  b_.SetInsertPoint(join_bb);
+  llvm::PHINode* phi = b_.CreatePHI(fast->getType(), 2, name);
+  phi->addIncoming(fast, fast_bb);
+  phi->addIncoming(slow_value, slow_end);
+  return phi;
+}
+
 // Note [CPU sin and cos]
 // f32 sin and cos (also the compute form of bf16 and f16) are emitted inline instead of
 // calling libmvec, on targets with hardware FMA:
@@ -159,9 +183,6 @@ Value* ValueEmitter::sin_cos_f32(kir::OpCode op, Value* x, bool small_arg) {
   };
   auto fc = [&](float v) { return float_const(b_.getFloatTy(), v, lanes); };
   auto ic = [&](uint32_t v) { return int_const(b_.getInt32Ty(), v, lanes); };
-  auto fma = [&](Value* a, Value* m, Value* c) {
-    return b_.CreateIntrinsic(llvm::Intrinsic::fma, {ft}, {a, m, c});
-  };
   // x + (terms that are +0 at x = 0) is +0 for x = -0 (two zeros add to +0): sin keeps x's zero.
   auto keep_zero = [&](Value* sin) {
     return b_.CreateSelect(b_.CreateFCmpOEQ(x, fc(0.0f)), x, sin);
@@ -203,24 +224,12 @@ Value* ValueEmitter::sin_cos_f32(kir::OpCode op, Value* x, bool small_arg) {
   // Lanes beyond the fast range (or infinite): the library, for the whole vector.
   // (ordered: NaN stays on the fast path)
   Value* big = b_.CreateFCmpOGT(b_.CreateUnaryIntrinsic(llvm::Intrinsic::fabs, x), fc(kSinCosFastLimit));
-  Value* any = lanes == 1 ? big : b_.CreateOrReduce(big);
-  llvm::BasicBlock* fast_bb = b_.GetInsertBlock();
-  llvm::Function* fn = fast_bb->getParent();
-  auto& ctx = m_.getContext();
-  auto* slow_bb = llvm::BasicBlock::Create(ctx, is_cos ? "cos.large" : "sin.large", fn);
-  auto* join_bb = llvm::BasicBlock::Create(ctx, is_cos ? "cos.join" : "sin.join", fn);
-  b_.CreateCondBr(any, slow_bb, join_bb, llvm::MDBuilder(ctx).createBranchWeights(1, 1 << 20));
-  b_.SetInsertPoint(slow_bb);
-  const char* name = is_cos ? "cosf" : "sinf";
-  Value* lib = lanes == 1 ? call_scalar_math(name, x, nullptr) : call_vector_math(name, x, nullptr);
-  Value* mixed = lanes == 1 ? lib : b_.CreateSelect(big, lib, fast);
-  llvm::BasicBlock* slow_end = b_.GetInsertBlock();
-  b_.CreateBr(join_bb);
-  b_.SetInsertPoint(join_bb);
-  llvm::PHINode* phi = b_.CreatePHI(ft, 2, is_cos ? "cos" : "sin");
-  phi->addIncoming(fast, fast_bb);
-  phi->addIncoming(mixed, slow_end);
-  return phi;
+  const char* name = is_cos ? "cos" : "sin";
+  return unless_rare(big, fast, name, "large", [&] {
+    Value* lib = lanes == 1 ? call_scalar_math(std::string(name) + "f", x, nullptr)
+                            : call_vector_math(std::string(name) + "f", x, nullptr);
+    return lanes == 1 ? lib : b_.CreateSelect(big, lib, fast);
+  });
 }
 
 // Note [CPU exp and erf]
@@ -258,7 +267,6 @@ Value* ValueEmitter::exp_f32_core(Value* x, bool two_scales) {
   llvm::Type* it = vector_type(b_.getInt32Ty(), lanes);
   auto fc = [&](float v) { return float_const(b_.getFloatTy(), v, lanes); };
   auto ic = [&](uint32_t v) { return int_const(b_.getInt32Ty(), v, lanes); };
-  auto fma = [&](Value* a, Value* m, Value* c) { return b_.CreateIntrinsic(llvm::Intrinsic::fma, {ft}, {a, m, c}); };
   Value* magic = fc(12582912.0f);  // 1.5 * 2^23
   Value* n = b_.CreateFSub(fma(x, fc(1.44269502f), magic), magic);
   Value* r = fma(n, fc(-0.693145751953125f), x);
@@ -277,38 +285,22 @@ Value* ValueEmitter::exp_f32_core(Value* x, bool two_scales) {
 
 Value* ValueEmitter::exp_f32(Value* x) {
   const int lanes = lanes_of(x);
-  llvm::Type* ft = x->getType();
   auto fc = [&](float v) { return float_const(b_.getFloatTy(), v, lanes); };
   Value* fast = exp_f32_core(x, /*two_scales=*/false);
   // Lanes beyond +-87, infinite or NaN: the full range for the whole vector.
   Value* special = b_.CreateFCmpUGT(b_.CreateUnaryIntrinsic(llvm::Intrinsic::fabs, x), fc(kExpFastLimit));
-  Value* any = lanes == 1 ? special : b_.CreateOrReduce(special);
-  llvm::BasicBlock* fast_bb = b_.GetInsertBlock();
-  llvm::Function* fn = fast_bb->getParent();
-  auto& ctx = m_.getContext();
-  auto* slow_bb = llvm::BasicBlock::Create(ctx, "exp.range", fn);
-  auto* join_bb = llvm::BasicBlock::Create(ctx, "exp.join", fn);
-  b_.CreateCondBr(any, slow_bb, join_bb, llvm::MDBuilder(ctx).createBranchWeights(1, 1 << 20));
-  b_.SetInsertPoint(slow_bb);
-  // minnum/maxnum return the number for a NaN operand; the NaN is put back after.
-  Value* xc = b_.CreateBinaryIntrinsic(llvm::Intrinsic::minnum,
-                                       b_.CreateBinaryIntrinsic(llvm::Intrinsic::maxnum, x, fc(-104.0f)), fc(89.0f));
-  Value* full = exp_f32_core(xc, /*two_scales=*/true);
-  full = b_.CreateSelect(b_.CreateFCmpUNO(x, x), x, full);
-  llvm::BasicBlock* slow_end = b_.GetInsertBlock();
-  b_.CreateBr(join_bb);
-  b_.SetInsertPoint(join_bb);
-  llvm::PHINode* phi = b_.CreatePHI(ft, 2, "exp");
-  phi->addIncoming(fast, fast_bb);
-  phi->addIncoming(full, slow_end);
-  return phi;
+  return unless_rare(special, fast, "exp", "range", [&] {
+    // minnum/maxnum return the number for a NaN operand; the NaN is put back after.
+    Value* xc = b_.CreateBinaryIntrinsic(llvm::Intrinsic::minnum,
+                                         b_.CreateBinaryIntrinsic(llvm::Intrinsic::maxnum, x, fc(-104.0f)), fc(89.0f));
+    Value* full = exp_f32_core(xc, /*two_scales=*/true);
+    return b_.CreateSelect(b_.CreateFCmpUNO(x, x), x, full);
+  });
 }
 
 Value* ValueEmitter::erf_f32(Value* x) {
   const int lanes = lanes_of(x);
-  llvm::Type* ft = x->getType();
   auto fc = [&](float v) { return float_const(b_.getFloatTy(), v, lanes); };
-  auto fma = [&](Value* a, Value* m, Value* c) { return b_.CreateIntrinsic(llvm::Intrinsic::fma, {ft}, {a, m, c}); };
   Value* t = b_.CreateUnaryIntrinsic(llvm::Intrinsic::fabs, x);
   Value* s = b_.CreateFMul(x, x);
   // |x| > 0.927734375: 1 - exp(Q(|x|)), at most 0.995 ulp with a correctly rounded exp.
