@@ -75,32 +75,21 @@ class PoolAllocator final : public c10::Allocator {
     Pool& p = *g_pool;
     if (tls_depth == 0 || n < kMinPooledBytes) return forward(n);
     const size_t want = (n + kPage - 1) / kPage * kPage;
-    void* data = nullptr;
-    size_t size = want;
-    {
-      std::lock_guard<std::mutex> lock(p.mu);
-      auto it = p.cached.lower_bound(want);
-      if (it != p.cached.end() && it->first <= want + want / 8) {
-        size = it->first;
-        data = it->second;
-        p.cached.erase(it);
-        p.cached_bytes -= static_cast<int64_t>(size);
-        ++p.hits;
-      } else {
-        ++p.misses;
-      }
+    std::unique_lock<std::mutex> lock(p.mu);
+    auto it = p.cached.lower_bound(want);
+    if (it != p.cached.end() && it->first <= want + want / 8) {
+      const size_t size = it->first;
+      void* data = it->second;
+      p.cached.erase(it);
+      p.cached_bytes -= static_cast<int64_t>(size);
+      ++p.hits;
+      return hand_out(p, data, size);
     }
-    if (!data) {
-      c10::DataPtr inner = p.base->allocate(size);
-      data = inner.release_context();
-    }
-    {
-      std::lock_guard<std::mutex> lock(p.mu);
-      p.live.emplace(data, size);
-      p.live_bytes += static_cast<int64_t>(size);
-      bucket_of(p, data).fetch_add(1, std::memory_order_release);
-    }
-    return {data, data, &release, c10::Device(c10::kCPU)};
+    ++p.misses;
+    lock.unlock();  // malloc (and its page faults) outside the lock
+    void* data = p.base->allocate(want).release_context();
+    lock.lock();
+    return hand_out(p, data, want);
   }
 
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
@@ -110,6 +99,14 @@ class PoolAllocator final : public c10::Allocator {
   }
 
  private:
+  // Registers a pooled block as in use (p.mu held).
+  static c10::DataPtr hand_out(Pool& p, void* data, size_t size) {
+    p.live.emplace(data, size);
+    p.live_bytes += static_cast<int64_t>(size);
+    bucket_of(p, data).fetch_add(1, std::memory_order_release);
+    return {data, data, &release, c10::Device(c10::kCPU)};
+  }
+
   static c10::DataPtr forward(size_t n) {
     Pool& p = *g_pool;
     c10::DataPtr inner = p.base->allocate(n);
