@@ -25,7 +25,8 @@ constexpr const char* kUsage =
     "                  [--quick] [--inductor | --no-inductor] [--python PATH]\n"
     "  --filter S,T    run only the workloads whose name contains S or T\n"
     "  --variants A,B  run only these variants (eager, tcap_eager, tcap_eager_default,\n"
-    "                  tcap_llvm, py_eager, inductor, record, replay)\n"
+    "                  tcap_llvm, py_eager, inductor, record, record_read,\n"
+    "                  replay)\n"
     "  --json FILE     also write the records to FILE (a JSON list, one object per variant)\n"
     "  --repeats N     rounds per workload (default 15; 3 with --quick)\n"
     "  --quick         few rounds and iterations: a smoke test, not a measurement (no\n"
@@ -37,8 +38,8 @@ constexpr const char* kUsage =
     "                  ~/.cache/tcap/venv, /opt/torch/.venv)\n";
 
 // Every variant some workload has (--variants checks its names against these).
-const char* const kVariants[] = {"eager",     "record",   "replay",  "tcap_eager", "tcap_eager_default",
-                                 "tcap_llvm", "ca_eager", "ca_llvm", "py_eager", "inductor"};
+const char* const kVariants[] = {"eager",     "record",   "record_read", "replay",  "tcap_eager", "tcap_eager_default",
+                                 "tcap_llvm", "ca_eager", "ca_llvm",     "py_eager", "inductor"};
 
 [[noreturn]] void usage_error(const std::string& message) {
   std::cerr << "tcap-bench: " << message << "\n" << kUsage;

@@ -9,6 +9,10 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include <c10/util/flat_hash_map.h>
+
+#include <memory>
+#include <mutex>
 #include <sstream>
 #include <typeindex>
 
@@ -61,12 +65,25 @@ bool is_floating_or_complex(c10::ScalarType t) {
 
 }  // namespace
 
-// A node's name is a function of its type.
+// A node's name is a function of its type. The names are immortal: a deferred call node
+// (Note [Deferred call nodes]) keeps a pointer to one until the graph is read, possibly on
+// another thread after this one has exited.
 const std::string& node_name(const torch::autograd::Node& node) {
-  thread_local std::unordered_map<std::type_index, std::string> names;
-  auto it = names.find(typeid(node));
-  if (it == names.end()) it = names.emplace(typeid(node), node.name()).first;
-  return it->second;
+  thread_local ska::flat_hash_map<const std::type_info*, const std::string*> cache;
+  const std::type_info* type = &typeid(node);
+  auto it = cache.find(type);
+  if (it != cache.end()) return *it->second;
+  static std::mutex mutex;
+  static auto* names = new std::unordered_map<std::type_index, std::unique_ptr<std::string>>();
+  const std::string* name = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto& slot = (*names)[std::type_index(*type)];
+    if (!slot) slot = std::make_unique<std::string>(node.name());
+    name = slot.get();
+  }
+  cache.emplace(type, name);
+  return *name;
 }
 
 OpInfo OpInfo::from(const c10::OperatorHandle& op) {
@@ -110,6 +127,10 @@ Session::Session(CaptureOptions options) : options_(options) {
   graph_.meta()["producer"] = "tcap capture";
   graph_.reserve(kReservedNodes, kReservedValues);
   table_.reserve(kReservedValues, kReservedValues);
+  deferred_.reserve(kReservedNodes);
+  raw_args_.reserve(4 * kReservedNodes);
+  raw_values_.reserve(kReservedNodes);
+  raw_ints_.reserve(kReservedNodes);
 }
 
 ir::ValueId Session::new_input(const at::Tensor& t, ir::InputKind kind, std::string name) {
@@ -245,6 +266,126 @@ void Session::convert(ir::Arg& a, const c10::IValue& iv, OpInfo::IntHint hint, i
   }
 }
 
+void Session::convert_raw(const c10::IValue& iv, OpInfo::IntHint hint, ir::ValueId* first_value) {
+  RawArg& a = raw_args_.emplace_back();
+  if (iv.isNone()) return;
+  if (iv.isTensor()) {
+    const at::Tensor& t = iv.toTensor();
+    if (!t.defined()) {
+      a.kind = ir::ArgKind::UndefinedTensor;
+    } else if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
+      a.kind = ir::ArgKind::WrappedScalar;
+      a.n = static_cast<int32_t>(t.scalar_type());
+      // A CPU scalar; read it with the recording key off so item() is not itself recorded.
+      c10::impl::ExcludeDispatchKeyGuard no_record(recording_key());
+      const c10::Scalar sc = t.item();
+      if (c10::isIntegralType(t.scalar_type(), /*includeBool=*/true)) {
+        a.i = sc.toLong();
+      } else {
+        a.d = sc.toDouble();
+      }
+    } else {
+      // value_for may add an Input node and value, never a raw arg: `a` stays valid.
+      a.kind = ir::ArgKind::Value;
+      a.i = value_for(t);
+      if (first_value) *first_value = static_cast<ir::ValueId>(a.i);
+    }
+    return;
+  }
+  if (iv.isTensorList()) {
+    a.kind = ir::ArgKind::ValueList;
+    a.form = RawArg::Form::Values;
+    a.i = static_cast<int64_t>(raw_values_.size());
+    for (const at::Tensor& t : iv.toTensorList()) raw_values_.push_back(value_for(t));
+    a.n = static_cast<int32_t>(raw_values_.size() - static_cast<size_t>(a.i));
+    if (first_value && a.n > 0) *first_value = raw_values_[static_cast<size_t>(a.i)];
+    return;
+  }
+  if (iv.isBool()) {
+    a.kind = ir::ArgKind::Bool;
+    a.i = iv.toBool();
+    return;
+  }
+  if (iv.isInt()) {
+    a.i = iv.toInt();
+    switch (hint) {
+      case OpInfo::IntHint::ScalarType: a.kind = ir::ArgKind::ScalarType; break;
+      case OpInfo::IntHint::Layout: a.kind = ir::ArgKind::Layout; break;
+      case OpInfo::IntHint::MemoryFormat: a.kind = ir::ArgKind::MemoryFormat; break;
+      default: a.kind = ir::ArgKind::Int;
+    }
+    return;
+  }
+  if (iv.isDouble()) {
+    a.kind = ir::ArgKind::Double;
+    a.d = iv.toDouble();
+    return;
+  }
+  if (iv.isIntList()) {
+    a.kind = ir::ArgKind::IntList;
+    a.form = RawArg::Form::Ints;
+    a.i = static_cast<int64_t>(raw_ints_.size());
+    for (int64_t x : iv.toIntList()) raw_ints_.push_back(x);
+    a.n = static_cast<int32_t>(raw_ints_.size() - static_cast<size_t>(a.i));
+    return;
+  }
+  // Everything else (SymInts, lists of SymInts or optional tensors, strings, devices,
+  // complex numbers, opaque objects) is rarer: it takes the full form.
+  ir::Arg& full = raw_full_.emplace_back();
+  convert(full, iv, hint, first_value);
+  a.kind = full.kind;
+  a.form = RawArg::Form::Full;
+  a.i = static_cast<int64_t>(raw_full_.size() - 1);
+}
+
+template <class F>
+void Session::for_each_raw_value(const RawArg& a, F&& f) const {
+  if (a.form == RawArg::Form::Inline) {
+    if (a.kind == ir::ArgKind::Value) f(static_cast<ir::ValueId>(a.i));
+  } else if (a.form == RawArg::Form::Values) {
+    for (int32_t k = 0; k < a.n; ++k) f(raw_values_[static_cast<size_t>(a.i + k)]);
+  } else if (a.form == RawArg::Form::Full) {
+    const ir::Arg& full = raw_full_[static_cast<size_t>(a.i)];
+    if (full.refers_to_values()) {
+      for (ir::ValueId v : full.values) f(v);
+    }
+  }
+}
+
+void Session::materialize(const RawArg& raw, ir::Arg& a) const {
+  if (raw.form == RawArg::Form::Full) {
+    a = raw_full_[static_cast<size_t>(raw.i)];
+    return;
+  }
+  a.kind = raw.kind;
+  switch (raw.form) {
+    case RawArg::Form::Values:
+      a.values.assign(raw_values_.begin() + raw.i, raw_values_.begin() + raw.i + raw.n);
+      break;
+    case RawArg::Form::Ints:
+      a.ints.assign(raw_ints_.begin() + raw.i, raw_ints_.begin() + raw.i + raw.n);
+      break;
+    default:
+      if (raw.kind == ir::ArgKind::Value) {
+        a.values.push_back(static_cast<ir::ValueId>(raw.i));
+      } else {
+        if (raw.kind == ir::ArgKind::WrappedScalar) a.i2 = raw.n;
+        a.i = raw.i;
+        a.d = raw.d;
+      }
+  }
+}
+
+// Note [Deferred call nodes]
+// The recorder runs per ATen call, so what it does there is the capture's cost. A Call
+// node's identity, metadata and aliasing must be read while the op runs (tensor
+// identities, the values of its results, the version counters), but its operator name,
+// its typed arguments (ir::Arg: about 180 bytes, strings and vectors) and its autograd
+// node label need not: after_op appends the node with its id, phase, grad mode and hook,
+// and keeps the rest as 24-byte RawArgs in session-wide arenas plus a pointer to the
+// immortal OpInfo and label. The graph is filled in when it is read (graph(),
+// snapshot()). A capture per training step recorded about a third faster this way
+// (bench/RESULTS.md, record_mlp_step).
 void Session::before_op(const OpInfo& info, c10::ArrayRef<c10::IValue> args, Pending& p) {
   p.active = true;
   p.grad_mode = at::GradMode::is_enabled();
@@ -252,19 +393,19 @@ void Session::before_op(const OpInfo& info, c10::ArrayRef<c10::IValue> args, Pen
   if (!hook_stack_.empty()) p.hook = hook_stack_.back();
   if (in_backward_ > 0) {
     if (auto node = torch::autograd::get_current_node()) {
-      p.autograd_node = node_labeler_ ? node_labeler_(*node) : node_name(*node);
+      if (node_labeler_) {
+        p.autograd_node = &owned_labels_.emplace_back(node_labeler_(*node));
+      } else {
+        p.autograd_node = &node_name(*node);
+      }
     } else if (p.hook >= 0) {
-      p.autograd_node = graph_.hooks()[static_cast<size_t>(p.hook)].autograd_node;
+      // hooks_ may grow before the graph is read: keep a copy.
+      p.autograd_node = &owned_labels_.emplace_back(graph_.hooks()[static_cast<size_t>(p.hook)].autograd_node);
     }
   }
-  p.args.reserve(args.size());
+  p.args_begin = static_cast<uint32_t>(raw_args_.size());
   p.arg_first_value.assign(args.size(), ir::kNoValue);
-  for (size_t i = 0; i < args.size(); ++i) {
-    ir::Arg& a = p.args.emplace_back();
-    convert(a, args[i], info.int_hint[i], &p.arg_first_value[i]);
-    // Tensor arguments print positionally; constants keep their schema name.
-    if (!a.refers_to_values()) a.name = info.arg_name[i];
-  }
+  for (size_t i = 0; i < args.size(); ++i) convert_raw(args[i], info.int_hint[i], &p.arg_first_value[i]);
   // Writes are counted before the op runs, so that aliases defined earlier stay valid.
   for (size_t i = 0; i < args.size(); ++i) {
     if (!info.arg_is_write[i]) continue;
@@ -309,27 +450,31 @@ void Session::after_op(const OpInfo& info, c10::ArrayRef<c10::IValue> rets, Pend
   if (schema_k >= schema_recorded_.size() || !schema_recorded_[schema_k]) record_schema(info);
   // The node is appended after its results are defined (as add_node would), at this id.
   const ir::NodeId id = static_cast<ir::NodeId>(graph_.nodes().size());
+  const size_t num_args = info.num_arguments;
   // A differentiable op's outputs require grad if grad mode is on and an input does; the
   // truth is read again when the output is next used (see value_for).
-  bool guess = p.grad_mode && p.phase == ir::Phase::Forward;
-  if (guess) {
-    guess = false;
-    ir::for_each_value(p.args, [&](ir::ValueId v) { guess = guess || graph_.value(v).meta.requires_grad; });
+  bool guess = false;
+  if (p.grad_mode && p.phase == ir::Phase::Forward) {
+    for (size_t i = 0; i < num_args && !guess; ++i) {
+      for_each_raw_value(raw_args_[p.args_begin + i], [&](ir::ValueId v) {
+        guess = guess || (v != ir::kNoValue && graph_.value(v).meta.requires_grad);
+      });
+    }
   }
-  c10::SmallVector<uint8_t, 8> write_returned(p.writes.empty() ? 0 : info.num_arguments, 0);
-  std::vector<ir::Arg> outputs;
-  outputs.reserve(rets.size() + p.writes.size());
+  c10::SmallVector<uint8_t, 8> write_returned(p.writes.empty() ? 0 : num_args, 0);
+  const auto outputs_begin = static_cast<uint32_t>(raw_args_.size());
   for (size_t r = 0; r < rets.size(); ++r) {
     const c10::IValue& iv = rets[r];
     const int alias = info.return_alias_arg[r];
     const ir::ValueId base = alias >= 0 ? p.arg_first_value[static_cast<size_t>(alias)] : ir::kNoValue;
-    ir::Arg& out = outputs.emplace_back();
     if (iv.isTensor()) {
       const at::Tensor& t = iv.toTensor();
+      RawArg out;
       if (t.defined()) {
         out.kind = ir::ArgKind::Value;
-        out.values.push_back(define_output(t, id, static_cast<int>(r), -1, guess));
-        auto& val = graph_.value(out.values[0]);
+        const ir::ValueId v = define_output(t, id, static_cast<int>(r), -1, guess);
+        out.i = v;
+        auto& val = graph_.value(v);
         if (info.return_is_write[r]) {
           val.version_of = base;
           if (alias >= 0 && !write_returned.empty()) write_returned[static_cast<size_t>(alias)] = 1;
@@ -339,17 +484,23 @@ void Session::after_op(const OpInfo& info, c10::ArrayRef<c10::IValue> rets, Pend
       } else {
         out.kind = ir::ArgKind::UndefinedTensor;
       }
+      raw_args_.push_back(out);
     } else if (iv.isTensorList()) {
+      RawArg out;
       out.kind = ir::ArgKind::ValueList;
+      out.form = RawArg::Form::Values;
+      out.i = static_cast<int64_t>(raw_values_.size());
       int k = 0;
       for (const at::Tensor& t : iv.toTensorList()) {
         const ir::ValueId v = define_output(t, id, static_cast<int>(r), k++, guess);
         graph_.value(v).view_of = info.return_is_write[r] ? ir::kNoValue : base;
-        out.values.push_back(v);
+        raw_values_.push_back(v);
       }
+      out.n = k;
+      raw_args_.push_back(out);
       if (info.return_is_write[r] && alias >= 0 && !write_returned.empty()) write_returned[static_cast<size_t>(alias)] = 1;
     } else {
-      convert(out, iv, OpInfo::IntHint::Int, nullptr);
+      convert_raw(iv, OpInfo::IntHint::Int, nullptr);
     }
   }
   // Mutated arguments that the op does not return (e.g. batch norm's running stats) get
@@ -359,24 +510,58 @@ void Session::after_op(const OpInfo& info, c10::ArrayRef<c10::IValue> rets, Pend
     const auto& [i, t] = p.writes[w];
     list_pos = (w > 0 && p.writes[w - 1].first == i) ? list_pos + 1 : 0;
     if (write_returned[i]) continue;
-    const auto& old = p.args[i].values;
-    const ir::ValueId v = define_output(t, id, static_cast<int>(outputs.size()), -1, false);
+    ir::ValueId old = ir::kNoValue;
+    size_t k = 0;
+    for_each_raw_value(raw_args_[p.args_begin + i], [&](ir::ValueId v) {
+      if (k++ == list_pos) old = v;
+    });
+    const int index = static_cast<int>(raw_args_.size() - outputs_begin);
+    const ir::ValueId v = define_output(t, id, index, -1, false);
     graph_.value(v).meta.requires_grad = t.requires_grad();
-    graph_.value(v).version_of = list_pos < old.size() ? old[list_pos] : ir::kNoValue;
-    ir::Arg& out = outputs.emplace_back();
+    graph_.value(v).version_of = old;
+    RawArg out;
     out.kind = ir::ArgKind::Value;
-    out.values.push_back(v);
+    out.i = v;
+    raw_args_.push_back(out);
   }
   TORCH_INTERNAL_ASSERT_DEBUG_ONLY(static_cast<size_t>(id) == graph_.nodes().size());
   ir::Node& n = graph_.emplace_node(ir::NodeKind::Call);
-  n.op = info.op;
-  n.overload = info.overload;
-  n.args = std::move(p.args);
-  n.outputs = std::move(outputs);
   n.phase = p.phase;
   n.grad_mode = p.grad_mode;
-  n.autograd_node = std::move(p.autograd_node);
   n.hook = p.hook;
+  deferred_.push_back(DeferredCall{id, &info, p.autograd_node, p.args_begin, outputs_begin,
+                                   static_cast<uint32_t>(raw_args_.size() - outputs_begin)});
+}
+
+void Session::materialize_calls(ir::Graph& g) const {
+  auto& nodes = g.mutable_nodes();
+  for (const DeferredCall& d : deferred_) {
+    ir::Node& n = nodes[static_cast<size_t>(d.node)];
+    const OpInfo& info = *d.info;
+    n.op = info.op;
+    n.overload = info.overload;
+    if (d.autograd_node) n.autograd_node = *d.autograd_node;
+    n.args.resize(info.num_arguments);
+    for (size_t i = 0; i < info.num_arguments; ++i) {
+      ir::Arg& a = n.args[i];
+      materialize(raw_args_[d.args_begin + i], a);
+      // Tensor arguments print positionally; constants keep their schema name.
+      if (!a.refers_to_values()) a.name = info.arg_name[i];
+    }
+    n.outputs.resize(d.num_outputs);
+    for (uint32_t r = 0; r < d.num_outputs; ++r) materialize(raw_args_[d.outputs_begin + r], n.outputs[r]);
+  }
+}
+
+void Session::flush_calls() {
+  if (deferred_.empty()) return;
+  materialize_calls(graph_);
+  deferred_.clear();
+  raw_args_.clear();
+  raw_values_.clear();
+  raw_ints_.clear();
+  raw_full_.clear();
+  owned_labels_.clear();
 }
 
 void Session::begin_backward(const std::vector<at::Tensor>& root_grads) {
@@ -494,7 +679,9 @@ ir::Graph Session::snapshot() const {
     names.push_back(name);  // with OutputKind::Grad; printed as grad(name)
     kinds.push_back(ir::OutputKind::Grad);
   }
+  // Copied before the deferred nodes are written: each Arg is built once, in the copy.
   ir::Graph g = graph_;
+  materialize_calls(g);
   for (const OpInfo* info : unflushed_schemas_) g.schemas().emplace(info->qualified, info->schema);
   g.set_outputs(std::move(values), std::move(names), std::move(kinds));
   return g;

@@ -14,6 +14,7 @@
 #include <ATen/core/ivalue.h>
 #include <c10/util/SmallVector.h>
 
+#include <deque>
 #include <functional>
 #include <string>
 #include <unordered_map>
@@ -51,22 +52,21 @@ class Session {
   const CaptureOptions& options() const { return options_; }
 
   // --- recorder -------------------------------------------------------------------
-  // What before_op learns about a call; after_op appends the node, built in place in the
-  // graph, and moves `args` and `autograd_node` into it. Reused across ops.
+  // What before_op learns about a call; after_op appends the node (see Note [Deferred
+  // call nodes]). Reused across ops.
   struct Pending {
     bool active = false;
     bool grad_mode = true;
     ir::Phase phase = ir::Phase::Forward;
     int hook = -1;
-    std::string autograd_node;
-    std::vector<ir::Arg> args;
+    const std::string* autograd_node = nullptr;  // immortal or owned by the session
+    uint32_t args_begin = 0;                     // the arguments' first entry in raw_args_
     c10::SmallVector<ir::ValueId, 8> arg_first_value;   // per argument: its (first) tensor value
     std::vector<std::pair<size_t, at::Tensor>> writes;  // mutated arguments (Tensor(a!))
     void reset() {
       active = false;
       hook = -1;
-      autograd_node.clear();
-      args.clear();
+      autograd_node = nullptr;
       arg_first_value.clear();
       writes.clear();
     }
@@ -95,7 +95,8 @@ class Session {
                             ir::InputKind kind = ir::InputKind::UserInput);
   void mark_output(const at::Tensor& t, const std::string& name);
 
-  // A copy of the graph so far, ended by an Output node (see CaptureGuard::graph).
+  // A copy of the graph so far, ended by an Output node (see CaptureGuard::graph), with
+  // the deferred call nodes written into the copy (Note [Deferred call nodes]).
   ir::Graph snapshot() const;
   std::optional<ir::ValueId> lookup(const at::Tensor& t) const { return table_.lookup(t); }
   // The value bound to t, or a new Tangent input named `name` (a gradient entering a
@@ -104,6 +105,7 @@ class Session {
   // The graph recorded so far (no Output node).
   const ir::Graph& graph() {
     flush_schemas();
+    flush_calls();
     return graph_;
   }
   const std::vector<at::Tensor>& input_tensors() const { return input_tensors_; }
@@ -116,6 +118,26 @@ class Session {
   ir::ValueId new_input(const at::Tensor& t, ir::InputKind kind, std::string name);
   // Fills `a` (a default Arg, unnamed) from iv.
   void convert(ir::Arg& a, const c10::IValue& iv, OpInfo::IntHint hint, ir::ValueId* first_value);
+  // An argument or result as the recorder keeps it until the graph is read (Note
+  // [Deferred call nodes]): 24 bytes, no heap; lists live in the session's arenas.
+  struct RawArg {
+    enum class Form : uint8_t { Inline, Values, Ints, Full };
+    ir::ArgKind kind = ir::ArgKind::None;
+    Form form = Form::Inline;
+    int32_t n = 0;   // Values/Ints: element count; WrappedScalar: its dtype
+    int64_t i = 0;   // Inline: Value id, Int, Bool, enum; Values/Ints/Full: first index
+    double d = 0.0;  // Double, WrappedScalar (floating)
+  };
+  // Appends iv's RawArg to raw_args_.
+  void convert_raw(const c10::IValue& iv, OpInfo::IntHint hint, ir::ValueId* first_value);
+  // Calls f(v) for every tensor value of `a` (kNoValue entries included).
+  template <class F>
+  void for_each_raw_value(const RawArg& a, F&& f) const;
+  void materialize(const RawArg& raw, ir::Arg& a) const;
+  // Writes the deferred parts of the Call nodes into `g`: graph_ or a copy of it.
+  void materialize_calls(ir::Graph& g) const;
+  // materialize_calls(graph_), then empties the arenas.
+  void flush_calls();
   ir::ValueId define_output(const at::Tensor& t, ir::NodeId producer, int index, int list_index,
                             bool requires_grad_guess);
   // Notes the operator for the graph's schema table; after_op calls it the first time
@@ -145,6 +167,19 @@ class Session {
   std::vector<std::pair<ir::ValueId, std::string>> outputs_;
   std::vector<uint8_t> schema_recorded_;  // by OpInfo::id: 1 once the schema is noted
   std::vector<const OpInfo*> unflushed_schemas_;  // OpInfos are immortal (recorder.cpp)
+  // Call nodes whose operator, arguments, results and autograd node are not written yet.
+  struct DeferredCall {
+    ir::NodeId node;
+    const OpInfo* info;
+    const std::string* autograd_node;  // nullptr: none
+    uint32_t args_begin, outputs_begin, num_outputs;
+  };
+  std::vector<DeferredCall> deferred_;
+  std::vector<RawArg> raw_args_;
+  std::vector<ir::ValueId> raw_values_;
+  std::vector<int64_t> raw_ints_;
+  std::vector<ir::Arg> raw_full_;          // kinds with no compact form (strings, devices, ...)
+  std::deque<std::string> owned_labels_;   // labels that are not immortal (labeler, hooks)
   std::vector<std::pair<at::Tensor, std::string>> grad_leaves_;  // inputs that may get a .grad
   int auto_names_ = 0;
   int tangents_ = 0;
