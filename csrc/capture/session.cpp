@@ -680,7 +680,10 @@ ir::Graph Session::snapshot() const {
     kinds.push_back(ir::OutputKind::Grad);
   }
   // Copied before the deferred nodes are written: each Arg is built once, in the copy.
-  ir::Graph g = graph_;
+  // Assigned into room for the Output node: growing a full node vector moves every node.
+  ir::Graph g;
+  g.reserve(graph_.nodes().size() + 1, graph_.values().size());
+  g = graph_;
   materialize_calls(g);
   for (const OpInfo* info : unflushed_schemas_) g.schemas().emplace(info->qualified, info->schema);
   g.set_outputs(std::move(values), std::move(names), std::move(kinds));
