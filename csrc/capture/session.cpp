@@ -166,48 +166,8 @@ ir::ValueId Session::value_for(const at::Tensor& t) {
   return new_input(t, kind, std::move(name));
 }
 
-void Session::convert(ir::Arg& a, const c10::IValue& iv, OpInfo::IntHint hint, ir::ValueId* first_value) {
-  if (iv.isNone()) return;
-  if (iv.isTensor()) {
-    const at::Tensor& t = iv.toTensor();
-    if (!t.defined()) {
-      a.kind = ir::ArgKind::UndefinedTensor;
-    } else if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
-      a.kind = ir::ArgKind::WrappedScalar;
-      a.i2 = static_cast<int64_t>(t.scalar_type());
-      // A CPU scalar; read it with the recording key off so item() is not itself recorded.
-      c10::impl::ExcludeDispatchKeyGuard no_record(recording_key());
-      const c10::Scalar s = t.item();
-      if (c10::isIntegralType(t.scalar_type(), /*includeBool=*/true)) {
-        a.i = s.toLong();
-      } else {
-        a.d = s.toDouble();
-      }
-    } else {
-      a.kind = ir::ArgKind::Value;
-      a.values.push_back(value_for(t));
-      if (first_value) *first_value = a.values[0];
-    }
-    return;
-  }
-  if (iv.isTensorList()) {
-    a.kind = ir::ArgKind::ValueList;
-    for (const at::Tensor& t : iv.toTensorList()) a.values.push_back(value_for(t));
-    if (first_value && !a.values.empty()) *first_value = a.values[0];
-    return;
-  }
-  if (iv.isBool()) {
-    a.kind = ir::ArgKind::Bool;
-    a.i = iv.toBool();
-  } else if (iv.isInt()) {
-    a.i = iv.toInt();
-    switch (hint) {
-      case OpInfo::IntHint::ScalarType: a.kind = ir::ArgKind::ScalarType; break;
-      case OpInfo::IntHint::Layout: a.kind = ir::ArgKind::Layout; break;
-      case OpInfo::IntHint::MemoryFormat: a.kind = ir::ArgKind::MemoryFormat; break;
-      default: a.kind = ir::ArgKind::Int;
-    }
-  } else if (iv.isSymInt()) {
+void Session::convert_full(ir::Arg& a, const c10::IValue& iv) {
+  if (iv.isSymInt()) {
     auto si = iv.toSymInt();
     if (auto c = si.maybe_as_int()) {
       a.kind = ir::ArgKind::Int;
@@ -216,9 +176,6 @@ void Session::convert(ir::Arg& a, const c10::IValue& iv, OpInfo::IntHint hint, i
       a.kind = ir::ArgKind::Opaque;
       a.s = "SymInt";
     }
-  } else if (iv.isDouble()) {
-    a.kind = ir::ArgKind::Double;
-    a.d = iv.toDouble();
   } else if (iv.isComplexDouble()) {
     a.kind = ir::ArgKind::Complex;
     auto c = iv.toComplexDouble();
@@ -230,9 +187,6 @@ void Session::convert(ir::Arg& a, const c10::IValue& iv, OpInfo::IntHint hint, i
   } else if (iv.isDevice()) {
     a.kind = ir::ArgKind::Device;
     a.s = iv.toDevice().str();
-  } else if (iv.isIntList()) {
-    a.kind = ir::ArgKind::IntList;
-    a.ints = iv.toIntVector();
   } else if (iv.isDoubleList()) {
     a.kind = ir::ArgKind::DoubleList;
     a.doubles = iv.toDoubleVector();
@@ -332,7 +286,7 @@ void Session::convert_raw(const c10::IValue& iv, OpInfo::IntHint hint, ir::Value
   // Everything else (SymInts, lists of SymInts or optional tensors, strings, devices,
   // complex numbers, opaque objects) is rarer: it takes the full form.
   ir::Arg& full = raw_full_.emplace_back();
-  convert(full, iv, hint, first_value);
+  convert_full(full, iv);
   a.kind = full.kind;
   a.form = RawArg::Form::Full;
   a.i = static_cast<int64_t>(raw_full_.size() - 1);

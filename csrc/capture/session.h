@@ -116,8 +116,9 @@ class Session {
   // A CallHook node for `hook` whose results are new values bound to `out`.
   void add_call_hook(int hook, std::vector<ir::Arg> args, const std::vector<at::Tensor>& out);
   ir::ValueId new_input(const at::Tensor& t, ir::InputKind kind, std::string name);
-  // Fills `a` (a default Arg, unnamed) from iv.
-  void convert(ir::Arg& a, const c10::IValue& iv, OpInfo::IntHint hint, ir::ValueId* first_value);
+  // Fills `a` (a default Arg, unnamed) from an iv that has no compact RawArg form
+  // (convert_raw takes None, tensors, tensor lists, bools, ints, doubles and int lists).
+  void convert_full(ir::Arg& a, const c10::IValue& iv);
   // An argument or result as the recorder keeps it until the graph is read (Note
   // [Deferred call nodes]): 24 bytes, no heap; lists live in the session's arenas.
   struct RawArg {
