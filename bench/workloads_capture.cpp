@@ -1,5 +1,6 @@
 // Workloads that measure what recording costs: the same code run eagerly and inside a
 // tcap::CaptureGuard, interleaved in one run (goal: <= 1 µs per recorded op).
+#include "seed_mlp.h"
 #include "workloads.h"
 
 #include <tcap/capture.h>
@@ -89,26 +90,6 @@ void derive_small_ops(std::vector<Record>& records) {
 }
 
 // --- record_mlp_step -------------------------------------------------------------------
-
-// The seed MLP, batch 1, and one training step without an optimizer: zero the grads,
-// forward, MSE loss against a fixed random target, backward.
-struct Mlp {
-  nn::Sequential model{nn::Linear(10, 5), nn::ReLU(), nn::Linear(5, 2), nn::Softmax(1)};
-  at::Tensor x = torch::randn({1, 10});
-  at::Tensor target = torch::randn({1, 2});
-
-  at::Tensor step() {
-    model->zero_grad();
-    at::Tensor loss = torch::mse_loss(model->forward(x), target);
-    loss.backward();
-    return loss;
-  }
-  void declare(tcap::CaptureGuard& cap) {
-    cap.register_module(*model);
-    cap.input(x, "x");
-    cap.input(target, "target");
-  }
-};
 
 // The step captured once and replayed by an Interpreter built once.
 struct Replay {
