@@ -7,9 +7,10 @@
 #include <c10/util/Exception.h>
 
 #include <atomic>
-#include <map>
 #include <mutex>
+#include <set>
 #include <unordered_map>
+#include <vector>
 
 namespace tcap::runtime {
 
@@ -20,13 +21,31 @@ thread_local int tls_depth = 0;
 constexpr size_t kPage = size_t{4} << 10;
 constexpr int kBucketBits = 14;
 
+// A piece of a segment (one block the replaced allocator handed out). Pieces of a segment
+// are linked in address order; a free piece merges with free neighbours, so a segment
+// whose pieces are all free is one piece again (Note [CPU buffer pool]).
+struct Block {
+  char* ptr = nullptr;
+  size_t size = 0;
+  Block* prev = nullptr;  // the piece just below in the same segment
+  Block* next = nullptr;  // the piece just above
+  bool free = false;
+  bool whole_segment() const { return prev == nullptr && next == nullptr; }
+};
+
+struct BySize {
+  bool operator()(const Block* a, const Block* b) const {
+    return a->size != b->size ? a->size < b->size : a->ptr < b->ptr;
+  }
+};
+
 // Plain globals: `release` is a bare function pointer (Note [CPU buffer pool]).
 struct Pool {
   c10::Allocator* base = nullptr;       // the allocator replaced
   c10::DeleterFnPtr base_deleter = nullptr;
   std::mutex mu;
-  std::multimap<size_t, void*> cached;  // free blocks by size
-  std::unordered_map<void*, size_t> live;  // pooled blocks in use -> block size
+  std::set<Block*, BySize> cached;         // free pieces, smallest first
+  std::unordered_map<void*, Block*> live;  // pieces in use, by address
   std::atomic<uint32_t> buckets[size_t{1} << kBucketBits] = {};
   int64_t cap = 0;
   int64_t cached_bytes = 0;
@@ -44,6 +63,27 @@ std::atomic<uint32_t>& bucket_of(Pool& p, const void* data) {
   return p.buckets[h >> (64 - kBucketBits)];
 }
 
+// Merges free piece `b` (not in p.cached) with its free neighbours; returns the result,
+// which is not in p.cached either (p.mu held).
+Block* coalesce(Pool& p, Block* b) {
+  if (Block* n = b->next; n && n->free) {
+    p.cached.erase(n);
+    b->size += n->size;
+    b->next = n->next;
+    if (b->next) b->next->prev = b;
+    delete n;
+  }
+  if (Block* q = b->prev; q && q->free) {
+    p.cached.erase(q);
+    q->size += b->size;
+    q->next = b->next;
+    if (q->next) q->next->prev = q;
+    delete b;
+    b = q;
+  }
+  return b;
+}
+
 // The deleter of every DataPtr the pool allocator hands out, and its raw deleter.
 void release(void* data) {
   Pool& p = *g_pool;
@@ -52,17 +92,24 @@ void release(void* data) {
     std::unique_lock<std::mutex> lock(p.mu);
     auto it = p.live.find(data);
     if (it != p.live.end()) {
-      const size_t size = it->second;
+      Block* b = it->second;
       p.live.erase(it);
       bucket.fetch_sub(1, std::memory_order_release);
-      p.live_bytes -= static_cast<int64_t>(size);
-      if (p.cached_bytes + static_cast<int64_t>(size) <= p.cap) {
-        p.cached.emplace(size, data);
-        p.cached_bytes += static_cast<int64_t>(size);
+      p.live_bytes -= static_cast<int64_t>(b->size);
+      p.cached_bytes += static_cast<int64_t>(b->size);
+      b->free = true;
+      b = coalesce(p, b);
+      // Over the cap, a segment that is wholly free goes back; a piece of a segment still
+      // partly in use stays until its neighbours are freed too.
+      if (p.cached_bytes > p.cap && b->whole_segment()) {
+        p.cached_bytes -= static_cast<int64_t>(b->size);
+        void* segment = b->ptr;
+        delete b;
+        lock.unlock();
+        p.base_deleter(segment);
         return;
       }
-      lock.unlock();
-      p.base_deleter(data);
+      p.cached.insert(b);
       return;
     }
   }
@@ -76,20 +123,31 @@ class PoolAllocator final : public c10::Allocator {
     if (tls_depth == 0 || n < kMinPooledBytes) return forward(n);
     const size_t want = (n + kPage - 1) / kPage * kPage;
     std::unique_lock<std::mutex> lock(p.mu);
-    auto it = p.cached.lower_bound(want);
-    if (it != p.cached.end() && it->first <= want + want / 8) {
-      const size_t size = it->first;
-      void* data = it->second;
+    Block key;
+    key.size = want;
+    auto it = p.cached.lower_bound(&key);
+    if (it != p.cached.end()) {
+      Block* b = *it;
       p.cached.erase(it);
-      p.cached_bytes -= static_cast<int64_t>(size);
+      p.cached_bytes -= static_cast<int64_t>(b->size);
+      if (b->size - want >= kMinPooledBytes) {
+        // Split: the rest stays cached, a free piece of the same segment.
+        auto* rest = new Block{b->ptr + want, b->size - want, b, b->next, true};
+        if (rest->next) rest->next->prev = rest;
+        b->next = rest;
+        b->size = want;
+        p.cached.insert(rest);
+        p.cached_bytes += static_cast<int64_t>(rest->size);
+      }
       ++p.hits;
-      return hand_out(p, data, size);
+      return hand_out(p, b);
     }
     ++p.misses;
     lock.unlock();  // malloc (and its page faults) outside the lock
     void* data = p.base->allocate(want).release_context();
+    auto* b = new Block{static_cast<char*>(data), want, nullptr, nullptr, false};
     lock.lock();
-    return hand_out(p, data, want);
+    return hand_out(p, b);
   }
 
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
@@ -99,12 +157,13 @@ class PoolAllocator final : public c10::Allocator {
   }
 
  private:
-  // Registers a pooled block as in use (p.mu held).
-  static c10::DataPtr hand_out(Pool& p, void* data, size_t size) {
-    p.live.emplace(data, size);
-    p.live_bytes += static_cast<int64_t>(size);
-    bucket_of(p, data).fetch_add(1, std::memory_order_release);
-    return {data, data, &release, c10::Device(c10::kCPU)};
+  // Registers a piece as in use (p.mu held).
+  static c10::DataPtr hand_out(Pool& p, Block* b) {
+    b->free = false;
+    p.live.emplace(b->ptr, b);
+    p.live_bytes += static_cast<int64_t>(b->size);
+    bucket_of(p, b->ptr).fetch_add(1, std::memory_order_release);
+    return {b->ptr, b->ptr, &release, c10::Device(c10::kCPU)};
   }
 
   static c10::DataPtr forward(size_t n) {
@@ -197,13 +256,24 @@ BufferPoolStats buffer_pool_stats() {
 void empty_buffer_pool() {
   runtime::Pool* p = runtime::g_pool;
   if (!p) return;
-  std::multimap<size_t, void*> blocks;
+  // Wholly free segments go back; free pieces of segments still partly in use stay (they
+  // merge back into their segment as its other pieces are freed).
+  std::vector<void*> segments;
   {
     std::lock_guard<std::mutex> lock(p->mu);
-    blocks.swap(p->cached);
-    p->cached_bytes = 0;
+    for (auto it = p->cached.begin(); it != p->cached.end();) {
+      runtime::Block* b = *it;
+      if (!b->whole_segment()) {
+        ++it;
+        continue;
+      }
+      it = p->cached.erase(it);
+      p->cached_bytes -= static_cast<int64_t>(b->size);
+      segments.push_back(b->ptr);
+      delete b;
+    }
   }
-  for (const auto& [size, data] : blocks) p->base_deleter(data);
+  for (void* data : segments) p->base_deleter(data);
 }
 
 }  // namespace tcap

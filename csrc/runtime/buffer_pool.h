@@ -11,10 +11,14 @@
 // (c10::SetCPUAllocator, priority 1 so it also wraps an allocator installed at that
 // priority before it, such as tcap-bench's byte counter). Outside a PoolScope it forwards
 // to the allocator it replaced. Inside one, on the scope's thread, requests of at least
-// kMinPooledBytes are served from cached free blocks (best fit within 1/8 of the
-// request, sizes rounded up to 4 KiB) or, on a miss, by the replaced allocator; when a
-// pooled tensor dies its block returns to the cache unless the cache would exceed its cap
-// (TCAP_BUFFER_POOL_MB), in which case it is freed.
+// kMinPooledBytes (sizes rounded up to 4 KiB) are served from cached free blocks, best
+// fit, or, on a miss, by a new segment from the replaced allocator. A cached block larger
+// than the request is split when the rest is at least kMinPooledBytes: the rest stays
+// cached, a piece of the same segment. When a pooled tensor dies its piece returns to the
+// cache and merges with free neighbours of its segment, as in PyTorch's CUDA caching
+// allocator; so a segment whose pieces are all free is one block again. Over the cap
+// (TCAP_BUFFER_POOL_MB), a wholly free segment is freed; empty_buffer_pool() frees every
+// wholly free segment (a free piece of a segment still partly in use stays).
 //
 // Every DataPtr it hands out has data == context and the one deleter `release`, which is
 // also its raw_deleter (c10's contract for raw_allocate, used by ideep and others).

@@ -6,7 +6,8 @@
 // thread come from a pool; when such a tensor dies, wherever and whenever, its block goes
 // back to the pool for the next step, up to TCAP_BUFFER_POOL_MB cached megabytes
 // (default 1024; 0 turns the pool off). Eager code outside compiled graphs allocates as
-// before. Like PyTorch's CUDA caching allocator, cached blocks are memory the process
+// before. As in PyTorch's CUDA caching allocator, a cached block is split to serve a
+// smaller request and freed pieces merge back; cached blocks are memory the process
 // keeps: empty_buffer_pool() gives them back.
 #pragma once
 
@@ -26,8 +27,10 @@ struct BufferPoolStats {
 
 BufferPoolStats buffer_pool_stats();
 
-// Frees every cached block (blocks in use go back to malloc when their tensors die only
-// if the pool is full; they return to the pool otherwise).
+// Frees every cached segment that is wholly free. A free piece of a segment still partly
+// in use stays cached; it merges back into its segment as the other pieces are freed.
+// Blocks in use return to the pool when their tensors die (to malloc, when the pool is
+// over its cap and their segment is then wholly free).
 void empty_buffer_pool();
 
 }  // namespace tcap

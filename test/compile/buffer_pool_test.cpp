@@ -143,18 +143,57 @@ TEST(BufferPool, CachedBytesStayUnderTheCap) {
   tcap::runtime::set_buffer_pool_cap_for_testing(old_cap);
 }
 
-TEST(BufferPool, SizesDoNotMatchFarApart) {
+// A cached block serves smaller requests by splitting (the rest stays cached, if at least
+// 64 KiB), and freed pieces merge back into their block, which then serves a request of
+// its full size again and is the unit empty_buffer_pool() frees.
+TEST(BufferPool, BlocksSplitAndMergeBack) {
+  constexpr int64_t MiB = int64_t{1} << 20;
   { tcap::runtime::PoolScope install; }
   tcap::empty_buffer_pool();
   tcap::runtime::PoolScope scope;
-  { at::Tensor big = at::empty({1 << 20}); }  // 4 MiB cached
-  const auto before = tcap::buffer_pool_stats();
-  at::Tensor small = at::empty({1 << 18});  // 1 MiB: not served by the 4 MiB block
-  const auto after = tcap::buffer_pool_stats();
-  EXPECT_EQ(after.misses, before.misses + 1);
-  EXPECT_EQ(after.cached_bytes, before.cached_bytes);
-  at::Tensor close_size = at::empty({(1 << 20) - 1000});  // within 1/8: the 4 MiB block
-  EXPECT_EQ(tcap::buffer_pool_stats().hits, after.hits + 1);
+  void* segment = nullptr;
+  {
+    at::Tensor big = at::empty({1 << 20});  // 4 MiB
+    segment = big.data_ptr();
+  }
+  const auto start = tcap::buffer_pool_stats();
+  ASSERT_EQ(start.cached_bytes, 4 * MiB);
+  {
+    at::Tensor a = at::empty({1 << 18});  // 1 MiB: split from the 4 MiB block
+    at::Tensor b = at::empty({1 << 18});
+    const auto split = tcap::buffer_pool_stats();
+    EXPECT_EQ(split.misses, start.misses);
+    EXPECT_EQ(split.hits, start.hits + 2);
+    EXPECT_EQ(split.cached_bytes, 2 * MiB);
+    EXPECT_EQ(split.cached_blocks, 1);
+    EXPECT_EQ(a.data_ptr(), segment);
+    EXPECT_EQ(static_cast<char*>(b.data_ptr()), static_cast<char*>(segment) + MiB);
+    // The pieces do not overlap.
+    a.fill_(1.0f);
+    b.fill_(2.0f);
+    EXPECT_EQ(a.sum().item<float>(), float(1 << 18));
+    EXPECT_EQ(b.sum().item<float>(), float(2 << 18));
+    // A piece of a segment still partly in use is not freed by empty_buffer_pool().
+    tcap::empty_buffer_pool();
+    EXPECT_EQ(tcap::buffer_pool_stats().cached_bytes, 2 * MiB);
+  }
+  // Both pieces freed: one 4 MiB block again, which serves 4 MiB at the same address.
+  const auto merged = tcap::buffer_pool_stats();
+  EXPECT_EQ(merged.cached_bytes, 4 * MiB);
+  EXPECT_EQ(merged.cached_blocks, 1);
+  {
+    at::Tensor again = at::empty({1 << 20});
+    EXPECT_EQ(again.data_ptr(), segment);
+    EXPECT_EQ(tcap::buffer_pool_stats().misses, start.misses);
+  }
+  {
+    // A rest under 64 KiB is not split off: the whole block is handed out.
+    at::Tensor close_size = at::empty({(1 << 20) - 4096});
+    EXPECT_EQ(tcap::buffer_pool_stats().cached_bytes, 0);
+  }
+  tcap::empty_buffer_pool();
+  EXPECT_EQ(tcap::buffer_pool_stats().cached_bytes, 0);
+  EXPECT_EQ(tcap::buffer_pool_stats().cached_blocks, 0);
 }
 
 // TCAP_BUFFER_POOL_MB=0 leaves LibTorch's allocator alone. The pool installs once per
