@@ -63,22 +63,24 @@ std::atomic<uint32_t>& bucket_of(Pool& p, const void* data) {
   return p.buckets[h >> (64 - kBucketBits)];
 }
 
+// Merges piece `upper` into its lower neighbour `lower` (neither in p.cached).
+void absorb(Block* lower, Block* upper) {
+  lower->size += upper->size;
+  lower->next = upper->next;
+  if (lower->next) lower->next->prev = lower;
+  delete upper;
+}
+
 // Merges free piece `b` (not in p.cached) with its free neighbours; returns the result,
 // which is not in p.cached either (p.mu held).
 Block* coalesce(Pool& p, Block* b) {
   if (Block* n = b->next; n && n->free) {
     p.cached.erase(n);
-    b->size += n->size;
-    b->next = n->next;
-    if (b->next) b->next->prev = b;
-    delete n;
+    absorb(b, n);
   }
   if (Block* q = b->prev; q && q->free) {
     p.cached.erase(q);
-    q->size += b->size;
-    q->next = b->next;
-    if (q->next) q->next->prev = q;
-    delete b;
+    absorb(q, b);
     b = q;
   }
   return b;
