@@ -153,8 +153,6 @@ void Graph::set_outputs(std::vector<ValueId> values, std::vector<std::string> na
   TORCH_CHECK(values.size() == names.size() && values.size() == kinds.size(),
               "tcap: set_outputs needs one name and one kind per value");
   if (!nodes_.empty() && nodes_.back().kind == NodeKind::Output) nodes_.pop_back();
-  // A copied graph's node vector is full: growing it would move every node.
-  nodes_.reserve(nodes_.size() + 1);
   Node n;
   n.kind = NodeKind::Output;
   n.args.reserve(values.size());
