@@ -46,14 +46,16 @@ Interpreter::Interpreter(const ir::Graph& graph, bool differentiable)
     ops_[static_cast<size_t>(n.id)] = *op;
   }
   // Values are freed after their last reader; an alias (a view, a newer version) holds
-  // its own reference to the tensor, so only this value's slot goes. Outputs stay.
+  // its own reference to the tensor, so only this value's slot goes. Outputs stay. A value
+  // nobody reads (an input only a fallback would need, an op's unused result such as
+  // layer norm's mean) goes right after the node that made it, not at the end of the run.
   last_uses_.assign(graph.nodes().size(), {});
-  std::vector<ir::NodeId> last = graph.last_readers();
-  for (auto& l : last) {
-    if (l >= 0 && graph.node(l).kind == ir::NodeKind::Output) l = -1;
-  }
+  const std::vector<ir::NodeId> last = graph.last_readers();
   for (size_t v = 0; v < last.size(); ++v) {
-    if (last[v] >= 0) last_uses_[static_cast<size_t>(last[v])].push_back(static_cast<ir::ValueId>(v));
+    ir::NodeId at = last[v];
+    if (at >= 0 && graph.node(at).kind == ir::NodeKind::Output) continue;
+    if (at < 0) at = graph.value(static_cast<ir::ValueId>(v)).producer;
+    if (at >= 0) last_uses_[static_cast<size_t>(at)].push_back(static_cast<ir::ValueId>(v));
   }
 }
 
