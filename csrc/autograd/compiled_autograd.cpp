@@ -30,6 +30,7 @@
 #include "capture/session.h"
 #include "compile/backends.h"
 #include "compile/int_patches.h"
+#include "compile/replay_node.h"
 #include "interp/hook_runner.h"
 #include "support/logging.h"
 
@@ -356,7 +357,10 @@ variable_list Runtime::replay(const Request& r, const Entry& e, ca::BackwardWalk
     const bool whole = r.outputs == nullptr || r.outputs->empty();
     const std::vector<char> runs = whole ? std::vector<char>() : ca::nodes_run_for(w, *r.outputs, r.accumulate_grad);
     for (size_t i = 0; i < w.nodes.size(); ++i) {
-      if (whole || runs[i]) w.nodes[i]->release_variables();
+      if (whole || runs[i]) {
+        w.nodes[i]->release_variables();
+        aot::release_replay_node(*w.nodes[i]);
+      }
     }
   }
   // The engine runs a backward with grad mode = create_graph, which is off here (a

@@ -228,6 +228,57 @@ struct RngCapsule : torch::CustomClassHolder {
   RngStates rng;
 };
 
+// Note [Saved tensors of a compiled region]: what a ReplayFunction node keeps for its
+// backward. The engine frees a built-in node's saved tensors one node at a time, as the
+// backward moves up the graph; a compiled backward is one node, so a tensor saved in the
+// context would live until the whole compiled backward returns (CppNode::apply holds the
+// node's mutex, so release_variables() cannot be called from inside). So the saved values
+// that are not outputs of the region (intermediates and primals) are kept here instead,
+// and without retain_graph the backward moves them out and hands the executable the only
+// references: it frees each at its last use, as the engine would (the peak memory of the
+// backward is eager's, not eager's plus every saved tensor). The saved values that are
+// outputs stay in the context's SavedVariables: holding an output here would be a
+// reference cycle (output -> grad_fn -> context -> output). The checks SavedVariable
+// makes are kept: an in-place change after the forward, and a second backward through
+// a released node, are errors.
+struct SavedCapsule : torch::CustomClassHolder {
+  std::vector<at::Tensor> saved;      // per saved value; undefined where it is an output
+  std::vector<uint32_t> versions;     // of `saved`, after the forward
+  std::vector<size_t> in_context;     // the saved values kept by ctx->save_for_backward
+  std::vector<at::Tensor> primals;    // for a backward that recomputes
+  bool released = false;
+
+  void release() {
+    released = true;
+    std::vector<at::Tensor>().swap(saved);
+    std::vector<at::Tensor>().swap(primals);
+  }
+  // The saved values in order, checked as SavedVariable::unpack checks; moved out when
+  // `take` (the backward frees them), else copied.
+  std::vector<at::Tensor> unpack(const AutogradContext& ctx, const std::string& fn_name, bool take) {
+    TORCH_CHECK(!released, torch::autograd::ERR_BACKWARD_TWICE);
+    for (size_t k = 0; k < saved.size(); ++k) {
+      if (!saved[k].defined()) continue;
+      const uint32_t now = saved[k]._version();
+      TORCH_CHECK(now == versions[k],
+                  "one of the variables needed for gradient computation has been modified by an inplace operation: "
+                  "saved tensor ", k, " of the compiled function '", fn_name, "' ([", saved[k].toString(), " ",
+                  saved[k].sizes(), "]) is at version ", now, "; expected version ", versions[k], " instead.");
+    }
+    std::vector<at::Tensor> out = take ? std::move(saved) : saved;
+    if (!in_context.empty()) {
+      const auto from_ctx = ctx.get_saved_variables();
+      for (size_t j = 0; j < in_context.size(); ++j) out[in_context[j]] = from_ctx[j];
+    }
+    if (take) release();
+    return out;
+  }
+};
+
+c10::intrusive_ptr<SavedCapsule> saved_capsule(const AutogradContext& ctx) {
+  return c10::static_intrusive_pointer_cast<SavedCapsule>(ctx.saved_data.at("saved").toCapsule());
+}
+
 std::vector<c10::Device> devices_of(const ir::Graph& g) {
   std::vector<c10::Device> ds;
   for (const auto& v : g.values()) {
@@ -299,10 +350,30 @@ struct ReplayFunction : torch::autograd::Function<ReplayFunction> {
     TORCH_CHECK(outs.size() == n + e->part.saved.size(), "tcap: the compiled forward of '", e->fn_name,
                 "' returned ", outs.size(), " tensors, expected ", n + e->part.saved.size());
     variable_list user(outs.begin(), outs.begin() + static_cast<std::ptrdiff_t>(n));
-    variable_list saved(outs.begin() + static_cast<std::ptrdiff_t>(n), outs.end());
-    ctx->save_for_backward(saved);
+    // Note [Saved tensors of a compiled region]
+    auto capsule = c10::make_intrusive<SavedCapsule>();
+    capsule->saved.assign(std::make_move_iterator(outs.begin() + static_cast<std::ptrdiff_t>(n)),
+                          std::make_move_iterator(outs.end()));
+    capsule->versions.resize(capsule->saved.size());
+    variable_list in_context;
+    for (size_t k = 0; k < capsule->saved.size(); ++k) {
+      at::Tensor& t = capsule->saved[k];
+      if (!t.defined()) continue;
+      const bool is_output = std::any_of(user.begin(), user.end(), [&](const at::Tensor& u) {
+        return u.unsafeGetTensorImpl() == t.unsafeGetTensorImpl();
+      });
+      if (is_output) {
+        capsule->in_context.push_back(k);
+        in_context.push_back(std::move(t));
+        t = at::Tensor();
+      } else {
+        capsule->versions[k] = t._version();
+      }
+    }
+    ctx->save_for_backward(in_context);
+    capsule->primals = std::move(ins);
+    ctx->saved_data["saved"] = c10::IValue::make_capsule(std::move(capsule));
     ctx->saved_data["entry"] = c10::IValue::make_capsule(c10::make_intrusive<EntryHolder>(e));
-    ctx->saved_data["primals"] = c10::IValue(c10::List<at::Tensor>(ins));
     variable_list nondiff;
     for (size_t k = 0; k < n; ++k) {
       if (!e->output_differentiable[k]) nondiff.push_back(user[k]);
@@ -312,7 +383,13 @@ struct ReplayFunction : torch::autograd::Function<ReplayFunction> {
     return user;
   }
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+  // `grads` is CppNode_apply_functional's own list (custom_function.h passes its local
+  // backward_inputs as an lvalue in 2.11 and never reads it after): taking it by reference
+  // lets the compiled backward hold the only reference to each incoming gradient, and free
+  // it at its last use, as the engine does. A list passed as an rvalue or a const one binds
+  // too (then the gradients are moved or copied from there).
+  template <class Grads>
+  static variable_list backward(AutogradContext* ctx, Grads&& grads) {
     auto holder = c10::static_intrusive_pointer_cast<EntryHolder>(ctx->saved_data["entry"].toCapsule());
     const Entry& e = *holder->entry;
     const bool create_graph = at::GradMode::is_enabled();
@@ -330,7 +407,10 @@ struct ReplayFunction : torch::autograd::Function<ReplayFunction> {
         std::lock_guard<std::mutex> lock(e.stats->mutex);
         ++e.stats->stats.backward_fallbacks;
       }
-      auto primals = ctx->saved_data["primals"].toTensorVector();
+      auto capsule = saved_capsule(*ctx);
+      TORCH_CHECK(!capsule->released, torch::autograd::ERR_BACKWARD_TWICE);
+      std::vector<at::Tensor> primals = capsule->primals;
+      if (!torch::autograd::get_current_graph_task_keep_graph()) capsule->release();
       const RngStates* rng = nullptr;
       c10::intrusive_ptr<RngCapsule> cap;
       if (ctx->saved_data.count("rng")) {
@@ -339,19 +419,22 @@ struct ReplayFunction : torch::autograd::Function<ReplayFunction> {
       }
       return recompute_backward(e, primals, grads, rng, create_graph);
     }
-    auto saved = ctx->get_saved_variables();
-    std::vector<at::Tensor> ins(saved.begin(), saved.end());
+    // Without retain_graph the executable gets the only references to the saved values
+    // that are not outputs, and frees each at its last use.
+    std::vector<at::Tensor> ins =
+        saved_capsule(*ctx)->unpack(*ctx, e.fn_name, /*take=*/!torch::autograd::get_current_graph_task_keep_graph());
+    ins.reserve(ins.size() + e.part.tangent_of.size());
     for (int k : e.part.tangent_of) {
-      const auto& g = grads.at(static_cast<size_t>(k));
+      auto& g = grads.at(static_cast<size_t>(k));
       if (g.defined()) {
-        ins.push_back(g);
+        ins.push_back(std::move(g));
       } else {
         // An output that got no gradient this time: a zero tangent (it had one at capture).
         const auto& m = e.joint.graph.value(e.joint.graph.output_values().at(static_cast<size_t>(k))).meta;
         ins.push_back(at::zeros(c10::IntArrayRef(m.sizes), at::TensorOptions().dtype(m.dtype).device(m.device)));
       }
     }
-    auto outs = e.bw(ins);
+    auto outs = e.bw(std::move(ins));
     TORCH_CHECK(outs.size() == e.part.grad_of.size(), "tcap: the compiled backward of '", e.fn_name,
                 "' returned ", outs.size(), " gradients, expected ", e.part.grad_of.size());
     const size_t num_primals = e.joint.num_primals;
@@ -995,9 +1078,16 @@ bool describe_replay_node(const torch::autograd::Node& node, std::string& key, s
   const auto address = reinterpret_cast<std::uintptr_t>(holder->entry.get());
   key.append(reinterpret_cast<const char*>(&address), sizeof(address));
   keep_alive.push_back(entry);
-  for (const auto& t : ctx.get_saved_variables()) tensors.push_back(t);
-  for (const auto& t : ctx.saved_data.at("primals").toTensorVector()) tensors.push_back(t);
+  const auto capsule = saved_capsule(ctx);
+  for (auto& t : capsule->unpack(ctx, holder->entry->fn_name, /*take=*/false)) tensors.push_back(std::move(t));
+  for (const auto& t : capsule->primals) tensors.push_back(t);
   return true;
+}
+
+void release_replay_node(torch::autograd::Node& node) {
+  if (typeid(node) != typeid(torch::autograd::CppNode<ReplayFunction>)) return;
+  auto& cpp = static_cast<torch::autograd::CppNode<ReplayFunction>&>(node);
+  saved_capsule(cpp.ctx_)->release();
 }
 
 }  // namespace tcap::aot

@@ -22,4 +22,9 @@ const std::type_info& replay_node_type();
 bool describe_replay_node(const torch::autograd::Node& node, std::string& key, std::vector<at::Tensor>& tensors,
                           std::vector<c10::IValue>& keep_alive);
 
+// Drops what the backward of a tcap::compile region keeps (Note [Saved tensors of a
+// compiled region]), as release_variables() does for its context: call both when the node
+// runs without retain_graph. A node of another type is left alone.
+void release_replay_node(torch::autograd::Node& node);
+
 }  // namespace tcap::aot

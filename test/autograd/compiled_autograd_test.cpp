@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 namespace {
@@ -275,6 +276,53 @@ TEST_F(CompiledAutograd, SavedTensorsAreFreedAsTheBackwardRuns) {
       EXPECT_TRUE(close(w.grad(), w_ref.grad(), 1e-4, 1e-5));
     }
   }
+}
+
+// Note [Saved tensors of a compiled region]: a tensor that a tcap::compile region keeps for
+// its backward is freed once that backward has used it, under the engine (steps 0-2) and
+// under compiled autograd (steps 3-5) alike: the hook that runs after the region's backward
+// sees it gone. With retain_graph the region keeps it. (Step 0 captures the region; step 3
+// is compiled autograd's capturing call, which runs the engine with the walk's references
+// held.)
+TEST_F(CompiledAutograd, RegionSavedTensorsAreFreedOnceUsed) {
+  auto region = tcap::compile(
+      [](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{torch::sin(in[0]).sum()}; },
+      opts("region_saved", "llvm"));
+  auto w = torch::randn({64, 64}, torch::requires_grad());
+  auto w_ref = w.detach().clone().requires_grad_(true);
+  for (int step = 0; step < 6; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    const bool under_ca = step >= 3;
+    const bool retain = step == 2 || step == 5;
+    auto x = torch::randn({64, 64});
+    std::vector<bool> saved_alive_at_hook;  // per backward
+    {
+      std::optional<tcap::CompiledAutogradGuard> ca;
+      if (under_ca) ca.emplace(opts("region_saved_ca"));
+      auto t = torch::mm(x, w) * 1.5;  // the region's input, which its backward needs
+      c10::weak_intrusive_ptr<c10::StorageImpl> weak = t.storage().getWeakStorageImpl();
+      auto loss = (*region)({t})[0];
+      t.register_hook([&](const at::Tensor& g) {  // runs after the region's backward
+        saved_alive_at_hook.push_back(!weak.expired());
+        return g;
+      });
+      t.reset();
+      loss.backward({}, retain);
+      if (retain) loss.backward();  // a retained graph runs again, then is freed
+      EXPECT_THROW(loss.backward(), c10::Error) << "a second backward through a freed graph must fail";
+    }
+    ASSERT_EQ(saved_alive_at_hook.size(), retain ? 2u : 1u);
+    if (step != 0 && step != 3) {
+      EXPECT_EQ(saved_alive_at_hook[0], retain) << (retain ? "retain_graph keeps the saved tensor"
+                                                           : "the saved tensor outlived the region's backward");
+    }
+    if (retain) EXPECT_FALSE(saved_alive_at_hook[1]) << "the last backward frees it";
+    auto t_ref = torch::mm(x, w_ref) * 1.5;
+    torch::sin(t_ref).sum().backward();
+    if (retain) torch::sin(torch::mm(x, w_ref) * 1.5).sum().backward();
+    EXPECT_TRUE(close(w.grad(), w_ref.grad(), 1e-4, 1e-5));
+  }
+  EXPECT_GE(region->stats().replays, 4);
 }
 
 // create_graph=true runs the engine (double backward stays correct).

@@ -151,4 +151,93 @@ TEST(Autograd, BatchNormBuffersUpdatedInPlace) {
   EXPECT_EQ(f->stats().recompiles, 1);
 }
 
+// Note [Saved tensors of a compiled region]: without retain_graph, the compiled backward
+// gets the only reference to each saved intermediate (so it frees each at its last use, as
+// the engine frees a node's saved tensors once the node has run); with retain_graph the
+// node keeps its own. The incoming gradient is handed over too. The backward's executable
+// is wrapped to look at what it receives.
+TEST(Autograd, SavedIntermediatesAreHandedOverToTheBackward) {
+  auto w = torch::randn({64, 48}, torch::requires_grad());
+  auto fn = [w](const Tensors& in) {
+    auto t = torch::mm(in[0], w) * 1.5;  // saved for sin's backward
+    return Tensors{torch::sin(t).sum()};
+  };
+  std::vector<at::Tensor> received;  // weak views: (storage, use_count) as received
+  std::vector<long> use_counts;
+  tcap::CompileOptions o;
+  o.bw_compiler = [&](const tcap::ir::Graph& g) {
+    tcap::Executable inner = tcap::eager_backend(g);
+    return tcap::Executable([&, inner](std::vector<at::Tensor> ins) {
+      received.clear();
+      use_counts.clear();
+      for (const auto& t : ins) {
+        use_counts.push_back(t.defined() ? static_cast<long>(t.use_count()) : 0);
+        received.push_back(t.defined() ? t.detach() : at::Tensor());  // shares storage, not the impl
+      }
+      return inner(std::move(ins));
+    });
+  };
+  auto f = tcap::compile(fn, o);
+  for (int i = 0; i < 5; ++i) {
+    SCOPED_TRACE("call " + std::to_string(i));
+    const bool retain = i == 3;
+    auto x = torch::randn({33, 64}, torch::requires_grad());
+    w.mutable_grad().reset();
+    auto y = (*f)({x})[0] * 2;  // the gradient arrives from MulBackward, not the root
+    y.backward({}, retain);
+    auto xr = x.detach().clone().requires_grad_(true);
+    auto wr = w.detach().clone().requires_grad_(true);
+    (torch::sin(torch::mm(xr, wr) * 1.5).sum() * 2).backward();
+    EXPECT_TRUE(close(x.grad(), xr.grad(), 1e-4, 1e-5));
+    EXPECT_TRUE(close(w.grad(), wr.grad(), 1e-4, 1e-5));
+    if (i == 0) continue;  // the capturing call runs eagerly
+    int intermediates = 0;
+    for (size_t k = 0; k < received.size(); ++k) {
+      const auto& t = received[k];
+      if (!t.defined()) continue;
+      if (t.dim() == 0) {
+        EXPECT_EQ(use_counts[k], 1) << "input " << k << ": the incoming gradient was not handed over";
+        continue;
+      }
+      if (t.is_same_size(x) && t.storage().is_alias_of(x.storage())) continue;  // the user's
+      if (t.is_same_size(w) && t.storage().is_alias_of(w.storage())) continue;
+      ++intermediates;
+      if (retain) EXPECT_GE(use_counts[k], 2) << "input " << k << ": retain_graph keeps the node's reference";
+      else EXPECT_EQ(use_counts[k], 1) << "input " << k << ": the node kept a reference to a saved intermediate";
+    }
+    EXPECT_GE(intermediates, 1) << "the backward received no saved intermediate";
+    if (retain) {
+      y.backward();  // the retained graph runs once more, then is freed
+      EXPECT_TRUE(close(x.grad(), 2 * xr.grad(), 1e-4, 1e-5));
+    }
+    EXPECT_THROW(y.backward(), c10::Error) << "a second backward through a freed graph must fail, as in eager";
+  }
+  EXPECT_GE(f->stats().replays, 4);
+  EXPECT_EQ(f->stats().backward_fallbacks, 0);
+}
+
+// An in-place change to a tensor the compiled backward needs, between the forward and the
+// backward, is an error as in eager (SavedVariable's version check), not a wrong gradient.
+TEST(Autograd, InPlaceChangeOfASavedTensorIsAnError) {
+  auto w = torch::randn({6, 4}, torch::requires_grad());
+  auto fn = [w](const Tensors& in) { return Tensors{torch::tanh(torch::mm(in[0], w))}; };
+  auto f = tcap::compile(fn);
+  for (int i = 0; i < 3; ++i) (*f)({torch::randn({5, 6}, torch::requires_grad())})[0].sum().backward();
+  ASSERT_GE(f->stats().replays, 2);
+  auto x = torch::randn({5, 6}, torch::requires_grad());
+  auto y = (*f)({x})[0].sum();  // saves w for x's gradient
+  auto y_ref = torch::tanh(torch::mm(x, w)).sum();
+  {
+    torch::NoGradGuard no_grad;
+    w.mul_(2);
+  }
+  EXPECT_THROW(y_ref.backward(), c10::Error) << "eager's own check";
+  try {
+    y.backward();
+    ADD_FAILURE() << "the compiled backward used a tensor changed in place";
+  } catch (const c10::Error& err) {
+    EXPECT_NE(std::string(err.what()).find("modified by an inplace operation"), std::string::npos) << err.what();
+  }
+}
+
 }  // namespace
