@@ -311,8 +311,27 @@ void add_floors(const FloorBytes& floor, const Bandwidth& bw, std::vector<Record
   }
 }
 
-std::vector<Record> run_workload(const Workload& w, const Options& o, std::vector<Record> peer,
-                                 const Bandwidth* bw) {
+// x_inductor / bwd_x_inductor of the C++ rows: the median over rounds of the ratio to the
+// peer's inductor round run right after (Note [The torch.compile peer]).
+void add_ratios_to_inductor(std::vector<Record>& records) {
+  const Record* ind = find_variant(records, "inductor");
+  if (!ind || !ind->skipped.empty()) return;
+  for (auto& r : records) {
+    if (&r == ind || r.variant == "py_eager" || !r.skipped.empty()) continue;
+    for (const auto& [metric, key] :
+         {std::pair<std::string, std::string>{"fwd_us", "x_inductor"}, {"bwd_us", "bwd_x_inductor"}}) {
+      const auto* mine = r.rounds_of(metric);
+      const auto* theirs = ind->rounds_of(metric);
+      if (!mine || !theirs || mine->size() != theirs->size() || mine->empty()) continue;
+      std::vector<double> ratios;
+      for (size_t k = 0; k < mine->size(); ++k) ratios.push_back((*mine)[k] / (*theirs)[k]);
+      r.set(key, quantile(ratios, 0.5));
+    }
+  }
+}
+
+std::vector<Record> run_workload(const Workload& w, const Options& o, Peer* peer, const Bandwidth* bw) {
+  if (peer) peer->setup(w.name);  // torch.compile's compile and check, before any warm-up here
   std::vector<Variant> variants = w.make(o);
   variants.erase(std::remove_if(variants.begin(), variants.end(), [&](const Variant& v) { return !o.wants(v.name); }),
                  variants.end());
@@ -330,6 +349,7 @@ std::vector<Record> run_workload(const Workload& w, const Options& o, std::vecto
         series[i].add(metric, seconds * 1e6 / units_in_round);
       }
     }
+    if (peer) peer->round();
   }
 
   std::vector<Record> records;
@@ -354,10 +374,15 @@ std::vector<Record> run_workload(const Workload& w, const Options& o, std::vecto
     for (const auto& [key, value] : variants[i].fixed) r.set(key, value);
     records.push_back(std::move(r));
   }
-  for (auto& r : peer) records.push_back(std::move(r));
+  if (peer) {
+    for (auto& r : peer->finish()) {
+      if (o.wants(r.variant)) records.push_back(std::move(r));
+    }
+  }
   add_ratios_to_eager(records);
   if (w.derive) w.derive(records);
   add_ratios_to_py_eager(records);
+  add_ratios_to_inductor(records);
   if (bw && w.floor_bytes) add_floors(w.floor_bytes(o), *bw, records);
   return records;
 }
@@ -400,25 +425,35 @@ std::vector<Record> run_all(const Registry& registry, const Options& o, std::ost
     break;
   }
 
-  // The torch.compile peer, first (one process after the other, not interleaved). See
-  // Note [The torch.compile peer].
-  std::vector<Record> peer;
+  // The torch.compile peer, its rounds interleaved with the C++ ones. See Note [The
+  // torch.compile peer].
+  std::unique_ptr<Peer> peer;
+  std::string peer_failed;  // why the peer did not start: its rows say so
+  std::vector<std::string> peer_variants;
   const bool peer_on = o.inductor == 1 || (o.inductor == -1 && !o.quick);
   if (peer_on && (o.wants("inductor") || o.wants("py_eager"))) {
-    std::vector<std::string> names;
-    for (const auto& w : registry.workloads()) {
-      if (selected(w, o) && w.has_peer) names.push_back(w.name);
+    const bool any = std::any_of(registry.workloads().begin(), registry.workloads().end(),
+                                 [&](const Workload& w) { return selected(w, o) && w.has_peer; });
+    if (any) {
+      peer = Peer::start(o, out, peer_failed);
+      for (const char* v : {"py_eager", "inductor"}) {
+        if (o.wants(v)) peer_variants.emplace_back(v);
+      }
     }
-    if (!names.empty()) peer = run_peer(o, names, out);
   }
 
   for (const auto& w : registry.workloads()) {
     if (!selected(w, o)) continue;
-    std::vector<Record> mine;
-    for (auto& r : peer) {
-      if (r.workload == w.name && o.wants(r.variant)) mine.push_back(r);
+    std::vector<Record> records = run_workload(w, o, w.has_peer ? peer.get() : nullptr, bw ? &*bw : nullptr);
+    if (w.has_peer && !peer && !peer_failed.empty()) {
+      for (const auto& v : peer_variants) {
+        Record r;
+        r.workload = w.name;
+        r.variant = v;
+        r.skipped = peer_failed;
+        records.push_back(std::move(r));
+      }
     }
-    std::vector<Record> records = run_workload(w, o, std::move(mine), bw ? &*bw : nullptr);
     print_table(out, w, records, o);
     all.insert(all.end(), records.begin(), records.end());
   }

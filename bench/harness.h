@@ -20,8 +20,10 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <iosfwd>
+#include <memory>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -175,11 +177,15 @@ Bandwidth measure_bandwidth(int64_t array_bytes, int passes);
 // Note [The torch.compile peer]
 // bench/inductor_bench.py builds the same workloads in Python (same shapes, losses, dtype,
 // thread count) and times `py_eager` and `inductor` (torch.compile, default mode) with
-// this harness's method. run_all runs it once, in a subprocess, before the C++ workloads
-// (the two processes run one after the other, not interleaved), and merges its rows into
-// each workload's table: `x_eager` / `bwd_x_eager` of those rows are against the C++
-// `eager` row of the same run, `x_py_eager` / `bwd_x_py_eager` against `py_eager`. Any
-// failure (no python with the same torch, torch.compile unable to build its kernels)
+// this harness's method. run_all starts it once, as a server (`--serve`), and each
+// workload's rounds alternate between the two processes: round r runs every C++ variant,
+// then asks the peer for its round r (py_eager, inductor) and waits for it, so a slow
+// phase of the machine hits both languages alike and only one process computes at a
+// time. Its rows are merged into each workload's table: `x_eager` / `bwd_x_eager` of
+// those rows are against the C++ `eager` row of the same run, `x_py_eager` /
+// `bwd_x_py_eager` against `py_eager`; the C++ rows get `x_inductor` / `bwd_x_inductor`,
+// the median over rounds of the ratio to the inductor round next to it. Any failure (no
+// python with the same torch, torch.compile unable to build its kernels, the peer dying)
 // becomes a skipped row with the reason; never an abort.
 //
 // The python: options.python, else $TCAP_PYTHON, else the python of the venv whose torch
@@ -187,11 +193,36 @@ Bandwidth measure_bandwidth(int64_t array_bytes, int passes);
 // ${TCAP_CACHE_DIR:-~/.cache/tcap}/venv/bin/python3, else /opt/torch/.venv/bin/python3;
 // the first that imports a torch of LibTorch's version. Returns "" and says why in `why`.
 std::string find_peer_python(const Options& options, std::string& why);
-// Runs bench/inductor_bench.py for these workloads (names) and returns its records, or
-// one skipped py_eager / inductor record per workload with the reason. Progress and the
-// command line go to `log`.
-std::vector<Record> run_peer(const Options& options, const std::vector<std::string>& workloads,
-                             std::ostream& log);
+
+// The running peer (bench/inductor_bench.py --serve), one workload at a time: setup, then
+// one round() per harness round, then finish() for its rows. A peer that fails says why
+// in its rows; after a failure the calls do nothing.
+class Peer {
+ public:
+  // Starts the peer; nullptr with the rows' reason in `why` if it cannot.
+  static std::unique_ptr<Peer> start(const Options& options, std::ostream& log, std::string& why);
+  ~Peer();  // closes its input and waits for it
+  Peer(const Peer&) = delete;
+  Peer& operator=(const Peer&) = delete;
+
+  void setup(const std::string& workload);  // builds, compiles, checks, warms up
+  void round();                             // one timed round of each of its variants
+  std::vector<Record> finish();             // this workload's rows
+
+  const std::vector<std::string>& variants() const { return variants_; }
+
+ private:
+  Peer() = default;
+  // Writes one JSON line and reads one back; "" once the peer has failed (error_ says why).
+  std::string request(const std::string& line);
+  int pid_ = -1;
+  std::FILE* to_ = nullptr;
+  std::FILE* from_ = nullptr;
+  std::string log_path_;
+  std::vector<std::string> variants_;
+  std::string workload_;
+  std::string error_;  // why the current workload's rows are skipped
+};
 
 // --- counting CPU bytes (peak_bytes, saved_bytes) ---------------------------------------
 // Note [Counting CPU bytes]

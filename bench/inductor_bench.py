@@ -15,8 +15,9 @@ over rounds with p10 / p90. One iteration: grads reset to None (untimed), the fo
             torch.compiler.set_stance("fail_on_recompile"): a timed call that would
             recompile fails the variant instead of timing a compile.
 
-tcap-bench runs this script itself (with the python of the torch it links) and merges
-its rows; it can also be run alone:
+tcap-bench runs this script itself (with the python of the torch it links) with --serve:
+it sends one workload at a time and asks for one round at a time, between its own rounds
+(see serve()), and merges the rows. It can also be run alone (its own rounds only):
 
   ~/.cache/tcap/venv/bin/python3 bench/inductor_bench.py --workloads coscos --out /tmp/p.json
 
@@ -294,63 +295,139 @@ def one_line(e):
     return line[:300]
 
 
-def run_workload(name, args, variants):
-    make, tol = WORKLOADS[name](args.quick)
-    torch._dynamo.reset()
-    eager = make(False)
-    eager.run_untimed()  # one-time costs
-    steps = {}  # variant -> (Step, fixed metrics)
-    rows = []
-    if "py_eager" in variants:
-        steps["py_eager"] = (eager, {})
-    if "inductor" in variants:
-        try:
-            from torch._dynamo.utils import counters
+class PeerWorkload:
+    """One workload's variants: built, compiled, checked and warmed up; then timed a round
+    at a time (one_round), and summed up as rows (rows)."""
 
-            counters.clear()
-            step = make(True)
-            t0 = time.perf_counter()
-            step.run_untimed()  # dynamo + AOTAutograd + inductor: forward, then backward
-            compile_ms = (time.perf_counter() - t0) * 1e3
-            fixed = {"compile_ms": compile_ms, "graph_breaks": graph_breaks(),
-                     "graphs": counters["stats"]["unique_graphs"]}
-            got, want = step.result(), eager.result()
-            for i, (g, w) in enumerate(zip(got, want)):
-                diff = difference(g, w, tol)
-                if diff:
-                    what = "output" if i == 0 else f"grad of leaf {i - 1}"
-                    raise AssertionError(f"inductor's {what} differs from py_eager: {diff}")
-            steps["inductor"] = (step, fixed)
-        except AssertionError as e:
-            rows.append(skipped(name, "inductor", str(e), failed=True))
-        except Exception as e:  # no C++ compiler, an unsupported op, ...
-            log(f"{name}/inductor:", traceback.format_exc())
-            rows.append(skipped(name, "inductor", "torch.compile failed: " + one_line(e)))
+    def __init__(self, name, args, variants):
+        self.name = name
+        make, tol = WORKLOADS[name](args.quick)
+        torch._dynamo.reset()
+        eager = make(False)
+        eager.run_untimed()  # one-time costs
+        self.steps = {}  # variant -> (Step, fixed metrics)
+        self.rows = []  # skipped and failed variants
+        if "py_eager" in variants:
+            self.steps["py_eager"] = (eager, {})
+        if "inductor" in variants:
+            try:
+                from torch._dynamo.utils import counters
 
-    order = [v for v in ("py_eager", "inductor") if v in steps]
-    iters = {v: warm_up(steps[v][0], args.warmup_ms, args.round_ms) for v in order}
-    per_round = {v: {"fwd_us": [], "bwd_us": []} for v in order}
-    # A timed call of the compiled function that would recompile raises instead.
-    stance = torch.compiler.set_stance("fail_on_recompile") if "inductor" in steps else contextlib.nullcontext()
-    with stance:
-        for _ in range(args.rounds):
-            for v in order:  # interleaved: A B A B ...
+                counters.clear()
+                step = make(True)
+                t0 = time.perf_counter()
+                step.run_untimed()  # dynamo + AOTAutograd + inductor: forward, then backward
+                compile_ms = (time.perf_counter() - t0) * 1e3
+                fixed = {"compile_ms": compile_ms, "graph_breaks": graph_breaks(),
+                         "graphs": counters["stats"]["unique_graphs"]}
+                got, want = step.result(), eager.result()
+                for i, (g, w) in enumerate(zip(got, want)):
+                    diff = difference(g, w, tol)
+                    if diff:
+                        what = "output" if i == 0 else f"grad of leaf {i - 1}"
+                        raise AssertionError(f"inductor's {what} differs from py_eager: {diff}")
+                self.steps["inductor"] = (step, fixed)
+            except AssertionError as e:
+                self.rows.append(skipped(name, "inductor", str(e), failed=True))
+            except Exception as e:  # no C++ compiler, an unsupported op, ...
+                log(f"{name}/inductor:", traceback.format_exc())
+                self.rows.append(skipped(name, "inductor", "torch.compile failed: " + one_line(e)))
+        self.order = [v for v in ("py_eager", "inductor") if v in self.steps]
+        self.iters = {v: warm_up(self.steps[v][0], args.warmup_ms, args.round_ms) for v in self.order}
+        self.per_round = {v: {"fwd_us": [], "bwd_us": []} for v in self.order}
+
+    def one_round(self):
+        """One round of each variant, interleaved (A B): returns {variant: {metric: us}}.
+        A timed call of the compiled function that would recompile raises instead."""
+        out = {}
+        stance = torch.compiler.set_stance("fail_on_recompile") if "inductor" in self.steps \
+            else contextlib.nullcontext()
+        with stance:
+            for v in self.order:
                 acc = {"fwd_us": 0.0, "bwd_us": 0.0}
-                step = steps[v][0]
-                for _ in range(iters[v]):
+                step = self.steps[v][0]
+                for _ in range(self.iters[v]):
                     step.run_timed(acc)
-                for m, s in acc.items():
-                    per_round[v][m].append(s * 1e6 / iters[v])
-    for v in order:
-        row = {"workload": name, "variant": v, "rounds": args.rounds, "iters_per_round": iters[v]}
-        for m, xs in per_round[v].items():
-            row[m] = quantile(xs, 0.5)
-            row[m + "_p10"] = quantile(xs, 0.1)
-            row[m + "_p90"] = quantile(xs, 0.9)
-        row.update(steps[v][1])
-        row["per_round"] = per_round[v]
-        rows.append(row)
-    return rows
+                out[v] = {m: s * 1e6 / self.iters[v] for m, s in acc.items()}
+                for m, us in out[v].items():
+                    self.per_round[v][m].append(us)
+        return out
+
+    def summary(self):
+        rows = list(self.rows)
+        for v in self.order:
+            xs_of = self.per_round[v]
+            row = {"workload": self.name, "variant": v, "rounds": len(xs_of["fwd_us"]),
+                   "iters_per_round": self.iters[v]}
+            for m, xs in xs_of.items():
+                row[m] = quantile(xs, 0.5)
+                row[m + "_p10"] = quantile(xs, 0.1)
+                row[m + "_p90"] = quantile(xs, 0.9)
+            row.update(self.steps[v][1])
+            row["per_round"] = xs_of
+            rows.append(row)
+        return rows
+
+
+def run_workload(name, args, variants):
+    w = PeerWorkload(name, args, variants)
+    for _ in range(args.rounds):
+        w.one_round()
+    return w.summary()
+
+
+def serve(args, variants):
+    """--serve: tcap-bench interleaves this process's rounds with its own (Note [The
+    torch.compile peer] in bench/harness.h). One JSON object per line each way:
+      {"op": "setup", "workload": W}  ->  {"ok": true} or {"ok": false, "error": ...}
+      {"op": "round"}                 ->  {"round": {variant: {"fwd_us": us, "bwd_us": us}}}
+      {"op": "finish"}                ->  {"rows": [...]} (W's rows, as --out writes them)
+    The process ends at the end of its input."""
+    out = sys.stdout
+    sys.stdout = sys.stderr  # nothing else may write to the protocol's stream
+    current = None
+    name = None
+    setup_error = None
+
+    def reply(obj):
+        out.write(json.dumps(obj) + "\n")
+        out.flush()
+
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        cmd = json.loads(line)
+        op = cmd.get("op")
+        try:
+            if op == "setup":
+                name = cmd["workload"]
+                current = None
+                setup_error = None
+                if name not in WORKLOADS:
+                    reply({"ok": False, "error": "inductor_bench.py has no such workload"})
+                    continue
+                log(f"{name}: {', '.join(variants)} (interleaved with tcap-bench)")
+                current = PeerWorkload(name, args, variants)
+                reply({"ok": True})
+            elif op == "round":
+                reply({"round": current.one_round() if current else {}})
+            elif op == "finish":
+                if current:
+                    rows = current.summary()
+                elif name in WORKLOADS:
+                    why = setup_error or "the peer's setup failed"
+                    rows = [skipped(name, v, why, failed=True) for v in variants]
+                else:
+                    rows = [skipped(name, v, "inductor_bench.py has no such workload") for v in variants]
+                reply({"rows": rows})
+                current = None
+            else:
+                reply({"ok": False, "error": f"unknown op {op!r}"})
+        except Exception as e:
+            log(f"{name}:", traceback.format_exc())
+            current = None
+            setup_error = one_line(e)
+            reply({"ok": False, "error": setup_error})
 
 
 def main():
@@ -362,12 +439,19 @@ def main():
     ap.add_argument("--round-ms", type=float, default=50)
     ap.add_argument("--warmup-ms", type=float, default=100)
     ap.add_argument("--quick", action="store_true", help="tcap-bench --quick's smaller shapes")
-    ap.add_argument("--out", required=True, help="write the rows here (a JSON list)")
+    ap.add_argument("--out", help="write the rows here (a JSON list)")
+    ap.add_argument("--serve", action="store_true",
+                    help="take commands on stdin, one round at a time (see serve())")
     args = ap.parse_args()
+    if not args.serve and not args.out:
+        ap.error("--out is required without --serve")
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     variants = [v for v in args.variants.split(",") if v]
     log(f"torch {torch.__version__}, python {sys.version.split()[0]}, {torch.get_num_threads()} threads")
+    if args.serve:
+        serve(args, variants)
+        return
     rows = []
     for name in [w for w in args.workloads.split(",") if w]:
         if name not in WORKLOADS:

@@ -1,18 +1,23 @@
-// The torch.compile peer: runs bench/inductor_bench.py with the Python of the same torch
-// and reads its rows back. See Note [The torch.compile peer] in harness.h.
+// The torch.compile peer: runs bench/inductor_bench.py --serve with the Python of the same
+// torch, round by round, and reads its rows back. See Note [The torch.compile peer] in harness.h.
 #include "harness.h"
 
 #include <ATen/Parallel.h>
 #include <nlohmann/json.hpp>
 #include <torch/version.h>
 
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -139,63 +144,162 @@ std::string find_peer_python(const Options& o, std::string& why) {
   return "";
 }
 
-std::vector<Record> run_peer(const Options& o, const std::vector<std::string>& workloads, std::ostream& log) {
+std::unique_ptr<Peer> Peer::start(const Options& o, std::ostream& log, std::string& why) {
   std::vector<std::string> variants;
   for (const char* v : kPeerVariants) {
     if (o.wants(v)) variants.emplace_back(v);
   }
-  auto all_skipped = [&](const std::string& why) {
-    std::vector<Record> rs;
-    for (const auto& w : workloads) {
-      for (const auto& v : variants) rs.push_back(skipped_record(w, v, why));
-    }
-    return rs;
-  };
-  auto join = [](const std::vector<std::string>& xs) {
-    std::string s;
-    for (const auto& x : xs) s += (s.empty() ? "" : ",") + x;
-    return s;
-  };
-
   const fs::path script = fs::path(TCAP_BENCH_SOURCE_DIR) / "inductor_bench.py";
   std::error_code ec;
-  if (!fs::exists(script, ec)) return all_skipped("the peer script " + script.string() + " is not there");
-  std::string why;
+  if (!fs::exists(script, ec)) {
+    why = "the peer script " + script.string() + " is not there";
+    return nullptr;
+  }
   const std::string python = find_peer_python(o, why);
-  if (python.empty()) return all_skipped(why);
+  if (python.empty()) return nullptr;
+  std::string joined;
+  for (const auto& v : variants) joined += (joined.empty() ? "" : ",") + v;
+  std::vector<std::string> args{python,
+                                script.string(),
+                                "--serve",
+                                "--variants",
+                                joined,
+                                "--threads",
+                                std::to_string(at::get_num_threads()),
+                                "--round-ms",
+                                std::to_string(o.round_ms),
+                                "--warmup-ms",
+                                std::to_string(o.warmup_ms)};
+  if (o.quick) args.emplace_back("--quick");
 
   const fs::path dir = fs::temp_directory_path() / ("tcap-bench-peer-" + std::to_string(getpid()));
   fs::create_directories(dir, ec);
-  const fs::path out = dir / "rows.json";
-  const fs::path err = dir / "log.txt";
-  fs::remove(out, ec);
-  std::ostringstream cmd;
-  cmd << shell_quote(python) << " " << shell_quote(script.string()) << " --workloads " << join(workloads)
-      << " --variants " << join(variants) << " --threads " << at::get_num_threads() << " --rounds " << o.repeats
-      << " --round-ms " << o.round_ms << " --warmup-ms " << o.warmup_ms << (o.quick ? " --quick" : "")
-      << " --out " << shell_quote(out.string());
-  log << "torch.compile peer (runs first, alone; log: " << err.string() << "):\n  " << cmd.str() << "\n";
+  std::unique_ptr<Peer> peer(new Peer());
+  peer->variants_ = variants;
+  peer->log_path_ = (dir / "log.txt").string();
+  std::string shown;
+  for (const auto& a : args) shown += (shown.empty() ? "" : " ") + shell_quote(a);
+  log << "torch.compile peer (its rounds interleaved with these; log: " << peer->log_path_ << "):\n  " << shown
+      << "\n";
   log.flush();
-  const int rc = std::system((cmd.str() + " > " + shell_quote(err.string()) + " 2>&1").c_str());
-  if (rc != 0 || !fs::exists(out, ec)) {
-    return all_skipped("inductor_bench.py failed (status " + std::to_string(rc) + "): " + last_line_of(err) +
-                       " (log: " + err.string() + ")");
+
+  int to_child[2], from_child[2];
+  if (pipe(to_child) != 0) {
+    why = std::string("pipe() failed: ") + std::strerror(errno);
+    return nullptr;
   }
-  std::vector<Record> records;
-  try {
-    std::ifstream f(out);
-    const auto rows = nlohmann::ordered_json::parse(f);
-    for (const auto& row : rows) records.push_back(record_of(row));
-  } catch (const std::exception& e) {
-    return all_skipped(std::string("cannot read inductor_bench.py's rows: ") + e.what());
+  if (pipe(from_child) != 0) {
+    why = std::string("pipe() failed: ") + std::strerror(errno);
+    close(to_child[0]);
+    close(to_child[1]);
+    return nullptr;
   }
-  for (const auto& w : workloads) {  // every (workload, variant) asked for gets a row
-    for (const auto& v : variants) {
-      const bool there = std::any_of(records.begin(), records.end(),
-                                     [&](const Record& r) { return r.workload == w && r.variant == v; });
-      if (!there) records.push_back(skipped_record(w, v, "inductor_bench.py gave no row"));
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const int log_fd = open(peer->log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const pid_t pid = fork();
+  if (pid == 0) {  // the child: stdin, stdout are the pipes; stderr the log
+    dup2(to_child[0], 0);
+    dup2(from_child[1], 1);
+    if (log_fd >= 0) dup2(log_fd, 2);
+    close(to_child[0]);
+    close(to_child[1]);
+    close(from_child[0]);
+    close(from_child[1]);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  if (log_fd >= 0) close(log_fd);
+  close(to_child[0]);
+  close(from_child[1]);
+  if (pid < 0) {
+    why = std::string("fork() failed: ") + std::strerror(errno);
+    close(to_child[1]);
+    close(from_child[0]);
+    return nullptr;
+  }
+  // The peer must not inherit later pipes' ends; ours are closed on exec of anything else.
+  fcntl(to_child[1], F_SETFD, FD_CLOEXEC);
+  fcntl(from_child[0], F_SETFD, FD_CLOEXEC);
+  peer->pid_ = pid;
+  peer->to_ = fdopen(to_child[1], "w");
+  peer->from_ = fdopen(from_child[0], "r");
+  return peer;
+}
+
+Peer::~Peer() {
+  if (to_) std::fclose(to_);  // end of input: the peer exits
+  if (from_) std::fclose(from_);
+  if (pid_ > 0) waitpid(pid_, nullptr, 0);
+}
+
+std::string Peer::request(const std::string& line) {
+  if (!error_.empty() || !to_ || !from_) return "";
+  // A dead peer must not kill this process with SIGPIPE.
+  struct sigaction ignore{}, old{};
+  ignore.sa_handler = SIG_IGN;
+  sigaction(SIGPIPE, &ignore, &old);
+  const bool sent = std::fputs((line + "\n").c_str(), to_) >= 0 && std::fflush(to_) == 0;
+  sigaction(SIGPIPE, &old, nullptr);
+  std::string reply;
+  if (sent) {
+    char buf[4096];
+    while (std::fgets(buf, sizeof buf, from_)) {
+      reply += buf;
+      if (!reply.empty() && reply.back() == '\n') break;
     }
   }
+  if (reply.empty() || reply.back() != '\n') {
+    error_ = "inductor_bench.py stopped answering: " + last_line_of(log_path_) + " (log: " + log_path_ + ")";
+    std::fclose(to_);
+    std::fclose(from_);
+    to_ = from_ = nullptr;
+    return "";
+  }
+  return reply;
+}
+
+void Peer::setup(const std::string& workload) {
+  workload_ = workload;
+  if (!to_) return;  // failed before: error_ stays
+  error_.clear();
+  const std::string reply = request(nlohmann::json{{"op", "setup"}, {"workload", workload}}.dump());
+  if (reply.empty()) return;
+  try {
+    const auto j = nlohmann::json::parse(reply);
+    if (!j.value("ok", false)) error_ = j.value("error", std::string("the peer's setup failed"));
+  } catch (const std::exception& e) {
+    error_ = std::string("cannot read the peer's reply: ") + e.what();
+  }
+}
+
+void Peer::round() {
+  if (error_.empty()) request(R"({"op": "round"})");
+}
+
+std::vector<Record> Peer::finish() {
+  std::vector<Record> records;
+  auto skip_all = [&](const std::string& why) {
+    std::vector<Record> rs;
+    for (const auto& v : variants_) rs.push_back(skipped_record(workload_, v, why));
+    return rs;
+  };
+  if (!error_.empty() && !to_) return skip_all(error_);
+  const std::string reply = request(R"({"op": "finish"})");
+  if (reply.empty()) return skip_all(error_);
+  try {
+    const auto j = nlohmann::ordered_json::parse(reply);
+    for (const auto& row : j.at("rows")) records.push_back(record_of(row));
+  } catch (const std::exception& e) {
+    return skip_all(std::string("cannot read inductor_bench.py's rows: ") + e.what());
+  }
+  for (const auto& v : variants_) {  // every variant asked for gets a row
+    const bool there =
+        std::any_of(records.begin(), records.end(), [&](const Record& r) { return r.workload == workload_ && r.variant == v; });
+    if (!there) records.push_back(skipped_record(workload_, v, error_.empty() ? "inductor_bench.py gave no row" : error_));
+  }
+  error_.clear();
   return records;
 }
 
