@@ -311,21 +311,35 @@ void add_floors(const FloorBytes& floor, const Bandwidth& bw, std::vector<Record
   }
 }
 
-// x_inductor / bwd_x_inductor of the C++ rows: the median over rounds of the ratio to the
-// peer's inductor round run right after (Note [The torch.compile peer]).
+// x_inductor / bwd_x_inductor / step_x_inductor of the C++ rows: the median over rounds of
+// the ratio to the peer's inductor round run right after (Note [The torch.compile peer]);
+// the step is forward + backward.
 void add_ratios_to_inductor(std::vector<Record>& records) {
   const Record* ind = find_variant(records, "inductor");
   if (!ind || !ind->skipped.empty()) return;
+  auto paired = [](const std::vector<double>& mine, const std::vector<double>& theirs) {
+    std::vector<double> ratios;
+    for (size_t k = 0; k < mine.size(); ++k) ratios.push_back(mine[k] / theirs[k]);
+    return quantile(ratios, 0.5);
+  };
+  const auto* ind_fwd = ind->rounds_of("fwd_us");
+  const auto* ind_bwd = ind->rounds_of("bwd_us");
   for (auto& r : records) {
     if (&r == ind || r.variant == "py_eager" || !r.skipped.empty()) continue;
-    for (const auto& [metric, key] :
-         {std::pair<std::string, std::string>{"fwd_us", "x_inductor"}, {"bwd_us", "bwd_x_inductor"}}) {
-      const auto* mine = r.rounds_of(metric);
-      const auto* theirs = ind->rounds_of(metric);
-      if (!mine || !theirs || mine->size() != theirs->size() || mine->empty()) continue;
-      std::vector<double> ratios;
-      for (size_t k = 0; k < mine->size(); ++k) ratios.push_back((*mine)[k] / (*theirs)[k]);
-      r.set(key, quantile(ratios, 0.5));
+    const auto* fwd = r.rounds_of("fwd_us");
+    const auto* bwd = r.rounds_of("bwd_us");
+    const auto same = [](const std::vector<double>* a, const std::vector<double>* b) {
+      return a && b && !a->empty() && a->size() == b->size();
+    };
+    if (same(fwd, ind_fwd)) r.set("x_inductor", paired(*fwd, *ind_fwd));
+    if (same(bwd, ind_bwd)) r.set("bwd_x_inductor", paired(*bwd, *ind_bwd));
+    if (same(fwd, ind_fwd) && same(bwd, ind_bwd) && same(fwd, bwd)) {
+      std::vector<double> mine, theirs;
+      for (size_t k = 0; k < fwd->size(); ++k) {
+        mine.push_back((*fwd)[k] + (*bwd)[k]);
+        theirs.push_back((*ind_fwd)[k] + (*ind_bwd)[k]);
+      }
+      r.set("step_x_inductor", paired(mine, theirs));
     }
   }
 }

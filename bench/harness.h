@@ -183,8 +183,9 @@ Bandwidth measure_bandwidth(int64_t array_bytes, int passes);
 // phase of the machine hits both languages alike and only one process computes at a
 // time. Its rows are merged into each workload's table: `x_eager` / `bwd_x_eager` of
 // those rows are against the C++ `eager` row of the same run, `x_py_eager` /
-// `bwd_x_py_eager` against `py_eager`; the C++ rows get `x_inductor` / `bwd_x_inductor`,
-// the median over rounds of the ratio to the inductor round next to it. Any failure (no
+// `bwd_x_py_eager` against `py_eager`; the C++ rows get `x_inductor` / `bwd_x_inductor` /
+// `step_x_inductor` (forward + backward), the median over rounds of the ratio to the
+// inductor round next to it. Any failure (no
 // python with the same torch, torch.compile unable to build its kernels, the peer dying)
 // becomes a skipped row with the reason; never an abort.
 //
