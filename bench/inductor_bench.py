@@ -29,6 +29,7 @@ import argparse
 import contextlib
 import json
 import math
+import os
 import sys
 import time
 import traceback
@@ -383,8 +384,12 @@ def serve(args, variants):
       {"op": "round"}                 ->  {"round": {variant: {"fwd_us": us, "bwd_us": us}}}
       {"op": "finish"}                ->  {"rows": [...]} (W's rows, as --out writes them)
     The process ends at the end of its input."""
-    out = sys.stdout
-    sys.stdout = sys.stderr  # nothing else may write to the protocol's stream
+    # Nothing else may write to the protocol's stream: not Python code (sys.stdout), not a
+    # library's C code or a compiler torch.compile runs (file descriptor 1). The protocol
+    # gets a descriptor of its own; descriptor 1 becomes the log.
+    sys.stdout.flush()
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
     current = None
     name = None
     setup_error = None
