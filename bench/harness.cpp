@@ -46,7 +46,21 @@ const std::vector<double>* Record::rounds_of(const std::string& key) const {
   return nullptr;
 }
 
-void Sample::stop(const char* metric) { add(metric, std::chrono::duration<double>(Clock::now() - t0_).count()); }
+namespace {
+void (*g_device_sync)() = nullptr;
+}  // namespace
+
+void set_device_sync(void (*sync)()) { g_device_sync = sync; }
+
+void Sample::start() {
+  if (g_device_sync) g_device_sync();
+  t0_ = Clock::now();
+}
+
+void Sample::stop(const char* metric) {
+  if (g_device_sync) g_device_sync();
+  add(metric, std::chrono::duration<double>(Clock::now() - t0_).count());
+}
 
 void Sample::add(const char* metric, double s) {
   for (auto& [m, total] : seconds_) {
@@ -403,6 +417,7 @@ std::vector<Record> run_workload(const Workload& w, const Options& o, Peer* peer
 
 // options.filter: comma-separated substrings of workload names.
 bool selected(const Workload& w, const Options& o) {
+  if (o.device != "cpu" && !w.cuda) return false;
   if (o.filter.empty()) return true;
   size_t from = 0;
   while (from <= o.filter.size()) {
@@ -423,10 +438,18 @@ std::vector<Record> run_all(const Registry& registry, const Options& o, std::ost
   std::optional<Bandwidth> bw;
   for (const auto& w : registry.workloads()) {
     if (!selected(w, o) || !w.floor_bytes) continue;
-    bw = measure_bandwidth(o.quick ? (int64_t{64} << 20) : (int64_t{256} << 20), o.quick ? 2 : 10);
-    out << "memory bandwidth (STREAM-style, 3 x " << (bw->array_bytes >> 20) << " MiB f32 arrays, "
-        << bw->threads << " threads, best of " << bw->passes << " passes): copy " << format_gbs(bw->copy_gbs)
-        << " GB/s, triad " << format_gbs(bw->triad_gbs) << " GB/s\n";
+    const int64_t bytes = o.quick ? (int64_t{64} << 20) : (int64_t{256} << 20);
+    if (o.device == "cpu") {
+      bw = measure_bandwidth(bytes, o.quick ? 2 : 10);
+      out << "memory bandwidth (STREAM-style, 3 x " << (bw->array_bytes >> 20) << " MiB f32 arrays, "
+          << bw->threads << " threads, best of " << bw->passes << " passes): copy " << format_gbs(bw->copy_gbs)
+          << " GB/s, triad " << format_gbs(bw->triad_gbs) << " GB/s\n";
+    } else {
+      bw = measure_device_bandwidth(o.device, bytes, o.quick ? 2 : 20);
+      out << o.device << " memory bandwidth (ATen copy_ and add on 3 x " << (bw->array_bytes >> 20)
+          << " MiB f32 arrays, best of " << bw->passes << " passes): copy " << format_gbs(bw->copy_gbs)
+          << " GB/s, triad " << format_gbs(bw->triad_gbs) << " GB/s\n";
+    }
     Record r;
     r.workload = "memory_bandwidth";
     r.variant = "stream";

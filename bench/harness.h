@@ -47,6 +47,8 @@ struct Options {
   // same torch is found (never with --quick), 0 = off, 1 = on (a skipped row if it fails).
   int inductor = -1;
   std::string python;     // the peer's interpreter ("" = search, see find_peer_python)
+  // Where the compile workloads run (Note [Benchmarks on a CUDA device]): "cpu" or "cuda".
+  std::string device = "cpu";
 
   bool wants(const std::string& variant) const;
 };
@@ -80,7 +82,9 @@ struct Record {
 class Sample {
  public:
   using Clock = std::chrono::steady_clock;
-  void start() { t0_ = Clock::now(); }
+  // Waits for the device first when one is set (set_device_sync): a timed region of GPU
+  // work ends when the work does, not when its launches return.
+  void start();
   // Adds the time since start() to `metric` (a string literal: compared by address first).
   void stop(const char* metric);
   // Adds `seconds` measured elsewhere to `metric` (same naming rule as stop()).
@@ -92,6 +96,17 @@ class Sample {
   Clock::time_point t0_;
   std::vector<std::pair<const char*, double>> seconds_;  // per metric, summed
 };
+
+// Note [Benchmarks on a CUDA device]
+// `tcap-bench --device cuda` runs the compile workloads that support it (Workload::cuda)
+// on the current CUDA device: inputs and modules live there, every Sample::start/stop
+// synchronises the device (set_device_sync), the variants are eager, tcap_eager,
+// tcap_cuda (backend "cuda", fused NVRTC kernels), ca_eager and ca_cuda, the peer runs its
+// workloads on the device too, and the bandwidth floors use the device's copy and triad
+// bandwidth, measured with ATen copies of 256 MiB (measure_device_bandwidth). peak_bytes
+// and the other CPU byte counts are not measured there. Without a CUDA device, tcap-bench
+// says so and exits with status 2.
+void set_device_sync(void (*sync)());
 
 struct Variant {
   Variant(std::string name_, std::function<void(Sample&)> run_, double units_ = 1)
@@ -131,6 +146,9 @@ struct Workload {
   // The torch.compile peer (bench/inductor_bench.py) knows this workload: its rows
   // (py_eager, inductor) join this workload's table.
   bool has_peer = false;
+  // Runs with --device cuda too (Note [Benchmarks on a CUDA device]); the others are
+  // CPU-only and not selected there.
+  bool cuda = false;
 };
 
 class Registry {
@@ -172,6 +190,9 @@ struct Bandwidth {
   int passes = 0;
 };
 Bandwidth measure_bandwidth(int64_t array_bytes, int passes);
+// The same two figures on a device ("cuda"): copy is dst.copy_(src), triad
+// at::add_out(a, b, c, s), on arrays of array_bytes, best of `passes`, synchronised.
+Bandwidth measure_device_bandwidth(const std::string& device, int64_t array_bytes, int passes);
 
 // --- the torch.compile peer ---------------------------------------------------------------
 // Note [The torch.compile peer]

@@ -43,6 +43,20 @@ import torch.nn.functional as F
 POINTWISE_TOL = (1e-5, 1e-6)
 MATMUL_TOL = (1e-4, 1e-5)
 
+# --device: where the workloads run (tcap-bench's --device, Note [Benchmarks on a CUDA
+# device] in bench/harness.h). Tensors are made on the CPU with the same seeds, then moved.
+DEVICE = "cpu"
+
+
+def on_device(t):
+    return t.to(DEVICE)
+
+
+def sync():
+    """A timed region of GPU work ends when the work does."""
+    if DEVICE != "cpu":
+        torch.cuda.synchronize()
+
 
 def log(*args):
     print("[inductor_bench]", *args, file=sys.stderr, flush=True)
@@ -77,12 +91,16 @@ class Step:
 
     def run_timed(self, acc):
         self.reset_grads()
+        sync()
         t0 = time.perf_counter()
         out = self.forward()
+        sync()
         t1 = time.perf_counter()
         loss = self.loss(out)
+        sync()
         t2 = time.perf_counter()
         loss.backward()
+        sync()
         t3 = time.perf_counter()
         acc["fwd_us"] += t1 - t0
         acc["bwd_us"] += t3 - t2
@@ -132,7 +150,7 @@ def randomise_affine(norm):
 
 def coscos(quick):
     torch.manual_seed(0)
-    inputs = [torch.randn(1024, 2048, requires_grad=True) for _ in range(4)]
+    inputs = [on_device(torch.randn(1024, 2048)).requires_grad_() for _ in range(4)]
 
     def fn(a, b, c, d):
         return torch.cos(torch.cos(a + b + c + d))
@@ -146,12 +164,12 @@ def coscos(quick):
 
 def mlp_small(quick):
     torch.manual_seed(0)
-    x = torch.randn(1, 10)
-    target = torch.randn(1, 2)
+    x = on_device(torch.randn(1, 10))
+    target = on_device(torch.randn(1, 2))
 
     def make(compiled):
         torch.manual_seed(1)
-        model = nn.Sequential(nn.Linear(10, 5), nn.ReLU(), nn.Linear(5, 2), nn.Softmax(1))
+        model = nn.Sequential(nn.Linear(10, 5), nn.ReLU(), nn.Linear(5, 2), nn.Softmax(1)).to(DEVICE)
         m = torch.compile(model) if compiled else model
         return Step(lambda: m(x), lambda out: F.mse_loss(out, target), model.parameters())
 
@@ -160,13 +178,13 @@ def mlp_small(quick):
 
 def mlp_big(quick):
     torch.manual_seed(0)
-    x = torch.randn(64 if quick else 256, 1024)
+    x = on_device(torch.randn(64 if quick else 256, 1024))
 
     def make(compiled):
         torch.manual_seed(1)
         norm = nn.LayerNorm(1024)
         randomise_affine(norm)
-        model = nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 1024), norm)
+        model = nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 1024), norm).to(DEVICE)
         m = torch.compile(model) if compiled else model
         return Step(lambda: m(x), mean_of_squares, model.parameters())
 
@@ -176,8 +194,8 @@ def mlp_big(quick):
 def softmax_ce(quick):
     torch.manual_seed(0)
     rows = 1024 if quick else 4096
-    logits = torch.randn(rows, 4096, requires_grad=True)
-    targets = torch.randint(0, 4096, (rows,), dtype=torch.int64)
+    logits = on_device(torch.randn(rows, 4096)).requires_grad_()
+    targets = on_device(torch.randint(0, 4096, (rows,), dtype=torch.int64))
 
     def fn(logits, targets):
         return F.cross_entropy(logits, targets)
@@ -239,7 +257,7 @@ class CppEncoderLayer(nn.Module):
 
 def transformer_block(quick):
     torch.manual_seed(0)
-    src = torch.randn(32, 4, 256) if quick else torch.randn(128, 8, 256)
+    src = on_device(torch.randn(32, 4, 256) if quick else torch.randn(128, 8, 256))
 
     def make(compiled):
         torch.manual_seed(1)
@@ -247,6 +265,7 @@ def transformer_block(quick):
         randomise_affine(layer.norm1)
         randomise_affine(layer.norm2)
         layer.train()
+        layer.to(DEVICE)
         m = torch.compile(layer) if compiled else layer
         return Step(lambda: m(src), mean_of_squares, layer.parameters())
 
@@ -444,6 +463,7 @@ def main():
     ap.add_argument("--round-ms", type=float, default=50)
     ap.add_argument("--warmup-ms", type=float, default=100)
     ap.add_argument("--quick", action="store_true", help="tcap-bench --quick's smaller shapes")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the workloads run")
     ap.add_argument("--out", help="write the rows here (a JSON list)")
     ap.add_argument("--serve", action="store_true",
                     help="take commands on stdin, one round at a time (see serve())")
@@ -452,8 +472,14 @@ def main():
         ap.error("--out is required without --serve")
     if args.threads > 0:
         torch.set_num_threads(args.threads)
+    global DEVICE
+    DEVICE = args.device
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        log("--device cuda, but torch.cuda.is_available() is False")
+        sys.exit(2)
     variants = [v for v in args.variants.split(",") if v]
-    log(f"torch {torch.__version__}, python {sys.version.split()[0]}, {torch.get_num_threads()} threads")
+    log(f"torch {torch.__version__}, python {sys.version.split()[0]}, {torch.get_num_threads()} threads, "
+        f"device {DEVICE}")
     if args.serve:
         serve(args, variants)
         return

@@ -1,5 +1,5 @@
 // tcap-bench [--filter SUBSTRING,...] [--variants A,B] [--json FILE] [--repeats N]
-//            [--quick] [--inductor | --no-inductor] [--python PATH]
+//            [--quick] [--inductor | --no-inductor] [--python PATH] [--device cpu|cuda]
 //
 // Runs the registered workloads (see workloads.h), prints one table per workload and,
 // with --json, writes one object per (workload, variant). See bench/README.md.
@@ -22,11 +22,11 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: tcap-bench [--filter SUBSTRING,...] [--variants A,B] [--json FILE] [--repeats N]\n"
-    "                  [--quick] [--inductor | --no-inductor] [--python PATH]\n"
+    "                  [--quick] [--inductor | --no-inductor] [--python PATH] [--device cpu|cuda]\n"
     "  --filter S,T    run only the workloads whose name contains S or T\n"
     "  --variants A,B  run only these variants (eager, tcap_eager, tcap_eager_default,\n"
-    "                  tcap_llvm, py_eager, inductor, record, record_read,\n"
-    "                  replay)\n"
+    "                  tcap_llvm, tcap_cuda, ca_eager, ca_llvm, ca_cuda, py_eager, inductor,\n"
+    "                  record, record_read, replay)\n"
     "  --json FILE     also write the records to FILE (a JSON list, one object per variant)\n"
     "  --repeats N     rounds per workload (default 15; 3 with --quick)\n"
     "  --quick         few rounds and iterations: a smoke test, not a measurement (no\n"
@@ -35,11 +35,14 @@ constexpr const char* kUsage =
     "                  default: when a python with LibTorch's torch is found, not with --quick\n"
     "  --no-inductor   do not run it\n"
     "  --python PATH   the peer's python (default: $TCAP_PYTHON, the venv of the linked torch,\n"
-    "                  ~/.cache/tcap/venv, /opt/torch/.venv)\n";
+    "                  ~/.cache/tcap/venv, /opt/torch/.venv)\n"
+    "  --device D      cpu (default) or cuda: the compile workloads, the peer and the\n"
+    "                  bandwidth floors on that device (bench/README.md)\n";
 
 // Every variant some workload has (--variants checks its names against these).
-const char* const kVariants[] = {"eager",     "record",   "record_read", "replay",  "tcap_eager", "tcap_eager_default",
-                                 "tcap_llvm", "ca_eager", "ca_llvm",     "py_eager", "inductor"};
+const char* const kVariants[] = {"eager",     "record",    "record_read", "replay",   "tcap_eager", "tcap_eager_default",
+                                 "tcap_llvm", "tcap_cuda", "ca_eager",    "ca_llvm",  "ca_cuda",    "py_eager",
+                                 "inductor"};
 
 [[noreturn]] void usage_error(const std::string& message) {
   std::cerr << "tcap-bench: " << message << "\n" << kUsage;
@@ -79,6 +82,9 @@ tcap::bench::Options parse(int argc, char** argv) {
       o.inductor = 0;
     } else if (arg == "--python") {
       o.python = value();
+    } else if (arg == "--device") {
+      o.device = value();
+      if (o.device != "cpu" && o.device != "cuda") usage_error("--device is cpu or cuda, got '" + o.device + "'");
     } else if (arg == "--quick") {
       o.quick = true;
     } else if (arg == "-h" || arg == "--help") {
@@ -105,10 +111,21 @@ int main(int argc, char** argv) {
   tcap::bench::add_capture_workloads(registry);
   tcap::bench::add_compile_workloads(registry);
 
+  if (options.device == "cuda") {
+    if (!torch::cuda::is_available()) {
+      std::cerr << "tcap-bench: --device cuda, but LibTorch sees no CUDA device (torch::cuda::is_available() is "
+                   "false: no GPU, no driver, or a LibTorch built without CUDA)\n";
+      return 2;
+    }
+    tcap::bench::set_device_sync([] { torch::cuda::synchronize(); });
+  }
   const char* tunables = std::getenv("GLIBC_TUNABLES");
   std::cout << "tcap-bench: LibTorch " << TORCH_VERSION << ", " << at::get_num_threads()
             << " intra-op threads, GLIBC_TUNABLES=" << (tunables ? tunables : "(unset: stock malloc)")
-            << (options.quick ? ", --quick (not a measurement)" : "") << "\n";
+            << (options.quick ? ", --quick (not a measurement)" : "")
+            << (options.device == "cpu" ? "" : ", device " + options.device + " (" +
+                                                   std::to_string(torch::cuda::device_count()) + " visible)")
+            << "\n";
   try {
     tcap::bench::install_cpu_byte_counter();  // peak_bytes, saved_bytes: see harness.h
     const auto records = tcap::bench::run_all(registry, options, std::cout);

@@ -171,6 +171,10 @@ std::unique_ptr<Peer> Peer::start(const Options& o, std::ostream& log, std::stri
                                 "--warmup-ms",
                                 std::to_string(o.warmup_ms)};
   if (o.quick) args.emplace_back("--quick");
+  if (o.device != "cpu") {
+    args.emplace_back("--device");
+    args.push_back(o.device);
+  }
 
   const fs::path dir = fs::temp_directory_path() / ("tcap-bench-peer-" + std::to_string(getpid()));
   fs::create_directories(dir, ec);

@@ -293,15 +293,22 @@ std::vector<Variant> make_variants(const std::string& workload, const Options& o
   run_untimed(*eager);  // the first eager run pays one-time costs, not the captures below
 
   std::vector<Variant> variants;
+  // CPU tensor bytes mean nothing on a CUDA device (Note [Benchmarks on a CUDA device]).
+  const bool on_cpu = opts.device == "cpu";
+  auto bytes_of = [&](const Bytes& b, bool saved_too) {
+    std::vector<std::pair<std::string, double>> m;
+    if (!on_cpu) return m;
+    m = {{"peak_bytes", static_cast<double>(b.peak)}};
+    if (saved_too) m.emplace_back("saved_bytes", static_cast<double>(b.held));
+    m.emplace_back("held_bytes", static_cast<double>(b.held));
+    m.emplace_back("kept_bytes", static_cast<double>(b.kept));
+    return m;
+  };
   if (opts.wants("eager")) {
-    const Bytes b = measure_bytes(*eager);
+    const Bytes b = on_cpu ? measure_bytes(*eager) : Bytes{};
     Variant v{"eager", [eager](Sample& s) { run_timed(*eager, s); }};
-    v.fixed = {{"compile_ms", 0},
-               {"entry_compile_ms", 0},
-               {"peak_bytes", static_cast<double>(b.peak)},
-               {"saved_bytes", static_cast<double>(b.held)},
-               {"held_bytes", static_cast<double>(b.held)},
-               {"kept_bytes", static_cast<double>(b.kept)}};
+    v.fixed = {{"compile_ms", 0}, {"entry_compile_ms", 0}};
+    for (auto& m : bytes_of(b, true)) v.fixed.push_back(std::move(m));
     variants.push_back(std::move(v));
   }
   struct Spec {
@@ -309,9 +316,12 @@ std::vector<Variant> make_variants(const std::string& workload, const Options& o
     const char* backend;
     tcap::Partitioner partitioner;
   };
-  const Spec specs[] = {{"tcap_eager", "eager", tcap::Partitioner::MinCut},
-                        {"tcap_eager_default", "eager", tcap::Partitioner::Default},
-                        {"tcap_llvm", "llvm", tcap::Partitioner::MinCut}};
+  const std::vector<Spec> specs =
+      on_cpu ? std::vector<Spec>{{"tcap_eager", "eager", tcap::Partitioner::MinCut},
+                                 {"tcap_eager_default", "eager", tcap::Partitioner::Default},
+                                 {"tcap_llvm", "llvm", tcap::Partitioner::MinCut}}
+             : std::vector<Spec>{{"tcap_eager", "eager", tcap::Partitioner::MinCut},
+                                 {"tcap_cuda", "cuda", tcap::Partitioner::MinCut}};
   for (const auto& spec : specs) {
     if (!opts.wants(spec.name)) continue;
     tcap::CompileOptions o;
@@ -329,16 +339,14 @@ std::vector<Variant> make_variants(const std::string& workload, const Options& o
         compile_ms_of.push_back(compile_first_call(*step));
         entry_ms_of.push_back(step->compiled->entries().at(0).compile_ms);
       }
-      const Bytes b = measure_bytes(*step);  // first: its priming iteration is the first replay
+      // First: its priming iteration is the first replay.
+      const Bytes b = on_cpu ? measure_bytes(*step) : Bytes{};
       check_matches(*step, *eager, tol);
       const int64_t saved = step->compiled->entries().at(0).partition.saved_bytes;
       Variant v{spec.name, [step](Sample& s) { run_timed(*step, s); }};
-      v.fixed = {{"compile_ms", quantile(compile_ms_of, 0.5)},
-                 {"entry_compile_ms", quantile(entry_ms_of, 0.5)},
-                 {"peak_bytes", static_cast<double>(b.peak)},
-                 {"saved_bytes", static_cast<double>(saved)},
-                 {"held_bytes", static_cast<double>(b.held)},
-                 {"kept_bytes", static_cast<double>(b.kept)}};
+      v.fixed = {{"compile_ms", quantile(compile_ms_of, 0.5)}, {"entry_compile_ms", quantile(entry_ms_of, 0.5)}};
+      for (auto& m : bytes_of(b, false)) v.fixed.push_back(std::move(m));
+      if (on_cpu) v.fixed.insert(v.fixed.begin() + 3, {"saved_bytes", static_cast<double>(saved)});
       variants.push_back(std::move(v));
     } catch (const std::exception& e) {
       // A backend that does not exist yet (tcap::compile's "unknown backend", seen when the
@@ -352,7 +360,7 @@ std::vector<Variant> make_variants(const std::string& workload, const Options& o
     }
   }
   const Spec ca_specs[] = {{"ca_eager", "eager", tcap::Partitioner::MinCut},
-                           {"ca_llvm", "llvm", tcap::Partitioner::MinCut}};
+                           {on_cpu ? "ca_llvm" : "ca_cuda", on_cpu ? "llvm" : "cuda", tcap::Partitioner::MinCut}};
   for (const auto& spec : ca_specs) {
     if (!opts.wants(spec.name)) continue;
     try {
@@ -362,13 +370,11 @@ std::vector<Variant> make_variants(const std::string& workload, const Options& o
       step->ca->compile.name = workload + "_" + spec.name;
       step->ca->compile.backend = spec.backend;
       const double ms = compile_first_call(*step);
-      const Bytes b = measure_bytes(*step);
+      const Bytes b = on_cpu ? measure_bytes(*step) : Bytes{};
       check_matches(*step, *eager, tol);
       Variant v{spec.name, [step](Sample& s) { run_timed(*step, s); }};
-      v.fixed = {{"compile_ms", ms},
-                 {"peak_bytes", static_cast<double>(b.peak)},
-                 {"held_bytes", static_cast<double>(b.held)},
-                 {"kept_bytes", static_cast<double>(b.kept)}};
+      v.fixed = {{"compile_ms", ms}};
+      for (auto& m : bytes_of(b, false)) v.fixed.push_back(std::move(m));
       variants.push_back(std::move(v));
     } catch (const std::exception& e) {
       const std::string why = e.what();
@@ -396,7 +402,7 @@ std::vector<Variant> make_coscos(const Options& opts) {
   torch::manual_seed(0);
   // Shared by every variant: grads are reset before each iteration.
   Tensors inputs;
-  for (int i = 0; i < 4; ++i) inputs.push_back(torch::randn({1024, 2048}, torch::requires_grad()));
+  for (int i = 0; i < 4; ++i) inputs.push_back(torch::randn({1024, 2048}).to(torch::Device(opts.device)).requires_grad_(true));
   return make_variants("coscos", opts, kPointwiseTol, [inputs](const tcap::CompileOptions* o) {
     return function_step(coscos, inputs, inputs, [](const at::Tensor& out) { return out.sum(); }, o);
   });
@@ -408,11 +414,12 @@ std::vector<Variant> make_coscos(const Options& opts) {
 // variant has its own model, with the same weights.
 std::vector<Variant> make_mlp_small(const Options& opts) {
   torch::manual_seed(0);
-  const at::Tensor x = torch::randn({1, 10});
-  const at::Tensor target = torch::randn({1, 2});
-  return make_variants("mlp_small", opts, kPointwiseTol, [x, target](const tcap::CompileOptions* o) {
+  const at::Tensor x = torch::randn({1, 10}).to(torch::Device(opts.device));
+  const at::Tensor target = torch::randn({1, 2}).to(torch::Device(opts.device));
+  return make_variants("mlp_small", opts, kPointwiseTol, [x, target, dev = opts.device](const tcap::CompileOptions* o) {
     torch::manual_seed(1);
     nn::Sequential model{nn::Linear(10, 5), nn::ReLU(), nn::Linear(5, 2), nn::Softmax(1)};
+    model->to(torch::Device(dev));
     return module_step(model, x, [target](const at::Tensor& out) { return torch::mse_loss(out, target); }, o);
   });
 }
@@ -435,12 +442,13 @@ at::Tensor mean_of_squares(const at::Tensor& out) { return out.square().mean(); 
 // mlp_small (the loss is 0.25M elements beside 4 GFLOP of matmuls).
 std::vector<Variant> make_mlp_big(const Options& opts) {
   torch::manual_seed(0);
-  const at::Tensor x = torch::randn({opts.quick ? 64 : 256, 1024});
-  return make_variants("mlp_big", opts, kMatmulTol, [x](const tcap::CompileOptions* o) {
+  const at::Tensor x = torch::randn({opts.quick ? 64 : 256, 1024}).to(torch::Device(opts.device));
+  return make_variants("mlp_big", opts, kMatmulTol, [x, dev = opts.device](const tcap::CompileOptions* o) {
     torch::manual_seed(1);
     nn::LayerNorm norm(nn::LayerNormOptions({1024}));
     randomise_affine(norm);
     nn::Sequential model{nn::Linear(1024, 4096), nn::GELU(), nn::Linear(4096, 1024), norm};
+    model->to(torch::Device(dev));
     return module_step(model, x, mean_of_squares, o);
   });
 }
@@ -456,8 +464,8 @@ Tensors softmax_ce(const Tensors& in) { return {nn::functional::cross_entropy(in
 
 std::vector<Variant> make_softmax_ce(const Options& opts) {
   torch::manual_seed(0);
-  const at::Tensor logits = torch::randn({ce_rows(opts), kCeClasses}, torch::requires_grad());
-  const at::Tensor targets = torch::randint(0, kCeClasses, {ce_rows(opts)}, torch::kLong);
+  const at::Tensor logits = torch::randn({ce_rows(opts), kCeClasses}).to(torch::Device(opts.device)).requires_grad_(true);
+  const at::Tensor targets = torch::randint(0, kCeClasses, {ce_rows(opts)}, torch::kLong).to(torch::Device(opts.device));
   return make_variants("softmax_ce", opts, kMatmulTol, [logits, targets](const tcap::CompileOptions* o) {
     return function_step(softmax_ce, {logits, targets}, {logits}, [](const at::Tensor& out) { return out; }, o);
   });
@@ -471,13 +479,14 @@ std::vector<Variant> make_softmax_ce(const Options& opts) {
 // outside it. Both LayerNorms' affine parameters are randomised (see randomise_affine).
 std::vector<Variant> make_transformer_block(const Options& opts) {
   torch::manual_seed(0);
-  const at::Tensor src = opts.quick ? torch::randn({32, 4, 256}) : torch::randn({128, 8, 256});
-  return make_variants("transformer_block", opts, kMatmulTol, [src](const tcap::CompileOptions* o) {
+  const at::Tensor src = (opts.quick ? torch::randn({32, 4, 256}) : torch::randn({128, 8, 256})).to(torch::Device(opts.device));
+  return make_variants("transformer_block", opts, kMatmulTol, [src, dev = opts.device](const tcap::CompileOptions* o) {
     torch::manual_seed(1);
     nn::TransformerEncoderLayer layer(nn::TransformerEncoderLayerOptions(256, 4).dropout(0.0));
     randomise_affine(layer->norm1);
     randomise_affine(layer->norm2);
     layer->train();
+    layer->to(torch::Device(dev));
     return module_step(layer, src, mean_of_squares, o);
   });
 }
@@ -495,7 +504,8 @@ Tensors ca_chain(const Tensors& in) {
 
 std::vector<Variant> make_ca_chain(const Options& opts) {
   torch::manual_seed(0);
-  Tensors inputs{torch::randn({64}, torch::requires_grad()), torch::randn({64}, torch::requires_grad())};
+  Tensors inputs{torch::randn({64}).to(torch::Device(opts.device)).requires_grad_(true),
+                 torch::randn({64}).to(torch::Device(opts.device)).requires_grad_(true)};
   return make_variants("ca_chain", opts, kPointwiseTol, [inputs](const tcap::CompileOptions* o) {
     return function_step(ca_chain, inputs, inputs, [](const at::Tensor& out) { return out.sum(); }, o);
   });
@@ -513,6 +523,7 @@ void add_compile_workloads(Registry& registry) {
   // (a+b+c+d, for the recompute); backward reads it and grad_out and writes 4 grads.
   coscos.floor_bytes = [](const Options&) { return FloorBytes{6 * 8 * kMiB, 6 * 8 * kMiB}; };
   coscos.has_peer = true;
+  coscos.cuda = true;
   registry.add(std::move(coscos));
 
   Workload mlp_small{"mlp_small",
@@ -520,12 +531,14 @@ void add_compile_workloads(Registry& registry) {
                      "outside it: eager vs tcap::compile replay; µs per call",
                      make_mlp_small, derive_bwd_ratio};
   mlp_small.has_peer = true;
+  mlp_small.cuda = true;
   registry.add(std::move(mlp_small));
 
   Workload chain{"ca_chain",
                  "33 x sin(x * 1.01 + b) on f32[64] (a 100-node backward): compiled autograd's per-call "
                  "walk and cache lookup (lookup_us) against the whole backward; µs per call",
                  make_ca_chain, derive_bwd_ratio};
+  chain.cuda = true;
   registry.add(std::move(chain));
 
   Workload mlp_big{"mlp_big",
@@ -533,6 +546,7 @@ void add_compile_workloads(Registry& registry) {
                    "as a module, loss mean(out^2) and backward outside it; µs per call",
                    make_mlp_big, derive_bwd_ratio};
   mlp_big.has_peer = true;
+  mlp_big.cuda = true;
   registry.add(std::move(mlp_big));
 
   Workload ce{"softmax_ce",
@@ -546,6 +560,7 @@ void add_compile_workloads(Registry& registry) {
     return FloorBytes{logits, 2 * logits};
   };
   ce.has_peer = true;
+  ce.cuda = true;
   registry.add(std::move(ce));
 
   Workload block{"transformer_block",
@@ -554,6 +569,7 @@ void add_compile_workloads(Registry& registry) {
                  "outside it; µs per call",
                  make_transformer_block, derive_bwd_ratio};
   block.has_peer = true;
+  block.cuda = true;
   registry.add(std::move(block));
 }
 
