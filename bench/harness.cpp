@@ -465,32 +465,16 @@ std::vector<Record> run_all(const Registry& registry, const Options& o, std::ost
   // The torch.compile peer, its rounds interleaved with the C++ ones. See Note [The
   // torch.compile peer].
   std::unique_ptr<Peer> peer;
-  std::string peer_failed;  // why the peer did not start: its rows say so
-  std::vector<std::string> peer_variants;
   const bool peer_on = o.inductor == 1 || (o.inductor == -1 && !o.quick);
-  if (peer_on && (o.wants("inductor") || o.wants("py_eager"))) {
-    const bool any = std::any_of(registry.workloads().begin(), registry.workloads().end(),
-                                 [&](const Workload& w) { return selected(w, o) && w.has_peer; });
-    if (any) {
-      peer = Peer::start(o, out, peer_failed);
-      for (const char* v : {"py_eager", "inductor"}) {
-        if (o.wants(v)) peer_variants.emplace_back(v);
-      }
-    }
+  if (peer_on && (o.wants("inductor") || o.wants("py_eager")) &&
+      std::any_of(registry.workloads().begin(), registry.workloads().end(),
+                  [&](const Workload& w) { return selected(w, o) && w.has_peer; })) {
+    peer = Peer::start(o, out);
   }
 
   for (const auto& w : registry.workloads()) {
     if (!selected(w, o)) continue;
     std::vector<Record> records = run_workload(w, o, w.has_peer ? peer.get() : nullptr, bw ? &*bw : nullptr);
-    if (w.has_peer && !peer && !peer_failed.empty()) {
-      for (const auto& v : peer_variants) {
-        Record r;
-        r.workload = w.name;
-        r.variant = v;
-        r.skipped = peer_failed;
-        records.push_back(std::move(r));
-      }
-    }
     print_table(out, w, records, o);
     all.insert(all.end(), records.begin(), records.end());
   }

@@ -221,8 +221,8 @@ std::string find_peer_python(const Options& options, std::string& why);
 // in its rows; after a failure the calls do nothing.
 class Peer {
  public:
-  // Starts the peer; nullptr with the rows' reason in `why` if it cannot.
-  static std::unique_ptr<Peer> start(const Options& options, std::ostream& log, std::string& why);
+  // Starts the peer. One that cannot start is a failed peer: its rows say why.
+  static std::unique_ptr<Peer> start(const Options& options, std::ostream& log);
   ~Peer();  // closes its input and waits for it
   Peer(const Peer&) = delete;
   Peer& operator=(const Peer&) = delete;

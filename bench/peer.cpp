@@ -144,21 +144,23 @@ std::string find_peer_python(const Options& o, std::string& why) {
   return "";
 }
 
-std::unique_ptr<Peer> Peer::start(const Options& o, std::ostream& log, std::string& why) {
-  std::vector<std::string> variants;
+std::unique_ptr<Peer> Peer::start(const Options& o, std::ostream& log) {
+  std::unique_ptr<Peer> peer(new Peer());
   for (const char* v : kPeerVariants) {
-    if (o.wants(v)) variants.emplace_back(v);
+    if (o.wants(v)) peer->variants_.emplace_back(v);
   }
+  auto failed = [&](std::string why) {
+    peer->error_ = std::move(why);
+    return std::move(peer);
+  };
   const fs::path script = fs::path(TCAP_BENCH_SOURCE_DIR) / "inductor_bench.py";
   std::error_code ec;
-  if (!fs::exists(script, ec)) {
-    why = "the peer script " + script.string() + " is not there";
-    return nullptr;
-  }
+  if (!fs::exists(script, ec)) return failed("the peer script " + script.string() + " is not there");
+  std::string why;
   const std::string python = find_peer_python(o, why);
-  if (python.empty()) return nullptr;
+  if (python.empty()) return failed(why);
   std::string joined;
-  for (const auto& v : variants) joined += (joined.empty() ? "" : ",") + v;
+  for (const auto& v : peer->variants_) joined += (joined.empty() ? "" : ",") + v;
   std::vector<std::string> args{python,
                                 script.string(),
                                 "--serve",
@@ -178,8 +180,6 @@ std::unique_ptr<Peer> Peer::start(const Options& o, std::ostream& log, std::stri
 
   const fs::path dir = fs::temp_directory_path() / ("tcap-bench-peer-" + std::to_string(getpid()));
   fs::create_directories(dir, ec);
-  std::unique_ptr<Peer> peer(new Peer());
-  peer->variants_ = variants;
   peer->log_path_ = (dir / "log.txt").string();
   std::string shown;
   for (const auto& a : args) shown += (shown.empty() ? "" : " ") + shell_quote(a);
@@ -188,15 +188,12 @@ std::unique_ptr<Peer> Peer::start(const Options& o, std::ostream& log, std::stri
   log.flush();
 
   int to_child[2], from_child[2];
-  if (pipe(to_child) != 0) {
-    why = std::string("pipe() failed: ") + std::strerror(errno);
-    return nullptr;
-  }
+  if (pipe(to_child) != 0) return failed(std::string("pipe() failed: ") + std::strerror(errno));
   if (pipe(from_child) != 0) {
-    why = std::string("pipe() failed: ") + std::strerror(errno);
+    const int err = errno;
     close(to_child[0]);
     close(to_child[1]);
-    return nullptr;
+    return failed(std::string("pipe() failed: ") + std::strerror(err));
   }
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
@@ -218,10 +215,10 @@ std::unique_ptr<Peer> Peer::start(const Options& o, std::ostream& log, std::stri
   close(to_child[0]);
   close(from_child[1]);
   if (pid < 0) {
-    why = std::string("fork() failed: ") + std::strerror(errno);
+    const int err = errno;
     close(to_child[1]);
     close(from_child[0]);
-    return nullptr;
+    return failed(std::string("fork() failed: ") + std::strerror(err));
   }
   // The peer must not inherit later pipes' ends; ours are closed on exec of anything else.
   fcntl(to_child[1], F_SETFD, FD_CLOEXEC);
