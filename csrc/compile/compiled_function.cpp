@@ -265,7 +265,9 @@ struct SavedCapsule : torch::CustomClassHolder {
                   "saved tensor ", k, " of the compiled function '", fn_name, "' ([", saved[k].toString(), " ",
                   saved[k].sizes(), "]) is at version ", now, "; expected version ", versions[k], " instead.");
     }
-    std::vector<at::Tensor> out = take ? std::move(saved) : saved;
+    std::vector<at::Tensor> out;
+    if (take) out.swap(saved);
+    else out = saved;
     if (!in_context.empty()) {
       const auto from_ctx = ctx.get_saved_variables();
       for (size_t j = 0; j < in_context.size(); ++j) out[in_context[j]] = from_ctx[j];
