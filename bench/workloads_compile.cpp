@@ -55,6 +55,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -295,20 +296,19 @@ std::vector<Variant> make_variants(const std::string& workload, const Options& o
   std::vector<Variant> variants;
   // CPU tensor bytes mean nothing on a CUDA device (Note [Benchmarks on a CUDA device]).
   const bool on_cpu = opts.device == "cpu";
-  auto bytes_of = [&](const Bytes& b, bool saved_too) {
-    std::vector<std::pair<std::string, double>> m;
-    if (!on_cpu) return m;
-    m = {{"peak_bytes", static_cast<double>(b.peak)}};
-    if (saved_too) m.emplace_back("saved_bytes", static_cast<double>(b.held));
-    m.emplace_back("held_bytes", static_cast<double>(b.held));
-    m.emplace_back("kept_bytes", static_cast<double>(b.kept));
-    return m;
+  // Appends the byte metrics, in report order; saved_bytes where the variant has one.
+  auto add_bytes = [&](Variant& v, const Bytes& b, std::optional<int64_t> saved) {
+    if (!on_cpu) return;
+    v.fixed.emplace_back("peak_bytes", static_cast<double>(b.peak));
+    if (saved) v.fixed.emplace_back("saved_bytes", static_cast<double>(*saved));
+    v.fixed.emplace_back("held_bytes", static_cast<double>(b.held));
+    v.fixed.emplace_back("kept_bytes", static_cast<double>(b.kept));
   };
   if (opts.wants("eager")) {
     const Bytes b = on_cpu ? measure_bytes(*eager) : Bytes{};
     Variant v{"eager", [eager](Sample& s) { run_timed(*eager, s); }};
     v.fixed = {{"compile_ms", 0}, {"entry_compile_ms", 0}};
-    for (auto& m : bytes_of(b, true)) v.fixed.push_back(std::move(m));
+    add_bytes(v, b, b.held);
     variants.push_back(std::move(v));
   }
   struct Spec {
@@ -345,8 +345,7 @@ std::vector<Variant> make_variants(const std::string& workload, const Options& o
       const int64_t saved = step->compiled->entries().at(0).partition.saved_bytes;
       Variant v{spec.name, [step](Sample& s) { run_timed(*step, s); }};
       v.fixed = {{"compile_ms", quantile(compile_ms_of, 0.5)}, {"entry_compile_ms", quantile(entry_ms_of, 0.5)}};
-      for (auto& m : bytes_of(b, false)) v.fixed.push_back(std::move(m));
-      if (on_cpu) v.fixed.insert(v.fixed.begin() + 3, {"saved_bytes", static_cast<double>(saved)});
+      add_bytes(v, b, saved);
       variants.push_back(std::move(v));
     } catch (const std::exception& e) {
       // A backend that does not exist yet (tcap::compile's "unknown backend", seen when the
@@ -374,7 +373,7 @@ std::vector<Variant> make_variants(const std::string& workload, const Options& o
       check_matches(*step, *eager, tol);
       Variant v{spec.name, [step](Sample& s) { run_timed(*step, s); }};
       v.fixed = {{"compile_ms", ms}};
-      for (auto& m : bytes_of(b, false)) v.fixed.push_back(std::move(m));
+      add_bytes(v, b, std::nullopt);
       variants.push_back(std::move(v));
     } catch (const std::exception& e) {
       const std::string why = e.what();
