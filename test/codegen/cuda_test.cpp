@@ -8,13 +8,16 @@
 #include "codegen/kernel_cache.h"
 #include "kernel_builder.h"
 #include "support/compare.h"
+#include "support/cuda_emu.h"
 #include "support/logging.h"
 
 #include <tcap/compile.h>
 
 #include <torch/torch.h>
 
+#include <cmath>
 #include <fstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -24,6 +27,7 @@ using tcap::test::KernelBuilder;
 using tcap::kir::DType;
 using tcap::kir::OpCode;
 namespace cuda = tcap::codegen::cuda;
+namespace cuda_emu = tcap::testing::cuda_emu;
 
 #define SKIP_WITHOUT_NVRTC()                                                    \
   do {                                                                          \
@@ -332,7 +336,11 @@ TEST(CudaCache, MemoryDiskAndCorruptEntries) {
   EXPECT_EQ(s1.corrupt_cache_files - s0.corrupt_cache_files, 1);
 }
 
-// --- with a device -----------------------------------------------------------------
+// --- generated kernels against eager: on a device, and in the host emulator ------------
+//
+// The same checks run twice: CudaDevice.* through the `cuda` backend on a GPU (skipped
+// without one), CudaEmulated.* on CPU tensors with every kernel the fusion pass forms
+// rendered for CUDA and run by the host emulator (Note [CUDA host emulation]).
 
 #define SKIP_WITHOUT_CUDA_DEVICE()                                                          \
   do {                                                                                      \
@@ -341,33 +349,52 @@ TEST(CudaCache, MemoryDiskAndCorruptEntries) {
     if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a CUDA device: LibTorch sees none"; \
   } while (0)
 
+#define SKIP_WITHOUT_EMULATOR()                                                                  \
+  do {                                                                                           \
+    std::string why_;                                                                            \
+    if (!cuda_emu::available(&why_)) GTEST_SKIP() << "no CUDA host emulation here: " << why_;    \
+  } while (0)
+
 using Tensors = std::vector<at::Tensor>;
 using Fn = std::function<Tensors(const Tensors&)>;
 
-// tcap::compile with backend "cuda" against eager CUDA: outputs and input gradients, three
-// calls on fresh inputs, generated kernels ran.
-void check_cuda(const std::string& name, const Fn& fn, const std::function<Tensors()>& make, double rtol,
+enum class Where { Device, Emulator };
+
+torch::TensorOptions on(Where w) {
+  return torch::TensorOptions().device(w == Where::Device ? torch::kCUDA : torch::kCPU);
+}
+
+int64_t launches(Where w) { return w == Where::Device ? cuda::cuda_stats().launches : cuda_emu::stats().launches; }
+
+// tcap::compile with CUDA kernels against eager: outputs and input gradients, three calls
+// on fresh inputs, generated kernels ran.
+void check_cuda(Where w, const std::string& name, const Fn& fn, const std::function<Tensors()>& make, double rtol,
                 double atol) {
   SCOPED_TRACE(name);
   tcap::CompileOptions o;
   o.name = name;
-  o.backend = "cuda";
+  if (w == Where::Device) {
+    o.backend = "cuda";
+  } else {
+    o.fw_compiler = [](const tcap::ir::Graph& g) { return cuda_emu::compiler(g); };
+    o.bw_compiler = o.fw_compiler;
+  }
   auto f = tcap::compile(fn, o);
   for (int call = 0; call < 3; ++call) {
     SCOPED_TRACE("call " + std::to_string(call + 1));
     Tensors in = make();
-    const auto before = cuda::cuda_stats().launches;
+    const auto before = launches(w);
     Tensors out = (*f)(in);
-    Tensors w;
-    for (const auto& t : out) w.push_back(torch::randn_like(t));
-    if (at::Tensor loss = tcap::testing::weighted_loss(out, w); loss.defined()) loss.backward();
+    Tensors wts;
+    for (const auto& t : out) wts.push_back(torch::randn_like(t));
+    if (at::Tensor loss = tcap::testing::weighted_loss(out, wts); loss.defined()) loss.backward();
     const Tensors got_grads = tcap::testing::take_grads(in);
     ASSERT_EQ(f->eager_reason(), "");
     if (call > 0) {
-      EXPECT_GT(cuda::cuda_stats().launches, before) << "no generated CUDA kernel ran";
+      EXPECT_GT(launches(w), before) << "no generated CUDA kernel ran";
     }
     Tensors ref = fn(in);
-    if (at::Tensor loss = tcap::testing::weighted_loss(ref, w); loss.defined()) loss.backward();
+    if (at::Tensor loss = tcap::testing::weighted_loss(ref, wts); loss.defined()) loss.backward();
     const Tensors want_grads = tcap::testing::take_grads(in);
     for (size_t k = 0; k < out.size(); ++k) {
       EXPECT_TRUE(tcap::testing::close(out[k].detach().cpu(), ref[k].detach().cpu(), rtol, atol)) << "output " << k;
@@ -381,60 +408,262 @@ void check_cuda(const std::string& name, const Fn& fn, const std::function<Tenso
 
 at::Tensor leaf(const at::Tensor& t) { return t.detach().requires_grad_(true); }
 
-TEST(CudaDevice, FusedPatternsMatchEager) {
-  SKIP_WITHOUT_CUDA_DEVICE();
-  const auto dev = torch::TensorOptions().device(torch::kCUDA);
+void fused_patterns(Where w) {
+  const auto dev = on(w);
   for (int64_t n : {1, 3, 1023, 4097}) {
     SCOPED_TRACE("n=" + std::to_string(n));
-    check_cuda("pointwise_broadcast",
+    check_cuda(w, "pointwise_broadcast",
                [](const Tensors& in) { return Tensors{torch::gelu(in[0] + in[1]) * torch::sigmoid(in[0]) - 0.5 * in[1]}; },
                [&] { return Tensors{leaf(torch::randn({n, 33}, dev)), leaf(torch::randn({33}, dev))}; }, 1e-4, 1e-5);
-    check_cuda("noncontiguous",
+    check_cuda(w, "pointwise_rows", [](const Tensors& in) { return Tensors{torch::tanh(in[0]) * in[1] + in[1].exp()}; },
+               [&] { return Tensors{leaf(torch::randn({n, 64}, dev)), leaf(torch::randn({64}, dev))}; }, 1e-4, 1e-5);
+    check_cuda(w, "noncontiguous",
                [](const Tensors& in) { return Tensors{torch::tanh(in[0].t()) * torch::exp(-in[1]) + torch::cos(in[1])}; },
                [&] {
                  return Tensors{leaf(torch::randn({33, n}, dev)), leaf(torch::randn({n, 66}, dev).slice(1, 0, 66, 2))};
                },
                1e-4, 1e-5);
-    check_cuda("softmax", [](const Tensors& in) { return Tensors{torch::softmax(in[0] * 2.0, -1)}; },
+    check_cuda(w, "softmax", [](const Tensors& in) { return Tensors{torch::softmax(in[0] * 2.0, -1)}; },
                [&] { return Tensors{leaf(torch::randn({n, 1000}, dev))}; }, 1e-4, 1e-6);
-    check_cuda("layer_norm",
+    check_cuda(w, "layer_norm",
                [](const Tensors& in) { return Tensors{torch::layer_norm(in[0], {33}, in[1], in[2], 1e-5)}; },
                [&] {
                  return Tensors{leaf(torch::randn({n, 33}, dev) * 3 + 1), leaf(torch::randn({33}, dev)),
                                 leaf(torch::randn({33}, dev))};
                },
                1e-4, 1e-4);
-    check_cuda("reductions",
+    check_cuda(w, "reductions",
                [](const Tensors& in) {
                  auto x = in[0] * in[0];
                  return Tensors{x.sum(std::vector<int64_t>{0, 2}), x.mean(-1, true) - x.amax(-1, true), in[0].sum()};
                },
                [&] { return Tensors{leaf(torch::randn({n, 3, 5}, dev))}; }, 1e-4, 1e-4);
+    check_cuda(w, "column_sum", [](const Tensors& in) { return Tensors{(in[0] * in[0]).sum(0)}; },
+               [&] { return Tensors{leaf(torch::randn({n, 1031}, dev))}; }, 1e-4, 1e-4);
   }
 }
 
-TEST(CudaDevice, HalfAndBFloat16ComputeInFloat) {
-  SKIP_WITHOUT_CUDA_DEVICE();
+void half_and_bfloat16(Where w) {
   for (auto dtype : {at::kHalf, at::kBFloat16}) {
     SCOPED_TRACE(c10::toString(dtype));
-    const auto o = torch::TensorOptions().device(torch::kCUDA).dtype(dtype);
+    const auto o = on(w).dtype(dtype);
     // One rounding (fused) against eager's per-op rounding: bounded by a few ulps of the dtype.
     const double tol = dtype == at::kHalf ? 4e-3 : 3e-2;
-    check_cuda("half_pointwise",
+    check_cuda(w, "half_pointwise",
                [](const Tensors& in) { return Tensors{torch::silu(in[0] * in[1] + 1.0), torch::softmax(in[0], -1)}; },
                [&] { return Tensors{leaf(torch::randn({37, 45}, o)), leaf(torch::randn({45}, o))}; }, tol, tol);
   }
 }
 
-TEST(CudaDevice, MisalignedInputsTakeTheScalarPath) {
-  SKIP_WITHOUT_CUDA_DEVICE();
-  // A view starting one element in: the vector path's alignment check must refuse it.
-  check_cuda("misaligned", [](const Tensors& in) { return Tensors{torch::exp(in[0]) * 2.0}; },
-             [] {
-               auto base = torch::randn({4098}, torch::TensorOptions().device(torch::kCUDA));
+// A view starting one element in: the vector path's alignment check must refuse it.
+void misaligned(Where w) {
+  check_cuda(w, "misaligned", [](const Tensors& in) { return Tensors{torch::exp(in[0]) * 2.0}; },
+             [&] {
+               auto base = torch::randn({4098}, on(w));
                return Tensors{leaf(base.slice(0, 1, 4098))};
              },
              1e-5, 1e-6);
+}
+
+TEST(CudaDevice, FusedPatternsMatchEager) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  fused_patterns(Where::Device);
+}
+
+TEST(CudaDevice, HalfAndBFloat16ComputeInFloat) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  half_and_bfloat16(Where::Device);
+}
+
+TEST(CudaDevice, MisalignedInputsTakeTheScalarPath) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  misaligned(Where::Device);
+}
+
+TEST(CudaEmulated, FusedPatternsMatchEager) {
+  SKIP_WITHOUT_EMULATOR();
+  fused_patterns(Where::Emulator);
+}
+
+TEST(CudaEmulated, HalfAndBFloat16ComputeInFloat) {
+  SKIP_WITHOUT_EMULATOR();
+  half_and_bfloat16(Where::Emulator);
+}
+
+// Inference (no backward, whose kernels read only aligned tensors): a view one element in
+// takes the scalar loop, an aligned tensor the vector path.
+TEST(CudaEmulated, VectorPathOnlyWhenAligned) {
+  SKIP_WITHOUT_EMULATOR();
+  const Fn fn = [](const Tensors& in) { return Tensors{torch::exp(in[0]) * 2.0}; };
+  const auto v0 = cuda_emu::stats();
+  check_cuda(Where::Emulator, "misaligned_inference", fn, [] { return Tensors{torch::randn({4098}).slice(0, 1)}; },
+             1e-5, 1e-6);
+  const auto v1 = cuda_emu::stats();
+  EXPECT_GT(v1.launches, v0.launches);
+  EXPECT_EQ(v1.vector_launches, v0.vector_launches) << "a misaligned view took the vector path";
+  check_cuda(Where::Emulator, "aligned_inference", fn, [] { return Tensors{torch::randn({4097})}; }, 1e-5, 1e-6);
+  EXPECT_GT(cuda_emu::stats().vector_launches, v1.vector_launches) << "an aligned tensor took the scalar path";
+  misaligned(Where::Emulator);  // and with gradients
+}
+
+#if TCAP_HAVE_LLVM
+// Buffers for a hand-built kernel: each a view `pad` elements into a larger tensor whose
+// padding holds a sentinel, so writes out of bounds show and float reads out of bounds
+// turn into NaN.
+struct KernelBuffers {
+  Tensors whole, views;
+};
+
+at::ScalarType scalar_type(DType t) {
+  switch (t) {
+    case DType::Bool: return at::kBool;
+    case DType::U8: return at::kByte;
+    case DType::I8: return at::kChar;
+    case DType::I16: return at::kShort;
+    case DType::I32: return at::kInt;
+    case DType::I64: return at::kLong;
+    case DType::F16: return at::kHalf;
+    case DType::BF16: return at::kBFloat16;
+    case DType::F32: return at::kFloat;
+    case DType::F64: return at::kDouble;
+  }
+  return at::kFloat;
+}
+
+KernelBuffers make_buffers(const tcap::kir::Kernel& k, int64_t pad) {
+  std::vector<int64_t> extent(k.buffers.size(), 1);
+  auto reach = [&](int32_t b, const std::vector<int64_t>& strides, int64_t offset) {
+    int64_t m = offset;
+    for (size_t d = 0; d < k.sizes.size(); ++d) m += (k.sizes[d] - 1) * strides[d];
+    extent[static_cast<size_t>(b)] = std::max(extent[static_cast<size_t>(b)], m + 1);
+  };
+  for (const auto& in : k.instrs) {
+    if (in.op == OpCode::Load) reach(in.buffer, in.strides, in.offset);
+  }
+  for (const auto& st : k.stores) reach(st.buffer, st.strides, st.offset);
+  KernelBuffers out;
+  for (size_t b = 0; b < k.buffers.size(); ++b) {
+    const at::ScalarType st = scalar_type(k.buffers[b].dtype);
+    const auto opts = at::TensorOptions().dtype(st);
+    at::Tensor whole = c10::isFloatingType(st) ? at::full({extent[b] + 2 * pad}, NAN, opts)
+                                                : at::full({extent[b] + 2 * pad}, st == at::kBool ? 1 : 91, opts);
+    at::Tensor view = whole.slice(0, pad, pad + extent[b]);
+    if (!k.buffers[b].is_output) {
+      if (c10::isFloatingType(st)) {
+        view.copy_(at::randn({extent[b]}) * 3);
+      } else if (st == at::kBool) {
+        view.copy_(at::randint(0, 2, {extent[b]}));
+      } else {
+        view.copy_(at::randint(st == at::kByte ? 0 : -60, 60, {extent[b]}));
+      }
+    }
+    out.whole.push_back(whole);
+    out.views.push_back(view);
+  }
+  return out;
+}
+
+KernelBuffers clone(const KernelBuffers& b) {
+  KernelBuffers c;
+  for (size_t i = 0; i < b.whole.size(); ++i) {
+    c.whole.push_back(b.whole[i].clone());
+    c.views.push_back(c.whole[i].slice(0, b.views[i].storage_offset(), b.views[i].storage_offset() + b.views[i].numel()));
+  }
+  return c;
+}
+
+// Every kernel of the PTX test, run by the emulator and by the cpu_llvm backend (the same
+// kernel IR semantics) on the same random inputs, whole padded buffers compared: integers
+// and bools bit for bit, floats within what libm against libmvec and a different summation
+// order allow.
+TEST(CudaEmulated, EveryOpAndDtypeMatchesTheCpuBackend) {
+  SKIP_WITHOUT_EMULATOR();
+  std::string why;
+  if (!tcap::codegen::cpu_llvm_available(&why)) GTEST_SKIP() << why;
+  std::vector<tcap::kir::Kernel> kernels;
+  for (DType t : kFloats) kernels.push_back(every_float_op(t));
+  for (DType t : kInts) kernels.push_back(every_int_op(t));
+  kernels.push_back(bool_ops());
+  for (DType t : kAll) {
+    kernels.push_back(reductions(t, {37, 45}, 1, {45, 1}));
+    kernels.push_back(reductions(t, {300, 5}, 1, {5, 1}));
+    kernels.push_back(reductions(t, {1100, 37}, 1, {1, 1100}));
+    kernels.push_back(reductions(t, {6, 5, 7}, 2, {35, 7, 1}));
+  }
+  for (DType t : kFloats) kernels.push_back(softmax(t, 7, 1000));
+  for (const auto& k : kernels) {
+    SCOPED_TRACE(k.name + " " + cuda::to_string(cuda::render(k).plan));
+    const KernelBuffers a = make_buffers(k, 64);
+    const KernelBuffers b = clone(a);
+    tcap::test::run(*tcap::codegen::compile_cpu_kernel(k), a.views);
+    const auto emu = cuda_emu::build(k);
+    std::vector<void*> args = tcap::test::args_of(b.views);
+    emu->fn(args.data(), 0, emu->range);
+    for (size_t i = 0; i < a.whole.size(); ++i) {
+      SCOPED_TRACE("buffer " + std::to_string(i));
+      const at::Tensor x = a.whole[i], y = b.whole[i];
+      if (!x.is_floating_point()) {
+        EXPECT_TRUE(at::equal(x, y)) << "cpu " << x.slice(0, 60, 80) << "\nemulated " << y.slice(0, 60, 80);
+        continue;
+      }
+      const DType t = k.buffers[i].dtype;
+      const double rtol = t == DType::F64 ? 1e-9 : t == DType::F32 ? 1e-4 : t == DType::F16 ? 1e-2 : 4e-2;
+      EXPECT_TRUE(tcap::test::close(y, x, rtol, rtol, k));
+      // The padding is untouched: NaN in both (a write out of bounds would be a number).
+      EXPECT_TRUE(y.slice(0, 0, 64).isnan().all().item<bool>()) << "write before the buffer";
+      EXPECT_TRUE(y.slice(0, y.numel() - 64).isnan().all().item<bool>()) << "write after the buffer";
+    }
+  }
+}
+#endif
+
+// The emulator enforces CUDA's rules: a barrier some threads skip is an error, not a
+// silent success.
+TEST(CudaEmulated, DivergentBarriersAndShufflesAreErrors) {
+  SKIP_WITHOUT_EMULATOR();
+  auto expect_error = [](const std::string& name, const std::string& body, const std::string& want) {
+    SCOPED_TRACE(name);
+    cuda::CudaSource src;
+    src.entry = "emu_" + name;
+    src.source = "extern \"C\" __global__ void emu_" + name + "(float* b0, int vec_ok) {\n" + body + "\n}\n";
+    src.plan.block = 64;
+    src.plan.work_items = 64;
+    auto k = cuda_emu::build_source(name, src);
+    at::Tensor out = torch::zeros({64});
+    void* args[] = {out.data_ptr()};
+    try {
+      k->fn(args, 0, 1);
+      ADD_FAILURE() << "no error";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+    }
+  };
+  expect_error("divergent_barrier", "if (threadIdx.x < 16) __syncthreads();\nb0[threadIdx.x] = 1.0f;",
+               "exited while 16 threads of its block wait at __syncthreads");
+  expect_error("partial_warp", "if (threadIdx.x % 32 < 8) b0[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1.0f, 1);",
+               "exited while lanes of its warp wait");
+  expect_error("partial_mask", "b0[threadIdx.x] = __shfl_xor_sync(0xffu, 1.0f, 1);", "partial mask");
+
+  // And a correct kernel runs: block-wide sum through shuffles and a barrier, grid-stride.
+  cuda::CudaSource ok;
+  ok.entry = "emu_block_sum";
+  ok.source = R"(extern "C" __global__ void emu_block_sum(float* b0, int vec_ok) {
+  __shared__ float partial[2];
+  float v = (float)threadIdx.x;
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = v;
+  __syncthreads();
+  b0[blockIdx.x * blockDim.x + threadIdx.x] = partial[0] + partial[1] + (float)gridDim.x;
+})";
+  ok.plan.block = 64;
+  ok.plan.work_items = 5 * 64;  // Pointwise: 5 blocks needed, capped at 3
+  auto k = cuda_emu::build_source("block_sum", ok);
+  at::Tensor out = torch::zeros({5 * 64});
+  void* args[] = {out.data_ptr()};
+  k->fn(args, 0, 1);
+  EXPECT_TRUE(at::equal(out.slice(0, 0, 3 * 64), torch::full({3 * 64}, 2016.0f + 3)));
+  EXPECT_TRUE(at::equal(out.slice(0, 3 * 64), torch::zeros({2 * 64}))) << "more blocks ran than the grid has";
 }
 
 TEST(CudaBackend, CpuGraphsAreRefusedWithAReason) {

@@ -25,9 +25,11 @@
 //
 // A third build, tcap_op_sweep_cuda_tests (TCAP_SWEEP_CUDA), is issue 6's sweep: with a
 // CUDA device the inputs live on it (same layouts) and the backend is `cuda`; without
-// one, the graphs stay on the CPU and run eagerly, and every kernel the fusion pass forms
-// from them is rendered to CUDA C++ and compiled to PTX with NVRTC (a failure names the
-// kernel and carries NVRTC's log), so the CUDA renderer is checked on every op without a GPU.
+// one, the graphs stay on the CPU and every kernel the fusion pass forms from them is
+// rendered to CUDA C++, compiled to PTX with NVRTC (a failure names the kernel and carries
+// NVRTC's log) and run by the CUDA host emulator (test/support/cuda_emu.h, Note [CUDA host
+// emulation]), so the CUDA renderer's kernels are checked against eager on every op
+// without a GPU. The emulator uses the host's libm, so the tolerances stay those above.
 #include <tcap/compile.h>
 
 #include "support/compare.h"
@@ -35,7 +37,7 @@
 #ifdef TCAP_SWEEP_CUDA
 #include "codegen/cuda/cuda.h"
 #include "codegen/cuda/driver.h"
-#include "fuse/fusion.h"
+#include "support/cuda_emu.h"
 
 #include <torch/cuda.h>
 #endif
@@ -520,26 +522,9 @@ at::Tensor to_device(const at::Tensor& t) {
   return d.requires_grad_(t.requires_grad());
 }
 
-// A fw/bw compiler that renders every kernel the fusion pass forms to CUDA and compiles it
-// to PTX, then runs the graph eagerly.
-tcap::Executable ptx_checking_compiler(const tcap::ir::Graph& g) {
-  static const int arch = [] {
-    auto archs = tcap::codegen::cuda::nvrtc_supported_archs();
-    return std::find(archs.begin(), archs.end(), 90) != archs.end() ? 90 : *std::min_element(archs.begin(), archs.end());
-  }();
-  tcap::fuse::FusionOptions fo;
-  fo.compile = [](const tcap::fuse::FusedGroup& fg, std::string* why) -> int64_t {
-    try {
-      const std::string ptx = tcap::codegen::cuda::compile_to_ptx(fg.kernel, arch);
-      EXPECT_NE(ptx.find(".entry"), std::string::npos) << fg.name;
-    } catch (const c10::Error& e) {
-      ADD_FAILURE() << "kernel " << fg.name << " did not compile to PTX:\n" << e.what_without_backtrace();
-    }
-    *why = "PTX only";
-    return -1;
-  };
-  tcap::fuse::fuse(g, fo);
-  return tcap::eager_backend(g);
+// Without a device: every kernel compiled to PTX, and run by the host emulator.
+tcap::Executable emulating_compiler(const tcap::ir::Graph& g) {
+  return tcap::testing::cuda_emu::compiler(g, /*also_ptx=*/true);
 }
 #endif
 
@@ -617,8 +602,9 @@ void run_layout(const Row& row, at::ScalarType dtype, bool noncontig) {
   } else {
     std::string why;
     if (!tcap::codegen::cuda::nvrtc_available(&why)) GTEST_SKIP() << "no NVRTC here: " << why;
-    options.fw_compiler = ptx_checking_compiler;
-    options.bw_compiler = ptx_checking_compiler;
+    if (!tcap::testing::cuda_emu::available(&why)) GTEST_SKIP() << "no CUDA host emulation here: " << why;
+    options.fw_compiler = emulating_compiler;
+    options.bw_compiler = emulating_compiler;
   }
 #endif
   auto f = tcap::compile(row.fn, options);

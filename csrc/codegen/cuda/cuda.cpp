@@ -154,22 +154,13 @@ void launch(const CudaKernel& k, int device, void* stream, void* const* buffers,
     std::lock_guard<std::mutex> lock(k.mu);
     auto it = k.loaded.find(device);
     if (it == k.loaded.end()) {
-      // Grid: what the work needs, capped at a few waves of resident blocks (grid-stride
-      // loops cover the rest).
-      const int sms = std::max(1, info_of(device).multiprocessors);
-      const int64_t resident = int64_t{sms} * std::max(1, 2048 / p.block);
       const CudaKernel::Loaded l{load_function(device, k.binary, k.entry, k.name),
-                                 std::max<int64_t>(1, std::min(p.blocks_needed(), resident * 4))};
+                                 launch_grid(p, info_of(device).multiprocessors)};
       it = k.loaded.emplace(device, l).first;
     }
     fn = it->second;
   }
-  // Vector path only when every unit-stride access is aligned to the vector's width.
-  int vec_ok = p.vec > 1 ? 1 : 0;
-  for (const auto& a : p.aligned) {
-    const auto addr = reinterpret_cast<uintptr_t>(buffers[a.buffer]) + static_cast<uintptr_t>(a.offset * a.elem_size);
-    if (addr % static_cast<uintptr_t>(p.vec * a.elem_size) != 0) vec_ok = 0;
-  }
+  int vec_ok = vector_path_ok(p, buffers);
   // cuLaunchKernel takes a pointer to each argument.
   c10::SmallVector<void*, 16> params;
   for (size_t b = 0; b < num_buffers; ++b) params.push_back(const_cast<void**>(&buffers[b]));

@@ -26,6 +26,7 @@ __device__ __forceinline__ unsigned short tcap_bf16_bits(float f) {
   if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
   return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
+#ifndef TCAP_CUDA_HOST_EMULATION  // test/support/cuda_emu: the host emulator brings its own
 __device__ __forceinline__ float tcap_f16_load(unsigned short h) {
   float f;
   asm("{ cvt.f32.f16 %0, %1; }" : "=f"(f) : "h"(h));
@@ -36,6 +37,7 @@ __device__ __forceinline__ unsigned short tcap_f16_bits(float f) {
   asm("{ cvt.rn.f16.f32 %0, %1; }" : "=h"(h) : "f"(f));
   return h;
 }
+#endif
 __device__ __forceinline__ float tcap_round_bf16(float f) { return tcap_bf16_load(tcap_bf16_bits(f)); }
 __device__ __forceinline__ float tcap_round_f16(float f) { return tcap_f16_load(tcap_f16_bits(f)); }
 // torch.maximum / torch.minimum: NaN propagates, -0 < +0 (float and double).
@@ -808,6 +810,20 @@ const char* to_string(Strategy s) {
 int64_t LaunchPlan::blocks_needed() const {
   if (strategy == Strategy::BlockRow) return work_items;
   return (work_items + block - 1) / block;
+}
+
+int64_t launch_grid(const LaunchPlan& p, int multiprocessors) {
+  const int64_t resident = int64_t{std::max(1, multiprocessors)} * std::max(1, 2048 / p.block);
+  return std::max<int64_t>(1, std::min(p.blocks_needed(), resident * 4));
+}
+
+int vector_path_ok(const LaunchPlan& p, void* const* buffers) {
+  if (p.vec <= 1) return 0;
+  for (const auto& a : p.aligned) {
+    const auto addr = reinterpret_cast<uintptr_t>(buffers[a.buffer]) + static_cast<uintptr_t>(a.offset * a.elem_size);
+    if (addr % static_cast<uintptr_t>(p.vec * a.elem_size) != 0) return 0;
+  }
+  return 1;
 }
 
 std::string to_string(const LaunchPlan& p) {

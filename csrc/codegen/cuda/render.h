@@ -69,9 +69,16 @@ struct LaunchPlan {
   };
   std::vector<Aligned> aligned;
   bool index32 = true;
-  // Grid size: min(blocks needed, max_blocks_per_sm * multiprocessors).
   int64_t blocks_needed() const;
 };
+
+// Grid size of a launch on a device with `multiprocessors` SMs: what the work needs,
+// capped at four waves of resident blocks (the grid-stride loops cover the rest).
+int64_t launch_grid(const LaunchPlan& p, int multiprocessors);
+
+// The kernel's `vec_ok` argument for these buffer pointers (one per kernel buffer): 1 when
+// the plan has a vector path and every unit-stride access is aligned to the vector width.
+int vector_path_ok(const LaunchPlan& p, void* const* buffers);
 
 struct CudaSource {
   std::string entry;   // the __global__ function's name

@@ -1,0 +1,496 @@
+// The host side of the CUDA emulator: compile and load kernel libraries, and run a grid of
+// fibers. See Note [CUDA host emulation] in cuda_emu.h.
+#include "support/cuda_emu.h"
+
+#include "codegen/cuda/cuda.h"
+#include "codegen/cuda/driver.h"
+#include "codegen/cuda/render.h"
+#include "fuse/fusion.h"
+#include "runtime/fused_kernel.h"
+#include "support/logging.h"
+
+#include <c10/util/Exception.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <stdexcept>
+#include <unordered_map>
+#include <vector>
+
+#include <dlfcn.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#ifndef TCAP_EMU_CXX
+#define TCAP_EMU_CXX "c++"
+#endif
+#ifndef TCAP_EMU_LAUNCHER
+#define TCAP_EMU_LAUNCHER ""
+#endif
+#ifndef TCAP_EMU_CACHE_DIR
+#define TCAP_EMU_CACHE_DIR "/tmp/tcap-cuda-emu"
+#endif
+#ifndef TCAP_EMU_DEVICE_H
+#error "TCAP_EMU_DEVICE_H must name test/support/cuda_emu_device.h"
+#endif
+
+// The device header's structs, for the host side (the header itself is for kernels only).
+struct tcap_emu_dim3 {
+  unsigned int x, y, z;
+};
+struct tcap_emu_thread {
+  tcap_emu_dim3 thread_idx, block_idx, block_dim, grid_dim;
+};
+struct tcap_emu_api {
+  tcap_emu_thread* const* current;
+  void (*syncthreads)();
+  void (*shfl_xor)(void* value, int bytes, int lane_mask, unsigned int mask);
+  void (*launch)(void* slot, void (*call)(void* const* args, int vec_ok), void* const* args);
+};
+
+namespace tcap::testing::cuda_emu {
+
+namespace {
+
+namespace cg = tcap::codegen::cuda;
+
+// One compiled kernel library.
+struct EmuKernel {
+  std::string name;   // the kernel IR's name
+  std::string entry;  // the __global__ function
+  cg::LaunchPlan plan;
+  Options options;
+  void* handle = nullptr;
+};
+
+// --- the scheduler ----------------------------------------------------------------------
+
+constexpr size_t kStackBytes = 256 * 1024;
+constexpr int kMaxThreads = 1024;
+
+enum class State { Ready, AtBarrier, AtShuffle, Done };
+
+// Switching fibers. On x86-64 a dozen instructions that save the callee-saved registers
+// on the stack being left (swapcontext also saves the signal mask with a system call per
+// switch, which made switching most of the emulator's time); ucontext elsewhere.
+#if defined(__x86_64__)
+extern "C" void tcap_emu_switch(void** save_sp, void* load_sp);
+asm(R"(
+.text
+.p2align 4
+.type tcap_emu_switch,@function
+tcap_emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+.size tcap_emu_switch, .-tcap_emu_switch
+)");
+
+struct Context {
+  void* sp = nullptr;
+};
+// A context that starts `entry` (which never returns) on the stack [base, base + size).
+void make_context(Context* c, char* base, size_t size, void (*entry)()) {
+  auto* sp = reinterpret_cast<uintptr_t*>((reinterpret_cast<uintptr_t>(base + size)) & ~uintptr_t{15});
+  *--sp = 0;                                       // entry's "return address": keeps the ABI alignment
+  *--sp = reinterpret_cast<uintptr_t>(entry);      // where the first switch's ret goes
+  for (int r = 0; r < 6; ++r) *--sp = 0;           // rbp rbx r12-r15
+  c->sp = sp;
+}
+void switch_context(Context* from, Context* to) { tcap_emu_switch(&from->sp, to->sp); }
+#else
+struct Context {
+  ucontext_t uc;
+};
+void make_context(Context* c, char* base, size_t size, void (*entry)()) {
+  getcontext(&c->uc);
+  c->uc.uc_stack.ss_sp = base;
+  c->uc.uc_stack.ss_size = size;
+  c->uc.uc_link = nullptr;
+  makecontext(&c->uc, entry, 0);
+}
+void switch_context(Context* from, Context* to) { swapcontext(&from->uc, &to->uc); }
+#endif
+
+struct Fiber {
+  Context ctx;
+  tcap_emu_thread coords;
+  State state = State::Ready;
+};
+
+struct Warp {
+  int arrived = 0;
+  uint64_t generation = 0;
+  unsigned char slots[32][8];
+};
+
+// The block being run (one at a time, under g_launch_mu).
+struct Block {
+  const EmuKernel* kernel = nullptr;
+  void (*call)(void* const*, int) = nullptr;
+  void* const* args = nullptr;
+  int vec_ok = 0;
+  int threads = 0;
+  std::vector<Fiber> fibers;
+  std::vector<Warp> warps;
+  int at_barrier = 0;
+  int done = 0;
+  Context scheduler;
+  Fiber* running = nullptr;
+  std::string error;  // set by a fiber; the scheduler throws it
+  int64_t switches = 0;
+};
+
+std::mutex g_launch_mu;
+Block g_block;
+tcap_emu_thread* g_current = nullptr;
+char* g_stacks = nullptr;
+
+std::atomic<int64_t> g_launches{0}, g_vector_launches{0}, g_switches{0}, g_built{0}, g_hits{0};
+
+std::string where(const Fiber& f) {
+  std::ostringstream os;
+  os << "kernel " << g_block.kernel->name << " (" << g_block.kernel->entry << "), block " << f.coords.block_idx.x
+     << ", thread " << f.coords.thread_idx.x;
+  return os.str();
+}
+
+// Back to the scheduler until it resumes this fiber.
+void park(Fiber& f) {
+  ++g_block.switches;
+  switch_context(&f.ctx, &g_block.scheduler);
+}
+
+[[noreturn]] void fail_in_fiber(Fiber& f, const std::string& what) {
+  g_block.error = where(f) + ": " + what;
+  for (;;) park(f);  // never resumed
+}
+
+void emu_syncthreads() {
+  Fiber& f = *g_block.running;
+  if (++g_block.at_barrier == g_block.threads - g_block.done) {
+    if (g_block.done > 0) {
+      fail_in_fiber(f, std::to_string(g_block.done) + " threads of the block exited before __syncthreads");
+    }
+    g_block.at_barrier = 0;
+    for (Fiber& o : g_block.fibers) {
+      if (o.state == State::AtBarrier) o.state = State::Ready;
+    }
+    return;
+  }
+  f.state = State::AtBarrier;
+  park(f);
+}
+
+void warp_wait(Fiber& f, Warp& w) {
+  if (++w.arrived == 32) {
+    w.arrived = 0;
+    ++w.generation;
+    const int first = static_cast<int>(f.coords.thread_idx.x) & ~31;
+    for (int t = first; t < first + 32; ++t) {
+      Fiber& o = g_block.fibers[static_cast<size_t>(t)];
+      if (o.state == State::AtShuffle) o.state = State::Ready;
+    }
+    return;
+  }
+  f.state = State::AtShuffle;
+  park(f);
+}
+
+void emu_shfl_xor(void* value, int bytes, int lane_mask, unsigned int mask) {
+  Fiber& f = *g_block.running;
+  if (mask != 0xffffffffu) fail_in_fiber(f, "__shfl_xor_sync with a partial mask (the renderer only uses full warps)");
+  if (bytes > 8 || lane_mask < 0 || lane_mask > 31) fail_in_fiber(f, "unsupported __shfl_xor_sync operands");
+  const int t = static_cast<int>(f.coords.thread_idx.x);
+  Warp& w = g_block.warps[static_cast<size_t>(t / 32)];
+  const int lane = t % 32;
+  std::memcpy(w.slots[lane], value, static_cast<size_t>(bytes));
+  warp_wait(f, w);  // every lane has written
+  std::memcpy(value, w.slots[lane ^ lane_mask], static_cast<size_t>(bytes));
+  warp_wait(f, w);  // every lane has read, so the slots may be written again
+}
+
+void fiber_main() {
+  Fiber& f = *g_block.running;
+  g_block.call(g_block.args, g_block.vec_ok);
+  f.state = State::Done;
+  ++g_block.done;
+  if (g_block.at_barrier > 0) {
+    fail_in_fiber(f, "the thread exited while " + std::to_string(g_block.at_barrier) +
+                         " threads of its block wait at __syncthreads");
+  }
+  if (g_block.warps[f.coords.thread_idx.x / 32].arrived > 0) {
+    fail_in_fiber(f, "the thread exited while lanes of its warp wait in __shfl_xor_sync");
+  }
+  for (;;) park(f);  // a finished fiber is never resumed
+}
+
+std::string describe_deadlock() {
+  int barrier = 0, shuffle = 0;
+  for (const Fiber& f : g_block.fibers) {
+    barrier += f.state == State::AtBarrier;
+    shuffle += f.state == State::AtShuffle;
+  }
+  std::ostringstream os;
+  os << "kernel " << g_block.kernel->name << " (" << g_block.kernel->entry << ") deadlocks in block "
+     << g_block.fibers[0].coords.block_idx.x << ": " << barrier << " threads wait at __syncthreads, " << shuffle
+     << " in __shfl_xor_sync, " << g_block.done << " exited";
+  return os.str();
+}
+
+void run_block(unsigned int b, unsigned int grid) {
+  Block& B = g_block;
+  B.at_barrier = 0;
+  B.done = 0;
+  for (Warp& w : B.warps) w.arrived = 0;
+  for (int t = 0; t < B.threads; ++t) {
+    Fiber& f = B.fibers[static_cast<size_t>(t)];
+    f.state = State::Ready;
+    f.coords = {{static_cast<unsigned>(t), 0, 0}, {b, 0, 0}, {static_cast<unsigned>(B.threads), 1, 1}, {grid, 1, 1}};
+    make_context(&f.ctx, g_stacks + static_cast<size_t>(t) * kStackBytes, kStackBytes, fiber_main);
+  }
+  for (;;) {
+    bool ran = false;
+    for (Fiber& f : B.fibers) {
+      if (f.state != State::Ready) continue;
+      ran = true;
+      B.running = &f;
+      g_current = &f.coords;
+      ++B.switches;
+      switch_context(&B.scheduler, &f.ctx);
+      if (!B.error.empty()) throw std::runtime_error(B.error);
+    }
+    if (B.done == B.threads) return;
+    if (!ran) throw std::runtime_error(describe_deadlock());
+  }
+}
+
+void emu_launch(void* slot, void (*call)(void* const*, int), void* const* args) {
+  const EmuKernel& k = *static_cast<const EmuKernel*>(slot);
+  const cg::LaunchPlan& p = k.plan;
+  if (p.work_items == 0) return;  // as cuda::launch
+  std::lock_guard<std::mutex> lock(g_launch_mu);
+  if (p.block % 32 != 0 || p.block <= 0 || p.block > kMaxThreads) {
+    throw std::runtime_error("kernel " + k.name + ": block of " + std::to_string(p.block) +
+                             " threads (CUDA blocks here are 32..1024 threads, a multiple of 32)");
+  }
+  if (!g_stacks) {
+    void* m = mmap(nullptr, kStackBytes * kMaxThreads, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    if (m == MAP_FAILED) throw std::runtime_error("cuda_emu: no memory for fiber stacks");
+    g_stacks = static_cast<char*>(m);
+  }
+  Block& B = g_block;
+  B.kernel = &k;
+  B.call = call;
+  B.args = args;
+  B.vec_ok = cg::vector_path_ok(p, args);
+  B.threads = p.block;
+  B.fibers.resize(static_cast<size_t>(p.block));
+  B.warps.resize(static_cast<size_t>(p.block / 32));
+  B.error.clear();
+  B.switches = 0;
+  const int64_t grid = std::min<int64_t>(cg::launch_grid(p, 1), std::max(1, k.options.max_blocks));
+  for (int64_t b = 0; b < grid; ++b) run_block(static_cast<unsigned>(b), static_cast<unsigned>(grid));
+  g_launches.fetch_add(1);
+  if (B.vec_ok) g_vector_launches.fetch_add(1);
+  g_switches.fetch_add(B.switches);
+}
+
+const tcap_emu_api kApi{&g_current, emu_syncthreads, emu_shfl_xor, emu_launch};
+
+// --- building kernel libraries ---------------------------------------------------------
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+bool exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+std::string compiler() {
+  const char* e = std::getenv("TCAP_EMU_CXX");
+  return e && *e ? e : TCAP_EMU_CXX;
+}
+
+// Runs a shell command; its output goes to `log`. Returns the exit status.
+int run(const std::string& cmd, std::string* log) {
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return -1;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) log->append(buf, n);
+  const int st = ::pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+std::string quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// TCAP_EMU_CACHE_DIR, else the build folder's (not tcap's kernel cache, which the codegen
+// tests point at a fresh folder per process).
+std::string emu_dir() {
+  const char* e = std::getenv("TCAP_EMU_CACHE_DIR");
+  const std::string dir = e && *e ? e : TCAP_EMU_CACHE_DIR;
+  ::mkdir(dir.c_str(), 0755);
+  return dir;
+}
+
+std::string launcher() {
+  const char* e = std::getenv("TCAP_EMU_LAUNCHER");
+  return e ? e : TCAP_EMU_LAUNCHER;
+}
+
+std::mutex g_build_mu;
+
+}  // namespace
+
+bool available(std::string* why) {
+  static const std::string reason = [] {
+    std::string log;
+    const int st = run(quote(compiler()) + " --version", &log);
+    return st == 0 ? std::string() : "the host compiler " + compiler() + " does not run: " + log;
+  }();
+  if (why) *why = reason;
+  return reason.empty();
+}
+
+std::shared_ptr<const codegen::CpuKernel> build(const kir::Kernel& k, const Options& o) {
+  return build_source(k.name, cg::render(k), o);
+}
+
+std::shared_ptr<const codegen::CpuKernel> build_source(const std::string& name, const cg::CudaSource& src,
+                                                       const Options& o) {
+  std::ostringstream tu;
+  tu << src.source << "\n// --- tcap cuda_emu trailer\n"
+     << "static void* tcap_emu_slot = nullptr;\n"
+     << "static void tcap_emu_call(void* const* args, int vec_ok) { tcap_emu_invoke(" << src.entry
+     << ", args, vec_ok); }\n"
+     << "extern \"C\" void tcap_emu_bind(const tcap_emu_api* api, void* slot) { tcap_emu = api; tcap_emu_slot = slot; }\n"
+     << "extern \"C\" void tcap_emu_entry(void* const* args, int64_t, int64_t) {\n"
+     << "  tcap_emu->launch(tcap_emu_slot, tcap_emu_call, args);\n}\n";
+  const std::string flags = "-std=c++17 -O1 -fPIC -w";
+  const std::string device_h = read_file(TCAP_EMU_DEVICE_H);
+  TORCH_CHECK(!device_h.empty(), "cuda_emu: cannot read ", TCAP_EMU_DEVICE_H);
+  const std::string key = compiler() + "\n" + flags + "\n" + device_h + "\n" + tu.str();
+  const std::string dir = emu_dir();
+  const std::string base = dir + "/" + src.entry + "-" + kir::hash_hex(kir::fnv1a(key));
+  const std::string so = base + ".so";
+
+  std::lock_guard<std::mutex> lock(g_build_mu);
+  if (exists(so)) {
+    g_hits.fetch_add(1);
+  } else {
+    const std::string cpp = base + ".cpp";
+    {
+      std::ofstream f(cpp, std::ios::binary);
+      f << tu.str();
+    }
+    // Compile (through ccache when the build uses it, so fresh clones reuse objects), then
+    // link; the library appears under its final name only when complete.
+    const std::string tmp = base + "." + std::to_string(::getpid());
+    const std::string cxx = quote(compiler());
+    const std::string cc = launcher().empty() ? cxx : quote(launcher()) + " " + cxx;
+    std::string log;
+    int st = run(cc + " " + flags + " -c -include " + quote(TCAP_EMU_DEVICE_H) + " " + quote(cpp) + " -o " +
+                     quote(tmp + ".o"),
+                 &log);
+    if (st == 0) st = run(cxx + " -shared " + quote(tmp + ".o") + " -o " + quote(tmp + ".so"), &log);
+    ::unlink((tmp + ".o").c_str());
+    TORCH_CHECK(st == 0, "cuda_emu: the host compiler could not compile kernel ", name, " (", cpp, "):\n", log);
+    TORCH_CHECK(::rename((tmp + ".so").c_str(), so.c_str()) == 0, "cuda_emu: cannot move ", tmp, ".so to ", so);
+    g_built.fetch_add(1);
+  }
+  void* h = ::dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL);
+  TORCH_CHECK(h, "cuda_emu: cannot load ", so, ": ", ::dlerror());
+  auto bind = reinterpret_cast<void (*)(const tcap_emu_api*, void*)>(::dlsym(h, "tcap_emu_bind"));
+  auto entry = reinterpret_cast<codegen::CpuKernel::Fn>(::dlsym(h, "tcap_emu_entry"));
+  TORCH_CHECK(bind && entry, "cuda_emu: ", so, " lacks tcap_emu_bind / tcap_emu_entry");
+  // Kernel libraries stay loaded for the process (kernels may be shared by executables).
+  auto* ek = new EmuKernel{name, src.entry, src.plan, o, h};
+  bind(&kApi, ek);
+  auto ck = std::make_shared<codegen::CpuKernel>();
+  ck->fn = entry;
+  ck->name = src.entry;
+  ck->key_hash = kir::hash_hex(kir::fnv1a(key));
+  ck->range = 1;
+  ck->grain = 1;
+  return ck;
+}
+
+tcap::Executable compiler(const ir::Graph& g, bool also_ptx, const Options& o) {
+  static const int arch = [] {
+    std::string why;
+    if (!cg::nvrtc_available(&why)) return 0;
+    auto archs = cg::nvrtc_supported_archs();
+    return std::find(archs.begin(), archs.end(), 90) != archs.end() ? 90 : *std::min_element(archs.begin(), archs.end());
+  }();
+  auto ids = std::make_shared<std::vector<int64_t>>();
+  fuse::FusionOptions fo;
+  // Strict: a kernel the fusion pass forms must render, compile (host and PTX) and load,
+  // or the test fails here (the cuda backend would leave it to ATen and log why).
+  fo.compile = [&](const fuse::FusedGroup& fg, std::string* why) -> int64_t {
+    try {
+      if (also_ptx && arch > 0) {
+        const std::string ptx = cg::compile_to_ptx(fg.kernel, arch);
+        TORCH_CHECK(ptx.find(".entry") != std::string::npos, "no .entry in the PTX");
+      }
+      auto fk = std::make_shared<runtime::FusedKernel>();
+      fk->name = fg.name;
+      fk->kernel = fg.kernel;
+      fk->cpu = build(fg.kernel, o);
+      fk->inputs = fg.input_metas;
+      fk->outputs = fg.output_metas;
+      fk->fallback = fg.fallback;
+      const int64_t id = runtime::register_kernel(std::move(fk));
+      ids->push_back(id);
+      return id;
+    } catch (const std::exception& e) {
+      const c10::Error* ce = dynamic_cast<const c10::Error*>(&e);
+      ADD_FAILURE() << "kernel " << fg.name << " cannot be emulated:\n" << (ce ? ce->what_without_backtrace() : e.what());
+      *why = "cuda_emu failed";
+      return -1;
+    }
+  };
+  fuse::FusionResult res = fuse::fuse(g, fo);
+  tcap::Executable inner = tcap::eager_backend(res.graph);
+  auto owner = std::shared_ptr<void>(nullptr, [ids](void*) {
+    for (int64_t id : *ids) runtime::release_kernel(id);
+  });
+  return [inner, owner](std::vector<at::Tensor> in) { return inner(std::move(in)); };
+}
+
+Stats stats() {
+  return {g_built.load(), g_hits.load(), g_launches.load(), g_vector_launches.load(), g_switches.load()};
+}
+
+}  // namespace tcap::testing::cuda_emu

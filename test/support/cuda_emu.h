@@ -1,0 +1,76 @@
+// A host emulator for the kernels of the cuda backend (codegen/cuda), so that what the
+// CUDA renderer writes runs, and is checked against eager LibTorch, on machines without a
+// GPU (issue 6: no session so far was lent one, and CI never is).
+//
+// Note [CUDA host emulation]
+// The rendered CUDA C++ source itself is compiled with the host C++ compiler, with
+// cuda_emu_device.h force-included in front of it (CUDA's keywords, threadIdx & co.,
+// __syncthreads, __shfl_xor_sync, the bit casts and conversions the prelude uses), into a
+// shared library that is loaded into the test. A launch runs the kernel's launch plan as
+// the cuda backend would (the same vector_path_ok and grid rule, capped at a few blocks so
+// the grid-stride loops take more than one turn), block after block; each CUDA thread of a
+// block is a fiber (ucontext) with its own stack. __syncthreads parks a fiber until every
+// thread of the block has arrived; a shuffle parks it until its 32 lanes have put their
+// values in, then again until all have read, so block reductions, warp shuffles and
+// multi-pass row kernels execute with CUDA's semantics. The emulator is strict where CUDA
+// is undefined: a full-mask shuffle without all 32 lanes, a thread that exits while others
+// wait at a barrier, or a deadlock fail the launch with a message naming the kernel.
+//
+// What it checks: every index, offset, vector path (taken when the buffers are aligned,
+// skipped when not), tail loop, grid-stride loop, reduction strategy and value conversion
+// of the generated code. What it cannot: NVRTC itself (the PTX tests do that), the driver
+// API, device math libraries (host libm stands in for libdevice: transcendentals may
+// differ by an ulp or two), memory coalescing and speed.
+//
+// The compiled libraries are cached under <cache dir>/emu/, keyed by the whole source,
+// the device header and the compiler, so a second run compiles nothing.
+#pragma once
+
+#include "codegen/cpu_llvm/cpu_llvm.h"
+#include "codegen/cuda/render.h"
+#include "kir/kir.h"
+
+#include <tcap/compile.h>
+#include <tcap/graph.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace tcap::testing::cuda_emu {
+
+struct Options {
+  // Grid cap: the backend's grid rule for a one-SM device, at most this many blocks (so the
+  // grid-stride loops over elements and rows run more than once on small inputs).
+  int max_blocks = 3;
+};
+
+// Whether kernels can be emulated here (a host compiler runs); else `why` says why.
+bool available(std::string* why = nullptr);
+
+// The kernel as the cuda backend renders it, compiled for the host, as a CPU kernel whose
+// fn(args, 0, 1) runs the whole grid (range 1). Throws c10::Error naming the kernel when
+// the source does not compile (with the compiler's output) and std::runtime_error from a
+// launch that breaks CUDA's rules (see the Note).
+std::shared_ptr<const codegen::CpuKernel> build(const kir::Kernel& k, const Options& o = {});
+
+// The same for a hand-written source (tests of the emulator itself): `src.source` defines
+// the __global__ function `src.entry`, launched with `src.plan`.
+std::shared_ptr<const codegen::CpuKernel> build_source(const std::string& name, const codegen::cuda::CudaSource& src,
+                                                       const Options& o = {});
+
+// A fw/bw compiler for tcap::CompileOptions: fuses the graph as the cuda backend does
+// (kernels for the graph's CPU tensors) and runs every kernel through the emulator.
+// `also_ptx`: every kernel is also compiled to PTX with NVRTC (when it is available).
+tcap::Executable compiler(const ir::Graph& g, bool also_ptx = false, const Options& o = {});
+
+struct Stats {
+  int64_t built = 0;        // kernels compiled by the host compiler
+  int64_t cache_hits = 0;   // kernels loaded from the disk cache
+  int64_t launches = 0;
+  int64_t vector_launches = 0;  // launches that took the vector path (vec_ok = 1)
+  int64_t fiber_switches = 0;
+};
+Stats stats();
+
+}  // namespace tcap::testing::cuda_emu
