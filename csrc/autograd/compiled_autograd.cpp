@@ -98,6 +98,12 @@ std::string fingerprint(const CompiledAutogradOptions& o) {
   std::ostringstream s;
   s << o.compile.backend << '|' << o.compile.cache_size_limit << '|' << o.compile.dynamic << '|' << o.compile.name
     << '|' << o.compile.dump_dir;
+  // A bw_compiler is told apart by its type (and its address when it is a plain function);
+  // two different capturing lambdas of one type need different names.
+  if (const auto& c = o.compile.bw_compiler) {
+    s << "|bw:" << c.target_type().name();
+    if (auto* const* fp = c.target<Executable (*)(const ir::Graph&)>()) s << '@' << reinterpret_cast<const void*>(*fp);
+  }
   return s.str();
 }
 
@@ -208,6 +214,12 @@ class Runtime : public capture::BackwardHandler {
 
  private:
   const CompileOptions& opts() const { return cache_->options.compile; }
+  // The options' bw_compiler when set (torch's compiled_autograd.enable(compiler_fn)),
+  // else the backend.
+  Executable compile_backward(const ir::Graph& g, const std::string& what) const {
+    if (opts().bw_compiler) return opts().bw_compiler(g);
+    return compile_with_backend(opts().backend, g, what, opts().dump_dir);
+  }
   void count(int CompiledAutogradStats::*f) {
     std::lock_guard<std::mutex> lock(cache_->mutex);
     ++(cache_->stats.*f);
@@ -554,7 +566,7 @@ variable_list Runtime::capture(const Request& r, const ca::BackwardWalk& w, cons
   }
   try {
     entry->graph = graph;
-    entry->exe = compile_with_backend(opts().backend, graph, what, opts().dump_dir);
+    entry->exe = compile_backward(graph, what);
   } catch (const c10::Error& e) {
     std::lock_guard<std::mutex> lock(cache_->mutex);
     cache_->eager_keys.emplace(w.key());
@@ -639,7 +651,7 @@ std::shared_ptr<Entry> Runtime::specialize(const std::shared_ptr<Entry>& e, cons
   for (size_t i = 0; i < w.sizes.size(); ++i) s->sizes[i] = w.sizes[i].value;
   const std::string what = opts().name + ".ca" + std::to_string(e->id) + ".sizes";
   try {
-    s->exe = compile_with_backend(opts().backend, g, what, opts().dump_dir);
+    s->exe = compile_backward(g, what);
   } catch (const c10::Error& err) {
     TCAP_LOG(Recompiles, "compiled autograd: specialising entry " << e->id << " failed ("
                                                                  << first_line(err.what_without_backtrace()) << "); recapturing");

@@ -40,7 +40,11 @@ struct CompiledAutogradStats {
 
 struct CompiledAutogradOptions {
   // Backend, cache_size_limit, dynamic, name and dump_dir apply to the backward graphs;
-  // partitioner and fw/bw compilers are not used (there is no forward to partition).
+  // bw_compiler, when set, compiles them instead of the backend (torch's
+  // compiled_autograd.enable(compiler_fn)); partitioner and fw_compiler are not used
+  // (there is no forward to partition). Guards share a cache when these options are the
+  // same; bw_compilers are told apart by type (and address, for plain functions), so two
+  // different capturing lambdas of one type need different names.
   CompileOptions compile;
   // Route the autograd engine through tcap (a forwarding engine, docs/architecture.md) so
   // that plain loss.backward() and torch::autograd::grad() are intercepted. When false, or

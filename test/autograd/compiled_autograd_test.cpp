@@ -316,7 +316,9 @@ TEST_F(CompiledAutograd, RegionSavedTensorsAreFreedOnceUsed) {
       EXPECT_EQ(saved_alive_at_hook[0], retain) << (retain ? "retain_graph keeps the saved tensor"
                                                            : "the saved tensor outlived the region's backward");
     }
-    if (retain) EXPECT_FALSE(saved_alive_at_hook[1]) << "the last backward frees it";
+    if (retain) {
+      EXPECT_FALSE(saved_alive_at_hook[1]) << "the last backward frees it";
+    }
     auto t_ref = torch::mm(x, w_ref) * 1.5;
     torch::sin(t_ref).sum().backward();
     if (retain) torch::sin(torch::mm(x, w_ref) * 1.5).sum().backward();
