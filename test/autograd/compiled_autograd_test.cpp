@@ -102,6 +102,37 @@ TEST_F(CompiledAutograd, LinearModelCompiledBackwardMatchesEager) {
   }
 }
 
+// CompileOptions::bw_compiler compiles the backward graphs (torch's
+// compiled_autograd.enable(compiler_fn)); a different compiler gets its own cache.
+int g_counting_compiles = 0;
+tcap::Executable counting_compiler(const tcap::ir::Graph& g) {
+  ++g_counting_compiles;
+  return tcap::eager_backend(g);
+}
+tcap::Executable other_compiler(const tcap::ir::Graph& g) { return tcap::eager_backend(g); }
+
+TEST_F(CompiledAutograd, BwCompilerCompilesTheBackward) {
+  torch::nn::Linear model(10, 4);
+  tcap::CompileOptions o = opts("bw_compiler");
+  o.bw_compiler = counting_compiler;
+  g_counting_compiles = 0;
+  for (int step = 0; step < 3; ++step) {
+    auto x = torch::randn({7, 10});
+    model->zero_grad();
+    torch::tanh(model->forward(x)).sum().backward();
+    const at::Tensor want = model->weight.grad().clone();
+    model->zero_grad();
+    tcap::CompiledAutogradGuard ca(o);
+    torch::tanh(model->forward(x)).sum().backward();
+    EXPECT_EQ(ca.stats().hits, step);
+    EXPECT_TRUE(close(model->weight.grad(), want));
+  }
+  EXPECT_EQ(g_counting_compiles, 1);
+  o.bw_compiler = other_compiler;
+  tcap::CompiledAutogradGuard other(o);
+  EXPECT_EQ(other.stats().calls, 0) << "a different bw_compiler shared the first one's cache";
+}
+
 // Seed 002: "Graph breaks in the forward pass lead to graph breaks in the backward pass".
 // Three separately compiled regions: tcap::compile makes three backward graphs,
 // compiled autograd makes one.
