@@ -221,10 +221,18 @@ TEST(CudaRender, ReductionStrategies) {
   SKIP_WITHOUT_NVRTC();
   const auto rows = cuda::render(softmax(DType::F32, 100, 1000));
   EXPECT_EQ(rows.plan.strategy, cuda::Strategy::BlockRow);
-  EXPECT_EQ(rows.plan.block, 512);
+  EXPECT_EQ(rows.plan.vec, 4);      // contiguous rows of 1000 floats: 16-byte vectors
+  EXPECT_EQ(rows.plan.block, 256);  // 250 vectors per row
   EXPECT_EQ(rows.plan.work_items, 100);
-  EXPECT_NE(ptx_of(softmax(DType::F32, 100, 1000)).find("shfl.sync.bfly"), std::string::npos);
-  EXPECT_EQ(cuda::render(softmax(DType::F32, 100, 40)).plan.block, 64);
+  const std::string ptx = ptx_of(softmax(DType::F32, 100, 1000));
+  EXPECT_NE(ptx.find("shfl.sync.bfly"), std::string::npos);
+  EXPECT_NE(ptx.find("ld.global.nc.v4.f32"), std::string::npos) << "no 16-byte vector load";
+  EXPECT_NE(ptx.find("st.global.v4.f32"), std::string::npos) << "no 16-byte vector store";
+  EXPECT_EQ(cuda::render(softmax(DType::BF16, 100, 1000)).plan.vec, 8);
+  EXPECT_EQ(cuda::render(softmax(DType::F32, 100, 40)).plan.block, 32);
+  EXPECT_EQ(cuda::render(softmax(DType::F32, 100, 1001)).plan.vec, 1);  // rows not a whole number of vectors
+  EXPECT_EQ(cuda::render(softmax(DType::F32, 100, 1001)).plan.block, 512);
+  EXPECT_EQ(cuda::render(softmax(DType::F32, 100, 1002)).plan.vec, 2);
   EXPECT_EQ(cuda::render(reductions(DType::F32, {3000, 5}, 1, {5, 1})).plan.strategy, cuda::Strategy::ThreadRow);
   EXPECT_EQ(cuda::render(reductions(DType::F32, {2048, 4097}, 1, {1, 2048})).plan.strategy,
             cuda::Strategy::ThreadRow);
@@ -555,7 +563,17 @@ TEST(CudaEmulated, VectorPathOnlyWhenAligned) {
   EXPECT_GT(v1.launches, v0.launches);
   EXPECT_EQ(v1.vector_launches, v0.vector_launches) << "a misaligned view took the vector path";
   check_cuda(Where::Emulator, "aligned_inference", fn, [] { return Tensors{torch::randn({4097})}; }, 1e-5, 1e-6);
-  EXPECT_GT(cuda_emu::stats().vector_launches, v1.vector_launches) << "an aligned tensor took the scalar path";
+  const auto v2 = cuda_emu::stats();
+  EXPECT_GT(v2.vector_launches, v1.vector_launches) << "an aligned tensor took the scalar path";
+  // Rows (BlockRow's vector path): contiguous rows that start one element in.
+  const Fn rows = [](const Tensors& in) { return Tensors{torch::softmax(in[0] * 2.0, -1)}; };
+  check_cuda(Where::Emulator, "misaligned_rows", rows,
+             [] { return Tensors{torch::randn({7 * 1000 + 1}).slice(0, 1).view({7, 1000})}; }, 1e-5, 1e-6);
+  const auto v3 = cuda_emu::stats();
+  EXPECT_GT(v3.launches, v2.launches);
+  EXPECT_EQ(v3.vector_launches, v2.vector_launches) << "misaligned rows took the vector path";
+  check_cuda(Where::Emulator, "aligned_rows", rows, [] { return Tensors{torch::randn({7, 1000})}; }, 1e-5, 1e-6);
+  EXPECT_GT(cuda_emu::stats().vector_launches, v3.vector_launches) << "aligned rows took the scalar path";
   misaligned(Where::Emulator);  // and with gradients
 }
 

@@ -350,10 +350,53 @@ void Renderer::plan() {
   if (red <= o_.thread_row_max || column) {
     plan_.strategy = Strategy::ThreadRow;
     plan_.block = o_.pointwise_block;
-  } else {
-    plan_.strategy = Strategy::BlockRow;
-    plan_.block = static_cast<int>(std::clamp<int64_t>(pow2_ceil(red), 32, o_.row_block_max));
+    return;
   }
+  plan_.strategy = Strategy::BlockRow;
+  // Row vector path (Note [CUDA kernel shapes]): one coalesced reduce dim, read with
+  // stride 1 by every element-level load and written with stride 1 by every per-element
+  // store, the row a whole number of vectors and every unit-stride access's outer strides
+  // multiples of the width (then one aligned row start means all are).
+  int vec = 1;
+  if (rank - c_.num_outer == 1) {
+    bool ok = true;
+    int64_t widest = 1;
+    std::vector<std::pair<LaunchPlan::Aligned, const kir::Access*>> unit;
+    auto add_unit = [&](int32_t buffer, const kir::Access& a) {
+      const int64_t size = kir::dtype_size(k_.buffers[static_cast<size_t>(buffer)].dtype);
+      widest = std::max(widest, size);
+      unit.push_back({{buffer, a.offset, size}, &a});
+    };
+    for (size_t id = 0; id < k_.instrs.size() && ok; ++id) {
+      if (k_.instrs[id].op != OpCode::Load || !elem_[id]) continue;
+      ok = c_.loads[id].strides[last] == 1;
+      add_unit(k_.instrs[id].buffer, c_.loads[id]);
+    }
+    for (size_t s = 0; s < k_.stores.size() && ok; ++s) {
+      if (!kir::per_element(k_, k_.stores[s], elem_)) continue;
+      ok = c_.stores[s].strides[last] == 1;
+      add_unit(k_.stores[s].buffer, c_.stores[s]);
+    }
+    if (ok && !unit.empty()) {
+      vec = static_cast<int>(std::min<int64_t>(8, 16 / widest));
+      auto fits = [&](int w) {
+        if (red % w != 0) return false;
+        for (const auto& u : unit) {
+          for (size_t d = 0; d < last; ++d) {
+            if (u.second->strides[d] % w != 0) return false;
+          }
+        }
+        return true;
+      };
+      while (vec > 1 && !fits(vec)) vec /= 2;
+      if (vec > 1) {
+        for (const auto& u : unit) plan_.aligned.push_back(u.first);
+      }
+    }
+  }
+  plan_.vec = vec;
+  // Threads: enough for one vector (or element) each, a power of two in [32, row_block_max].
+  plan_.block = static_cast<int>(std::clamp<int64_t>(pow2_ceil((red + vec - 1) / vec), 32, o_.row_block_max));
 }
 
 void Renderer::params(std::ostringstream& os) const {
@@ -728,24 +771,73 @@ void Renderer::reduction(std::ostringstream& os) {
       const kir::Instr& in = k_.instrs[static_cast<size_t>(r)];
       os << "    " << acc_type(in) << " acc" << r << " = " << identity(in) << ";\n";
     }
-    if (block) {
-      os << "    for (" << idx_ << " r = threadIdx.x; r < " << R << "; r += blockDim.x) {\n";
+    const std::vector<int32_t> elems = needed(roots, /*element_only=*/true);
+    // The scalar loop over the reduce points (also the vector path's fallback).
+    auto scalar_loop = [&](const std::string& indent) {
+      const std::string in2 = indent + "  ";
+      if (block) {
+        os << indent << "for (" << idx_ << " r = threadIdx.x; r < " << R << "; r += blockDim.x) {\n";
+      } else {
+        os << indent << "for (" << idx_ << " r = 0; r < " << R << "; ++r) {\n";
+      }
+      coords(os, "r", no, rank, in2);
+      emit_values(os, elems, in2, elem_load);
+      for (int32_t r : reds) {
+        const kir::Instr& in = k_.instrs[static_cast<size_t>(r)];
+        os << in2 << "acc" << r << " = " << functor(in) << "(acc" << r << ", " << v(in.args[0]) << ");\n";
+      }
+      for (size_t s : stores) {
+        const kir::Store& st = k_.stores[s];
+        const std::string off = offset_expr(c_.stores[s], no, rank, false);
+        os << in2 << buf(st.buffer) << "[os" << s << (off == "0" ? "" : " + " + off)
+           << "] = " << to_memory(k_.buffers[static_cast<size_t>(st.buffer)].dtype, v(st.value)) << ";\n";
+      }
+      os << indent << "}\n";
+    };
+    if (plan_.vec == 1) {
+      scalar_loop("    ");
     } else {
-      os << "    for (" << idx_ << " r = 0; r < " << R << "; ++r) {\n";
+      // Row vector path: each thread takes `vec` consecutive reduce points per step, with
+      // 16-byte loads and stores (the plan checked strides; the host checks alignment).
+      const int V = plan_.vec;
+      os << "    if (vec_ok) {\n";
+      os << "      for (" << idx_ << " g = threadIdx.x; g < " << R << " / " << V << "; g += blockDim.x) {\n";
+      os << "        const " << idx_ << " r0 = g * " << V << ";\n";
+      for (int32_t id : elems) {
+        const kir::Instr& in = k_.instrs[static_cast<size_t>(id)];
+        if (in.op != OpCode::Load) continue;
+        const char* mt = mem_type(k_.buffers[static_cast<size_t>(in.buffer)].dtype);
+        os << "        const tcap_vec<" << mt << ", " << V << "> l" << id << " = *reinterpret_cast<const tcap_vec<" << mt
+           << ", " << V << ">*>(" << buf(in.buffer) << " + ob" << id << " + r0);\n";
+      }
+      for (size_t s : stores) {
+        const char* mt = mem_type(k_.buffers[static_cast<size_t>(k_.stores[s].buffer)].dtype);
+        os << "        tcap_vec<" << mt << ", " << V << "> o" << s << ";\n";
+      }
+      os << "#pragma unroll\n";
+      os << "        for (int j = 0; j < " << V << "; ++j) {\n";
+      emit_values(os, elems, "          ", [&](int32_t id) { return "l" + std::to_string(id) + ".v[j]"; });
+      for (int32_t r : reds) {
+        const kir::Instr& in = k_.instrs[static_cast<size_t>(r)];
+        os << "          acc" << r << " = " << functor(in) << "(acc" << r << ", " << v(in.args[0]) << ");\n";
+      }
+      for (size_t s : stores) {
+        const kir::Store& st = k_.stores[s];
+        os << "          o" << s << ".v[j] = " << to_memory(k_.buffers[static_cast<size_t>(st.buffer)].dtype, v(st.value))
+           << ";\n";
+      }
+      os << "        }\n";
+      for (size_t s : stores) {
+        const kir::Store& st = k_.stores[s];
+        const char* mt = mem_type(k_.buffers[static_cast<size_t>(st.buffer)].dtype);
+        os << "        *reinterpret_cast<tcap_vec<" << mt << ", " << V << ">*>(" << buf(st.buffer) << " + os" << s
+           << " + r0) = o" << s << ";\n";
+      }
+      os << "      }\n";
+      os << "    } else {\n";
+      scalar_loop("      ");
+      os << "    }\n";
     }
-    coords(os, "r", no, rank, "      ");
-    emit_values(os, needed(roots, /*element_only=*/true), "      ", elem_load);
-    for (int32_t r : reds) {
-      const kir::Instr& in = k_.instrs[static_cast<size_t>(r)];
-      os << "      acc" << r << " = " << functor(in) << "(acc" << r << ", " << v(in.args[0]) << ");\n";
-    }
-    for (size_t s : stores) {
-      const kir::Store& st = k_.stores[s];
-      const std::string off = offset_expr(c_.stores[s], no, rank, false);
-      os << "      " << buf(st.buffer) << "[os" << s << (off == "0" ? "" : " + " + off)
-         << "] = " << to_memory(k_.buffers[static_cast<size_t>(st.buffer)].dtype, v(st.value)) << ";\n";
-    }
-    os << "    }\n";
     for (int32_t r : reds) {
       const kir::Instr& in = k_.instrs[static_cast<size_t>(r)];
       if (block) {

@@ -16,7 +16,11 @@
 //   BlockRow   reductions over a long or contiguous reduce extent: one block per outer
 //              index (grid-stride over outer indices); the block's threads stride the
 //              reduce points, combine with warp shuffles and one shared-memory step, and
-//              every thread gets the result (Reduces of later passes need it).
+//              every thread gets the result (Reduces of later passes need it). When the
+//              row is one contiguous dim for every element load and per-element store,
+//              each pass also has a vector path: a thread takes `vec` consecutive points
+//              per step with 16-byte loads and stores (rows a whole number of vectors,
+//              taken when the host says the accesses are aligned, as for Pointwise).
 //   ThreadRow  reductions with a short reduce extent, or whose element loads are
 //              contiguous along the outer dims rather than the reduce dims (column sums):
 //              one thread per outer index, a serial loop over the reduce points, so
@@ -58,9 +62,9 @@ struct LaunchPlan {
   int64_t work_items = 0;     // parallel items: vector groups or elements (Pointwise), outer
                               // indices (BlockRow: one block each; ThreadRow: one thread each)
   int64_t elements = 0;       // Pointwise: domain points (numel)
-  int vec = 1;                // Pointwise: elements per vector access (1 = no vector path)
-  // Pointwise vector path: for each buffer read or written with unit stride, its kernel
-  // buffer index, element offset and element size; the host sets vec_ok when every
+  int vec = 1;                // Pointwise, BlockRow: elements per vector access (1 = no vector path)
+  // Vector path: for each buffer read or written with unit stride, its kernel buffer
+  // index, element offset and element size; the host sets vec_ok when every
   // (data pointer + offset * size) is aligned to vec * size bytes.
   struct Aligned {
     int buffer = 0;
@@ -88,8 +92,9 @@ struct CudaSource {
 
 struct RenderOptions {
   int pointwise_block = 256;
-  int row_block_max = 512;      // BlockRow: threads per block are the reduce extent rounded
-                                // up to a power of two, between 32 and this
+  int row_block_max = 512;      // BlockRow: threads per block are the reduce extent (in
+                                // vectors, on the vector path) rounded up to a power of
+                                // two, between 32 and this
   int64_t thread_row_max = 16;  // reduce extents up to this run as ThreadRow
 };
 
