@@ -29,6 +29,7 @@
 #include "capture/recorder.h"
 #include "capture/session.h"
 #include "compile/backends.h"
+#include "compile/cuda_graphs.h"
 #include "compile/int_patches.h"
 #include "compile/replay_node.h"
 #include "interp/hook_runner.h"
@@ -97,7 +98,7 @@ struct Cache {
 std::string fingerprint(const CompiledAutogradOptions& o) {
   std::ostringstream s;
   s << o.compile.backend << '|' << o.compile.cache_size_limit << '|' << o.compile.dynamic << '|' << o.compile.name
-    << '|' << o.compile.dump_dir;
+    << '|' << o.compile.dump_dir << '|' << o.compile.cuda_graphs;
   // A bw_compiler is told apart by its type (and its address when it is a plain function);
   // two different capturing lambdas of one type need different names.
   if (const auto& c = o.compile.bw_compiler) {
@@ -217,8 +218,9 @@ class Runtime : public capture::BackwardHandler {
   // The options' bw_compiler when set (torch's compiled_autograd.enable(compiler_fn)),
   // else the backend.
   Executable compile_backward(const ir::Graph& g, const std::string& what) const {
-    if (opts().bw_compiler) return opts().bw_compiler(g);
-    return compile_with_backend(opts().backend, g, what, opts().dump_dir);
+    Executable exe = opts().bw_compiler ? opts().bw_compiler(g) : compile_with_backend(opts().backend, g, what, opts().dump_dir);
+    if (opts().cuda_graphs) exe = with_cuda_graphs(std::move(exe), g, what);
+    return exe;
   }
   void count(int CompiledAutogradStats::*f) {
     std::lock_guard<std::mutex> lock(cache_->mutex);

@@ -16,6 +16,7 @@
 #include <tcap/interpreter.h>
 
 #include "compile/backends.h"
+#include "compile/cuda_graphs.h"
 #include "compile/guards.h"
 #include "compile/inplace.h"
 #include "compile/int_patches.h"
@@ -629,9 +630,13 @@ struct CompiledFunction::Impl {
     const auto& fw = e.part.forward;
     if (options.fw_compiler) e.fw = options.fw_compiler(fw);
     else e.fw = compile_graph(fw, std::to_string(e.id) + ".forward");
+    if (options.cuda_graphs) e.fw = with_cuda_graphs(std::move(e.fw), fw, options.name + "." + std::to_string(e.id) + ".forward");
     if (has_backward) {
       if (options.bw_compiler) e.bw = options.bw_compiler(e.part.backward);
       else e.bw = compile_graph(e.part.backward, std::to_string(e.id) + ".backward");
+      if (options.cuda_graphs) {
+        e.bw = with_cuda_graphs(std::move(e.bw), e.part.backward, options.name + "." + std::to_string(e.id) + ".backward");
+      }
     }
     // Replay facts.
     const auto& jg = e.joint.graph;

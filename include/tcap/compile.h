@@ -58,6 +58,11 @@ struct CompileOptions {
   int cache_size_limit = 8;                  // compiled entries; then the function stays eager
   bool dynamic = true;                       // mark dims that change as dynamic (see docs)
   std::string dump_dir;                      // write joint/forward/backward graphs here (JSON)
+  // Replay each compiled graph on a CUDA device as a CUDA graph after a warm-up call, for
+  // launch-bound models (Note [CUDA graphs of compiled regions]; docs/codegen-cuda.md).
+  // Graphs that cannot be (hooks, in-place writes to inputs, host reads, random numbers,
+  // CPU tensors) run as usual, logged under graph_breaks. Outputs are copies.
+  bool cuda_graphs = false;
 };
 
 struct CompileStats {

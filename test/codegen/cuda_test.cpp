@@ -8,7 +8,9 @@
 #include "codegen/kernel_cache.h"
 #include "kernel_builder.h"
 #include "support/compare.h"
+#include "compile/cuda_graphs.h"
 #include "support/cuda_emu.h"
+#include "support/log_capture.h"
 #include "support/logging.h"
 
 #include <tcap/compile.h>
@@ -378,10 +380,11 @@ int64_t launches(Where w) { return w == Where::Device ? cuda::cuda_stats().launc
 // tcap::compile with CUDA kernels against eager: outputs and input gradients, three calls
 // on fresh inputs, generated kernels ran.
 void check_cuda(Where w, const std::string& name, const Fn& fn, const std::function<Tensors()>& make, double rtol,
-                double atol) {
+                double atol, bool cuda_graphs = false) {
   SCOPED_TRACE(name);
   tcap::CompileOptions o;
   o.name = name;
+  o.cuda_graphs = cuda_graphs;
   if (w == Where::Device) {
     o.backend = "cuda";
   } else {
@@ -389,7 +392,8 @@ void check_cuda(Where w, const std::string& name, const Fn& fn, const std::funct
     o.bw_compiler = o.fw_compiler;
   }
   auto f = tcap::compile(fn, o);
-  for (int call = 0; call < 3; ++call) {
+  // With CUDA graphs: call 2 warms the executables up, call 3 captures, call 4 replays.
+  for (int call = 0; call < (cuda_graphs ? 4 : 3); ++call) {
     SCOPED_TRACE("call " + std::to_string(call + 1));
     Tensors in = make();
     const auto before = launches(w);
@@ -514,6 +518,88 @@ void compiled_autograd_backward(Where w) {
     }
   }
   EXPECT_GE(hits, 2) << "the compiled backward did not serve steps 2 and 3";
+}
+
+// --- CUDA graphs (Note [CUDA graphs of compiled regions]) ----------------------------
+
+// The forward graph tcap::compile makes of fn (inputs without grad), with every tensor's
+// device set to cuda:0 in the metadata: the refusal rules read only the graph.
+tcap::ir::Graph forward_graph_on_cuda(const Fn& fn, const Tensors& in) {
+  auto captured = std::make_shared<tcap::ir::Graph>();
+  tcap::CompileOptions o;
+  o.name = "graph_for_cuda_graphs";
+  o.fw_compiler = [captured](const tcap::ir::Graph& g) {
+    *captured = g;
+    return tcap::eager_backend(g);
+  };
+  auto f = tcap::compile(fn, o);
+  (*f)(in);
+  (*f)(in);
+  EXPECT_GT(captured->values().size(), 0u) << "no forward graph was compiled";
+  for (size_t v = 0; v < captured->values().size(); ++v) {
+    captured->value(static_cast<tcap::ir::ValueId>(v)).meta.device = c10::Device(c10::kCUDA, 0);
+  }
+  return *captured;
+}
+
+TEST(CudaGraphs, RefusalsNameTheReason) {
+  const Tensors xy{torch::randn({4, 5}), torch::randn({4, 5})};
+  EXPECT_EQ(tcap::cuda_graph_refusal(
+                forward_graph_on_cuda([](const Tensors& in) { return Tensors{in[0].sin() * in[1] + 1.0}; }, xy)),
+            "");
+  auto refusal = [&](const Fn& fn) { return tcap::cuda_graph_refusal(forward_graph_on_cuda(fn, xy)); };
+  EXPECT_NE(refusal([](const Tensors& in) { return Tensors{torch::dropout(in[0], 0.5, true)}; }).find("draws random numbers"),
+            std::string::npos);
+  EXPECT_NE(refusal([](const Tensors& in) {
+              in[0].add_(1.0);
+              return Tensors{in[0] * 2.0};
+            }).find("writes into an input"),
+            std::string::npos);
+  EXPECT_NE(refusal([](const Tensors& in) { return Tensors{in[0].t(), in[1] * 2.0}; }).find("a view of an input"),
+            std::string::npos);
+  EXPECT_NE(refusal([](const Tensors& in) { return Tensors{in[0] * in[1].sum().item<double>()}; }).find("on the host"),
+            std::string::npos);
+}
+
+// On the CPU, cuda_graphs changes nothing but a log line saying why.
+TEST(CudaGraphs, CpuGraphsRunAsUsualAndSayWhy) {
+  tcap::testing::LogCapture logs("graph_breaks");
+  tcap::CompileOptions o;
+  o.name = "cpu_cuda_graphs";
+  o.cuda_graphs = true;
+  const Fn fn = [](const Tensors& in) { return Tensors{torch::tanh(in[0]) * 3.0}; };
+  auto f = tcap::compile(fn, o);
+  for (int call = 0; call < 4; ++call) {
+    Tensors in{leaf(torch::randn({6, 7}))};
+    Tensors out = (*f)(in);
+    out[0].sum().backward();
+    EXPECT_TRUE(tcap::testing::close(out[0], fn({in[0].detach()})[0]));
+    EXPECT_TRUE(tcap::testing::close(in[0].grad(), 3.0 * (1 - in[0].detach().tanh().pow(2))));
+  }
+  EXPECT_EQ(f->eager_reason(), "");
+  EXPECT_GE(logs.count("runs without a CUDA graph: value %"), 2) << logs.text();  // forward and backward
+  EXPECT_NE(logs.text().find("is on cpu"), std::string::npos) << logs.text();
+}
+
+TEST(CudaDevice, CudaGraphsReplayMatchesEager) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  ASSERT_TRUE(tcap::cuda_graphs_built()) << "this build has no CUDA graph support";
+  tcap::testing::LogCapture logs("graph_breaks,perf");
+  const auto s0 = tcap::cuda_graph_stats();
+  const auto dev = on(Where::Device);
+  check_cuda(Where::Device, "cuda_graphs_mlp",
+             [](const Tensors& in) {
+               auto h = torch::gelu(torch::mm(in[0], in[1]) + in[2]);
+               return Tensors{torch::layer_norm(h, {64}, {}, {}, 1e-5).softmax(-1)};
+             },
+             [&] {
+               return Tensors{leaf(torch::randn({37, 33}, dev)), leaf(torch::randn({33, 64}, dev)),
+                              leaf(torch::randn({64}, dev))};
+             },
+             1e-4, 1e-5, /*cuda_graphs=*/true);
+  const auto s1 = tcap::cuda_graph_stats();
+  EXPECT_EQ(s1.captures - s0.captures, 2) << "the forward and the backward graph\n" << logs.text();
+  EXPECT_GE(s1.replays - s0.replays, 4) << "calls 3 and 4, forward and backward\n" << logs.text();
 }
 
 TEST(CudaDevice, FusedPatternsMatchEager) {
