@@ -25,7 +25,8 @@ constexpr const char* kUsage =
     "                  [--quick] [--inductor | --no-inductor] [--python PATH] [--device cpu|cuda]\n"
     "  --filter S,T    run only the workloads whose name contains S or T\n"
     "  --variants A,B  run only these variants (eager, tcap_eager, tcap_eager_default,\n"
-    "                  tcap_llvm, tcap_cuda, ca_eager, ca_llvm, ca_cuda, py_eager, inductor,\n"
+    "                  tcap_llvm, tcap_cuda, tcap_cuda_graphs, ca_eager, ca_llvm, ca_cuda,\n"
+    "                  py_eager, inductor,\n"
     "                  record, record_read, replay)\n"
     "  --json FILE     also write the records to FILE (a JSON list, one object per variant)\n"
     "  --repeats N     rounds per workload (default 15; 3 with --quick)\n"
@@ -40,9 +41,9 @@ constexpr const char* kUsage =
     "                  bandwidth floors on that device (bench/README.md)\n";
 
 // Every variant some workload has (--variants checks its names against these).
-const char* const kVariants[] = {"eager",     "record",    "record_read", "replay",   "tcap_eager", "tcap_eager_default",
-                                 "tcap_llvm", "tcap_cuda", "ca_eager",    "ca_llvm",  "ca_cuda",    "py_eager",
-                                 "inductor"};
+const char* const kVariants[] = {"eager",     "record",    "record_read",      "replay",   "tcap_eager",
+                                 "tcap_eager_default",     "tcap_llvm", "tcap_cuda", "tcap_cuda_graphs",
+                                 "ca_eager",  "ca_llvm",   "ca_cuda",     "py_eager", "inductor"};
 
 [[noreturn]] void usage_error(const std::string& message) {
   std::cerr << "tcap-bench: " << message << "\n" << kUsage;

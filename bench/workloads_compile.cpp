@@ -315,19 +315,22 @@ std::vector<Variant> make_variants(const std::string& workload, const Options& o
     const char* name;
     const char* backend;
     tcap::Partitioner partitioner;
+    bool cuda_graphs = false;
   };
   const std::vector<Spec> specs =
       on_cpu ? std::vector<Spec>{{"tcap_eager", "eager", tcap::Partitioner::MinCut},
                                  {"tcap_eager_default", "eager", tcap::Partitioner::Default},
                                  {"tcap_llvm", "llvm", tcap::Partitioner::MinCut}}
              : std::vector<Spec>{{"tcap_eager", "eager", tcap::Partitioner::MinCut},
-                                 {"tcap_cuda", "cuda", tcap::Partitioner::MinCut}};
+                                 {"tcap_cuda", "cuda", tcap::Partitioner::MinCut},
+                                 {"tcap_cuda_graphs", "cuda", tcap::Partitioner::MinCut, true}};
   for (const auto& spec : specs) {
     if (!opts.wants(spec.name)) continue;
     tcap::CompileOptions o;
     o.name = workload;
     o.backend = spec.backend;
     o.partitioner = spec.partitioner;
+    o.cuda_graphs = spec.cuda_graphs;
     try {
       // One wall time each is noisy: the process's first capture pays one-time
       // initialisation, and fresh heap pages fault in during a workload's first compiles.

@@ -410,13 +410,19 @@ std::shared_ptr<const codegen::CpuKernel> build_source(const std::string& name, 
   if (exists(so)) {
     g_hits.fetch_add(1);
   } else {
+    // Test processes run in parallel and may build the same kernel: every file appears
+    // under its final name only when complete (the source keeps one name, for ccache).
     const std::string cpp = base + ".cpp";
     {
-      std::ofstream f(cpp, std::ios::binary);
-      f << tu.str();
+      const std::string part = cpp + "." + std::to_string(::getpid());
+      {
+        std::ofstream f(part, std::ios::binary);
+        f << tu.str();
+      }
+      TORCH_CHECK(::rename(part.c_str(), cpp.c_str()) == 0, "cuda_emu: cannot write ", cpp);
     }
     // Compile (through ccache when the build uses it, so fresh clones reuse objects), then
-    // link; the library appears under its final name only when complete.
+    // link.
     const std::string tmp = base + "." + std::to_string(::getpid());
     const std::string cxx = quote(compiler());
     const std::string cc = launcher().empty() ? cxx : quote(launcher()) + " " + cxx;
