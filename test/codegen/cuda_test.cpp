@@ -22,6 +22,7 @@
 #include <fstream>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace {
@@ -774,9 +775,10 @@ TEST(CudaEmulated, EveryOpAndDtypeMatchesTheCpuBackend) {
 }
 #endif
 
-// The emulator enforces CUDA's rules: a barrier some threads skip is an error, not a
-// silent success.
-TEST(CudaEmulated, DivergentBarriersAndShufflesAreErrors) {
+// The emulator enforces CUDA's rules and the kernel IR's bounds: a barrier some threads
+// skip, a partial shuffle, a write out of bounds or into an input are errors, not silent
+// successes.
+TEST(CudaEmulated, BrokenKernelsAreErrors) {
   SKIP_WITHOUT_EMULATOR();
   auto expect_error = [](const std::string& name, const std::string& body, const std::string& want) {
     SCOPED_TRACE(name);
@@ -801,6 +803,40 @@ TEST(CudaEmulated, DivergentBarriersAndShufflesAreErrors) {
   expect_error("partial_warp", "if (threadIdx.x % 32 < 8) b0[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1.0f, 1);",
                "exited while lanes of its warp wait");
   expect_error("partial_mask", "b0[threadIdx.x] = __shfl_xor_sync(0xffu, 1.0f, 1);", "partial mask");
+
+  // Guarded buffers: writes outside the kernel IR's extents or into an input are errors,
+  // reads outside return poison (NaN).
+  KernelBuilder kb("bounds", {64});
+  const int32_t input = kb.input(DType::F32), output = kb.output(DType::F32);  // buffers 0 and 1
+  kb.store(kb.load(input, {1}), output, {1});
+  auto guarded = [&](const std::string& name, const std::string& body) {
+    cuda::CudaSource src;
+    src.entry = "emu_" + name;
+    src.source = "extern \"C\" __global__ void emu_" + name + "(const float* b0, float* b1, int vec_ok) {\n" +
+                 "  const int i = threadIdx.x;\n" + body + "\n}\n";
+    src.plan.block = 64;
+    src.plan.work_items = 64;
+    return cuda_emu::build_source(name, src, {}, &kb.k);
+  };
+  const at::Tensor src_in = torch::randn({64}), dst = torch::zeros({64});
+  void* io[] = {src_in.data_ptr(), dst.data_ptr()};
+  for (const auto& [name, body, want] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"write_past_the_end", "b1[i + 1] = b0[i];", "wrote outside buffer 1"},
+           {"write_before_the_start", "b1[i - 3] = b0[i];", "wrote outside buffer 1"},
+           {"write_into_an_input", "((float*)b0)[i] = 0.0f; b1[i] = 1.0f;", "wrote into input buffer 0"}}) {
+    SCOPED_TRACE(name);
+    try {
+      guarded(name, body)->fn(io, 0, 1);
+      ADD_FAILURE() << "no error";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  }
+  guarded("read_past_the_end", "b1[i] = b0[i + 32];")->fn(io, 0, 1);
+  EXPECT_TRUE(at::equal(dst.slice(0, 0, 32), src_in.slice(0, 32)));
+  EXPECT_TRUE(dst.slice(0, 32).isnan().all().item<bool>()) << "a read past the end did not read poison";
+  guarded("in_bounds", "b1[i] = b0[i] * 2.0f;")->fn(io, 0, 1);
+  EXPECT_TRUE(at::equal(dst, src_in * 2)) << "outputs are copied back";
 
   // And a correct kernel runs: block-wide sum through shuffles and a barrier, grid-stride.
   cuda::CudaSource ok;

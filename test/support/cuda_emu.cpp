@@ -16,8 +16,10 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <unordered_map>
@@ -64,12 +66,111 @@ namespace {
 namespace cg = tcap::codegen::cuda;
 
 // One compiled kernel library.
+// The elements [lo, hi] (relative to the buffer's data pointer) a kernel may touch.
+struct Extent {
+  int64_t lo = 0, hi = -1;
+  int64_t elem_size = 1;
+  bool is_output = false;
+};
+
 struct EmuKernel {
   std::string name;   // the kernel IR's name
   std::string entry;  // the __global__ function
   cg::LaunchPlan plan;
   Options options;
   void* handle = nullptr;
+  std::vector<Extent> extents;  // per buffer (kernels from kernel IR; empty: unguarded)
+};
+
+std::vector<Extent> extents_of(const kir::Kernel& k) {
+  std::vector<Extent> out(k.buffers.size());
+  for (size_t b = 0; b < k.buffers.size(); ++b) {
+    out[b].elem_size = kir::dtype_size(k.buffers[b].dtype);
+    out[b].is_output = k.buffers[b].is_output;
+  }
+  auto reach = [&](int32_t b, const std::vector<int64_t>& strides, int64_t offset) {
+    int64_t lo = offset, hi = offset;
+    for (size_t d = 0; d < k.sizes.size(); ++d) {
+      const int64_t span = (k.sizes[d] - 1) * strides[d];
+      (span < 0 ? lo : hi) += span;
+    }
+    Extent& e = out[static_cast<size_t>(b)];
+    if (e.hi < e.lo) {
+      e.lo = lo;
+      e.hi = hi;
+    } else {
+      e.lo = std::min(e.lo, lo);
+      e.hi = std::max(e.hi, hi);
+    }
+  };
+  for (const auto& in : k.instrs) {
+    if (in.op == kir::OpCode::Load) reach(in.buffer, in.strides, in.offset);
+  }
+  for (const auto& st : k.stores) reach(st.buffer, st.strides, st.offset);
+  return out;
+}
+
+// Guarded copies of a launch's buffers: each kernel buffer is moved into scratch memory
+// with kGuard poisoned elements (0xff bytes: NaN, -1) on either side, at the same
+// alignment modulo 64 as the original (so the vector path decides alike). After the run,
+// a write outside a buffer or into an input is an error, and the outputs are copied back.
+// A read outside a buffer reads poison, which the tests' comparisons then catch.
+class GuardedBuffers {
+ public:
+  static constexpr int64_t kGuard = 64;
+
+  GuardedBuffers(const EmuKernel& k, void* const* args) : k_(k), orig_(args, args + k.extents.size()) {
+    for (size_t b = 0; b < k.extents.size(); ++b) {
+      const Extent& e = k.extents[b];
+      const int64_t n = e.hi - e.lo + 1 + 2 * kGuard;
+      std::vector<unsigned char> raw(static_cast<size_t>(n * e.elem_size + 128), 0xff);
+      const auto start = (reinterpret_cast<uintptr_t>(raw.data()) + 63) & ~uintptr_t{63};
+      uintptr_t dp = start + static_cast<uintptr_t>((kGuard - e.lo) * e.elem_size);
+      dp += (reinterpret_cast<uintptr_t>(orig_[b]) - dp) & 63;  // same address modulo 64
+      if (e.hi >= e.lo && !e.is_output) {
+        std::memcpy(reinterpret_cast<char*>(dp) + e.lo * e.elem_size, static_cast<const char*>(orig_[b]) + e.lo * e.elem_size,
+                    static_cast<size_t>((e.hi - e.lo + 1) * e.elem_size));
+      }
+      raw_.push_back(std::move(raw));
+      ptrs_.push_back(reinterpret_cast<void*>(dp));
+    }
+  }
+
+  void* const* args() const { return ptrs_.data(); }
+
+  // Throws on a write out of bounds or into an input; copies the outputs back.
+  void finish() {
+    for (size_t b = 0; b < ptrs_.size(); ++b) {
+      const Extent& e = k_.extents[b];
+      if (e.hi < e.lo) continue;
+      const char* p = static_cast<const char*>(ptrs_[b]);
+      auto poisoned = [&](int64_t from, int64_t count) {
+        for (int64_t i = 0; i < count * e.elem_size; ++i) {
+          if (static_cast<unsigned char>(p[from * e.elem_size + i]) != 0xff) return false;
+        }
+        return true;
+      };
+      if (!poisoned(e.lo - kGuard, kGuard) || !poisoned(e.hi + 1, kGuard)) {
+        throw std::runtime_error("kernel " + k_.name + " (" + k_.entry + ") wrote outside buffer " + std::to_string(b) +
+                                 " (elements " + std::to_string(e.lo) + ".." + std::to_string(e.hi) + ")");
+      }
+      const size_t bytes = static_cast<size_t>((e.hi - e.lo + 1) * e.elem_size);
+      if (!e.is_output) {
+        if (std::memcmp(p + e.lo * e.elem_size, static_cast<const char*>(orig_[b]) + e.lo * e.elem_size, bytes) != 0) {
+          throw std::runtime_error("kernel " + k_.name + " (" + k_.entry + ") wrote into input buffer " +
+                                   std::to_string(b));
+        }
+      } else {
+        std::memcpy(static_cast<char*>(orig_[b]) + e.lo * e.elem_size, p + e.lo * e.elem_size, bytes);
+      }
+    }
+  }
+
+ private:
+  const EmuKernel& k_;
+  std::vector<void*> orig_;
+  std::vector<std::vector<unsigned char>> raw_;
+  std::vector<void*> ptrs_;
 };
 
 // --- the scheduler ----------------------------------------------------------------------
@@ -141,7 +242,6 @@ struct Fiber {
 
 struct Warp {
   int arrived = 0;
-  uint64_t generation = 0;
   unsigned char slots[32][8];
 };
 
@@ -206,7 +306,6 @@ void emu_syncthreads() {
 void warp_wait(Fiber& f, Warp& w) {
   if (++w.arrived == 32) {
     w.arrived = 0;
-    ++w.generation;
     const int first = static_cast<int>(f.coords.thread_idx.x) & ~31;
     for (int t = first; t < first + 32; ++t) {
       Fiber& o = g_block.fibers[static_cast<size_t>(t)];
@@ -301,10 +400,12 @@ void emu_launch(void* slot, void (*call)(void* const*, int), void* const* args) 
     if (m == MAP_FAILED) throw std::runtime_error("cuda_emu: no memory for fiber stacks");
     g_stacks = static_cast<char*>(m);
   }
+  std::optional<GuardedBuffers> guarded;
+  if (!k.extents.empty()) guarded.emplace(k, args);
   Block& B = g_block;
   B.kernel = &k;
   B.call = call;
-  B.args = args;
+  B.args = guarded ? guarded->args() : args;
   B.vec_ok = cg::vector_path_ok(p, args);
   B.threads = p.block;
   B.fibers.resize(static_cast<size_t>(p.block));
@@ -313,6 +414,7 @@ void emu_launch(void* slot, void (*call)(void* const*, int), void* const* args) 
   B.switches = 0;
   const int64_t grid = std::min<int64_t>(cg::launch_grid(p, 1), std::max(1, k.options.max_blocks));
   for (int64_t b = 0; b < grid; ++b) run_block(static_cast<unsigned>(b), static_cast<unsigned>(grid));
+  if (guarded) guarded->finish();
   g_launches.fetch_add(1);
   if (B.vec_ok) g_vector_launches.fetch_add(1);
   g_switches.fetch_add(B.switches);
@@ -384,12 +486,23 @@ bool available(std::string* why) {
   return reason.empty();
 }
 
+namespace {
+std::shared_ptr<const codegen::CpuKernel> build_library(const std::string& name, const cg::CudaSource& src,
+                                                        const Options& o, std::vector<Extent> extents);
+}  // namespace
+
 std::shared_ptr<const codegen::CpuKernel> build(const kir::Kernel& k, const Options& o) {
-  return build_source(k.name, cg::render(k), o);
+  return build_library(k.name, cg::render(k), o, extents_of(k));
 }
 
 std::shared_ptr<const codegen::CpuKernel> build_source(const std::string& name, const cg::CudaSource& src,
-                                                       const Options& o) {
+                                                       const Options& o, const kir::Kernel* bounds) {
+  return build_library(name, src, o, bounds ? extents_of(*bounds) : std::vector<Extent>{});
+}
+
+namespace {
+std::shared_ptr<const codegen::CpuKernel> build_library(const std::string& name, const cg::CudaSource& src,
+                                                        const Options& o, std::vector<Extent> extents) {
   std::ostringstream tu;
   tu << src.source << "\n// --- tcap cuda_emu trailer\n"
      << "static void* tcap_emu_slot = nullptr;\n"
@@ -442,7 +555,7 @@ std::shared_ptr<const codegen::CpuKernel> build_source(const std::string& name, 
   auto entry = reinterpret_cast<codegen::CpuKernel::Fn>(::dlsym(h, "tcap_emu_entry"));
   TORCH_CHECK(bind && entry, "cuda_emu: ", so, " lacks tcap_emu_bind / tcap_emu_entry");
   // Kernel libraries stay loaded for the process (kernels may be shared by executables).
-  auto* ek = new EmuKernel{name, src.entry, src.plan, o, h};
+  auto* ek = new EmuKernel{name, src.entry, src.plan, o, h, std::move(extents)};
   bind(&kApi, ek);
   auto ck = std::make_shared<codegen::CpuKernel>();
   ck->fn = entry;
@@ -452,6 +565,8 @@ std::shared_ptr<const codegen::CpuKernel> build_source(const std::string& name, 
   ck->grain = 1;
   return ck;
 }
+
+}  // namespace
 
 tcap::Executable compiler(const ir::Graph& g, bool also_ptx, const Options& o) {
   static const int arch = [] {

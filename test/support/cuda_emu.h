@@ -16,6 +16,11 @@
 // is undefined: a full-mask shuffle without all 32 lanes, a thread that exits while others
 // wait at a barrier, or a deadlock fail the launch with a message naming the kernel.
 //
+// Buffers are guarded: a launch runs on copies of the kernel's buffers (at the same
+// alignment) with poisoned elements on either side (0xff bytes: NaN, -1); writing outside
+// the elements the kernel IR can touch, or into an input, fails the launch, and a read
+// outside reads poison, which the value comparisons then catch.
+//
 // What it checks: every index, offset, vector path (taken when the buffers are aligned,
 // skipped when not), tail loop, grid-stride loop, reduction strategy and value conversion
 // of the generated code. What it cannot: NVRTC itself (the PTX tests do that), the driver
@@ -55,9 +60,10 @@ bool available(std::string* why = nullptr);
 std::shared_ptr<const codegen::CpuKernel> build(const kir::Kernel& k, const Options& o = {});
 
 // The same for a hand-written source (tests of the emulator itself): `src.source` defines
-// the __global__ function `src.entry`, launched with `src.plan`.
+// the __global__ function `src.entry`, launched with `src.plan`. `bounds`: a kernel IR
+// whose accesses bound each buffer (else the buffers are not guarded).
 std::shared_ptr<const codegen::CpuKernel> build_source(const std::string& name, const codegen::cuda::CudaSource& src,
-                                                       const Options& o = {});
+                                                       const Options& o = {}, const kir::Kernel* bounds = nullptr);
 
 // A fw/bw compiler for tcap::CompileOptions: fuses the graph as the cuda backend does
 // (kernels for the graph's CPU tensors) and runs every kernel through the emulator.
