@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <sstream>
 
 namespace tcap::codegen::cuda {
@@ -233,6 +234,44 @@ int64_t pow2_ceil(int64_t n) {
   return p;
 }
 
+// The unit-stride accesses of a vector path along the innermost coalesced dim: what the
+// host checks for alignment (LaunchPlan::aligned), and the vector width they allow.
+class UnitAccesses {
+ public:
+  explicit UnitAccesses(const kir::Kernel& k) : k_(k) {}
+  void add(int32_t buffer, const kir::Access& a) {
+    const int64_t size = kir::dtype_size(k_.buffers[static_cast<size_t>(buffer)].dtype);
+    widest_ = std::max(widest_, size);
+    unit_.push_back({{buffer, a.offset, size}, &a});
+  }
+  // 16 bytes of the widest element (at most 8 elements), narrowed until `row` (when given)
+  // and every unit access's stride along the outer dims [0, last) are multiples of it, so
+  // that vectors never straddle rows and one aligned row start means all are aligned.
+  int width(std::optional<int64_t> row, size_t last) const {
+    auto fits = [&](int w) {
+      if (row && *row % w != 0) return false;
+      for (const auto& u : unit_) {
+        for (size_t d = 0; d < last; ++d) {
+          if (u.second->strides[d] % w != 0) return false;
+        }
+      }
+      return true;
+    };
+    int w = static_cast<int>(std::min<int64_t>(8, 16 / widest_));
+    while (w > 1 && !fits(w)) w /= 2;
+    return w;
+  }
+  void aligned_into(LaunchPlan& p) const {
+    for (const auto& u : unit_) p.aligned.push_back(u.first);
+  }
+  bool empty() const { return unit_.empty(); }
+
+ private:
+  const kir::Kernel& k_;
+  int64_t widest_ = 1;
+  std::vector<std::pair<LaunchPlan::Aligned, const kir::Access*>> unit_;
+};
+
 class Renderer {
  public:
   Renderer(const kir::Kernel& k, const RenderOptions& o)
@@ -292,43 +331,21 @@ void Renderer::plan() {
     // every outer stride (then one aligned row start means all are aligned).
     const size_t last = static_cast<size_t>(rank - 1);
     bool ok = numel >= 2;
-    int64_t widest = 1;
-    // The unit-stride accesses: what the host checks for alignment, and their strides.
-    std::vector<std::pair<LaunchPlan::Aligned, const kir::Access*>> unit;
-    auto add_unit = [&](int32_t buffer, const kir::Access& a) {
-      const int64_t size = kir::dtype_size(k_.buffers[static_cast<size_t>(buffer)].dtype);
-      widest = std::max(widest, size);
-      unit.push_back({{buffer, a.offset, size}, &a});
-    };
+    UnitAccesses unit(k_);
     for (size_t id = 0; id < k_.instrs.size() && ok; ++id) {
       const kir::Instr& in = k_.instrs[id];
       if (in.op != OpCode::Load) continue;
       const int64_t s = c_.loads[id].strides[last];
       ok = s == 0 || s == 1;
-      if (s == 1) add_unit(in.buffer, c_.loads[id]);
+      if (s == 1) unit.add(in.buffer, c_.loads[id]);
     }
     for (size_t s = 0; s < k_.stores.size() && ok; ++s) {
       ok = c_.stores[s].strides[last] == 1;
-      add_unit(k_.stores[s].buffer, c_.stores[s]);
+      unit.add(k_.stores[s].buffer, c_.stores[s]);
     }
-    int vec = ok ? static_cast<int>(std::min<int64_t>(8, 16 / widest)) : 1;
-    if (rank > 1) {
-      // Narrow the width until rows hold whole, aligned vectors (or give up).
-      auto fits = [&](int w) {
-        if (c_.sizes[last] % w != 0) return false;
-        for (const auto& u : unit) {
-          for (size_t d = 0; d < last; ++d) {
-            if (u.second->strides[d] % w != 0) return false;
-          }
-        }
-        return true;
-      };
-      while (vec > 1 && !fits(vec)) vec /= 2;
-    }
-    plan_.vec = vec;
-    if (plan_.vec > 1) {
-      for (const auto& u : unit) plan_.aligned.push_back(u.first);
-    }
+    // One dim: a scalar tail finishes the odd elements, so no row constraint.
+    plan_.vec = ok ? unit.width(rank > 1 ? std::optional<int64_t>(c_.sizes[last]) : std::nullopt, last) : 1;
+    if (plan_.vec > 1) unit.aligned_into(plan_);
     plan_.work_items = plan_.vec > 1 ? (numel + plan_.vec - 1) / plan_.vec : numel;
     return;
   }
@@ -360,39 +377,19 @@ void Renderer::plan() {
   int vec = 1;
   if (rank - c_.num_outer == 1) {
     bool ok = true;
-    int64_t widest = 1;
-    std::vector<std::pair<LaunchPlan::Aligned, const kir::Access*>> unit;
-    auto add_unit = [&](int32_t buffer, const kir::Access& a) {
-      const int64_t size = kir::dtype_size(k_.buffers[static_cast<size_t>(buffer)].dtype);
-      widest = std::max(widest, size);
-      unit.push_back({{buffer, a.offset, size}, &a});
-    };
+    UnitAccesses unit(k_);
     for (size_t id = 0; id < k_.instrs.size() && ok; ++id) {
       if (k_.instrs[id].op != OpCode::Load || !elem_[id]) continue;
       ok = c_.loads[id].strides[last] == 1;
-      add_unit(k_.instrs[id].buffer, c_.loads[id]);
+      unit.add(k_.instrs[id].buffer, c_.loads[id]);
     }
     for (size_t s = 0; s < k_.stores.size() && ok; ++s) {
       if (!kir::per_element(k_, k_.stores[s], elem_)) continue;
       ok = c_.stores[s].strides[last] == 1;
-      add_unit(k_.stores[s].buffer, c_.stores[s]);
+      unit.add(k_.stores[s].buffer, c_.stores[s]);
     }
-    if (ok && !unit.empty()) {
-      vec = static_cast<int>(std::min<int64_t>(8, 16 / widest));
-      auto fits = [&](int w) {
-        if (red % w != 0) return false;
-        for (const auto& u : unit) {
-          for (size_t d = 0; d < last; ++d) {
-            if (u.second->strides[d] % w != 0) return false;
-          }
-        }
-        return true;
-      };
-      while (vec > 1 && !fits(vec)) vec /= 2;
-      if (vec > 1) {
-        for (const auto& u : unit) plan_.aligned.push_back(u.first);
-      }
-    }
+    if (ok && !unit.empty()) vec = unit.width(red, last);
+    if (vec > 1) unit.aligned_into(plan_);
   }
   plan_.vec = vec;
   // Threads: enough for one vector (or element) each, a power of two in [32, row_block_max].
