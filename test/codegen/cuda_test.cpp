@@ -231,6 +231,13 @@ TEST(CudaRender, ReductionStrategies) {
   EXPECT_NE(ptx.find("shfl.sync.bfly"), std::string::npos);
   EXPECT_NE(ptx.find("ld.global.nc.v4.f32"), std::string::npos) << "no 16-byte vector load";
   EXPECT_NE(ptx.find("st.global.v4.f32"), std::string::npos) << "no 16-byte vector store";
+  // Softmax's three passes read the row once: it stays in registers (no local memory).
+  EXPECT_EQ(rows.plan.row_chunks, 1);
+  EXPECT_EQ(ptx.find("ld.global.nc.v4.f32", ptx.find("ld.global.nc.v4.f32") + 1), std::string::npos)
+      << "the row is loaded more than once";
+  EXPECT_EQ(ptx.find(".local"), std::string::npos) << "the cached row spilled to local memory";
+  EXPECT_EQ(cuda::render(softmax(DType::F32, 100, 8192)).plan.row_chunks, 4);  // 2048 vectors, 512 threads
+  EXPECT_EQ(cuda::render(softmax(DType::F32, 100, 100000)).plan.row_chunks, 0);  // too long: re-read per pass
   EXPECT_EQ(cuda::render(softmax(DType::BF16, 100, 1000)).plan.vec, 8);
   EXPECT_EQ(cuda::render(softmax(DType::F32, 100, 40)).plan.block, 32);
   EXPECT_EQ(cuda::render(softmax(DType::F32, 100, 1001)).plan.vec, 1);  // rows not a whole number of vectors

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <set>
 #include <sstream>
 
 namespace tcap::codegen::cuda {
@@ -286,6 +287,17 @@ class Renderer {
   DType dtype_of(int32_t id) const { return k_.instrs[static_cast<size_t>(id)].dtype; }
 
   void plan();
+  // kir passes of a reduction kernel (kir::reduce_level): one per level of nested Reduces.
+  int num_passes() const {
+    int passes = 0;
+    for (const kir::Instr& in : k_.instrs) {
+      if (kir::is_reduce(in.op)) passes = std::max(passes, level_[static_cast<size_t>(in.args[0])] + 1);
+    }
+    for (const kir::Store& s : k_.stores) {
+      if (kir::per_element(k_, s, elem_)) passes = std::max(passes, level_[static_cast<size_t>(s.value)] + 1);
+    }
+    return passes;
+  }
   void params(std::ostringstream& os) const;
   std::string op_expr(int32_t id) const;
   // Emits `const T vN = ...;` for every value in `ids` (topological order), with Loads read
@@ -394,6 +406,20 @@ void Renderer::plan() {
   plan_.vec = vec;
   // Threads: enough for one vector (or element) each, a power of two in [32, row_block_max].
   plan_.block = static_cast<int>(std::clamp<int64_t>(pow2_ceil((red + vec - 1) / vec), 32, o_.row_block_max));
+  // Rows kept in registers across passes (a persistent reduction): on the vector path of a
+  // kernel with several passes, when each thread's share of the row's element loads is at
+  // most kMaxRowChunks vectors per load and kMaxRowBytes in all.
+  if (vec > 1 && num_passes() >= 2) {
+    constexpr int64_t kMaxRowChunks = 4, kMaxRowBytes = 256;
+    const int64_t chunks = (red / vec + plan_.block - 1) / plan_.block;
+    int64_t bytes = 0;
+    for (size_t id = 0; id < k_.instrs.size(); ++id) {
+      if (k_.instrs[id].op == OpCode::Load && elem_[id]) {
+        bytes += chunks * vec * kir::dtype_size(k_.buffers[static_cast<size_t>(k_.instrs[id].buffer)].dtype);
+      }
+    }
+    if (chunks <= kMaxRowChunks && bytes <= kMaxRowBytes) plan_.row_chunks = static_cast<int>(chunks);
+  }
 }
 
 void Renderer::params(std::ostringstream& os) const {
@@ -670,14 +696,7 @@ void Renderer::reduction(std::ostringstream& os) {
   const std::string R = std::to_string(k_.reduce_numel());
   const size_t n = k_.instrs.size();
 
-  int passes = 0;
-  for (const kir::Instr& in : k_.instrs) {
-    if (kir::is_reduce(in.op)) passes = std::max(passes, level_[static_cast<size_t>(in.args[0])] + 1);
-  }
-  for (const kir::Store& s : k_.stores) {
-    const auto u = static_cast<size_t>(s.value);
-    if (kir::per_element(k_, s, elem_)) passes = std::max(passes, level_[u] + 1);
-  }
+  const int passes = num_passes();
 
   // Reduce helpers: accumulator type, identity, combine functor.
   auto acc_type = [&](const kir::Instr& in) { return std::string(reg_type(in.dtype)); };
@@ -747,6 +766,16 @@ void Renderer::reduction(std::ostringstream& os) {
     emit_values(os, ids, "    ", outer_load);
   };
   emit_outer(0);
+  // Persistent rows: each element load's vectors of this thread, filled by the first pass
+  // that reads the load and reused by the later ones (all on the vec_ok path).
+  std::set<int32_t> cached;
+  if (plan_.row_chunks > 0) {
+    for (size_t id = 0; id < n; ++id) {
+      if (k_.instrs[id].op != OpCode::Load || !elem_[id]) continue;
+      os << "    tcap_vec<" << mem_type(k_.buffers[static_cast<size_t>(k_.instrs[id].buffer)].dtype) << ", " << plan_.vec
+         << "> lc" << id << "[" << plan_.row_chunks << "];\n";
+    }
+  }
   for (int p = 0; p < passes; ++p) {
     std::vector<int32_t> reds, roots;
     for (size_t id = 0; id < n; ++id) {
@@ -797,15 +826,31 @@ void Renderer::reduction(std::ostringstream& os) {
       // Row vector path: each thread takes `vec` consecutive reduce points per step, with
       // 16-byte loads and stores (the plan checked strides; the host checks alignment).
       const int V = plan_.vec;
+      const int K = plan_.row_chunks;
       os << "    if (vec_ok) {\n";
-      os << "      for (" << idx_ << " g = threadIdx.x; g < " << R << " / " << V << "; g += blockDim.x) {\n";
+      if (K > 0) {
+        // Persistent: a fixed number of chunks per thread, so the cached vectors stay in
+        // registers (the same points as the strided loop).
+        os << "#pragma unroll\n";
+        os << "      for (int c = 0; c < " << K << "; ++c) {\n";
+        os << "        const " << idx_ << " g = threadIdx.x + c * (" << idx_ << ")blockDim.x;\n";
+        os << "        if (g >= " << R << " / " << V << ") break;\n";
+      } else {
+        os << "      for (" << idx_ << " g = threadIdx.x; g < " << R << " / " << V << "; g += blockDim.x) {\n";
+      }
       os << "        const " << idx_ << " r0 = g * " << V << ";\n";
       for (int32_t id : elems) {
         const kir::Instr& in = k_.instrs[static_cast<size_t>(id)];
         if (in.op != OpCode::Load) continue;
         const char* mt = mem_type(k_.buffers[static_cast<size_t>(in.buffer)].dtype);
-        os << "        const tcap_vec<" << mt << ", " << V << "> l" << id << " = *reinterpret_cast<const tcap_vec<" << mt
-           << ", " << V << ">*>(" << buf(in.buffer) << " + ob" << id << " + r0);\n";
+        const std::string vt = "tcap_vec<" + std::string(mt) + ", " + std::to_string(V) + ">";
+        const std::string load = "*reinterpret_cast<const " + vt + "*>(" + buf(in.buffer) + " + ob" + std::to_string(id) + " + r0)";
+        if (K == 0) {
+          os << "        const " << vt << " l" << id << " = " << load << ";\n";
+          continue;
+        }
+        if (cached.insert(id).second) os << "        lc" << id << "[c] = " << load << ";\n";  // first pass to read it
+        os << "        const " << vt << "& l" << id << " = lc" << id << "[c];\n";
       }
       for (size_t s : stores) {
         const char* mt = mem_type(k_.buffers[static_cast<size_t>(k_.stores[s].buffer)].dtype);
@@ -917,7 +962,9 @@ int vector_path_ok(const LaunchPlan& p, void* const* buffers) {
 
 std::string to_string(const LaunchPlan& p) {
   std::ostringstream os;
-  os << "strategy=" << to_string(p.strategy) << " block=" << p.block << " vec=" << p.vec
+  os << "strategy=" << to_string(p.strategy) << " block=" << p.block << " vec=" << p.vec;
+  if (p.row_chunks > 0) os << " row_chunks=" << p.row_chunks;
+  os
      << " index=" << (p.index32 ? "int32" : "int64") << " work_items=" << p.work_items;
   return os.str();
 }

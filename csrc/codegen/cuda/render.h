@@ -21,6 +21,9 @@
 //              each pass also has a vector path: a thread takes `vec` consecutive points
 //              per step with 16-byte loads and stores (rows a whole number of vectors,
 //              taken when the host says the accesses are aligned, as for Pointwise).
+//              A kernel with several passes (softmax, layer norm) whose share of the row
+//              per thread is small keeps it in registers ("persistent", row_chunks):
+//              the first pass that reads a load fills them, later passes reuse them.
 //   ThreadRow  reductions with a short reduce extent, or whose element loads are
 //              contiguous along the outer dims rather than the reduce dims (column sums):
 //              one thread per outer index, a serial loop over the reduce points, so
@@ -63,6 +66,8 @@ struct LaunchPlan {
                               // indices (BlockRow: one block each; ThreadRow: one thread each)
   int64_t elements = 0;       // Pointwise: domain points (numel)
   int vec = 1;                // Pointwise, BlockRow: elements per vector access (1 = no vector path)
+  int row_chunks = 0;         // BlockRow vector path: vectors per element load each thread keeps
+                              // in registers across the passes (0: rows are re-read per pass)
   // Vector path: for each buffer read or written with unit stride, its kernel buffer
   // index, element offset and element size; the host sets vec_ok when every
   // (data pointer + offset * size) is aligned to vec * size bytes.
