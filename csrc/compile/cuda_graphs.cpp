@@ -7,6 +7,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <memory>
@@ -40,8 +41,13 @@ bool same_layout(const at::Tensor& a, const at::Tensor& b) {
 class GraphRunner {
  public:
   // passthrough[k]: the input position output k is (it is returned as is), or -1.
-  GraphRunner(Executable inner, std::string what, std::vector<int> passthrough)
-      : inner_(std::move(inner)), what_(std::move(what)), passthrough_(std::move(passthrough)) {}
+  // first_of[k]: the first output position holding the same graph value as output k (the
+  // same tensor is returned there, as the executable itself would).
+  GraphRunner(Executable inner, std::string what, std::vector<int> passthrough, std::vector<size_t> first_of)
+      : inner_(std::move(inner)),
+        what_(std::move(what)),
+        passthrough_(std::move(passthrough)),
+        first_of_(std::move(first_of)) {}
 
   std::vector<at::Tensor> operator()(std::vector<at::Tensor> in) {
     std::lock_guard<std::mutex> lock(mu_);  // static buffers: one call at a time
@@ -76,8 +82,15 @@ class GraphRunner {
     out.reserve(static_out_.size());
     for (size_t k = 0; k < static_out_.size(); ++k) {
       const int j = k < passthrough_.size() ? passthrough_[k] : -1;
+      const size_t first = k < first_of_.size() ? first_of_[k] : k;
       const at::Tensor& t = static_out_[k];
-      out.push_back(j >= 0 ? in.at(static_cast<size_t>(j)) : t.defined() ? t.clone(at::MemoryFormat::Preserve) : t);
+      if (first < k) {
+        out.push_back(out[first]);
+      } else if (j >= 0) {
+        out.push_back(in.at(static_cast<size_t>(j)));
+      } else {
+        out.push_back(t.defined() ? t.clone(at::MemoryFormat::Preserve) : t);
+      }
     }
     return out;
   }
@@ -138,6 +151,7 @@ class GraphRunner {
   Executable inner_;
   std::string what_;
   std::vector<int> passthrough_;
+  std::vector<size_t> first_of_;
   std::mutex mu_;
   int64_t calls_ = 0;
   bool disabled_ = false;
@@ -191,16 +205,19 @@ Executable with_cuda_graphs(Executable inner, const ir::Graph& g, const std::str
   // Outputs that are inputs (a saved primal, a gradient passed through) are returned as
   // the caller's tensor, not as a copy of the static one.
   std::vector<int> passthrough;
+  std::vector<size_t> first_of;
   const auto inputs = g.input_nodes();
-  for (ir::ValueId v : g.output_values()) {
+  const auto outs = g.output_values();
+  for (size_t k = 0; k < outs.size(); ++k) {
     int j = -1;
-    const ir::Value& val = g.value(v);
+    const ir::Value& val = g.value(outs[k]);
     for (size_t i = 0; i < inputs.size() && val.producer >= 0; ++i) {
       if (inputs[i] == val.producer) j = static_cast<int>(i);
     }
     passthrough.push_back(j);
+    first_of.push_back(static_cast<size_t>(std::find(outs.begin(), outs.end(), outs[k]) - outs.begin()));
   }
-  auto runner = std::make_shared<GraphRunner>(std::move(inner), what, std::move(passthrough));
+  auto runner = std::make_shared<GraphRunner>(std::move(inner), what, std::move(passthrough), std::move(first_of));
   return [runner](std::vector<at::Tensor> in) { return (*runner)(std::move(in)); };
 #else
   return inner;

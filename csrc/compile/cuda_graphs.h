@@ -7,7 +7,8 @@
 // comes from a private pool of the caching allocator) on a side stream, as CUDA requires,
 // with static copies of the inputs, and is replayed from then on: a call copies its inputs
 // into the static ones, replays the graph on the current stream and returns clones of the
-// static outputs (the next replay overwrites those).
+// static outputs (the next replay overwrites those); an output that is an input is the
+// caller's tensor, and outputs that are one graph value are one tensor, as without graphs.
 //
 // A graph qualifies when every tensor is on one CUDA device and it calls no hook, writes
 // no input in place, reads no value on the host, draws no random numbers and returns no
