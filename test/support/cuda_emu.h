@@ -9,10 +9,11 @@
 // shared library that is loaded into the test. A launch runs the kernel's launch plan as
 // the cuda backend would (the same vector_path_ok and grid rule, capped at a few blocks so
 // the grid-stride loops take more than one turn), block after block; each CUDA thread of a
-// block is a fiber (ucontext) with its own stack. __syncthreads parks a fiber until every
-// thread of the block has arrived; a shuffle parks it until its 32 lanes have put their
-// values in, then again until all have read, so block reductions, warp shuffles and
-// multi-pass row kernels execute with CUDA's semantics. The emulator is strict where CUDA
+// block is a fiber with its own stack (switched by a few instructions of x86-64 assembly;
+// ucontext elsewhere). __syncthreads parks a fiber until every thread of the block has
+// arrived; a shuffle parks it until its 32 lanes have put their values in, then again
+// until all have read, so block reductions, warp shuffles and multi-pass row kernels
+// execute with CUDA's semantics. The emulator is strict where CUDA
 // is undefined: a full-mask shuffle without all 32 lanes, a thread that exits while others
 // wait at a barrier, or a deadlock fail the launch with a message naming the kernel.
 //

@@ -5,10 +5,12 @@
 //
 // Plain C++17 and the C library only (no LibTorch, not even <cmath>): it is compiled once
 // per kernel, so it is kept cheap to parse.
-// Threads are fibers run by cuda_emu.cpp, which owns the state below; __syncthreads and
-// the warp shuffles switch fibers there. __shared__ variables are function statics: the
-// emulator runs one block at a time on one OS thread and never relies on their initial
-// values (CUDA does not define them either).
+//
+// Threads are fibers run by cuda_emu.cpp, which owns their state (reached through the
+// tcap_emu_api it binds into each kernel library); __syncthreads and the warp shuffles
+// switch fibers there. __shared__ variables are function statics: the emulator runs one
+// block at a time on one OS thread and never relies on their initial values (CUDA does
+// not define them either).
 #pragma once
 
 #include <cstddef>
