@@ -32,27 +32,21 @@ std::vector<c10::Device> devices_of(const ir::Graph& g) {
   return out;
 }
 
-// Kernels for `device`: cpu_llvm on the CPU, cuda on a CUDA device. Nodes with tensors
-// elsewhere (a CPU scalar tensor in a CUDA graph) stay ATen calls.
+}  // namespace
+
 Executable fused_backend(const ir::Graph& g, const std::string& what, const std::string& dump_dir,
-                         const c10::Device& device) {
+                         const c10::Device& device, const KernelMaker& make_kernel) {
   const auto t0 = std::chrono::steady_clock::now();
   auto ids = std::make_shared<std::vector<int64_t>>();
   fuse::FusionOptions opts;
   opts.device = device;
-  std::optional<codegen::cuda::Target> cuda_target;
-  if (device.is_cuda()) cuda_target = codegen::cuda::target_for(device.index());
   opts.compile = [&](const fuse::FusedGroup& fg, std::string* why) -> int64_t {
     try {
       auto fk = std::make_shared<runtime::FusedKernel>();
       fk->name = fg.name;
       fk->kernel = fg.kernel;
       fk->device = device;
-      if (cuda_target) {
-        fk->cuda = codegen::cuda::compile_cuda_kernel(fg.kernel, *cuda_target);
-      } else {
-        fk->cpu = codegen::compile_cpu_kernel(fg.kernel);
-      }
+      make_kernel(fg, *fk);
       fk->inputs = fg.input_metas;
       fk->outputs = fg.output_metas;
       fk->fallback = fg.fallback;
@@ -87,8 +81,6 @@ Executable fused_backend(const ir::Graph& g, const std::string& what, const std:
   return [inner, owner](std::vector<at::Tensor> in) { return inner(std::move(in)); };
 }
 
-}  // namespace
-
 Executable llvm_backend(const ir::Graph& g) { return compile_with_backend("llvm", g, "graph", ""); }
 
 Executable compile_with_backend(const std::string& backend, const ir::Graph& g, const std::string& what,
@@ -113,7 +105,9 @@ Executable compile_with_backend(const std::string& backend, const ir::Graph& g, 
     } else if (std::any_of(devices.begin(), devices.end(), [](const c10::Device& d) { return !d.is_cpu(); })) {
       why = "the graph has tensors that are neither on the CPU nor on a CUDA device";
     } else if (codegen::cpu_llvm_available(&why)) {
-      return fused_backend(g, what, dump_dir, c10::Device(c10::kCPU));
+      return fused_backend(g, what, dump_dir, c10::Device(c10::kCPU), [](const fuse::FusedGroup& fg, runtime::FusedKernel& fk) {
+        fk.cpu = codegen::compile_cpu_kernel(fg.kernel);
+      });
     }
   } else {
     if (!cuda_device) {
@@ -121,7 +115,10 @@ Executable compile_with_backend(const std::string& backend, const ir::Graph& g, 
     } else if (several) {
       why = "the graph's tensors are on more than one CUDA device";
     } else if (codegen::cuda::cuda_available(&why)) {
-      return fused_backend(g, what, dump_dir, *cuda_device);
+      const codegen::cuda::Target target = codegen::cuda::target_for(cuda_device->index());
+      return fused_backend(g, what, dump_dir, *cuda_device, [target](const fuse::FusedGroup& fg, runtime::FusedKernel& fk) {
+        fk.cuda = codegen::cuda::compile_cuda_kernel(fg.kernel, target);
+      });
     }
   }
   TORCH_CHECK(backend == "auto", "tcap::compile: backend '", backend, "' cannot compile ", what, ": ", why);

@@ -5,6 +5,7 @@
 #include "codegen/cuda/cuda.h"
 #include "codegen/cuda/driver.h"
 #include "codegen/cuda/render.h"
+#include "compile/backends.h"
 #include "fuse/fusion.h"
 #include "runtime/fused_kernel.h"
 #include "support/logging.h"
@@ -78,7 +79,6 @@ struct EmuKernel {
   std::string entry;  // the __global__ function
   cg::LaunchPlan plan;
   Options options;
-  void* handle = nullptr;
   std::vector<Extent> extents;  // per buffer (kernels from kernel IR; empty: unguarded)
 };
 
@@ -460,11 +460,21 @@ std::string quote(const std::string& s) {
 
 // TCAP_EMU_CACHE_DIR, else the build folder's (not tcap's kernel cache, which the codegen
 // tests point at a fresh folder per process).
-std::string emu_dir() {
-  const char* e = std::getenv("TCAP_EMU_CACHE_DIR");
-  const std::string dir = e && *e ? e : TCAP_EMU_CACHE_DIR;
-  ::mkdir(dir.c_str(), 0755);
+const std::string& emu_dir() {
+  static const std::string dir = [] {
+    const char* e = std::getenv("TCAP_EMU_CACHE_DIR");
+    std::string d = e && *e ? e : TCAP_EMU_CACHE_DIR;
+    ::mkdir(d.c_str(), 0755);
+    return d;
+  }();
   return dir;
+}
+
+// The device header's text (part of every cache key), read once.
+const std::string& device_header() {
+  static const std::string text = read_file(TCAP_EMU_DEVICE_H);
+  TORCH_CHECK(!text.empty(), "cuda_emu: cannot read ", TCAP_EMU_DEVICE_H);
+  return text;
 }
 
 std::string launcher() {
@@ -487,20 +497,7 @@ bool available(std::string* why) {
 }
 
 namespace {
-std::shared_ptr<const codegen::CpuKernel> build_library(const std::string& name, const cg::CudaSource& src,
-                                                        const Options& o, std::vector<Extent> extents);
-}  // namespace
 
-std::shared_ptr<const codegen::CpuKernel> build(const kir::Kernel& k, const Options& o) {
-  return build_library(k.name, cg::render(k), o, extents_of(k));
-}
-
-std::shared_ptr<const codegen::CpuKernel> build_source(const std::string& name, const cg::CudaSource& src,
-                                                       const Options& o, const kir::Kernel* bounds) {
-  return build_library(name, src, o, bounds ? extents_of(*bounds) : std::vector<Extent>{});
-}
-
-namespace {
 std::shared_ptr<const codegen::CpuKernel> build_library(const std::string& name, const cg::CudaSource& src,
                                                         const Options& o, std::vector<Extent> extents) {
   std::ostringstream tu;
@@ -512,11 +509,9 @@ std::shared_ptr<const codegen::CpuKernel> build_library(const std::string& name,
      << "extern \"C\" void tcap_emu_entry(void* const* args, int64_t, int64_t) {\n"
      << "  tcap_emu->launch(tcap_emu_slot, tcap_emu_call, args);\n}\n";
   const std::string flags = "-std=c++17 -O1 -fPIC -w";
-  const std::string device_h = read_file(TCAP_EMU_DEVICE_H);
-  TORCH_CHECK(!device_h.empty(), "cuda_emu: cannot read ", TCAP_EMU_DEVICE_H);
-  const std::string key = compiler() + "\n" + flags + "\n" + device_h + "\n" + tu.str();
-  const std::string dir = emu_dir();
-  const std::string base = dir + "/" + src.entry + "-" + kir::hash_hex(kir::fnv1a(key));
+  const std::string key = compiler() + "\n" + flags + "\n" + device_header() + "\n" + tu.str();
+  const std::string key_hash = kir::hash_hex(kir::fnv1a(key));
+  const std::string base = emu_dir() + "/" + src.entry + "-" + key_hash;
   const std::string so = base + ".so";
 
   std::lock_guard<std::mutex> lock(g_build_mu);
@@ -555,18 +550,27 @@ std::shared_ptr<const codegen::CpuKernel> build_library(const std::string& name,
   auto entry = reinterpret_cast<codegen::CpuKernel::Fn>(::dlsym(h, "tcap_emu_entry"));
   TORCH_CHECK(bind && entry, "cuda_emu: ", so, " lacks tcap_emu_bind / tcap_emu_entry");
   // Kernel libraries stay loaded for the process (kernels may be shared by executables).
-  auto* ek = new EmuKernel{name, src.entry, src.plan, o, h, std::move(extents)};
+  auto* ek = new EmuKernel{name, src.entry, src.plan, o, std::move(extents)};
   bind(&kApi, ek);
   auto ck = std::make_shared<codegen::CpuKernel>();
   ck->fn = entry;
   ck->name = src.entry;
-  ck->key_hash = kir::hash_hex(kir::fnv1a(key));
+  ck->key_hash = key_hash;
   ck->range = 1;
   ck->grain = 1;
   return ck;
 }
 
 }  // namespace
+
+std::shared_ptr<const codegen::CpuKernel> build(const kir::Kernel& k, const Options& o) {
+  return build_library(k.name, cg::render(k), o, extents_of(k));
+}
+
+std::shared_ptr<const codegen::CpuKernel> build_source(const std::string& name, const cg::CudaSource& src,
+                                                       const Options& o, const kir::Kernel* bounds) {
+  return build_library(name, src, o, bounds ? extents_of(*bounds) : std::vector<Extent>{});
+}
 
 tcap::Executable compiler(const ir::Graph& g, bool also_ptx, const Options& o) {
   static const int arch = [] {
@@ -575,39 +579,23 @@ tcap::Executable compiler(const ir::Graph& g, bool also_ptx, const Options& o) {
     auto archs = cg::nvrtc_supported_archs();
     return std::find(archs.begin(), archs.end(), 90) != archs.end() ? 90 : *std::min_element(archs.begin(), archs.end());
   }();
-  auto ids = std::make_shared<std::vector<int64_t>>();
-  fuse::FusionOptions fo;
   // Strict: a kernel the fusion pass forms must render, compile (host and PTX) and load,
   // or the test fails here (the cuda backend would leave it to ATen and log why).
-  fo.compile = [&](const fuse::FusedGroup& fg, std::string* why) -> int64_t {
-    try {
-      if (also_ptx && arch > 0) {
-        const std::string ptx = cg::compile_to_ptx(fg.kernel, arch);
-        TORCH_CHECK(ptx.find(".entry") != std::string::npos, "no .entry in the PTX");
-      }
-      auto fk = std::make_shared<runtime::FusedKernel>();
-      fk->name = fg.name;
-      fk->kernel = fg.kernel;
-      fk->cpu = build(fg.kernel, o);
-      fk->inputs = fg.input_metas;
-      fk->outputs = fg.output_metas;
-      fk->fallback = fg.fallback;
-      const int64_t id = runtime::register_kernel(std::move(fk));
-      ids->push_back(id);
-      return id;
-    } catch (const std::exception& e) {
-      const c10::Error* ce = dynamic_cast<const c10::Error*>(&e);
-      ADD_FAILURE() << "kernel " << fg.name << " cannot be emulated:\n" << (ce ? ce->what_without_backtrace() : e.what());
-      *why = "cuda_emu failed";
-      return -1;
-    }
-  };
-  fuse::FusionResult res = fuse::fuse(g, fo);
-  tcap::Executable inner = tcap::eager_backend(res.graph);
-  auto owner = std::shared_ptr<void>(nullptr, [ids](void*) {
-    for (int64_t id : *ids) runtime::release_kernel(id);
-  });
-  return [inner, owner](std::vector<at::Tensor> in) { return inner(std::move(in)); };
+  return fused_backend(g, "cuda_emu", "", c10::Device(c10::kCPU),
+                       [&o, also_ptx](const fuse::FusedGroup& fg, runtime::FusedKernel& fk) {
+                         try {
+                           if (also_ptx && arch > 0) {
+                             const std::string ptx = cg::compile_to_ptx(fg.kernel, arch);
+                             TORCH_CHECK(ptx.find(".entry") != std::string::npos, "no .entry in the PTX");
+                           }
+                           fk.cpu = build(fg.kernel, o);
+                         } catch (const std::exception& e) {
+                           const auto* ce = dynamic_cast<const c10::Error*>(&e);
+                           ADD_FAILURE() << "kernel " << fg.name << " cannot be emulated:\n"
+                                         << (ce ? ce->what_without_backtrace() : e.what());
+                           throw;
+                         }
+                       });
 }
 
 Stats stats() {
