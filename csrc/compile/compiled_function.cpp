@@ -657,11 +657,8 @@ struct CompiledFunction::Impl {
       TORCH_CHECK(!(e.grad_mode && primals.at(j).requires_grad()), "the function writes in place into input '",
                   in.name, "', which requires grad (replay cannot rebase its autograd history)");
     }
-    for (const auto& n : fw.nodes()) {
-      if (n.kind != ir::NodeKind::Call) continue;
-      auto op = c10::Dispatcher::singleton().findSchema({n.op, n.overload});
-      if (op && op->hasTag(at::Tag::nondeterministic_seeded)) e.has_rng = true;
-    }
+    e.has_rng = std::any_of(fw.nodes().begin(), fw.nodes().end(),
+                            [](const ir::Node& n) { return n.draws_random_numbers(); });
     // Host reads become a guard graph (their ancestors only; no writes, no RNG).
     build_host_guard(e);
     e.held.clear();
@@ -709,9 +706,8 @@ struct CompiledFunction::Impl {
     }
     for (ir::NodeId id : keep) {
       const auto& n = fw.node(id);
-      auto op = c10::Dispatcher::singleton().findSchema({n.op, n.overload});
-      TORCH_CHECK(!(op && op->hasTag(at::Tag::nondeterministic_seeded)),
-                  "a value read on the host (item()) depends on the random op ", n.qualified_op());
+      TORCH_CHECK(!n.draws_random_numbers(), "a value read on the host (item()) depends on the random op ",
+                  n.qualified_op());
       ir::for_each_value(n.outputs, [&](ir::ValueId v) {
         TORCH_CHECK(fw.value(v).version_of == ir::kNoValue,
                     "a value read on the host (item()) depends on the in-place op ", n.qualified_op());

@@ -4,7 +4,6 @@
 
 #include "support/logging.h"
 
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -27,8 +26,6 @@ namespace tcap {
 namespace {
 
 std::atomic<int64_t> g_captures{0}, g_replays{0};
-
-std::string qualified(const ir::Node& n) { return n.op + (n.overload.empty() ? "" : "." + n.overload); }
 
 #if TCAP_HAVE_CUDA_GRAPHS
 bool same_layout(const at::Tensor& a, const at::Tensor& b) {
@@ -179,10 +176,9 @@ std::string cuda_graph_refusal(const ir::Graph& g) {
     if (n.kind == ir::NodeKind::CallHook) return "it calls a hook";
     if (n.kind != ir::NodeKind::Call) continue;
     for (const auto& a : n.outputs) {
-      if (ir::is_host_value(a)) return qualified(n) + " reads a value on the host";
+      if (ir::is_host_value(a)) return n.qualified_op() + " reads a value on the host";
     }
-    auto op = c10::Dispatcher::singleton().findSchema({n.op, n.overload});
-    if (op && op->hasTag(at::Tag::nondeterministic_seeded)) return qualified(n) + " draws random numbers";
+    if (n.draws_random_numbers()) return n.qualified_op() + " draws random numbers";
   }
   if (!g.written_inputs().empty()) return "it writes into an input in place";
   for (ir::ValueId v : g.output_values()) {

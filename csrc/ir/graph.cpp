@@ -1,12 +1,19 @@
 // Graph construction, access and structural equality. See include/tcap/graph.h.
 #include <tcap/graph.h>
 
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <numeric>
 
 namespace tcap::ir {
+
+bool Node::draws_random_numbers() const {
+  if (kind != NodeKind::Call) return false;
+  auto schema = c10::Dispatcher::singleton().findSchema({op, overload});
+  return schema && schema->hasTag(at::Tag::nondeterministic_seeded);
+}
 
 Arg Arg::none(std::string name) {
   Arg a;

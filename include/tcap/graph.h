@@ -150,6 +150,8 @@ struct Node {
   std::vector<OutputKind> output_kinds;
 
   std::string qualified_op() const { return overload.empty() ? op : op + "." + overload; }
+  // A Call whose operator draws random numbers (tagged nondeterministic_seeded).
+  bool draws_random_numbers() const;
   bool operator==(const Node& o) const;
 };
 
