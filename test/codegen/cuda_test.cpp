@@ -696,16 +696,11 @@ at::ScalarType scalar_type(DType t) {
 }
 
 KernelBuffers make_buffers(const tcap::kir::Kernel& k, int64_t pad) {
-  std::vector<int64_t> extent(k.buffers.size(), 1);
-  auto reach = [&](int32_t b, const std::vector<int64_t>& strides, int64_t offset) {
-    int64_t m = offset;
-    for (size_t d = 0; d < k.sizes.size(); ++d) m += (k.sizes[d] - 1) * strides[d];
-    extent[static_cast<size_t>(b)] = std::max(extent[static_cast<size_t>(b)], m + 1);
-  };
-  for (const auto& in : k.instrs) {
-    if (in.op == OpCode::Load) reach(in.buffer, in.strides, in.offset);
+  std::vector<int64_t> extent;
+  for (const auto& e : cuda_emu::buffer_extents(k)) {
+    EXPECT_EQ(e.lo, 0) << "the test kernels start each buffer at its first element";
+    extent.push_back(std::max<int64_t>(e.hi + 1, 1));
   }
-  for (const auto& st : k.stores) reach(st.buffer, st.strides, st.offset);
   KernelBuffers out;
   for (size_t b = 0; b < k.buffers.size(); ++b) {
     const at::ScalarType st = scalar_type(k.buffers[b].dtype);

@@ -66,14 +66,9 @@ namespace {
 
 namespace cg = tcap::codegen::cuda;
 
-// One compiled kernel library.
-// The elements [lo, hi] (relative to the buffer's data pointer) a kernel may touch.
-struct Extent {
-  int64_t lo = 0, hi = -1;
-  int64_t elem_size = 1;
-  bool is_output = false;
-};
+using Extent = BufferExtent;
 
+// One compiled kernel library.
 struct EmuKernel {
   std::string name;   // the kernel IR's name
   std::string entry;  // the __global__ function
@@ -82,8 +77,10 @@ struct EmuKernel {
   std::vector<Extent> extents;  // per buffer (kernels from kernel IR; empty: unguarded)
 };
 
-std::vector<Extent> extents_of(const kir::Kernel& k) {
-  std::vector<Extent> out(k.buffers.size());
+}  // namespace
+
+std::vector<BufferExtent> buffer_extents(const kir::Kernel& k) {
+  std::vector<BufferExtent> out(k.buffers.size());
   for (size_t b = 0; b < k.buffers.size(); ++b) {
     out[b].elem_size = kir::dtype_size(k.buffers[b].dtype);
     out[b].is_output = k.buffers[b].is_output;
@@ -109,6 +106,8 @@ std::vector<Extent> extents_of(const kir::Kernel& k) {
   for (const auto& st : k.stores) reach(st.buffer, st.strides, st.offset);
   return out;
 }
+
+namespace {
 
 // Guarded copies of a launch's buffers: each kernel buffer is moved into scratch memory
 // with kGuard poisoned elements (0xff bytes: NaN, -1) on either side, at the same
@@ -564,12 +563,12 @@ std::shared_ptr<const codegen::CpuKernel> build_library(const std::string& name,
 }  // namespace
 
 std::shared_ptr<const codegen::CpuKernel> build(const kir::Kernel& k, const Options& o) {
-  return build_library(k.name, cg::render(k), o, extents_of(k));
+  return build_library(k.name, cg::render(k), o, buffer_extents(k));
 }
 
 std::shared_ptr<const codegen::CpuKernel> build_source(const std::string& name, const cg::CudaSource& src,
                                                        const Options& o, const kir::Kernel* bounds) {
-  return build_library(name, src, o, bounds ? extents_of(*bounds) : std::vector<Extent>{});
+  return build_library(name, src, o, bounds ? buffer_extents(*bounds) : std::vector<Extent>{});
 }
 
 tcap::Executable compiler(const ir::Graph& g, bool also_ptx, const Options& o) {

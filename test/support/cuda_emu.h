@@ -42,6 +42,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace tcap::testing::cuda_emu {
 
@@ -50,6 +51,15 @@ struct Options {
   // grid-stride loops over elements and rows run more than once on small inputs).
   int max_blocks = 3;
 };
+
+// The elements [lo, hi] of a kernel buffer, relative to its data pointer, that the kernel
+// IR's loads and stores can touch (hi < lo: none); per buffer, in kernel buffer order.
+struct BufferExtent {
+  int64_t lo = 0, hi = -1;
+  int64_t elem_size = 1;
+  bool is_output = false;
+};
+std::vector<BufferExtent> buffer_extents(const kir::Kernel& k);
 
 // Whether kernels can be emulated here (a host compiler runs); else `why` says why.
 bool available(std::string* why = nullptr);
