@@ -964,8 +964,7 @@ std::string to_string(const LaunchPlan& p) {
   std::ostringstream os;
   os << "strategy=" << to_string(p.strategy) << " block=" << p.block << " vec=" << p.vec;
   if (p.row_chunks > 0) os << " row_chunks=" << p.row_chunks;
-  os
-     << " index=" << (p.index32 ? "int32" : "int64") << " work_items=" << p.work_items;
+  os << " index=" << (p.index32 ? "int32" : "int64") << " work_items=" << p.work_items;
   return os.str();
 }
 
