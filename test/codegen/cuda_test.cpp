@@ -244,10 +244,84 @@ TEST(CudaRender, ReductionStrategies) {
   EXPECT_EQ(cuda::render(softmax(DType::F32, 100, 1001)).plan.block, 512);
   EXPECT_EQ(cuda::render(softmax(DType::F32, 100, 1002)).plan.vec, 2);
   EXPECT_EQ(cuda::render(reductions(DType::F32, {3000, 5}, 1, {5, 1})).plan.strategy, cuda::Strategy::ThreadRow);
-  EXPECT_EQ(cuda::render(reductions(DType::F32, {2048, 4097}, 1, {1, 2048})).plan.strategy,
-            cuda::Strategy::ThreadRow);
-  // Few columns: a block per column beats 33 threads.
-  EXPECT_EQ(cuda::render(reductions(DType::F32, {33, 4097}, 1, {1, 33})).plan.strategy, cuda::Strategy::BlockRow);
+  // Column sums (Note [Split column reductions]): whatever the number of columns.
+  EXPECT_EQ(cuda::render(reductions(DType::F32, {2048, 4097}, 1, {1, 2048})).plan.strategy, cuda::Strategy::Column);
+  EXPECT_EQ(cuda::render(reductions(DType::F32, {33, 4097}, 1, {1, 33})).plan.strategy, cuda::Strategy::Column);
+  // ... but a short column stays one thread per column.
+  EXPECT_EQ(cuda::render(reductions(DType::F32, {2048, 16}, 1, {1, 2048})).plan.strategy, cuda::Strategy::ThreadRow);
+}
+
+// Softmax over dim 0 of [rows, cols] (contiguous): a column reduction with three passes.
+tcap::kir::Kernel column_softmax(int64_t rows, int64_t cols) {
+  KernelBuilder kb("column_softmax", {cols, rows}, 1);
+  const int32_t in = kb.input(DType::F32), out = kb.output(DType::F32);
+  const int32_t x = kb.load(in, {1, cols});
+  const int32_t m = kb.reduce(OpCode::ReduceMax, x);
+  const int32_t e = kb.un(OpCode::Exp, kb.bin(OpCode::Sub, x, m));
+  const int32_t s = kb.reduce(OpCode::ReduceSum, e);
+  kb.store(kb.bin(OpCode::Div, e, s), out, {1, cols});
+  return kb.k;
+}
+
+// A bias gradient through a ReLU: the masked gradient stored per element, its column sums
+// per column, and a per-column load in the epilogue (the sums scaled by a per-column value).
+tcap::kir::Kernel bias_grad(DType t, int64_t rows, int64_t cols) {
+  KernelBuilder kb(std::string("bias_grad_") + tcap::kir::to_string(t), {cols, rows}, 1);
+  const int32_t grad = kb.input(t), act = kb.input(t), scale = kb.input(t);
+  const int32_t masked = kb.output(t), sums = kb.output(t);
+  const DType c = compute(t);
+  const int32_t g = kb.cast(kb.load(grad, {1, cols}), c);
+  const int32_t a = kb.cast(kb.load(act, {1, cols}), c);
+  const int32_t zero = kb.fconst(c, 0.0);
+  const int32_t m = kb.where(kb.bin(OpCode::Gt, a, zero), g, zero);
+  kb.store(kb.cast(m, t), masked, {1, cols});
+  const int32_t sum = kb.reduce(OpCode::ReduceSum, m);
+  const int32_t s = kb.bin(OpCode::Mul, sum, kb.cast(kb.load(scale, {1, 0}), c));
+  kb.store(kb.cast(s, t), sums, {1, 0});
+  return kb.k;
+}
+
+TEST(CudaRender, ColumnReductionsSplitRowsOverBlocks) {
+  SKIP_WITHOUT_NVRTC();
+  // [4097, 2048] summed over rows: 16 tiles of 32 lanes x 4 columns, 8 rows of threads, the
+  // rows split 65 ways (64 rows a split: 8 per thread).
+  const auto big = cuda::render(reductions(DType::F32, {2048, 4097}, 1, {1, 2048})).plan;
+  EXPECT_EQ(big.vec, 4);
+  EXPECT_EQ(big.lanes, 32);
+  EXPECT_EQ(big.block, 256);
+  EXPECT_EQ(big.splits, 65);
+  EXPECT_EQ(big.work_items, 16 * 65);
+  EXPECT_EQ(big.semaphore_bytes, 256);
+  // Sum, max and min: 65 partial results per column each.
+  EXPECT_EQ(big.scratch_bytes, 256 + 3 * 65 * 2048 * 4);
+  // Few columns: narrower tiles, more rows of threads.
+  const auto narrow = cuda::render(reductions(DType::F32, {8, 100000}, 1, {1, 8})).plan;
+  EXPECT_EQ(narrow.strategy, cuda::Strategy::Column);
+  EXPECT_EQ(narrow.vec, 4);
+  EXPECT_EQ(narrow.lanes, 2);
+  EXPECT_EQ(narrow.lanes * narrow.vec, 8);
+  EXPECT_EQ(narrow.splits, 98);  // 128 rows of threads, 8 rows each
+  // Short columns need no split: no scratch argument.
+  const auto one = cuda::render(reductions(DType::F32, {2048, 50}, 1, {1, 2048}));
+  EXPECT_EQ(one.plan.strategy, cuda::Strategy::Column);
+  EXPECT_EQ(one.plan.splits, 1);
+  EXPECT_EQ(one.plan.scratch_bytes, 0);
+  EXPECT_EQ(one.source.find("tcap_scratch"), std::string::npos);
+  // Odd columns: no vector path. Half: 8 columns a vector.
+  EXPECT_EQ(cuda::render(reductions(DType::F32, {33, 4097}, 1, {1, 33})).plan.vec, 1);
+  EXPECT_EQ(cuda::render(bias_grad(DType::F16, 1000, 96)).plan.vec, 8);
+  // The PTX: 16-byte loads and stores, the semaphore, the fence, partial results read past L1.
+  const std::string ptx = ptx_of(bias_grad(DType::F32, 4097, 2048));
+  EXPECT_NE(ptx.find("ld.global.nc.v4.f32"), std::string::npos) << "no 16-byte vector load";
+  EXPECT_NE(ptx.find("st.global.v4.f32"), std::string::npos) << "no 16-byte vector store";
+  EXPECT_NE(ptx.find("atom.global.add.u32"), std::string::npos);
+  EXPECT_TRUE(ptx.find("membar.gl") != std::string::npos || ptx.find("fence.sc.gpu") != std::string::npos);
+  EXPECT_NE(ptx.find("ld.volatile.global.f32"), std::string::npos);
+  EXPECT_EQ(ptx.find(".local"), std::string::npos) << "the per-column arrays spilled to local memory";
+  // Several passes (a softmax over dim 0) stay one thread per column.
+  EXPECT_EQ(cuda::render(column_softmax(1000, 2048)).plan.strategy, cuda::Strategy::ThreadRow);
+  ptx_of(column_softmax(1000, 2048));
+  for (DType t : kAll) ptx_of(reductions(t, {70, 2000}, 1, {1, 70}));
 }
 
 // Broadcast stores (kir.h): an outer-level value written at every point of its row is
@@ -461,6 +535,9 @@ void fused_patterns(Where w) {
                [&] { return Tensors{leaf(torch::randn({n, 3, 5}, dev))}; }, 1e-4, 1e-4);
     check_cuda(w, "column_sum", [](const Tensors& in) { return Tensors{(in[0] * in[0]).sum(0)}; },
                [&] { return Tensors{leaf(torch::randn({n, 1031}, dev))}; }, 1e-4, 1e-4);
+    // A linear layer's bias gradient through a ReLU: a column sum with a per-element store.
+    check_cuda(w, "bias_relu", [](const Tensors& in) { return Tensors{torch::relu(in[0] + in[1]) * 3.0}; },
+               [&] { return Tensors{leaf(torch::randn({n, 96}, dev)), leaf(torch::randn({96}, dev))}; }, 1e-4, 1e-4);
   }
 }
 
@@ -637,7 +714,10 @@ TEST(CudaEmulated, CompiledAutogradBackward) {
 
 TEST(CudaEmulated, FusedPatternsMatchEager) {
   SKIP_WITHOUT_EMULATOR();
+  const auto before = cuda_emu::stats();
   fused_patterns(Where::Emulator);
+  // Layer norm's weight and bias gradients and the bias gradient are split column sums.
+  EXPECT_GT(cuda_emu::stats().split_launches, before.split_launches);
 }
 
 TEST(CudaEmulated, HalfAndBFloat16ComputeInFloat) {
@@ -732,6 +812,34 @@ KernelBuffers clone(const KernelBuffers& b) {
   return c;
 }
 
+// Kernel k run by the emulator and by the cpu_llvm backend on the same random inputs, in
+// buffers `pad` elements into padded tensors, whole buffers compared: integers and bools
+// bit for bit, floats within what libm against libmvec and a different summation order
+// allow; the padding untouched.
+void emulated_matches_cpu(const tcap::kir::Kernel& k, int64_t pad) {
+  SCOPED_TRACE(k.name + " " + cuda::to_string(cuda::render(k).plan));
+  const KernelBuffers a = make_buffers(k, pad);
+  const KernelBuffers b = clone(a);
+  tcap::test::run(*tcap::codegen::compile_cpu_kernel(k), a.views);
+  const auto emu = cuda_emu::build(k);
+  std::vector<void*> args = tcap::test::args_of(b.views);
+  emu->fn(args.data(), 0, emu->range);
+  for (size_t i = 0; i < a.whole.size(); ++i) {
+    SCOPED_TRACE("buffer " + std::to_string(i));
+    const at::Tensor x = a.whole[i], y = b.whole[i];
+    if (!x.is_floating_point()) {
+      EXPECT_TRUE(at::equal(x, y)) << "cpu " << x.slice(0, pad - 4, pad + 16) << "\nemulated " << y.slice(0, pad - 4, pad + 16);
+      continue;
+    }
+    const DType t = k.buffers[i].dtype;
+    const double rtol = t == DType::F64 ? 1e-9 : t == DType::F32 ? 1e-4 : t == DType::F16 ? 1e-2 : 4e-2;
+    EXPECT_TRUE(tcap::test::close(y, x, rtol, rtol, k));
+    // The padding is untouched: NaN in both (a write out of bounds would be a number).
+    EXPECT_TRUE(y.slice(0, 0, pad).isnan().all().item<bool>()) << "write before the buffer";
+    EXPECT_TRUE(y.slice(0, y.numel() - pad).isnan().all().item<bool>()) << "write after the buffer";
+  }
+}
+
 // Every kernel of the PTX test, run by the emulator and by the cpu_llvm backend (the same
 // kernel IR semantics) on the same random inputs, whole padded buffers compared: integers
 // and bools bit for bit, floats within what libm against libmvec and a different summation
@@ -751,29 +859,41 @@ TEST(CudaEmulated, EveryOpAndDtypeMatchesTheCpuBackend) {
     kernels.push_back(reductions(t, {6, 5, 7}, 2, {35, 7, 1}));
   }
   for (DType t : kFloats) kernels.push_back(softmax(t, 7, 1000));
+  kernels.push_back(column_softmax(300, 70));
+  for (const auto& k : kernels) emulated_matches_cpu(k, 64);
+}
+
+// Column kernels (Note [Split column reductions]) against the cpu_llvm backend: several
+// tiles and splits, odd column counts, two reduce dims, a per-element store and a
+// per-column load. Aligned buffers take the vector path, buffers one element in the scalar.
+TEST(CudaEmulated, ColumnReductionsMatchTheCpuBackend) {
+  SKIP_WITHOUT_EMULATOR();
+  std::string why;
+  if (!tcap::codegen::cpu_llvm_available(&why)) GTEST_SKIP() << why;
+  std::vector<tcap::kir::Kernel> kernels;
+  for (DType t : kAll) {
+    kernels.push_back(reductions(t, {70, 2000}, 1, {1, 70}));
+    kernels.push_back(reductions(t, {96, 700}, 1, {1, 96}));
+    kernels.push_back(reductions(t, {64, 30, 40}, 2, {1, 64 * 41, 64}));
+  }
+  for (DType t : kFloats) {
+    kernels.push_back(bias_grad(t, 1000, 96));
+    kernels.push_back(bias_grad(t, 333, 37));
+  }
+  const auto before = cuda_emu::stats();
   for (const auto& k : kernels) {
-    SCOPED_TRACE(k.name + " " + cuda::to_string(cuda::render(k).plan));
-    const KernelBuffers a = make_buffers(k, 64);
-    const KernelBuffers b = clone(a);
-    tcap::test::run(*tcap::codegen::compile_cpu_kernel(k), a.views);
-    const auto emu = cuda_emu::build(k);
-    std::vector<void*> args = tcap::test::args_of(b.views);
-    emu->fn(args.data(), 0, emu->range);
-    for (size_t i = 0; i < a.whole.size(); ++i) {
-      SCOPED_TRACE("buffer " + std::to_string(i));
-      const at::Tensor x = a.whole[i], y = b.whole[i];
-      if (!x.is_floating_point()) {
-        EXPECT_TRUE(at::equal(x, y)) << "cpu " << x.slice(0, 60, 80) << "\nemulated " << y.slice(0, 60, 80);
-        continue;
-      }
-      const DType t = k.buffers[i].dtype;
-      const double rtol = t == DType::F64 ? 1e-9 : t == DType::F32 ? 1e-4 : t == DType::F16 ? 1e-2 : 4e-2;
-      EXPECT_TRUE(tcap::test::close(y, x, rtol, rtol, k));
-      // The padding is untouched: NaN in both (a write out of bounds would be a number).
-      EXPECT_TRUE(y.slice(0, 0, 64).isnan().all().item<bool>()) << "write before the buffer";
-      EXPECT_TRUE(y.slice(0, y.numel() - 64).isnan().all().item<bool>()) << "write after the buffer";
+    const cuda::LaunchPlan plan = cuda::render(k).plan;
+    EXPECT_EQ(plan.strategy, cuda::Strategy::Column) << k.name << " " << cuda::to_string(plan);
+    for (int64_t pad : {64, 65}) {
+      SCOPED_TRACE("pad " + std::to_string(pad));
+      const auto v0 = cuda_emu::stats().vector_launches;
+      emulated_matches_cpu(k, pad);
+      EXPECT_EQ(cuda_emu::stats().vector_launches - v0, pad == 64 && plan.vec > 1 ? 1 : 0);
     }
   }
+  const auto after = cuda_emu::stats();
+  EXPECT_EQ(after.column_launches - before.column_launches, static_cast<int64_t>(2 * kernels.size()));
+  EXPECT_GT(after.split_launches - before.split_launches, static_cast<int64_t>(kernels.size()));
 }
 #endif
 

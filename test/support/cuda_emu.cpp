@@ -266,7 +266,8 @@ Block g_block;
 tcap_emu_thread* g_current = nullptr;
 char* g_stacks = nullptr;
 
-std::atomic<int64_t> g_launches{0}, g_vector_launches{0}, g_switches{0}, g_built{0}, g_hits{0};
+std::atomic<int64_t> g_launches{0}, g_vector_launches{0}, g_column_launches{0}, g_split_launches{0}, g_switches{0},
+    g_built{0}, g_hits{0};
 
 std::string where(const Fiber& f) {
   std::ostringstream os;
@@ -401,10 +402,26 @@ void emu_launch(void* slot, void (*call)(void* const*, int), void* const* args) 
   }
   std::optional<GuardedBuffers> guarded;
   if (!k.extents.empty()) guarded.emplace(k, args);
+  // A split column reduction's scratch (Note [Split column reductions]): semaphores zeroed
+  // as the host zeroes them, the workspace poisoned so that reading a partial result no
+  // block wrote gives NaN (or -1).
+  std::vector<unsigned char> scratch;
+  std::vector<void*> with_scratch;
+  void* const* run_args = guarded ? guarded->args() : args;
+  if (p.scratch_bytes > 0) {
+    if (k.extents.empty()) {
+      throw std::runtime_error("kernel " + k.name + " takes scratch memory: emulate it with bounds (build, not build_source)");
+    }
+    scratch.assign(static_cast<size_t>(p.scratch_bytes), 0xff);
+    std::memset(scratch.data(), 0, static_cast<size_t>(p.semaphore_bytes));
+    with_scratch.assign(run_args, run_args + k.extents.size());
+    with_scratch.push_back(scratch.data());
+    run_args = with_scratch.data();
+  }
   Block& B = g_block;
   B.kernel = &k;
   B.call = call;
-  B.args = guarded ? guarded->args() : args;
+  B.args = run_args;
   B.vec_ok = cg::vector_path_ok(p, args);
   B.threads = p.block;
   B.fibers.resize(static_cast<size_t>(p.block));
@@ -413,9 +430,22 @@ void emu_launch(void* slot, void (*call)(void* const*, int), void* const* args) 
   B.switches = 0;
   const int64_t grid = std::min<int64_t>(cg::launch_grid(p, 1), std::max(1, k.options.max_blocks));
   for (int64_t b = 0; b < grid; ++b) run_block(static_cast<unsigned>(b), static_cast<unsigned>(grid));
+  if (p.scratch_bytes > 0) {  // every split of every tile counted exactly once
+    const int64_t tiles = p.work_items / p.splits;
+    for (int64_t t = 0; t < tiles; ++t) {
+      unsigned int count = 0;
+      std::memcpy(&count, scratch.data() + t * 4, sizeof count);
+      if (count != static_cast<unsigned int>(p.splits)) {
+        throw std::runtime_error("kernel " + k.name + " (" + k.entry + "): column tile " + std::to_string(t) + " counted " +
+                                 std::to_string(count) + " of its " + std::to_string(p.splits) + " splits");
+      }
+    }
+  }
   if (guarded) guarded->finish();
   g_launches.fetch_add(1);
   if (B.vec_ok) g_vector_launches.fetch_add(1);
+  if (p.strategy == cg::Strategy::Column) g_column_launches.fetch_add(1);
+  if (p.strategy == cg::Strategy::Column && p.splits > 1) g_split_launches.fetch_add(1);
   g_switches.fetch_add(B.switches);
 }
 
@@ -598,7 +628,15 @@ tcap::Executable compiler(const ir::Graph& g, bool also_ptx, const Options& o) {
 }
 
 Stats stats() {
-  return {g_built.load(), g_hits.load(), g_launches.load(), g_vector_launches.load(), g_switches.load()};
+  Stats s;
+  s.built = g_built.load();
+  s.cache_hits = g_hits.load();
+  s.launches = g_launches.load();
+  s.vector_launches = g_vector_launches.load();
+  s.column_launches = g_column_launches.load();
+  s.split_launches = g_split_launches.load();
+  s.fiber_switches = g_switches.load();
+  return s;
 }
 
 }  // namespace tcap::testing::cuda_emu

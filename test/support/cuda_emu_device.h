@@ -129,6 +129,15 @@ static const tcap_emu_api* tcap_emu = nullptr;
 #define gridDim ((*tcap_emu->current)->grid_dim)
 #define __syncthreads() tcap_emu->syncthreads()
 
+// One block runs at a time and fibers switch only at barriers and shuffles, so atomics are
+// plain read-modify-writes and fences have nothing to order.
+inline unsigned int atomicAdd(unsigned int* p, unsigned int v) {
+  const unsigned int old = *p;
+  *p = old + v;
+  return old;
+}
+inline void __threadfence() {}
+
 template <typename T>
 inline T __shfl_xor_sync(unsigned int mask, T v, int lane_mask) {
   tcap_emu->shfl_xor(&v, static_cast<int>(sizeof v), lane_mask, mask);

@@ -144,11 +144,13 @@ std::string compile_to_ptx(const kir::Kernel& k, int arch, std::string* source) 
   return ptx;
 }
 
-void launch(const CudaKernel& k, int device, void* stream, void* const* buffers, size_t num_buffers) {
+void launch(const CudaKernel& k, int device, void* stream, void* const* buffers, size_t num_buffers, void* scratch) {
   const LaunchPlan& p = k.plan;
   TORCH_CHECK(num_buffers == k.num_buffers, "tcap cuda: kernel ", k.name, " takes ", k.num_buffers, " buffers, got ",
               num_buffers);
   if (p.work_items == 0) return;
+  TORCH_CHECK(p.scratch_bytes == 0 || scratch, "tcap cuda: kernel ", k.name, " needs ", p.scratch_bytes,
+              " bytes of scratch memory and was launched without");
   CudaKernel::Loaded fn;
   {
     std::lock_guard<std::mutex> lock(k.mu);
@@ -164,6 +166,7 @@ void launch(const CudaKernel& k, int device, void* stream, void* const* buffers,
   // cuLaunchKernel takes a pointer to each argument.
   c10::SmallVector<void*, 16> params;
   for (size_t b = 0; b < num_buffers; ++b) params.push_back(const_cast<void**>(&buffers[b]));
+  if (p.scratch_bytes > 0) params.push_back(&scratch);
   params.push_back(&vec_ok);
   cuda::launch(device, fn.fn, fn.grid, p.block, stream, params.data(), k.name);
   g_launches.fetch_add(1, std::memory_order_relaxed);

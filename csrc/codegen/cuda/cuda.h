@@ -76,8 +76,11 @@ std::shared_ptr<const CudaKernel> compile_cuda_kernel(const kir::Kernel& k, cons
 std::string compile_to_ptx(const kir::Kernel& k, int arch, std::string* source = nullptr);
 
 // Launches on device `device` and `stream` (a cudaStream_t). buffers: one data pointer per
-// kernel buffer (the element the kernel's offsets are relative to). Errors name the kernel.
-void launch(const CudaKernel& k, int device, void* stream, void* const* buffers, size_t num_buffers);
+// kernel buffer (the element the kernel's offsets are relative to). scratch: device memory
+// of k.plan.scratch_bytes (null when that is 0) whose first k.plan.semaphore_bytes are zero,
+// in stream order (Note [Split column reductions]). Errors name the kernel.
+void launch(const CudaKernel& k, int device, void* stream, void* const* buffers, size_t num_buffers,
+            void* scratch = nullptr);
 
 CudaStats cuda_stats();
 void cuda_clear_memory_cache_for_testing();

@@ -221,6 +221,41 @@ std::string math(const char* name, DType t, const std::string& a) {
   return std::string(name) + (t == DType::F64 ? "" : "f") + "(" + a + ")";
 }
 
+// Reduce helpers: a Reduce's identity and combine functor (accumulators have the register
+// type of its dtype).
+std::string reduce_identity(const kir::Instr& in) {
+  const DType t = in.dtype;
+  if (kir::is_floating(t)) {
+    if (in.op == OpCode::ReduceSum) return t == DType::F64 ? "0.0" : "0.0f";
+    const double inf = std::numeric_limits<double>::infinity();
+    const double x = in.op == OpCode::ReduceMax ? -inf : inf;
+    return t == DType::F64 ? hex_double(x) : hex_float(static_cast<float>(x));
+  }
+  if (t == DType::Bool) return in.op == OpCode::ReduceMin ? "true" : "false";
+  if (in.op == OpCode::ReduceSum) return int_literal(t, 0);
+  int64_t lo = 0, hi = 0;
+  switch (t) {
+    case DType::U8: lo = 0; hi = 255; break;
+    case DType::I8: lo = -128; hi = 127; break;
+    case DType::I16: lo = -32768; hi = 32767; break;
+    case DType::I32: lo = std::numeric_limits<int32_t>::min(); hi = std::numeric_limits<int32_t>::max(); break;
+    default: lo = std::numeric_limits<int64_t>::min(); hi = std::numeric_limits<int64_t>::max(); break;
+  }
+  return int_literal(t, in.op == OpCode::ReduceMax ? lo : hi);
+}
+
+std::string acc_type(const kir::Instr& in) { return reg_type(in.dtype); }
+
+std::string reduce_functor(const kir::Instr& in) {
+  const DType t = in.dtype;
+  if (kir::is_floating(t)) {
+    return in.op == OpCode::ReduceSum ? "tcap_op_fsum()" : in.op == OpCode::ReduceMax ? "tcap_op_fmax()" : "tcap_op_fmin()";
+  }
+  if (t == DType::Bool) return in.op == OpCode::ReduceMax ? "tcap_op_or()" : "tcap_op_and()";
+  if (in.op == OpCode::ReduceSum) return t == DType::I32 || t == DType::I64 ? "tcap_op_isum()" : "tcap_op_ssum()";
+  return in.op == OpCode::ReduceMax ? "tcap_op_imax()" : "tcap_op_imin()";
+}
+
 int64_t max_offset(const kir::Access& a, const std::vector<int64_t>& sizes) {
   int64_t m = std::abs(a.offset);
   for (size_t d = 0; d < sizes.size(); ++d) {
@@ -246,14 +281,15 @@ class UnitAccesses {
     unit_.push_back({{buffer, a.offset, size}, &a});
   }
   // 16 bytes of the widest element (at most 8 elements), narrowed until `row` (when given)
-  // and every unit access's stride along the outer dims [0, last) are multiples of it, so
-  // that vectors never straddle rows and one aligned row start means all are aligned.
-  int width(std::optional<int64_t> row, size_t last) const {
+  // and every unit access's stride along every dim but `along` (the vectors' dim) are
+  // multiples of it, so that vectors never straddle rows and one aligned row start means
+  // all are aligned.
+  int width(std::optional<int64_t> row, size_t along) const {
     auto fits = [&](int w) {
       if (row && *row % w != 0) return false;
       for (const auto& u : unit_) {
-        for (size_t d = 0; d < last; ++d) {
-          if (u.second->strides[d] % w != 0) return false;
+        for (size_t d = 0; d < u.second->strides.size(); ++d) {
+          if (d != along && u.second->strides[d] % w != 0) return false;
         }
       }
       return true;
@@ -311,8 +347,13 @@ class Renderer {
   std::string offset_expr(const kir::Access& a, int lo, int hi, bool with_offset) const;
   void coords(std::ostringstream& os, const std::string& linear, int lo, int hi, const std::string& indent) const;
 
+  // Plans a Column kernel (Note [Split column reductions]); false when its shared memory
+  // would not fit.
+  bool plan_column(int64_t outer, int64_t red);
+
   void pointwise(std::ostringstream& os);
   void reduction(std::ostringstream& os);
+  void column(std::ostringstream& os);
 
   const kir::Kernel& k_;
   RenderOptions o_;
@@ -321,7 +362,46 @@ class Renderer {
   std::vector<int> level_;
   LaunchPlan plan_;
   std::string idx_;  // "int" or "long long"
+  std::vector<int64_t> workspace_offset_;  // Column with splits: per value id of a Reduce, its
+                                           // partial results' byte offset in the scratch
 };
+
+// Note [Split column reductions]
+// A column reduction (reducing the rows of a row-major matrix: bias gradients, layer-norm
+// weight gradients, BatchNorm statistics) reads along the outer dims. One thread per column
+// with a serial loop over the rows (ThreadRow) leaves a GPU almost idle when there are a
+// few thousand columns (a [1024, 2048] bias gradient is 2048 threads, ~1% of an H100's),
+// and one block per column (BlockRow) reads one element per 32-byte sector. The Column
+// strategy (Note [CUDA kernel shapes]) tiles the columns in blocks of `lanes` x `vec`
+// columns and 256 / lanes rows of threads, and splits the rows of a tile over `splits`
+// blocks, so that there are enough blocks to fill the device and every thread runs about
+// kColumnRowsPerThread rows. Per tile and split:
+//   1. each thread accumulates its `vec` columns over the rows ty, ty + rows, ... of the
+//      split, reading `vec` columns at once (16 bytes) on the vector path;
+//   2. the block combines its row-threads through shared memory, in row-thread order;
+//   3. with one split, the first row of threads runs the epilogue (outer-level values and
+//      stores); with several, it writes the partial results to the workspace, fences, and
+//      one thread counts the split in the tile's semaphore; the block that counts last
+//      reads every split's partial result (volatile: not from L1) in split order and runs
+//      the epilogue.
+// Nothing depends on which block arrives last or on the device: the combination order is
+// fixed by the kernel's shape, so the results are deterministic and the same on every GPU.
+// The semaphores must be zero at launch: the host zeroes them on the launch's stream.
+// Only single-pass kernels are Column kernels; multi-pass ones (a softmax over dim 0) run
+// as ThreadRow.
+constexpr int kColumnBlock = 256;
+constexpr int64_t kColumnRowsPerThread = 8;
+constexpr int64_t kColumnMaxSplits = 256;
+constexpr int64_t kColumnMaxSharedBytes = 32 * 1024;
+
+// Bytes of a Reduce's accumulator (its register type).
+int64_t acc_bytes(DType t) {
+  if (t == DType::Bool) return 1;
+  if (t == DType::F16 || t == DType::BF16) return 4;
+  return kir::dtype_size(t);
+}
+
+int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
 void Renderer::plan() {
   const int rank = static_cast<int>(c_.sizes.size());
@@ -368,12 +448,17 @@ void Renderer::plan() {
   // the innermost reduce dim; with enough rows, a thread per row reads coalesced.
   const size_t olast = static_cast<size_t>(c_.num_outer - 1);
   const size_t last = static_cast<size_t>(rank - 1);
-  bool outer_unit = true, inner_unit = true;
+  bool outer_unit = true, inner_unit = true, some_outer_unit = false;
   for (size_t id = 0; id < k_.instrs.size(); ++id) {
     if (k_.instrs[id].op != OpCode::Load || !elem_[id]) continue;
     const int64_t so = c_.loads[id].strides[olast], si = c_.loads[id].strides[last];
     outer_unit = outer_unit && (so == 0 || so == 1);
     inner_unit = inner_unit && (si == 0 || si == 1);
+    some_outer_unit = some_outer_unit || so == 1;
+  }
+  if (red > o_.thread_row_max && outer_unit && some_outer_unit && !inner_unit && num_passes() == 1 &&
+      plan_column(outer, red)) {
+    return;
   }
   const bool column = outer_unit && !inner_unit && outer >= 1024;
   if (red <= o_.thread_row_max || column) {
@@ -422,6 +507,59 @@ void Renderer::plan() {
   }
 }
 
+bool Renderer::plan_column(int64_t outer, int64_t red) {
+  const size_t olast = static_cast<size_t>(c_.num_outer - 1);
+  // Vector path along the innermost outer dim: element loads read it with stride 0 or 1
+  // (the caller checked), per-element stores write it with stride 1.
+  bool ok = true;
+  UnitAccesses unit(k_);
+  for (size_t id = 0; id < k_.instrs.size(); ++id) {
+    if (k_.instrs[id].op == OpCode::Load && elem_[id] && c_.loads[id].strides[olast] == 1) {
+      unit.add(k_.instrs[id].buffer, c_.loads[id]);
+    }
+  }
+  for (size_t s = 0; s < k_.stores.size() && ok; ++s) {
+    if (!kir::per_element(k_, k_.stores[s], elem_)) continue;
+    ok = c_.stores[s].strides[olast] == 1;
+    unit.add(k_.stores[s].buffer, c_.stores[s]);
+  }
+  int vec = ok ? unit.width(c_.sizes[olast], olast) : 1;
+  // Shared memory: one accumulator per thread, column and Reduce.
+  int64_t per_column = 0;
+  for (const kir::Instr& in : k_.instrs) {
+    if (kir::is_reduce(in.op)) per_column += acc_bytes(in.dtype);
+  }
+  while (vec > 1 && kColumnBlock * vec * per_column > kColumnMaxSharedBytes) vec /= 2;
+  if (kColumnBlock * vec * per_column > kColumnMaxSharedBytes) return false;
+  const int64_t lanes = std::min<int64_t>(32, pow2_ceil((outer + vec - 1) / vec));
+  const int64_t rows = kColumnBlock / lanes;
+  const int64_t tiles = (outer + lanes * vec - 1) / (lanes * vec);
+  // Splits: about kColumnRowsPerThread rows per thread, and the workspace indexable in int.
+  int64_t splits = std::clamp<int64_t>((red + rows * kColumnRowsPerThread - 1) / (rows * kColumnRowsPerThread), 1,
+                                       std::min<int64_t>(kColumnMaxSplits, std::max<int64_t>(1, (int64_t{1} << 30) / outer)));
+  const int64_t per_split = (red + splits - 1) / splits;
+  splits = (red + per_split - 1) / per_split;  // no empty split
+  plan_.strategy = Strategy::Column;
+  plan_.block = kColumnBlock;
+  plan_.vec = vec;
+  plan_.lanes = static_cast<int>(lanes);
+  plan_.splits = static_cast<int>(splits);
+  plan_.work_items = tiles * splits;
+  if (vec > 1) unit.aligned_into(plan_);
+  if (splits > 1) {
+    plan_.semaphore_bytes = round_up(tiles * 4, 256);
+    int64_t at = plan_.semaphore_bytes;
+    workspace_offset_.assign(k_.instrs.size(), -1);
+    for (size_t id = 0; id < k_.instrs.size(); ++id) {
+      if (!kir::is_reduce(k_.instrs[id].op)) continue;
+      workspace_offset_[id] = at;
+      at += round_up(splits * outer * acc_bytes(k_.instrs[id].dtype), 256);
+    }
+    plan_.scratch_bytes = at;
+  }
+  return true;
+}
+
 void Renderer::params(std::ostringstream& os) const {
   std::vector<bool> read(k_.buffers.size(), false);
   for (const kir::Instr& in : k_.instrs) {
@@ -440,7 +578,8 @@ void Renderer::params(std::ostringstream& os) const {
     }
     os << buf(static_cast<int32_t>(b));
   }
-  os << (k_.buffers.empty() ? "" : ", ") << "int vec_ok";
+  if (plan_.scratch_bytes > 0) os << (k_.buffers.empty() ? "" : ", ") << "unsigned char* __restrict__ tcap_scratch";
+  os << (k_.buffers.empty() && plan_.scratch_bytes == 0 ? "" : ", ") << "int vec_ok";
 }
 
 std::string Renderer::op_expr(int32_t id) const {
@@ -698,38 +837,6 @@ void Renderer::reduction(std::ostringstream& os) {
 
   const int passes = num_passes();
 
-  // Reduce helpers: accumulator type, identity, combine functor.
-  auto acc_type = [&](const kir::Instr& in) { return std::string(reg_type(in.dtype)); };
-  auto identity = [&](const kir::Instr& in) -> std::string {
-    const DType t = in.dtype;
-    if (kir::is_floating(t)) {
-      if (in.op == OpCode::ReduceSum) return t == DType::F64 ? "0.0" : "0.0f";
-      const double inf = std::numeric_limits<double>::infinity();
-      const double x = in.op == OpCode::ReduceMax ? -inf : inf;
-      return t == DType::F64 ? hex_double(x) : hex_float(static_cast<float>(x));
-    }
-    if (t == DType::Bool) return in.op == OpCode::ReduceMin ? "true" : "false";
-    if (in.op == OpCode::ReduceSum) return int_literal(t, 0);
-    int64_t lo = 0, hi = 0;
-    switch (t) {
-      case DType::U8: lo = 0; hi = 255; break;
-      case DType::I8: lo = -128; hi = 127; break;
-      case DType::I16: lo = -32768; hi = 32767; break;
-      case DType::I32: lo = std::numeric_limits<int32_t>::min(); hi = std::numeric_limits<int32_t>::max(); break;
-      default: lo = std::numeric_limits<int64_t>::min(); hi = std::numeric_limits<int64_t>::max(); break;
-    }
-    return int_literal(t, in.op == OpCode::ReduceMax ? lo : hi);
-  };
-  auto functor = [&](const kir::Instr& in) -> std::string {
-    const DType t = in.dtype;
-    if (kir::is_floating(t)) {
-      return in.op == OpCode::ReduceSum ? "tcap_op_fsum()" : in.op == OpCode::ReduceMax ? "tcap_op_fmax()" : "tcap_op_fmin()";
-    }
-    if (t == DType::Bool) return in.op == OpCode::ReduceMax ? "tcap_op_or()" : "tcap_op_and()";
-    if (in.op == OpCode::ReduceSum) return t == DType::I32 || t == DType::I64 ? "tcap_op_isum()" : "tcap_op_ssum()";
-    return in.op == OpCode::ReduceMax ? "tcap_op_imax()" : "tcap_op_imin()";
-  };
-
   if (block) {
     for (size_t id = 0; id < n; ++id) {
       if (kir::is_reduce(k_.instrs[id].op)) {
@@ -795,7 +902,7 @@ void Renderer::reduction(std::ostringstream& os) {
     }
     for (int32_t r : reds) {
       const kir::Instr& in = k_.instrs[static_cast<size_t>(r)];
-      os << "    " << acc_type(in) << " acc" << r << " = " << identity(in) << ";\n";
+      os << "    " << acc_type(in) << " acc" << r << " = " << reduce_identity(in) << ";\n";
     }
     const std::vector<int32_t> elems = needed(roots, /*element_only=*/true);
     // The scalar loop over the reduce points (also the vector path's fallback).
@@ -810,7 +917,7 @@ void Renderer::reduction(std::ostringstream& os) {
       emit_values(os, elems, in2, elem_load);
       for (int32_t r : reds) {
         const kir::Instr& in = k_.instrs[static_cast<size_t>(r)];
-        os << in2 << "acc" << r << " = " << functor(in) << "(acc" << r << ", " << v(in.args[0]) << ");\n";
+        os << in2 << "acc" << r << " = " << reduce_functor(in) << "(acc" << r << ", " << v(in.args[0]) << ");\n";
       }
       for (size_t s : stores) {
         const kir::Store& st = k_.stores[s];
@@ -861,7 +968,7 @@ void Renderer::reduction(std::ostringstream& os) {
       emit_values(os, elems, "          ", [&](int32_t id) { return "l" + std::to_string(id) + ".v[j]"; });
       for (int32_t r : reds) {
         const kir::Instr& in = k_.instrs[static_cast<size_t>(r)];
-        os << "          acc" << r << " = " << functor(in) << "(acc" << r << ", " << v(in.args[0]) << ");\n";
+        os << "          acc" << r << " = " << reduce_functor(in) << "(acc" << r << ", " << v(in.args[0]) << ");\n";
       }
       for (size_t s : stores) {
         const kir::Store& st = k_.stores[s];
@@ -883,8 +990,8 @@ void Renderer::reduction(std::ostringstream& os) {
     for (int32_t r : reds) {
       const kir::Instr& in = k_.instrs[static_cast<size_t>(r)];
       if (block) {
-        os << "    acc" << r << " = tcap_block_reduce(acc" << r << ", " << functor(in) << ", (" << acc_type(in) << ")"
-           << identity(in) << ", smem" << r << ");\n";
+        os << "    acc" << r << " = tcap_block_reduce(acc" << r << ", " << reduce_functor(in) << ", (" << acc_type(in) << ")"
+           << reduce_identity(in) << ", smem" << r << ");\n";
       }
       os << "    const " << reg_type(in.dtype) << " " << v(r) << " = " << round_to(in.dtype, "acc" + std::to_string(r))
          << ";\n";
@@ -905,6 +1012,250 @@ void Renderer::reduction(std::ostringstream& os) {
   os << "  }\n";
 }
 
+void Renderer::column(std::ostringstream& os) {
+  const int rank = static_cast<int>(c_.sizes.size());
+  const int no = c_.num_outer;
+  const size_t olast = static_cast<size_t>(no - 1);
+  const size_t n = k_.instrs.size();
+  const int V = plan_.vec, L = plan_.lanes, Y = plan_.block / plan_.lanes, S = plan_.splits;
+  const int64_t outer = k_.outer_numel(), red = k_.reduce_numel();
+  const int64_t per_split = (red + S - 1) / S;
+  const std::string I = idx_, O = std::to_string(outer), R = std::to_string(red);
+  const std::string js = std::to_string(V);
+
+  std::vector<int32_t> reds, roots;
+  for (size_t id = 0; id < n; ++id) {
+    if (kir::is_reduce(k_.instrs[id].op)) {
+      reds.push_back(static_cast<int32_t>(id));
+      roots.push_back(k_.instrs[id].args[0]);
+    }
+  }
+  std::vector<size_t> elem_stores, outer_stores;
+  std::vector<int32_t> outer_roots;
+  for (size_t s = 0; s < k_.stores.size(); ++s) {
+    if (kir::per_element(k_, k_.stores[s], elem_)) {
+      elem_stores.push_back(s);
+      roots.push_back(k_.stores[s].value);
+    } else {
+      outer_stores.push_back(s);
+      outer_roots.push_back(k_.stores[s].value);
+    }
+  }
+  // Pass 0: the element values and the outer values they read (one per column), in
+  // topological (id) order. Epilogue: the outer values before and after the Reduces.
+  const std::vector<int32_t> pass = needed(roots, /*element_only=*/false);
+  std::vector<int32_t> epi_before, epi_after;
+  for (int32_t id : needed(outer_roots, /*element_only=*/false)) {
+    const auto u = static_cast<size_t>(id);
+    if (elem_[u] || kir::is_reduce(k_.instrs[u].op)) continue;
+    (level_[u] == 0 ? epi_before : epi_after).push_back(id);
+  }
+  auto load_at = [&](int32_t id, const std::string& base) {
+    const std::string r = offset_expr(c_.loads[static_cast<size_t>(id)], no, rank, false);
+    return buf(k_.instrs[static_cast<size_t>(id)].buffer) + "[" + base + (r == "0" ? "" : " + " + r) + "]";
+  };
+  auto combine = [&](int32_t r, const std::string& into, const std::string& x) {
+    return into + " = " + reduce_functor(k_.instrs[static_cast<size_t>(r)]) + "(" + into + ", " + x + ");";
+  };
+
+  for (int32_t r : reds) {
+    os << "  __shared__ " << acc_type(k_.instrs[static_cast<size_t>(r)]) << " sm" << r << "[" << plan_.block * V
+       << "];\n";
+  }
+  if (S > 1) {
+    os << "  __shared__ int tcap_last;\n";
+    os << "  unsigned int* tcap_sem = reinterpret_cast<unsigned int*>(tcap_scratch);\n";
+    for (int32_t r : reds) {
+      const std::string T = acc_type(k_.instrs[static_cast<size_t>(r)]);
+      os << "  " << T << "* ws" << r << " = reinterpret_cast<" << T << "*>(tcap_scratch + "
+         << workspace_offset_[static_cast<size_t>(r)] << ");\n";
+    }
+  }
+  os << "  const int tx = threadIdx.x % " << L << ";\n";
+  os << "  const int ty = threadIdx.x / " << L << ";\n";
+  os << "  for (" << I << " u = blockIdx.x; u < " << plan_.work_items << "; u += gridDim.x) {\n";
+  os << "    const " << I << " tile = u / " << S << ";\n";
+  os << "    const " << I << " split = u % " << S << ";\n";
+  os << "    const " << I << " o0 = (tile * " << L << " + tx) * " << V << ";\n";
+  os << "    const " << I << " r_begin = split * " << per_split << ";\n";
+  os << "    const " << I << " r_end = r_begin + " << per_split << " < " << R << " ? r_begin + " << per_split << " : " << R
+     << ";\n";
+  // Outer offsets of every access for each of the thread's columns (clamped: a column past
+  // the end is never read or written).
+  for (size_t id = 0; id < n; ++id) {
+    if (k_.instrs[id].op == OpCode::Load) os << "    " << I << " ob" << id << "[" << V << "];\n";
+  }
+  for (size_t s : elem_stores) os << "    " << I << " os" << s << "[" << V << "];\n";
+  os << "#pragma unroll\n";
+  os << "    for (int j = 0; j < " << V << "; ++j) {\n";
+  os << "      const " << I << " o = o0 + j < " << O << " ? o0 + j : " << O << " - 1;\n";
+  coords(os, "o", 0, no, "      ");
+  for (size_t id = 0; id < n; ++id) {
+    if (k_.instrs[id].op == OpCode::Load) os << "      ob" << id << "[j] = " << offset_expr(c_.loads[id], 0, no, true) << ";\n";
+  }
+  for (size_t s : elem_stores) os << "      os" << s << "[j] = " << offset_expr(c_.stores[s], 0, no, true) << ";\n";
+  os << "    }\n";
+  for (int32_t r : reds) {
+    const kir::Instr& in = k_.instrs[static_cast<size_t>(r)];
+    os << "    " << acc_type(in) << " acc" << r << "[" << V << "];\n";
+    os << "#pragma unroll\n";
+    os << "    for (int j = 0; j < " << V << "; ++j) acc" << r << "[j] = " << reduce_identity(in) << ";\n";
+  }
+  // The thread's rows of the split, for each of its columns.
+  auto accumulate = [&](const std::string& indent) {
+    for (int32_t r : reds) {
+      os << indent << combine(r, "acc" + std::to_string(r) + "[j]", v(k_.instrs[static_cast<size_t>(r)].args[0])) << "\n";
+    }
+  };
+  const std::string row_loop = "for (" + I + " r = r_begin + ty; r < r_end; r += " + std::to_string(Y) + ") {\n";
+  os << "    if (o0 < " << O << ") {\n";
+  if (V > 1) {
+    os << "      if (vec_ok) {\n";
+    os << "        " << row_loop;
+    coords(os, "r", no, rank, "          ");
+    for (int32_t id : pass) {
+      const kir::Instr& in = k_.instrs[static_cast<size_t>(id)];
+      if (in.op != OpCode::Load || !elem_[static_cast<size_t>(id)]) continue;
+      const char* mt = mem_type(k_.buffers[static_cast<size_t>(in.buffer)].dtype);
+      const std::string at = load_at(id, "ob" + std::to_string(id) + "[0]");
+      if (c_.loads[static_cast<size_t>(id)].strides[olast] == 1) {
+        const std::string vt = "tcap_vec<" + std::string(mt) + ", " + js + ">";
+        os << "          const " << vt << " l" << id << " = *reinterpret_cast<const " << vt << "*>(&" << at << ");\n";
+      } else {  // the same element for every column of the vector
+        os << "          const " << mt << " l" << id << " = " << at << ";\n";
+      }
+    }
+    for (size_t s : elem_stores) {
+      os << "          tcap_vec<" << mem_type(k_.buffers[static_cast<size_t>(k_.stores[s].buffer)].dtype) << ", " << V
+         << "> st" << s << ";\n";
+    }
+    os << "#pragma unroll\n";
+    os << "          for (int j = 0; j < " << V << "; ++j) {\n";
+    emit_values(os, pass, "            ", [&](int32_t id) {
+      const auto u = static_cast<size_t>(id);
+      if (!elem_[u]) return load_at(id, "ob" + std::to_string(id) + "[j]");
+      return "l" + std::to_string(id) + (c_.loads[u].strides[olast] == 1 ? ".v[j]" : "");
+    });
+    accumulate("            ");
+    for (size_t s : elem_stores) {
+      const kir::Store& st = k_.stores[s];
+      os << "            st" << s << ".v[j] = " << to_memory(k_.buffers[static_cast<size_t>(st.buffer)].dtype, v(st.value))
+         << ";\n";
+    }
+    os << "          }\n";
+    for (size_t s : elem_stores) {
+      const kir::Store& st = k_.stores[s];
+      const std::string off = offset_expr(c_.stores[s], no, rank, false);
+      os << "          *reinterpret_cast<tcap_vec<" << mem_type(k_.buffers[static_cast<size_t>(st.buffer)].dtype) << ", " << V
+         << ">*>(&" << buf(st.buffer) << "[os" << s << "[0]" << (off == "0" ? "" : " + " + off) << "]) = st" << s << ";\n";
+    }
+    os << "        }\n";
+    os << "      } else {\n";
+  }
+  // Scalar path (also the vector path's fallback): one column at a time.
+  const std::string ind = V > 1 ? "        " : "      ";
+  os << ind << row_loop;
+  coords(os, "r", no, rank, ind + "  ");
+  os << "#pragma unroll\n";
+  os << ind << "  for (int j = 0; j < " << V << "; ++j) {\n";
+  os << ind << "    if (o0 + j < " << O << ") {\n";
+  emit_values(os, pass, ind + "      ", [&](int32_t id) { return load_at(id, "ob" + std::to_string(id) + "[j]"); });
+  accumulate(ind + "      ");
+  for (size_t s : elem_stores) {
+    const kir::Store& st = k_.stores[s];
+    const std::string off = offset_expr(c_.stores[s], no, rank, false);
+    os << ind << "      " << buf(st.buffer) << "[os" << s << "[j]" << (off == "0" ? "" : " + " + off)
+       << "] = " << to_memory(k_.buffers[static_cast<size_t>(st.buffer)].dtype, v(st.value)) << ";\n";
+  }
+  os << ind << "    }\n";
+  os << ind << "  }\n";
+  os << ind << "}\n";
+  if (V > 1) os << "      }\n";
+  os << "    }\n";
+  // The block's row-threads, combined in order by the first row of threads.
+  os << "#pragma unroll\n";
+  os << "    for (int j = 0; j < " << V << "; ++j) {\n";
+  for (int32_t r : reds) os << "      sm" << r << "[threadIdx.x * " << V << " + j] = acc" << r << "[j];\n";
+  os << "    }\n";
+  os << "    __syncthreads();\n";
+  os << "    if (ty == 0) {\n";
+  os << "#pragma unroll\n";
+  os << "      for (int j = 0; j < " << V << "; ++j) {\n";
+  os << "        for (int y = 1; y < " << Y << "; ++y) {\n";
+  for (int32_t r : reds) {
+    os << "          " << combine(r, "acc" + std::to_string(r) + "[j]", "sm" + std::to_string(r) + "[(y * " + std::to_string(L) + " + tx) * " + js + " + j]") << "\n";
+  }
+  os << "        }\n";
+  os << "      }\n";
+  os << "    }\n";
+  // The epilogue of each of the thread's columns: outer values, the Reduces' results, stores.
+  auto epilogue = [&](const std::string& indent) {
+    os << "#pragma unroll\n";
+    os << indent << "for (int j = 0; j < " << V << "; ++j) {\n";
+    os << indent << "  if (o0 + j < " << O << ") {\n";
+    const std::string in2 = indent + "    ";
+    os << in2 << "const " << I << " o = o0 + j;\n";
+    coords(os, "o", 0, no, in2);
+    auto outer_load = [&](int32_t id) {
+      return buf(k_.instrs[static_cast<size_t>(id)].buffer) + "[" + offset_expr(c_.loads[static_cast<size_t>(id)], 0, no, true) + "]";
+    };
+    emit_values(os, epi_before, in2, outer_load);
+    for (int32_t r : reds) {
+      const kir::Instr& in = k_.instrs[static_cast<size_t>(r)];
+      os << in2 << "const " << reg_type(in.dtype) << " " << v(r) << " = " << round_to(in.dtype, "acc" + std::to_string(r) + "[j]")
+         << ";\n";
+    }
+    emit_values(os, epi_after, in2, outer_load);
+    for (size_t s : outer_stores) {
+      const kir::Store& st = k_.stores[s];
+      os << in2 << buf(st.buffer) << "[" << offset_expr(c_.stores[s], 0, no, true)
+         << "] = " << to_memory(k_.buffers[static_cast<size_t>(st.buffer)].dtype, v(st.value)) << ";\n";
+    }
+    os << indent << "  }\n";
+    os << indent << "}\n";
+  };
+  if (S == 1) {
+    os << "    if (ty == 0) {\n";
+    epilogue("      ");
+    os << "    }\n";
+  } else {
+    // Partial results to the workspace; the tile's last block combines them in split order.
+    os << "    if (ty == 0) {\n";
+    os << "#pragma unroll\n";
+    os << "      for (int j = 0; j < " << V << "; ++j) {\n";
+    os << "        if (o0 + j < " << O << ") {\n";
+    for (int32_t r : reds) os << "          ws" << r << "[split * " << O << " + o0 + j] = acc" << r << "[j];\n";
+    os << "        }\n";
+    os << "      }\n";
+    os << "    }\n";
+    os << "    __threadfence();\n";
+    os << "    __syncthreads();\n";
+    os << "    if (threadIdx.x == 0) tcap_last = atomicAdd(tcap_sem + tile, 1u) == " << S - 1 << "u;\n";
+    os << "    __syncthreads();\n";
+    os << "    if (tcap_last && ty == 0) {\n";
+    os << "      __threadfence();\n";
+    os << "#pragma unroll\n";
+    os << "      for (int j = 0; j < " << V << "; ++j) {\n";
+    os << "        if (o0 + j < " << O << ") {\n";
+    for (int32_t r : reds) {
+      const std::string T = acc_type(k_.instrs[static_cast<size_t>(r)]);
+      const std::string acc = "acc" + std::to_string(r) + "[j]";
+      const std::string vol = "reinterpret_cast<volatile " + T + "*>(ws" + std::to_string(r) + ")";
+      os << "          " << acc << " = " << vol << "[o0 + j];\n";
+      os << "          for (int s = 1; s < " << S << "; ++s) {\n";
+      os << "            const " << T << " part = " << vol << "[s * " << O << " + o0 + j];\n";
+      os << "            " << combine(r, acc, "part") << "\n";
+      os << "          }\n";
+    }
+    os << "        }\n";
+    os << "      }\n";
+    epilogue("      ");
+    os << "    }\n";
+  }
+  os << "    __syncthreads();  // shared memory is reused by the next tile\n";
+  os << "  }\n";
+}
+
 CudaSource Renderer::run() {
   plan();
   CudaSource out;
@@ -922,6 +1273,8 @@ CudaSource Renderer::run() {
   os << ") {\n";
   if (plan_.strategy == Strategy::Pointwise) {
     pointwise(os);
+  } else if (plan_.strategy == Strategy::Column) {
+    column(os);
   } else {
     reduction(os);
   }
@@ -937,12 +1290,13 @@ const char* to_string(Strategy s) {
     case Strategy::Pointwise: return "pointwise";
     case Strategy::BlockRow: return "block_row";
     case Strategy::ThreadRow: return "thread_row";
+    case Strategy::Column: return "column";
   }
   return "?";
 }
 
 int64_t LaunchPlan::blocks_needed() const {
-  if (strategy == Strategy::BlockRow) return work_items;
+  if (strategy == Strategy::BlockRow || strategy == Strategy::Column) return work_items;
   return (work_items + block - 1) / block;
 }
 
@@ -964,6 +1318,7 @@ std::string to_string(const LaunchPlan& p) {
   std::ostringstream os;
   os << "strategy=" << to_string(p.strategy) << " block=" << p.block << " vec=" << p.vec;
   if (p.row_chunks > 0) os << " row_chunks=" << p.row_chunks;
+  if (p.strategy == Strategy::Column) os << " lanes=" << p.lanes << " splits=" << p.splits;
   os << " index=" << (p.index32 ? "int32" : "int64") << " work_items=" << p.work_items;
   return os.str();
 }

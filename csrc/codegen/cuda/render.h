@@ -24,10 +24,21 @@
 //              A kernel with several passes (softmax, layer norm) whose share of the row
 //              per thread is small keeps it in registers ("persistent", row_chunks):
 //              the first pass that reads a load fills them, later passes reuse them.
-//   ThreadRow  reductions with a short reduce extent, or whose element loads are
-//              contiguous along the outer dims rather than the reduce dims (column sums):
-//              one thread per outer index, a serial loop over the reduce points, so
-//              adjacent threads read adjacent outputs' data.
+//   Column     single-pass reductions whose element loads are contiguous along the
+//              outer dims rather than the reduce dims (column sums: bias and layer-norm
+//              weight gradients). A block is `lanes` columns wide (each lane `vec`
+//              adjacent columns, 16-byte loads on the vector path) and 256 / lanes rows
+//              tall: its threads stride the rows of their columns and combine through
+//              shared memory, so a warp reads whole rows' worth of contiguous columns.
+//              The rows are also split over `splits` blocks (a constant of the kernel's
+//              shape, never of the device, so results are the same on every GPU): each
+//              writes its partial results to a workspace, and the last block of a column
+//              tile to arrive (a counter per tile, atomicAdd after __threadfence) combines
+//              them in split order and runs the epilogue. See Note [Split column
+//              reductions].
+//   ThreadRow  reductions with a short reduce extent, or column reductions with several
+//              passes: one thread per outer index, a serial loop over the reduce points,
+//              so adjacent threads read adjacent outputs' data.
 // A reduction kernel runs kir's passes (kir::reduce_level) one after the other per outer
 // index; outer-level values are computed by every thread of the row, stored by one.
 //
@@ -55,7 +66,7 @@
 
 namespace tcap::codegen::cuda {
 
-enum class Strategy { Pointwise, BlockRow, ThreadRow };
+enum class Strategy { Pointwise, BlockRow, ThreadRow, Column };
 const char* to_string(Strategy s);
 
 // What the host needs to launch a rendered kernel.
@@ -63,11 +74,19 @@ struct LaunchPlan {
   Strategy strategy = Strategy::Pointwise;
   int block = 256;            // threads per block (a multiple of 32)
   int64_t work_items = 0;     // parallel items: vector groups or elements (Pointwise), outer
-                              // indices (BlockRow: one block each; ThreadRow: one thread each)
+                              // indices (BlockRow: one block each; ThreadRow: one thread each),
+                              // column tiles times splits (Column: one block each)
   int64_t elements = 0;       // Pointwise: domain points (numel)
   int vec = 1;                // Pointwise, BlockRow: elements per vector access (1 = no vector path)
   int row_chunks = 0;         // BlockRow vector path: vectors per element load each thread keeps
                               // in registers across the passes (0: rows are re-read per pass)
+  int lanes = 0;              // Column: threads across the columns of a block (a power of two)
+  int splits = 1;             // Column: blocks the rows of a column tile are split over
+  // Column with splits > 1: the kernel takes one more pointer, `scratch_bytes` of device
+  // memory whose first `semaphore_bytes` are zero at launch (the per-tile counters; the
+  // rest is the partial results' workspace, written before it is read).
+  int64_t scratch_bytes = 0;
+  int64_t semaphore_bytes = 0;
   // Vector path: for each buffer read or written with unit stride, its kernel buffer
   // index, element offset and element size; the host sets vec_ok when every
   // (data pointer + offset * size) is aligned to vec * size bytes.
