@@ -281,7 +281,7 @@ tcap::kir::Kernel bias_grad(DType t, int64_t rows, int64_t cols) {
   return kb.k;
 }
 
-TEST(CudaRender, ColumnReductionsSplitRowsOverBlocks) {
+TEST(CudaRender, SplitReductionsSpreadRowsOverBlocks) {
   SKIP_WITHOUT_NVRTC();
   // [4097, 2048] summed over rows: 16 tiles of 32 lanes x 4 columns, 8 rows of threads, the
   // rows split 65 ways (64 rows a split: 8 per thread).
@@ -318,6 +318,19 @@ TEST(CudaRender, ColumnReductionsSplitRowsOverBlocks) {
   EXPECT_TRUE(ptx.find("membar.gl") != std::string::npos || ptx.find("fence.sc.gpu") != std::string::npos);
   EXPECT_NE(ptx.find("ld.volatile.global.f32"), std::string::npos);
   EXPECT_EQ(ptx.find(".local"), std::string::npos) << "the per-column arrays spilled to local memory";
+  EXPECT_EQ(ptx_of(bias_grad(DType::F16, 4097, 2048)).find(".local"), std::string::npos) << "8 columns a thread spilled";
+  // Few long rows: each split over blocks (a loss: one row of 262144 floats, 16 blocks of
+  // 512 threads reading 8 vectors each). Many rows need no split.
+  const auto full = cuda::render(reductions(DType::F32, {262144}, 1, {1})).plan;
+  EXPECT_EQ(full.strategy, cuda::Strategy::BlockRow);
+  EXPECT_EQ(full.block, 512);
+  EXPECT_EQ(full.vec, 4);
+  EXPECT_EQ(full.splits, 16);
+  EXPECT_EQ(full.work_items, 16);
+  EXPECT_EQ(full.scratch_bytes, 256 + 3 * 256);
+  EXPECT_EQ(cuda::render(reductions(DType::F32, {1000, 4096}, 1, {4096, 1})).plan.splits, 1);
+  EXPECT_EQ(cuda::render(softmax(DType::F32, 3, 100000)).plan.splits, 1);  // several passes
+  EXPECT_NE(ptx_of(reductions(DType::F32, {262144}, 1, {1})).find("atom.global.add.u32"), std::string::npos);
   // Several passes (a softmax over dim 0) stay one thread per column.
   EXPECT_EQ(cuda::render(column_softmax(1000, 2048)).plan.strategy, cuda::Strategy::ThreadRow);
   ptx_of(column_softmax(1000, 2048));
@@ -863,10 +876,11 @@ TEST(CudaEmulated, EveryOpAndDtypeMatchesTheCpuBackend) {
   for (const auto& k : kernels) emulated_matches_cpu(k, 64);
 }
 
-// Column kernels (Note [Split column reductions]) against the cpu_llvm backend: several
-// tiles and splits, odd column counts, two reduce dims, a per-element store and a
-// per-column load. Aligned buffers take the vector path, buffers one element in the scalar.
-TEST(CudaEmulated, ColumnReductionsMatchTheCpuBackend) {
+// Column kernels and split rows (Note [Split column reductions]) against the cpu_llvm
+// backend: several tiles and splits, odd column counts, two reduce dims, a per-element
+// store and a per-column load; full reductions and a few long rows. Aligned buffers take
+// the vector path, buffers one element in the scalar.
+TEST(CudaEmulated, SplitReductionsMatchTheCpuBackend) {
   SKIP_WITHOUT_EMULATOR();
   std::string why;
   if (!tcap::codegen::cpu_llvm_available(&why)) GTEST_SKIP() << why;
@@ -880,10 +894,18 @@ TEST(CudaEmulated, ColumnReductionsMatchTheCpuBackend) {
     kernels.push_back(bias_grad(t, 1000, 96));
     kernels.push_back(bias_grad(t, 333, 37));
   }
+  const size_t columns = kernels.size();
+  for (DType t : kAll) {
+    kernels.push_back(reductions(t, {60000}, 1, {1}));
+    kernels.push_back(reductions(t, {3, 50001}, 1, {50001, 1}));
+  }
   const auto before = cuda_emu::stats();
-  for (const auto& k : kernels) {
+  for (size_t i = 0; i < kernels.size(); ++i) {
+    const auto& k = kernels[i];
     const cuda::LaunchPlan plan = cuda::render(k).plan;
-    EXPECT_EQ(plan.strategy, cuda::Strategy::Column) << k.name << " " << cuda::to_string(plan);
+    EXPECT_EQ(plan.strategy, i < columns ? cuda::Strategy::Column : cuda::Strategy::BlockRow)
+        << k.name << " " << cuda::to_string(plan);
+    if (i >= columns) EXPECT_GT(plan.splits, 1) << k.name << " " << cuda::to_string(plan);
     for (int64_t pad : {64, 65}) {
       SCOPED_TRACE("pad " + std::to_string(pad));
       const auto v0 = cuda_emu::stats().vector_launches;
@@ -892,7 +914,7 @@ TEST(CudaEmulated, ColumnReductionsMatchTheCpuBackend) {
     }
   }
   const auto after = cuda_emu::stats();
-  EXPECT_EQ(after.column_launches - before.column_launches, static_cast<int64_t>(2 * kernels.size()));
+  EXPECT_EQ(after.column_launches - before.column_launches, static_cast<int64_t>(2 * columns));
   EXPECT_GT(after.split_launches - before.split_launches, static_cast<int64_t>(kernels.size()));
 }
 #endif

@@ -445,7 +445,7 @@ void emu_launch(void* slot, void (*call)(void* const*, int), void* const* args) 
   g_launches.fetch_add(1);
   if (B.vec_ok) g_vector_launches.fetch_add(1);
   if (p.strategy == cg::Strategy::Column) g_column_launches.fetch_add(1);
-  if (p.strategy == cg::Strategy::Column && p.splits > 1) g_split_launches.fetch_add(1);
+  if (p.splits > 1) g_split_launches.fetch_add(1);
   g_switches.fetch_add(B.switches);
 }
 

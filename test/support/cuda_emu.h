@@ -87,7 +87,7 @@ struct Stats {
   int64_t launches = 0;
   int64_t vector_launches = 0;  // launches that took the vector path (vec_ok = 1)
   int64_t column_launches = 0;  // launches of Column kernels (Note [Split column reductions])
-  int64_t split_launches = 0;   // ... whose rows are split over several blocks
+  int64_t split_launches = 0;   // launches of kernels whose rows are split over several blocks
   int64_t fiber_switches = 0;
 };
 Stats stats();

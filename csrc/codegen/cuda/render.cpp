@@ -350,6 +350,8 @@ class Renderer {
   // Plans a Column kernel (Note [Split column reductions]); false when its shared memory
   // would not fit.
   bool plan_column(int64_t outer, int64_t red);
+  // Splits > 1: the semaphores (one per tile or row) and each Reduce's workspace.
+  void plan_scratch(int64_t semaphores, int64_t outer);
 
   void pointwise(std::ostringstream& os);
   void reduction(std::ostringstream& os);
@@ -393,6 +395,7 @@ constexpr int kColumnBlock = 256;
 constexpr int64_t kColumnRowsPerThread = 8;
 constexpr int64_t kColumnMaxSplits = 256;
 constexpr int64_t kColumnMaxSharedBytes = 32 * 1024;
+constexpr int64_t kRowSplitBlocks = 512;
 
 // Bytes of a Reduce's accumulator (its register type).
 int64_t acc_bytes(DType t) {
@@ -505,6 +508,22 @@ void Renderer::plan() {
     }
     if (chunks <= kMaxRowChunks && bytes <= kMaxRowBytes) plan_.row_chunks = static_cast<int>(chunks);
   }
+  // Few long rows (a full reduction to a scalar, a loss): a single-pass kernel splits each
+  // row over several blocks, as Column kernels split their rows (Note [Split column
+  // reductions]): enough blocks for about kRowSplitBlocks in all, each thread at least
+  // kColumnRowsPerThread vectors (or elements) of its row. A split is a whole number of
+  // vectors, so the vector path's alignment holds in every split.
+  if (num_passes() == 1 && outer < kRowSplitBlocks) {
+    const int64_t per_thread = plan_.block * vec * kColumnRowsPerThread;
+    int64_t splits = std::min({(kRowSplitBlocks + outer - 1) / outer, (red + per_thread - 1) / per_thread, kColumnMaxSplits,
+                               std::max<int64_t>(1, (int64_t{1} << 30) / outer)});
+    if (splits > 1) {
+      const int64_t per_split = round_up((red + splits - 1) / splits, vec);
+      plan_.splits = static_cast<int>((red + per_split - 1) / per_split);
+      plan_.work_items = outer * plan_.splits;
+      plan_scratch(outer, outer);
+    }
+  }
 }
 
 bool Renderer::plan_column(int64_t outer, int64_t red) {
@@ -546,18 +565,21 @@ bool Renderer::plan_column(int64_t outer, int64_t red) {
   plan_.splits = static_cast<int>(splits);
   plan_.work_items = tiles * splits;
   if (vec > 1) unit.aligned_into(plan_);
-  if (splits > 1) {
-    plan_.semaphore_bytes = round_up(tiles * 4, 256);
-    int64_t at = plan_.semaphore_bytes;
-    workspace_offset_.assign(k_.instrs.size(), -1);
-    for (size_t id = 0; id < k_.instrs.size(); ++id) {
-      if (!kir::is_reduce(k_.instrs[id].op)) continue;
-      workspace_offset_[id] = at;
-      at += round_up(splits * outer * acc_bytes(k_.instrs[id].dtype), 256);
-    }
-    plan_.scratch_bytes = at;
-  }
+  plan_scratch(tiles, outer);
   return true;
+}
+
+void Renderer::plan_scratch(int64_t semaphores, int64_t outer) {
+  if (plan_.splits <= 1) return;
+  plan_.semaphore_bytes = round_up(semaphores * 4, 256);
+  int64_t at = plan_.semaphore_bytes;
+  workspace_offset_.assign(k_.instrs.size(), -1);
+  for (size_t id = 0; id < k_.instrs.size(); ++id) {
+    if (!kir::is_reduce(k_.instrs[id].op)) continue;
+    workspace_offset_[id] = at;
+    at += round_up(plan_.splits * outer * acc_bytes(k_.instrs[id].dtype), 256);
+  }
+  plan_.scratch_bytes = at;
 }
 
 void Renderer::params(std::ostringstream& os) const {
@@ -836,6 +858,9 @@ void Renderer::reduction(std::ostringstream& os) {
   const size_t n = k_.instrs.size();
 
   const int passes = num_passes();
+  // Split rows (single-pass BlockRow kernels): this block's part [rb, re) of row o.
+  const int S = plan_.splits;
+  const std::string rb = S > 1 ? "r_begin" : "0", re = S > 1 ? "r_end" : R;
 
   if (block) {
     for (size_t id = 0; id < n; ++id) {
@@ -843,7 +868,26 @@ void Renderer::reduction(std::ostringstream& os) {
         os << "  __shared__ " << acc_type(k_.instrs[id]) << " smem" << id << "[32];\n";
       }
     }
-    os << "  for (" << idx_ << " o = blockIdx.x; o < " << O << "; o += gridDim.x) {\n";
+    if (S > 1) {
+      os << "  __shared__ int tcap_last;\n";
+      os << "  unsigned int* tcap_sem = reinterpret_cast<unsigned int*>(tcap_scratch);\n";
+      for (size_t id = 0; id < n; ++id) {
+        if (!kir::is_reduce(k_.instrs[id].op)) continue;
+        const std::string T = acc_type(k_.instrs[id]);
+        os << "  " << T << "* ws" << id << " = reinterpret_cast<" << T << "*>(tcap_scratch + " << workspace_offset_[id]
+           << ");\n";
+      }
+      const int64_t red = k_.reduce_numel();
+      const int64_t per_split = round_up((red + S - 1) / S, plan_.vec);
+      os << "  for (" << idx_ << " u = blockIdx.x; u < " << plan_.work_items << "; u += gridDim.x) {\n";
+      os << "    const " << idx_ << " o = u / " << S << ";\n";
+      os << "    const " << idx_ << " split = u % " << S << ";\n";
+      os << "    const " << idx_ << " r_begin = split * " << per_split << ";\n";
+      os << "    const " << idx_ << " r_end = r_begin + " << per_split << " < " << R << " ? r_begin + " << per_split
+         << " : " << R << ";\n";
+    } else {
+      os << "  for (" << idx_ << " o = blockIdx.x; o < " << O << "; o += gridDim.x) {\n";
+    }
   } else {
     os << "  for (" << idx_ << " o = (" << idx_ << ")blockIdx.x * blockDim.x + threadIdx.x; o < " << O
        << "; o += (" << idx_ << ")gridDim.x * blockDim.x) {\n";
@@ -909,7 +953,8 @@ void Renderer::reduction(std::ostringstream& os) {
     auto scalar_loop = [&](const std::string& indent) {
       const std::string in2 = indent + "  ";
       if (block) {
-        os << indent << "for (" << idx_ << " r = threadIdx.x; r < " << R << "; r += blockDim.x) {\n";
+        os << indent << "for (" << idx_ << " r = " << (S > 1 ? rb + " + " : "") << "threadIdx.x; r < " << re
+           << "; r += blockDim.x) {\n";
       } else {
         os << indent << "for (" << idx_ << " r = 0; r < " << R << "; ++r) {\n";
       }
@@ -943,7 +988,8 @@ void Renderer::reduction(std::ostringstream& os) {
         os << "        const " << idx_ << " g = threadIdx.x + c * (" << idx_ << ")blockDim.x;\n";
         os << "        if (g >= " << R << " / " << V << ") break;\n";
       } else {
-        os << "      for (" << idx_ << " g = threadIdx.x; g < " << R << " / " << V << "; g += blockDim.x) {\n";
+        os << "      for (" << idx_ << " g = " << (S > 1 ? rb + " / " + std::to_string(V) + " + " : "") << "threadIdx.x; g < "
+           << re << " / " << V << "; g += blockDim.x) {\n";
       }
       os << "        const " << idx_ << " r0 = g * " << V << ";\n";
       for (int32_t id : elems) {
@@ -993,6 +1039,32 @@ void Renderer::reduction(std::ostringstream& os) {
         os << "    acc" << r << " = tcap_block_reduce(acc" << r << ", " << reduce_functor(in) << ", (" << acc_type(in) << ")"
            << reduce_identity(in) << ", smem" << r << ");\n";
       }
+    }
+    if (block && S > 1) {
+      // Partial results to the workspace; the row's last block combines them in split order
+      // and runs the rest (Note [Split column reductions]).
+      os << "    if (threadIdx.x == 0) {\n";
+      for (int32_t r : reds) os << "      ws" << r << "[split * " << O << " + o] = acc" << r << ";\n";
+      os << "    }\n";
+      os << "    __threadfence();\n";
+      os << "    __syncthreads();\n";
+      os << "    if (threadIdx.x == 0) tcap_last = atomicAdd(tcap_sem + o, 1u) == " << S - 1 << "u;\n";
+      os << "    __syncthreads();\n";
+      os << "    if (tcap_last) {\n";
+      os << "    __threadfence();\n";
+      for (int32_t r : reds) {
+        const kir::Instr& in = k_.instrs[static_cast<size_t>(r)];
+        const std::string T = acc_type(in), acc = "acc" + std::to_string(r);
+        const std::string vol = "reinterpret_cast<volatile " + T + "*>(ws" + std::to_string(r) + ")";
+        os << "    " << acc << " = " << vol << "[o];\n";
+        os << "    for (int s = 1; s < " << S << "; ++s) {\n";
+        os << "      const " << T << " part = " << vol << "[s * " << O << " + o];\n";
+        os << "      " << acc << " = " << reduce_functor(in) << "(" << acc << ", part);\n";
+        os << "    }\n";
+      }
+    }
+    for (int32_t r : reds) {
+      const kir::Instr& in = k_.instrs[static_cast<size_t>(r)];
       os << "    const " << reg_type(in.dtype) << " " << v(r) << " = " << round_to(in.dtype, "acc" + std::to_string(r))
          << ";\n";
     }
@@ -1008,6 +1080,10 @@ void Renderer::reduction(std::ostringstream& os) {
   }
   if (!outer_stores.str().empty()) {
     os << (block ? "    if (threadIdx.x == 0) {\n" : "    {\n") << outer_stores.str() << "    }\n";
+  }
+  if (block && S > 1) {
+    os << "    }\n";  // tcap_last
+    os << "    __syncthreads();  // tcap_last is reused by the next row\n";
   }
   os << "  }\n";
 }
@@ -1318,7 +1394,8 @@ std::string to_string(const LaunchPlan& p) {
   std::ostringstream os;
   os << "strategy=" << to_string(p.strategy) << " block=" << p.block << " vec=" << p.vec;
   if (p.row_chunks > 0) os << " row_chunks=" << p.row_chunks;
-  if (p.strategy == Strategy::Column) os << " lanes=" << p.lanes << " splits=" << p.splits;
+  if (p.strategy == Strategy::Column) os << " lanes=" << p.lanes;
+  if (p.splits > 1) os << " splits=" << p.splits;
   os << " index=" << (p.index32 ? "int32" : "int64") << " work_items=" << p.work_items;
   return os.str();
 }
