@@ -16,6 +16,7 @@
 
 #if TCAP_HAVE_CUDA_GRAPHS
 #include <ATen/ATen.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -112,6 +113,12 @@ class GraphRunner {
     auto graph = std::make_unique<at::cuda::CUDAGraph>();
     try {
       c10::cuda::CUDAStreamGuard stream_guard(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device->index()));
+      // Random ops draw from the device's default generator (the refusal check leaves no
+      // other): registered, its seed and offset are read at each replay and it advances by
+      // the graph's whole draw, so every replay draws what eager would have drawn. This
+      // LibTorch's capture_begin registers the default generator itself; registering it
+      // here too keeps that true if a release stops doing so (registration is idempotent).
+      graph->register_generator_state(at::cuda::detail::getDefaultCUDAGenerator(device->index()));
       graph->capture_begin();
       try {
         static_out_ = inner_(static_in_);
@@ -178,7 +185,11 @@ std::string cuda_graph_refusal(const ir::Graph& g) {
     for (const auto& a : n.outputs) {
       if (ir::is_host_value(a)) return n.qualified_op() + " reads a value on the host";
     }
-    if (n.draws_random_numbers()) return n.qualified_op() + " draws random numbers";
+    if (n.draws_random_numbers()) {
+      for (const auto& a : n.args) {
+        if (a.kind == ir::ArgKind::Opaque) return n.qualified_op() + " draws from an explicit generator";
+      }
+    }
   }
   if (!g.written_inputs().empty()) return "it writes into an input in place";
   for (ir::ValueId v : g.output_values()) {

@@ -11,9 +11,13 @@
 // caller's tensor, and outputs that are one graph value are one tensor, as without graphs.
 //
 // A graph qualifies when every tensor is on one CUDA device and it calls no hook, writes
-// no input in place, reads no value on the host, draws no random numbers and returns no
-// view of an input (an output that is an input is returned as the caller's tensor). Otherwise the executable runs as it is and TCAP_LOGS=
-// graph_breaks says why. A call whose inputs differ from the captured ones (sizes,
+// no input in place, reads no value on the host, draws random numbers only from the
+// default generator and returns no view of an input (an output that is an input is
+// returned as the caller's tensor). Otherwise the executable runs as it is and
+// TCAP_LOGS=graph_breaks says why. Random ops stay right under replay: the device's
+// default generator is registered with the graph (LibTorch's Note [CUDA Graph-safe RNG
+// states]), so each replay reads the generator's current seed and offset and advances it
+// by the graph's whole draw: the same numbers eager draws from the same state. A call whose inputs differ from the captured ones (sizes,
 // strides, dtype, device, defined or not) runs the executable without the graph (logged
 // once); a capture that fails disables the graph for that executable (logged).
 //

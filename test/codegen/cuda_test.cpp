@@ -646,8 +646,25 @@ TEST(CudaGraphs, RefusalsNameTheReason) {
                 forward_graph_on_cuda([](const Tensors& in) { return Tensors{in[0].sin() * in[1] + 1.0}; }, xy)),
             "");
   auto refusal = [&](const Fn& fn) { return tcap::cuda_graph_refusal(forward_graph_on_cuda(fn, xy)); };
-  EXPECT_NE(refusal([](const Tensors& in) { return Tensors{torch::dropout(in[0], 0.5, true)}; }).find("draws random numbers"),
-            std::string::npos);
+  // Random numbers from the default generator replay right (Note [CUDA graphs of compiled
+  // regions]); an explicit generator is refused.
+  EXPECT_EQ(refusal([](const Tensors& in) { return Tensors{torch::dropout(in[0], 0.5, true)}; }), "");
+  // (tcap::compile runs functions with explicit generators eagerly, so the graph is made
+  // by hand: the dropout's random op given a generator argument.)
+  tcap::ir::Graph with_generator =
+      forward_graph_on_cuda([](const Tensors& in) { return Tensors{torch::dropout(in[0], 0.5, true)}; }, xy);
+  bool found = false;
+  for (auto& n : with_generator.mutable_nodes()) {
+    if (!n.draws_random_numbers()) continue;
+    tcap::ir::Arg gen;
+    gen.kind = tcap::ir::ArgKind::Opaque;
+    gen.name = "generator";
+    gen.s = "Generator";
+    n.args.push_back(gen);
+    found = true;
+  }
+  ASSERT_TRUE(found) << "no random op in the dropout graph";
+  EXPECT_NE(tcap::cuda_graph_refusal(with_generator).find("draws from an explicit generator"), std::string::npos);
   EXPECT_NE(refusal([](const Tensors& in) {
               in[0].add_(1.0);
               return Tensors{in[0] * 2.0};
@@ -698,6 +715,29 @@ TEST(CudaDevice, CudaGraphsReplayMatchesEager) {
   const auto s1 = tcap::cuda_graph_stats();
   EXPECT_EQ(s1.captures - s0.captures, 2) << "the forward and the backward graph\n" << logs.text();
   EXPECT_GE(s1.replays - s0.replays, 4) << "calls 3 and 4, forward and backward\n" << logs.text();
+
+  // Dropout under replay: from the same generator state, the same mask as eager; from the
+  // next state, a new one (a graph that froze its random numbers would repeat the mask).
+  tcap::CompileOptions o;
+  o.name = "cuda_graphs_dropout";
+  o.backend = "cuda";
+  o.cuda_graphs = true;
+  const Fn fn = [](const Tensors& in) { return Tensors{torch::dropout(torch::tanh(in[0]) * 2.0, 0.5, true)}; };
+  auto f = tcap::compile(fn, o);
+  const at::Tensor x = torch::randn({61, 67}, dev);
+  at::Tensor previous;
+  for (int call = 0; call < 8; ++call) {  // eager, forward-only confirmation, warm-up, capture, replays
+    SCOPED_TRACE("call " + std::to_string(call + 1));
+    torch::manual_seed(1000 + call);
+    const at::Tensor got = (*f)({x})[0];
+    torch::manual_seed(1000 + call);
+    const at::Tensor want = fn({x})[0];
+    EXPECT_TRUE(at::equal(got.cpu(), want.cpu()));
+    if (previous.defined()) EXPECT_FALSE(at::equal(got.cpu(), previous.cpu())) << "the mask repeats";
+    previous = got;
+  }
+  EXPECT_EQ(f->eager_reason(), "");
+  EXPECT_GT(tcap::cuda_graph_stats().replays, s1.replays) << logs.text();
 }
 
 TEST(CudaDevice, FusedPatternsMatchEager) {
