@@ -80,13 +80,13 @@ std::vector<at::Tensor> run_cuda(FusedKernel& k, const std::vector<at::Tensor>& 
   c10::SmallVector<void*, 16> args;
   for (const auto& t : inputs) args.push_back(const_cast<void*>(t.const_data_ptr()));
   for (auto& t : outs) args.push_back(t.mutable_data_ptr());
-  // Split column reductions' workspace and zeroed semaphores (Note [Split column
-  // reductions]), from the caching allocator in the stream's order like the outputs.
+  // Split reductions' semaphores and workspace (Note [Split column reductions]), from the
+  // caching allocator in the stream's order like the outputs; the launch zeroes the
+  // semaphores.
   const codegen::cuda::LaunchPlan& plan = k.cuda->plan;
   at::Tensor scratch;
   if (plan.scratch_bytes > 0) {
     scratch = at::empty({plan.scratch_bytes}, at::TensorOptions().dtype(at::kByte).device(k.device));
-    scratch.narrow(0, 0, plan.semaphore_bytes).zero_();
   }
   void* stream = c10::impl::getDeviceGuardImpl(k.device.type())->getStream(k.device).native_handle();
   codegen::cuda::launch(*k.cuda, k.device.index(), stream, args.data(), args.size(),

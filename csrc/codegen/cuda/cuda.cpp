@@ -166,7 +166,10 @@ void launch(const CudaKernel& k, int device, void* stream, void* const* buffers,
   // cuLaunchKernel takes a pointer to each argument.
   c10::SmallVector<void*, 16> params;
   for (size_t b = 0; b < num_buffers; ++b) params.push_back(const_cast<void**>(&buffers[b]));
-  if (p.scratch_bytes > 0) params.push_back(&scratch);
+  if (p.scratch_bytes > 0) {
+    params.push_back(&scratch);
+    cuda::memset32(device, scratch, 0, static_cast<size_t>(p.semaphore_bytes / 4), stream, k.name);  // the semaphores
+  }
   params.push_back(&vec_ok);
   cuda::launch(device, fn.fn, fn.grid, p.block, stream, params.data(), k.name);
   g_launches.fetch_add(1, std::memory_order_relaxed);

@@ -77,8 +77,8 @@ std::string compile_to_ptx(const kir::Kernel& k, int arch, std::string* source =
 
 // Launches on device `device` and `stream` (a cudaStream_t). buffers: one data pointer per
 // kernel buffer (the element the kernel's offsets are relative to). scratch: device memory
-// of k.plan.scratch_bytes (null when that is 0) whose first k.plan.semaphore_bytes are zero,
-// in stream order (Note [Split column reductions]). Errors name the kernel.
+// of k.plan.scratch_bytes (null when that is 0), usable in the stream's order; the launch
+// zeroes its semaphores there first (Note [Split column reductions]). Errors name the kernel.
 void launch(const CudaKernel& k, int device, void* stream, void* const* buffers, size_t num_buffers,
             void* scratch = nullptr);
 

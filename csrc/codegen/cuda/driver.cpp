@@ -62,6 +62,7 @@ struct Driver {
   CUresult (*ModuleGetFunction)(CUfunction*, CUmodule, const char*) = nullptr;
   CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
                            void**, void**) = nullptr;
+  CUresult (*MemsetD32Async)(unsigned long long, unsigned int, size_t, CUstream) = nullptr;  // CUdeviceptr is 64-bit
   std::string error;
   std::mutex mu;
   std::unordered_map<int, CUcontext> contexts;  // primary context per device, retained forever
@@ -159,6 +160,7 @@ Driver* load_driver() {
     bind(r->handle, "cuModuleLoadData", &r->ModuleLoadData, &e);
     bind(r->handle, "cuModuleGetFunction", &r->ModuleGetFunction, &e);
     bind(r->handle, "cuLaunchKernel", &r->LaunchKernel, &e);
+    bind(r->handle, "cuMemsetD32Async", &r->MemsetD32Async, &e);
     if (!e.empty()) {
       e = "libcuda.so.1: " + e;
       return r;
@@ -310,6 +312,14 @@ void launch(int device, void* fn, int64_t grid, int block, void* stream, void** 
   check_cu(d.LaunchKernel(static_cast<CUfunction>(fn), static_cast<unsigned>(grid), 1, 1, static_cast<unsigned>(block),
                           1, 1, 0, static_cast<CUstream>(stream), params, nullptr),
            "cuLaunchKernel", what);
+}
+
+void memset32(int device, void* ptr, unsigned int value, size_t count, void* stream, const std::string& what) {
+  Driver& d = driver();
+  make_current(device, what);
+  check_cu(d.MemsetD32Async(static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(ptr)), value, count,
+                            static_cast<CUstream>(stream)),
+           "cuMemsetD32Async", what);
 }
 
 }  // namespace tcap::codegen::cuda

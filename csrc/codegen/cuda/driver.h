@@ -46,4 +46,8 @@ void* load_function(int device, const std::string& image, const std::string& ent
 // `device` current. params: the kernel's argument pointers, as cuLaunchKernel takes them.
 void launch(int device, void* fn, int64_t grid, int block, void* stream, void** params, const std::string& what);
 
+// Sets `count` 32-bit words at device address `ptr` to `value`, in `stream`'s order
+// (cuMemsetD32Async). `what` names the kernel the memory is for in error messages.
+void memset32(int device, void* ptr, unsigned int value, size_t count, void* stream, const std::string& what);
+
 }  // namespace tcap::codegen::cuda

@@ -388,7 +388,8 @@ class Renderer {
 //      the epilogue.
 // Nothing depends on which block arrives last or on the device: the combination order is
 // fixed by the kernel's shape, so the results are deterministic and the same on every GPU.
-// The semaphores must be zero at launch: the host zeroes them on the launch's stream.
+// The semaphores must be zero at launch: cuda::launch zeroes them on the launch's stream
+// (cuMemsetD32Async, a memset node under CUDA-graph capture) before the kernel.
 // Only single-pass kernels are Column kernels; multi-pass ones (a softmax over dim 0) run
 // as ThreadRow.
 constexpr int kColumnBlock = 256;

@@ -81,9 +81,9 @@ struct LaunchPlan {
   int row_chunks = 0;         // BlockRow vector path: vectors per element load each thread keeps
                               // in registers across the passes (0: rows are re-read per pass)
   int lanes = 0;              // Column: threads across the columns of a block (a power of two)
-  int splits = 1;             // Column: blocks the rows of a column tile are split over
-  // Column with splits > 1: the kernel takes one more pointer, `scratch_bytes` of device
-  // memory whose first `semaphore_bytes` are zero at launch (the per-tile counters; the
+  int splits = 1;             // Column, BlockRow: blocks the rows of a column tile (a row) are split over
+  // splits > 1: the kernel takes one more pointer, `scratch_bytes` of device memory whose
+  // first `semaphore_bytes` are zero at launch (the per-tile or per-row counters; the
   // rest is the partial results' workspace, written before it is read).
   int64_t scratch_bytes = 0;
   int64_t semaphore_bytes = 0;
