@@ -281,6 +281,23 @@ tcap::kir::Kernel bias_grad(DType t, int64_t rows, int64_t cols) {
   return kb.k;
 }
 
+// Layer norm's weight and bias gradients: column sums of g * (x - mean) * rstd and of g,
+// with the per-row mean and rstd read with stride 0 along the columns.
+tcap::kir::Kernel ln_param_grads(DType t, int64_t rows, int64_t cols) {
+  KernelBuilder kb(std::string("ln_param_grads_") + tcap::kir::to_string(t), {cols, rows}, 1);
+  const int32_t grad = kb.input(t), x = kb.input(t), mean = kb.input(DType::F32), rstd = kb.input(DType::F32);
+  const int32_t wgrad = kb.output(t), bgrad = kb.output(t);
+  const DType c = compute(t);
+  const int32_t g = kb.cast(kb.load(grad, {1, cols}), c);
+  const int32_t xv = kb.cast(kb.load(x, {1, cols}), c);
+  const int32_t centred = kb.bin(OpCode::Sub, xv, kb.cast(kb.load(mean, {0, 1}), c));
+  const int32_t xhat = kb.bin(OpCode::Mul, centred, kb.cast(kb.load(rstd, {0, 1}), c));
+  const int32_t wsum = kb.reduce(OpCode::ReduceSum, kb.bin(OpCode::Mul, g, xhat));
+  kb.store(kb.cast(wsum, t), wgrad, {1, 0});
+  kb.store(kb.cast(kb.reduce(OpCode::ReduceSum, g), t), bgrad, {1, 0});
+  return kb.k;
+}
+
 TEST(CudaRender, SplitReductionsSpreadRowsOverBlocks) {
   SKIP_WITHOUT_NVRTC();
   // [4097, 2048] summed over rows: 16 tiles of 32 lanes x 4 columns, 8 rows of threads, the
@@ -933,6 +950,7 @@ TEST(CudaEmulated, SplitReductionsMatchTheCpuBackend) {
   for (DType t : kFloats) {
     kernels.push_back(bias_grad(t, 1000, 96));
     kernels.push_back(bias_grad(t, 333, 37));
+    kernels.push_back(ln_param_grads(t, 1500, 64));
   }
   const size_t columns = kernels.size();
   for (DType t : kAll) {
