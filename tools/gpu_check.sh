@@ -86,8 +86,21 @@ run() {
   [ -x "$root/build-gpu/test/tcap_codegen_tests" ] || { echo "gpu_check run: the build failed" | tee -a "$out/summary.txt"; return 1; }
 
   local t="$root/build-gpu/test"
-  wants 1 && step cuda_tests "$t/tcap_codegen_tests" --gtest_filter='Cuda*'
-  wants 2 && step op_sweep_cuda "$t/tcap_op_sweep_cuda_tests"
+  # A failing CUDA test runs again with synchronous launches, so that a kernel fault is
+  # reported by the launch of the kernel that made it (named in the error) rather than by
+  # a later CUDA call.
+  local before
+  if wants 1; then
+    before=$failed
+    step cuda_tests "$t/tcap_codegen_tests" --gtest_filter='Cuda*'
+    [ "$failed" -gt "$before" ] && step cuda_tests_blocking env CUDA_LAUNCH_BLOCKING=1 TCAP_LOGS=fusion,perf \
+      "$t/tcap_codegen_tests" --gtest_filter='Cuda*'
+  fi
+  if wants 2; then
+    before=$failed
+    step op_sweep_cuda "$t/tcap_op_sweep_cuda_tests"
+    [ "$failed" -gt "$before" ] && step op_sweep_cuda_blocking env CUDA_LAUNCH_BLOCKING=1 "$t/tcap_op_sweep_cuda_tests"
+  fi
   wants 3 && step ctest ctest --test-dir "$root/build-gpu" -j "$jobs" --output-on-failure
   wants 4 && step bench_cuda "$root/build-gpu/bench/tcap-bench" --device cuda --python "$python" \
     --filter coscos,mlp_big,softmax_ce,transformer_block --repeats 11 --json "$out/bench-cuda.json"
