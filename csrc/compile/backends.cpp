@@ -12,6 +12,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <optional>
 
 namespace tcap {
@@ -38,6 +39,7 @@ Executable fused_backend(const ir::Graph& g, const std::string& what, const std:
                          const c10::Device& device, const KernelMaker& make_kernel) {
   const auto t0 = std::chrono::steady_clock::now();
   auto ids = std::make_shared<std::vector<int64_t>>();
+  std::mutex ids_mu;  // compile runs on several threads (Note [Parallel kernel compilation])
   fuse::FusionOptions opts;
   opts.device = device;
   opts.compile = [&](const fuse::FusedGroup& fg, std::string* why) -> int64_t {
@@ -58,6 +60,7 @@ Executable fused_backend(const ir::Graph& g, const std::string& what, const std:
         if (fk->cuda) write_file(base + ".cu", fk->cuda->source);
       }
       const int64_t id = runtime::register_kernel(std::move(fk));
+      std::lock_guard<std::mutex> lock(ids_mu);
       ids->push_back(id);
       return id;
     } catch (const c10::Error& e) {

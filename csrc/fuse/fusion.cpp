@@ -9,10 +9,13 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <atomic>
+#include <exception>
 #include <map>
 #include <queue>
 #include <set>
 #include <sstream>
+#include <thread>
 #include <unordered_map>
 
 namespace tcap::fuse {
@@ -478,7 +481,47 @@ class Fuser {
   }
 
   // --- kernels ---------------------------------------------------------------------
+  // A lowered group waiting for its kernel (Note [Parallel kernel compilation]).
+  struct Pending {
+    Group* gr = nullptr;
+    FusedGroup fg;
+    int64_t id = -1;
+    std::string why;
+    std::exception_ptr error;  // anything but the -1 the callback returns for a refusal
+  };
+
+  int compile_threads(size_t groups) const {
+    int n = opts_.compile_threads > 0 ? opts_.compile_threads : Config::get().compile_threads;
+    if (n <= 0) n = static_cast<int>(std::min<unsigned>(8, std::max(1u, std::thread::hardware_concurrency())));
+    return static_cast<int>(std::min<size_t>(static_cast<size_t>(n), groups));
+  }
+
+  void compile_all(std::vector<Pending>& pending) {
+    auto work = [&](size_t i) {
+      try {
+        pending[i].id = opts_.compile(pending[i].fg, &pending[i].why);
+      } catch (...) {
+        pending[i].error = std::current_exception();
+      }
+    };
+    const int threads = compile_threads(pending.size());
+    if (threads <= 1) {
+      for (size_t i = 0; i < pending.size(); ++i) work(i);
+      return;
+    }
+    std::atomic<size_t> next{0};
+    std::vector<std::thread> pool;
+    pool.reserve(static_cast<size_t>(threads));
+    for (int t = 0; t < threads; ++t) {
+      pool.emplace_back([&] {
+        for (size_t i = next.fetch_add(1); i < pending.size(); i = next.fetch_add(1)) work(i);
+      });
+    }
+    for (auto& t : pool) t.join();
+  }
+
   void build_kernels() {
+    std::vector<Pending> pending;
     const auto outputs = g_.output_values();
     std::set<ir::ValueId> graph_outputs(outputs.begin(), outputs.end());
     for (auto& gr : groups_) {
@@ -541,15 +584,22 @@ class Fuser {
         gr.dissolved = true;
         continue;
       }
-      std::string why;
-      fg.kernel_id = opts_.compile(fg, &why);
-      if (fg.kernel_id < 0) {
-        decide(g_.node(gr.nodes[0]), "group " + fg.name + " not compiled: " + why);
-        gr.dissolved = true;
+      Pending p;
+      p.gr = &gr;
+      p.fg = std::move(fg);
+      pending.push_back(std::move(p));
+    }
+    compile_all(pending);
+    for (Pending& p : pending) {
+      if (p.error) std::rethrow_exception(p.error);
+      if (p.id < 0) {
+        decide(g_.node(p.gr->nodes[0]), "group " + p.fg.name + " not compiled: " + p.why);
+        p.gr->dissolved = true;
         continue;
       }
-      kept_[gr.id] = fused_.size();
-      fused_.push_back(std::move(fg));
+      p.fg.kernel_id = p.id;
+      kept_[p.gr->id] = fused_.size();
+      fused_.push_back(std::move(p.fg));
     }
   }
 

@@ -31,10 +31,25 @@ struct FusedGroup {
   ir::Graph fallback;
 };
 
+// Note [Parallel kernel compilation]
+// A graph's kernels are independent, and compiling them is most of a cold compile (LLVM's
+// O3 pipeline and code generation, 10-25 ms a kernel; NVRTC, more). fuse() therefore forms
+// and lowers every group first, then calls `compile` for the groups on up to
+// `compile_threads` threads at once, and keeps or dissolves the groups in group order
+// afterwards: the fused graph and the decisions do not depend on the number of threads
+// (only the order of the backends' per-kernel log lines does). The backends make this
+// safe: cpu_llvm compiles each kernel in its own LLVM context with the thread's own
+// TargetMachine and links under a lock; cuda runs NVRTC programs side by side; both (and
+// the tests' CUDA emulator) compile one kernel key at a time, so that a second caller
+// finds the first one's kernel, and guard their caches with a mutex.
 struct FusionOptions {
   // Registers a group's kernel for execution; returns its id, or -1 and sets *why if it
-  // cannot (the group's nodes then stay ATen calls). Required.
+  // cannot (the group's nodes then stay ATen calls). Required; called from several
+  // threads at once (Note [Parallel kernel compilation]), so it must be thread-safe.
   std::function<int64_t(const FusedGroup&, std::string* why)> compile;
+  // Threads compiling at once: 0 takes TCAP_COMPILE_THREADS, else the machine's cores (at
+  // most 8); 1 compiles one group after the other on the calling thread.
+  int compile_threads = 0;
   // Groups of fewer nodes than this stay ATen calls (1: every lowerable op is a kernel).
   int min_nodes = 1;
   // Where the kernels run: only nodes whose tensors all live on this device are fused.

@@ -65,6 +65,17 @@ Config read_config() {
       std::fprintf(stderr, "[tcap] TCAP_BUFFER_POOL_MB: '%s' is not a number of megabytes (ignored)\n", pool.c_str());
     }
   }
+  const std::string threads = env_or("TCAP_COMPILE_THREADS", "");
+  if (!threads.empty()) {
+    char* end = nullptr;
+    const long long n = std::strtoll(threads.c_str(), &end, 10);
+    if (end && *end == '\0' && n >= 1 && n <= 256) {
+      c.compile_threads = static_cast<int>(n);
+    } else {
+      std::fprintf(stderr, "[tcap] TCAP_COMPILE_THREADS: '%s' is not a number of threads in 1..256 (ignored)\n",
+                   threads.c_str());
+    }
+  }
   return c;
 }
 

@@ -8,6 +8,9 @@
 //   TCAP_CACHE_DIR   on-disk cache folder (default ~/.cache/tcap).
 //   TCAP_BUFFER_POOL_MB  cap of the CPU buffer pool's cached blocks (default 1024; 0: no
 //                    pool). Note [CPU buffer pool].
+//   TCAP_COMPILE_THREADS  threads compiling a graph's kernels at once (default: the
+//                    machine's cores, at most 8; 1: one after the other). Note
+//                    [Parallel kernel compilation].
 #pragma once
 
 #include <sstream>
@@ -34,6 +37,7 @@ struct Config {
   std::string dump_dir;
   std::string cache_dir;
   long long buffer_pool_mb = 1024;
+  int compile_threads = 0;  // 0: the default (cores, at most 8)
   static const Config& get();
 };
 

@@ -3,10 +3,16 @@
 #include "kernel_builder.h"
 #include "support/logging.h"
 
+#include <tcap/compile.h>
+
+#include <torch/torch.h>
+
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
+#include <memory>
+#include <random>
 
 #include <time.h>
 
@@ -226,6 +232,32 @@ TEST(CpuLlvmCache, CompileAndWarmStartTimes) {
 }
 
 #endif  // TCAP_HAVE_LLVM
+
+// Note [Parallel kernel compilation], end to end: a graph's kernels compiled by the llvm
+// backend on several threads from a cold cache compute what eager computes.
+TEST(CpuLlvmCache, KernelsCompiledInParallelMatchEager) {
+  std::string why;
+  if (!tcap::codegen::cpu_llvm_available(&why)) GTEST_SKIP() << why;
+  tcap::codegen::cpu_llvm_clear_memory_cache_for_testing();
+  const auto before = tcap::codegen::cpu_llvm_stats();
+  // Constants new to this process and to the disk cache: six kernels that must compile.
+  const double salt = std::uniform_real_distribution<double>(0.0, 1.0)(*std::make_unique<std::random_device>());
+  auto fn = [salt](const std::vector<at::Tensor>& in) {
+    at::Tensor x = in[0];
+    for (int i = 0; i < 6; ++i) x = torch::mm(torch::tanh(x * (1.0 + i + salt)) + 0.5, in[1]).softmax(-1);
+    return std::vector<at::Tensor>{x};
+  };
+  tcap::CompileOptions options;
+  options.backend = "llvm";
+  auto f = tcap::compile(fn, options);
+  for (int call = 0; call < 3; ++call) {
+    const std::vector<at::Tensor> in{torch::randn({7, 9}), torch::randn({9, 9})};
+    EXPECT_TRUE(at::allclose((*f)(in)[0], fn(in)[0], 1e-4, 1e-5));
+  }
+  EXPECT_EQ(f->eager_reason(), "");
+  const auto after = tcap::codegen::cpu_llvm_stats();
+  EXPECT_GE(after.compiled - before.compiled, 6);
+}
 
 }  // namespace
 }  // namespace tcap::test

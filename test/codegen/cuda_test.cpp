@@ -22,6 +22,7 @@
 #include <fstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -457,6 +458,36 @@ TEST(CudaCache, MemoryDiskAndCorruptEntries) {
   EXPECT_EQ(s1.disk_hits - s0.disk_hits, 1);
   EXPECT_EQ(s1.memory_hits - s0.memory_hits, 1);
   EXPECT_EQ(s1.corrupt_cache_files - s0.corrupt_cache_files, 1);
+}
+
+// Note [Parallel kernel compilation]: NVRTC compiles of different kernels run side by
+// side; the same kernel asked for by several threads at once is compiled once.
+TEST(CudaCache, ParallelCompilesShareEachKernel) {
+  SKIP_WITHOUT_NVRTC();
+  const cuda::Target target{archs_to_check().front(), /*cubin=*/false};
+  std::vector<tcap::kir::Kernel> kernels;
+  for (DType t : {DType::F32, DType::F16, DType::I32, DType::F64}) kernels.push_back(reductions(t, {61, 3001}, 1, {1, 61}));
+  kernels.push_back(softmax(DType::F32, 9, 333));
+  kernels.push_back(bias_grad(DType::BF16, 100, 96));
+  const auto s0 = cuda::cuda_stats();
+  std::vector<std::vector<std::shared_ptr<const cuda::CudaKernel>>> got(4);
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < got.size(); ++t) {
+    threads.emplace_back([&, t] {
+      for (size_t i = 0; i < kernels.size(); ++i) got[t].push_back(cuda::compile_cuda_kernel(kernels[(i + t) % kernels.size()], target));
+    });
+  }
+  for (auto& th : threads) th.join();
+  const auto s1 = cuda::cuda_stats();
+  EXPECT_EQ(s1.compiled + s1.disk_hits - s0.compiled - s0.disk_hits, static_cast<int>(kernels.size()));
+  EXPECT_EQ(s1.memory_hits - s0.memory_hits, static_cast<int>(3 * kernels.size()));
+  for (size_t t = 0; t < got.size(); ++t) {
+    for (size_t i = 0; i < kernels.size(); ++i) {
+      const auto& k = got[t][i];
+      EXPECT_EQ(k.get(), got[0][(i + t) % kernels.size()].get()) << "one kernel object per kernel";
+      EXPECT_NE(k->binary.find(".entry " + k->entry), std::string::npos);
+    }
+  }
 }
 
 // --- generated kernels against eager: on a device, and in the host emulator ------------

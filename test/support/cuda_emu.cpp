@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -511,7 +512,7 @@ std::string launcher() {
   return e ? e : TCAP_EMU_LAUNCHER;
 }
 
-std::mutex g_build_mu;
+std::array<std::mutex, 16> g_build_mu;  // by kernel key hash
 
 }  // namespace
 
@@ -543,7 +544,9 @@ std::shared_ptr<const codegen::CpuKernel> build_library(const std::string& name,
   const std::string base = emu_dir() + "/" + src.entry + "-" + key_hash;
   const std::string so = base + ".so";
 
-  std::lock_guard<std::mutex> lock(g_build_mu);
+  // One build per kernel at a time; different kernels build in parallel (tcap compiles a
+  // graph's kernels on several threads, Note [Parallel kernel compilation]).
+  std::lock_guard<std::mutex> lock(g_build_mu[kir::fnv1a(key) % g_build_mu.size()]);
   if (exists(so)) {
     g_hits.fetch_add(1);
   } else {

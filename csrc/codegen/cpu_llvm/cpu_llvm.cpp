@@ -1,5 +1,6 @@
 // The public entry points of the cpu_llvm backend (cpu_llvm.h): caches in front of the
-// renderer and the JIT. One mutex serialises compiles; compiled kernels run lock-free.
+// renderer and the JIT. Compiles of different kernels run in parallel (Note [Parallel
+// kernel compilation]); compiled kernels run lock-free.
 #include "codegen/cpu_llvm/cpu_llvm.h"
 
 #include "codegen/cpu_llvm/jit.h"
@@ -10,6 +11,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <array>
 #include <chrono>
 #include <mutex>
 #include <unordered_map>
@@ -26,9 +28,10 @@ namespace {
 constexpr int kCodegenVersion = 2;  // 2: inline f32 sin/cos (Note [CPU sin and cos])
 
 struct Backend {
-  std::mutex mu;
+  std::mutex mu;  // the maps and stats
   std::unordered_map<std::string, std::shared_ptr<const CpuKernel>> memory;  // full key text -> kernel
   CpuLlvmStats stats;
+  std::array<std::mutex, 16> stripes;  // compiles of keys hashing alike run one at a time
 };
 
 Backend& backend() {
@@ -64,13 +67,22 @@ bool cpu_llvm_available(std::string* why) { return cpu::CpuJit::get(why) != null
 std::shared_ptr<const CpuKernel> compile_cpu_kernel(const kir::Kernel& k) {
   const auto t0 = std::chrono::steady_clock::now();
   Backend& be = backend();
-  std::lock_guard<std::mutex> lock(be.mu);
   cpu::CpuJit& jit = jit_or_throw();
   const std::string key = cache_key(k, jit);
-  if (auto it = be.memory.find(key); it != be.memory.end()) {
-    ++be.stats.memory_hits;
-    return it->second;
+  // Note [Parallel kernel compilation]: one compile per key at a time (the second caller
+  // finds the first one's kernel), different keys in parallel; be.mu only guards the maps.
+  std::lock_guard<std::mutex> key_lock(be.stripes[kir::fnv1a(key) % be.stripes.size()]);
+  {
+    std::lock_guard<std::mutex> lock(be.mu);
+    if (auto it = be.memory.find(key); it != be.memory.end()) {
+      ++be.stats.memory_hits;
+      return it->second;
+    }
   }
+  auto count = [&be](int CpuLlvmStats::*field) {
+    std::lock_guard<std::mutex> lock(be.mu);
+    ++(be.stats.*field);
+  };
   const cpu::KernelPlan plan = cpu::make_plan(k, jit.target());  // throws on unsupported kernels
   TORCH_CHECK(jit.target_runnable(), "tcap cpu_llvm: kernel ", k.name,
               ": the testing vector width is wider than this CPU runs; use cpu_kernel_llvm_ir");
@@ -88,14 +100,14 @@ std::shared_ptr<const CpuKernel> compile_cpu_kernel(const kir::Kernel& k) {
     try {
       out->fn = jit.load(out->name, entry.object);
       out->from_disk = true;
-      ++be.stats.disk_hits;
+      count(&CpuLlvmStats::disk_hits);
     } catch (const c10::Error& e) {
       read = CacheRead::Corrupt;
       why = std::string("the object does not link: ") + e.what_without_backtrace();
     }
   }
   if (read == CacheRead::Corrupt) {
-    ++be.stats.corrupt_cache_files;
+    count(&CpuLlvmStats::corrupt_cache_files);
     TCAP_LOG(Perf, "cpu_llvm: cache file " << path << " of kernel " << k.name << " rejected (" << why
                                            << "); recompiling");
     ::unlink(path.c_str());
@@ -105,7 +117,7 @@ std::shared_ptr<const CpuKernel> compile_cpu_kernel(const kir::Kernel& k) {
     entry.object = std::move(compiled.object);
     entry.ir = std::move(compiled.ir);
     out->fn = jit.load(out->name, entry.object);
-    ++be.stats.compiled;
+    count(&CpuLlvmStats::compiled);
     if (!write_cache_file(path, key, entry, &why)) {
       TCAP_LOG(Perf, "cpu_llvm: kernel " << k.name << " not written to the disk cache: " << why);
     }
@@ -115,13 +127,12 @@ std::shared_ptr<const CpuKernel> compile_cpu_kernel(const kir::Kernel& k) {
   TCAP_LOG(Perf, "cpu_llvm: " << k.name << " -> " << out->name << (out->from_disk ? " loaded from disk" : " compiled")
                               << " in " << out->compile_ms << " ms");
   TCAP_LOG(Fusion, "cpu_llvm: " << k.name << " -> " << out->name << ": " << cpu::to_string(plan));
+  std::lock_guard<std::mutex> lock(be.mu);
   be.memory.emplace(key, out);
   return out;
 }
 
 std::string cpu_kernel_llvm_ir(const kir::Kernel& k) {
-  Backend& be = backend();
-  std::lock_guard<std::mutex> lock(be.mu);
   cpu::CpuJit& jit = jit_or_throw();
   const cpu::KernelPlan plan = cpu::make_plan(k, jit.target());
   const std::string key = cache_key(k, jit);

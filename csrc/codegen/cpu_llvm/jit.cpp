@@ -22,6 +22,7 @@
 #include <atomic>
 #include <chrono>
 #include <mutex>
+#include <optional>
 #include <sstream>
 
 namespace tcap::codegen::cpu {
@@ -42,10 +43,29 @@ void set_vector_bits_override(int bits) { g_vector_bits_override = bits; }
 
 struct CpuJit::Impl {
   TargetInfo host;
-  std::unique_ptr<llvm::TargetMachine> tm;
+  std::optional<llvm::orc::JITTargetMachineBuilder> jtmb;  // makes each thread's TargetMachine
   std::unique_ptr<llvm::orc::LLJIT> jit;
+  std::mutex load_mu;  // load(): JITDylib names and linking
   int64_t next_dylib = 0;
 };
+
+namespace {
+
+// The calling thread's TargetMachine: compile() runs on several threads at once (Note
+// [Parallel kernel compilation]) and a TargetMachine is not shared between threads that
+// compile. The process has one CpuJit, so one per thread suffices.
+llvm::TargetMachine& thread_target_machine(const llvm::orc::JITTargetMachineBuilder& jtmb) {
+  thread_local std::unique_ptr<llvm::TargetMachine> tm;
+  if (!tm) {
+    llvm::orc::JITTargetMachineBuilder builder = jtmb;  // createTargetMachine is not const
+    auto made = builder.createTargetMachine();
+    TORCH_CHECK(static_cast<bool>(made), "tcap cpu_llvm: cannot create a target machine: ", error_text(made.takeError()));
+    tm = std::move(*made);
+  }
+  return *tm;
+}
+
+}  // namespace
 
 CpuJit::CpuJit(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
@@ -77,12 +97,11 @@ CpuJit* CpuJit::get(std::string* why) {
     t.has_fma = t.x86 ? has_feature(features, "fma") : jtmb->getTargetTriple().getArch() == llvm::Triple::aarch64;
     t.vector_bits = t.has_avx512f ? 512 : t.has_avx2 ? 256 : 128;
     jtmb->setFeatures(t.features);
-    auto tm = jtmb->createTargetMachine();
-    if (!tm) {
+    if (auto tm = jtmb->createTargetMachine(); !tm) {
       failure = "LLVM cannot create a target machine for " + t.triple + " " + t.cpu + ": " + error_text(tm.takeError());
       return nullptr;
     }
-    impl->tm = std::move(*tm);
+    impl->jtmb = *jtmb;
     auto jit = llvm::orc::LLJITBuilder().setJITTargetMachineBuilder(*jtmb).create();
     if (!jit) {
       failure = "LLVM ORC LLJIT could not be created: " + error_text(jit.takeError());
@@ -160,13 +179,14 @@ CompiledKernel CpuJit::compile(const kir::Kernel& k, const KernelPlan& plan, con
   using clock = std::chrono::steady_clock;
   auto ms = [](clock::time_point a, clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
   const auto t0 = clock::now();
-  llvm::LLVMContext ctx;
+  llvm::TargetMachine& tm = thread_target_machine(*impl_->jtmb);
+  llvm::LLVMContext ctx;  // one per compile: contexts are not shared between threads
   llvm::Module m(symbol, ctx);
-  m.setDataLayout(impl_->tm->createDataLayout());
-  llvm_compat::set_target_triple(m, impl_->tm->getTargetTriple());
+  m.setDataLayout(tm.createDataLayout());
+  llvm_compat::set_target_triple(m, tm.getTargetTriple());
   render_kernel(k, plan, target(), m, symbol);
   const auto t1 = clock::now();
-  optimise(m, *impl_->tm);
+  optimise(m, tm);
   const auto t2 = clock::now();
   CompiledKernel out;
   {
@@ -178,7 +198,7 @@ CompiledKernel CpuJit::compile(const kir::Kernel& k, const KernelPlan& plan, con
     llvm::SmallVector<char, 0> buf;
     llvm::raw_svector_ostream os(buf);
     llvm::legacy::PassManager pm;
-    TORCH_INTERNAL_ASSERT(!impl_->tm->addPassesToEmitFile(pm, os, nullptr, llvm_compat::kObjectFile),
+    TORCH_INTERNAL_ASSERT(!tm.addPassesToEmitFile(pm, os, nullptr, llvm_compat::kObjectFile),
                           "cpu_llvm: the host target machine cannot emit object files");
     pm.run(m);
     out.object.assign(buf.begin(), buf.end());
@@ -191,6 +211,7 @@ CompiledKernel CpuJit::compile(const kir::Kernel& k, const KernelPlan& plan, con
 }
 
 CpuKernel::Fn CpuJit::load(const std::string& symbol, const std::string& object) {
+  std::lock_guard<std::mutex> lock(impl_->load_mu);
   llvm::orc::LLJIT& jit = *impl_->jit;
   // A fresh JITDylib per object: the same kernel may be loaded again after
   // cpu_llvm_clear_memory_cache_for_testing(), and symbols must be unique per dylib.

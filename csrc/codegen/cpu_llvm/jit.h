@@ -19,8 +19,8 @@ struct CompiledKernel {
 class CpuJit {
  public:
   // The JIT, created on first use; nullptr (and *why set) when LLVM cannot target the
-  // host. Thread-safe creation; the other members must be called under one lock
-  // (cpu_llvm.cpp's mutex).
+  // host. Every member is thread-safe: compile() uses a context and a TargetMachine of the
+  // calling thread, load() takes a lock (Note [Parallel kernel compilation]).
   static CpuJit* get(std::string* why);
 
   // Host target with the testing override of the vector width applied.

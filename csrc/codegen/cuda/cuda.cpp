@@ -1,6 +1,7 @@
 // The public entry points of the cuda backend (cuda.h): caches in front of the renderer
-// and NVRTC, and the launch. One mutex serialises compiles; a launch takes only the
-// kernel's own lock (briefly; the first launch on a device loads the module there).
+// and NVRTC, and the launch. Compiles of different kernels run in parallel (Note
+// [Parallel kernel compilation]); a launch takes only the kernel's own lock (briefly; the
+// first launch on a device loads the module there).
 #include "codegen/cuda/cuda.h"
 
 #include "codegen/cuda/driver.h"
@@ -11,6 +12,7 @@
 #include <c10/util/SmallVector.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -26,10 +28,11 @@ namespace {
 constexpr int kCodegenVersion = 1;
 
 struct Backend {
-  std::mutex mu;
+  std::mutex mu;  // the maps and stats
   std::unordered_map<std::string, std::shared_ptr<const CudaKernel>> memory;  // key text -> kernel
   CudaStats stats;
   std::unordered_map<int, DeviceInfo> devices;
+  std::array<std::mutex, 16> stripes;  // compiles of keys hashing alike run one at a time
 };
 
 Backend& backend() {
@@ -81,12 +84,22 @@ std::shared_ptr<const CudaKernel> compile_cuda_kernel(const kir::Kernel& k, cons
   const auto t0 = std::chrono::steady_clock::now();
   CudaSource src = render(k);  // throws on unsupported kernels
   Backend& be = backend();
-  std::lock_guard<std::mutex> lock(be.mu);
   const std::string key = cache_key(src, target);
-  if (auto it = be.memory.find(key); it != be.memory.end()) {
-    ++be.stats.memory_hits;
-    return it->second;
+  // Note [Parallel kernel compilation]: one compile per key at a time (the second caller
+  // finds the first one's kernel), different keys in parallel (NVRTC programs are
+  // independent); be.mu only guards the maps.
+  std::lock_guard<std::mutex> key_lock(be.stripes[kir::fnv1a(key) % be.stripes.size()]);
+  {
+    std::lock_guard<std::mutex> lock(be.mu);
+    if (auto it = be.memory.find(key); it != be.memory.end()) {
+      ++be.stats.memory_hits;
+      return it->second;
+    }
   }
+  auto count = [&be](int CudaStats::*field) {
+    std::lock_guard<std::mutex> lock(be.mu);
+    ++(be.stats.*field);
+  };
   auto out = std::make_shared<CudaKernel>();
   out->name = k.name;
   out->entry = src.entry;
@@ -106,10 +119,10 @@ std::shared_ptr<const CudaKernel> compile_cuda_kernel(const kir::Kernel& k, cons
   if (read == CacheRead::Hit) {
     out->binary = std::move(entry.object);
     out->from_disk = true;
-    ++be.stats.disk_hits;
+    count(&CudaStats::disk_hits);
   } else {
     if (read == CacheRead::Corrupt) {
-      ++be.stats.corrupt_cache_files;
+      count(&CudaStats::corrupt_cache_files);
       TCAP_LOG(Perf, "cuda: cache file " << path << " of kernel " << k.name << " rejected (" << why << "); recompiling");
       ::unlink(path.c_str());
     }
@@ -118,7 +131,7 @@ std::shared_ptr<const CudaKernel> compile_cuda_kernel(const kir::Kernel& k, cons
     TORCH_CHECK(ok, "tcap cuda: NVRTC ", nvrtc_version(), " could not compile kernel ", k.name, " for ",
                 arch_name(target), ":\n", log, "\n--- source ---\n", src.source);
     out->compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    ++be.stats.compiled;
+    count(&CudaStats::compiled);
     entry.object = out->binary;
     entry.ir = src.source;
     if (!write_cache_file(path, key, entry, &why)) {
@@ -130,6 +143,7 @@ std::shared_ptr<const CudaKernel> compile_cuda_kernel(const kir::Kernel& k, cons
   TCAP_LOG(Perf, "cuda: " << k.name << " -> " << out->entry << " (" << arch_name(target) << ")"
                           << (out->from_disk ? " loaded from disk" : " compiled") << " in " << ms << " ms");
   TCAP_LOG(Fusion, "cuda: " << k.name << " -> " << out->entry << ": " << to_string(out->plan));
+  std::lock_guard<std::mutex> lock(be.mu);
   be.memory.emplace(key, out);
   return out;
 }
