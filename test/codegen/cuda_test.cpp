@@ -240,7 +240,18 @@ TEST(CudaRender, ReductionStrategies) {
   EXPECT_EQ(cuda::render(softmax(DType::F32, 100, 8192)).plan.row_chunks, 4);  // 2048 vectors, 512 threads
   EXPECT_EQ(cuda::render(softmax(DType::F32, 100, 100000)).plan.row_chunks, 0);  // too long: re-read per pass
   EXPECT_EQ(cuda::render(softmax(DType::BF16, 100, 1000)).plan.vec, 8);
-  EXPECT_EQ(cuda::render(softmax(DType::F32, 100, 40)).plan.block, 32);
+  // Short rows: a warp per row, eight rows per block, no block barrier.
+  EXPECT_EQ(cuda::render(softmax(DType::F32, 100, 40)).plan.block, 256);
+  EXPECT_EQ(cuda::render(softmax(DType::F32, 100, 40)).plan.rows_per_block, 8);
+  EXPECT_EQ(cuda::render(softmax(DType::F32, 100, 40)).plan.row_chunks, 1);
+  EXPECT_EQ(cuda::render(softmax(DType::F32, 100, 40)).plan.blocks_needed(), 13);
+  EXPECT_EQ(cuda::render(softmax(DType::F32, 3, 40)).plan.rows_per_block, 4);
+  {
+    const std::string warp_ptx = ptx_of(softmax(DType::F32, 100, 40));
+    EXPECT_NE(warp_ptx.find("shfl.sync.bfly"), std::string::npos);
+    EXPECT_EQ(warp_ptx.find("bar.sync"), std::string::npos) << "a warp-per-row kernel waits for its block";
+  }
+  EXPECT_EQ(cuda::render(softmax(DType::F32, 100, 1000)).plan.rows_per_block, 1);
   EXPECT_EQ(cuda::render(softmax(DType::F32, 100, 1001)).plan.vec, 1);  // rows not a whole number of vectors
   EXPECT_EQ(cuda::render(softmax(DType::F32, 100, 1001)).plan.block, 512);
   EXPECT_EQ(cuda::render(softmax(DType::F32, 100, 1002)).plan.vec, 2);
@@ -594,6 +605,8 @@ void fused_patterns(Where w) {
                  return Tensors{x.sum(std::vector<int64_t>{0, 2}), x.mean(-1, true) - x.amax(-1, true), in[0].sum()};
                },
                [&] { return Tensors{leaf(torch::randn({n, 3, 5}, dev))}; }, 1e-4, 1e-4);
+    check_cuda(w, "short_softmax", [](const Tensors& in) { return Tensors{torch::softmax(in[0] * 2.0, -1)}; },
+               [&] { return Tensors{leaf(torch::randn({n, 24}, dev))}; }, 1e-4, 1e-6);
     check_cuda(w, "column_sum", [](const Tensors& in) { return Tensors{(in[0] * in[0]).sum(0)}; },
                [&] { return Tensors{leaf(torch::randn({n, 1031}, dev))}; }, 1e-4, 1e-4);
     // A linear layer's bias gradient through a ReLU: a column sum with a per-element store.
@@ -960,6 +973,8 @@ TEST(CudaEmulated, EveryOpAndDtypeMatchesTheCpuBackend) {
     kernels.push_back(reductions(t, {6, 5, 7}, 2, {35, 7, 1}));
   }
   for (DType t : kFloats) kernels.push_back(softmax(t, 7, 1000));
+  for (DType t : kFloats) kernels.push_back(softmax(t, 13, 40));  // a warp per row, a partial last block
+  for (DType t : kAll) kernels.push_back(reductions(t, {29, 30}, 1, {30, 1}));
   kernels.push_back(column_softmax(300, 70));
   for (const auto& k : kernels) emulated_matches_cpu(k, 64);
 }

@@ -397,6 +397,7 @@ constexpr int64_t kColumnRowsPerThread = 8;
 constexpr int64_t kColumnMaxSplits = 256;
 constexpr int64_t kColumnMaxSharedBytes = 32 * 1024;
 constexpr int64_t kRowSplitBlocks = 512;
+constexpr int64_t kWarpRowsPerBlock = 8;
 
 // Bytes of a Reduce's accumulator (its register type).
 int64_t acc_bytes(DType t) {
@@ -524,6 +525,13 @@ void Renderer::plan() {
       plan_.work_items = outer * plan_.splits;
       plan_scratch(outer, outer);
     }
+  }
+  // Short rows (32 threads each: up to 32 vectors, e.g. an attention softmax over 128
+  // keys): a warp per row and several rows per block, so that the SM's limit on resident
+  // blocks does not cap the threads at half of what it holds (Note [CUDA kernel shapes]).
+  if (plan_.block == 32 && plan_.splits == 1 && outer > 1) {
+    plan_.rows_per_block = static_cast<int>(std::min<int64_t>(kWarpRowsPerBlock, pow2_ceil(outer)));
+    plan_.block = 32 * plan_.rows_per_block;
   }
 }
 
@@ -862,9 +870,12 @@ void Renderer::reduction(std::ostringstream& os) {
   // Split rows (single-pass BlockRow kernels): this block's part [rb, re) of row o.
   const int S = plan_.splits;
   const std::string rb = S > 1 ? "r_begin" : "0", re = S > 1 ? "r_end" : R;
+  // A row's threads: the block, or one warp of it (rows_per_block > 1).
+  const bool warp_rows = block && plan_.rows_per_block > 1;
+  const std::string tid = warp_rows ? "tcap_lane" : "threadIdx.x", tstride = warp_rows ? "32" : "blockDim.x";
 
   if (block) {
-    for (size_t id = 0; id < n; ++id) {
+    for (size_t id = 0; id < n && !warp_rows; ++id) {
       if (kir::is_reduce(k_.instrs[id].op)) {
         os << "  __shared__ " << acc_type(k_.instrs[id]) << " smem" << id << "[32];\n";
       }
@@ -886,6 +897,11 @@ void Renderer::reduction(std::ostringstream& os) {
       os << "    const " << idx_ << " r_begin = split * " << per_split << ";\n";
       os << "    const " << idx_ << " r_end = r_begin + " << per_split << " < " << R << " ? r_begin + " << per_split
          << " : " << R << ";\n";
+    } else if (warp_rows) {
+      const std::string rpb = std::to_string(plan_.rows_per_block);
+      os << "  const int tcap_lane = threadIdx.x & 31;\n";
+      os << "  for (" << idx_ << " o = (" << idx_ << ")blockIdx.x * " << rpb << " + (threadIdx.x >> 5); o < " << O
+         << "; o += (" << idx_ << ")gridDim.x * " << rpb << ") {\n";
     } else {
       os << "  for (" << idx_ << " o = blockIdx.x; o < " << O << "; o += gridDim.x) {\n";
     }
@@ -954,8 +970,8 @@ void Renderer::reduction(std::ostringstream& os) {
     auto scalar_loop = [&](const std::string& indent) {
       const std::string in2 = indent + "  ";
       if (block) {
-        os << indent << "for (" << idx_ << " r = " << (S > 1 ? rb + " + " : "") << "threadIdx.x; r < " << re
-           << "; r += blockDim.x) {\n";
+        os << indent << "for (" << idx_ << " r = " << (S > 1 ? rb + " + " : "") << tid << "; r < " << re
+           << "; r += " << tstride << ") {\n";
       } else {
         os << indent << "for (" << idx_ << " r = 0; r < " << R << "; ++r) {\n";
       }
@@ -986,11 +1002,11 @@ void Renderer::reduction(std::ostringstream& os) {
         // registers (the same points as the strided loop).
         os << "#pragma unroll\n";
         os << "      for (int c = 0; c < " << K << "; ++c) {\n";
-        os << "        const " << idx_ << " g = threadIdx.x + c * (" << idx_ << ")blockDim.x;\n";
+        os << "        const " << idx_ << " g = " << tid << " + c * (" << idx_ << ")" << tstride << ";\n";
         os << "        if (g >= " << R << " / " << V << ") break;\n";
       } else {
-        os << "      for (" << idx_ << " g = " << (S > 1 ? rb + " / " + std::to_string(V) + " + " : "") << "threadIdx.x; g < "
-           << re << " / " << V << "; g += blockDim.x) {\n";
+        os << "      for (" << idx_ << " g = " << (S > 1 ? rb + " / " + std::to_string(V) + " + " : "") << tid << "; g < "
+           << re << " / " << V << "; g += " << tstride << ") {\n";
       }
       os << "        const " << idx_ << " r0 = g * " << V << ";\n";
       for (int32_t id : elems) {
@@ -1036,7 +1052,9 @@ void Renderer::reduction(std::ostringstream& os) {
     }
     for (int32_t r : reds) {
       const kir::Instr& in = k_.instrs[static_cast<size_t>(r)];
-      if (block) {
+      if (warp_rows) {
+        os << "    acc" << r << " = tcap_warp_reduce(acc" << r << ", " << reduce_functor(in) << ");\n";
+      } else if (block) {
         os << "    acc" << r << " = tcap_block_reduce(acc" << r << ", " << reduce_functor(in) << ", (" << acc_type(in) << ")"
            << reduce_identity(in) << ", smem" << r << ");\n";
       }
@@ -1080,7 +1098,7 @@ void Renderer::reduction(std::ostringstream& os) {
                  << "] = " << to_memory(k_.buffers[static_cast<size_t>(st.buffer)].dtype, v(st.value)) << ";\n";
   }
   if (!outer_stores.str().empty()) {
-    os << (block ? "    if (threadIdx.x == 0) {\n" : "    {\n") << outer_stores.str() << "    }\n";
+    os << (block ? "    if (" + tid + " == 0) {\n" : std::string("    {\n")) << outer_stores.str() << "    }\n";
   }
   if (block && S > 1) {
     os << "    }\n";  // tcap_last
@@ -1373,7 +1391,8 @@ const char* to_string(Strategy s) {
 }
 
 int64_t LaunchPlan::blocks_needed() const {
-  if (strategy == Strategy::BlockRow || strategy == Strategy::Column) return work_items;
+  if (strategy == Strategy::BlockRow) return (work_items + rows_per_block - 1) / rows_per_block;
+  if (strategy == Strategy::Column) return work_items;
   return (work_items + block - 1) / block;
 }
 
@@ -1395,6 +1414,7 @@ std::string to_string(const LaunchPlan& p) {
   std::ostringstream os;
   os << "strategy=" << to_string(p.strategy) << " block=" << p.block << " vec=" << p.vec;
   if (p.row_chunks > 0) os << " row_chunks=" << p.row_chunks;
+  if (p.rows_per_block > 1) os << " rows_per_block=" << p.rows_per_block;
   if (p.strategy == Strategy::Column) os << " lanes=" << p.lanes;
   if (p.splits > 1) os << " splits=" << p.splits;
   os << " index=" << (p.index32 ? "int32" : "int64") << " work_items=" << p.work_items;

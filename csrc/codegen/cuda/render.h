@@ -24,6 +24,9 @@
 //              A kernel with several passes (softmax, layer norm) whose share of the row
 //              per thread is small keeps it in registers ("persistent", row_chunks):
 //              the first pass that reads a load fills them, later passes reuse them.
+//              Rows short enough for one warp (32 threads) run a warp per row and
+//              `rows_per_block` rows per block (warp shuffles only, no shared memory), so
+//              that the limit on resident blocks per SM does not halve the threads.
 //   Column     single-pass reductions whose element loads are contiguous along the
 //              outer dims rather than the reduce dims (column sums: bias and layer-norm
 //              weight gradients). A block is `lanes` columns wide (each lane `vec`
@@ -80,6 +83,7 @@ struct LaunchPlan {
   int vec = 1;                // Pointwise, BlockRow: elements per vector access (1 = no vector path)
   int row_chunks = 0;         // BlockRow vector path: vectors per element load each thread keeps
                               // in registers across the passes (0: rows are re-read per pass)
+  int rows_per_block = 1;     // BlockRow: rows a block runs at once, a warp each (short rows)
   int lanes = 0;              // Column: threads across the columns of a block (a power of two)
   int splits = 1;             // Column, BlockRow: blocks the rows of a column tile (a row) are split over
   // splits > 1: the kernel takes one more pointer, `scratch_bytes` of device memory whose
