@@ -162,6 +162,23 @@ def coscos(quick):
     return make, POINTWISE_TOL
 
 
+def bias_relu(quick):
+    torch.manual_seed(0)
+    rows = 1024 if quick else 8192
+    x = on_device(torch.randn(rows, 1024)).requires_grad_()
+    b = on_device(torch.randn(1024)).requires_grad_()
+    w = on_device(torch.randn(rows, 1024))
+
+    def fn(x, b):
+        return torch.relu(x + b)
+
+    def make(compiled):
+        f = torch.compile(fn) if compiled else fn
+        return Step(lambda: f(x, b), lambda out: (out * w).sum(), [x, b])
+
+    return make, MATMUL_TOL
+
+
 def mlp_small(quick):
     torch.manual_seed(0)
     x = on_device(torch.randn(1, 10))
@@ -274,6 +291,7 @@ def transformer_block(quick):
 
 WORKLOADS = {
     "coscos": coscos,
+    "bias_relu": bias_relu,
     "mlp_small": mlp_small,
     "mlp_big": mlp_big,
     "softmax_ce": softmax_ce,

@@ -410,6 +410,28 @@ std::vector<Variant> make_coscos(const Options& opts) {
   });
 }
 
+// --- bias_relu -------------------------------------------------------------------------
+
+// relu(x + b) over f32[8192, 1024] ([1024, 1024] with --quick), x and b requiring grad,
+// loss sum(out * w) with a fixed w outside the compiled function (so that the backward
+// gets a full gradient, not a broadcast scalar). The backward's bias gradient is a column
+// sum of the masked gradient, which it also stores: one Column kernel on CUDA (Note [Split
+// column reductions]), a column reduction on the CPU.
+Tensors bias_relu(const Tensors& in) { return {torch::relu(in[0] + in[1])}; }
+
+int64_t bias_relu_rows(const Options& o) { return o.quick ? 1024 : 8192; }
+
+std::vector<Variant> make_bias_relu(const Options& opts) {
+  torch::manual_seed(0);
+  const torch::Device dev(opts.device);
+  const at::Tensor x = torch::randn({bias_relu_rows(opts), 1024}).to(dev).requires_grad_(true);
+  const at::Tensor b = torch::randn({1024}).to(dev).requires_grad_(true);
+  const at::Tensor w = torch::randn({bias_relu_rows(opts), 1024}).to(dev);
+  return make_variants("bias_relu", opts, kMatmulTol, [x, b, w](const tcap::CompileOptions* o) {
+    return function_step(bias_relu, {x, b}, {x, b}, [w](const at::Tensor& out) { return (out * w).sum(); }, o);
+  });
+}
+
 // --- mlp_small -------------------------------------------------------------------------
 
 // The seed MLP (as in record_mlp_step), batch 1, MSE loss against a fixed target. Each
@@ -527,6 +549,14 @@ void add_compile_workloads(Registry& registry) {
   coscos.has_peer = true;
   coscos.cuda = true;
   registry.add(std::move(coscos));
+
+  Workload bias{"bias_relu",
+                "relu(x + b), x f32[8192, 1024] ([1024, 1024] with --quick) and b f32[1024] requiring grad, "
+                "loss sum(out * w): the backward's bias gradient is a column sum; µs per call",
+                make_bias_relu, derive_bwd_ratio};
+  bias.has_peer = true;
+  bias.cuda = true;
+  registry.add(std::move(bias));
 
   Workload mlp_small{"mlp_small",
                      "seed MLP 10-5-2 (softmax, batch 1) compiled as a module, MSE loss and backward "

@@ -103,7 +103,7 @@ run() {
   fi
   wants 3 && step ctest ctest --test-dir "$root/build-gpu" -j "$jobs" --output-on-failure
   wants 4 && step bench_cuda "$root/build-gpu/bench/tcap-bench" --device cuda --python "$python" \
-    --filter coscos,mlp_big,softmax_ce,transformer_block --repeats 11 --json "$out/bench-cuda.json"
+    --filter coscos,mlp_big,softmax_ce,transformer_block,bias_relu --repeats 11 --json "$out/bench-cuda.json"
   tar czf "$out/gpu-logs.tgz" -C "$logs" .
   echo "gpu_check: $failed step(s) failed; summary and logs (gpu-logs.tgz) in $out" | tee -a "$out/summary.txt"
   return "$failed"
