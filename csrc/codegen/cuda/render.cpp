@@ -320,6 +320,14 @@ class Renderer {
   // Names.
   static std::string v(int32_t id) { return "v" + std::to_string(id); }
   std::string buf(int32_t b) const { return "b" + std::to_string(b); }
+  // The vector type of `V` elements of buffer b: "tcap_vec<float, 4>".
+  std::string vec_type(int32_t b, int V) const {
+    return "tcap_vec<" + std::string(mem_type(k_.buffers[static_cast<size_t>(b)].dtype)) + ", " + std::to_string(V) + ">";
+  }
+  // A 16-byte (or narrower) store of vector `value` at element address `at` of buffer b.
+  std::string vector_store(int32_t b, int V, const std::string& at, const std::string& value) const {
+    return "*reinterpret_cast<" + vec_type(b, V) + "*>(" + at + ") = " + value + ";\n";
+  }
   DType dtype_of(int32_t id) const { return k_.instrs[static_cast<size_t>(id)].dtype; }
 
   void plan();
@@ -821,16 +829,13 @@ void Renderer::pointwise(std::ostringstream& os) {
     const char* mt = mem_type(k_.buffers[static_cast<size_t>(in.buffer)].dtype);
     const std::string at = buf(in.buffer) + " + " + offset_expr(a, 0, rank, true);
     if (a.strides.back() == 1) {
-      os << "      const tcap_vec<" << mt << ", " << V << "> l" << id << " = *reinterpret_cast<const tcap_vec<" << mt
-         << ", " << V << ">*>(" << at << ");\n";
+      const std::string vt = vec_type(in.buffer, V);
+      os << "      const " << vt << " l" << id << " = *reinterpret_cast<const " << vt << "*>(" << at << ");\n";
     } else {
       os << "      const " << mt << " l" << id << " = *(" << at << ");\n";
     }
   }
-  for (size_t s = 0; s < k_.stores.size(); ++s) {
-    const char* mt = mem_type(k_.buffers[static_cast<size_t>(k_.stores[s].buffer)].dtype);
-    os << "      tcap_vec<" << mt << ", " << V << "> o" << s << ";\n";
-  }
+  for (size_t s = 0; s < k_.stores.size(); ++s) os << "      " << vec_type(k_.stores[s].buffer, V) << " o" << s << ";\n";
   os << "#pragma unroll\n";
   os << "      for (int j = 0; j < " << V << "; ++j) {\n";
   emit_values(os, ids, "        ", [&](int32_t id) {
@@ -844,10 +849,8 @@ void Renderer::pointwise(std::ostringstream& os) {
   }
   os << "      }\n";
   for (size_t s = 0; s < k_.stores.size(); ++s) {
-    const kir::Store& st = k_.stores[s];
-    const char* mt = mem_type(k_.buffers[static_cast<size_t>(st.buffer)].dtype);
-    os << "      *reinterpret_cast<tcap_vec<" << mt << ", " << V << ">*>(" << buf(st.buffer) << " + "
-       << offset_expr(c_.stores[s], 0, rank, true) << ") = o" << s << ";\n";
+    const int32_t b = k_.stores[s].buffer;
+    os << "      " << vector_store(b, V, buf(b) + " + " + offset_expr(c_.stores[s], 0, rank, true), "o" + std::to_string(s));
   }
   os << "    }\n";
   if (plan_.elements % V != 0) {  // the tail (one coalesced dim only)
@@ -940,8 +943,7 @@ void Renderer::reduction(std::ostringstream& os) {
   if (plan_.row_chunks > 0) {
     for (size_t id = 0; id < n; ++id) {
       if (k_.instrs[id].op != OpCode::Load || !elem_[id]) continue;
-      os << "    tcap_vec<" << mem_type(k_.buffers[static_cast<size_t>(k_.instrs[id].buffer)].dtype) << ", " << plan_.vec
-         << "> lc" << id << "[" << plan_.row_chunks << "];\n";
+      os << "    " << vec_type(k_.instrs[id].buffer, plan_.vec) << " lc" << id << "[" << plan_.row_chunks << "];\n";
     }
   }
   for (int p = 0; p < passes; ++p) {
@@ -1012,8 +1014,7 @@ void Renderer::reduction(std::ostringstream& os) {
       for (int32_t id : elems) {
         const kir::Instr& in = k_.instrs[static_cast<size_t>(id)];
         if (in.op != OpCode::Load) continue;
-        const char* mt = mem_type(k_.buffers[static_cast<size_t>(in.buffer)].dtype);
-        const std::string vt = "tcap_vec<" + std::string(mt) + ", " + std::to_string(V) + ">";
+        const std::string vt = vec_type(in.buffer, V);
         const std::string load = "*reinterpret_cast<const " + vt + "*>(" + buf(in.buffer) + " + ob" + std::to_string(id) + " + r0)";
         if (K == 0) {
           os << "        const " << vt << " l" << id << " = " << load << ";\n";
@@ -1022,10 +1023,7 @@ void Renderer::reduction(std::ostringstream& os) {
         if (cached.insert(id).second) os << "        lc" << id << "[c] = " << load << ";\n";  // first pass to read it
         os << "        const " << vt << "& l" << id << " = lc" << id << "[c];\n";
       }
-      for (size_t s : stores) {
-        const char* mt = mem_type(k_.buffers[static_cast<size_t>(k_.stores[s].buffer)].dtype);
-        os << "        tcap_vec<" << mt << ", " << V << "> o" << s << ";\n";
-      }
+      for (size_t s : stores) os << "        " << vec_type(k_.stores[s].buffer, V) << " o" << s << ";\n";
       os << "#pragma unroll\n";
       os << "        for (int j = 0; j < " << V << "; ++j) {\n";
       emit_values(os, elems, "          ", [&](int32_t id) { return "l" + std::to_string(id) + ".v[j]"; });
@@ -1040,10 +1038,8 @@ void Renderer::reduction(std::ostringstream& os) {
       }
       os << "        }\n";
       for (size_t s : stores) {
-        const kir::Store& st = k_.stores[s];
-        const char* mt = mem_type(k_.buffers[static_cast<size_t>(st.buffer)].dtype);
-        os << "        *reinterpret_cast<tcap_vec<" << mt << ", " << V << ">*>(" << buf(st.buffer) << " + os" << s
-           << " + r0) = o" << s << ";\n";
+        const int32_t b = k_.stores[s].buffer;
+        os << "        " << vector_store(b, V, buf(b) + " + os" + std::to_string(s) + " + r0", "o" + std::to_string(s));
       }
       os << "      }\n";
       os << "    } else {\n";
@@ -1211,19 +1207,16 @@ void Renderer::column(std::ostringstream& os) {
     for (int32_t id : pass) {
       const kir::Instr& in = k_.instrs[static_cast<size_t>(id)];
       if (in.op != OpCode::Load || !elem_[static_cast<size_t>(id)]) continue;
-      const char* mt = mem_type(k_.buffers[static_cast<size_t>(in.buffer)].dtype);
       const std::string at = load_at(id, "ob" + std::to_string(id) + "[0]");
       if (c_.loads[static_cast<size_t>(id)].strides[olast] == 1) {
-        const std::string vt = "tcap_vec<" + std::string(mt) + ", " + js + ">";
+        const std::string vt = vec_type(in.buffer, V);
         os << "          const " << vt << " l" << id << " = *reinterpret_cast<const " << vt << "*>(&" << at << ");\n";
       } else {  // the same element for every column of the vector
-        os << "          const " << mt << " l" << id << " = " << at << ";\n";
+        os << "          const " << mem_type(k_.buffers[static_cast<size_t>(in.buffer)].dtype) << " l" << id << " = " << at
+           << ";\n";
       }
     }
-    for (size_t s : elem_stores) {
-      os << "          tcap_vec<" << mem_type(k_.buffers[static_cast<size_t>(k_.stores[s].buffer)].dtype) << ", " << V
-         << "> st" << s << ";\n";
-    }
+    for (size_t s : elem_stores) os << "          " << vec_type(k_.stores[s].buffer, V) << " st" << s << ";\n";
     os << "#pragma unroll\n";
     os << "          for (int j = 0; j < " << V << "; ++j) {\n";
     emit_values(os, pass, "            ", [&](int32_t id) {
@@ -1239,10 +1232,11 @@ void Renderer::column(std::ostringstream& os) {
     }
     os << "          }\n";
     for (size_t s : elem_stores) {
-      const kir::Store& st = k_.stores[s];
+      const int32_t b = k_.stores[s].buffer;
       const std::string off = offset_expr(c_.stores[s], no, rank, false);
-      os << "          *reinterpret_cast<tcap_vec<" << mem_type(k_.buffers[static_cast<size_t>(st.buffer)].dtype) << ", " << V
-         << ">*>(&" << buf(st.buffer) << "[os" << s << "[0]" << (off == "0" ? "" : " + " + off) << "]) = st" << s << ";\n";
+      os << "          "
+         << vector_store(b, V, "&" + buf(b) + "[os" + std::to_string(s) + "[0]" + (off == "0" ? "" : " + " + off) + "]",
+                         "st" + std::to_string(s));
     }
     os << "        }\n";
     os << "      } else {\n";
