@@ -480,6 +480,7 @@ TEST(CudaCache, ParallelCompilesShareEachKernel) {
   for (DType t : {DType::F32, DType::F16, DType::I32, DType::F64}) kernels.push_back(reductions(t, {61, 3001}, 1, {1, 61}));
   kernels.push_back(softmax(DType::F32, 9, 333));
   kernels.push_back(bias_grad(DType::BF16, 100, 96));
+  cuda::cuda_clear_memory_cache_for_testing();  // whatever ran before in this process
   const auto s0 = cuda::cuda_stats();
   std::vector<std::vector<std::shared_ptr<const cuda::CudaKernel>>> got(4);
   std::vector<std::thread> threads;
