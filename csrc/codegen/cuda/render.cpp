@@ -385,7 +385,7 @@ class Renderer {
 // strategy (Note [CUDA kernel shapes]) tiles the columns in blocks of `lanes` x `vec`
 // columns and 256 / lanes rows of threads, and splits the rows of a tile over `splits`
 // blocks, so that there are enough blocks to fill the device and every thread runs about
-// kColumnRowsPerThread rows. Per tile and split:
+// kSplitItemsPerThread rows. Per tile and split:
 //   1. each thread accumulates its `vec` columns over the rows ty, ty + rows, ... of the
 //      split, reading `vec` columns at once (16 bytes) on the vector path;
 //   2. the block combines its row-threads through shared memory, in row-thread order;
@@ -401,7 +401,7 @@ class Renderer {
 // Only single-pass kernels are Column kernels; multi-pass ones (a softmax over dim 0) run
 // as ThreadRow.
 constexpr int kColumnBlock = 256;
-constexpr int64_t kColumnRowsPerThread = 8;
+constexpr int64_t kSplitItemsPerThread = 8;  // rows (Column) or vectors (BlockRow) per thread and split
 constexpr int64_t kColumnMaxSplits = 256;
 constexpr int64_t kColumnMaxSharedBytes = 32 * 1024;
 constexpr int64_t kRowSplitBlocks = 512;
@@ -458,7 +458,9 @@ void Renderer::plan() {
   const int64_t red = k_.reduce_numel();
   plan_.work_items = outer;
   // Column reductions: element loads contiguous along the innermost outer dim and not along
-  // the innermost reduce dim; with enough rows, a thread per row reads coalesced.
+  // the innermost reduce dim. Single-pass ones are Column kernels (Note [Split column
+  // reductions]); multi-pass ones with enough columns run a thread per column (ThreadRow),
+  // whose adjacent threads read adjacent columns.
   const size_t olast = static_cast<size_t>(c_.num_outer - 1);
   const size_t last = static_cast<size_t>(rank - 1);
   bool outer_unit = true, inner_unit = true, some_outer_unit = false;
@@ -521,10 +523,10 @@ void Renderer::plan() {
   // Few long rows (a full reduction to a scalar, a loss): a single-pass kernel splits each
   // row over several blocks, as Column kernels split their rows (Note [Split column
   // reductions]): enough blocks for about kRowSplitBlocks in all, each thread at least
-  // kColumnRowsPerThread vectors (or elements) of its row. A split is a whole number of
+  // kSplitItemsPerThread vectors (or elements) of its row. A split is a whole number of
   // vectors, so the vector path's alignment holds in every split.
   if (num_passes() == 1 && outer < kRowSplitBlocks) {
-    const int64_t per_thread = plan_.block * vec * kColumnRowsPerThread;
+    const int64_t per_thread = plan_.block * vec * kSplitItemsPerThread;
     int64_t splits = std::min({(kRowSplitBlocks + outer - 1) / outer, (red + per_thread - 1) / per_thread, kColumnMaxSplits,
                                std::max<int64_t>(1, (int64_t{1} << 30) / outer)});
     if (splits > 1) {
@@ -570,8 +572,8 @@ bool Renderer::plan_column(int64_t outer, int64_t red) {
   const int64_t lanes = std::min<int64_t>(32, pow2_ceil((outer + vec - 1) / vec));
   const int64_t rows = kColumnBlock / lanes;
   const int64_t tiles = (outer + lanes * vec - 1) / (lanes * vec);
-  // Splits: about kColumnRowsPerThread rows per thread, and the workspace indexable in int.
-  int64_t splits = std::clamp<int64_t>((red + rows * kColumnRowsPerThread - 1) / (rows * kColumnRowsPerThread), 1,
+  // Splits: about kSplitItemsPerThread rows per thread, and the workspace indexable in int.
+  int64_t splits = std::clamp<int64_t>((red + rows * kSplitItemsPerThread - 1) / (rows * kSplitItemsPerThread), 1,
                                        std::min<int64_t>(kColumnMaxSplits, std::max<int64_t>(1, (int64_t{1} << 30) / outer)));
   const int64_t per_split = (red + splits - 1) / splits;
   splits = (red + per_split - 1) / per_split;  // no empty split
