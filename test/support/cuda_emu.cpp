@@ -370,9 +370,14 @@ void run_block(unsigned int b, unsigned int grid) {
     f.coords = {{static_cast<unsigned>(t), 0, 0}, {b, 0, 0}, {static_cast<unsigned>(B.threads), 1, 1}, {grid, 1, 1}};
     make_context(&f.ctx, g_stacks + static_cast<size_t>(t) * kStackBytes, kStackBytes, fiber_main);
   }
+  // Even blocks run their ready threads in index order, odd blocks in reverse: shared
+  // memory read by one thread and written by another with no barrier between them then
+  // gives a stale value in one of the two orders, whichever thread is the writer.
+  const bool reverse = (b & 1u) != 0;
   for (;;) {
     bool ran = false;
-    for (Fiber& f : B.fibers) {
+    for (int i = 0; i < B.threads; ++i) {
+      Fiber& f = B.fibers[static_cast<size_t>(reverse ? B.threads - 1 - i : i)];
       if (f.state != State::Ready) continue;
       ran = true;
       B.running = &f;

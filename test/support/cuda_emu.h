@@ -13,7 +13,9 @@
 // ucontext elsewhere). __syncthreads parks a fiber until every thread of the block has
 // arrived; a shuffle parks it until its 32 lanes have put their values in, then again
 // until all have read, so block reductions, warp shuffles and multi-pass row kernels
-// execute with CUDA's semantics. The emulator is strict where CUDA
+// execute with CUDA's semantics. Between two barriers, even blocks run their threads in
+// index order and odd blocks in reverse, so a shared-memory value read without a barrier
+// after its write is stale in one of the two orders. The emulator is strict where CUDA
 // is undefined: a full-mask shuffle without all 32 lanes, a thread that exits while others
 // wait at a barrier, or a deadlock fail the launch with a message naming the kernel.
 //
