@@ -358,8 +358,19 @@ class Renderer {
   // Plans a Column kernel (Note [Split column reductions]); false when its shared memory
   // would not fit.
   bool plan_column(int64_t outer, int64_t red);
-  // Splits > 1: the semaphores (one per tile or row) and each Reduce's workspace.
-  void plan_scratch(int64_t semaphores, int64_t outer);
+  // Splits the reduce extent into about `wanted` (>= 1) parts of a whole number of `unit`
+  // points, none empty (plan_.splits, split_len_); with several, plans the scratch: the
+  // semaphores (one per tile or row) and each Reduce's workspace.
+  void plan_splits(int64_t wanted, int64_t unit, int64_t semaphores);
+  // Split kernels (Note [Split column reductions]): the scratch pointers; this unit's
+  // split and its reduce points [r_begin, r_end) (the loop variable is `u`); counting the
+  // split in semaphore `sem` (tcap_last: this block is the last); and the combination of
+  // Reduce r's partial results at column `col` into `acc`, in split order.
+  void emit_split_scratch(std::ostringstream& os) const;
+  void emit_split_range(std::ostringstream& os) const;
+  void emit_count_split(std::ostringstream& os, const std::string& sem) const;
+  void emit_combine_partials(std::ostringstream& os, const std::string& indent, int32_t r, const std::string& acc,
+                             const std::string& col) const;
 
   void pointwise(std::ostringstream& os);
   void reduction(std::ostringstream& os);
@@ -372,7 +383,8 @@ class Renderer {
   std::vector<int> level_;
   LaunchPlan plan_;
   std::string idx_;  // "int" or "long long"
-  std::vector<int64_t> workspace_offset_;  // Column with splits: per value id of a Reduce, its
+  int64_t split_len_ = 0;                  // splits > 1: reduce points per split
+  std::vector<int64_t> workspace_offset_;  // splits > 1: per value id of a Reduce, its
                                            // partial results' byte offset in the scratch
 };
 
@@ -471,8 +483,8 @@ void Renderer::plan() {
     inner_unit = inner_unit && (si == 0 || si == 1);
     some_outer_unit = some_outer_unit || so == 1;
   }
-  if (red > o_.thread_row_max && outer_unit && some_outer_unit && !inner_unit && num_passes() == 1 &&
-      plan_column(outer, red)) {
+  const int passes = num_passes();
+  if (red > o_.thread_row_max && outer_unit && some_outer_unit && !inner_unit && passes == 1 && plan_column(outer, red)) {
     return;
   }
   const bool column = outer_unit && !inner_unit && outer >= 1024;
@@ -509,7 +521,7 @@ void Renderer::plan() {
   // Rows kept in registers across passes (a persistent reduction): on the vector path of a
   // kernel with several passes, when each thread's share of the row's element loads is at
   // most kMaxRowChunks vectors per load and kMaxRowBytes in all.
-  if (vec > 1 && num_passes() >= 2) {
+  if (vec > 1 && passes >= 2) {
     constexpr int64_t kMaxRowChunks = 4, kMaxRowBytes = 256;
     const int64_t chunks = (red / vec + plan_.block - 1) / plan_.block;
     int64_t bytes = 0;
@@ -525,16 +537,10 @@ void Renderer::plan() {
   // reductions]): enough blocks for about kRowSplitBlocks in all, each thread at least
   // kSplitItemsPerThread vectors (or elements) of its row. A split is a whole number of
   // vectors, so the vector path's alignment holds in every split.
-  if (num_passes() == 1 && outer < kRowSplitBlocks) {
+  if (passes == 1 && outer < kRowSplitBlocks) {
     const int64_t per_thread = plan_.block * vec * kSplitItemsPerThread;
-    int64_t splits = std::min({(kRowSplitBlocks + outer - 1) / outer, (red + per_thread - 1) / per_thread, kColumnMaxSplits,
-                               std::max<int64_t>(1, (int64_t{1} << 30) / outer)});
-    if (splits > 1) {
-      const int64_t per_split = round_up((red + splits - 1) / splits, vec);
-      plan_.splits = static_cast<int>((red + per_split - 1) / per_split);
-      plan_.work_items = outer * plan_.splits;
-      plan_scratch(outer, outer);
-    }
+    plan_splits(std::min((kRowSplitBlocks + outer - 1) / outer, (red + per_thread - 1) / per_thread), vec, outer);
+    plan_.work_items = outer * plan_.splits;
   }
   // Short rows (32 threads each: up to 32 vectors, e.g. an attention softmax over 128
   // keys): a warp per row and several rows per block, so that the SM's limit on resident
@@ -572,23 +578,23 @@ bool Renderer::plan_column(int64_t outer, int64_t red) {
   const int64_t lanes = std::min<int64_t>(32, pow2_ceil((outer + vec - 1) / vec));
   const int64_t rows = kColumnBlock / lanes;
   const int64_t tiles = (outer + lanes * vec - 1) / (lanes * vec);
-  // Splits: about kSplitItemsPerThread rows per thread, and the workspace indexable in int.
-  int64_t splits = std::clamp<int64_t>((red + rows * kSplitItemsPerThread - 1) / (rows * kSplitItemsPerThread), 1,
-                                       std::min<int64_t>(kColumnMaxSplits, std::max<int64_t>(1, (int64_t{1} << 30) / outer)));
-  const int64_t per_split = (red + splits - 1) / splits;
-  splits = (red + per_split - 1) / per_split;  // no empty split
   plan_.strategy = Strategy::Column;
   plan_.block = kColumnBlock;
   plan_.vec = vec;
   plan_.lanes = static_cast<int>(lanes);
-  plan_.splits = static_cast<int>(splits);
-  plan_.work_items = tiles * splits;
   if (vec > 1) unit.aligned_into(plan_);
-  plan_scratch(tiles, outer);
+  // Splits: about kSplitItemsPerThread rows per thread.
+  plan_splits((red + rows * kSplitItemsPerThread - 1) / (rows * kSplitItemsPerThread), 1, tiles);
+  plan_.work_items = tiles * plan_.splits;
   return true;
 }
 
-void Renderer::plan_scratch(int64_t semaphores, int64_t outer) {
+void Renderer::plan_splits(int64_t wanted, int64_t unit, int64_t semaphores) {
+  const int64_t outer = k_.outer_numel(), red = k_.reduce_numel();
+  // At most kColumnMaxSplits, and the workspace (splits x outer) indexable in int.
+  wanted = std::clamp<int64_t>(wanted, 1, std::min<int64_t>(kColumnMaxSplits, std::max<int64_t>(1, (int64_t{1} << 30) / outer)));
+  split_len_ = round_up((red + wanted - 1) / wanted, unit);
+  plan_.splits = static_cast<int>((red + split_len_ - 1) / split_len_);
   if (plan_.splits <= 1) return;
   plan_.semaphore_bytes = round_up(semaphores * 4, 256);
   int64_t at = plan_.semaphore_bytes;
@@ -599,6 +605,42 @@ void Renderer::plan_scratch(int64_t semaphores, int64_t outer) {
     at += round_up(plan_.splits * outer * acc_bytes(k_.instrs[id].dtype), 256);
   }
   plan_.scratch_bytes = at;
+}
+
+void Renderer::emit_split_scratch(std::ostringstream& os) const {
+  os << "  __shared__ int tcap_last;\n";
+  os << "  unsigned int* tcap_sem = reinterpret_cast<unsigned int*>(tcap_scratch);\n";
+  for (size_t id = 0; id < k_.instrs.size(); ++id) {
+    if (!kir::is_reduce(k_.instrs[id].op)) continue;
+    const std::string T = acc_type(k_.instrs[id]);
+    os << "  " << T << "* ws" << id << " = reinterpret_cast<" << T << "*>(tcap_scratch + " << workspace_offset_[id] << ");\n";
+  }
+}
+
+void Renderer::emit_split_range(std::ostringstream& os) const {
+  const std::string len = std::to_string(split_len_), R = std::to_string(k_.reduce_numel());
+  os << "    const " << idx_ << " split = u % " << plan_.splits << ";\n";
+  os << "    const " << idx_ << " r_begin = split * " << len << ";\n";
+  os << "    const " << idx_ << " r_end = r_begin + " << len << " < " << R << " ? r_begin + " << len << " : " << R << ";\n";
+}
+
+void Renderer::emit_count_split(std::ostringstream& os, const std::string& sem) const {
+  os << "    __threadfence();\n";
+  os << "    __syncthreads();\n";
+  os << "    if (threadIdx.x == 0) tcap_last = atomicAdd(tcap_sem + " << sem << ", 1u) == " << plan_.splits - 1 << "u;\n";
+  os << "    __syncthreads();\n";
+}
+
+void Renderer::emit_combine_partials(std::ostringstream& os, const std::string& indent, int32_t r,
+                                     const std::string& acc, const std::string& col) const {
+  const kir::Instr& in = k_.instrs[static_cast<size_t>(r)];
+  const std::string T = acc_type(in);
+  const std::string vol = "reinterpret_cast<volatile " + T + "*>(ws" + std::to_string(r) + ")";
+  os << indent << acc << " = " << vol << "[" << col << "];\n";
+  os << indent << "for (int s = 1; s < " << plan_.splits << "; ++s) {\n";
+  os << indent << "  const " << T << " part = " << vol << "[s * " << k_.outer_numel() << " + " << col << "];\n";
+  os << indent << "  " << acc << " = " << reduce_functor(in) << "(" << acc << ", part);\n";
+  os << indent << "}\n";
 }
 
 void Renderer::params(std::ostringstream& os) const {
@@ -886,22 +928,10 @@ void Renderer::reduction(std::ostringstream& os) {
       }
     }
     if (S > 1) {
-      os << "  __shared__ int tcap_last;\n";
-      os << "  unsigned int* tcap_sem = reinterpret_cast<unsigned int*>(tcap_scratch);\n";
-      for (size_t id = 0; id < n; ++id) {
-        if (!kir::is_reduce(k_.instrs[id].op)) continue;
-        const std::string T = acc_type(k_.instrs[id]);
-        os << "  " << T << "* ws" << id << " = reinterpret_cast<" << T << "*>(tcap_scratch + " << workspace_offset_[id]
-           << ");\n";
-      }
-      const int64_t red = k_.reduce_numel();
-      const int64_t per_split = round_up((red + S - 1) / S, plan_.vec);
+      emit_split_scratch(os);
       os << "  for (" << idx_ << " u = blockIdx.x; u < " << plan_.work_items << "; u += gridDim.x) {\n";
       os << "    const " << idx_ << " o = u / " << S << ";\n";
-      os << "    const " << idx_ << " split = u % " << S << ";\n";
-      os << "    const " << idx_ << " r_begin = split * " << per_split << ";\n";
-      os << "    const " << idx_ << " r_end = r_begin + " << per_split << " < " << R << " ? r_begin + " << per_split
-         << " : " << R << ";\n";
+      emit_split_range(os);
     } else if (warp_rows) {
       const std::string rpb = std::to_string(plan_.rows_per_block);
       os << "  const int tcap_lane = threadIdx.x & 31;\n";
@@ -1063,22 +1093,10 @@ void Renderer::reduction(std::ostringstream& os) {
       os << "    if (threadIdx.x == 0) {\n";
       for (int32_t r : reds) os << "      ws" << r << "[split * " << O << " + o] = acc" << r << ";\n";
       os << "    }\n";
-      os << "    __threadfence();\n";
-      os << "    __syncthreads();\n";
-      os << "    if (threadIdx.x == 0) tcap_last = atomicAdd(tcap_sem + o, 1u) == " << S - 1 << "u;\n";
-      os << "    __syncthreads();\n";
+      emit_count_split(os, "o");
       os << "    if (tcap_last) {\n";
       os << "    __threadfence();\n";
-      for (int32_t r : reds) {
-        const kir::Instr& in = k_.instrs[static_cast<size_t>(r)];
-        const std::string T = acc_type(in), acc = "acc" + std::to_string(r);
-        const std::string vol = "reinterpret_cast<volatile " + T + "*>(ws" + std::to_string(r) + ")";
-        os << "    " << acc << " = " << vol << "[o];\n";
-        os << "    for (int s = 1; s < " << S << "; ++s) {\n";
-        os << "      const " << T << " part = " << vol << "[s * " << O << " + o];\n";
-        os << "      " << acc << " = " << reduce_functor(in) << "(" << acc << ", part);\n";
-        os << "    }\n";
-      }
+      for (int32_t r : reds) emit_combine_partials(os, "    ", r, "acc" + std::to_string(r), "o");
     }
     for (int32_t r : reds) {
       const kir::Instr& in = k_.instrs[static_cast<size_t>(r)];
@@ -1111,9 +1129,7 @@ void Renderer::column(std::ostringstream& os) {
   const size_t olast = static_cast<size_t>(no - 1);
   const size_t n = k_.instrs.size();
   const int V = plan_.vec, L = plan_.lanes, Y = plan_.block / plan_.lanes, S = plan_.splits;
-  const int64_t outer = k_.outer_numel(), red = k_.reduce_numel();
-  const int64_t per_split = (red + S - 1) / S;
-  const std::string I = idx_, O = std::to_string(outer), R = std::to_string(red);
+  const std::string I = idx_, O = std::to_string(k_.outer_numel());
   const std::string js = std::to_string(V);
 
   std::vector<int32_t> reds, roots;
@@ -1155,24 +1171,13 @@ void Renderer::column(std::ostringstream& os) {
     os << "  __shared__ " << acc_type(k_.instrs[static_cast<size_t>(r)]) << " sm" << r << "[" << plan_.block * V
        << "];\n";
   }
-  if (S > 1) {
-    os << "  __shared__ int tcap_last;\n";
-    os << "  unsigned int* tcap_sem = reinterpret_cast<unsigned int*>(tcap_scratch);\n";
-    for (int32_t r : reds) {
-      const std::string T = acc_type(k_.instrs[static_cast<size_t>(r)]);
-      os << "  " << T << "* ws" << r << " = reinterpret_cast<" << T << "*>(tcap_scratch + "
-         << workspace_offset_[static_cast<size_t>(r)] << ");\n";
-    }
-  }
+  if (S > 1) emit_split_scratch(os);
   os << "  const int tx = threadIdx.x % " << L << ";\n";
   os << "  const int ty = threadIdx.x / " << L << ";\n";
   os << "  for (" << I << " u = blockIdx.x; u < " << plan_.work_items << "; u += gridDim.x) {\n";
   os << "    const " << I << " tile = u / " << S << ";\n";
-  os << "    const " << I << " split = u % " << S << ";\n";
+  emit_split_range(os);
   os << "    const " << I << " o0 = (tile * " << L << " + tx) * " << V << ";\n";
-  os << "    const " << I << " r_begin = split * " << per_split << ";\n";
-  os << "    const " << I << " r_end = r_begin + " << per_split << " < " << R << " ? r_begin + " << per_split << " : " << R
-     << ";\n";
   // Outer offsets of every access for each of the thread's columns (clamped: a column past
   // the end is never read or written).
   for (size_t id = 0; id < n; ++id) {
@@ -1319,25 +1324,13 @@ void Renderer::column(std::ostringstream& os) {
     os << "        }\n";
     os << "      }\n";
     os << "    }\n";
-    os << "    __threadfence();\n";
-    os << "    __syncthreads();\n";
-    os << "    if (threadIdx.x == 0) tcap_last = atomicAdd(tcap_sem + tile, 1u) == " << S - 1 << "u;\n";
-    os << "    __syncthreads();\n";
+    emit_count_split(os, "tile");
     os << "    if (tcap_last && ty == 0) {\n";
     os << "      __threadfence();\n";
     os << "#pragma unroll\n";
     os << "      for (int j = 0; j < " << V << "; ++j) {\n";
     os << "        if (o0 + j < " << O << ") {\n";
-    for (int32_t r : reds) {
-      const std::string T = acc_type(k_.instrs[static_cast<size_t>(r)]);
-      const std::string acc = "acc" + std::to_string(r) + "[j]";
-      const std::string vol = "reinterpret_cast<volatile " + T + "*>(ws" + std::to_string(r) + ")";
-      os << "          " << acc << " = " << vol << "[o0 + j];\n";
-      os << "          for (int s = 1; s < " << S << "; ++s) {\n";
-      os << "            const " << T << " part = " << vol << "[s * " << O << " + o0 + j];\n";
-      os << "            " << combine(r, acc, "part") << "\n";
-      os << "          }\n";
-    }
+    for (int32_t r : reds) emit_combine_partials(os, "          ", r, "acc" + std::to_string(r) + "[j]", "o0 + j");
     os << "        }\n";
     os << "      }\n";
     epilogue("      ");
