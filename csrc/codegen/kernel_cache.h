@@ -21,10 +21,25 @@
 // temporary name in the same folder and renamed, so readers never see half a file.
 #pragma once
 
+#include "kir/kir.h"
+
+#include <array>
 #include <cstdint>
+#include <mutex>
 #include <string>
 
 namespace tcap::codegen {
+
+// Note [Parallel kernel compilation] (fuse/fusion.h): a backend compiles one cache key at
+// a time (a second caller then finds the first one's kernel in its memory cache) and
+// different keys in parallel. The lock of a key is one of a few, chosen by its hash.
+class KeyLocks {
+ public:
+  std::mutex& of(const std::string& key) { return locks_[kir::fnv1a(key) % locks_.size()]; }
+
+ private:
+  std::array<std::mutex, 16> locks_;
+};
 
 struct CacheEntry {
   std::string object;  // machine code: an ELF object (cpu_llvm), a cubin or PTX (cuda)

@@ -60,7 +60,7 @@ struct CompileOptions {
   std::string dump_dir;                      // write joint/forward/backward graphs here (JSON)
   // Replay each compiled graph on a CUDA device as a CUDA graph after a warm-up call, for
   // launch-bound models (Note [CUDA graphs of compiled regions]; docs/codegen-cuda.md).
-  // Graphs that cannot be (hooks, in-place writes to inputs, host reads, random numbers,
+  // Graphs that cannot be (hooks, in-place writes to inputs, host reads, explicit generators,
   // CPU tensors) run as usual, logged under graph_breaks. Outputs are copies.
   bool cuda_graphs = false;
 };

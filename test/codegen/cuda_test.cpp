@@ -795,7 +795,9 @@ TEST(CudaDevice, CudaGraphsReplayMatchesEager) {
     torch::manual_seed(1000 + call);
     const at::Tensor want = fn({x})[0];
     EXPECT_TRUE(at::equal(got.cpu(), want.cpu()));
-    if (previous.defined()) EXPECT_FALSE(at::equal(got.cpu(), previous.cpu())) << "the mask repeats";
+    if (previous.defined()) {
+      EXPECT_FALSE(at::equal(got.cpu(), previous.cpu())) << "the mask repeats";
+    }
     previous = got;
   }
   EXPECT_EQ(f->eager_reason(), "");
@@ -1010,7 +1012,9 @@ TEST(CudaEmulated, SplitReductionsMatchTheCpuBackend) {
     const cuda::LaunchPlan plan = cuda::render(k).plan;
     EXPECT_EQ(plan.strategy, i < columns ? cuda::Strategy::Column : cuda::Strategy::BlockRow)
         << k.name << " " << cuda::to_string(plan);
-    if (i >= columns) EXPECT_GT(plan.splits, 1) << k.name << " " << cuda::to_string(plan);
+    if (i >= columns) {
+      EXPECT_GT(plan.splits, 1) << k.name << " " << cuda::to_string(plan);
+    }
     for (int64_t pad : {64, 65}) {
       SCOPED_TRACE("pad " + std::to_string(pad));
       const auto v0 = cuda_emu::stats().vector_launches;

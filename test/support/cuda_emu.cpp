@@ -5,6 +5,7 @@
 #include "codegen/cuda/cuda.h"
 #include "codegen/cuda/driver.h"
 #include "codegen/cuda/render.h"
+#include "codegen/kernel_cache.h"
 #include "compile/backends.h"
 #include "fuse/fusion.h"
 #include "runtime/fused_kernel.h"
@@ -14,7 +15,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <array>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -408,7 +408,7 @@ void emu_launch(void* slot, void (*call)(void* const*, int), void* const* args) 
   }
   std::optional<GuardedBuffers> guarded;
   if (!k.extents.empty()) guarded.emplace(k, args);
-  // A split column reduction's scratch (Note [Split column reductions]): semaphores zeroed
+  // A split kernel's scratch (Note [Split column reductions]): semaphores zeroed
   // as the host zeroes them, the workspace poisoned so that reading a partial result no
   // block wrote gives NaN (or -1).
   std::vector<unsigned char> scratch;
@@ -436,13 +436,13 @@ void emu_launch(void* slot, void (*call)(void* const*, int), void* const* args) 
   B.switches = 0;
   const int64_t grid = std::min<int64_t>(cg::launch_grid(p, 1), std::max(1, k.options.max_blocks));
   for (int64_t b = 0; b < grid; ++b) run_block(static_cast<unsigned>(b), static_cast<unsigned>(grid));
-  if (p.scratch_bytes > 0) {  // every split of every tile counted exactly once
-    const int64_t tiles = p.work_items / p.splits;
-    for (int64_t t = 0; t < tiles; ++t) {
+  if (p.scratch_bytes > 0) {  // every split of every column tile (Column) or row (BlockRow) counted exactly once
+    const int64_t semaphores = p.work_items / p.splits;
+    for (int64_t t = 0; t < semaphores; ++t) {
       unsigned int count = 0;
       std::memcpy(&count, scratch.data() + t * 4, sizeof count);
       if (count != static_cast<unsigned int>(p.splits)) {
-        throw std::runtime_error("kernel " + k.name + " (" + k.entry + "): column tile " + std::to_string(t) + " counted " +
+        throw std::runtime_error("kernel " + k.name + " (" + k.entry + "): semaphore " + std::to_string(t) + " counted " +
                                  std::to_string(count) + " of its " + std::to_string(p.splits) + " splits");
       }
     }
@@ -517,7 +517,7 @@ std::string launcher() {
   return e ? e : TCAP_EMU_LAUNCHER;
 }
 
-std::array<std::mutex, 16> g_build_mu;  // by kernel key hash
+codegen::KeyLocks g_build_locks;
 
 }  // namespace
 
@@ -551,7 +551,7 @@ std::shared_ptr<const codegen::CpuKernel> build_library(const std::string& name,
 
   // One build per kernel at a time; different kernels build in parallel (tcap compiles a
   // graph's kernels on several threads, Note [Parallel kernel compilation]).
-  std::lock_guard<std::mutex> lock(g_build_mu[kir::fnv1a(key) % g_build_mu.size()]);
+  std::lock_guard<std::mutex> lock(g_build_locks.of(key));
   if (exists(so)) {
     g_hits.fetch_add(1);
   } else {

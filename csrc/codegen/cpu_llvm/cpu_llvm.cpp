@@ -11,7 +11,6 @@
 
 #include <c10/util/Exception.h>
 
-#include <array>
 #include <chrono>
 #include <mutex>
 #include <unordered_map>
@@ -31,7 +30,7 @@ struct Backend {
   std::mutex mu;  // the maps and stats
   std::unordered_map<std::string, std::shared_ptr<const CpuKernel>> memory;  // full key text -> kernel
   CpuLlvmStats stats;
-  std::array<std::mutex, 16> stripes;  // compiles of keys hashing alike run one at a time
+  KeyLocks key_locks;
 };
 
 Backend& backend() {
@@ -69,9 +68,8 @@ std::shared_ptr<const CpuKernel> compile_cpu_kernel(const kir::Kernel& k) {
   Backend& be = backend();
   cpu::CpuJit& jit = jit_or_throw();
   const std::string key = cache_key(k, jit);
-  // Note [Parallel kernel compilation]: one compile per key at a time (the second caller
-  // finds the first one's kernel), different keys in parallel; be.mu only guards the maps.
-  std::lock_guard<std::mutex> key_lock(be.stripes[kir::fnv1a(key) % be.stripes.size()]);
+  // Note [Parallel kernel compilation]; be.mu only guards the maps and stats.
+  std::lock_guard<std::mutex> key_lock(be.key_locks.of(key));
   {
     std::lock_guard<std::mutex> lock(be.mu);
     if (auto it = be.memory.find(key); it != be.memory.end()) {

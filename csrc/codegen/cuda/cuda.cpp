@@ -12,7 +12,6 @@
 #include <c10/util/SmallVector.h>
 
 #include <algorithm>
-#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -32,7 +31,7 @@ struct Backend {
   std::unordered_map<std::string, std::shared_ptr<const CudaKernel>> memory;  // key text -> kernel
   CudaStats stats;
   std::unordered_map<int, DeviceInfo> devices;
-  std::array<std::mutex, 16> stripes;  // compiles of keys hashing alike run one at a time
+  KeyLocks key_locks;
 };
 
 Backend& backend() {
@@ -85,10 +84,9 @@ std::shared_ptr<const CudaKernel> compile_cuda_kernel(const kir::Kernel& k, cons
   CudaSource src = render(k);  // throws on unsupported kernels
   Backend& be = backend();
   const std::string key = cache_key(src, target);
-  // Note [Parallel kernel compilation]: one compile per key at a time (the second caller
-  // finds the first one's kernel), different keys in parallel (NVRTC programs are
-  // independent); be.mu only guards the maps.
-  std::lock_guard<std::mutex> key_lock(be.stripes[kir::fnv1a(key) % be.stripes.size()]);
+  // Note [Parallel kernel compilation] (NVRTC programs are independent); be.mu only
+  // guards the maps and stats.
+  std::lock_guard<std::mutex> key_lock(be.key_locks.of(key));
   {
     std::lock_guard<std::mutex> lock(be.mu);
     if (auto it = be.memory.find(key); it != be.memory.end()) {
