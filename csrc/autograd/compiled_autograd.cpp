@@ -28,15 +28,16 @@
 #include "capture/hooks.h"
 #include "capture/recorder.h"
 #include "capture/session.h"
-#include "compile/backends.h"
-#include "compile/cuda_graphs.h"
-#include "compile/int_patches.h"
-#include "compile/replay_node.h"
+#include "aot/pipeline.h"
+#include "passes/int_patches.h"
+#include "aot/replay_node.h"
+#include "cache/entry_cache.h"
 #include "interp/hook_runner.h"
 #include "support/logging.h"
 
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/autograd/anomaly_mode.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/functions/basic_ops.h>
 #include <torch/csrc/autograd/variable.h>
@@ -66,33 +67,29 @@ struct Request {
   std::function<void()> prepare_capture;       // make run() record on this thread
 };
 
-struct Entry {
-  int id = 0;
-  std::string key;
+// A compiled backward. Its guards (cache/guards.h) are the structure key of the autograd
+// graph (Note [The backward key]) and the sizes the walk read, some of them dynamic
+// (Note [Dynamic sizes]); grad mode and autocast are not guarded (the graph records each
+// op's own grad mode, and the engine runs backward ops under the forward's autocast
+// state, which the key holds per node).
+struct Entry : cache::Entry {
   std::vector<size_t> node_key_end;
-  std::vector<int64_t> sizes;
-  std::vector<std::string> size_labels;  // per size: the node it came from
   ir::Graph graph;
   Executable exe;
   std::vector<int> acc_output;   // per AccumulateGrad (walk order): output position or -1
   std::vector<int> grad_output;  // per grad() output edge: output position or -1
   std::vector<c10::IValue> keep_alive;
-  // Dynamic sizes: per size, -1 (static) or its class; classes share one value.
-  std::vector<int> size_class;
-  std::vector<aot::IntPatch> patches;  // IntPatch::size is a class
-  std::map<std::vector<int64_t>, std::shared_ptr<Entry>> specialized;
-  bool dynamic() const {
-    return std::any_of(size_class.begin(), size_class.end(), [](int c) { return c >= 0; });
-  }
+  std::shared_ptr<cache::Specializations<Entry>> specialized = std::make_shared<cache::Specializations<Entry>>();
 };
 
 struct Cache {
+  explicit Cache(const CompiledAutogradOptions& o)
+      : options(o), entries("compiled autograd", o.compile.cache_size_limit, o.compile.dynamic) {}
   CompiledAutogradOptions options;
-  std::mutex mutex;
-  std::vector<std::shared_ptr<Entry>> entries;
+  cache::EntryCache entries;
+  std::mutex mutex;  // eager_keys, stats
   std::set<std::string, std::less<>> eager_keys;  // structures that cannot be compiled (reason logged once)
   CompiledAutogradStats stats;
-  bool warned_limit = false;
 };
 
 std::string fingerprint(const CompiledAutogradOptions& o) {
@@ -117,10 +114,7 @@ std::map<std::string, std::shared_ptr<Cache>>& caches() {
 std::shared_ptr<Cache> cache_for(const CompiledAutogradOptions& o) {
   std::lock_guard<std::mutex> lock(g_caches_mutex);
   auto& slot = caches()[fingerprint(o)];
-  if (!slot) {
-    slot = std::make_shared<Cache>();
-    slot->options = o;
-  }
+  if (!slot) slot = std::make_shared<Cache>(o);
   return slot;
 }
 
@@ -218,71 +212,53 @@ class Runtime : public capture::BackwardHandler {
   // The options' bw_compiler when set (torch's compiled_autograd.enable(compiler_fn)),
   // else the backend.
   Executable compile_backward(const ir::Graph& g, const std::string& what) const {
-    Executable exe = opts().bw_compiler ? opts().bw_compiler(g) : compile_with_backend(opts().backend, g, what, opts().dump_dir);
-    if (opts().cuda_graphs) exe = with_cuda_graphs(std::move(exe), g, what);
-    return exe;
+    return aot::compile_graph(g, opts(), what, opts().bw_compiler);
   }
   void count(int CompiledAutogradStats::*f) {
     std::lock_guard<std::mutex> lock(cache_->mutex);
     ++(cache_->stats.*f);
   }
-  variable_list eager(const Request& r, const std::string& why);
+  // Runs the plain engine: a fallback (logged, thrown under error_on_fallback) unless
+  // `by_design` (the stance, anomaly mode).
+  variable_list eager(const Request& r, const std::string& why, bool by_design = false);
   variable_list replay(const Request& r, const Entry& e, ca::BackwardWalk& w);
-  variable_list capture(const Request& r, const ca::BackwardWalk& w, const std::shared_ptr<Entry>& size_miss_of,
+  variable_list capture(const Request& r, const ca::BackwardWalk& w, const std::shared_ptr<const Entry>& size_miss_of,
                         const std::vector<size_t>& changed);
-  std::shared_ptr<Entry> specialize(const std::shared_ptr<Entry>& e, const ca::BackwardWalk& w);
+  std::shared_ptr<const Entry> specialize(const std::shared_ptr<const Entry>& e, const std::vector<int64_t>& key);
   std::string generalize(const Entry& a, Entry& b, const std::vector<size_t>& changed);
-  std::string miss_reason(const ca::BackwardWalk& w, const std::shared_ptr<Entry>& same_key,
-                          std::vector<size_t>* changed) const;
+  std::string miss_reason(const ca::BackwardWalk& w, const cache::Lookup& l) const;
   std::shared_ptr<Cache> cache_;
 };
 
-variable_list Runtime::eager(const Request& r, const std::string& why) {
+variable_list Runtime::eager(const Request& r, const std::string& why, bool by_design) {
   count(&CompiledAutogradStats::eager_calls);
   TCAP_LOG(CompiledAutograd, "compiled autograd: this backward runs eagerly: " << why);
+  if (!by_design) cache::report_fallback("compiled autograd", "this backward: " + why);
   return r.run();
 }
 
-// Sizes equal, or different only in dynamic classes that stay consistent.
-bool sizes_fit(const Entry& e, const std::vector<ca::SizeRef>& sizes) {
-  if (sizes.size() != e.sizes.size()) return false;
-  std::map<int, int64_t> cls;
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    const int c = e.size_class.empty() ? -1 : e.size_class[i];
-    if (c < 0) {
-      if (sizes[i].value != e.sizes[i]) return false;
-      continue;
-    }
-    if (sizes[i].value < 2) return false;
-    auto [it, fresh] = cls.emplace(c, sizes[i].value);
-    if (!fresh && it->second != sizes[i].value) return false;
-  }
-  return true;
-}
-
-std::string Runtime::miss_reason(const ca::BackwardWalk& w, const std::shared_ptr<Entry>& same_key,
-                                 std::vector<size_t>* changed) const {
+std::string Runtime::miss_reason(const ca::BackwardWalk& w, const cache::Lookup& l) const {
   std::ostringstream s;
-  if (same_key) {
-    for (size_t i = 0; i < w.sizes.size(); ++i) {
-      if (w.sizes[i].value != same_key->sizes[i]) changed->push_back(i);
-    }
-    for (size_t k = 0; k < changed->size(); ++k) {
-      const size_t i = (*changed)[k];
+  if (l.size_miss_of) {
+    const auto& sizes = l.size_miss_of->guards.sizes;
+    for (size_t k = 0; k < l.changed.size(); ++k) {
+      const size_t i = l.changed[k];
       if (k) s << "\n";
       s << "Cache miss due to changed shapes: marking size idx " << i << " of " << w.label(w.sizes[i].node)
-        << " as dynamic (" << same_key->sizes[i] << " -> " << w.sizes[i].value << ")";
+        << " as dynamic (" << sizes[i] << " -> " << w.sizes[i].value << ")";
     }
     return s.str();
   }
   // The first node whose part of the key differs from every cached entry.
   size_t node = 0;
   std::vector<size_t> previous;
-  for (const auto& e : cache_->entries) {
-    previous.push_back(e->key.size());
+  for (const auto& base : *cache_->entries.entries()) {
+    const auto& e = static_cast<const Entry&>(*base);
+    const std::string& key = e.guards.structure;
+    previous.push_back(key.size());
     size_t i = 0;
-    while (i < w.node_key_end.size() && i < e->node_key_end.size() && w.node_key_end[i] == e->node_key_end[i] &&
-           w.key().compare(0, w.node_key_end[i], e->key, 0, e->node_key_end[i]) == 0) {
+    while (i < w.node_key_end.size() && i < e.node_key_end.size() && w.node_key_end[i] == e.node_key_end[i] &&
+           w.key().compare(0, w.node_key_end[i], key, 0, e.node_key_end[i]) == 0) {
       ++i;
     }
     node = std::max(node, i);
@@ -297,56 +273,47 @@ std::string Runtime::miss_reason(const ca::BackwardWalk& w, const std::shared_pt
 
 variable_list Runtime::serve(const Request& r) {
   count(&CompiledAutogradStats::calls);
+  if (stance() == Stance::ForceEager) return eager(r, "stance force_eager", /*by_design=*/true);
   if (r.create_graph) return eager(r, "create_graph=true (double backward needs the engine's graph)");
+  if (torch::autograd::AnomalyMode::is_enabled()) {
+    // The engine checks every node's outputs for NaN and records forward traces: run it.
+    return eager(r, "anomaly mode is on (the engine checks each node's gradients)", /*by_design=*/true);
+  }
   const auto t0 = std::chrono::steady_clock::now();
   const edge_list none;
   PooledWalk pooled;
   ca::BackwardWalk& w = pooled.walk();
   ca::walk_backward(r.root, r.outputs ? *r.outputs : none, r.accumulate_grad, w);
-  std::shared_ptr<Entry> hit, same_key;
+  if (!w.why_not.empty()) return eager(r, "cannot compile this backward: " + w.why_not);
+  thread_local std::vector<int64_t> sizes;
+  sizes.clear();
+  for (const auto& sz : w.sizes) sizes.push_back(sz.value);
+  cache::CallView view;
+  view.structure = w.key();
+  view.sizes = &sizes;
   bool known_eager = false;
   {
     std::lock_guard<std::mutex> lock(cache_->mutex);
-    if (w.why_not.empty()) {
-      known_eager = cache_->eager_keys.count(w.key()) > 0;
-      for (const auto& e : cache_->entries) {
-        if (e->key != w.key()) continue;
-        if (sizes_fit(*e, w.sizes)) {
-          hit = e;
-          break;
-        }
-        if (!same_key) same_key = e;
-      }
-    }
-    cache_->stats.lookup_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    known_eager = cache_->eager_keys.count(w.key()) > 0;
   }
-  if (!w.why_not.empty()) return eager(r, "cannot compile this backward: " + w.why_not);
   if (known_eager) return eager(r, "this graph could not be compiled before (see the earlier log line)");
-  if (hit) {
-    if (hit->dynamic()) hit = specialize(hit, w);
-    if (hit) return replay(r, *hit, w);
-  }
-  std::vector<size_t> changed;
-  const std::string why = miss_reason(w, same_key, &changed);
+  cache::Lookup l = cache_->entries.lookup(view, {});
   {
     std::lock_guard<std::mutex> lock(cache_->mutex);
-    if (static_cast<int>(cache_->entries.size()) >= opts().cache_size_limit) {
-      if (!cache_->warned_limit) {
-        cache_->warned_limit = true;
-        TORCH_WARN("tcap compiled autograd: cache_size_limit (", opts().cache_size_limit,
-                   ") reached; further new backward graphs run eagerly. Last miss: ", first_line(why));
-      }
-      ++cache_->stats.eager_calls;
-      TCAP_LOG(Recompiles, "compiled autograd: cache_size_limit reached, running eagerly: " << why);
-      return r.run();
-    }
+    cache_->stats.lookup_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
   }
-  if (!cache_->entries.empty()) {
-    TCAP_LOG(Recompiles, "compiled autograd: " << why);
-    count(&CompiledAutogradStats::recompiles);
+  if (l.hit) {
+    auto hit = specialize(std::static_pointer_cast<const Entry>(l.hit), l.key);
+    if (hit) return replay(r, *hit, w);
   }
-  TCAP_LOG(CompiledAutogradVerbose, why);
-  return capture(r, w, opts().dynamic ? same_key : nullptr, changed);
+  l.first_miss = miss_reason(w, l);
+  if (cache_->entries.admit(l) == cache::Admission::RunEager) {
+    count(&CompiledAutogradStats::eager_calls);
+    return r.run();
+  }
+  if (cache_->entries.size() > 0) count(&CompiledAutogradStats::recompiles);
+  TCAP_LOG(CompiledAutogradVerbose, l.first_miss);
+  return capture(r, w, std::static_pointer_cast<const Entry>(l.size_miss_of), l.changed);
 }
 
 variable_list Runtime::replay(const Request& r, const Entry& e, ca::BackwardWalk& w) {
@@ -430,8 +397,8 @@ std::vector<ir::NodeId> live_nodes(const ir::Graph& g, const std::vector<ir::Val
   return out;
 }
 
-variable_list Runtime::capture(const Request& r, const ca::BackwardWalk& w, const std::shared_ptr<Entry>& size_miss_of,
-                               const std::vector<size_t>& changed) {
+variable_list Runtime::capture(const Request& r, const ca::BackwardWalk& w,
+                               const std::shared_ptr<const Entry>& size_miss_of, const std::vector<size_t>& changed) {
   count(&CompiledAutogradStats::captures);
   const auto t0 = std::chrono::steady_clock::now();
   capture::Session s(CaptureOptions{});
@@ -476,12 +443,13 @@ variable_list Runtime::capture(const Request& r, const ca::BackwardWalk& w, cons
   }
 
   auto entry = std::make_shared<Entry>();
-  entry->key = std::string(w.key());
-  entry->node_key_end = w.node_key_end;
+  entry->guards.check_global = false;
+  entry->guards.structure = std::string(w.key());
   for (const auto& sz : w.sizes) {
-    entry->sizes.push_back(sz.value);
-    entry->size_labels.push_back(w.label(sz.node));
+    entry->guards.sizes.push_back(sz.value);
+    entry->guards.size_labels.push_back(w.label(sz.node));
   }
+  entry->node_key_end = w.node_key_end;
   entry->keep_alive = w.keep_alive;
   std::vector<ir::ValueId> outs;
   std::vector<std::string> out_names;
@@ -540,21 +508,20 @@ variable_list Runtime::capture(const Request& r, const ca::BackwardWalk& w, cons
     }
   }
   if (!why.empty()) {
-    std::lock_guard<std::mutex> lock(cache_->mutex);
-    cache_->eager_keys.emplace(w.key());
-    TCAP_LOG(GraphBreaks, "compiled autograd: this backward graph runs eagerly from now on: " << why);
+    {
+      std::lock_guard<std::mutex> lock(cache_->mutex);
+      cache_->eager_keys.emplace(w.key());
+    }
+    cache::report_fallback("compiled autograd", "this backward graph, from now on: " + why);
     return results;
   }
-  {
-    std::lock_guard<std::mutex> lock(cache_->mutex);
-    entry->id = static_cast<int>(cache_->entries.size());
-  }
+  entry->id = cache_->entries.next_id();
   const std::string what = opts().name + ".ca" + std::to_string(entry->id);
   TCAP_LOG(CompiledAutograd, "TRACED GRAPH\n===== Compiled autograd graph " << entry->id << " =====\n"
                                  << ir::to_string(graph));
   if (log_enabled(LogChannel::CompiledAutogradVerbose)) {
     std::ostringstream s2;
-    for (size_t i = 0; i < entry->sizes.size(); ++i) s2 << " " << i << ":" << entry->sizes[i];
+    for (size_t i = 0; i < entry->guards.sizes.size(); ++i) s2 << " " << i << ":" << entry->guards.sizes[i];
     TCAP_LOG(CompiledAutogradVerbose, what << ": " << w.nodes.size() << " autograd nodes, " << w.tensors.size()
                                            << " tensors, " << w.hooks.size() << " hooks, sizes" << s2.str() << "\n"
                                            << ir::to_table(graph));
@@ -570,101 +537,60 @@ variable_list Runtime::capture(const Request& r, const ca::BackwardWalk& w, cons
     entry->graph = graph;
     entry->exe = compile_backward(graph, what);
   } catch (const c10::Error& e) {
-    std::lock_guard<std::mutex> lock(cache_->mutex);
-    cache_->eager_keys.emplace(w.key());
-    TCAP_LOG(GraphBreaks, "compiled autograd: " << what << " could not be compiled, runs eagerly from now on: "
-                                                << first_line(e.what_without_backtrace()));
+    {
+      std::lock_guard<std::mutex> lock(cache_->mutex);
+      cache_->eager_keys.emplace(w.key());
+    }
+    cache::report_fallback("compiled autograd", what + " could not be compiled; it runs eagerly from now on: " +
+                                                    first_line(e.what_without_backtrace()));
     return results;
   }
   if (size_miss_of) {
     const std::string g = generalize(*size_miss_of, *entry, changed);
     if (g.empty()) {
       TCAP_LOG(Recompiles, "compiled autograd: " << what << " is dynamic in " << changed.size() << " sizes ("
-                                                  << entry->patches.size() << " integers follow them)");
+                                                  << entry->guards.dyn.patches.size() << " integers follow them)");
     } else {
-      entry->size_class.clear();
-      entry->patches.clear();
       TCAP_LOG(Recompiles, "compiled autograd: " << what << " stays static: " << g);
     }
   }
-  {
-    std::lock_guard<std::mutex> lock(cache_->mutex);
-    cache_->entries.push_back(entry);
-    ++cache_->stats.compiles;
-  }
+  cache_->entries.add(entry);
+  count(&CompiledAutogradStats::compiles);
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   TCAP_LOG(Perf, "compiled autograd: " << what << " captured and compiled in " << ms << " ms");
   return results;
 }
 
 std::string Runtime::generalize(const Entry& a, Entry& b, const std::vector<size_t>& changed) {
-  if (changed.empty()) return "no size changed";
-  // Classes: sizes that changed together from the same value to the same value.
-  std::vector<std::pair<int64_t, int64_t>> cls;
-  b.size_class.assign(b.sizes.size(), -1);
-  for (size_t i : changed) {
-    const std::pair<int64_t, int64_t> p{a.sizes[i], b.sizes[i]};
-    if (p.first < 2 || p.second < 2) return "a size changed to or from 0 or 1";
-    auto it = std::find(cls.begin(), cls.end(), p);
-    b.size_class[i] = static_cast<int>(it - cls.begin());
-    if (it == cls.end()) cls.push_back(p);
-  }
-  // Unchanged sizes equal to a changed one are ambiguous: keep them tied to it.
-  for (size_t i = 0; i < b.sizes.size(); ++i) {
-    if (b.size_class[i] >= 0) continue;
-    for (size_t c = 0; c < cls.size(); ++c) {
-      if (b.sizes[i] == cls[c].second && a.sizes[i] == cls[c].first) return "size idx " + std::to_string(i) + " is ambiguous";
-    }
-  }
   if (a.acc_output != b.acc_output || a.grad_output != b.grad_output) {
     return "the graphs recorded at the two sizes differ in structure";
   }
-  std::vector<aot::IntPatch> patches;
-  std::string why = aot::find_int_patches(a.graph, b.graph, cls, patches);
-  if (!why.empty()) return why;
-  b.patches = std::move(patches);
-  return "";
+  return cache::generalize(a.graph, a.guards.sizes, b.graph, b.guards.sizes, changed, &b.guards.dyn);
 }
 
-std::shared_ptr<Entry> Runtime::specialize(const std::shared_ptr<Entry>& e, const ca::BackwardWalk& w) {
-  // The value of each class in this call.
-  std::map<size_t, int64_t> value;
-  bool own = true;
-  for (size_t i = 0; i < w.sizes.size(); ++i) {
-    if (e->size_class[i] < 0) continue;
-    value[static_cast<size_t>(e->size_class[i])] = w.sizes[i].value;
-    own = own && w.sizes[i].value == e->sizes[i];
-  }
-  if (own) return e;
-  std::vector<int64_t> key;
-  for (const auto& [c, v] : value) key.push_back(v);
-  {
-    std::lock_guard<std::mutex> lock(cache_->mutex);
-    auto it = e->specialized.find(key);
-    if (it != e->specialized.end()) return it->second;
-  }
-  ir::Graph g = e->graph;
-  aot::apply_int_patches(g, e->patches, key);  // key[c] is class c's value
-  auto s = std::make_shared<Entry>(*e);
-  s->specialized.clear();
-  s->size_class.clear();
-  s->patches.clear();
-  s->graph = g;
-  for (size_t i = 0; i < w.sizes.size(); ++i) s->sizes[i] = w.sizes[i].value;
+std::shared_ptr<const Entry> Runtime::specialize(const std::shared_ptr<const Entry>& e, const std::vector<int64_t>& key) {
+  if (!e->guards.dyn.dynamic() || key == e->guards.dyn.own_key) return e;
+  if (auto s = e->specialized->find(key)) return s;
+  auto s = std::make_shared<Entry>();
+  s->id = e->id;
+  s->guards.check_global = false;
+  s->node_key_end = e->node_key_end;
+  s->acc_output = e->acc_output;
+  s->grad_output = e->grad_output;
+  s->keep_alive = e->keep_alive;
+  s->graph = cache::specialize(e->graph, e->guards.dyn, key);
   const std::string what = opts().name + ".ca" + std::to_string(e->id) + ".sizes";
   try {
-    s->exe = compile_backward(g, what);
+    s->exe = compile_backward(s->graph, what);
   } catch (const c10::Error& err) {
     TCAP_LOG(Recompiles, "compiled autograd: specialising entry " << e->id << " failed ("
                                                                  << first_line(err.what_without_backtrace()) << "); recapturing");
     return nullptr;
   }
-  std::lock_guard<std::mutex> lock(cache_->mutex);
-  ++cache_->stats.compiles;
+  count(&CompiledAutogradStats::compiles);
   TCAP_LOG(Recompiles, "compiled autograd: entry " << e->id << " specialized to sizes " << c10::IntArrayRef(key)
                                                   << " of its dynamic sizes (no recapture)");
-  e->specialized[key] = s;
-  return s;
+  return e->specialized->insert(key, std::move(s));
 }
 
 }  // namespace
@@ -763,10 +689,8 @@ CompiledAutogradStats CompiledAutogradGuard::stats() const {
 }
 
 std::vector<ir::Graph> CompiledAutogradGuard::graphs() const {
-  auto& c = impl_->runtime.cache();
-  std::lock_guard<std::mutex> lock(c.mutex);
   std::vector<ir::Graph> out;
-  for (const auto& e : c.entries) out.push_back(e->graph);
+  for (const auto& e : *impl_->runtime.cache().entries.entries()) out.push_back(static_cast<const Entry&>(*e).graph);
   return out;
 }
 

@@ -1,7 +1,7 @@
 #include "autograd/walk.h"
 
 #include "capture/armed.h"
-#include "compile/replay_node.h"
+#include "aot/replay_node.h"
 
 #include <c10/util/ScopeExit.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>

@@ -189,8 +189,10 @@ std::vector<std::shared_ptr<BackwardWatcher>> armed_watchers() {
 // Pushes armed sessions on this thread for one backward (Note [Armed sessions]).
 class ArmedScope {
  public:
-  ArmedScope(const BackwardCall& call, std::vector<std::shared_ptr<BackwardWatcher>> ws)
-      : watchers_(std::move(ws)) {
+  ArmedScope(const BackwardCall& call, std::vector<std::shared_ptr<BackwardWatcher>> ws) {
+    for (auto& w : ws) {
+      if (w->claim()) watchers_.push_back(std::move(w));
+    }
     if (watchers_.empty()) return;
     auto& autograd_tls = c10::AutogradState::get_tls_state();
     prev_multithreading_ = autograd_tls.get_multithreading_enabled();
@@ -211,7 +213,10 @@ class ArmedScope {
       pop_session(&w->session());
     }
     if (!watchers_.empty()) c10::AutogradState::get_tls_state().set_multithreading_enabled(prev_multithreading_);
-    for (auto& w : watchers_) w->backward_finished(ok);
+    for (auto& w : watchers_) {
+      w->release_claim();
+      w->backward_finished(ok);
+    }
   }
   ~ArmedScope() { finish(false); }
   const std::vector<std::shared_ptr<BackwardWatcher>>& watchers() const { return watchers_; }

@@ -10,6 +10,9 @@
 #include <c10/core/GradMode.h>
 #include <torch/version.h>
 
+#include <cmath>
+#include <sstream>
+
 namespace tcap {
 namespace {
 
@@ -18,6 +21,32 @@ namespace {
 }
 
 thread_local const interp::HookRunner* tls_hook_runner = nullptr;
+
+// Whether a value read on the host is the one recorded (two NaNs are the same reading).
+bool same_reading(const ir::Arg& recorded, const c10::IValue& v) {
+  if (recorded.kind == ir::ArgKind::Bool && v.isBool()) return (recorded.i != 0) == v.toBool();
+  if (recorded.kind == ir::ArgKind::Int && v.isInt()) return recorded.i == v.toInt();
+  if (recorded.kind == ir::ArgKind::Double && v.isDouble()) {
+    const double d = v.toDouble();
+    return recorded.d == d || (std::isnan(recorded.d) && std::isnan(d));
+  }
+  return false;
+}
+
+void check_host_value(const ir::Node& n, const ir::Arg& recorded, const c10::IValue& v) {
+  if (same_reading(recorded, v)) return;
+  std::ostringstream was, now;
+  if (recorded.kind == ir::ArgKind::Bool) was << (recorded.i ? "true" : "false");
+  else if (recorded.kind == ir::ArgKind::Int) was << recorded.i;
+  else was << recorded.d;
+  if (v.isBool()) now << (v.toBool() ? "true" : "false");
+  else if (v.isInt()) now << v.toInt();
+  else if (v.isDouble()) now << v.toDouble();
+  else now << v.tagKind();
+  throw HostValueChanged({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                         "the value read on the host by " + n.qualified_op() + " (node %" + std::to_string(n.id) +
+                             ") changed: " + was.str() + " -> " + now.str());
+}
 
 }  // namespace
 
@@ -133,6 +162,7 @@ void Interpreter::run_call(const ir::Node& n, const c10::OperatorHandle& op) {
     const c10::IValue& iv = stack[r];
     if (!out.refers_to_values() && out.kind != ir::ArgKind::UndefinedTensor && out.kind != ir::ArgKind::None) {
       host_values_.push_back(iv);
+      if (check_host_values_ && ir::is_host_value(out)) check_host_value(n, out, iv);
     }
     if (out.kind == ir::ArgKind::Value) {
       env_[static_cast<size_t>(out.values[0])] = iv.toTensor();

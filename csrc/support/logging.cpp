@@ -11,7 +11,7 @@ namespace {
 
 constexpr const char* kNames[] = {"capture",    "graphs", "graph_breaks",
                                   "recompiles", "fusion", "compiled_autograd",
-                                  "compiled_autograd_verbose", "perf", "aot_graphs"};
+                                  "compiled_autograd_verbose", "perf", "aot_graphs", "pipeline"};
 static_assert(sizeof(kNames) / sizeof(kNames[0]) == static_cast<size_t>(LogChannel::kCount));
 
 std::string env_or(const char* name, std::string fallback) {
@@ -76,6 +76,9 @@ Config read_config() {
                    threads.c_str());
     }
   }
+  c.stance = env_or("TCAP_STANCE", "");
+  const std::string fallback = env_or("TCAP_ERROR_ON_FALLBACK", "0");
+  c.error_on_fallback = fallback != "0" && fallback != "false" && fallback != "off";
   return c;
 }
 

@@ -11,6 +11,9 @@
 //   TCAP_COMPILE_THREADS  threads compiling a graph's kernels at once (default: the
 //                    machine's cores, at most 8; 1: one after the other). Note
 //                    [Parallel kernel compilation].
+//   TCAP_STANCE      default | force_eager | eager_on_recompile | fail_on_recompile: the
+//                    process's stance (include/tcap/stance.h; tcap::set_stance overrides).
+//   TCAP_ERROR_ON_FALLBACK  1: every eager fallback throws tcap::FallbackError.
 #pragma once
 
 #include <sstream>
@@ -28,6 +31,7 @@ enum class LogChannel : unsigned {
   CompiledAutogradVerbose,
   Perf,             // timing of compile stages
   AotGraphs,        // tcap::compile: joint, forward and backward graphs, partition decisions
+  Pipeline,         // every stage of the compile pipeline: the graph after it (aot/pipeline.cpp)
   kCount
 };
 
@@ -38,6 +42,8 @@ struct Config {
   std::string cache_dir;
   long long buffer_pool_mb = 1024;
   int compile_threads = 0;  // 0: the default (cores, at most 8)
+  std::string stance;       // TCAP_STANCE as given ("" = default)
+  bool error_on_fallback = false;
   static const Config& get();
 };
 

@@ -63,6 +63,14 @@ struct CompileOptions {
   // Graphs that cannot be (hooks, in-place writes to inputs, host reads, explicit generators,
   // CPU tensors) run as usual, logged under graph_breaks. Outputs are copies.
   bool cuda_graphs = false;
+  // A value read on the host (item(), equal(), is_nonzero()) is a guard: a call where it
+  // differs recaptures, since host code may branch on it. With observe_host_values, a
+  // value that changes between two captures which record the same graph otherwise is
+  // taken as read for the host's own use (a logged loss.item(), the norm clip_grad_norm_
+  // returns): the newer entry stops guarding it and replaces the older one (logged under
+  // recompiles). This is a promise by the program: host code that branches on such a
+  // value at other values than the two seen would not be noticed (docs/limitations.md).
+  bool observe_host_values = false;
 };
 
 struct CompileStats {
@@ -93,7 +101,7 @@ class CompiledFunction {
   // For single-input single-output functions and modules.
   at::Tensor forward(const at::Tensor& x);
 
-  const CompileStats& stats() const;
+  CompileStats stats() const;
   std::vector<CompiledEntryInfo> entries() const;
   // Why the function runs eagerly now ("" if it does not).
   std::string eager_reason() const;

@@ -17,6 +17,13 @@
 
 namespace tcap {
 
+// Thrown by an interpreter with check_host_values(true) when a value read on the host
+// differs from the one recorded on its node. The message names the node.
+class HostValueChanged : public c10::Error {
+ public:
+  using c10::Error::Error;
+};
+
 class Interpreter {
  public:
   // Resolves every operator now; throws c10::Error naming the node if one is unknown to
@@ -40,6 +47,11 @@ class Interpreter {
   void set_scalar_arg(ir::NodeId node, size_t arg, double value);
   // After run(): the non-tensor results (host reads such as item()), in node order.
   const std::vector<c10::IValue>& host_values() const { return host_values_; }
+  // Compares each value read on the host (item(), equal(), is_nonzero(): a Bool, Int or
+  // Double result) with the one recorded on its node as soon as it is read, and throws
+  // HostValueChanged at the first that differs, before any later node runs. Compiled
+  // entries check their host-value guards this way (cache/guards.h).
+  void check_host_values(bool on) { check_host_values_ = on; }
 
  private:
   void run_call(const ir::Node& n, const c10::OperatorHandle& op);
@@ -56,6 +68,7 @@ class Interpreter {
   std::vector<std::vector<ir::ValueId>> last_uses_;
   bool differentiable_ = false;
   bool keep_values_ = true;
+  bool check_host_values_ = false;
 };
 
 // Convenience: Interpreter(g).run(inputs).

@@ -18,6 +18,7 @@
 
 #include <tcap/graph.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -66,9 +67,19 @@ struct PartitionResult {
   std::string explain() const;
 };
 
+// The min-cut partitioner's heuristics (Note [Min-cut recomputation]).
+struct MinCutOptions {
+  // Among cuts of equal bytes take the one of later tensors, which recomputes least
+  // (AOTAutograd's bias towards nodes close to the backward): relu(x) is saved rather
+  // than x when the backward reads relu(x).
+  bool prefer_later_tensors = true;
+  // A tensor's capacity is capped here, so that a sum of capacities cannot overflow.
+  int64_t max_tensor_bytes = int64_t{1} << 36;
+};
+
 // Checks the joint graph's shape (inputs, outputs, phases) and splits it. Throws
 // c10::Error with a clear message on a malformed joint graph.
-PartitionResult partition(const JointGraph& joint, Partitioner p);
+PartitionResult partition(const JointGraph& joint, Partitioner p, const MinCutOptions& min_cut = {});
 
 // ir::extract_subgraph (tcap/graph.h), also reachable as tcap::extract_subgraph: cuts
 // forward and backward graphs out of a joint graph.

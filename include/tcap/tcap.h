@@ -11,4 +11,5 @@
 #include <tcap/graph_json.h>
 #include <tcap/interpreter.h>
 #include <tcap/partition.h>
+#include <tcap/stance.h>
 #include <tcap/train_step.h>

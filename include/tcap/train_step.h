@@ -13,16 +13,21 @@
 //
 // Parameters, buffers, their .grad tensors and the optimizer's state tensors are inputs of
 // the graph; parameter, buffer, .grad and optimizer-state updates happen exactly as eager
-// (in place, .grad set or cleared, Adam's step counters advanced). A step is compiled
-// after two eager steps with the same guards produced the same graph; scalars the
-// optimizer computes on the host from its step count (Adam's bias corrections) are
-// recomputed per call, every other host value is guarded. Optimizers: SGD (momentum,
-// nesterov, weight decay), Adam, AdamW. See docs/compile.md.
+// (in place, .grad set or cleared, step counters advanced). A step is compiled after two
+// eager steps with the same guards recorded the same graph: scalars the optimizers compute
+// on the host (the learning rate, Adam's bias corrections) are recomputed per call, so a
+// learning-rate schedule needs no recompile; values read on the host (a logged
+// loss.item(), MultiheadAttention's equal(), clip_grad_norm_'s norm) are guarded, or
+// observed when they change without changing the graph; tensors the step reads from
+// outside (labels, masks) are held and watched (Note [Held tensors]). Optimizers: SGD,
+// Adam, AdamW, Adagrad, RMSprop, several at once (a GAN's two). See docs/compile.md.
 #pragma once
 
 #include <tcap/compile.h>
 
 #include <torch/optim/optimizer.h>
+
+#include <functional>
 
 namespace tcap {
 
@@ -32,7 +37,7 @@ class CompiledStep {
   explicit CompiledStep(std::unique_ptr<Impl> impl);
   ~CompiledStep();
   std::vector<at::Tensor> operator()(const std::vector<at::Tensor>& inputs);
-  const CompileStats& stats() const;
+  CompileStats stats() const;
   std::string eager_reason() const;
   // The graph of the newest compiled entry (nullptr if none).
   const ir::Graph* graph() const;
@@ -51,5 +56,12 @@ std::shared_ptr<CompiledStep> compile_step(const torch::nn::ModuleHolder<M>& mod
   return compile_step(std::static_pointer_cast<torch::nn::Module>(model.ptr()), optimizer, std::move(step),
                       std::move(options));
 }
+
+// Several models and optimizers stepped by one function (a GAN's generator and
+// discriminator with an optimizer each):
+//   auto step = tcap::compile_step({gen.ptr(), disc.ptr()}, {opt_g, opt_d}, fn);
+std::shared_ptr<CompiledStep> compile_step(std::vector<std::shared_ptr<torch::nn::Module>> models,
+                                           std::vector<std::reference_wrapper<torch::optim::Optimizer>> optimizers,
+                                           CompiledFunction::Fn step, CompileOptions options = {});
 
 }  // namespace tcap

@@ -8,7 +8,7 @@
 #include "codegen/kernel_cache.h"
 #include "kernel_builder.h"
 #include "support/compare.h"
-#include "compile/cuda_graphs.h"
+#include "aot/cuda_graphs.h"
 #include "support/cuda_emu.h"
 #include "support/log_capture.h"
 #include "support/logging.h"

@@ -1,4 +1,4 @@
-// CUDA-graph replay of a compiled region's graphs (CompileOptions::cuda_graphs, issue 6).
+// CUDA-graph replay of a compiled region's graphs (CompileOptions::cuda_graphs).
 //
 // Note [CUDA graphs of compiled regions]
 // For launch-bound models. An executable whose graph qualifies runs normally on its first

@@ -1,26 +1,35 @@
-#include "compile/int_patches.h"
+#include "passes/int_patches.h"
 
-namespace tcap::aot {
+namespace tcap::passes {
 
 std::string find_int_patches(const ir::Graph& ga, const ir::Graph& gb,
                              const std::vector<std::pair<int64_t, int64_t>>& sizes, std::vector<IntPatch>& patches) {
   if (ga.nodes().size() != gb.nodes().size() || ga.values().size() != gb.values().size()) {
     return "the graphs at the two sizes differ in structure";
   }
+  bool ambiguous = false;
   auto explain = [&](int64_t x, int64_t y, IntPatch p) {
     if (x == y) return true;
+    bool found = false;
     for (size_t c = 0; c < sizes.size(); ++c) {
       const int64_t da = sizes[c].first - sizes[c].second;
       if (da == 0 || (x - y) % da != 0) continue;
       const int64_t m = (x - y) / da;
       if (m == 0) continue;
+      if (found) {
+        ambiguous = true;
+        return false;
+      }
+      found = true;
       p.size = c;
       p.mul = m;
       p.add = y - m * sizes[c].second;
-      patches.push_back(p);
-      return true;
     }
-    return false;
+    if (found) patches.push_back(p);
+    return found;
+  };
+  auto fail = [&](const std::string& why) {
+    return ambiguous ? why + " (it follows two of the changed sizes alike)" : why;
   };
   for (size_t i = 0; i < gb.nodes().size(); ++i) {
     const auto& na = ga.nodes()[i];
@@ -36,13 +45,13 @@ std::string find_int_patches(const ir::Graph& ga, const ir::Graph& gb,
       if (x.kind != y.kind) return "argument kinds differ at " + where;
       if (x.kind == ir::ArgKind::Int) {
         if (!explain(x.i, y.i, {IntPatch::Arg, static_cast<int64_t>(i), k, 0, 0, 0, 0})) {
-          return "an integer argument of " + where + " does not follow the changed sizes";
+          return fail("an integer argument of " + where + " does not follow the changed sizes");
         }
       } else if (x.kind == ir::ArgKind::IntList) {
         if (x.ints.size() != y.ints.size()) return "an int list of " + where + " changed length";
         for (size_t e = 0; e < x.ints.size(); ++e) {
           if (!explain(x.ints[e], y.ints[e], {IntPatch::ArgList, static_cast<int64_t>(i), k, e, 0, 0, 0})) {
-            return "an int list argument of " + where + " does not follow the changed sizes";
+            return fail("an int list argument of " + where + " does not follow the changed sizes");
           }
         }
       } else if (!(x == y)) {
@@ -62,11 +71,11 @@ std::string find_int_patches(const ir::Graph& ga, const ir::Graph& gb,
     for (size_t d = 0; d < mb.sizes.size(); ++d) {
       if (!explain(ma.sizes[d], mb.sizes[d], {IntPatch::Size, vid, d, 0, 0, 0, 0}) ||
           (d < mb.strides.size() && !explain(ma.strides[d], mb.strides[d], {IntPatch::Stride, vid, d, 0, 0, 0, 0}))) {
-        return "the shape of %" + std::to_string(v) + " does not follow the changed sizes";
+        return fail("the shape of %" + std::to_string(v) + " does not follow the changed sizes");
       }
     }
     if (!explain(ma.storage_offset, mb.storage_offset, {IntPatch::Offset, vid, 0, 0, 0, 0, 0})) {
-      return "the storage offset of %" + std::to_string(v) + " does not follow the changed sizes";
+      return fail("the storage offset of %" + std::to_string(v) + " does not follow the changed sizes");
     }
   }
   return "";
@@ -85,4 +94,4 @@ void apply_int_patches(ir::Graph& g, const std::vector<IntPatch>& patches, const
   }
 }
 
-}  // namespace tcap::aot
+}  // namespace tcap::passes

@@ -15,45 +15,50 @@
 //   * the other tensor argument of a binary op does not share the argument's buffer.
 // mul and add (alpha 1) may write into their second argument instead (they commute).
 // The rewritten graph is private to the backend: dumps and fw_compiler see the original.
-#include "compile/inplace.h"
+#include "passes/reuse_buffers.h"
 
-#include <unordered_map>
+#include "ir/op_facts.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <sstream>
 #include <unordered_set>
 
-namespace tcap::aot {
+namespace tcap::passes {
 namespace {
-
-// Out-of-place op -> its in-place twin (same arguments).
-const std::unordered_map<std::string, std::string>& twins() {
-  static const std::unordered_map<std::string, std::string> m = {
-      {"aten::neg", "aten::neg_"},       {"aten::sin", "aten::sin_"},         {"aten::cos", "aten::cos_"},
-      {"aten::exp", "aten::exp_"},       {"aten::log", "aten::log_"},         {"aten::tanh", "aten::tanh_"},
-      {"aten::sigmoid", "aten::sigmoid_"}, {"aten::relu", "aten::relu_"},     {"aten::sqrt", "aten::sqrt_"},
-      {"aten::rsqrt", "aten::rsqrt_"},   {"aten::abs", "aten::abs_"},         {"aten::reciprocal", "aten::reciprocal_"},
-      {"aten::erf", "aten::erf_"},       {"aten::expm1", "aten::expm1_"},     {"aten::log1p", "aten::log1p_"},
-      {"aten::tan", "aten::tan_"},       {"aten::sign", "aten::sign_"},       {"aten::square", "aten::square_"},
-      {"aten::add", "aten::add_"},       {"aten::sub", "aten::sub_"},         {"aten::mul", "aten::mul_"},
-      {"aten::div", "aten::div_"},
-  };
-  return m;
-}
 
 bool binary_tensor_overload(const ir::Node& n) {
   return n.overload == "Tensor" && n.args.size() >= 2 &&
          (n.args[1].kind == ir::ArgKind::Value || n.args[1].kind == ir::ArgKind::WrappedScalar);
 }
 
+bool is_binary(const std::string& op) {
+  return op == "aten::add" || op == "aten::sub" || op == "aten::mul" || op == "aten::div";
+}
+
 bool rewritable(const ir::Node& n) {
-  if (n.kind != ir::NodeKind::Call || !twins().count(n.op)) return false;
-  const bool binary = n.op == "aten::add" || n.op == "aten::sub" || n.op == "aten::mul" || n.op == "aten::div";
-  if (binary) return binary_tensor_overload(n);
+  if (n.kind != ir::NodeKind::Call) return false;
+  const ir::OpFacts& f = ir::op_facts(n.op);
+  if (f.in_place_twin.empty() || !f.has(ir::OpFact::Pointwise)) return false;
+  if (is_binary(n.op)) return binary_tensor_overload(n);
   return n.overload.empty() && n.args.size() == 1;
 }
 
 // Producers whose result is always a fresh tensor.
 bool fresh_producer(const ir::Node& n) {
-  static const std::unordered_set<std::string> extra = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"};
-  return n.kind == ir::NodeKind::Call && (rewritable(n) || (extra.count(n.op) && n.overload.empty()));
+  if (n.kind != ir::NodeKind::Call) return false;
+  if (rewritable(n)) return true;
+  return n.overload.empty() && ir::op_has(n.op, ir::OpFact::FreshResult) && !ir::op_has(n.op, ir::OpFact::Pointwise) &&
+         !ir::op_has(n.op, ir::OpFact::Reduction);
+}
+
+// The schema string of op.overload as the recorder writes it ("" if this LibTorch lacks it).
+std::string schema_of(const std::string& op, const std::string& overload) {
+  auto h = c10::Dispatcher::singleton().findSchema({op, overload});
+  if (!h) return "";
+  std::ostringstream os;
+  os << h->schema();
+  return os.str();
 }
 
 }  // namespace
@@ -85,14 +90,21 @@ ir::Graph reuse_buffers(const ir::Graph& g, int* rewritten) {
     return other == ir::kNoValue || other == self || g.alias_root(other) != g.alias_root(self);
   };
   int count = 0;
+  // n runs as its in-place twin writing into `self`: its result is a new version of self.
+  auto to_twin = [&](ir::Node& n, ir::ValueId self) {
+    n.op = ir::op_facts(n.op).in_place_twin;
+    h.value(n.outputs[0].values[0]).version_of = self;
+    auto& schema = h.schemas()[n.qualified_op()];
+    if (schema.empty()) schema = schema_of(n.op, n.overload);
+    ++count;
+  };
   for (auto& n : h.mutable_nodes()) {
     if (!rewritable(n) || n.outputs.size() != 1 || n.outputs[0].kind != ir::ArgKind::Value) continue;
     if (n.args[0].kind != ir::ArgKind::Value) continue;
     const ir::ValueId a = n.args[0].values[0];
     const ir::ValueId b = n.args.size() >= 2 && n.args[1].kind == ir::ArgKind::Value ? n.args[1].values[0] : ir::kNoValue;
     if (reusable(n, a, b)) {
-      n.op = twins().at(n.op);
-      ++count;
+      to_twin(n, a);
       continue;
     }
     // mul and add (alpha 1) commute: write into the second argument if it dies here.
@@ -100,12 +112,12 @@ ir::Graph reuse_buffers(const ir::Graph& g, int* rewritten) {
                                                   n.args[2].kind == ir::ArgKind::Int && n.args[2].i == 1);
     if (commutes && b != ir::kNoValue && reusable(n, b, a)) {
       std::swap(n.args[0], n.args[1]);
-      n.op = twins().at(n.op);
-      ++count;
+      std::swap(n.args[0].name, n.args[1].name);
+      to_twin(n, b);
     }
   }
   if (rewritten) *rewritten = count;
   return h;
 }
 
-}  // namespace tcap::aot
+}  // namespace tcap::passes

@@ -1,6 +1,7 @@
-// Integers of a graph that follow some sizes (Note [Dynamic dims]): found by comparing the
-// graphs recorded at two sizes, and patched to serve a third. Shared by tcap::compile's
-// dynamic entries and compiled autograd's dynamic backwards.
+// Integers of a graph that follow some sizes (Note [Dynamic sizes] in cache/dynamic_sizes.h):
+// found by comparing the graphs recorded at two sizes, and patched to serve a third. The
+// dynamic-size machinery of every compiled entry (tcap::compile, compile_step, compiled
+// autograd) is built on these two functions.
 #pragma once
 
 #include <tcap/graph.h>
@@ -10,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-namespace tcap::aot {
+namespace tcap::passes {
 
 // One integer of a graph that is mul * size + add of one of the changed sizes.
 struct IntPatch {
@@ -25,11 +26,12 @@ struct IntPatch {
 // ga and gb are the same graph recorded with sizes[k].first and sizes[k].second. Fills
 // `patches` with every integer (op arguments, tensor sizes, strides, offsets) that differs
 // between them, explained as an affine function of one size; returns "" on success, else
-// why the graphs are not the same up to those integers.
+// why the graphs are not the same up to those integers. An integer two sizes could both
+// explain is ambiguous, and refused: patching it for the wrong one would be wrong.
 std::string find_int_patches(const ir::Graph& ga, const ir::Graph& gb,
                              const std::vector<std::pair<int64_t, int64_t>>& sizes, std::vector<IntPatch>& patches);
 
 // Rewrites g's integers for sizes[k] = the value of changed size k.
 void apply_int_patches(ir::Graph& g, const std::vector<IntPatch>& patches, const std::vector<int64_t>& sizes);
 
-}  // namespace tcap::aot
+}  // namespace tcap::passes

@@ -15,7 +15,7 @@
 // The compiled backward is the dataflow slice from the contributions back to the tangents
 // and forward values. AccumulateGrad, leaf hooks and .grad stay the engine's own, so
 // capture changes no .grad and runs no hook twice.
-#include "compile/region.h"
+#include "aot/region.h"
 
 #include "capture/hooks.h"
 #include "capture/recorder.h"
@@ -279,6 +279,10 @@ void RegionCapture::remove_observers() {
 }
 
 void RegionCapture::on_tangent(size_t output, const at::Tensor& grad) {
+  // Only a backward that pushed this capture's session on its own thread records it
+  // (Note [Armed sessions]): not a grad() call, not another thread's backward.
+  const auto& on_thread = capture::thread_sessions();
+  if (std::find(on_thread.begin(), on_thread.end(), session_.get()) == on_thread.end()) return;
   std::lock_guard<std::mutex> lock(mutex_);
   if (done_ || !grad.defined() || output >= tangent_value_.size()) return;
   if (tangent_value_[output] != ir::kNoValue) return;
@@ -288,6 +292,8 @@ void RegionCapture::on_tangent(size_t output, const at::Tensor& grad) {
 }
 
 void RegionCapture::on_contribution(size_t primal, const at::Tensor& grad) {
+  const auto& on_thread = capture::thread_sessions();
+  if (std::find(on_thread.begin(), on_thread.end(), session_.get()) == on_thread.end()) return;
   std::lock_guard<std::mutex> lock(mutex_);
   if (done_ || !started_) return;
   auto v = session_->lookup(grad);

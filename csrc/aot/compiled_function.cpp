@@ -1,0 +1,360 @@
+// tcap::compile (include/tcap/compile.h): the front door for functions and modules.
+//
+// A call is served by the entry cache (cache/entry_cache.h): guards checked, a hit
+// replayed (aot/replay_function.h). A miss captures: the function runs eagerly with
+// recording on, and its joint graph is compiled when its backward has run
+// (aot/pending_capture.h), or at once when it needs none. What stays eager, and why, is
+// the cache's to decide and log (Note [Never wrong, never silent]).
+#include <tcap/compile.h>
+
+#include "aot/pending_capture.h"
+#include "aot/region.h"
+#include "aot/region_entry.h"
+#include "aot/replay_function.h"
+#include "support/logging.h"
+
+#include <tcap/interpreter.h>
+
+#include <c10/core/GradMode.h>
+
+#include <algorithm>
+#include <mutex>
+#include <optional>
+
+namespace tcap {
+
+using aot::RegionEntry;
+
+struct CompiledFunction::Impl {
+  Fn fn;
+  CompileOptions options;
+  std::shared_ptr<torch::nn::Module> module;
+  std::vector<std::shared_ptr<torch::nn::Module>> submodules;
+  std::vector<std::string> flag_names;  // per submodule
+  std::shared_ptr<aot::SharedStats> stats = std::make_shared<aot::SharedStats>();
+  std::unique_ptr<cache::EntryCache> cache;
+  std::mutex pending_mutex;
+  std::shared_ptr<aot::PendingCapture> pending;  // the capture waiting for its backward
+
+  std::string who() const { return "'" + options.name + "'"; }
+
+  // The module's parameters then buffers, in named_parameters(true) / named_buffers(true)
+  // order (submodules is that preorder), without building the dotted names each call.
+  std::vector<at::Tensor> module_tensors() const {
+    std::vector<at::Tensor> ts;
+    if (!module) return ts;
+    for (const auto& m : submodules) {
+      for (auto& p : m->parameters(/*recurse=*/false)) ts.push_back(std::move(p));
+    }
+    for (const auto& m : submodules) {
+      for (auto& b : m->buffers(/*recurse=*/false)) ts.push_back(std::move(b));
+    }
+    return ts;
+  }
+
+  std::vector<bool> training_flags() const {
+    std::vector<bool> f;
+    for (const auto& m : submodules) f.push_back(m->is_training());
+    return f;
+  }
+
+  std::vector<at::Tensor> run_eager(const std::vector<at::Tensor>& inputs) {
+    stats->count(&CompileStats::eager_calls);
+    return fn(inputs);
+  }
+
+  // Publishes a compiled entry, generalizing it over the sizes that changed when it was
+  // captured (Note [Dynamic sizes]).
+  // With `replaces`, e generalizes that entry's host values (Note [Observed host values]).
+  void publish(const std::shared_ptr<RegionEntry>& e, const std::shared_ptr<cache::Entry>& size_miss_of,
+               const std::vector<size_t>& changed, const std::shared_ptr<const RegionEntry>& replaces = nullptr) {
+    if (size_miss_of && !replaces) generalize(static_cast<const RegionEntry&>(*size_miss_of), *e, changed);
+    cache->add(e, std::const_pointer_cast<RegionEntry>(replaces));
+    stats->count(&CompileStats::compiles);
+  }
+
+  void generalize(const RegionEntry& a, RegionEntry& b, const std::vector<size_t>& changed) const {
+    std::string why;
+    if (!a.guards.host.empty() || !b.guards.host.empty()) {
+      why = "the function reads values on the host";
+    } else if (a.joint.num_primals != b.joint.num_primals || a.joint.num_tangents != b.joint.num_tangents ||
+               a.joint.grad_of != b.joint.grad_of || a.guards.held.size() != b.guards.held.size()) {
+      why = "the graphs at the two sizes differ in structure";
+    } else {
+      why = cache::generalize(a.joint.graph, a.guards.sizes, b.joint.graph, b.guards.sizes, changed, &b.guards.dyn);
+    }
+    if (!why.empty()) {
+      TCAP_LOG(Recompiles, who() << " entry " << b.id << " stays static: " << why);
+      return;
+    }
+    TCAP_LOG(Recompiles, who() << " entry " << b.id << " is dynamic in " << changed.size() << " dims ("
+                               << b.guards.dyn.patches.size() << " integers follow the sizes)");
+  }
+
+  // The entry serving this call: e itself, or e specialized to the call's sizes (compiled
+  // once per distinct sizes, without running the user's code).
+  std::shared_ptr<const RegionEntry> specialize(const std::shared_ptr<const RegionEntry>& e,
+                                                const std::vector<int64_t>& key, const std::vector<at::Tensor>& primals) {
+    if (!e->guards.dyn.dynamic() || key == e->guards.dyn.own_key) return e;
+    if (auto s = e->specialized->find(key)) return s;
+    auto s = std::make_shared<RegionEntry>();
+    s->id = e->id;
+    s->fn_name = e->fn_name;
+    s->stats = e->stats;
+    s->guards.global = e->guards.global;
+    s->guards.held = e->guards.held;
+    JointGraph j = e->joint;
+    j.graph = cache::specialize(e->joint.graph, e->guards.dyn, key);
+    aot::compile_region(*s, std::move(j), e->has_backward, primals, options);
+    stats->count(&CompileStats::compiles);
+    TCAP_LOG(Recompiles, who() << " entry " << e->id << " specialized to sizes " << c10::IntArrayRef(key)
+                               << " of its dynamic dims (no recapture)");
+    return e->specialized->insert(key, std::move(s));
+  }
+
+  std::vector<at::Tensor> call(const std::vector<at::Tensor>& user_inputs);
+  std::vector<at::Tensor> capture_call(const std::vector<at::Tensor>& user_inputs,
+                                       const std::vector<at::Tensor>& call_inputs, const std::vector<bool>& flags,
+                                       const cache::Lookup& miss);
+  // While a capture waits for its backward; nullopt when there is none (or it finished).
+  std::optional<std::vector<at::Tensor>> while_pending(const std::vector<at::Tensor>& user_inputs);
+  void collect_pending();
+};
+
+void CompiledFunction::Impl::collect_pending() {
+  std::shared_ptr<aot::PendingCapture> p;
+  {
+    std::lock_guard<std::mutex> lock(pending_mutex);
+    if (!pending || !pending->finished()) return;
+    p = std::move(pending);
+    pending.reset();
+  }
+  p->close();
+  std::string failure;
+  bool replaces = false;
+  if (auto e = p->result(&failure, &replaces)) {
+    publish(e, p->size_miss_of, p->changed, replaces ? p->host_miss_of : nullptr);
+  } else {
+    cache->fall_back("its backward could not be captured: " + failure);
+  }
+}
+
+std::optional<std::vector<at::Tensor>> CompiledFunction::Impl::while_pending(const std::vector<at::Tensor>& user_inputs) {
+  std::shared_ptr<aot::PendingCapture> p;
+  {
+    std::unique_lock<std::mutex> lock(pending_mutex);
+    if (!pending) return std::nullopt;
+    // The first call's backward has not run yet: stay eager until it does. If it never
+    // comes, compile the forward alone (its backward then recomputes).
+    if (pending->note_call() <= 2) {
+      lock.unlock();
+      return run_eager(user_inputs);
+    }
+    p = std::move(pending);
+    pending.reset();
+  }
+  try {
+    bool replaces = false;
+    auto e = p->compile_forward_only(&replaces);
+    publish(e, p->size_miss_of, p->changed, replaces ? p->host_miss_of : nullptr);
+    TCAP_LOG(GraphBreaks, who() << ": no backward reached the first call; compiled its forward alone "
+                                   "(a backward will recompute)");
+  } catch (const c10::Error& err) {
+    cache->fall_back(err.what_without_backtrace());
+  }
+  return call(user_inputs);  // served by the entry just compiled (or eagerly)
+}
+
+std::vector<at::Tensor> CompiledFunction::Impl::call(const std::vector<at::Tensor>& user_inputs) {
+  if (stance() == Stance::ForceEager) return run_eager(user_inputs);
+  collect_pending();
+  if (cache->fell_back()) return run_eager(user_inputs);  // for good (reported when it happened)
+  std::vector<at::Tensor> call_inputs = user_inputs;
+  for (auto& t : module_tensors()) call_inputs.push_back(std::move(t));
+  const std::vector<bool> flags = training_flags();
+  cache::CallView view;
+  view.tensors = call_inputs;
+  view.flags = module ? &flags : nullptr;
+  cache::Lookup l;
+  for (size_t start = 0;;) {
+    size_t pos = 0;
+    cache::Lookup found = cache->lookup(view, call_inputs, start, &pos);
+    if (l.first_miss.empty()) l.first_miss = found.first_miss;
+    if (!l.size_miss_of) {
+      l.size_miss_of = found.size_miss_of;
+      l.changed = found.changed;
+    }
+    if (!l.host_miss_of) l.host_miss_of = found.host_miss_of;
+    if (!found.hit) break;
+    auto e = std::static_pointer_cast<const RegionEntry>(found.hit);
+    try {
+      return aot::replay_region(specialize(e, found.key, found.primals), found.primals);
+    } catch (const HostValueChanged& err) {
+      // An inline host-value guard failed before the replay changed anything visible.
+      cache::EntryCache::note_replay_miss(l, found.hit, err.what_without_backtrace());
+      start = pos + 1;
+    }
+  }
+  if (auto out = while_pending(user_inputs)) return std::move(*out);
+  if (cache->fell_back()) return run_eager(user_inputs);
+  std::string note;
+  if (l.size_miss_of) {
+    const auto& tensors = l.size_miss_of->guards.tensors;
+    for (size_t i : l.changed) {
+      size_t pos = 0, k = 0;
+      while (k < tensors.size() && pos + tensors[k].sizes.size() <= i) pos += tensors[k++].sizes.size();
+      if (k < tensors.size()) note += "; marking dim " + std::to_string(i - pos) + " of '" + tensors[k].name + "' dynamic";
+    }
+  }
+  if (l.host_miss_of && !options.observe_host_values) {
+    note += " (if host code only logs or returns this value, CompileOptions::observe_host_values = true makes it an "
+            "observation instead of a guard)";
+  }
+  if (cache->admit(l, note) == cache::Admission::RunEager) return run_eager(user_inputs);
+  if (cache->size() > 0) stats->count(&CompileStats::recompiles);
+  return capture_call(user_inputs, call_inputs, flags, l);
+}
+
+std::vector<at::Tensor> CompiledFunction::Impl::capture_call(const std::vector<at::Tensor>& user_inputs,
+                                                             const std::vector<at::Tensor>& call_inputs,
+                                                             const std::vector<bool>& flags, const cache::Lookup& miss) {
+  stats->count(&CompileStats::captures);
+  std::vector<std::string> names;
+  std::vector<bool> identity;
+  std::vector<std::pair<at::Tensor, std::pair<ir::InputKind, std::string>>> decl;
+  for (size_t k = 0; k < user_inputs.size(); ++k) {
+    names.push_back("in" + std::to_string(k));
+    identity.push_back(false);
+    TORCH_CHECK(user_inputs[k].defined(), "tcap::compile('", options.name, "'): input ", k, " is undefined");
+    decl.push_back({user_inputs[k], {ir::InputKind::UserInput, names.back()}});
+  }
+  if (module) {
+    for (const auto& item : module->named_parameters(true)) {
+      names.push_back(item.key());
+      identity.push_back(true);
+      decl.push_back({item.value(), {ir::InputKind::Parameter, item.key()}});
+    }
+    for (const auto& item : module->named_buffers(true)) {
+      names.push_back(item.key());
+      identity.push_back(true);
+      decl.push_back({item.value(), {ir::InputKind::Buffer, item.key()}});
+    }
+  }
+  auto entry = std::make_shared<RegionEntry>();
+  entry->id = cache->next_id();
+  entry->fn_name = options.name;
+  entry->stats = stats;
+  cache::CallView view;
+  view.tensors = call_inputs;
+  view.flags = module ? &flags : nullptr;
+  entry->guards.capture_call(view, names, identity);
+  entry->guards.flag_names = flag_names;
+
+  auto cap = std::make_shared<aot::RegionCapture>();
+  const bool grad_mode = at::GradMode::is_enabled();
+  auto outs = cap->record_forward([&] { return fn(user_inputs); }, decl);
+  std::string why = cap->check_forward(outs);
+  if (!why.empty()) {
+    cache->fall_back(why);
+    return outs;
+  }
+  // Tensors the function read beyond its declared inputs (Note [Held tensors]).
+  const auto primals = cap->primal_tensors();
+  const auto& joint_inputs = cap->session().graph();
+  std::vector<at::Tensor> held(primals.begin() + static_cast<std::ptrdiff_t>(call_inputs.size()), primals.end());
+  std::vector<std::string> held_names;
+  const auto inputs = joint_inputs.input_nodes();
+  for (size_t j = call_inputs.size(); j < primals.size() && j < inputs.size(); ++j) {
+    held_names.push_back(joint_inputs.node(inputs[j]).name);
+  }
+  entry->guards.held.hold(held, held_names);
+
+  const bool needs_backward =
+      grad_mode && std::any_of(outs.begin(), outs.end(), [](const at::Tensor& t) { return t.requires_grad(); });
+  if (!needs_backward) {
+    try {
+      auto older = std::static_pointer_cast<const RegionEntry>(miss.host_miss_of);
+      const bool replaces = aot::compile_region(*entry, cap->joint_without_backward(), false, primals, options, older.get());
+      publish(entry, miss.size_miss_of, miss.changed, replaces ? older : nullptr);
+    } catch (const c10::Error& err) {
+      cache->fall_back(err.what_without_backtrace());
+    }
+    return outs;
+  }
+  auto p = std::make_shared<aot::PendingCapture>(cap, entry, options);
+  p->size_miss_of = miss.size_miss_of;
+  p->changed = miss.changed;
+  p->host_miss_of = std::static_pointer_cast<const RegionEntry>(miss.host_miss_of);
+  why = p->watch(outs);
+  if (!why.empty()) {
+    cache->fall_back(why);
+    return outs;
+  }
+  std::lock_guard<std::mutex> lock(pending_mutex);
+  pending = std::move(p);
+  return outs;
+}
+
+CompiledFunction::CompiledFunction(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CompiledFunction::~CompiledFunction() = default;
+
+std::vector<at::Tensor> CompiledFunction::operator()(const std::vector<at::Tensor>& inputs) {
+  return impl_->call(inputs);
+}
+
+at::Tensor CompiledFunction::forward(const at::Tensor& x) {
+  auto outs = impl_->call({x});
+  TORCH_CHECK(outs.size() == 1, "tcap: forward(x) needs a function with one output, got ", outs.size());
+  return outs[0];
+}
+
+CompileStats CompiledFunction::stats() const {
+  impl_->collect_pending();
+  return impl_->stats->read();
+}
+
+std::vector<CompiledEntryInfo> CompiledFunction::entries() const {
+  impl_->collect_pending();
+  std::vector<CompiledEntryInfo> out;
+  for (const auto& base : *impl_->cache->entries()) {
+    const auto& e = static_cast<const RegionEntry&>(*base);
+    CompiledEntryInfo info;
+    info.joint = e.joint;
+    info.partition = e.part;
+    info.compile_ms = e.compile_ms;
+    info.guards = e.guards.describe();
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+std::string CompiledFunction::eager_reason() const {
+  impl_->collect_pending();
+  return impl_->cache->eager_reason();
+}
+
+std::shared_ptr<CompiledFunction> compile_function(CompiledFunction::Fn fn, CompileOptions options) {
+  TORCH_CHECK(fn, "tcap::compile: the function is empty");
+  TORCH_CHECK(options.cache_size_limit >= 1, "tcap::compile: cache_size_limit must be at least 1");
+  auto impl = std::make_unique<CompiledFunction::Impl>();
+  impl->fn = std::move(fn);
+  impl->cache = std::make_unique<cache::EntryCache>("'" + options.name + "'", options.cache_size_limit, options.dynamic);
+  impl->options = std::move(options);
+  return std::make_shared<CompiledFunction>(std::move(impl));
+}
+
+std::shared_ptr<CompiledFunction> compile(std::shared_ptr<torch::nn::Module> module, CompiledFunction::Fn fn,
+                                          CompileOptions options) {
+  TORCH_CHECK(module, "tcap::compile: the module is null");
+  auto f = compile_function(std::move(fn), std::move(options));
+  auto& impl = *f->impl_;
+  impl.module = module;
+  impl.submodules.push_back(module);
+  for (const auto& m : module->modules(/*include_self=*/false)) impl.submodules.push_back(m);
+  for (size_t i = 0; i < impl.submodules.size(); ++i) {
+    impl.flag_names.push_back("training mode of submodule " + std::to_string(i) + " (" + impl.submodules[i]->name() + ")");
+  }
+  return f;
+}
+
+}  // namespace tcap

@@ -1,0 +1,265 @@
+// Note [The compile pipeline]
+// Every graph tcap compiles goes through these two functions, and only these:
+// tcap::compile's joint graphs (compile_joint), compile_step's step graphs and compiled
+// autograd's backward graphs (compile_graph). Each stage is one line; its output is
+// verified (ir::verify) and printed under TCAP_LOGS=pipeline, so a reader sees the
+// compiler in one screen and a broken pass fails at the stage that broke the graph.
+//
+//   joint graph ─ partition (default | min-cut) ─┬─ forward ─┐
+//                                                └─ backward ┴─ compile_graph:
+//     the user's fw/bw_compiler, or
+//     target (eager | cpu_llvm | cuda) ─ fuse (decompose, group, lower, generate kernels)
+//     ─ reuse buffers ─ executable (interpreter over the fused graph) ─ CUDA graphs
+#include "aot/pipeline.h"
+
+#include "aot/cuda_graphs.h"
+#include "codegen/cpu_llvm/cpu_llvm.h"
+#include "codegen/cuda/cuda.h"
+#include "fuse/fusion.h"
+#include "passes/reuse_buffers.h"
+#include "runtime/buffer_pool.h"
+#include "runtime/fused_kernel.h"
+#include "support/logging.h"
+
+#include <tcap/graph_json.h>
+#include <tcap/interpreter.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <optional>
+
+namespace tcap {
+
+namespace {
+
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream f(path);
+  f << text;
+}
+
+// The devices of the graph's tensors (CPU scalars next to CUDA tensors count).
+std::vector<c10::Device> devices_of(const ir::Graph& g) {
+  std::vector<c10::Device> out;
+  for (const auto& v : g.values()) {
+    if (std::find(out.begin(), out.end(), v.meta.device) == out.end()) out.push_back(v.meta.device);
+  }
+  return out;
+}
+
+std::string dump_dir_of(const CompileOptions& o) { return o.dump_dir.empty() ? Config::get().dump_dir : o.dump_dir; }
+
+// Verifies a stage's output and prints it under TCAP_LOGS=pipeline.
+const ir::Graph& stage(const ir::Graph& g, const std::string& what, const char* after) {
+  ir::verify(g);
+  TCAP_LOG(Pipeline, what << " after " << after << ":\n" << ir::to_string(g));
+  return g;
+}
+
+// The interpreter over a graph, as an Executable (runs under the CPU buffer pool).
+Executable interpreter_executable(const ir::Graph& g, bool check_host_values = false) {
+  auto interp = std::make_shared<Interpreter>(g);
+  interp->keep_values(false);
+  interp->check_host_values(check_host_values);
+  auto mu = std::make_shared<std::mutex>();
+  return [interp, mu](std::vector<at::Tensor> in) {
+    std::lock_guard<std::mutex> lock(*mu);
+    runtime::PoolScope pool;  // Note [CPU buffer pool]
+    return interp->run(std::move(in));
+  };
+}
+
+// Where a graph's kernels run, with backend "auto" resolved.
+struct Target {
+  enum Kind { Eager, CpuLlvm, Cuda } kind = Eager;
+  c10::Device device = c10::kCPU;
+};
+
+Target choose_target(const std::string& backend, const ir::Graph& g, const std::string& what) {
+  if (backend == "eager") return {};
+  TORCH_CHECK(backend == "llvm" || backend == "cuda" || backend == "auto", "tcap::compile: unknown backend '", backend,
+              "' (available: eager, llvm, cuda, auto)");
+  // The device the kernels run on: the one device of the graph's tensors, ignoring CPU
+  // tensors next to CUDA ones (scalars; they stay ATen inputs).
+  const std::vector<c10::Device> devices = devices_of(g);
+  std::optional<c10::Device> cuda_device;
+  bool several = false;
+  for (const auto& d : devices) {
+    if (!d.is_cuda()) continue;
+    several = several || (cuda_device && *cuda_device != d);
+    cuda_device = d;
+  }
+  std::string why;
+  if (backend == "llvm" || (backend == "auto" && !cuda_device)) {
+    if (cuda_device) {
+      why = "the graph has tensors on " + cuda_device->str() + " (backend 'llvm' compiles CPU graphs)";
+    } else if (std::any_of(devices.begin(), devices.end(), [](const c10::Device& d) { return !d.is_cpu(); })) {
+      why = "the graph has tensors that are neither on the CPU nor on a CUDA device";
+    } else if (codegen::cpu_llvm_available(&why)) {
+      return {Target::CpuLlvm, c10::Device(c10::kCPU)};
+    }
+  } else {
+    if (!cuda_device) {
+      why = "the graph has no CUDA tensors (backend 'cuda' compiles CUDA graphs)";
+    } else if (several) {
+      why = "the graph's tensors are on more than one CUDA device";
+    } else if (codegen::cuda::cuda_available(&why)) {
+      return {Target::Cuda, *cuda_device};
+    }
+  }
+  TORCH_CHECK(backend == "auto", "tcap::compile: backend '", backend, "' cannot compile ", what, ": ", why);
+  TCAP_LOG(GraphBreaks, what << ": backend 'auto' runs the eager backend: " << why);
+  return {};
+}
+
+KernelMaker kernel_maker(const Target& t) {
+  if (t.kind == Target::CpuLlvm) {
+    return [](const fuse::FusedGroup& fg, runtime::FusedKernel& fk) { fk.cpu = codegen::compile_cpu_kernel(fg.kernel); };
+  }
+  const codegen::cuda::Target target = codegen::cuda::target_for(t.device.index());
+  return [target](const fuse::FusedGroup& fg, runtime::FusedKernel& fk) {
+    fk.cuda = codegen::cuda::compile_cuda_kernel(fg.kernel, target);
+  };
+}
+
+// The fusion pass with each kept group's kernel made by `make` and registered for
+// tcap::fused; the kernels' ids go to `ids` (released with the executable).
+ir::Graph fuse_graph(const ir::Graph& g, const std::string& what, const std::string& dump_dir,
+                     const c10::Device& device, const KernelMaker& make, std::vector<int64_t>* ids) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::mutex ids_mu;  // compile runs on several threads (Note [Parallel kernel compilation])
+  fuse::FusionOptions opts;
+  opts.device = device;
+  opts.compile = [&](const fuse::FusedGroup& fg, std::string* why) -> int64_t {
+    try {
+      auto fk = std::make_shared<runtime::FusedKernel>();
+      fk->name = fg.name;
+      fk->kernel = fg.kernel;
+      fk->device = device;
+      make(fg, *fk);
+      fk->inputs = fg.input_metas;
+      fk->outputs = fg.output_metas;
+      fk->fallback = fg.fallback;
+      if (!dump_dir.empty()) {
+        const std::string base = dump_dir + "/kernels/" + what + "." + fg.name;
+        std::filesystem::create_directories(dump_dir + "/kernels");
+        write_file(base + ".kir", kir::to_string(fg.kernel));
+        if (fk->cpu) write_file(base + ".ll", fk->cpu->llvm_ir);
+        if (fk->cuda) write_file(base + ".cu", fk->cuda->source);
+      }
+      const int64_t id = runtime::register_kernel(std::move(fk));
+      std::lock_guard<std::mutex> lock(ids_mu);
+      ids->push_back(id);
+      return id;
+    } catch (const c10::Error& e) {
+      *why = e.what_without_backtrace();
+      return -1;
+    }
+  };
+  fuse::FusionResult res = fuse::fuse(g, opts);
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  TCAP_LOG(Fusion, what << ": " << res.groups.size() << " fused kernels (" << ms << " ms)\n"
+                        << res.explain() << "fused graph:\n" << ir::to_string(res.graph));
+  if (log_enabled(LogChannel::Fusion)) {
+    for (const auto& fg : res.groups) TCAP_LOG(Fusion, kir::to_string(fg.kernel));
+  }
+  if (!dump_dir.empty()) ir::save_json(res.graph, dump_dir + "/" + what + ".fused.json");
+  return std::move(res.graph);
+}
+
+// An executable that keeps the kernels `ids` registered as long as it lives.
+Executable owning_kernels(Executable inner, std::vector<int64_t> ids) {
+  if (ids.empty()) return inner;
+  auto owner = std::shared_ptr<void>(nullptr, [ids = std::move(ids)](void*) {
+    for (int64_t id : ids) runtime::release_kernel(id);
+  });
+  return [inner = std::move(inner), owner](std::vector<at::Tensor> in) { return inner(std::move(in)); };
+}
+
+}  // namespace
+
+namespace aot {
+
+Executable compile_graph(const ir::Graph& g, const CompileOptions& o, const std::string& what,
+                         const GraphCompiler& user, bool check_host_values) {
+  stage(g, what, "capture");
+  Executable exe;
+  if (user) {
+    TORCH_INTERNAL_ASSERT(!check_host_values, "host values cannot be checked inside a user's compiler");
+    exe = user(g);
+  } else {
+    const Target target = choose_target(o.backend, g, what);
+    std::vector<int64_t> kernels;
+    ir::Graph h = g;
+    if (target.kind != Target::Eager) {
+      h = stage(fuse_graph(h, what, dump_dir_of(o), target.device, kernel_maker(target), &kernels), what, "fuse");
+    }
+    int rewritten = 0;
+    h = stage(passes::reuse_buffers(h, &rewritten), what, "reuse_buffers");
+    TCAP_LOG(Perf, what << ": " << rewritten << " ops run in place on a dying intermediate");
+    exe = owning_kernels(interpreter_executable(h, check_host_values), std::move(kernels));
+  }
+  if (o.cuda_graphs) exe = with_cuda_graphs(std::move(exe), g, what);
+  return exe;
+}
+
+CompiledJoint compile_joint(const JointGraph& joint, bool has_backward, const CompileOptions& o,
+                            const std::string& name, bool check_host_values) {
+  stage(joint.graph, name, "joint capture");
+  CompiledJoint c;
+  c.part = partition(joint, has_backward ? o.partitioner : Partitioner::Default);
+  stage(c.part.forward, name + ".forward", "partition");
+  c.forward = compile_graph(c.part.forward, o, name + ".forward", o.fw_compiler, check_host_values);
+  if (has_backward) {
+    stage(c.part.backward, name + ".backward", "partition");
+    c.backward = compile_graph(c.part.backward, o, name + ".backward", o.bw_compiler);
+  }
+  return c;
+}
+
+ScalarExecutable compile_graph_with_scalars(const ir::Graph& g, const std::vector<std::pair<ir::NodeId, size_t>>& args,
+                                            const CompileOptions& o, const std::string& what, bool check_host_values) {
+  (void)o;
+  stage(g, what, "capture");
+  int rewritten = 0;
+  // reuse_buffers rewrites nodes where they are: the scalar arguments keep their node ids.
+  const ir::Graph h = passes::reuse_buffers(g, &rewritten);
+  stage(h, what, "reuse_buffers");
+  auto interp = std::make_shared<Interpreter>(h);
+  interp->keep_values(false);
+  interp->check_host_values(check_host_values);
+  auto mu = std::make_shared<std::mutex>();
+  return [interp, mu, args](std::vector<at::Tensor> in, const std::vector<double>& scalars) {
+    TORCH_CHECK(scalars.size() == args.size(), "tcap: ", args.size(), " scalars expected, got ", scalars.size());
+    std::lock_guard<std::mutex> lock(*mu);
+    for (size_t k = 0; k < args.size(); ++k) interp->set_scalar_arg(args[k].first, args[k].second, scalars[k]);
+    runtime::PoolScope pool;  // Note [CPU buffer pool]
+    return interp->run(std::move(in));
+  };
+}
+
+}  // namespace aot
+
+Executable eager_backend(const ir::Graph& g) {
+  int rewritten = 0;
+  Executable exe = interpreter_executable(passes::reuse_buffers(g, &rewritten));
+  TCAP_LOG(Perf, "eager backend: " << rewritten << " ops run in place on a dying intermediate");
+  return exe;
+}
+
+Executable llvm_backend(const ir::Graph& g) {
+  CompileOptions o;
+  o.backend = "llvm";
+  return aot::compile_graph(g, o, "graph");
+}
+
+Executable fused_backend(const ir::Graph& g, const std::string& what, const std::string& dump_dir,
+                         const c10::Device& device, const KernelMaker& make_kernel) {
+  std::vector<int64_t> kernels;
+  ir::Graph h = fuse_graph(g, what, dump_dir, device, make_kernel, &kernels);
+  return owning_kernels(eager_backend(h), std::move(kernels));
+}
+
+}  // namespace tcap

@@ -1,0 +1,114 @@
+#include "aot/region_entry.h"
+
+#include "aot/pipeline.h"
+#include "passes/host_graph.h"
+#include "support/logging.h"
+
+#include <tcap/graph_json.h>
+
+#include <torch/csrc/autograd/variable.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+
+namespace tcap::aot {
+namespace {
+
+void dump(const RegionEntry& e, const CompileOptions& o) {
+  const std::string dir = o.dump_dir.empty() ? Config::get().dump_dir : o.dump_dir;
+  if (dir.empty()) return;
+  std::filesystem::create_directories(dir);
+  const std::string base = dir + "/" + o.name + "." + std::to_string(e.id);
+  ir::save_json(e.joint.graph, base + ".joint.json");
+  ir::save_json(e.part.forward, base + ".forward.json");
+  if (e.has_backward) ir::save_json(e.part.backward, base + ".backward.json");
+}
+
+// Note [Observed host values]
+// A value read on the host is a guard (DESIGN.md D6) because host code may branch on it.
+// When a call misses an entry on such a value alone, and its capture records the same
+// graph except for the values read (with the reads the older entry already observes
+// forgotten), the value did not steer the computation at the two values seen: it is read
+// for the host's own use (logged, returned). The new entry forgets those reads (nothing
+// in its graph reads them), guards only the rest, and replaces the older entry. Host code
+// that branches on the value at other values than the two seen would be missed:
+// CompileOptions::observe_host_values = false keeps every read a guard.
+bool observe_host_values(RegionEntry& e, const RegionEntry& older, const CompileOptions& o) {
+  if (!o.observe_host_values || e.joint.num_primals != older.joint.num_primals ||
+      e.joint.num_tangents != older.joint.num_tangents || e.joint.grad_of != older.joint.grad_of) {
+    return false;
+  }
+  const auto reads = passes::host_read_nodes(e.joint.graph);
+  if (e.joint.graph.nodes().size() != older.joint.graph.nodes().size()) return false;
+  for (ir::NodeId id : older.observed_reads) {
+    if (std::find(reads.begin(), reads.end(), id) == reads.end()) return false;
+  }
+  const ir::Graph g = passes::forget_host_reads(e.joint.graph, older.observed_reads);
+  std::vector<ir::NodeId> changed;
+  if (!passes::same_but_host_values(older.joint.graph, g, &changed) || changed.empty()) return false;
+  std::string what;
+  for (ir::NodeId id : changed) what += (what.empty() ? "" : ", ") + g.node(id).qualified_op() + " (node %" + std::to_string(id) + ")";
+  e.observed_reads = older.observed_reads;
+  e.observed_reads.insert(e.observed_reads.end(), changed.begin(), changed.end());
+  std::sort(e.observed_reads.begin(), e.observed_reads.end());
+  e.joint.graph = passes::forget_host_reads(g, changed);
+  TCAP_LOG(Recompiles, "'" << o.name << "' entry " << older.id << ": the value read on the host by " << what
+                           << " changed between two captures that recorded the same graph; it is an observation "
+                              "from now on, not a guard (CompileOptions::observe_host_values)");
+  return true;
+}
+
+}  // namespace
+
+bool compile_region(RegionEntry& e, JointGraph joint, bool has_backward, const std::vector<at::Tensor>& primals,
+                    const CompileOptions& o, const RegionEntry* host_miss_of) {
+  const auto t0 = std::chrono::steady_clock::now();
+  e.joint = std::move(joint);
+  const bool replaces = host_miss_of && observe_host_values(e, *host_miss_of, o);
+
+  e.has_backward = has_backward;
+  // Host-value guards (cache::HostReads): inline in the forward where a replay can stop at
+  // a changed value without having changed anything, else a pre-check guard graph.
+  const bool reads = cache::has_host_reads(e.joint.graph);
+  const bool inline_checks = reads && !o.fw_compiler && passes::host_reads_precede_input_writes(e.joint.graph);
+  CompiledJoint c = compile_joint(e.joint, has_backward, o, o.name + "." + std::to_string(e.id), inline_checks);
+  e.part = std::move(c.part);
+  e.fw = std::move(c.forward);
+  e.bw = std::move(c.backward);
+  // Replay facts.
+  const auto& jg = e.joint.graph;
+  const auto outs = jg.output_values();
+  e.output_differentiable.clear();
+  e.tangent_present.assign(e.joint.num_user_outputs, false);
+  for (size_t k = 0; k < e.joint.num_user_outputs; ++k) e.output_differentiable.push_back(jg.value(outs[k]).meta.requires_grad);
+  for (int k : e.joint.tangent_of) e.tangent_present[static_cast<size_t>(k)] = true;
+  e.mutated_primals.clear();
+  for (size_t j : jg.written_inputs()) {
+    if (j < e.joint.num_primals) e.mutated_primals.push_back(j);
+  }
+  const auto inputs = jg.input_nodes();
+  for (size_t j : e.mutated_primals) {
+    TORCH_CHECK(!(e.guards.global.grad_mode && primals.at(j).requires_grad()), "the function writes in place into input '",
+                jg.node(inputs[j]).name, "', which requires grad (replay cannot rebase its autograd history)");
+  }
+  const auto& fw = e.part.forward;
+  e.has_rng = std::any_of(fw.nodes().begin(), fw.nodes().end(), [](const ir::Node& n) { return n.draws_random_numbers(); });
+  if (inline_checks) e.guards.host.set_inline(fw);
+  else if (reads) e.guards.host.build_precheck(fw);
+  else e.guards.host = cache::HostReads();
+  e.guards.aliases = cache::alias_classes(primals);
+  e.use_function = e.guards.global.grad_mode && std::any_of(primals.begin(), primals.end(), [](const at::Tensor& t) {
+                     return t.defined() && t.requires_grad();
+                   });
+  e.compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  TCAP_LOG(AotGraphs, "'" << o.name << "' entry " << e.id << " joint graph:\n"
+                          << ir::to_string(e.joint.graph) << "\nforward graph:\n" << ir::to_string(e.part.forward)
+                          << (has_backward ? "\nbackward graph:\n" + ir::to_string(e.part.backward) : "") << "\n"
+                          << e.part.explain());
+  TCAP_LOG(Perf, "'" << o.name << "' entry " << e.id << " compiled in " << e.compile_ms << " ms");
+  dump(e, o);
+  return replaces;
+}
+
+}  // namespace tcap::aot

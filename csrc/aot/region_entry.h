@@ -1,0 +1,64 @@
+// A compiled entry of tcap::compile: one captured call of a function, its joint graph
+// partitioned and compiled, guarded by the one set of guards all front doors share
+// (cache/guards.h), and what replay needs to know about it.
+#pragma once
+
+#include "cache/entry_cache.h"
+
+#include <tcap/compile.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace tcap::aot {
+
+// The statistics of one compiled function, counted from any thread.
+struct SharedStats {
+  std::mutex mutex;
+  CompileStats stats;
+  void count(int CompileStats::*field) {
+    std::lock_guard<std::mutex> lock(mutex);
+    ++(stats.*field);
+  }
+  CompileStats read() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return stats;
+  }
+};
+
+struct RegionEntry : cache::Entry {
+  std::string fn_name;
+  JointGraph joint;
+  PartitionResult part;
+  Executable fw, bw;
+  bool has_backward = false;  // a compiled backward exists
+  bool use_function = false;  // replay through ReplayFunction (grad mode on, a primal requires grad)
+  // Replay facts.
+  std::vector<bool> output_differentiable;  // per user output
+  std::vector<bool> tangent_present;        // per user output: it had a gradient at capture
+  std::vector<size_t> mutated_primals;      // primals the forward writes in place
+  bool has_rng = false;
+  double compile_ms = 0;
+  // Host reads of the joint graph that are observations, not guards (Note [Observed host
+  // values]): forgotten in `joint` (passes::forget_host_reads).
+  std::vector<ir::NodeId> observed_reads;
+  std::shared_ptr<SharedStats> stats;
+  // A dynamic entry's specializations, by class values (Note [Dynamic sizes]).
+  std::shared_ptr<cache::Specializations<RegionEntry>> specialized =
+      std::make_shared<cache::Specializations<RegionEntry>>();
+};
+
+// Partitions and compiles `joint` into e (the graphs, the executables, the replay facts,
+// the host-read guards), for replay on primals like `primals` (the capture's). Throws
+// c10::Error saying why the region cannot be compiled.
+//
+// `host_miss_of`: the entry that missed this call on a host value alone. When the two
+// captures differ only in values read on the host (and CompileOptions::observe_host_values),
+// those reads become observations (dropped from e's graph, no longer guarded) and the
+// function returns true: e generalizes host_miss_of and replaces it.
+bool compile_region(RegionEntry& e, JointGraph joint, bool has_backward, const std::vector<at::Tensor>& primals,
+                    const CompileOptions& options, const RegionEntry* host_miss_of = nullptr);
+
+}  // namespace tcap::aot

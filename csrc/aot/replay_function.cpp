@@ -1,0 +1,342 @@
+// Note [Replaying a compiled region]
+// A hit calls ReplayFunction::apply(TensorList primals, entry). Its forward runs the
+// compiled forward graph (below autograd) and saves what the partition chose; its
+// backward runs the compiled backward graph and returns one gradient per primal. The
+// engine then routes those gradients to the real AccumulateGrad nodes, so .grad,
+// leaf hooks and optimizers behave as in eager. Two cases recompute instead: a double
+// backward (create_graph=true: the compiled backward makes no graph) and a gradient
+// arriving for an output whose gradient the capture never saw. Both re-run the recorded
+// forward through autograd from the primals (RNG state restored, mutated buffers cloned)
+// and differentiate it with torch::autograd::grad, which is exact and differentiable.
+#include "aot/replay_function.h"
+
+#include "aot/replay_node.h"
+#include "support/logging.h"
+
+#include <tcap/interpreter.h>
+
+#include <ATen/Context.h>
+#include <ATen/core/Generator.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/custom_class.h>
+
+#include <algorithm>
+#include <mutex>
+#include <optional>
+
+namespace tcap::aot {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+using Entry = RegionEntry;
+
+struct EntryHolder : torch::CustomClassHolder {
+  explicit EntryHolder(std::shared_ptr<const Entry> e) : entry(std::move(e)) {}
+  std::shared_ptr<const Entry> entry;
+};
+
+// RNG state of the default generators of the devices a graph runs on.
+struct RngStates {
+  std::vector<std::pair<at::Generator, at::Tensor>> states;
+  static RngStates save(const std::vector<c10::Device>& devices) {
+    RngStates r;
+    for (const auto& d : devices) {
+      at::Generator g = at::globalContext().defaultGenerator(d);
+      std::lock_guard<std::mutex> lock(g.mutex());
+      r.states.emplace_back(g, g.get_state());
+    }
+    return r;
+  }
+  void restore() const {
+    for (const auto& [g, s] : states) {
+      at::Generator gen = g;
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(s);
+    }
+  }
+};
+
+struct RngCapsule : torch::CustomClassHolder {
+  RngStates rng;
+};
+
+// Note [Saved tensors of a compiled region]: what a ReplayFunction node keeps for its
+// backward. The engine frees a built-in node's saved tensors one node at a time, as the
+// backward moves up the graph; a compiled backward is one node, so a tensor saved in the
+// context would live until the whole compiled backward returns (CppNode::apply holds the
+// node's mutex, so release_variables() cannot be called from inside). So the saved values
+// that are not outputs of the region (intermediates and primals) are kept here instead,
+// and without retain_graph the backward moves them out and hands the executable the only
+// references: it frees each at its last use, as the engine would (the peak memory of the
+// backward is eager's, not eager's plus every saved tensor). The saved values that are
+// outputs stay in the context's SavedVariables: holding an output here would be a
+// reference cycle (output -> grad_fn -> context -> output). The checks SavedVariable
+// makes are kept: an in-place change after the forward, and a second backward through
+// a released node, are errors.
+struct SavedCapsule : torch::CustomClassHolder {
+  std::vector<at::Tensor> saved;      // per saved value; undefined where it is an output
+  std::vector<uint32_t> versions;     // of `saved`, after the forward
+  std::vector<size_t> in_context;     // the saved values kept by ctx->save_for_backward
+  std::vector<at::Tensor> primals;    // for a backward that recomputes
+  bool released = false;
+  // Counts what the capsule holds of the entry's held tensors as tcap's own references
+  // (Note [Held tensors]), so that a held tensor the program has replaced is not taken
+  // for one it still uses while a backward is pending.
+  cache::OwnRefsLease own_refs;
+
+  void release() {
+    released = true;
+    std::vector<at::Tensor>().swap(saved);
+    std::vector<at::Tensor>().swap(primals);
+    own_refs.release();
+  }
+  // The saved values in order, checked as SavedVariable::unpack checks; moved out when
+  // `take` (the backward frees them), else copied.
+  std::vector<at::Tensor> unpack(const AutogradContext& ctx, const std::string& fn_name, bool take) {
+    TORCH_CHECK(!released, torch::autograd::ERR_BACKWARD_TWICE);
+    for (size_t k = 0; k < saved.size(); ++k) {
+      if (!saved[k].defined()) continue;
+      const uint32_t now = saved[k]._version();
+      TORCH_CHECK(now == versions[k],
+                  "one of the variables needed for gradient computation has been modified by an inplace operation: "
+                  "saved tensor ", k, " of the compiled function '", fn_name, "' ([", saved[k].toString(), " ",
+                  saved[k].sizes(), "]) is at version ", now, "; expected version ", versions[k], " instead.");
+    }
+    std::vector<at::Tensor> out;
+    if (take) out.swap(saved);
+    else out = saved;
+    if (!in_context.empty()) {
+      const auto from_ctx = ctx.get_saved_variables();
+      for (size_t j = 0; j < in_context.size(); ++j) out[in_context[j]] = from_ctx[j];
+    }
+    if (take) release();
+    return out;
+  }
+};
+
+c10::intrusive_ptr<SavedCapsule> saved_capsule(const AutogradContext& ctx) {
+  return c10::static_intrusive_pointer_cast<SavedCapsule>(ctx.saved_data.at("saved").toCapsule());
+}
+
+std::vector<c10::Device> devices_of(const ir::Graph& g) {
+  std::vector<c10::Device> ds;
+  for (const auto& v : g.values()) {
+    if (std::find(ds.begin(), ds.end(), v.meta.device) == ds.end()) ds.push_back(v.meta.device);
+  }
+  if (ds.empty()) ds.push_back(c10::kCPU);
+  return ds;
+}
+
+variable_list recompute_backward(const Entry& e, const std::vector<at::Tensor>& primals,
+                                 const variable_list& grads, const RngStates* rng, bool create_graph) {
+  std::optional<RngStates> current;
+  if (rng) {
+    current = RngStates::save(devices_of(e.part.forward));
+    rng->restore();
+  }
+  struct Restore {
+    std::optional<RngStates>& s;
+    ~Restore() {
+      if (s) s->restore();
+    }
+  } restore{current};
+  at::AutoGradMode grad_on(true);
+  std::vector<at::Tensor> args;
+  std::vector<at::Tensor> diff_args;
+  std::vector<size_t> diff_index;
+  for (size_t j = 0; j < primals.size(); ++j) {
+    at::Tensor t = primals[j];
+    const bool mutated = std::find(e.mutated_primals.begin(), e.mutated_primals.end(), j) != e.mutated_primals.end();
+    if (mutated) t = t.detach().clone();
+    if (t.requires_grad()) {
+      at::Tensor a = create_graph ? t.view_as(t) : t.detach().requires_grad_(true);
+      diff_args.push_back(a);
+      diff_index.push_back(j);
+      args.push_back(a);
+    } else {
+      args.push_back(t);
+    }
+  }
+  Interpreter interp(e.part.forward, /*differentiable=*/true);
+  interp.keep_values(false);
+  auto outs = interp.run(args);
+  std::vector<at::Tensor> os, gs;
+  for (size_t k = 0; k < e.part.num_user_outputs && k < grads.size(); ++k) {
+    if (grads[k].defined() && outs[k].requires_grad()) {
+      os.push_back(outs[k]);
+      gs.push_back(grads[k]);
+    }
+  }
+  variable_list result(primals.size() + 1);
+  if (os.empty() || diff_args.empty()) return result;
+  auto gi = torch::autograd::grad(os, diff_args, gs, /*retain_graph=*/create_graph, create_graph,
+                                  /*allow_unused=*/true);
+  for (size_t k = 0; k < diff_index.size(); ++k) result[diff_index[k]] = gi[k];
+  return result;
+}
+
+struct ReplayFunction : torch::autograd::Function<ReplayFunction> {
+  static variable_list forward(AutogradContext* ctx, at::TensorList primals, std::shared_ptr<const Entry> e) {
+    std::vector<at::Tensor> ins(primals.begin(), primals.end());
+    if (e->has_rng) {
+      auto cap = c10::make_intrusive<RngCapsule>();
+      cap->rng = RngStates::save(devices_of(e->part.forward));
+      ctx->saved_data["rng"] = c10::IValue::make_capsule(cap);
+    }
+    auto outs = e->fw(ins);
+    for (size_t j : e->mutated_primals) torch::autograd::impl::bump_version(ins[j]);
+    const size_t n = e->part.num_user_outputs;
+    TORCH_CHECK(outs.size() == n + e->part.saved.size(), "tcap: the compiled forward of '", e->fn_name,
+                "' returned ", outs.size(), " tensors, expected ", n + e->part.saved.size());
+    variable_list user(outs.begin(), outs.begin() + static_cast<std::ptrdiff_t>(n));
+    // Note [Saved tensors of a compiled region]
+    auto capsule = c10::make_intrusive<SavedCapsule>();
+    capsule->saved.assign(std::make_move_iterator(outs.begin() + static_cast<std::ptrdiff_t>(n)),
+                          std::make_move_iterator(outs.end()));
+    capsule->versions.resize(capsule->saved.size());
+    variable_list in_context;
+    for (size_t k = 0; k < capsule->saved.size(); ++k) {
+      at::Tensor& t = capsule->saved[k];
+      if (!t.defined()) continue;
+      const bool is_output = std::any_of(user.begin(), user.end(), [&](const at::Tensor& u) {
+        return u.unsafeGetTensorImpl() == t.unsafeGetTensorImpl();
+      });
+      if (is_output) {
+        capsule->in_context.push_back(k);
+        in_context.push_back(std::move(t));
+        t = at::Tensor();
+      } else {
+        capsule->versions[k] = t._version();
+      }
+    }
+    ctx->save_for_backward(in_context);
+    capsule->primals = std::move(ins);
+    if (e->guards.held.size() > 0) {
+      std::vector<at::Tensor> held_refs = capsule->primals;
+      held_refs.insert(held_refs.end(), capsule->saved.begin(), capsule->saved.end());
+      capsule->own_refs = cache::OwnRefsLease(e->guards.held, held_refs);
+    }
+    ctx->saved_data["saved"] = c10::IValue::make_capsule(std::move(capsule));
+    ctx->saved_data["entry"] = c10::IValue::make_capsule(c10::make_intrusive<EntryHolder>(e));
+    variable_list nondiff;
+    for (size_t k = 0; k < n; ++k) {
+      if (!e->output_differentiable[k]) nondiff.push_back(user[k]);
+    }
+    if (!nondiff.empty()) ctx->mark_non_differentiable(nondiff);
+    ctx->set_materialize_grads(false);
+    return user;
+  }
+
+  // `grads` is CppNode_apply_functional's own list (custom_function.h passes its local
+  // backward_inputs as an lvalue in 2.11 and never reads it after): taking it by reference
+  // lets the compiled backward hold the only reference to each incoming gradient, and free
+  // it at its last use, as the engine does. A list passed as an rvalue or a const one binds
+  // too (then the gradients are moved or copied from there).
+  template <class Grads>
+  static variable_list backward(AutogradContext* ctx, Grads&& grads) {
+    auto holder = c10::static_intrusive_pointer_cast<EntryHolder>(ctx->saved_data["entry"].toCapsule());
+    const Entry& e = *holder->entry;
+    const bool create_graph = at::GradMode::is_enabled();
+    std::string why;
+    if (create_graph) why = "create_graph=true (double backward)";
+    else if (!e.has_backward) why = "no compiled backward (the capture saw no backward)";
+    for (size_t k = 0; k < grads.size() && why.empty(); ++k) {
+      if (grads[k].defined() && !e.tangent_present[k]) {
+        why = "a gradient arrived for output " + std::to_string(k) + ", which had none when captured";
+      }
+    }
+    if (!why.empty()) {
+      cache::report_fallback("'" + e.fn_name + "' entry " + std::to_string(e.id) + "'s backward",
+                             "it recomputes eagerly: " + why);
+      e.stats->count(&CompileStats::backward_fallbacks);
+      auto capsule = saved_capsule(*ctx);
+      TORCH_CHECK(!capsule->released, torch::autograd::ERR_BACKWARD_TWICE);
+      std::vector<at::Tensor> primals = capsule->primals;
+      if (!torch::autograd::get_current_graph_task_keep_graph()) capsule->release();
+      const RngStates* rng = nullptr;
+      c10::intrusive_ptr<RngCapsule> cap;
+      if (ctx->saved_data.count("rng")) {
+        cap = c10::static_intrusive_pointer_cast<RngCapsule>(ctx->saved_data["rng"].toCapsule());
+        rng = &cap->rng;
+      }
+      return recompute_backward(e, primals, grads, rng, create_graph);
+    }
+    // Without retain_graph the executable gets the only references to the saved values
+    // that are not outputs, and frees each at its last use.
+    std::vector<at::Tensor> ins =
+        saved_capsule(*ctx)->unpack(*ctx, e.fn_name, /*take=*/!torch::autograd::get_current_graph_task_keep_graph());
+    ins.reserve(ins.size() + e.part.tangent_of.size());
+    for (int k : e.part.tangent_of) {
+      auto& g = grads.at(static_cast<size_t>(k));
+      if (g.defined()) {
+        ins.push_back(std::move(g));
+      } else {
+        // An output that got no gradient this time: a zero tangent (it had one at capture).
+        const auto& m = e.joint.graph.value(e.joint.graph.output_values().at(static_cast<size_t>(k))).meta;
+        ins.push_back(at::zeros(c10::IntArrayRef(m.sizes), at::TensorOptions().dtype(m.dtype).device(m.device)));
+      }
+    }
+    auto outs = e.bw(std::move(ins));
+    TORCH_CHECK(outs.size() == e.part.grad_of.size(), "tcap: the compiled backward of '", e.fn_name,
+                "' returned ", outs.size(), " gradients, expected ", e.part.grad_of.size());
+    const size_t num_primals = e.joint.num_primals;
+    variable_list result(num_primals + 1);
+    for (size_t k = 0; k < outs.size(); ++k) result[static_cast<size_t>(e.part.grad_of[k])] = outs[k];
+    return result;
+  }
+};
+
+}  // namespace
+
+std::vector<at::Tensor> replay_region(const std::shared_ptr<const RegionEntry>& e, const std::vector<at::Tensor>& primals) {
+  // A replay that stops at a changed host value (an inline guard, cache::HostReads) must
+  // leave the random number generators as it found them: the call then runs another way.
+  std::optional<RngStates> rng;
+  if (e->has_rng && e->guards.host.mode() == cache::HostReads::Mode::Inline) rng = RngStates::save(devices_of(e->part.forward));
+  try {
+    std::vector<at::Tensor> outs;
+    if (e->use_function) {
+      outs = ReplayFunction::apply(at::TensorList(primals), e);
+    } else {
+      outs = e->fw(primals);
+      for (size_t j : e->mutated_primals) torch::autograd::impl::bump_version(primals[j]);
+      outs.resize(e->part.num_user_outputs);
+    }
+    e->stats->count(&CompileStats::replays);
+    return outs;
+  } catch (const HostValueChanged&) {
+    if (rng) rng->restore();
+    throw;
+  }
+}
+
+const std::type_info& replay_node_type() { return typeid(torch::autograd::CppNode<ReplayFunction>); }
+
+bool describe_replay_node(const torch::autograd::Node& node, std::string& key, std::vector<at::Tensor>& tensors,
+                          std::vector<c10::IValue>& keep_alive) {
+  if (typeid(node) != typeid(torch::autograd::CppNode<ReplayFunction>)) return false;
+  const auto* cpp = static_cast<const torch::autograd::CppNode<ReplayFunction>*>(&node);
+  // NOLINTNEXTLINE(cppcoreguidelines-pro-type-const-cast): reading the context only.
+  auto& ctx = const_cast<torch::autograd::AutogradContext&>(cpp->ctx_);
+  const c10::IValue& entry = ctx.saved_data.at("entry");
+  const auto* holder = static_cast<const EntryHolder*>(entry.toCapsule().get());
+  const auto address = reinterpret_cast<std::uintptr_t>(holder->entry.get());
+  key.append(reinterpret_cast<const char*>(&address), sizeof(address));
+  keep_alive.push_back(entry);
+  const auto capsule = saved_capsule(ctx);
+  for (auto& t : capsule->unpack(ctx, holder->entry->fn_name, /*take=*/false)) tensors.push_back(std::move(t));
+  for (const auto& t : capsule->primals) tensors.push_back(t);
+  return true;
+}
+
+void release_replay_node(torch::autograd::Node& node) {
+  if (typeid(node) != typeid(torch::autograd::CppNode<ReplayFunction>)) return;
+  auto& cpp = static_cast<torch::autograd::CppNode<ReplayFunction>&>(node);
+  saved_capsule(cpp.ctx_)->release();
+}
+
+}  // namespace tcap::aot

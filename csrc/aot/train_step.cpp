@@ -1,0 +1,755 @@
+// tcap::compile_step (include/tcap/train_step.h): the front door for whole training steps.
+//
+// Note [Compiling a whole training step]
+// The step function runs forward, backward and the optimizers' step(); all of it is
+// recorded into one graph (backward ops through the engine hook, as a CaptureGuard records
+// them) and replayed on the real tensors, so in-place updates of parameters, buffers and
+// optimizer state happen as in eager. What eager does without an ATen op is done by tcap
+// after the replay:
+//   * .grad assignments (AccumulateGrad stealing a gradient, zero_grad(set_to_none)): each
+//     parameter's .grad at the end of the captured step was a graph value, the very tensor
+//     it had before, or undefined; replay does the same;
+//   * optimizer step counters are advanced (OptimizerAdapter::advance).
+// A step is compiled after two consecutive captures with the same guards recorded the same
+// graph, except for
+//   * scalars the optimizers compute on the host: each must be found as an expression of
+//     the optimizer's host state in both captures (Note [Host scalars of optimizers]), and
+//     replay recomputes it;
+//   * values read on the host that differ between the two: observations (Note [Observed
+//     host values]); the reads that agree are guards, checked inline where safe.
+// Anything else leaves the step eager for these guards, with the reason logged. A step
+// that creates optimizer state (the first) is never compiled: it runs once, by design.
+// Guards, the entry cache, dynamic sizes and the fallback are the shared runtime's
+// (cache/entry_cache.h), as for tcap::compile and compiled autograd.
+#include <tcap/train_step.h>
+
+#include "aot/optimizers.h"
+#include "aot/pipeline.h"
+#include "aot/region.h"
+#include "aot/region_entry.h"
+#include "cache/entry_cache.h"
+#include "capture/hooks.h"
+#include "capture/recorder.h"
+#include "capture/session.h"
+#include "passes/host_graph.h"
+#include "support/logging.h"
+
+#include <tcap/graph_json.h>
+#include <tcap/interpreter.h>
+
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace tcap {
+namespace {
+
+using aot::HostScalar;
+using aot::HostState;
+using aot::OptimizerAdapter;
+
+enum class GradEffect { Keep, Clear, Set };
+
+// A scalar argument of the step graph recomputed from an optimizer's host state.
+struct ScalarPatch {
+  ir::NodeId node;
+  size_t arg;
+  size_t opt, param;  // whose host state (optimizer, parameter index in it)
+  HostScalar expr;
+};
+
+struct StepEntry : cache::Entry {
+  enum class State { Candidate, Compiled, Eager } state = State::Candidate;
+  std::mutex mutex;         // state changes (a Candidate becomes Compiled or Eager)
+  ir::Graph graph;          // the latest capture, then the compiled graph
+  std::vector<std::vector<HostState>> host;  // per optimizer, per parameter: at the latest capture
+  std::string eager_reason;
+  bool by_design = false;   // runs eagerly by design (it creates optimizer state), not a fallback
+  aot::ScalarExecutable exe;
+  std::vector<ScalarPatch> patches;
+  std::vector<GradEffect> grad_effect;  // per parameter
+  std::vector<int> grad_output;         // per parameter: output index (Set)
+  size_t num_user_outputs = 0;
+  std::vector<size_t> mutated_inputs;
+  std::shared_ptr<cache::Entry> size_miss_of;  // for generalizing over sizes at compile time
+  std::vector<size_t> changed;
+  std::shared_ptr<cache::Specializations<StepEntry>> specialized = std::make_shared<cache::Specializations<StepEntry>>();
+};
+
+bool same_double(double a, double b) {
+  if (!std::isfinite(a) || !std::isfinite(b)) return a == b || (std::isnan(a) && std::isnan(b));
+  return a == b || std::abs(a - b) <= 1e-12 * std::max(1.0, std::abs(a));
+}
+
+bool is_scalar_arg(const ir::Arg& a) { return a.kind == ir::ArgKind::Double || a.kind == ir::ArgKind::WrappedScalar; }
+
+// Ops an optimizer's update is made of: a constant scalar argument of one of them that
+// writes into a parameter may be the learning rate.
+bool update_op(const std::string& op) {
+  return op == "aten::add_" || op == "aten::sub_" || op == "aten::mul_" || op == "aten::addcdiv_" ||
+         op == "aten::addcmul_";
+}
+
+}  // namespace
+
+struct CompiledStep::Impl {
+  std::vector<std::shared_ptr<torch::nn::Module>> models;
+  std::vector<std::unique_ptr<OptimizerAdapter>> opts;
+  CompiledFunction::Fn fn;
+  CompileOptions options;
+  std::vector<std::shared_ptr<torch::nn::Module>> submodules;
+  std::vector<std::string> flag_names;
+  aot::SharedStats stats;
+  std::unique_ptr<cache::EntryCache> cache;
+  std::mutex call_mutex;
+
+  std::string who() const { return "step '" + options.name + "'"; }
+
+  // The step's parameters: the models' (named_parameters order), then optimizer
+  // parameters that are in no model.
+  struct Param {
+    at::Tensor tensor;
+    std::string name;
+    int opt = -1;     // the optimizer stepping it, -1: none
+    size_t index = 0; // its index in that optimizer's params()
+  };
+
+  // Inputs of a call: user inputs, parameters, buffers, defined .grads, optimizer state.
+  struct Gathered {
+    std::vector<at::Tensor> ts;
+    std::vector<std::string> names;
+    std::vector<ir::InputKind> kinds;
+    std::vector<Param> params;
+    std::vector<int> grad_input;  // per parameter: index of its .grad input, or -1
+    std::vector<int> param_input; // per parameter: index of the parameter input
+    std::vector<bool> flags;
+    std::vector<double> scalars;
+    std::vector<std::string> scalar_names;
+    std::vector<bool> scalar_is_lr;
+    std::vector<size_t> state_input;  // positions of the optimizers' state tensors
+    std::string structure;  // the names, joined: which tensors are there
+  };
+
+  Gathered gather(const std::vector<at::Tensor>& user) const {
+    Gathered g;
+    auto add = [&](const at::Tensor& t, std::string name, ir::InputKind kind) {
+      g.ts.push_back(t);
+      g.names.push_back(std::move(name));
+      g.kinds.push_back(kind);
+    };
+    for (size_t k = 0; k < user.size(); ++k) add(user[k], "in" + std::to_string(k), ir::InputKind::UserInput);
+    std::unordered_map<const c10::TensorImpl*, size_t> param_at;
+    for (size_t m = 0; m < models.size(); ++m) {
+      const std::string prefix = models.size() > 1 ? "m" + std::to_string(m) + "." : "";
+      for (const auto& item : models[m]->named_parameters(true)) {
+        if (!param_at.emplace(item.value().unsafeGetTensorImpl(), g.params.size()).second) continue;
+        g.params.push_back({item.value(), prefix + item.key()});
+      }
+    }
+    for (size_t o = 0; o < opts.size(); ++o) {
+      const auto ps = opts[o]->params();
+      for (size_t j = 0; j < ps.size(); ++j) {
+        auto [it, fresh] = param_at.emplace(ps[j].unsafeGetTensorImpl(), g.params.size());
+        if (fresh) g.params.push_back({ps[j], "opt" + std::to_string(o) + ".p" + std::to_string(j)});
+        Param& p = g.params[it->second];
+        if (p.opt < 0) {
+          p.opt = static_cast<int>(o);
+          p.index = j;
+        }
+      }
+    }
+    for (const auto& p : g.params) {
+      g.param_input.push_back(static_cast<int>(g.ts.size()));
+      add(p.tensor, p.name, ir::InputKind::Parameter);
+    }
+    for (size_t m = 0; m < models.size(); ++m) {
+      const std::string prefix = models.size() > 1 ? "m" + std::to_string(m) + "." : "";
+      for (const auto& item : models[m]->named_buffers(true)) add(item.value(), prefix + item.key(), ir::InputKind::Buffer);
+    }
+    for (const auto& p : g.params) {
+      const at::Tensor& gr = p.tensor.grad();
+      g.grad_input.push_back(gr.defined() ? static_cast<int>(g.ts.size()) : -1);
+      if (gr.defined()) add(gr, p.name + ".grad", ir::InputKind::Buffer);
+    }
+    for (size_t o = 0; o < opts.size(); ++o) {
+      std::vector<at::Tensor> st;
+      std::vector<std::string> sn;
+      opts[o]->state_tensors("opt" + std::to_string(o) + ".", st, sn);
+      for (size_t k = 0; k < st.size(); ++k) {
+        g.state_input.push_back(g.ts.size());
+        add(st[k], sn[k], ir::InputKind::Buffer);
+      }
+    }
+    for (const auto& m : submodules) g.flags.push_back(m->is_training());
+    for (size_t o = 0; o < opts.size(); ++o) {
+      const std::string prefix = "opt" + std::to_string(o) + ".";
+      opts[o]->guarded_options(prefix, g.scalars, g.scalar_names);
+      g.scalar_is_lr.resize(g.scalars.size(), false);
+      const auto ps = opts[o]->params();
+      for (size_t j = 0; j < ps.size(); ++j) {
+        g.scalars.push_back(opts[o]->host_state(j).lr);
+        g.scalar_names.push_back(prefix + "p" + std::to_string(j) + ".lr");
+        g.scalar_is_lr.push_back(true);
+      }
+    }
+    for (const auto& n : g.names) g.structure += n + ";";
+    return g;
+  }
+
+  cache::CallView view_of(const Gathered& g) const {
+    cache::CallView v;
+    v.tensors = g.ts;
+    v.flags = &g.flags;
+    v.scalars = &g.scalars;
+    v.structure = g.structure;
+    return v;
+  }
+
+  std::vector<std::vector<HostState>> host_states() const {
+    std::vector<std::vector<HostState>> out(opts.size());
+    for (size_t o = 0; o < opts.size(); ++o) {
+      const size_t n = opts[o]->params().size();
+      for (size_t j = 0; j < n; ++j) out[o].push_back(opts[o]->host_state(j));
+    }
+    return out;
+  }
+
+  std::vector<at::Tensor> run_eager(const std::vector<at::Tensor>& user) {
+    stats.count(&CompileStats::eager_calls);
+    return fn(user);
+  }
+
+  // Marks e eager for its guards; a fallback unless by design.
+  void go_eager(StepEntry& e, const std::string& why, bool by_design = false) {
+    {
+      std::lock_guard<std::mutex> lock(e.mutex);
+      e.state = StepEntry::State::Eager;
+      e.eager_reason = why;
+      e.by_design = by_design;
+    }
+    if (by_design) {
+      TCAP_LOG(GraphBreaks, who() << ": " << why);
+    } else {
+      cache::report_fallback(who() + " (for these guards)", why);
+    }
+  }
+
+  std::vector<at::Tensor> capture(StepEntry& e, const std::vector<at::Tensor>& user, const Gathered& g);
+  void verify_and_compile(StepEntry& e, const ir::Graph& first, const std::vector<std::vector<HostState>>& host1,
+                          const Gathered& g);
+  std::string find_patches(StepEntry& e, const ir::Graph& first, const std::vector<std::vector<HostState>>& host1,
+                           const Gathered& g, std::vector<ir::NodeId>* observed);
+  std::vector<at::Tensor> replay(const StepEntry& e, const Gathered& g, const std::vector<at::Tensor>& primals);
+  std::vector<at::Tensor> call(const std::vector<at::Tensor>& user);
+  std::shared_ptr<const StepEntry> specialize(const std::shared_ptr<const StepEntry>& e, const std::vector<int64_t>& key);
+  void generalize(const StepEntry& a, StepEntry& b);
+};
+
+std::vector<at::Tensor> CompiledStep::Impl::capture(StepEntry& e, const std::vector<at::Tensor>& user,
+                                                     const Gathered& g) {
+  stats.count(&CompileStats::captures);
+  e.host = host_states();
+  CaptureOptions co;
+  capture::Session s(co);
+  for (size_t k = 0; k < g.ts.size(); ++k) s.declare_input(g.ts[k], g.names[k], g.kinds[k]);
+  std::vector<at::Tensor> outs;
+  {
+    capture::EngineHookLease lease(&capture::capture_backward_driver);
+    capture::RecordingScope recording(&s);
+    outs = fn(user);
+  }
+  auto fail = [&](const std::string& why) {
+    go_eager(e, why);
+    return outs;
+  };
+  // Optimizer state must be the same tensors before and after. A step that creates state
+  // (the first) runs once, by design: the next one has other guards (the state tensors).
+  {
+    std::vector<at::Tensor> after;
+    std::vector<std::string> ignored;
+    for (size_t o = 0; o < opts.size(); ++o) opts[o]->state_tensors("", after, ignored);
+    if (after.size() > g.state_input.size()) {
+      go_eager(e, "this step created optimizer state (a first step); it runs once, eagerly", /*by_design=*/true);
+      return outs;
+    }
+    if (after.size() < g.state_input.size()) return fail("the optimizer dropped state tensors");
+    for (size_t k = 0; k < after.size(); ++k) {
+      if (!after[k].is_same(g.ts[g.state_input[k]])) return fail("the optimizer replaced a state tensor");
+    }
+  }
+  ir::Graph graph = s.graph();
+  for (const auto& n : graph.nodes()) {
+    if (n.kind == ir::NodeKind::CallHook) return fail("a hook ran inside the step");
+    if (n.kind != ir::NodeKind::Call) continue;
+    if (std::string why = aot::unreplayable(graph, n); !why.empty()) return fail(why);
+  }
+  // Outputs: the step's results, then the new .grad tensors.
+  std::vector<ir::ValueId> vals;
+  std::vector<std::string> names;
+  std::vector<ir::OutputKind> kinds;
+  for (size_t k = 0; k < outs.size(); ++k) {
+    auto v = outs[k].defined() ? s.lookup(outs[k]) : std::nullopt;
+    if (!v) return fail("output " + std::to_string(k) + " was not computed by recorded ops");
+    vals.push_back(*v);
+    names.push_back("out" + std::to_string(k));
+    kinds.push_back(ir::OutputKind::User);
+  }
+  e.num_user_outputs = outs.size();
+  e.grad_effect.assign(g.params.size(), GradEffect::Keep);
+  e.grad_output.assign(g.params.size(), -1);
+  for (size_t j = 0; j < g.params.size(); ++j) {
+    const at::Tensor& gr = g.params[j].tensor.grad();
+    if (!gr.defined()) {
+      e.grad_effect[j] = g.grad_input[j] >= 0 ? GradEffect::Clear : GradEffect::Keep;
+      continue;
+    }
+    if (g.grad_input[j] >= 0 && gr.is_same(g.ts[static_cast<size_t>(g.grad_input[j])])) continue;  // Keep
+    auto v = s.lookup(gr);
+    if (!v || graph.node(graph.value(*v).producer).kind == ir::NodeKind::Input) {
+      return fail("the .grad of parameter '" + g.params[j].name + "' was set to a tensor the step did not compute");
+    }
+    e.grad_effect[j] = GradEffect::Set;
+    e.grad_output[j] = static_cast<int>(vals.size());
+    vals.push_back(*v);
+    names.push_back(g.params[j].name);
+    kinds.push_back(ir::OutputKind::Grad);
+  }
+  graph.set_outputs(vals, names, kinds);
+  graph.meta()["tcap.step"] = options.name;
+  e.mutated_inputs.clear();
+  for (size_t k : graph.written_inputs()) {
+    if (k < g.ts.size()) e.mutated_inputs.push_back(k);
+  }
+  // Tensors the step read beyond the gathered ones (labels, masks): held (Note [Held tensors]).
+  const auto& all = s.input_tensors();
+  const auto inputs = graph.input_nodes();
+  std::vector<at::Tensor> held(all.begin() + static_cast<std::ptrdiff_t>(std::min(g.ts.size(), all.size())), all.end());
+  std::vector<std::string> held_names;
+  for (size_t j = g.ts.size(); j < inputs.size(); ++j) held_names.push_back(graph.node(inputs[j]).name);
+  e.guards.held.hold(held, held_names);
+  std::vector<at::Tensor> primals = g.ts;
+  primals.insert(primals.end(), held.begin(), held.end());
+  e.guards.aliases = cache::alias_classes(primals);
+  e.graph = std::move(graph);
+  return outs;
+}
+
+// Compares the first capture with the second (e.graph): scalar arguments that are host
+// expressions become patches; host reads that differ are observations. "" or why not.
+std::string CompiledStep::Impl::find_patches(StepEntry& e, const ir::Graph& first,
+                                             const std::vector<std::vector<HostState>>& host1, const Gathered& g,
+                                             std::vector<ir::NodeId>* observed) {
+  const ir::Graph& second = e.graph;
+  if (first.nodes().size() != second.nodes().size()) {
+    return "two consecutive steps recorded different graphs (" + std::to_string(first.nodes().size()) + " vs " +
+           std::to_string(second.nodes().size()) + " nodes)";
+  }
+  const auto& host2 = e.host;
+  // The parameter (optimizer, index) each node's result goes to: the one whose input it
+  // writes, else the first one a user of it goes to.
+  const auto inputs = second.input_nodes();
+  std::unordered_map<ir::NodeId, std::pair<size_t, size_t>> input_param;
+  for (size_t j = 0; j < g.params.size(); ++j) {
+    if (g.params[j].opt < 0) continue;
+    input_param[inputs.at(static_cast<size_t>(g.param_input[j]))] = {static_cast<size_t>(g.params[j].opt), g.params[j].index};
+  }
+  std::vector<std::optional<std::pair<size_t, size_t>>> param_of(second.nodes().size());
+  std::vector<bool> writes_param(second.nodes().size(), false);
+  for (const auto& n : second.nodes()) {
+    ir::for_each_value(n.outputs, [&](ir::ValueId v) {
+      if (second.value(v).version_of == ir::kNoValue) return;
+      auto it = input_param.find(second.value(second.alias_root(v)).producer);
+      if (it != input_param.end()) {
+        param_of[static_cast<size_t>(n.id)] = it->second;
+        writes_param[static_cast<size_t>(n.id)] = true;
+      }
+    });
+  }
+  for (auto it = second.nodes().rbegin(); it != second.nodes().rend(); ++it) {
+    if (param_of[static_cast<size_t>(it->id)]) continue;
+    ir::for_each_value(it->outputs, [&](ir::ValueId v) {
+      for (ir::NodeId u : second.users(v)) {
+        if (!param_of[static_cast<size_t>(it->id)] && param_of[static_cast<size_t>(u)]) {
+          param_of[static_cast<size_t>(it->id)] = param_of[static_cast<size_t>(u)];
+        }
+      }
+    });
+  }
+  // The expression explaining (d1, d2) for parameter p, if any.
+  auto explain = [&](double d1, double d2, std::pair<size_t, size_t> p, bool lr_only) -> std::optional<HostScalar> {
+    for (HostScalar h : opts[p.first]->host_scalars()) {
+      if (lr_only && !aot::depends_on_lr(h)) continue;
+      if (same_double(aot::evaluate(h, host1[p.first][p.second]), d1) &&
+          same_double(aot::evaluate(h, host2[p.first][p.second]), d2)) {
+        return h;
+      }
+    }
+    return std::nullopt;
+  };
+  e.patches.clear();
+  observed->clear();
+  for (size_t i = 0; i < second.nodes().size(); ++i) {
+    const ir::Node& a = first.nodes()[i];
+    const ir::Node& b = second.nodes()[i];
+    const std::string where = "node %" + std::to_string(i) + " (" + b.qualified_op() + ")";
+    if (a.kind != b.kind || a.op != b.op || a.overload != b.overload || a.args.size() != b.args.size() ||
+        a.outputs.size() != b.outputs.size()) {
+      return "two consecutive steps recorded different graphs at " + where;
+    }
+    for (size_t k = 0; k < a.outputs.size(); ++k) {
+      if (a.outputs[k] == b.outputs[k]) continue;
+      if (ir::is_host_value(b.outputs[k]) && a.outputs[k].kind == b.outputs[k].kind) {
+        if (!options.observe_host_values) {
+          return "the value read on the host by " + where + " changed between two steps; it is a guard, so these "
+                 "guards never fit twice (if host code only logs or returns it, CompileOptions::observe_host_values = "
+                 "true makes it an observation)";
+        }
+        if (observed->empty() || observed->back() != b.id) observed->push_back(b.id);
+        continue;
+      }
+      return "two consecutive steps recorded different results at " + where;
+    }
+    const auto p = param_of[i];
+    int lr_patches = 0;
+    for (size_t k = 0; k < a.args.size(); ++k) {
+      const bool scalar = is_scalar_arg(a.args[k]) && a.args[k].kind == b.args[k].kind &&
+                          a.args[k].i2 == b.args[k].i2 && a.args[k].i == b.args[k].i;
+      if (a.args[k] == b.args[k]) {
+        // A constant argument of a parameter update may be the learning rate.
+        if (!scalar || !p || !writes_param[i] || !update_op(b.op)) continue;
+        if (auto h = explain(a.args[k].d, b.args[k].d, *p, /*lr_only=*/true)) {
+          e.patches.push_back({b.id, k, p->first, p->second, *h});
+          ++lr_patches;
+        }
+        continue;
+      }
+      if (!scalar) return "two consecutive steps recorded different arguments at " + where;
+      std::optional<HostScalar> h;
+      std::pair<size_t, size_t> q{0, 0};
+      if (p) {
+        q = *p;
+        h = explain(a.args[k].d, b.args[k].d, q, false);
+      }
+      for (size_t o = 0; !h && o < opts.size(); ++o) {
+        for (size_t j = 0; !h && j < host2[o].size(); ++j) {
+          q = {o, j};
+          h = explain(a.args[k].d, b.args[k].d, q, false);
+        }
+      }
+      if (!h) {
+        std::ostringstream ss;
+        ss << "a scalar computed on the host changes between steps (" << where << " argument " << k << ": "
+           << a.args[k].d << " -> " << b.args[k].d << ") and is not one tcap can recompute";
+        return ss.str();
+      }
+      e.patches.push_back({b.id, k, q.first, q.second, *h});
+    }
+    (void)lr_patches;
+  }
+  if (!second.values().empty() && first.values() != second.values()) {
+    return "two consecutive steps recorded tensors of different shapes";
+  }
+  return "";
+}
+
+void CompiledStep::Impl::verify_and_compile(StepEntry& e, const ir::Graph& first,
+                                            const std::vector<std::vector<HostState>>& host1, const Gathered& g) {
+  std::vector<ir::NodeId> observed;
+  std::string why = find_patches(e, first, host1, g, &observed);
+  if (!why.empty()) return go_eager(e, why);
+  if (!observed.empty()) {
+    std::string what;
+    for (ir::NodeId id : observed) what += (what.empty() ? "" : ", ") + e.graph.node(id).qualified_op() + " (node %" + std::to_string(id) + ")";
+    e.graph = passes::forget_host_reads(e.graph, observed);
+    TCAP_LOG(Recompiles, who() << ": the value read on the host by " << what
+                               << " changed between two steps that recorded the same graph; it is an observation, "
+                                  "not a guard (CompileOptions::observe_host_values)");
+  }
+  // The learning rate is an input of the graph when every parameter update the optimizers
+  // make found its learning-rate arguments (Note [Host scalars of optimizers]).
+  std::map<std::pair<size_t, size_t>, int> lr_found;
+  for (const auto& p : e.patches) {
+    if (aot::depends_on_lr(p.expr)) ++lr_found[{p.opt, p.param}];
+  }
+  bool lr_input = true;
+  std::string lr_why;
+  for (const auto& p : g.params) {
+    if (p.opt < 0 || !p.tensor.grad().defined()) continue;
+    if (lr_found[{static_cast<size_t>(p.opt), p.index}] < opts[static_cast<size_t>(p.opt)]->lr_uses(p.index)) {
+      lr_input = false;
+      lr_why = "the update of '" + p.name + "' does not show where its learning rate goes";
+      break;
+    }
+  }
+  if (!lr_input) {
+    // Keep the learning rate guarded: its patches would not cover every use.
+    e.patches.erase(std::remove_if(e.patches.begin(), e.patches.end(),
+                                   [](const ScalarPatch& p) { return p.expr == HostScalar::NegLr || p.expr == HostScalar::Lr; }),
+                    e.patches.end());
+    TCAP_LOG(Recompiles, who() << ": the learning rate stays guarded: " << lr_why);
+  }
+  // Host-value guards: inline where a replay can stop at a changed value before writing
+  // anything the caller sees, else a pre-check graph.
+  const bool reads = cache::has_host_reads(e.graph);
+  const bool inline_checks = reads && passes::host_reads_precede_input_writes(e.graph);
+  try {
+    if (inline_checks) e.guards.host.set_inline(e.graph);
+    else if (reads) e.guards.host.build_precheck(e.graph);
+  } catch (const c10::Error& err) {
+    return go_eager(e, err.what_without_backtrace());
+  }
+  std::vector<std::pair<ir::NodeId, size_t>> args;
+  for (const auto& p : e.patches) args.emplace_back(p.node, p.arg);
+  try {
+    e.exe = aot::compile_graph_with_scalars(e.graph, args, options, options.name + ".step" + std::to_string(e.id),
+                                            inline_checks);
+  } catch (const c10::Error& err) {
+    return go_eager(e, err.what_without_backtrace());
+  }
+  {
+    std::lock_guard<std::mutex> lock(e.mutex);
+    if (!lr_input) {
+      // Guarded at the value the graph holds: this (second) capture's.
+      e.guards.scalars = g.scalars;
+      e.guards.scalar_is_input.assign(g.scalars.size(), false);
+    }
+    if (e.size_miss_of) generalize(static_cast<const StepEntry&>(*e.size_miss_of), e);
+    e.state = StepEntry::State::Compiled;
+  }
+  stats.count(&CompileStats::compiles);
+  if (log_enabled(LogChannel::AotGraphs)) {
+    std::ostringstream ps;
+    for (const auto& p : e.patches) {
+      ps << "\n  node %" << p.node << " argument " << p.arg << " = " << aot::to_string(p.expr) << " of optimizer "
+         << p.opt << " parameter " << p.param;
+    }
+    TCAP_LOG(AotGraphs, who() << " compiled (" << e.graph.num_calls() << " ops, " << e.patches.size()
+                              << " host scalars recomputed per step)" << ps.str() << "\n" << ir::to_string(e.graph));
+  }
+  const std::string dir = options.dump_dir.empty() ? Config::get().dump_dir : options.dump_dir;
+  if (!dir.empty()) {
+    std::filesystem::create_directories(dir);
+    ir::save_json(e.graph, dir + "/" + options.name + ".step" + std::to_string(e.id) + ".json");
+  }
+}
+
+void CompiledStep::Impl::generalize(const StepEntry& a, StepEntry& b) {
+  std::string why;
+  if (a.state != StepEntry::State::Compiled) why = "the other entry is not compiled";
+  else if (!a.guards.host.empty() || !b.guards.host.empty()) why = "the step reads values on the host";
+  else if (a.patches.size() != b.patches.size()) why = "the steps at the two sizes recompute different host scalars";
+  if (why.empty()) {
+    // Host scalars differ between the two captures by design: compare with a's values.
+    ir::Graph bg = b.graph;
+    for (size_t k = 0; k < b.patches.size(); ++k) {
+      const auto& pb = b.patches[k];
+      const auto& pa = a.patches[k];
+      if (pa.node != pb.node || pa.arg != pb.arg) {
+        why = "the steps at the two sizes recompute different host scalars";
+        break;
+      }
+      bg.mutable_nodes()[static_cast<size_t>(pb.node)].args[pb.arg] = a.graph.node(pa.node).args[pa.arg];
+    }
+    if (why.empty()) why = cache::generalize(a.graph, a.guards.sizes, bg, b.guards.sizes, b.changed, &b.guards.dyn);
+  }
+  if (!why.empty()) {
+    b.guards.dyn = cache::DynamicSizes{};
+    TCAP_LOG(Recompiles, who() << " entry " << b.id << " stays static: " << why);
+    return;
+  }
+  TCAP_LOG(Recompiles, who() << " entry " << b.id << " is dynamic in " << b.changed.size() << " dims ("
+                             << b.guards.dyn.patches.size() << " integers follow the sizes)");
+}
+
+std::shared_ptr<const StepEntry> CompiledStep::Impl::specialize(const std::shared_ptr<const StepEntry>& e,
+                                                                const std::vector<int64_t>& key) {
+  if (!e->guards.dyn.dynamic() || key == e->guards.dyn.own_key) return e;
+  if (auto s = e->specialized->find(key)) return s;
+  auto s = std::make_shared<StepEntry>();
+  s->id = e->id;
+  s->state = StepEntry::State::Compiled;
+  s->graph = cache::specialize(e->graph, e->guards.dyn, key);
+  s->patches = e->patches;
+  s->grad_effect = e->grad_effect;
+  s->grad_output = e->grad_output;
+  s->num_user_outputs = e->num_user_outputs;
+  s->mutated_inputs = e->mutated_inputs;
+  std::vector<std::pair<ir::NodeId, size_t>> args;
+  for (const auto& p : s->patches) args.emplace_back(p.node, p.arg);
+  s->exe = aot::compile_graph_with_scalars(s->graph, args, options, options.name + ".step" + std::to_string(e->id) + ".sizes");
+  stats.count(&CompileStats::compiles);
+  TCAP_LOG(Recompiles, who() << " entry " << e->id << " specialized to sizes " << c10::IntArrayRef(key)
+                             << " of its dynamic dims (no recapture)");
+  return e->specialized->insert(key, std::move(s));
+}
+
+std::vector<at::Tensor> CompiledStep::Impl::replay(const StepEntry& e, const Gathered& g,
+                                                   const std::vector<at::Tensor>& primals) {
+  std::vector<double> scalars;
+  scalars.reserve(e.patches.size());
+  for (const auto& p : e.patches) scalars.push_back(aot::evaluate(p.expr, opts[p.opt]->host_state(p.param)));
+  auto outs = e.exe(primals, scalars);
+  stats.count(&CompileStats::replays);
+  for (size_t k : e.mutated_inputs) torch::autograd::impl::bump_version(g.ts[k]);
+  for (size_t j = 0; j < g.params.size(); ++j) {
+    at::Tensor p = g.params[j].tensor;
+    switch (e.grad_effect[j]) {
+      case GradEffect::Keep: break;
+      case GradEffect::Clear: p.mutable_grad().reset(); break;
+      case GradEffect::Set: p.mutable_grad() = outs.at(static_cast<size_t>(e.grad_output[j])); break;
+    }
+  }
+  for (auto& o : opts) o->advance();
+  outs.resize(e.num_user_outputs);
+  return outs;
+}
+
+std::vector<at::Tensor> CompiledStep::Impl::call(const std::vector<at::Tensor>& user) {
+  if (stance() == Stance::ForceEager || cache->fell_back()) return run_eager(user);
+  // One call at a time: a step updates shared state (parameters, optimizer state, entries).
+  std::lock_guard<std::mutex> serial(call_mutex);
+  const Gathered g = gather(user);
+  const cache::CallView view = view_of(g);
+  cache::Lookup l;
+  for (size_t start = 0;;) {
+    size_t pos = 0;
+    cache::Lookup found = cache->lookup(view, g.ts, start, &pos);
+    if (l.first_miss.empty()) l.first_miss = found.first_miss;
+    if (!l.size_miss_of) {
+      l.size_miss_of = found.size_miss_of;
+      l.changed = found.changed;
+    }
+    if (!found.hit) break;
+    auto e = std::static_pointer_cast<StepEntry>(found.hit);
+    StepEntry::State state;
+    {
+      std::lock_guard<std::mutex> lock(e->mutex);
+      state = e->state;
+    }
+    switch (state) {
+      case StepEntry::State::Compiled:
+        try {
+          return replay(*specialize(e, found.key), g, found.primals);
+        } catch (const HostValueChanged& err) {
+          // An inline host-value guard failed before the replay wrote anything.
+          cache::EntryCache::note_replay_miss(l, found.hit, err.what_without_backtrace());
+          start = pos + 1;
+          continue;
+        }
+      case StepEntry::State::Eager:
+        if (!e->by_design) cache::report_fallback(who() + " (for these guards)", e->eager_reason);
+        return run_eager(user);
+      case StepEntry::State::Candidate: {
+        ir::Graph first = e->graph;
+        auto host1 = e->host;
+        auto outs = capture(*e, user, g);
+        if (e->state == StepEntry::State::Candidate) verify_and_compile(*e, first, host1, g);
+        return outs;
+      }
+    }
+  }
+  std::string note;
+  if (l.size_miss_of) {
+    const auto& tensors = l.size_miss_of->guards.tensors;
+    for (size_t i : l.changed) {
+      size_t pos = 0, k = 0;
+      while (k < tensors.size() && pos + tensors[k].sizes.size() <= i) pos += tensors[k++].sizes.size();
+      if (k < tensors.size()) note += "; marking dim " + std::to_string(i - pos) + " of '" + tensors[k].name + "' dynamic";
+    }
+  }
+  if (cache->admit(l, note) == cache::Admission::RunEager) return run_eager(user);
+  if (cache->size() > 0) stats.count(&CompileStats::recompiles);
+  auto e = std::make_shared<StepEntry>();
+  e->guards.capture_call(view, g.names, {});
+  e->guards.flag_names = flag_names;
+  e->guards.scalar_names = g.scalar_names;
+  // The learning rate is not a guard of a candidate: a schedule changes it every step, and
+  // verification decides whether the compiled graph takes it as an input.
+  e->guards.scalar_is_input = g.scalar_is_lr;
+  if (l.size_miss_of && std::static_pointer_cast<StepEntry>(l.size_miss_of)->state == StepEntry::State::Compiled) {
+    e->size_miss_of = l.size_miss_of;
+    e->changed = l.changed;
+  }
+  auto outs = capture(*e, user, g);
+  cache->add(e);
+  return outs;
+}
+
+CompiledStep::CompiledStep(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CompiledStep::~CompiledStep() = default;
+
+std::vector<at::Tensor> CompiledStep::operator()(const std::vector<at::Tensor>& inputs) { return impl_->call(inputs); }
+
+CompileStats CompiledStep::stats() const { return impl_->stats.read(); }
+
+std::string CompiledStep::eager_reason() const {
+  if (impl_->cache->fell_back()) return impl_->cache->eager_reason();
+  const auto entries = impl_->cache->entries();
+  for (auto it = entries->rbegin(); it != entries->rend(); ++it) {
+    auto& e = static_cast<StepEntry&>(**it);
+    std::lock_guard<std::mutex> lock(e.mutex);
+    if (e.state == StepEntry::State::Compiled) return "";
+    if (e.state == StepEntry::State::Eager && !e.by_design) return e.eager_reason;
+  }
+  return impl_->cache->eager_reason();
+}
+
+const ir::Graph* CompiledStep::graph() const {
+  const auto entries = impl_->cache->entries();
+  for (auto it = entries->rbegin(); it != entries->rend(); ++it) {
+    auto& e = static_cast<StepEntry&>(**it);
+    std::lock_guard<std::mutex> lock(e.mutex);
+    if (e.state == StepEntry::State::Compiled) return &e.graph;
+  }
+  return nullptr;
+}
+
+std::shared_ptr<CompiledStep> compile_step(std::vector<std::shared_ptr<torch::nn::Module>> models,
+                                           std::vector<std::reference_wrapper<torch::optim::Optimizer>> optimizers,
+                                           CompiledFunction::Fn step, CompileOptions options) {
+  TORCH_CHECK(!models.empty(), "tcap::compile_step: no model given");
+  for (const auto& m : models) TORCH_CHECK(m, "tcap::compile_step: a model is null");
+  TORCH_CHECK(step, "tcap::compile_step: the step function is empty");
+  TORCH_CHECK(options.cache_size_limit >= 1, "tcap::compile_step: cache_size_limit must be at least 1");
+  auto impl = std::make_unique<CompiledStep::Impl>();
+  impl->models = std::move(models);
+  impl->fn = std::move(step);
+  if (options.name == "fn") options.name = "step";
+  impl->cache = std::make_unique<cache::EntryCache>("step '" + options.name + "'", options.cache_size_limit,
+                                                    options.dynamic);
+  impl->options = std::move(options);
+  for (const auto& model : impl->models) {
+    impl->submodules.push_back(model);
+    for (const auto& m : model->modules(false)) impl->submodules.push_back(m);
+  }
+  for (size_t i = 0; i < impl->submodules.size(); ++i) {
+    impl->flag_names.push_back("training mode of submodule " + std::to_string(i) + " (" + impl->submodules[i]->name() + ")");
+  }
+  std::string why;
+  for (auto& o : optimizers) {
+    auto a = aot::OptimizerAdapter::make(o.get(), &why);
+    if (!a) break;
+    impl->opts.push_back(std::move(a));
+  }
+  if (!why.empty()) impl->cache->fall_back(why + "; the step runs eagerly");
+  return std::make_shared<CompiledStep>(std::move(impl));
+}
+
+std::shared_ptr<CompiledStep> compile_step(std::shared_ptr<torch::nn::Module> model, torch::optim::Optimizer& optimizer,
+                                           CompiledFunction::Fn step, CompileOptions options) {
+  TORCH_CHECK(model, "tcap::compile_step: the model is null");
+  return compile_step(std::vector<std::shared_ptr<torch::nn::Module>>{std::move(model)},
+                      std::vector<std::reference_wrapper<torch::optim::Optimizer>>{optimizer}, std::move(step),
+                      std::move(options));
+}
+
+}  // namespace tcap

@@ -1,0 +1,128 @@
+#include "cache/entry_cache.h"
+
+#include "support/logging.h"
+
+#include <algorithm>
+
+namespace tcap::cache {
+
+EntryCache::EntryCache(std::string who, int limit, bool dynamic)
+    : who_(std::move(who)), limit_(limit), dynamic_(dynamic) {}
+
+std::shared_ptr<const EntryList> EntryCache::entries() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return entries_;
+}
+
+Lookup EntryCache::lookup(const CallView& call, const std::vector<at::Tensor>& primals, size_t start,
+                          size_t* pos) const {
+  Lookup out;
+  const auto snapshot = entries();
+  for (size_t i = start; i < snapshot->size(); ++i) {
+    const auto& e = (*snapshot)[i];
+    std::vector<int64_t> key;
+    Miss m = e->guards.check(call, &key);
+    bool host_only = false;
+    if (m.hit()) {
+      std::vector<at::Tensor> p = primals;
+      std::string why = e->guards.held.lock(p);
+      if (why.empty()) why = e->guards.check_primals(p, &host_only);
+      if (why.empty()) {
+        out.hit = e;
+        out.key = std::move(key);
+        out.primals = std::move(p);
+        if (pos) *pos = i;
+        return out;
+      }
+      m.reason = std::move(why);
+      m.sizes_only = false;
+    }
+    if (out.first_miss.empty()) out.first_miss = m.reason;
+    if (dynamic_ && !out.size_miss_of && m.sizes_only && !m.changed.empty()) {
+      out.size_miss_of = e;
+      out.changed = std::move(m.changed);
+    }
+    if (host_only && !out.host_miss_of) out.host_miss_of = e;
+  }
+  return out;
+}
+
+void EntryCache::note_replay_miss(Lookup& l, const std::shared_ptr<Entry>& e, const std::string& why) {
+  if (l.first_miss.empty()) l.first_miss = why;
+  if (!l.host_miss_of) l.host_miss_of = e;
+}
+
+Admission EntryCache::admit(const Lookup& miss, const std::string& dynamic_note) {
+  const size_t n = size();
+  if (n == 0) return Admission::Capture;
+  const Stance s = stance();
+  if (s == Stance::FailOnRecompile) {
+    throw RecompileError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                         "tcap: " + who_ + " would recompile (stance fail_on_recompile): " + miss.first_miss);
+  }
+  if (s == Stance::EagerOnRecompile) {
+    TCAP_LOG(Recompiles, who_ << " runs eagerly instead of recompiling (stance eager_on_recompile): "
+                              << miss.first_miss);
+    return Admission::RunEager;
+  }
+  if (static_cast<int>(n) >= limit_) {
+    const std::string why = "cache size limit (" + std::to_string(limit_) + ") reached";
+    bool first = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      first = !warned_limit_;
+      warned_limit_ = true;
+      if (eager_reason_.empty()) eager_reason_ = why;
+    }
+    if (error_on_fallback()) throw_fallback(who_, why + "; last guard failure: " + miss.first_miss);
+    if (first) {
+      TORCH_WARN("tcap: ", who_, " reached its cache size limit (", limit_, " compiled entries); ",
+                 "new guard failures run eagerly from now on. Last guard failure: ", miss.first_miss);
+    }
+    TCAP_LOG(Recompiles, who_ << ": " << why << ", running eagerly: " << miss.first_miss);
+    return Admission::RunEager;
+  }
+  TCAP_LOG(Recompiles, who_ << " recompiling (entry " << n << ", limit " << limit_ << "): " << miss.first_miss
+                            << dynamic_note);
+  return Admission::Capture;
+}
+
+void EntryCache::add(const std::shared_ptr<Entry>& e, const std::shared_ptr<Entry>& replaces) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto next = std::make_shared<EntryList>(*entries_);
+  auto it = replaces ? std::find(next->begin(), next->end(), replaces) : next->end();
+  if (it != next->end()) {
+    e->id = replaces->id;
+    *it = e;
+  } else {
+    e->id = static_cast<int>(next->size());
+    next->push_back(e);
+  }
+  entries_ = std::move(next);
+}
+
+void EntryCache::fall_back(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    eager_reason_ = why;
+    fell_back_.store(true, std::memory_order_release);
+  }
+  report_fallback(who_, why);
+}
+
+std::string EntryCache::eager_reason() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return eager_reason_;
+}
+
+void throw_fallback(const std::string& who, const std::string& why) {
+  throw FallbackError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                      "tcap: " + who + " would run eagerly (error_on_fallback): " + why);
+}
+
+void report_fallback(const std::string& who, const std::string& why) {
+  if (error_on_fallback()) throw_fallback(who, why);
+  TCAP_LOG(GraphBreaks, who << " runs eagerly: " << why);
+}
+
+}  // namespace tcap::cache

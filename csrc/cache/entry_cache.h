@@ -1,0 +1,106 @@
+// The cache of compiled entries shared by tcap::compile, tcap::compile_step and compiled
+// autograd (DESIGN.md D10): lookup over the entries' guards, the cache-size limit, the
+// stance (include/tcap/stance.h), recompile reasons, and the eager fallback with its
+// reason. Each front door keeps its own entry type (derived from Entry) and its own way
+// of capturing and replaying; what a guard is, when to recompile, when to give up and how
+// that is logged are decided here, once.
+//
+// Thread safety: lookup() reads an immutable snapshot of the entries (copy on write), so
+// calls on several threads never block each other on a hit; add() and the fallback
+// state take a mutex.
+#pragma once
+
+#include "cache/guards.h"
+
+#include <tcap/stance.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace tcap::cache {
+
+// One compiled entry of any front door.
+struct Entry {
+  int id = 0;
+  Guards guards;
+  virtual ~Entry() = default;
+};
+
+using EntryList = std::vector<std::shared_ptr<Entry>>;
+
+struct Lookup {
+  std::shared_ptr<Entry> hit;
+  std::vector<int64_t> key;           // a dynamic hit's class values (Note [Dynamic sizes])
+  std::vector<at::Tensor> primals;    // a hit's primals: the call's tensors, then the held ones
+  std::string first_miss;             // why the first entry did not fit
+  std::shared_ptr<Entry> size_miss_of;  // an entry that missed on sizes only
+  std::vector<size_t> changed;          // ... and the sizes that changed
+  std::shared_ptr<Entry> host_miss_of;  // an entry that missed on a host value only
+};
+
+// What to do about a call no entry fits.
+enum class Admission { Capture, RunEager };
+
+class EntryCache {
+ public:
+  // `who` names the front door in messages ("'fn'", "step 'train'", "compiled autograd").
+  EntryCache(std::string who, int limit, bool dynamic);
+
+  const std::string& who() const { return who_; }
+  int limit() const { return limit_; }
+  std::shared_ptr<const EntryList> entries() const;
+  size_t size() const { return entries()->size(); }
+
+  // The first entry from position `start` whose guards fit the call. `primals` is the
+  // call's tensors; held tensors are appended per entry. A hit's position is `*pos`.
+  Lookup lookup(const CallView& call, const std::vector<at::Tensor>& primals, size_t start = 0,
+                size_t* pos = nullptr) const;
+  // Notes a miss found while replaying `e` (an inline host-value check) into `l`.
+  static void note_replay_miss(Lookup& l, const std::shared_ptr<Entry>& e, const std::string& why);
+
+  // After a miss: whether to capture a new entry, per the stance and the cache limit.
+  // Logs the recompile with its reason (and the sizes marked dynamic), or why the call
+  // runs eagerly. Throws RecompileError under Stance::FailOnRecompile, FallbackError
+  // when the limit is reached and error_on_fallback is on.
+  Admission admit(const Lookup& miss, const std::string& dynamic_note = "");
+  // Publishes a new entry (assigns its id); with `replaces`, in its place (an entry the
+  // new one generalizes: the old one would only miss first).
+  void add(const std::shared_ptr<Entry>& e, const std::shared_ptr<Entry>& replaces = nullptr);
+  int next_id() const { return static_cast<int>(size()); }
+
+  // The eager fallback of the whole front door (Note [Never wrong, never silent]):
+  // from now on every call runs eagerly; `why` is logged under graph_breaks, and thrown
+  // as FallbackError when error_on_fallback is on.
+  void fall_back(const std::string& why);
+  // Whether fall_back() was called: every call runs eagerly.
+  bool fell_back() const { return fell_back_.load(std::memory_order_acquire); }
+  // Why calls run eagerly: the fall_back() reason, or the cache limit ("" if neither).
+  std::string eager_reason() const;
+  bool dynamic() const { return dynamic_; }
+
+ private:
+  std::string who_;
+  int limit_;
+  bool dynamic_;
+  mutable std::mutex mutex_;
+  std::shared_ptr<const EntryList> entries_ = std::make_shared<EntryList>();
+  std::string eager_reason_;
+  std::atomic<bool> fell_back_{false};
+  bool warned_limit_ = false;
+};
+
+// Note [Never wrong, never silent]
+// What tcap cannot compile it runs eagerly, and says why: one log line under
+// graph_breaks naming the function and the cause. Under error_on_fallback (tcap::
+// set_error_on_fallback, TCAP_ERROR_ON_FALLBACK=1) the same message is thrown as
+// tcap::FallbackError instead, so tests and careful programs cannot miss it. Calls that
+// run eagerly by design (the capturing first call, Stance::ForceEager,
+// Stance::EagerOnRecompile) are not fallbacks.
+[[noreturn]] void throw_fallback(const std::string& who, const std::string& why);
+// Logs a fallback of one call (or one entry) and throws under error_on_fallback.
+void report_fallback(const std::string& who, const std::string& why);
+
+}  // namespace tcap::cache

@@ -1,0 +1,418 @@
+#include "cache/guards.h"
+
+#include "passes/host_graph.h"
+
+#include <ATen/autocast_mode.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/InferenceMode.h>
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+#include <unordered_map>
+
+namespace tcap::cache {
+namespace {
+
+std::string shape_str(c10::IntArrayRef s) {
+  std::ostringstream ss;
+  ss << s;
+  return ss.str();
+}
+
+bool contiguous_strides(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides) {
+  int64_t expect = 1;
+  for (size_t d = sizes.size(); d-- > 0;) {
+    if (sizes[d] != 1 && strides[d] != expect) return false;
+    expect *= sizes[d];
+  }
+  return true;
+}
+
+std::string host_value_str(const ir::Arg& a) {
+  std::ostringstream s;
+  switch (a.kind) {
+    case ir::ArgKind::Bool: s << (a.i ? "true" : "false"); break;
+    case ir::ArgKind::Int: s << a.i; break;
+    case ir::ArgKind::Double: s << a.d; break;
+    default: s << ir::to_string(a.kind);
+  }
+  return s.str();
+}
+
+std::string host_value_str(const c10::IValue& v) {
+  std::ostringstream s;
+  if (v.isBool()) s << (v.toBool() ? "true" : "false");
+  else if (v.isInt()) s << v.toInt();
+  else if (v.isDouble()) s << v.toDouble();
+  else s << v.tagKind();
+  return s.str();
+}
+
+bool same_host_value(const ir::Arg& a, const c10::IValue& v) {
+  if (a.kind == ir::ArgKind::Bool && v.isBool()) return (a.i != 0) == v.toBool();
+  if (a.kind == ir::ArgKind::Int && v.isInt()) return a.i == v.toInt();
+  if (a.kind == ir::ArgKind::Double && v.isDouble()) {
+    return a.d == v.toDouble() || (std::isnan(a.d) && std::isnan(v.toDouble()));
+  }
+  return false;
+}
+
+}  // namespace
+
+// --- GlobalState ---------------------------------------------------------------------
+
+GlobalState GlobalState::now() {
+  GlobalState g;
+  g.grad_mode = at::GradMode::is_enabled();
+  g.inference_mode = c10::InferenceMode::is_enabled();
+  g.autocast_cpu = at::autocast::is_autocast_enabled(at::kCPU);
+  g.autocast_cuda = at::autocast::is_autocast_enabled(at::kCUDA);
+  if (g.autocast_cpu) g.autocast_cpu_dtype = at::autocast::get_autocast_dtype(at::kCPU);
+  if (g.autocast_cuda) g.autocast_cuda_dtype = at::autocast::get_autocast_dtype(at::kCUDA);
+  return g;
+}
+
+std::string GlobalState::mismatch(const GlobalState& now) const {
+  if (now.grad_mode != grad_mode) return std::string("grad mode changed: ") + (grad_mode ? "on -> off" : "off -> on");
+  if (now.inference_mode != inference_mode) return "inference mode changed";
+  if (now.autocast_cpu != autocast_cpu || now.autocast_cuda != autocast_cuda ||
+      (autocast_cpu && now.autocast_cpu_dtype != autocast_cpu_dtype) ||
+      (autocast_cuda && now.autocast_cuda_dtype != autocast_cuda_dtype)) {
+    return "autocast state changed";
+  }
+  return "";
+}
+
+// --- TensorGuard ---------------------------------------------------------------------
+
+TensorGuard TensorGuard::of(const at::Tensor& t, std::string name, bool guard_identity) {
+  TensorGuard g;
+  g.name = std::move(name);
+  g.defined = t.defined();
+  if (!g.defined) return g;
+  g.dtype = t.scalar_type();
+  g.device = t.device();
+  g.sizes = t.sizes().vec();
+  g.strides = t.strides().vec();
+  g.requires_grad = t.requires_grad();
+  if (guard_identity) g.identity = t.unsafeGetTensorImpl();
+  return g;
+}
+
+std::string TensorGuard::mismatch_except_shape(const at::Tensor& t) const {
+  if (t.defined() != defined) return defined ? "became undefined" : "became defined";
+  if (!defined) return "";
+  if (identity && t.unsafeGetTensorImpl() != identity) return "was replaced by another tensor";
+  if (t.scalar_type() != dtype) {
+    return "changed dtype: " + ir::dtype_name(dtype) + " -> " + ir::dtype_name(t.scalar_type());
+  }
+  if (t.device() != device) return "changed device: " + device.str() + " -> " + t.device().str();
+  if (t.requires_grad() != requires_grad) {
+    return std::string("changed requires_grad: ") + (requires_grad ? "true -> false" : "false -> true");
+  }
+  return "";
+}
+
+std::string TensorGuard::str(const DynamicSizes* dyn, size_t first_size) const {
+  if (!defined) return "undefined";
+  std::string shape = "[";
+  bool any_dyn = false;
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    const int c = dyn && dyn->is_dynamic(first_size + d) ? dyn->size_class[first_size + d] : -1;
+    any_dyn = any_dyn || c >= 0;
+    shape += (d ? ", " : "") + (c >= 0 ? "s" + std::to_string(c) : std::to_string(sizes[d]));
+  }
+  shape += "]";
+  return ir::dtype_short_name(dtype) + shape + (any_dyn ? " contiguous" : " stride " + shape_str(strides)) + " " +
+         device.str() + (requires_grad ? " requires_grad" : "");
+}
+
+// --- HeldTensors (Note [Held tensors]) ---------------------------------------------------
+
+void HeldTensors::hold(const std::vector<at::Tensor>& tensors, const std::vector<std::string>& names) {
+  held_.clear();
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    Held h;
+    h.weak = c10::weak_intrusive_ptr<c10::TensorImpl>(tensors[k].getIntrusivePtr());
+    h.impl = tensors[k].unsafeGetTensorImpl();
+    h.meta = TensorGuard::of(tensors[k], k < names.size() ? names[k] : "held" + std::to_string(k));
+    held_.push_back(std::move(h));
+  }
+}
+
+std::string HeldTensors::lock(std::vector<at::Tensor>& out) const {
+  const size_t first = out.size();
+  auto fail = [&](const std::string& why) {
+    out.resize(first);
+    return why;
+  };
+  for (const Held& h : held_) {
+    // The strong references before this call takes one: the program's and tcap's own.
+    const int64_t refs = static_cast<int64_t>(h.weak.use_count()) - h.own->load(std::memory_order_relaxed);
+    if (h.weak.expired()) return fail("the tensor '" + h.meta.name + "' it read from outside its inputs was freed");
+    if (refs <= 0) {
+      return fail("the tensor '" + h.meta.name + "' it read from outside its inputs is no longer referred to by " +
+                  "the program (it was replaced)");
+    }
+    at::Tensor t(h.weak.lock());
+    if (!t.defined()) return fail("the tensor '" + h.meta.name + "' it read from outside its inputs was freed");
+    std::string m = h.meta.mismatch_except_shape(t);
+    if (m.empty() && (t.sizes() != c10::IntArrayRef(h.meta.sizes) || t.strides() != c10::IntArrayRef(h.meta.strides))) {
+      m = "changed shape: " + shape_str(h.meta.sizes) + " stride " + shape_str(h.meta.strides) + " -> " +
+          shape_str(t.sizes()) + " stride " + shape_str(t.strides());
+    }
+    if (!m.empty()) return fail("the tensor '" + h.meta.name + "' it read from outside its inputs " + m);
+    out.push_back(std::move(t));
+  }
+  return "";
+}
+
+std::vector<std::string> HeldTensors::describe() const {
+  std::vector<std::string> out;
+  for (const Held& h : held_) out.push_back("held " + h.meta.name + ": " + h.meta.str() + ", alive and referred to by the program");
+  return out;
+}
+
+OwnRefsLease::OwnRefsLease(const HeldTensors& held, c10::ArrayRef<at::Tensor> tensors) {
+  for (size_t k = 0; k < held.size(); ++k) {
+    int n = 0;
+    for (const auto& t : tensors) n += t.defined() && t.unsafeGetTensorImpl() == held.impl(k);
+    if (n == 0) continue;
+    held.own_refs(k)->fetch_add(n, std::memory_order_relaxed);
+    counts_.emplace_back(held.own_refs(k), n);
+  }
+}
+
+OwnRefsLease& OwnRefsLease::operator=(OwnRefsLease&& o) noexcept {
+  if (this != &o) {
+    release();
+    counts_ = std::move(o.counts_);
+  }
+  return *this;
+}
+
+void OwnRefsLease::release() {
+  for (auto& [counter, n] : counts_) counter->fetch_sub(n, std::memory_order_relaxed);
+  counts_.clear();
+}
+
+// --- HostReads ---------------------------------------------------------------------
+
+bool has_host_reads(const ir::Graph& g) {
+  return std::any_of(g.nodes().begin(), g.nodes().end(), [](const ir::Node& n) {
+    return n.kind == ir::NodeKind::Call && std::any_of(n.outputs.begin(), n.outputs.end(), ir::is_host_value);
+  });
+}
+
+void HostReads::set_inline(const ir::Graph& g) {
+  *this = HostReads();
+  for (const auto& n : g.nodes()) {
+    if (n.kind != ir::NodeKind::Call) continue;
+    for (const auto& a : n.outputs) {
+      if (!ir::is_host_value(a)) continue;
+      expected_.push_back(a);
+      what_.push_back(n.qualified_op() + " (node %" + std::to_string(n.id) + ")");
+    }
+  }
+  if (!what_.empty()) mode_ = Mode::Inline;
+}
+
+void HostReads::build_precheck(const ir::Graph& g) {
+  *this = HostReads();
+  passes::HostGraph h = passes::host_read_graph(g);
+  if (h.reads.empty()) return;
+  for (const auto& r : h.reads) {
+    expected_.push_back(r.value);
+    what_.push_back(r.what);
+  }
+  graph_ = std::make_shared<Interpreter>(h.graph);
+  graph_->keep_values(false);
+  mode_ = Mode::PreCheck;
+}
+
+std::string HostReads::check(const std::vector<at::Tensor>& primals) const {
+  if (mode_ != Mode::PreCheck) return "";
+  graph_->run(primals);
+  const auto& got = graph_->host_values();
+  for (size_t k = 0; k < expected_.size() && k < got.size(); ++k) {
+    if (!same_host_value(expected_[k], got[k])) {
+      return "the value read on the host by " + what_[k] + " changed: " + host_value_str(expected_[k]) + " -> " +
+             host_value_str(got[k]);
+    }
+  }
+  return "";
+}
+
+// --- Guards -------------------------------------------------------------------------
+
+std::vector<int> alias_classes(c10::ArrayRef<at::Tensor> ts) {
+  std::vector<const void*> keys(ts.size());
+  for (size_t k = 0; k < ts.size(); ++k) {
+    keys[k] = ts[k].defined() && ts[k].has_storage() ? static_cast<const void*>(ts[k].storage().unsafeGetStorageImpl())
+                                                     : static_cast<const void*>(ts[k].unsafeGetTensorImpl());
+  }
+  std::vector<int> out(ts.size());
+  if (ts.size() <= 32) {  // the usual case: no hashing
+    for (size_t k = 0; k < ts.size(); ++k) {
+      size_t f = 0;
+      while (keys[f] != keys[k]) ++f;
+      out[k] = static_cast<int>(f);
+    }
+    return out;
+  }
+  std::unordered_map<const void*, int> first;
+  for (size_t k = 0; k < ts.size(); ++k) out[k] = first.emplace(keys[k], static_cast<int>(k)).first->second;
+  return out;
+}
+
+void Guards::capture_call(const CallView& call, const std::vector<std::string>& names,
+                          const std::vector<bool>& guard_identity) {
+  global = GlobalState::now();
+  tensors.clear();
+  sizes.clear();
+  for (size_t k = 0; k < call.tensors.size(); ++k) {
+    const bool id = k < guard_identity.size() && guard_identity[k];
+    tensors.push_back(TensorGuard::of(call.tensors[k], k < names.size() ? names[k] : "in" + std::to_string(k), id));
+    for (int64_t s : tensors.back().sizes) sizes.push_back(s);
+  }
+  if (call.flags) flags = *call.flags;
+  if (call.scalars) scalars = *call.scalars;
+  structure = std::string(call.structure);
+  if (call.sizes) sizes.insert(sizes.end(), call.sizes->begin(), call.sizes->end());
+  dyn = DynamicSizes{};
+}
+
+Miss Guards::check(const CallView& call, std::vector<int64_t>* key) const {
+  Miss m;
+  auto hard = [&](std::string why) {
+    if (m.reason.empty()) m.reason = std::move(why);
+    m.sizes_only = false;
+  };
+  if (structure != call.structure) {
+    hard("the graph's structure changed");
+    return m;
+  }
+  if (check_global) {
+    std::string g = global.mismatch(GlobalState::now());
+    if (!g.empty()) hard(std::move(g));
+  }
+  if (call.tensors.size() != tensors.size()) {
+    hard("number of inputs changed: " + std::to_string(tensors.size()) + " -> " + std::to_string(call.tensors.size()));
+    return m;
+  }
+  SizeCheck fit(dyn, sizes);
+  size_t pos = 0;
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    const TensorGuard& g = tensors[k];
+    const at::Tensor& t = call.tensors[k];
+    const size_t first = pos;
+    pos += g.sizes.size();
+    std::string why = g.mismatch_except_shape(t);
+    if (!why.empty()) {
+      hard("input '" + g.name + "' " + why);
+      continue;
+    }
+    if (!g.defined) continue;
+    if (t.dim() != static_cast<int64_t>(g.sizes.size())) {
+      hard("input '" + g.name + "' changed shape: " + shape_str(g.sizes) + " -> " + shape_str(t.sizes()));
+      continue;
+    }
+    bool resized = false, any_dyn = false;
+    for (size_t d = 0; d < g.sizes.size(); ++d) {
+      any_dyn = any_dyn || dyn.is_dynamic(first + d);
+      if (!fit.fits(first + d, t.size(static_cast<int64_t>(d)))) {
+        resized = true;
+        m.changed.push_back(first + d);
+      }
+    }
+    if (resized) {
+      const bool candidate = t.is_contiguous() && contiguous_strides(g.sizes, g.strides);
+      const std::string what = "input '" + g.name + "' changed shape: " + shape_str(g.sizes) + " -> " +
+                               shape_str(t.sizes()) + (any_dyn ? " (dynamic dims need a size >= 2)" : "");
+      if (candidate) {
+        if (m.reason.empty()) m.reason = what;
+      } else {
+        hard(what);
+      }
+      continue;
+    }
+    if (any_dyn) {
+      if (!t.is_contiguous()) hard("input '" + g.name + "' is no longer contiguous (its dynamic dims need it)");
+    } else if (t.strides() != c10::IntArrayRef(g.strides)) {
+      hard("input '" + g.name + "' changed strides: " + shape_str(g.strides) + " -> " + shape_str(t.strides()));
+    }
+  }
+  if (call.sizes) {
+    if (call.sizes->size() != sizes.size() - pos) {
+      hard("the number of sizes changed");
+      return m;
+    }
+    for (size_t i = 0; i < call.sizes->size(); ++i) {
+      if (!fit.fits(pos + i, (*call.sizes)[i])) m.changed.push_back(pos + i);
+    }
+    if (!m.changed.empty() && m.reason.empty()) m.reason = "sizes changed";
+  }
+  if (call.flags && *call.flags != flags) {
+    for (size_t i = 0; i < flags.size() && i < call.flags->size(); ++i) {
+      if ((*call.flags)[i] != flags[i]) {
+        hard((i < flag_names.size() ? flag_names[i] : "flag " + std::to_string(i)) + " changed: " +
+             (flags[i] ? "true -> false" : "false -> true"));
+        break;
+      }
+    }
+    if (call.flags->size() != flags.size()) hard("the number of flags changed");
+  }
+  if (call.scalars && *call.scalars != scalars) {
+    for (size_t i = 0; i < scalars.size() && i < call.scalars->size(); ++i) {
+      if (i < scalar_is_input.size() && scalar_is_input[i]) continue;
+      if ((*call.scalars)[i] != scalars[i]) {
+        std::ostringstream s;
+        s << (i < scalar_names.size() ? scalar_names[i] : "host scalar " + std::to_string(i)) << " changed: "
+          << scalars[i] << " -> " << (*call.scalars)[i];
+        hard(s.str());
+        break;
+      }
+    }
+    if (call.scalars->size() != scalars.size()) hard("the number of host scalars changed");
+  }
+  if (m.hit() && key) *key = fit.key();
+  return m;
+}
+
+std::string Guards::check_primals(const std::vector<at::Tensor>& primals, bool* host_only) const {
+  if (host_only) *host_only = false;
+  if (alias_classes(primals) != aliases) return "inputs that shared memory changed";
+  std::string why = host.check(primals);
+  if (host_only) *host_only = !why.empty();
+  return why;
+}
+
+std::vector<std::string> Guards::describe() const {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  for (const auto& t : tensors) {
+    out.push_back(t.name + ": " + t.str(&dyn, pos) + (t.identity ? " (this very tensor)" : ""));
+    pos += t.sizes.size();
+  }
+  if (check_global) {
+    out.push_back(std::string("grad mode ") + (global.grad_mode ? "on" : "off"));
+    if (global.inference_mode) out.push_back("inference mode on");
+    if (global.autocast_cpu || global.autocast_cuda) out.push_back("autocast on");
+  }
+  for (size_t i = 0; i < flags.size(); ++i) {
+    out.push_back((i < flag_names.size() ? flag_names[i] : "flag " + std::to_string(i)) + (flags[i] ? " true" : " false"));
+  }
+  for (size_t i = 0; i < scalars.size(); ++i) {
+    std::ostringstream s;
+    s << (i < scalar_names.size() ? scalar_names[i] : "host scalar " + std::to_string(i));
+    if (i < scalar_is_input.size() && scalar_is_input[i]) s << " (an input of the graph)";
+    else s << " == " << scalars[i];
+    out.push_back(s.str());
+  }
+  for (const auto& h : held.describe()) out.push_back(h);
+  for (const auto& w : host.what()) out.push_back("host value of " + w);
+  return out;
+}
+
+}  // namespace tcap::cache

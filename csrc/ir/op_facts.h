@@ -1,0 +1,47 @@
+// What tcap's passes know about ATen operators, in one table keyed by operator name
+// ("aten::mul"): whether an op is pointwise, a view, cheap enough to recompute, always
+// returns a fresh tensor, only makes sense on floating results, and its in-place twin.
+//
+// Passes ask this table instead of keeping their own string sets: the min-cut
+// partitioner (what may be recomputed), buffer reuse (in-place twins, fresh producers),
+// the fusion pass (views, float-only ops). How an op lowers to kernel IR lives in
+// fuse/lowering.cpp, because kernel IR is a later stage than ir/; a test checks that every
+// op the lowering table calls pointwise is Pointwise here.
+//
+// Facts from the operator's schema (random ops: the nondeterministic_seeded tag; aliasing
+// and in-place writes: alias annotations) are read from the schema, not listed here
+// (ir::Node::draws_random_numbers, Value::view_of / version_of).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tcap::ir {
+
+enum class OpFact : uint32_t {
+  Pointwise = 1u << 0,     // one output element per (broadcast) element of its inputs
+  View = 1u << 1,          // returns a view of an input (no data moves)
+  Recomputable = 1u << 2,  // cheap enough to recompute in a backward (pointwise math, casts, views, fills)
+  FreshResult = 1u << 3,   // the out-of-place overloads always return a new, dense tensor
+  FloatOnly = 1u << 4,     // fused only when its results are floating point
+  Reduction = 1u << 5,     // reduces over some dims
+};
+
+struct OpFacts {
+  uint32_t flags = 0;
+  // The in-place form taking the same arguments ("aten::mul" -> "aten::mul_"), or empty.
+  std::string in_place_twin;
+  bool has(OpFact f) const { return (flags & static_cast<uint32_t>(f)) != 0; }
+};
+
+// The facts of an operator by name without overload ("aten::mul"); an op the table does
+// not list has no facts (flags 0, no twin).
+const OpFacts& op_facts(std::string_view op);
+inline bool op_has(std::string_view op, OpFact f) { return op_facts(op).has(f); }
+
+// Every operator name the table lists (tests check it against the lowering table).
+std::vector<std::string> ops_with_facts();
+
+}  // namespace tcap::ir

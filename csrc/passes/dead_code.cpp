@@ -1,0 +1,44 @@
+// Dead-code elimination (tcap::eliminate_dead_code, include/tcap/partition.h): keeps the
+// nodes the Output node depends on and the nodes that write into a graph input (an
+// in-place update of a parameter or buffer is an effect even when nothing reads it).
+#include <tcap/partition.h>
+
+#include <algorithm>
+#include <unordered_set>
+
+namespace tcap {
+
+ir::Graph eliminate_dead_code(const ir::Graph& g) {
+  auto root_is_input = [&](ir::ValueId v) {
+    return g.node(g.value(g.alias_root(v)).producer).kind == ir::NodeKind::Input;
+  };
+  std::unordered_set<ir::ValueId> needed;
+  for (ir::ValueId v : g.output_values()) needed.insert(v);
+  std::vector<ir::NodeId> keep;
+  for (auto it = g.nodes().rbegin(); it != g.nodes().rend(); ++it) {
+    const ir::Node& n = *it;
+    if (n.kind != ir::NodeKind::Call && n.kind != ir::NodeKind::CallHook) continue;
+    bool live = false;
+    ir::for_each_value(n.outputs, [&](ir::ValueId v) {
+      live = live || needed.count(v) || (g.value(v).version_of != ir::kNoValue && root_is_input(v));
+    });
+    if (!live) continue;
+    keep.push_back(n.id);
+    ir::for_each_value(n.args, [&](ir::ValueId v) { needed.insert(v); });
+  }
+  std::reverse(keep.begin(), keep.end());
+  std::vector<ir::ValueId> ins;
+  std::vector<ir::InputKind> kinds;
+  std::vector<std::string> names;
+  for (ir::NodeId id : g.input_nodes()) {
+    ins.push_back(g.node(id).outputs.at(0).values.at(0));
+    kinds.push_back(g.node(id).input_kind);
+    names.push_back(g.node(id).name);
+  }
+  const ir::Node* out = g.output_node();
+  std::vector<std::string> onames = out ? out->output_names : std::vector<std::string>{};
+  std::vector<ir::OutputKind> okinds = out ? out->output_kinds : std::vector<ir::OutputKind>{};
+  return ir::extract_subgraph(g, keep, ins, kinds, names, g.output_values(), onames, okinds);
+}
+
+}  // namespace tcap

@@ -1,0 +1,170 @@
+// Partitioning a joint graph into forward and backward graphs (include/tcap/partition.h):
+// choose what the forward saves (default: what the backward reads; min-cut: Note
+// [Min-cut recomputation], passes/min_cut.cpp), then cut the two graphs out of the joint
+// graph, recomputed forward ops moving into the backward. Every decision is recorded
+// with its reason (PartitionResult::explain).
+#include <tcap/partition.h>
+
+#include "passes/joint.h"
+#include "passes/min_cut.h"
+
+#include <c10/util/Exception.h>
+
+#include <set>
+#include <sstream>
+
+namespace tcap {
+
+std::string to_string(Partitioner p) {
+  switch (p) {
+    case Partitioner::Default: return "default";
+    case Partitioner::MinCut: return "min_cut";
+  }
+  return "partitioner" + std::to_string(static_cast<int>(p));
+}
+
+namespace {
+
+using ir::Graph;
+using ir::Node;
+using ir::NodeId;
+using ir::ValueId;
+using passes::JointPhases;
+
+// Forward nodes the backward recomputes: producers of values it reads that are not saved.
+std::set<NodeId> recomputed_nodes(const Graph& g, const JointPhases& ph, const std::unordered_set<ValueId>& saved) {
+  std::set<NodeId> recompute;
+  std::vector<ValueId> todo(ph.read_by_backward.begin(), ph.read_by_backward.end());
+  std::unordered_set<ValueId> seen;
+  while (!todo.empty()) {
+    const ValueId v = todo.back();
+    todo.pop_back();
+    if (saved.count(v) || !seen.insert(v).second) continue;
+    TORCH_CHECK(!ph.primal_set.count(v), "tcap partition: the backward needs primal ", ir::describe(g, v),
+                " but it was not saved (internal error)");
+    const NodeId p = ph.forward_producer.at(v);
+    if (!recompute.insert(p).second) continue;  // its other outputs are recomputed too
+    std::string why;
+    TORCH_CHECK(!passes::never_recomputed(g, ph, p, &why), "tcap partition: would recompute ", ir::describe(g, v),
+                " but ", why, " (internal error)");
+    ir::for_each_value(g.node(p).args, [&](ValueId u) { todo.push_back(u); });
+  }
+  return recompute;
+}
+
+std::string saved_reason(const Graph& g, const JointPhases& ph, Partitioner which, ValueId v) {
+  if (ph.primal_set.count(v)) return "saved: a primal input (kept by reference, no extra memory)";
+  if (which == Partitioner::Default) {
+    const NodeId rd = ph.first_reader.at(v);
+    return "saved: read by the backward" + (rd >= 0 ? " (" + g.node(rd).qualified_op() + ")" : std::string());
+  }
+  std::string why;
+  if (passes::never_recomputed(g, ph, ph.forward_producer.at(v), &why)) return "saved: " + why;
+  return "saved: cheaper to keep (" + std::to_string(passes::tensor_bytes(g.value(v).meta)) +
+         " bytes) than to recompute what depends on it";
+}
+
+Graph forward_graph(const Graph& g, const JointPhases& ph, const std::vector<ValueId>& saved) {
+  std::vector<ir::InputKind> kinds;
+  std::vector<std::string> names;
+  for (NodeId id : g.input_nodes()) {
+    if (kinds.size() == ph.primals.size()) break;
+    kinds.push_back(g.node(id).input_kind);
+    names.push_back(g.node(id).name);
+  }
+  std::vector<ValueId> outs = ph.user_outputs;
+  std::vector<std::string> onames;
+  std::vector<ir::OutputKind> okinds;
+  const Node* on = g.output_node();
+  for (size_t k = 0; k < ph.user_outputs.size(); ++k) {
+    onames.push_back(k < on->output_names.size() ? on->output_names[k] : "out" + std::to_string(k));
+    okinds.push_back(ir::OutputKind::User);
+  }
+  for (size_t k = 0; k < saved.size(); ++k) {
+    outs.push_back(saved[k]);
+    onames.push_back("saved" + std::to_string(k));
+    okinds.push_back(ir::OutputKind::Saved);
+  }
+  return ir::extract_subgraph(g, ph.forward, ph.primals, kinds, names, outs, onames, okinds);
+}
+
+Graph backward_graph(const Graph& g, const JointPhases& ph, const std::vector<ValueId>& saved,
+                     const std::set<NodeId>& recompute) {
+  std::vector<NodeId> nodes(recompute.begin(), recompute.end());
+  nodes.insert(nodes.end(), ph.backward.begin(), ph.backward.end());
+  std::vector<ValueId> ins = saved;
+  std::vector<ir::InputKind> kinds(saved.size(), ir::InputKind::Saved);
+  std::vector<std::string> names;
+  for (size_t k = 0; k < saved.size(); ++k) names.push_back("saved" + std::to_string(k));
+  for (ValueId t : ph.tangents) {
+    ins.push_back(t);
+    kinds.push_back(ir::InputKind::Tangent);
+    names.push_back(g.node(g.value(t).producer).name);
+  }
+  std::vector<std::string> onames;
+  const Node* on = g.output_node();
+  for (size_t k = 0; k < ph.grads.size(); ++k) {
+    const size_t pos = ph.user_outputs.size() + k;
+    onames.push_back(pos < on->output_names.size() ? on->output_names[pos] : "grad" + std::to_string(k));
+  }
+  Graph b = ir::extract_subgraph(g, nodes, ins, kinds, names, ph.grads, onames,
+                                 std::vector<ir::OutputKind>(ph.grads.size(), ir::OutputKind::Grad));
+  // Recomputed forward ops run in the backward: mark them so printouts say so.
+  for (auto& n : b.mutable_nodes()) {
+    if ((n.kind == ir::NodeKind::Call || n.kind == ir::NodeKind::CallHook) && n.phase == ir::Phase::Forward) {
+      n.phase = ir::Phase::Backward;
+      n.autograd_node = "recomputed";
+      n.grad_mode = false;
+    }
+  }
+  return b;
+}
+
+}  // namespace
+
+PartitionResult partition(const JointGraph& joint, Partitioner which, const MinCutOptions& min_cut) {
+  const Graph& g = joint.graph;
+  const JointPhases ph = passes::split_joint(joint);
+  PartitionResult r;
+  r.partitioner = which;
+  r.num_user_outputs = joint.num_user_outputs;
+  r.grad_of = joint.grad_of;
+  r.tangent_of = joint.tangent_of;
+
+  const std::vector<ValueId> saved =
+      which == Partitioner::Default ? ph.read_by_backward : passes::min_cut_saved(g, ph, min_cut);
+  const std::unordered_set<ValueId> saved_set(saved.begin(), saved.end());
+  const std::set<NodeId> recompute = recomputed_nodes(g, ph, saved_set);
+  r.recomputed_nodes = recompute.size();
+
+  for (ValueId v : saved) r.decisions.push_back({v, ValueDecision::Kind::Saved, saved_reason(g, ph, which, v)});
+  for (NodeId id : recompute) {
+    ir::for_each_value(g.node(id).outputs, [&](ValueId v) {
+      std::ostringstream ss;
+      ss << "recomputed in the backward: " << g.node(id).qualified_op() << " is cheap, from";
+      ir::for_each_value(g.node(id).args, [&](ValueId u) { ss << " %" << u; });
+      r.decisions.push_back({v, ValueDecision::Kind::Recomputed, ss.str()});
+    });
+  }
+  // saved_bytes: memory the saving keeps alive that would otherwise be freed: not
+  // primals, not tensors returned to the user anyway, not views of primals.
+  const std::unordered_set<ValueId> user_out(ph.user_outputs.begin(), ph.user_outputs.end());
+  for (ValueId v : saved) {
+    r.saved.push_back(v);
+    r.saved_is_primal.push_back(ph.primal_set.count(v) > 0);
+    if (!ph.primal_set.count(g.alias_root(v)) && !user_out.count(v)) r.saved_bytes += passes::tensor_bytes(g.value(v).meta);
+  }
+  r.forward = forward_graph(g, ph, saved);
+  r.backward = backward_graph(g, ph, saved, recompute);
+  return r;
+}
+
+std::string PartitionResult::explain() const {
+  std::ostringstream ss;
+  ss << to_string(partitioner) << " partition: " << saved.size() << " saved (" << saved_bytes
+     << " bytes beyond primals), " << recomputed_nodes << " ops recomputed\n";
+  for (const auto& d : decisions) ss << "  %" << d.value << ": " << d.reason << "\n";
+  return ss.str();
+}
+
+}  // namespace tcap

@@ -1,0 +1,232 @@
+// compile_step with every optimizer of the C++ API, a learning-rate schedule, several
+// optimizers in one step, a transformer layer (MultiheadAttention's host read) and a
+// changing batch size; each against an eager twin from the same weights. The step must
+// really be replayed (stats), and results equal eager.
+//
+// Tolerances (float32): rtol 1e-4, atol 1e-5 over 15 steps (the same kernels in the same
+// order; the slack covers reductions whose order depends on the thread split).
+#include <tcap/stance.h>
+#include <tcap/train_step.h>
+
+#include "support/compare.h"
+
+#include <torch/torch.h>
+
+using tcap::testing::close;
+using Tensors = std::vector<at::Tensor>;
+namespace nn = torch::nn;
+
+namespace {
+
+constexpr double kRtol = 1e-4;
+constexpr double kAtol = 1e-5;
+
+void copy_params(nn::Module& from, nn::Module& to) {
+  torch::NoGradGuard g;
+  auto dst = to.named_parameters();
+  for (const auto& item : from.named_parameters()) dst[item.key()].copy_(item.value());
+}
+
+void expect_same_params(nn::Module& a, nn::Module& b, const std::string& what) {
+  auto pb = b.named_parameters();
+  for (const auto& item : a.named_parameters()) {
+    EXPECT_TRUE(close(item.value(), pb[item.key()], kRtol, kAtol)) << what << ": " << item.key();
+    EXPECT_TRUE(close(item.value().grad(), pb[item.key()].grad(), kRtol, kAtol)) << what << ": " << item.key() << ".grad";
+  }
+}
+
+nn::Sequential mlp() { return nn::Sequential(nn::Linear(5, 12), nn::GELU(), nn::Linear(12, 3)); }
+
+// One optimizer type, trained 15 steps compiled and eager from the same weights.
+template <class Opt, class Options>
+void train_with(Options options, const std::string& name) {
+  torch::manual_seed(1);
+  auto model = mlp(), twin = mlp();
+  copy_params(*model, *twin);
+  Opt opt(model->parameters(), options), opt_twin(twin->parameters(), options);
+  auto body = [](nn::Sequential& m, Opt& o, const at::Tensor& x, const at::Tensor& y) {
+    o.zero_grad();
+    auto loss = torch::mse_loss(m->forward(x), y);
+    loss.backward();
+    o.step();
+    return loss;
+  };
+  tcap::StanceGuard strict(tcap::Stance::Default, /*error_on_fallback=*/true);
+  auto step = tcap::compile_step(model, opt, [&](const Tensors& in) { return Tensors{body(model, opt, in[0], in[1])}; });
+  for (int i = 0; i < 15; ++i) {
+    auto x = torch::randn({9, 5});
+    auto y = torch::randn({9, 3});
+    auto loss = (*step)({x, y})[0];
+    EXPECT_TRUE(close(loss, body(twin, opt_twin, x, y), kRtol, kAtol)) << name << " step " << i;
+  }
+  expect_same_params(*model, *twin, name);
+  EXPECT_GE(step->stats().replays, 12) << name;
+}
+
+TEST(TrainStepOptim, Sgd) { train_with<torch::optim::SGD>(torch::optim::SGDOptions(0.05), "sgd"); }
+TEST(TrainStepOptim, SgdNesterovWeightDecay) {
+  train_with<torch::optim::SGD>(torch::optim::SGDOptions(0.05).momentum(0.9).nesterov(true).weight_decay(1e-3),
+                                "sgd nesterov");
+}
+TEST(TrainStepOptim, Adam) { train_with<torch::optim::Adam>(torch::optim::AdamOptions(1e-2), "adam"); }
+TEST(TrainStepOptim, AdamAmsgrad) {
+  train_with<torch::optim::Adam>(torch::optim::AdamOptions(1e-2).amsgrad(true), "adam amsgrad");
+}
+TEST(TrainStepOptim, AdamW) {
+  train_with<torch::optim::AdamW>(torch::optim::AdamWOptions(1e-2).weight_decay(0.05), "adamw");
+}
+TEST(TrainStepOptim, Adagrad) {
+  train_with<torch::optim::Adagrad>(torch::optim::AdagradOptions(0.05).lr_decay(0.01), "adagrad");
+}
+TEST(TrainStepOptim, RmspropCenteredMomentum) {
+  train_with<torch::optim::RMSprop>(torch::optim::RMSpropOptions(1e-2).centered(true).momentum(0.5), "rmsprop");
+}
+
+TEST(TrainStepOptim, LbfgsRunsEagerlyWithAReason) {
+  auto model = mlp();
+  torch::optim::LBFGS opt(model->parameters());
+  auto step = tcap::compile_step(model, opt, [&](const Tensors& in) { return Tensors{model->forward(in[0]).sum()}; });
+  (*step)({torch::randn({2, 5})});
+  EXPECT_NE(step->eager_reason().find("LBFGS"), std::string::npos) << step->eager_reason();
+}
+
+// The learning rate changes every step (a warm-up schedule): no recompile.
+TEST(TrainStepOptim, LearningRateScheduleIsAnInput) {
+  for (int adam = 0; adam < 2; ++adam) {
+    torch::manual_seed(2);
+    auto model = mlp(), twin = mlp();
+    copy_params(*model, *twin);
+    std::unique_ptr<torch::optim::Optimizer> opt, opt_twin;
+    if (adam) {
+      opt = std::make_unique<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(1e-3));
+      opt_twin = std::make_unique<torch::optim::Adam>(twin->parameters(), torch::optim::AdamOptions(1e-3));
+    } else {
+      opt = std::make_unique<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(1e-3).momentum(0.9));
+      opt_twin = std::make_unique<torch::optim::SGD>(twin->parameters(), torch::optim::SGDOptions(1e-3).momentum(0.9));
+    }
+    auto set_lr = [](torch::optim::Optimizer& o, double lr) {
+      for (auto& g : o.param_groups()) g.options().set_lr(lr);
+    };
+    auto body = [](nn::Sequential& m, torch::optim::Optimizer& o, const at::Tensor& x, const at::Tensor& y) {
+      o.zero_grad();
+      auto loss = torch::mse_loss(m->forward(x), y);
+      loss.backward();
+      o.step();
+      return loss;
+    };
+    auto step = tcap::compile_step(model, *opt, [&](const Tensors& in) { return Tensors{body(model, *opt, in[0], in[1])}; });
+    for (int i = 0; i < 15; ++i) {
+      const double lr = 1e-3 * (i + 1);
+      set_lr(*opt, lr);
+      set_lr(*opt_twin, lr);
+      auto x = torch::randn({9, 5});
+      auto y = torch::randn({9, 3});
+      auto loss = (*step)({x, y})[0];
+      EXPECT_TRUE(close(loss, body(twin, *opt_twin, x, y), kRtol, kAtol)) << "adam " << adam << " step " << i;
+    }
+    expect_same_params(*model, *twin, adam ? "adam schedule" : "sgd schedule");
+    EXPECT_GE(step->stats().replays, 11) << "adam " << adam;
+    EXPECT_EQ(step->stats().recompiles, 1) << "adam " << adam << ": only the state-creating first step differs";
+  }
+}
+
+// A GAN's iteration in one step: two models, two Adams, BatchNorm, the generator trained
+// through the discriminator.
+struct Gan {
+  nn::Sequential gen{nn::Linear(4, 16), nn::BatchNorm1d(16), nn::ReLU(), nn::Linear(16, 6), nn::Tanh()};
+  nn::Sequential disc{nn::Linear(6, 16), nn::LeakyReLU(nn::LeakyReLUOptions().negative_slope(0.2)), nn::Linear(16, 1)};
+};
+
+TEST(TrainStepOptim, GanStepWithTwoOptimizers) {
+  torch::manual_seed(3);
+  Gan a, b;
+  copy_params(*a.gen, *b.gen);
+  copy_params(*a.disc, *b.disc);
+  auto adam = torch::optim::AdamOptions(2e-3).betas({0.5, 0.999});
+  torch::optim::Adam ga(a.gen->parameters(), adam), da(a.disc->parameters(), adam);
+  torch::optim::Adam gb(b.gen->parameters(), adam), db(b.disc->parameters(), adam);
+  auto body = [](Gan& g, torch::optim::Adam& og, torch::optim::Adam& od, const at::Tensor& real, const at::Tensor& noise) {
+    od.zero_grad();
+    auto fake = g.gen->forward(noise);
+    auto d_real = torch::binary_cross_entropy_with_logits(g.disc->forward(real), torch::ones({real.size(0), 1}));
+    auto d_fake = torch::binary_cross_entropy_with_logits(g.disc->forward(fake.detach()), torch::zeros({real.size(0), 1}));
+    auto d_loss = d_real + d_fake;
+    d_loss.backward();
+    od.step();
+    og.zero_grad();
+    auto g_loss = torch::binary_cross_entropy_with_logits(g.disc->forward(fake), torch::ones({real.size(0), 1}));
+    g_loss.backward();
+    og.step();
+    return Tensors{d_loss, g_loss};
+  };
+  tcap::StanceGuard strict(tcap::Stance::Default, /*error_on_fallback=*/true);
+  auto step = tcap::compile_step({a.gen.ptr(), a.disc.ptr()}, {ga, da},
+                                 [&](const Tensors& in) { return body(a, ga, da, in[0], in[1]); });
+  for (int i = 0; i < 12; ++i) {
+    auto real = torch::randn({8, 6});
+    auto noise = torch::randn({8, 4});
+    auto out = (*step)({real, noise});
+    auto ref = body(b, gb, db, real, noise);
+    EXPECT_TRUE(close(out[0], ref[0], kRtol, kAtol)) << "d_loss step " << i;
+    EXPECT_TRUE(close(out[1], ref[1], kRtol, kAtol)) << "g_loss step " << i;
+  }
+  expect_same_params(*a.gen, *b.gen, "generator");
+  expect_same_params(*a.disc, *b.disc, "discriminator");
+  auto bn_a = a.gen->named_buffers(), bn_b = b.gen->named_buffers();
+  for (const auto& item : bn_a) EXPECT_TRUE(close(item.value(), bn_b[item.key()], kRtol, kAtol)) << item.key();
+  EXPECT_GE(step->stats().replays, 9);
+}
+
+// A transformer encoder layer (MultiheadAttention reads equal(q, k) on the host) with AdamW.
+TEST(TrainStepOptim, TransformerLayerStep) {
+  torch::manual_seed(4);
+  auto opts = nn::TransformerEncoderLayerOptions(16, 4).dim_feedforward(32).dropout(0.0);
+  nn::TransformerEncoderLayer layer(opts), twin(opts);
+  copy_params(*layer, *twin);
+  torch::optim::AdamW opt(layer->parameters(), 1e-3), opt_twin(twin->parameters(), 1e-3);
+  auto body = [](nn::TransformerEncoderLayer& m, torch::optim::AdamW& o, const at::Tensor& x) {
+    o.zero_grad();
+    auto loss = m->forward(x).pow(2).mean();
+    loss.backward();
+    o.step();
+    return loss;
+  };
+  tcap::StanceGuard strict(tcap::Stance::Default, /*error_on_fallback=*/true);
+  auto step = tcap::compile_step(layer, opt, [&](const Tensors& in) { return Tensors{body(layer, opt, in[0])}; });
+  for (int i = 0; i < 10; ++i) {
+    auto x = torch::randn({7, 3, 16});
+    auto loss = (*step)({x})[0];
+    EXPECT_TRUE(close(loss, body(twin, opt_twin, x), kRtol, kAtol)) << "step " << i;
+  }
+  expect_same_params(*layer, *twin, "transformer layer");
+  EXPECT_GE(step->stats().replays, 7);
+}
+
+// The batch size changes: a compiled step is generalized over it.
+TEST(TrainStepOptim, ChangingBatchIsDynamic) {
+  torch::manual_seed(5);
+  auto model = mlp(), twin = mlp();
+  copy_params(*model, *twin);
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  torch::optim::SGD opt_twin(twin->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  auto body = [](nn::Sequential& m, torch::optim::SGD& o, const at::Tensor& x, const at::Tensor& y) {
+    o.zero_grad();
+    auto loss = torch::mse_loss(m->forward(x), y);
+    loss.backward();
+    o.step();
+    return loss;
+  };
+  auto step = tcap::compile_step(model, opt, [&](const Tensors& in) { return Tensors{body(model, opt, in[0], in[1])}; });
+  const int64_t batches[] = {8, 8, 8, 8, 12, 12, 12, 16, 20, 16, 24};
+  for (int64_t n : batches) {
+    auto x = torch::randn({n, 5});
+    auto y = torch::randn({n, 3});
+    auto loss = (*step)({x, y})[0];
+    EXPECT_TRUE(close(loss, body(twin, opt_twin, x, y), kRtol, kAtol)) << "batch " << n;
+  }
+  expect_same_params(*model, *twin, "dynamic batch");
+  EXPECT_EQ(step->stats().captures, 5) << "three captures at 8 (the first creates state), two at 12";
+  EXPECT_GE(step->stats().replays, 6);
+}
+
+}  // namespace
