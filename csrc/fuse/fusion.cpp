@@ -182,7 +182,7 @@ class Fuser {
     if (n.kind != ir::NodeKind::Call) {
       return;
     }
-    OpInfo info;
+    NodeClass info;
     if (auto why = classify(g_, n, &info, opts_.device)) {
       if (n.op.rfind("aten::", 0) == 0 && !is_view_like(n)) decide(n, *why);
       return;
@@ -285,7 +285,7 @@ class Fuser {
     return n;
   }
 
-  bool try_join(const ir::Node& n, const OpInfo& info, const Group& gr, Space* space, std::string* why) {
+  bool try_join(const ir::Node& n, const NodeClass& info, const Group& gr, Space* space, std::string* why) {
     if (gr.closed) {
       *why = "the group ended at a mutation or hook call";
       return false;
@@ -349,7 +349,7 @@ class Fuser {
     for (const auto& o : n.outputs) {
       if (o.kind != ir::ArgKind::Value) continue;
       for (ir::NodeId u : g_.users(o.values[0])) {
-        OpInfo ui;
+        NodeClass ui;
         if (classify(g_, g_.node(u), &ui, opts_.device) || ui.cls != OpClass::Reduction || ui.reduce_dims == R) {
           return false;
         }

@@ -533,7 +533,7 @@ std::optional<kir::DType> to_kir(c10::ScalarType t) {
 
 DType compute_type(DType t) { return t == DType::BF16 || t == DType::F16 ? DType::F32 : t; }
 
-std::optional<std::string> classify(const ir::Graph& g, const ir::Node& n, OpInfo* info, const c10::Device& device) {
+std::optional<std::string> classify(const ir::Graph& g, const ir::Node& n, NodeClass* info, const c10::Device& device) {
   if (n.kind != ir::NodeKind::Call) return std::string("not an operator call");
   const Row* row = find_row(n);
   if (!row) return "no kernel IR lowering for " + n.qualified_op() + " (runs as an ATen call)";

@@ -27,14 +27,16 @@ enum class OpClass {
   Row,        // full-shape in and out, with reductions over `reduce_dims` inside (softmax)
 };
 
-struct OpInfo {
+// A node's fusion classification (classify() below): how it uses the iteration space and
+// which dims it reduces.
+struct NodeClass {
   OpClass cls = OpClass::Pointwise;
   std::vector<int64_t> reduce_dims;  // Reduction / Row: dims of the first tensor argument, sorted
 };
 
 // Why a node cannot be lowered for kernels on `device` (every tensor it reads and writes
 // must live there), or std::nullopt with `info` filled in.
-std::optional<std::string> classify(const ir::Graph& g, const ir::Node& n, OpInfo* info,
+std::optional<std::string> classify(const ir::Graph& g, const ir::Node& n, NodeClass* info,
                                     const c10::Device& device = c10::Device(c10::kCPU));
 
 // Builds instructions for one node. The fusion pass supplies `resolve` (the kir value of a
