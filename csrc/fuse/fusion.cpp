@@ -1,6 +1,7 @@
 #include "fuse/fusion.h"
 
 #include "fuse/decompose.h"
+#include "fuse/classify.h"
 #include "fuse/lowering.h"
 #include "support/logging.h"
 
@@ -673,7 +674,7 @@ class Fuser {
       // Reductions and Row ops read their tensors in the full space.
       cur_space = node_class_.at(id) == OpClass::Pointwise ? node_space_.at(id) : Space::Full;
       cur_out = out_sizes(n);
-      auto vals = em.lower(n);
+      auto vals = lower(em, n);
       size_t i = 0;
       for (const auto& o : n.outputs) {
         if (o.kind != ir::ArgKind::Value) continue;
