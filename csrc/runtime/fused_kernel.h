@@ -40,7 +40,7 @@ struct FusedKernel {
   std::string name;
   kir::Kernel kernel;
   c10::Device device = c10::Device(c10::kCPU);
-  std::shared_ptr<const codegen::CpuKernel> cpu;              // device is the CPU
+  std::shared_ptr<const codegen::cpu_llvm::CpuKernel> cpu;              // device is the CPU
   std::shared_ptr<const codegen::cuda::CudaKernel> cuda;      // device is a CUDA device
   std::vector<ir::TensorMeta> inputs;   // recorded metadata, in kernel buffer order
   std::vector<ir::TensorMeta> outputs;
