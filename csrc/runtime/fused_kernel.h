@@ -6,7 +6,7 @@
 // exactly like eager's), through LibTorch's CPU allocator inside a PoolScope: a
 // steady-state step takes its blocks from the CPU buffer pool and allocates no new ones
 // (Note [CPU buffer pool]; shared/notes/benchmarking-here.md on why that matters here).
-// (Until session 11 each output slot kept its last buffer instead: memory held per slot
+// (Before commit 25dffde each output slot kept its last buffer instead: memory held per slot
 // between calls, and no reuse across kernels.)
 //
 // On CUDA (a kernel with `cuda` set) outputs come from LibTorch's caching allocator

@@ -1,6 +1,6 @@
 // A host emulator for the kernels of the cuda backend (codegen/cuda), so that what the
 // CUDA renderer writes runs, and is checked against eager LibTorch, on machines without a
-// GPU (issue 6: no session so far was lent one, and CI never is).
+// GPU (CI machines have none).
 //
 // Note [CUDA host emulation]
 // The rendered CUDA C++ source itself is compiled with the host C++ compiler, with
