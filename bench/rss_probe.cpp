@@ -1,7 +1,7 @@
 // tcap-rss-probe: what a training loop costs in resident memory, per process. tcap-bench's
 // peak_bytes counts tensor bytes through the CPU allocator, so it sees the CPU buffer
 // pool's cached blocks but not what glibc malloc keeps after eager frees (bench/RESULTS.md,
-// session 13). This runs mlp_big's step (Linear(1024,4096) GELU Linear(4096,1024)
+// commit dfec3e7). This runs mlp_big's step (Linear(1024,4096) GELU Linear(4096,1024)
 // LayerNorm, batch 256, loss mean(out^2), the same as tcap-bench's) in a process of its
 // own and prints the process's resident set (VmRSS) and its peak (VmHWM) after the first
 // step and at the end. Compare modes in separate runs, interleaved:

@@ -1,4 +1,4 @@
-# Finds LLVM 19 for the cpu_llvm kernel backend (issue 4, D7): Debian's llvm-19-dev, whose
+# Finds LLVM 19 for the cpu_llvm kernel backend (D7): Debian's llvm-19-dev, whose
 # CMake package lives in /usr/lib/llvm-19/lib/cmake/llvm (or wherever `llvm-config-19
 # --cmakedir` says).
 #

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue 6's checks on a machine with an NVIDIA GPU and no package registry (the `device`
-# tool's machines: CUDA, PyTorch at /opt/torch/.venv, CMake, ninja; no LLVM, no network).
+# The CUDA backend's checks on a machine with an NVIDIA GPU and no package registry (CUDA,
+# PyTorch at /opt/torch/.venv, CMake, ninja; no LLVM, no network).
 #
 #   tools/gpu_check.sh pack     here, with network: copies what the build needs that such a
 #                               machine lacks into .deps/ (git-ignored): nlohmann/json's
@@ -11,14 +11,14 @@
 #                                 1. the CUDA tests (CudaDevice.*, CudaRender.*, CudaCache.*)
 #                                 2. the op sweep on CUDA (tcap_op_sweep_cuda_tests)
 #                                 3. the whole CTest suite, GPU present
-#                                 4. tcap-bench --device cuda on the issue's workloads, with
+#                                 4. tcap-bench --device cuda on the CUDA workloads, with
 #                                    the torch.compile peer, JSON in $OUT/bench-cuda.json
 #                               A failing step is logged and the next one still runs; the
 #                               exit status is the number of failed steps.
 #
-# With the device tool: once `tools/gpu_check.sh pack` here, then one run with
-# carry [".deps"]: `OUT=$OUT tools/gpu_check.sh run` (a 16-core build takes a few minutes;
-# set TCAP_GPU_STEPS=1,2,4 to choose steps).
+# Once `tools/gpu_check.sh pack` here, then, in a copy of the checkout that includes .deps
+# on the GPU machine: `OUT=<dir> tools/gpu_check.sh run` (a 16-core build takes a few
+# minutes; set TCAP_GPU_STEPS=1,2,4 to choose steps).
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 deps="$root/.deps"
@@ -39,8 +39,8 @@ pack() {
 }
 
 run() {
-  # The device tool returns at most 8 files from $OUT: the summary, the bench's JSON and
-  # one archive of the step logs.
+  # Three files go to $OUT, for runners that bring back only a few: the summary, the
+  # bench's JSON and one archive of the step logs.
   local out=${OUT:-$root/gpu-out}
   local logs="$root/build-gpu-logs"
   mkdir -p "$out" "$logs"

@@ -97,7 +97,7 @@ Target choose_target(const std::string& backend, const ir::Graph& g, const std::
       why = "the graph has tensors on " + cuda_device->str() + " (backend 'llvm' compiles CPU graphs)";
     } else if (std::any_of(devices.begin(), devices.end(), [](const c10::Device& d) { return !d.is_cpu(); })) {
       why = "the graph has tensors that are neither on the CPU nor on a CUDA device";
-    } else if (codegen::cpu_llvm_available(&why)) {
+    } else if (codegen::cpu_llvm::cpu_llvm_available(&why)) {
       return {Target::CpuLlvm, c10::Device(c10::kCPU)};
     }
   } else {
@@ -116,7 +116,7 @@ Target choose_target(const std::string& backend, const ir::Graph& g, const std::
 
 KernelMaker kernel_maker(const Target& t) {
   if (t.kind == Target::CpuLlvm) {
-    return [](const fuse::FusedGroup& fg, runtime::FusedKernel& fk) { fk.cpu = codegen::compile_cpu_kernel(fg.kernel); };
+    return [](const fuse::FusedGroup& fg, runtime::FusedKernel& fk) { fk.cpu = codegen::cpu_llvm::compile_cpu_kernel(fg.kernel); };
   }
   const codegen::cuda::Target target = codegen::cuda::target_for(t.device.index());
   return [target](const fuse::FusedGroup& fg, runtime::FusedKernel& fk) {

@@ -1,21 +1,18 @@
 #include "autograd/walk.h"
 
+#include "autograd/autograd_shim.h"
+#include "autograd/key_writer.h"
+#include "autograd/node_fields.h"
+#include "autograd/ptr_map.h"
 #include "capture/armed.h"
 #include "aot/replay_node.h"
 
 #include <c10/util/ScopeExit.h>
-#include <torch/csrc/autograd/functions/accumulate_grad.h>
-#include <torch/csrc/autograd/functions/basic_ops.h>
-#include <torch/csrc/autograd/generated/Functions.h>
-#include <torch/csrc/dynamo/compiled_autograd.h>
 
 #include <algorithm>
 #include <atomic>
-#include <cstring>
 #include <deque>
-#include <string_view>
 #include <typeinfo>
-#include <unordered_map>
 
 // Note [The backward key]
 // A compiled backward may replace the engine only for a graph that computes the same
@@ -32,32 +29,6 @@
 // metadata only: whether .grad is defined is not part of the key (the replay accumulates
 // with the engine's own rules), so optimizer.zero_grad() causes no recompile.
 
-// Note [Generated nodes described from their fields]
-// Node::compiled_args is the general way to describe a node, but for the nodes LibTorch
-// generates (Functions.h: SinBackward0, MulBackward0, MmBackward0, ...) it is expensive:
-// every saved tensor goes through TensorArgs, two std::unordered_map inserts (a malloc
-// each) plus the compiler's teardown; on ca_chain that was a third of the walk. A
-// generated node's compiled_args only collects the node's members, one after another,
-// so for the generated nodes whose members all have types FieldVisitor knows (all 701 of
-// LibTorch 2.11's; generated_nodes.inc, written by tools/gen_node_describers.py from the
-// installed Functions.h) the walk describes the members itself, with the same meaning:
-//  - a SavedVariable is unpacked (with the node, for a saved output) and lifted into the
-//    backward's tensors, deduplicated by TensorImpl like TensorArgs does; the key gets its
-//    index, and for a new tensor its metadata and requires_grad (after the node's members,
-//    so the sizes come in compiled_args' order: SymInts first, then tensor metadata);
-//  - a SymInt is a size compared per call (it can become dynamic), like an all_size_input;
-//    so are the sizes in a TypeAndSize and the sizes, strides and offset of a
-//    TensorGeometry;
-//  - scalars, dtypes, layouts, TensorOptions, ints, doubles, strings and lists of them
-//    are key bytes.
-// The key describes at least what compiled_args does: every member, not only the ones
-// compiled_args collects. Each entry mirrors the node's members in a struct with the same
-// base and static_asserts equal sizes, so a release that adds a member breaks the build
-// rather than the cache key. A node whose members cannot be described this way (a saved
-// tensor with pack/unpack hooks, a symbolic scalar or size) goes to compiled_args, which
-// says why it cannot be compiled. On ca_chain (103 nodes, a third of them generated
-// SinBackward0s with a saved tensor each) this cut a walk from 129k to 94k instructions.
-
 namespace tcap::ca {
 namespace {
 
@@ -66,37 +37,6 @@ using torch::dynamo::autograd::AutogradCompilerCall;
 using torch::dynamo::autograd::CompiledNodeArgs;
 using torch::dynamo::autograd::SizeInput;
 
-// Appends to the key without a library call per field (the walk writes a few dozen
-// fields per node; see the lookup_us benchmark). The buffer only grows, so a walk that
-// reuses a BackwardWalk neither allocates nor clears it.
-class KeyWriter {
- public:
-  explicit KeyWriter(std::string& buf) : buf_(buf), data_(buf.data()), cap_(buf.size()) {}
-  // Inlined into each put (GCC stops inlining it once the file is large): a call per field
-  // costs more than the write.
-  C10_ALWAYS_INLINE void write(const void* p, size_t n) {
-    if (C10_UNLIKELY(len + n > cap_)) grow(len + n);
-    std::memcpy(data_ + len, p, n);
-    len += n;
-  }
-  const char* data() const { return data_; }
-  size_t len = 0;
-
- private:
-  C10_NOINLINE void grow(size_t need) {
-    buf_.resize(std::max(buf_.size() * 2, need + 4096));
-    data_ = buf_.data();
-    cap_ = buf_.size();
-  }
-  std::string& buf_;
-  char* data_;
-  size_t cap_;
-};
-template <class T>
-C10_ALWAYS_INLINE void put(KeyWriter& key, const T& v) {
-  key.write(&v, sizeof(T));
-}
-
 bool is_observer(const torch::autograd::FunctionPreHook* h) {
   return dynamic_cast<const capture::ObserverPreHook*>(h) != nullptr;
 }
@@ -104,110 +44,7 @@ bool is_observer(const torch::autograd::FunctionPostHook* h) {
   return dynamic_cast<const capture::ObserverPostHook*>(h) != nullptr;
 }
 
-// SavedVariable::is_output_ is private; unpack() needs the node for a saved output (and
-// must not get it for a saved input, see Note [Generated nodes described from their
-// fields]). An explicit instantiation may name a private member ([temp.spec.general]),
-// which is how this reads it.
-struct SavedVariableIsOutput {
-  using type = bool torch::autograd::SavedVariable::*;
-  friend type member(SavedVariableIsOutput);
-};
-template <class Tag, typename Tag::type M>
-struct Expose {
-  friend typename Tag::type member(Tag) { return M; }
-};
-template struct Expose<SavedVariableIsOutput, &torch::autograd::SavedVariable::is_output_>;
-
-bool is_saved_output(const torch::autograd::SavedVariable& sv) { return sv.*member(SavedVariableIsOutput{}); }
-
-struct Walker;
-
-// Visits the members of a generated node (Note [Generated nodes described from their
-// fields]), twice: `write` false checks that every member can be described this way (ok),
-// `write` true writes them into the walk.
-struct FieldVisitor {
-  Walker& walker;
-  KeyWriter& key;  // walker's
-  uint32_t id;
-  bool write;
-  bool ok = true;
-
-  void operator()(const torch::autograd::SavedVariable& sv);
-  void operator()(const at::Scalar& s);
-  void operator()(const c10::SymInt& s);
-  void operator()(const std::string& s);
-  void operator()(at::ScalarType v) { bytes(v); }
-  void operator()(at::Layout v) { bytes(v); }
-  void operator()(bool v) { bytes(v); }
-  void operator()(int64_t v) { bytes(v); }
-  void operator()(double v) { bytes(v); }
-  void operator()(size_t v) { bytes(v); }
-  void operator()(const c10::TensorOptions& o) {  // what CompiledNodeArgs::collect takes
-    bytes(static_cast<int8_t>(o.device().type()));
-    bytes(o.device().index());
-    bytes(o.dtype().id());
-    bytes(o.layout());
-    bytes(o.requires_grad());
-    bytes(o.pinned_memory());
-    (*this)(o.memory_format_opt());
-  }
-  void operator()(const torch::autograd::TypeAndSize& t) {
-    (*this)(t.sym_sizes);
-    (*this)(t.options);
-  }
-  void operator()(c10::MemoryFormat v) { bytes(v); }
-  void operator()(const at::TensorGeometry& g) {  // sizes, strides, offset: all sizes
-    (*this)(g.sym_sizes());
-    (*this)(g.sym_strides());
-    (*this)(g.sym_storage_offset());
-  }
-  void operator()(c10::SymIntArrayRef list) {
-    bytes(static_cast<uint32_t>(list.size()));
-    for (const c10::SymInt& x : list) (*this)(x);
-  }
-  template <class T>
-  void operator()(const std::vector<T>& list) {
-    bytes(static_cast<uint32_t>(list.size()));
-    for (const T& x : list) (*this)(x);
-  }
-  template <class T>
-  void operator()(const std::optional<T>& o) {
-    bytes(o.has_value());
-    if (o) (*this)(*o);
-  }
-  template <class T>
-  void operator()(const c10::OptionalArray<T>& a) {
-    (*this)(a.list);
-  }
-
- private:
-  template <class T>
-  C10_ALWAYS_INLINE void bytes(const T& v) {
-    if (write) put(key, v);
-  }
-};
-
-using VisitFields = void (*)(const torch::autograd::Node&, FieldVisitor&);
-struct GeneratedNode {
-  const std::type_info* type;
-  VisitFields visit;
-};
-
-namespace G = torch::autograd::generated;
-#include "autograd/generated_nodes.inc"
-
 std::atomic<bool> describe_generated_fields{true};
-
-// The member visitor of a generated node type; null for the others.
-VisitFields generated_visitor(const std::type_info& t) {
-  static const auto* table = [] {
-    auto* m = new std::unordered_map<std::string_view, VisitFields>();
-    for (const GeneratedNode& g : kGeneratedNodes) m->emplace(g.type->name(), g.visit);
-    return m;
-  }();
-  auto it = table->find(t.name());
-  return it == table->end() ? nullptr : it->second;
-}
 
 // What the walk needs to know about a node type, computed once per type on this thread:
 // Node::name() demangles on every call, and comparing type_infos costs a strcmp. The
@@ -217,62 +54,6 @@ struct NodeType {
   std::string name;
   Kind kind;
   VisitFields visit;  // a generated node's members (non-null: see FieldVisitor)
-};
-
-// Pointer -> uint32_t, open addressing with linear probing; the walk's maps from nodes to
-// NodeCall ids and from type_infos to NodeTypes. Never shrinks, so a walk that reuses
-// it allocates nothing.
-class PtrMap {
- public:
-  static constexpr uint32_t kAbsent = UINT32_MAX;
-  void clear() {
-    if (size_ == 0) return;
-    std::fill(slots_.begin(), slots_.end(), Slot{});
-    size_ = 0;
-  }
-  C10_ALWAYS_INLINE uint32_t find(const void* p) const {
-    if (slots_.empty()) return kAbsent;
-    for (size_t i = home(p);; i = (i + 1) & mask_) {
-      if (slots_[i].key == p) return slots_[i].value;
-      if (slots_[i].key == nullptr) return kAbsent;
-    }
-  }
-  // Inserts p -> value unless p is present; returns false if it was.
-  C10_ALWAYS_INLINE bool insert(const void* p, uint32_t value) {
-    if (2 * (size_ + 1) > slots_.size()) grow();
-    for (size_t i = home(p);; i = (i + 1) & mask_) {
-      if (slots_[i].key == p) return false;
-      if (slots_[i].key == nullptr) {
-        slots_[i] = {p, value};
-        ++size_;
-        return true;
-      }
-    }
-  }
-
- private:
-  struct Slot {
-    const void* key = nullptr;
-    uint32_t value = 0;
-  };
-  size_t home(const void* p) const {  // Fibonacci hashing of the address
-    return static_cast<size_t>((reinterpret_cast<uintptr_t>(p) * 0x9E3779B97F4A7C15ull) >> shift_);
-  }
-  C10_NOINLINE void grow() {
-    std::vector<Slot> old = std::move(slots_);
-    const size_t n = old.empty() ? 256 : 2 * old.size();
-    slots_.assign(n, Slot{});
-    mask_ = n - 1;
-    shift_ = 64 - static_cast<unsigned>(__builtin_ctzll(n));
-    size_ = 0;
-    for (const Slot& s : old) {
-      if (s.key) insert(s.key, s.value);
-    }
-  }
-  std::vector<Slot> slots_;
-  size_t mask_ = 0;
-  unsigned shift_ = 64;
-  size_t size_ = 0;
 };
 
 // This thread's NodeTypes, by type_info.
@@ -343,13 +124,7 @@ struct Walker {
   std::vector<const NodeType*>& types_of = scratch.types;
   const bool fields = describe_generated_fields.load(std::memory_order_relaxed);
 
-  void size(uint32_t node, int64_t v) {
-    // Field by field: a braced temporary makes GCC store two fields and load them back
-    // as one, which stalls store forwarding on every size.
-    SizeRef& s = w.sizes.emplace_back();
-    s.node = node;
-    s.value = v;
-  }
+  void size(uint32_t node, int64_t v) { w.add_size(node, v); }
 
   void tensor_meta(uint32_t node, const at::Tensor& t) {
     put(key, t.scalar_type());
@@ -482,7 +257,7 @@ struct Walker {
       return true;
     }
     if (const VisitFields visit = types_of[id]->visit; visit && fields) {
-      FieldVisitor check{*this, key, id, /*write=*/false};
+      FieldVisitor check{w, key, scratch.saved, scratch.fresh, id, /*write=*/false};
       visit(n, check);
       if (check.ok) return describe_fields(id, n, visit);
     }
@@ -542,7 +317,7 @@ struct Walker {
     auto& fresh = scratch.fresh;
     fresh.clear();
     try {
-      FieldVisitor v{*this, key, id, /*write=*/true};
+      FieldVisitor v{w, key, scratch.saved, scratch.fresh, id, /*write=*/true};
       visit(n, v);
     } catch (const std::exception& e) {
       return fail(id, "cannot be described (" + first_line(e.what()) + ")");
@@ -555,68 +330,6 @@ struct Walker {
     return true;
   }
 };
-
-void FieldVisitor::operator()(const torch::autograd::SavedVariable& sv) {
-  if (!write) {
-    ok = ok && !sv.has_hooks();
-    return;
-  }
-  at::Tensor t = is_saved_output(sv) ? sv.unpack(walker.w.nodes[id]->getptr()) : sv.unpack();
-  if (!t.defined()) {
-    put(key, uint32_t{0});
-    return;
-  }
-  const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-  uint32_t k = walker.scratch.saved.find(impl);
-  if (k == PtrMap::kAbsent) {
-    k = static_cast<uint32_t>(walker.w.tensors.size());
-    walker.scratch.saved.insert(impl, k);
-    walker.w.tensors.push_back(std::move(t));
-    walker.w.tensor_node.push_back(id);
-    walker.scratch.fresh.push_back(k);
-  }
-  put(key, k + 1);
-}
-
-void FieldVisitor::operator()(const at::Scalar& s) {
-  using c10::ScalarType;
-  if (!write) {
-    if (!ok || s.isSymbolic()) {
-      ok = false;
-      return;
-    }
-    const ScalarType type = s.type();  // the four compiled_args accepts
-    ok = type == ScalarType::Double || type == ScalarType::Long || type == ScalarType::Bool ||
-         type == ScalarType::ComplexDouble;
-    return;
-  }
-  const ScalarType type = s.type();
-  bytes(type);
-  switch (type) {
-    case ScalarType::Double: bytes(s.toDouble()); break;
-    case ScalarType::Long: bytes(s.toLong()); break;
-    case ScalarType::Bool: bytes(s.toBool()); break;
-    default: {  // ComplexDouble (the check admits no other)
-      const auto c = s.toComplexDouble();
-      bytes(c.real());
-      bytes(c.imag());
-    }
-  }
-}
-
-void FieldVisitor::operator()(const c10::SymInt& s) {
-  const auto v = s.maybe_as_int();
-  if (!write) {
-    ok = ok && v.has_value();
-    return;
-  }
-  walker.size(id, *v);
-}
-
-void FieldVisitor::operator()(const std::string& s) {
-  bytes(static_cast<uint32_t>(s.size()));
-  if (write) key.write(s.data(), s.size());
-}
 
 }  // namespace
 

@@ -1,8 +1,8 @@
 // Compiled autograd's view of one backward's autograd graph: the structural cache key,
-// the tensors the backward reads, and the hooks it calls (Note [The backward key]).
-// This is the one file that reads autograd internals for compiled autograd
-// (Node::compiled_args through torch/csrc/dynamo/compiled_autograd.h, AccumulateGrad,
-// InputMetadata); they change between LibTorch releases.
+// the tensors the backward reads, and the hooks it calls (Note [The backward key],
+// walk.cpp). The walk reads autograd internals (Node::compiled_args, AccumulateGrad,
+// InputMetadata, the generated nodes' members), which change between LibTorch releases;
+// it reaches them only through autograd_shim.h.
 #pragma once
 
 #include <torch/csrc/autograd/function.h>
@@ -52,6 +52,14 @@ struct BackwardWalk {
   std::vector<HookRef> hooks;      // in slot order
   std::vector<uint32_t> accumulate;  // NodeCall ids of AccumulateGrad nodes
   std::vector<c10::IValue> keep_alive;  // objects the key refers to by address
+
+  void add_size(uint32_t node, int64_t value) {
+    // Field by field: a braced temporary makes GCC store two fields and load them back
+    // as one, which stalls store forwarding on every size.
+    SizeRef& s = sizes.emplace_back();
+    s.node = node;
+    s.value = value;
+  }
 
   std::string label(uint32_t node) const {  // "MulBackward0 (NodeCall 2)"
     return *names.at(node) + " (NodeCall " + std::to_string(node) + ")";

@@ -66,7 +66,7 @@ struct FusionResult {
   std::string explain() const;      // groups and decisions, one per line
 };
 
-// Fusion rules (Note [Fusion groups] in fusion.cpp): a node joins the group of one of its
+// Fusion rules (Note [Fusion groups] in groups.h): a node joins the group of one of its
 // producers when it is lowerable (lowering.h), works on the group's iteration space (same
 // full shape, or the group's reduced shape after its reductions) and joining creates no
 // cycle; groups never span a mutation (an in-place or out= ATen call) or a hook call.

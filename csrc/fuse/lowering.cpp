@@ -14,15 +14,9 @@ using kir::OpCode;
 
 namespace {
 
-using LowerFn = std::vector<Val> (*)(Emitter& e, const ir::Node& n);
-// Reduce dims of a Reduction/Row node (in its first tensor argument's dims).
-using DimsFn = std::vector<int64_t> (*)(const ir::Graph& g, const ir::Node& n);
-
-struct Row {
-  OpClass cls;
-  LowerFn lower;
-  DimsFn dims = nullptr;
-};
+// Number of elements a Reduction/Row node reduces (product of the reduced sizes); for
+// mse_loss_backward, what its mean divides by.
+int64_t reduced_numel(const Emitter& e, const ir::Node& n);
 
 int64_t rank_of_arg0(const ir::Graph& g, const ir::Node& n) {
   return static_cast<int64_t>(g.value(n.args.at(0).values.at(0)).meta.sizes.size());
@@ -319,7 +313,7 @@ std::vector<Val> mse_loss_backward(Emitter& e, const ir::Node& n) {  // (grad, s
   const DType t = e.compute_dtype(n);
   Val g = e.in(n, 0, t), x = e.in(n, 1, t), y = e.in(n, 2, t);
   double norm = 2.0;
-  if (e.integer(n, 3) == 1) norm /= static_cast<double>(e.reduced_numel(n));
+  if (e.integer(n, 3) == 1) norm /= static_cast<double>(reduced_numel(e, n));
   return {e.bin(OpCode::Mul, e.bin(OpCode::Mul, e.c(norm, t), e.bin(OpCode::Sub, x, y)), g)};
 }
 
@@ -331,7 +325,7 @@ std::vector<Val> sum(Emitter& e, const ir::Node& n) {
 std::vector<Val> mean(Emitter& e, const ir::Node& n) {
   const DType t = e.compute_dtype(n);
   Val s = e.reduce(OpCode::ReduceSum, e.in(n, 0, t));
-  return {e.bin(OpCode::Div, s, e.c(static_cast<double>(e.reduced_numel(n)), t))};
+  return {e.bin(OpCode::Div, s, e.c(static_cast<double>(reduced_numel(e, n)), t))};
 }
 template <OpCode op>
 std::vector<Val> reduce_minmax(Emitter& e, const ir::Node& n) {
@@ -342,7 +336,7 @@ std::vector<Val> mse_loss(Emitter& e, const ir::Node& n) {  // reduction: 1 mean
   Val d = e.bin(OpCode::Sub, e.in(n, 0, t), e.in(n, 1, t));
   if (e.integer(n, 2) == 0) return {e.bin(OpCode::Mul, d, d)};
   Val s = e.reduce(OpCode::ReduceSum, e.bin(OpCode::Mul, d, d));
-  if (e.integer(n, 2) == 1) s = e.bin(OpCode::Div, s, e.c(static_cast<double>(e.reduced_numel(n)), t));
+  if (e.integer(n, 2) == 1) s = e.bin(OpCode::Div, s, e.c(static_cast<double>(reduced_numel(e, n)), t));
   return {s};
 }
 std::vector<Val> softmax(Emitter& e, const ir::Node& n) {
@@ -377,7 +371,7 @@ std::vector<Val> log_softmax_backward(Emitter& e, const ir::Node& n) {
 std::vector<Val> layer_norm(Emitter& e, const ir::Node& n) {
   const DType t = e.compute_dtype(n, 1);  // mean/rstd carry the accumulation dtype
   Val x = e.in(n, 0, t);
-  const Val count = e.c(static_cast<double>(e.reduced_numel(n)), t);
+  const Val count = e.c(static_cast<double>(reduced_numel(e, n)), t);
   Val mu = e.bin(OpCode::Div, e.reduce(OpCode::ReduceSum, x), count);
   Val d = e.bin(OpCode::Sub, x, mu);
   Val var = e.bin(OpCode::Div, e.reduce(OpCode::ReduceSum, e.bin(OpCode::Mul, d, d)), count);
@@ -400,13 +394,13 @@ std::vector<Val> layer_norm_backward(Emitter& e, const ir::Node& n) {
   Val xhat = e.bin(OpCode::Mul, e.bin(OpCode::Sub, x, mu), rstd);
   Val sum_g = e.reduce(OpCode::ReduceSum, g);
   Val sum_gx = e.reduce(OpCode::ReduceSum, e.bin(OpCode::Mul, g, xhat));
-  const Val count = e.c(static_cast<double>(e.reduced_numel(n)), t);
+  const Val count = e.c(static_cast<double>(reduced_numel(e, n)), t);
   Val inner = e.bin(OpCode::Div, e.bin(OpCode::Add, sum_g, e.bin(OpCode::Mul, xhat, sum_gx)), count);
   return {e.bin(OpCode::Mul, rstd, e.bin(OpCode::Sub, g, inner))};
 }
 
-const std::unordered_map<std::string, Row>& table() {
-  static const std::unordered_map<std::string, Row> t = {
+const std::unordered_map<std::string, LoweringRow>& table() {
+  static const std::unordered_map<std::string, LoweringRow> t = {
       {"aten::neg", {OpClass::Pointwise, unary<OpCode::Neg>}},
       {"aten::abs", {OpClass::Pointwise, unary<OpCode::Abs>}},
       {"aten::exp", {OpClass::Pointwise, unary<OpCode::Exp>}},
@@ -506,282 +500,30 @@ const std::unordered_map<std::string, Row>& table() {
   return t;
 }
 
-const Row* find_row(const ir::Node& n) {
+int64_t reduced_numel(const Emitter& e, const ir::Node& n) {
+  // mse_loss_backward (grad, self, ...) is pointwise, but its mean divides by self's numel.
+  if (n.op == "aten::mse_loss_backward") return e.graph().value(n.args.at(1).values.at(0)).meta.numel();
+  const LoweringRow* row = find_lowering(n);
+  TORCH_INTERNAL_ASSERT(row && row->dims, "tcap fusion: ", n.qualified_op(), " reduces no dims");
+  const auto& sizes = e.graph().value(n.args.at(0).values.at(0)).meta.sizes;
+  int64_t count = 1;
+  for (int64_t d : row->dims(e.graph(), n)) count *= sizes[static_cast<size_t>(d)];
+  return count;
+}
+
+}  // namespace
+
+const LoweringRow* find_lowering(const ir::Node& n) {
   const auto& t = table();
   auto it = t.find(n.qualified_op());
   if (it == t.end()) it = t.find(n.op);
   return it == t.end() ? nullptr : &it->second;
 }
 
-}  // namespace
-
-std::optional<kir::DType> to_kir(c10::ScalarType t) {
-  switch (t) {
-    case c10::kBool: return DType::Bool;
-    case c10::kByte: return DType::U8;
-    case c10::kChar: return DType::I8;
-    case c10::kShort: return DType::I16;
-    case c10::kInt: return DType::I32;
-    case c10::kLong: return DType::I64;
-    case c10::kHalf: return DType::F16;
-    case c10::kBFloat16: return DType::BF16;
-    case c10::kFloat: return DType::F32;
-    case c10::kDouble: return DType::F64;
-    default: return std::nullopt;
-  }
-}
-
-DType compute_type(DType t) { return t == DType::BF16 || t == DType::F16 ? DType::F32 : t; }
-
-std::optional<std::string> classify(const ir::Graph& g, const ir::Node& n, OpInfo* info, const c10::Device& device) {
-  if (n.kind != ir::NodeKind::Call) return std::string("not an operator call");
-  const Row* row = find_row(n);
-  if (!row) return "no kernel IR lowering for " + n.qualified_op() + " (runs as an ATen call)";
-  // Every tensor read and written must be a dense tensor of a kir dtype on the kernels' device.
-  bool has_tensor_arg = false;
-  for (const auto& a : n.args) {
-    if (a.kind == ir::ArgKind::ValueList || a.kind == ir::ArgKind::OptValueList) return std::string("tensor-list argument");
-    if (a.kind == ir::ArgKind::Opaque) return std::string("opaque argument");
-    if (a.kind == ir::ArgKind::Complex) return std::string("complex scalar argument");
-  }
-  auto check_value = [&](ir::ValueId v) -> std::optional<std::string> {
-    const auto& m = g.value(v).meta;
-    if (m.device != device) return "tensor on " + m.device.str() + ", kernels run on " + device.str();
-    if (!to_kir(m.dtype)) return "dtype " + ir::dtype_short_name(m.dtype) + " has no kernels";
-    return std::nullopt;
-  };
-  for (const auto& a : n.args) {
-    if (a.kind != ir::ArgKind::Value) continue;
-    has_tensor_arg = true;
-    if (auto why = check_value(a.values[0])) return why;
-  }
-  if (!has_tensor_arg) return std::string("no tensor argument");
-  for (const auto& o : n.outputs) {
-    if (o.kind == ir::ArgKind::Value) {
-      if (auto why = check_value(o.values[0])) return why;
-    } else if (o.kind != ir::ArgKind::None && o.kind != ir::ArgKind::UndefinedTensor) {
-      return std::string("non-tensor result");
-    }
-  }
-  // Ops whose arguments change what they compute in ways the table does not model.
-  const std::string op = n.qualified_op();
-  if (op == "aten::_to_copy") {
-    for (size_t i = 1; i < n.args.size(); ++i) {
-      const auto& a = n.args[i];
-      if ((a.name == "layout" || a.name == "device") && a.kind != ir::ArgKind::None) {
-        if (a.name == "device" && (a.s == device.str() || (device.is_cpu() && a.s == "cpu"))) continue;
-        return "_to_copy changes " + a.name;
-      }
-    }
-  }
-  if (op == "aten::round" && n.args.size() > 1) return std::string("round with decimals");
-  if (op == "aten::native_layer_norm_backward") {
-    const auto& mask = n.args.at(7).ints;
-    if (mask.size() != 3 || !mask[0] || mask[1] || mask[2] || n.outputs.at(0).kind != ir::ArgKind::Value) {
-      return std::string("computes weight/bias gradients (only grad_input is a row op; see Note [Decompositions for fusion])");
-    }
-  }
-  if (op == "aten::gelu" || op == "aten::gelu_backward") {
-    const auto& s = n.args.back().s;
-    if (s != "none" && s != "tanh") return "gelu approximate='" + s + "'";
-  }
-  if (op == "aten::mse_loss" && n.args.at(2).i == 0) {
-    // reduction='none' is pointwise
-    info->cls = OpClass::Pointwise;
-    info->reduce_dims.clear();
-    return std::nullopt;
-  }
-  const bool float_out = [&] {
-    for (const auto& o : n.outputs) {
-      if (o.kind == ir::ArgKind::Value && !kir::is_floating(*to_kir(g.value(o.values[0]).meta.dtype))) return false;
-    }
-    return true;
-  }();
-  static const char* float_only[] = {"aten::exp", "aten::log", "aten::log1p", "aten::expm1", "aten::sin", "aten::cos",
-                                     "aten::tan", "aten::tanh", "aten::erf", "aten::sqrt", "aten::rsqrt",
-                                     "aten::reciprocal", "aten::sigmoid", "aten::gelu", "aten::silu", "aten::mish",
-                                     "aten::floor", "aten::ceil", "aten::round", "aten::trunc", "aten::pow",
-                                     "aten::softplus", "aten::elu", "aten::div", "aten::mean", "aten::_softmax",
-                                     "aten::_log_softmax", "aten::native_layer_norm", "aten::native_layer_norm_backward",
-                                     "aten::hardsigmoid",
-                                     "aten::hardswish", "aten::lerp", "aten::addcdiv"};
-  for (const char* f : float_only) {
-    if (n.op == f && !float_out) return std::string("integer result (only floating results are fused for this op)");
-  }
-  info->cls = row->cls;
-  info->reduce_dims = row->dims ? row->dims(g, n) : std::vector<int64_t>{};
-  if (row->cls != OpClass::Pointwise && info->reduce_dims.empty()) {
-    return std::string("reduction over no dims");
-  }
-  return std::nullopt;
-}
-
-// --- Emitter -----------------------------------------------------------------------
-
-std::vector<Val> Emitter::lower(const ir::Node& n) {
-  const Row* row = find_row(n);
+std::vector<Val> lower(Emitter& e, const ir::Node& n) {
+  const LoweringRow* row = find_lowering(n);
   TORCH_INTERNAL_ASSERT(row, "tcap fusion: no lowering for ", n.qualified_op());
-  return row->lower(*this, n);
-}
-
-bool Emitter::is_tensor(const ir::Node& n, size_t i) const {
-  return i < n.args.size() && (n.args[i].kind == ir::ArgKind::Value);
-}
-bool Emitter::is_none(const ir::Node& n, size_t i) const {
-  return i >= n.args.size() || n.args[i].kind == ir::ArgKind::None;
-}
-
-Val Emitter::in(const ir::Node& n, size_t i, DType want) {
-  const ir::Arg& a = n.args.at(i);
-  switch (a.kind) {
-    case ir::ArgKind::Value: return cast(resolve_(a.values[0]), want);
-    case ir::ArgKind::Double: return c(a.d, want);
-    case ir::ArgKind::Int:
-    case ir::ArgKind::Bool: return c(static_cast<double>(a.i), want);
-    case ir::ArgKind::WrappedScalar: {
-      const auto st = static_cast<c10::ScalarType>(a.i2);
-      return c(c10::isFloatingType(st) ? a.d : static_cast<double>(a.i), want);
-    }
-    default: break;
-  }
-  TORCH_CHECK(false, "tcap fusion: ", n.qualified_op(), " argument ", i, " (", a.name, ") is a ",
-              ir::to_string(a.kind), ", not a tensor or a scalar");
-}
-
-double Emitter::real(const ir::Node& n, size_t i) const {
-  const ir::Arg& a = n.args.at(i);
-  if (a.kind == ir::ArgKind::Double) return a.d;
-  if (a.kind == ir::ArgKind::WrappedScalar) {
-    return c10::isFloatingType(static_cast<c10::ScalarType>(a.i2)) ? a.d : static_cast<double>(a.i);
-  }
-  return static_cast<double>(a.i);
-}
-int64_t Emitter::integer(const ir::Node& n, size_t i) const { return n.args.at(i).i; }
-std::string Emitter::str(const ir::Node& n, size_t i) const { return n.args.at(i).s; }
-
-Val Emitter::c(double v, DType t) {
-  kir::Instr in;
-  in.op = OpCode::Const;
-  in.dtype = t;
-  if (kir::is_floating(t)) {
-    in.f = v;
-  } else if (t == DType::Bool) {
-    in.i = v != 0;
-  } else {
-    in.i = static_cast<int64_t>(v);
-  }
-  return {kir::add(k_, std::move(in)), t};
-}
-
-Val Emitter::cast(Val v, DType t) {
-  if (v.dtype == t) return v;
-  kir::Instr in;
-  in.op = OpCode::Cast;
-  in.dtype = t;
-  in.args = {v.id};
-  return {kir::add(k_, std::move(in)), t};
-}
-
-Val Emitter::un(OpCode op, Val a) {
-  kir::Instr in;
-  in.op = op;
-  in.dtype = op == OpCode::IsNan ? DType::Bool : a.dtype;
-  in.args = {a.id};
-  return {kir::add(k_, std::move(in)), in.dtype};
-}
-
-Val Emitter::bin(OpCode op, Val a, Val b) {
-  TORCH_INTERNAL_ASSERT(a.dtype == b.dtype, "tcap fusion: ", kir::to_string(op), " of ", kir::to_string(a.dtype),
-                        " and ", kir::to_string(b.dtype));
-  kir::Instr in;
-  in.op = op;
-  in.dtype = a.dtype;
-  in.args = {a.id, b.id};
-  return {kir::add(k_, std::move(in)), a.dtype};
-}
-
-Val Emitter::cmp(OpCode op, Val a, Val b) {
-  TORCH_INTERNAL_ASSERT(a.dtype == b.dtype);
-  kir::Instr in;
-  in.op = op;
-  in.dtype = DType::Bool;
-  in.args = {a.id, b.id};
-  return {kir::add(k_, std::move(in)), DType::Bool};
-}
-
-Val Emitter::where(Val cond, Val a, Val b) {
-  TORCH_INTERNAL_ASSERT(cond.dtype == DType::Bool && a.dtype == b.dtype);
-  kir::Instr in;
-  in.op = OpCode::Where;
-  in.dtype = a.dtype;
-  in.args = {cond.id, a.id, b.id};
-  return {kir::add(k_, std::move(in)), a.dtype};
-}
-
-Val Emitter::reduce(OpCode op, Val a) {
-  kir::Instr in;
-  in.op = op;
-  in.dtype = a.dtype;
-  in.args = {a.id};
-  return {kir::add(k_, std::move(in)), a.dtype};
-}
-
-DType Emitter::out_dtype(const ir::Node& n, size_t k) const {
-  size_t seen = 0;
-  for (const auto& o : n.outputs) {
-    if (o.kind != ir::ArgKind::Value) continue;
-    if (seen++ == k) return *to_kir(g_.value(o.values[0]).meta.dtype);
-  }
-  TORCH_INTERNAL_ASSERT(false, "tcap fusion: ", n.qualified_op(), " has no tensor output ", k);
-}
-
-DType Emitter::compute_dtype(const ir::Node& n, size_t k) const { return compute_type(out_dtype(n, k)); }
-
-DType Emitter::promoted(const ir::Node& n, std::initializer_list<size_t> args) const {
-  // ATen's result_type: dimensioned tensors win over zero-dim tensors, which win over
-  // wrapped numbers and scalars, unless a lower-priority argument is of a higher category
-  // (bool < integer < floating).
-  auto category = [](c10::ScalarType t) { return t == c10::kBool ? 0 : c10::isIntegralType(t, false) ? 1 : 2; };
-  std::optional<c10::ScalarType> dim_t, zero_t, wrapped_t;
-  auto merge = [](std::optional<c10::ScalarType>& s, c10::ScalarType t) { s = s ? c10::promoteTypes(*s, t) : t; };
-  for (size_t i : args) {
-    const ir::Arg& a = n.args.at(i);
-    if (a.kind == ir::ArgKind::Value) {
-      const auto& m = g_.value(a.values[0]).meta;
-      merge(m.sizes.empty() ? zero_t : dim_t, m.dtype);
-    } else if (a.kind == ir::ArgKind::WrappedScalar) {
-      merge(wrapped_t, c10::isFloatingType(static_cast<c10::ScalarType>(a.i2)) ? c10::kDouble : c10::kLong);
-    } else if (a.kind == ir::ArgKind::Double) {
-      merge(wrapped_t, c10::kDouble);
-    } else if (a.kind == ir::ArgKind::Int) {
-      merge(wrapped_t, c10::kLong);
-    } else if (a.kind == ir::ArgKind::Bool) {
-      merge(wrapped_t, c10::kBool);
-    }
-  }
-  c10::ScalarType r = dim_t ? *dim_t : zero_t ? *zero_t : wrapped_t ? *wrapped_t : c10::kFloat;
-  auto lift = [&](const std::optional<c10::ScalarType>& lower) {
-    if (lower && category(*lower) > category(r)) {
-      r = category(*lower) == 2 ? (c10::isFloatingType(*lower) && *lower != c10::kDouble ? *lower : c10::kFloat) : *lower;
-    }
-  };
-  if (dim_t) lift(zero_t);
-  lift(wrapped_t);
-  if (wrapped_t && !dim_t && !zero_t) r = *wrapped_t == c10::kDouble ? c10::kDouble : *wrapped_t;
-  auto k = to_kir(r);
-  TORCH_CHECK(k, "tcap fusion: unsupported promoted dtype");
-  return compute_type(*k);
-}
-
-int64_t Emitter::reduced_numel(const ir::Node& n) const {
-  // mse_loss_backward (grad, self, ...) is pointwise, but its mean divides by self's numel.
-  if (n.op == "aten::mse_loss_backward") return g_.value(n.args.at(1).values.at(0)).meta.numel();
-  const Row* row = find_row(n);
-  TORCH_INTERNAL_ASSERT(row && row->dims, "tcap fusion: ", n.qualified_op(), " reduces no dims");
-  const auto& sizes = g_.value(n.args.at(0).values.at(0)).meta.sizes;
-  int64_t count = 1;
-  for (int64_t d : row->dims(g_, n)) count *= sizes[static_cast<size_t>(d)];
-  return count;
+  return row->lower(e, n);
 }
 
 }  // namespace tcap::fuse

@@ -6,7 +6,7 @@
 // exactly like eager's), through LibTorch's CPU allocator inside a PoolScope: a
 // steady-state step takes its blocks from the CPU buffer pool and allocates no new ones
 // (Note [CPU buffer pool]; shared/notes/benchmarking-here.md on why that matters here).
-// (Until session 11 each output slot kept its last buffer instead: memory held per slot
+// (Before commit 25dffde each output slot kept its last buffer instead: memory held per slot
 // between calls, and no reuse across kernels.)
 //
 // On CUDA (a kernel with `cuda` set) outputs come from LibTorch's caching allocator
@@ -40,7 +40,7 @@ struct FusedKernel {
   std::string name;
   kir::Kernel kernel;
   c10::Device device = c10::Device(c10::kCPU);
-  std::shared_ptr<const codegen::CpuKernel> cpu;              // device is the CPU
+  std::shared_ptr<const codegen::cpu_llvm::CpuKernel> cpu;              // device is the CPU
   std::shared_ptr<const codegen::cuda::CudaKernel> cuda;      // device is a CUDA device
   std::vector<ir::TensorMeta> inputs;   // recorded metadata, in kernel buffer order
   std::vector<ir::TensorMeta> outputs;

@@ -66,7 +66,7 @@ KernelBuilder unique_kernel(const std::string& name, int64_t n, double c) {
   return kb;
 }
 
-void expect_correct(const codegen::CpuKernel& ck, const KernelBuilder& kb, double c) {
+void expect_correct(const codegen::cpu_llvm::CpuKernel& ck, const KernelBuilder& kb, double c) {
   const int64_t n = kb.k.sizes[0];
   at::Tensor x = at::randn({n}), out = at::empty({n});
   run(ck, {x, out});
@@ -84,10 +84,10 @@ TEST(CpuLlvmCache, DiskRoundTripAndCorruptFiles) {
   KernelBuilder ka = unique_kernel("cache_a", 1031, ca);
   KernelBuilder kbb = unique_kernel("cache_b", 1031, cb);
 
-  const codegen::CpuLlvmStats s0 = codegen::cpu_llvm_stats();
+  const codegen::cpu_llvm::CpuLlvmStats s0 = codegen::cpu_llvm::cpu_llvm_stats();
   auto a1 = compile(ka);
   EXPECT_FALSE(a1->from_disk);
-  EXPECT_EQ(codegen::cpu_llvm_stats().compiled, s0.compiled + 1);
+  EXPECT_EQ(codegen::cpu_llvm::cpu_llvm_stats().compiled, s0.compiled + 1);
   const std::string path = cache.dir() + "/kernels/" + a1->key_hash + ".bin";
   ASSERT_TRUE(file_exists(path)) << path;
   const std::string good = read_file(path);
@@ -102,14 +102,14 @@ TEST(CpuLlvmCache, DiskRoundTripAndCorruptFiles) {
   renamed.k.name = "cache_a_renamed";
   for (kir::Buffer& b : renamed.k.buffers) b.name += "_other";
   EXPECT_EQ(compile(renamed).get(), a1.get());
-  EXPECT_EQ(codegen::cpu_llvm_stats().memory_hits, s0.memory_hits + 2);
+  EXPECT_EQ(codegen::cpu_llvm::cpu_llvm_stats().memory_hits, s0.memory_hits + 2);
 
   // A fresh process (memory cache cleared) loads the object from disk.
-  codegen::cpu_llvm_clear_memory_cache_for_testing();
+  codegen::cpu_llvm::cpu_llvm_clear_memory_cache_for_testing();
   auto a2 = compile(ka);
   EXPECT_TRUE(a2->from_disk);
   EXPECT_EQ(a2->name, a1->name);
-  EXPECT_EQ(codegen::cpu_llvm_stats().disk_hits, s0.disk_hits + 1);
+  EXPECT_EQ(codegen::cpu_llvm::cpu_llvm_stats().disk_hits, s0.disk_hits + 1);
   expect_correct(*a2, ka, ca);
 
   auto b1 = compile(kbb);
@@ -136,23 +136,23 @@ TEST(CpuLlvmCache, DiskRoundTripAndCorruptFiles) {
   };
   for (const Corruption& c : corruptions) {
     SCOPED_TRACE(c.what);
-    codegen::cpu_llvm_clear_memory_cache_for_testing();
+    codegen::cpu_llvm::cpu_llvm_clear_memory_cache_for_testing();
     write_file(path, c.data);
-    const int corrupt_before = codegen::cpu_llvm_stats().corrupt_cache_files;
+    const int corrupt_before = codegen::cpu_llvm::cpu_llvm_stats().corrupt_cache_files;
     auto a = compile(ka);
     EXPECT_FALSE(a->from_disk);
-    EXPECT_EQ(codegen::cpu_llvm_stats().corrupt_cache_files, corrupt_before + 1);
+    EXPECT_EQ(codegen::cpu_llvm::cpu_llvm_stats().corrupt_cache_files, corrupt_before + 1);
     expect_correct(*a, ka, ca);
     // Rebuilt: the file is valid again.
-    codegen::cpu_llvm_clear_memory_cache_for_testing();
+    codegen::cpu_llvm::cpu_llvm_clear_memory_cache_for_testing();
     EXPECT_TRUE(compile(ka)->from_disk);
   }
   // A missing file is a plain miss, not corruption.
-  codegen::cpu_llvm_clear_memory_cache_for_testing();
+  codegen::cpu_llvm::cpu_llvm_clear_memory_cache_for_testing();
   ::unlink(path.c_str());
-  const int corrupt_before = codegen::cpu_llvm_stats().corrupt_cache_files;
+  const int corrupt_before = codegen::cpu_llvm::cpu_llvm_stats().corrupt_cache_files;
   EXPECT_FALSE(compile(ka)->from_disk);
-  EXPECT_EQ(codegen::cpu_llvm_stats().corrupt_cache_files, corrupt_before);
+  EXPECT_EQ(codegen::cpu_llvm::cpu_llvm_stats().corrupt_cache_files, corrupt_before);
   // No temporary files are left behind.
   for (const std::string& name : list_dir(cache.dir() + "/kernels")) {
     EXPECT_EQ(name.size() > 4 ? name.substr(name.size() - 4) : name, ".bin") << name;
@@ -206,7 +206,7 @@ TEST(CpuLlvmCache, CompileAndWarmStartTimes) {
     kb.store(kb.bin(OpCode::Mul, kb.bin(OpCode::Mul, d, rs), kb.load(bw, {0, 1})), bo, {768, 1});
     kernels.push_back(kb);
   }
-  codegen::compile_cpu_kernel(kernels[0].k);  // JIT creation is not part of a kernel's time
+  codegen::cpu_llvm::compile_cpu_kernel(kernels[0].k);  // JIT creation is not part of a kernel's time
   auto thread_cpu_ms = [] {
     timespec t{};
     ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
@@ -223,7 +223,7 @@ TEST(CpuLlvmCache, CompileAndWarmStartTimes) {
     worst_cold = std::max(worst_cold, ck->compile_ms);
   }
   EXPECT_LT(worst_cold, 500.0);
-  codegen::cpu_llvm_clear_memory_cache_for_testing();
+  codegen::cpu_llvm::cpu_llvm_clear_memory_cache_for_testing();
   const auto t0 = std::chrono::steady_clock::now();
   for (const KernelBuilder& kb : kernels) EXPECT_TRUE(compile(kb)->from_disk);
   const double warm = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -237,9 +237,9 @@ TEST(CpuLlvmCache, CompileAndWarmStartTimes) {
 // backend on several threads from a cold cache compute what eager computes.
 TEST(CpuLlvmCache, KernelsCompiledInParallelMatchEager) {
   std::string why;
-  if (!tcap::codegen::cpu_llvm_available(&why)) GTEST_SKIP() << why;
-  tcap::codegen::cpu_llvm_clear_memory_cache_for_testing();
-  const auto before = tcap::codegen::cpu_llvm_stats();
+  if (!tcap::codegen::cpu_llvm::cpu_llvm_available(&why)) GTEST_SKIP() << why;
+  tcap::codegen::cpu_llvm::cpu_llvm_clear_memory_cache_for_testing();
+  const auto before = tcap::codegen::cpu_llvm::cpu_llvm_stats();
   // Constants new to this process and to the disk cache: six kernels that must compile.
   const double salt = std::uniform_real_distribution<double>(0.0, 1.0)(*std::make_unique<std::random_device>());
   auto fn = [salt](const std::vector<at::Tensor>& in) {
@@ -255,7 +255,7 @@ TEST(CpuLlvmCache, KernelsCompiledInParallelMatchEager) {
     EXPECT_TRUE(at::allclose((*f)(in)[0], fn(in)[0], 1e-4, 1e-5));
   }
   EXPECT_EQ(f->eager_reason(), "");
-  const auto after = tcap::codegen::cpu_llvm_stats();
+  const auto after = tcap::codegen::cpu_llvm::cpu_llvm_stats();
   EXPECT_GE(after.compiled - before.compiled, 6);
 }
 

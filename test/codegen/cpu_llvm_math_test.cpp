@@ -162,7 +162,7 @@ constexpr float kSinCosFastLimit = 262144.0f;
 
 // clamped: sin/cos of clamp(x, -1, 1), which takes the short polynomial of arguments
 // known to lie in [-1, 1] (`bounds` in ops.cpp).
-std::shared_ptr<const codegen::CpuKernel> sin_cos_kernel(OpCode op, int64_t n, bool clamped = false) {
+std::shared_ptr<const codegen::cpu_llvm::CpuKernel> sin_cos_kernel(OpCode op, int64_t n, bool clamped = false) {
   KernelBuilder kb(op == OpCode::Sin ? "sin_f32" : "cos_f32", {n});
   int32_t bx = kb.input(DType::F32), bo = kb.output(DType::F32);
   int32_t x = kb.load(bx, {1});
@@ -170,8 +170,8 @@ std::shared_ptr<const codegen::CpuKernel> sin_cos_kernel(OpCode op, int64_t n, b
     x = kb.bin(OpCode::Min, kb.bin(OpCode::Max, x, kb.fconst(DType::F32, -1.0)), kb.fconst(DType::F32, 1.0));
   }
   kb.store(kb.un(op, x), bo, {1});
-  if (clamped && codegen::cpu_target_description().find("+fma") != std::string::npos) {
-    EXPECT_EQ(codegen::cpu_kernel_llvm_ir(kb.k).find(".large"), std::string::npos) << "no range test expected";
+  if (clamped && codegen::cpu_llvm::cpu_target_description().find("+fma") != std::string::npos) {
+    EXPECT_EQ(codegen::cpu_llvm::cpu_kernel_llvm_ir(kb.k).find(".large"), std::string::npos) << "no range test expected";
   }
   return compile(kb);
 }
@@ -203,7 +203,7 @@ void check_sin_cos(OpCode op, const at::Tensor& x, const at::Tensor& out, const 
 
 // Runs a sin/cos kernel on x whose elements 0, 1 and the last are +0, -0 and -0 (the
 // last one in the scalar tail) and checks eager's zeros, sign included.
-at::Tensor run_with_eager_zeros(const codegen::CpuKernel& ck, OpCode op, const at::Tensor& x) {
+at::Tensor run_with_eager_zeros(const codegen::cpu_llvm::CpuKernel& ck, OpCode op, const at::Tensor& x) {
   at::Tensor out = at::empty_like(x);
   run(ck, {x, out});
   const at::Tensor ref = op == OpCode::Sin ? x.sin() : x.cos();
@@ -260,9 +260,9 @@ TEST(CpuLlvmMath, SinCosF32OwnCodeWithinOnePointSixUlp) {
     EXPECT_TRUE(at::equal(at::roll(out_shifted, -5).isnan(), out.isnan()));
     EXPECT_TRUE(at::equal(at::roll(out_shifted, -5).nan_to_num(0), out.nan_to_num(0))) << n << " elements";
     // 128-bit vectors (4 lanes) give the same bits as the host's width.
-    codegen::cpu_llvm_set_vector_bits_for_testing(128);
+    codegen::cpu_llvm::cpu_llvm_set_vector_bits_for_testing(128);
     auto ck128 = sin_cos_kernel(op, n);
-    codegen::cpu_llvm_set_vector_bits_for_testing(0);
+    codegen::cpu_llvm::cpu_llvm_set_vector_bits_for_testing(0);
     at::Tensor out128 = at::empty_like(x);
     run(*ck128, {x, out128});
     EXPECT_TRUE(at::equal(out128.nan_to_num(0), out.nan_to_num(0)));
@@ -292,7 +292,7 @@ TEST(CpuLlvmMath, SinCosF32OfBoundedArguments) {
 // [first, last], `chunk` at a time, and hands the worst ulp error against `ref` of each
 // half chunk, with its input, to `take` (the halves are checked on two threads).
 template <class Ref, class Take>
-void sweep_f32_bits(const codegen::CpuKernel& ck, int64_t chunk, uint32_t first, uint32_t last, Ref ref, Take take) {
+void sweep_f32_bits(const codegen::cpu_llvm::CpuKernel& ck, int64_t chunk, uint32_t first, uint32_t last, Ref ref, Take take) {
   at::Tensor x = at::empty({chunk}, at::kFloat), out = at::empty({chunk}, at::kFloat);
   for (uint64_t start = first; start <= last; start += static_cast<uint64_t>(chunk)) {
     uint32_t* xb = reinterpret_cast<uint32_t*>(x.data_ptr<float>());
@@ -358,7 +358,7 @@ TEST(CpuLlvmMath, SinCosF32Exhaustive) {
 // lanes, in the scalar tail and at 128-bit width, and eager's edge cases.
 constexpr double kExpErfMaxUlp = 1.1;
 
-std::shared_ptr<const codegen::CpuKernel> unary_f32_kernel(OpCode op, int64_t n) {
+std::shared_ptr<const codegen::cpu_llvm::CpuKernel> unary_f32_kernel(OpCode op, int64_t n) {
   KernelBuilder kb(std::string(kir::to_string(op)) + "_f32", {n});
   int32_t bx = kb.input(DType::F32), bo = kb.output(DType::F32);
   kb.store(kb.un(op, kb.load(bx, {1})), bo, {1});
@@ -432,9 +432,9 @@ TEST(CpuLlvmMath, ExpErfF32OwnCodeWithinOnePointOneUlp) {
     run(*ck, {at::roll(x, 1), out_shifted});
     EXPECT_TRUE(at::equal(at::roll(out_shifted, -1).nan_to_num(0), out.nan_to_num(0))) << kir::to_string(op);
     // So do 128-bit vectors.
-    codegen::cpu_llvm_set_vector_bits_for_testing(128);
+    codegen::cpu_llvm::cpu_llvm_set_vector_bits_for_testing(128);
     auto ck128 = unary_f32_kernel(op, n);
-    codegen::cpu_llvm_set_vector_bits_for_testing(0);
+    codegen::cpu_llvm::cpu_llvm_set_vector_bits_for_testing(0);
     at::Tensor out128 = at::empty_like(x);
     run(*ck128, {x, out128});
     EXPECT_TRUE(at::equal(out128.nan_to_num(0), out.nan_to_num(0))) << kir::to_string(op);

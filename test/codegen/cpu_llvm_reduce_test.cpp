@@ -311,7 +311,7 @@ TEST(CpuLlvmReduce, NarrowVectorWidths) {
   SCOPED_TRACE("seed " + std::to_string(seed));
   at::manual_seed(seed);
   for (int bits : {128, 32}) {
-    codegen::cpu_llvm_set_vector_bits_for_testing(bits);
+    codegen::cpu_llvm::cpu_llvm_set_vector_bits_for_testing(bits);
     for (bool dim0 : {false, true}) {
       const int64_t m = 67, n = 1027;
       at::Tensor x = at::randn({m, n});
@@ -328,7 +328,7 @@ TEST(CpuLlvmReduce, NarrowVectorWidths) {
       EXPECT_TRUE(close(out, at::softmax(x, dim0 ? 0 : 1), 1e-5, 1e-7, kb.k)) << bits << " bits";
     }
   }
-  codegen::cpu_llvm_set_vector_bits_for_testing(0);
+  codegen::cpu_llvm::cpu_llvm_set_vector_bits_for_testing(0);
 }
 
 #endif  // TCAP_HAVE_LLVM

@@ -13,7 +13,7 @@
 namespace tcap::test {
 namespace {
 
-using codegen::CpuKernel;
+using codegen::cpu_llvm::CpuKernel;
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -21,17 +21,17 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 #if !TCAP_HAVE_LLVM
 TEST(CpuLlvm, UnavailableWithoutLlvm) {
   std::string why;
-  EXPECT_FALSE(codegen::cpu_llvm_available(&why));
+  EXPECT_FALSE(codegen::cpu_llvm::cpu_llvm_available(&why));
   EXPECT_NE(why.find("without LLVM"), std::string::npos) << why;
   KernelBuilder kb("k", {4});
-  EXPECT_THROW(codegen::compile_cpu_kernel(kb.k), c10::Error);
+  EXPECT_THROW(codegen::cpu_llvm::compile_cpu_kernel(kb.k), c10::Error);
 }
 #else
 
 TEST(CpuLlvm, Available) {
   std::string why;
-  ASSERT_TRUE(codegen::cpu_llvm_available(&why)) << why;
-  const std::string desc = codegen::cpu_target_description();
+  ASSERT_TRUE(codegen::cpu_llvm::cpu_llvm_available(&why)) << why;
+  const std::string desc = codegen::cpu_llvm::cpu_target_description();
   std::cout << "[ target   ] " << desc << "\n";
   EXPECT_NE(desc.find("vf32="), std::string::npos);
 }
@@ -443,7 +443,7 @@ TEST(CpuLlvmPointwise, UnsupportedKernelsGiveClearErrors) {
     int32_t lx = kb.load(bx, {1});
     kb.store(kb.bin(OpCode::Pow, lx, lx), bo, {1});
     try {
-      codegen::compile_cpu_kernel(kb.k);
+      codegen::cpu_llvm::compile_cpu_kernel(kb.k);
       ADD_FAILURE() << "integer pow compiled";
     } catch (const c10::Error& e) {
       const std::string msg = e.what_without_backtrace();
@@ -456,7 +456,7 @@ TEST(CpuLlvmPointwise, UnsupportedKernelsGiveClearErrors) {
     int32_t bx = kb.input(DType::F32), bo = kb.output(DType::F32);
     kb.store(kb.load(bx, {1}), bo, {8, 1});
     try {
-      codegen::compile_cpu_kernel(kb.k);
+      codegen::cpu_llvm::compile_cpu_kernel(kb.k);
       ADD_FAILURE() << "malformed kernel compiled";
     } catch (const c10::Error& e) {
       EXPECT_NE(std::string(e.what_without_backtrace()).find("one stride per domain dim"), std::string::npos);
@@ -501,7 +501,7 @@ TEST(CpuLlvmPointwise, NarrowVectorWidths) {
   SCOPED_TRACE("seed " + std::to_string(seed));
   at::manual_seed(seed);
   for (int bits : {128, 32}) {
-    codegen::cpu_llvm_set_vector_bits_for_testing(bits);
+    codegen::cpu_llvm::cpu_llvm_set_vector_bits_for_testing(bits);
     for (at::ScalarType st : {at::kFloat, at::kDouble}) {
       const int64_t n = 1029;
       at::Tensor x = at::randn({n}, at::TensorOptions().dtype(st));
@@ -518,7 +518,7 @@ TEST(CpuLlvmPointwise, NarrowVectorWidths) {
       EXPECT_TRUE(same(c, x > 0.1, kb.k)) << bits << " bits";
     }
   }
-  codegen::cpu_llvm_set_vector_bits_for_testing(0);
+  codegen::cpu_llvm::cpu_llvm_set_vector_bits_for_testing(0);
 }
 
 // The IR shows the explicit vectors and libmvec calls (AVX-512 rendered as IR only).
@@ -526,8 +526,8 @@ TEST(CpuLlvmPointwise, LlvmIrShowsVectorMath) {
   KernelBuilder kb("ir_log", {4096});
   int32_t bx = kb.input(DType::F32), bo = kb.output(DType::F32);
   kb.store(kb.un(OpCode::Log, kb.load(bx, {1})), bo, {1});
-  const std::string desc = codegen::cpu_target_description();
-  const std::string ir = codegen::cpu_kernel_llvm_ir(kb.k);
+  const std::string desc = codegen::cpu_llvm::cpu_target_description();
+  const std::string ir = codegen::cpu_llvm::cpu_kernel_llvm_ir(kb.k);
   EXPECT_NE(ir.find("define void @tcap_k_"), std::string::npos) << ir;
   if (desc.find("+avx512f") != std::string::npos) {
     EXPECT_NE(ir.find("_ZGVeN16v_logf"), std::string::npos) << ir;
@@ -535,14 +535,14 @@ TEST(CpuLlvmPointwise, LlvmIrShowsVectorMath) {
     EXPECT_NE(ir.find("_ZGVdN8v_logf"), std::string::npos) << ir;
     EXPECT_NE(ir.find("<8 x float>"), std::string::npos) << ir;
   }
-  codegen::cpu_llvm_set_vector_bits_for_testing(512);
-  const std::string ir512 = codegen::cpu_kernel_llvm_ir(kb.k);
-  codegen::cpu_llvm_set_vector_bits_for_testing(0);
+  codegen::cpu_llvm::cpu_llvm_set_vector_bits_for_testing(512);
+  const std::string ir512 = codegen::cpu_llvm::cpu_kernel_llvm_ir(kb.k);
+  codegen::cpu_llvm::cpu_llvm_set_vector_bits_for_testing(0);
   EXPECT_NE(ir512.find("_ZGVeN16v_logf"), std::string::npos) << ir512;
   EXPECT_NE(ir512.find("\"min-legal-vector-width\"=\"512\""), std::string::npos) << ir512;
-  codegen::cpu_llvm_set_vector_bits_for_testing(128);
-  const std::string ir128 = codegen::cpu_kernel_llvm_ir(kb.k);
-  codegen::cpu_llvm_set_vector_bits_for_testing(0);
+  codegen::cpu_llvm::cpu_llvm_set_vector_bits_for_testing(128);
+  const std::string ir128 = codegen::cpu_llvm::cpu_kernel_llvm_ir(kb.k);
+  codegen::cpu_llvm::cpu_llvm_set_vector_bits_for_testing(0);
   EXPECT_NE(ir128.find("_ZGVbN4v_logf"), std::string::npos) << ir128;
 }
 
@@ -552,8 +552,8 @@ TEST(CpuLlvmPointwise, ExpF32IsInline) {
   KernelBuilder kb("ir_exp", {4096});
   int32_t bx = kb.input(DType::F32), bo = kb.output(DType::F32);
   kb.store(kb.un(OpCode::Exp, kb.load(bx, {1})), bo, {1});
-  if (codegen::cpu_target_description().find("+fma") == std::string::npos) GTEST_SKIP() << "no FMA on this CPU";
-  const std::string ir = codegen::cpu_kernel_llvm_ir(kb.k);
+  if (codegen::cpu_llvm::cpu_target_description().find("+fma") == std::string::npos) GTEST_SKIP() << "no FMA on this CPU";
+  const std::string ir = codegen::cpu_llvm::cpu_kernel_llvm_ir(kb.k);
   EXPECT_EQ(ir.find("expf"), std::string::npos) << ir;
   EXPECT_NE(ir.find("exp.range"), std::string::npos) << ir;
 }
@@ -569,14 +569,14 @@ TEST(CpuLlvmPointwise, SinOfCosNeedsNoRangeCheck) {
   int32_t c = kb.un(OpCode::Cos, x);
   kb.store(kb.un(OpCode::Sin, c), bo, {1});
   kb.store(kb.bin(OpCode::Mul, kb.un(OpCode::Sin, x), c), bp, {1});
-  const std::string ir = codegen::cpu_kernel_llvm_ir(kb.k);
+  const std::string ir = codegen::cpu_llvm::cpu_kernel_llvm_ir(kb.k);
   auto count = [&](const std::string& s, bool at_start) {  // lines containing (or starting with) s
     size_t k = 0;
     std::istringstream lines(ir);
     for (std::string line; std::getline(lines, line);) k += at_start ? line.rfind(s, 0) == 0 : line.find(s) != std::string::npos;
     return k;
   };
-  if (codegen::cpu_target_description().find("+fma") != std::string::npos) {
+  if (codegen::cpu_llvm::cpu_target_description().find("+fma") != std::string::npos) {
     // The vector body and the scalar tail: one library branch each for cos(x) and for
     // sin(x), none for sin(cos(x)); one reduction (a multiply by 2/pi) per x.
     EXPECT_EQ(count("cos.large", true), 2u) << ir;  // block labels

@@ -8,8 +8,8 @@ namespace {
 
 #if TCAP_HAVE_LLVM
 
-using codegen::cpu::KernelPlan;
-using codegen::cpu::TargetInfo;
+using codegen::cpu_llvm::KernelPlan;
+using codegen::cpu_llvm::TargetInfo;
 
 TargetInfo target(int bits) {
   TargetInfo t;
@@ -25,7 +25,7 @@ TargetInfo target(int bits) {
 }
 
 std::string plan(const KernelBuilder& kb, int bits = 256) {
-  return codegen::cpu::to_string(codegen::cpu::make_plan(kb.k, target(bits)));
+  return codegen::cpu_llvm::to_string(codegen::cpu_llvm::make_plan(kb.k, target(bits)));
 }
 
 KernelBuilder unary(std::vector<int64_t> sizes, std::vector<int64_t> in_strides, std::vector<int64_t> out_strides,

@@ -114,13 +114,13 @@ inline std::vector<void*> args_of(const std::vector<at::Tensor>& bufs) {
 }
 
 // Runs the whole range on this thread.
-inline void run(const codegen::CpuKernel& ck, const std::vector<at::Tensor>& bufs) {
+inline void run(const codegen::cpu_llvm::CpuKernel& ck, const std::vector<at::Tensor>& bufs) {
   std::vector<void*> args = args_of(bufs);
   ck.fn(args.data(), 0, ck.range);
 }
 
-inline std::shared_ptr<const codegen::CpuKernel> compile(const KernelBuilder& kb) {
-  return codegen::compile_cpu_kernel(kb.k);
+inline std::shared_ptr<const codegen::cpu_llvm::CpuKernel> compile(const KernelBuilder& kb) {
+  return codegen::cpu_llvm::compile_cpu_kernel(kb.k);
 }
 
 // A fresh seed per test, printed on failure (SCOPED_TRACE in the caller).

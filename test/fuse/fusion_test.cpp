@@ -239,7 +239,7 @@ class FusedPatterns : public ::testing::TestWithParam<Param> {};
 
 TEST_P(FusedPatterns, MatchEagerFloat32) {
   std::string why;
-  if (!tcap::codegen::cpu_llvm_available(&why)) GTEST_SKIP() << why;
+  if (!tcap::codegen::cpu_llvm::cpu_llvm_available(&why)) GTEST_SKIP() << why;
   const auto all = cases();
   const auto& c = all.at(std::get<0>(GetParam()));
   const int64_t n = std::get<1>(GetParam());
@@ -253,7 +253,7 @@ TEST_P(FusedPatterns, MatchEagerFloat32) {
 
 TEST_P(FusedPatterns, MatchEagerFloat64) {
   std::string why;
-  if (!tcap::codegen::cpu_llvm_available(&why)) GTEST_SKIP() << why;
+  if (!tcap::codegen::cpu_llvm::cpu_llvm_available(&why)) GTEST_SKIP() << why;
   if (std::get<2>(GetParam()) != 2) GTEST_SKIP() << "float64 runs with 2 threads only";
   const auto all = cases();
   const auto& c = all.at(std::get<0>(GetParam()));
@@ -275,7 +275,7 @@ class Fusion : public ::testing::Test {
  protected:
   void SetUp() override {
     std::string why;
-    if (!tcap::codegen::cpu_llvm_available(&why)) GTEST_SKIP() << why;
+    if (!tcap::codegen::cpu_llvm::cpu_llvm_available(&why)) GTEST_SKIP() << why;
   }
 };
 

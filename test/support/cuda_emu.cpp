@@ -533,7 +533,7 @@ bool available(std::string* why) {
 
 namespace {
 
-std::shared_ptr<const codegen::CpuKernel> build_library(const std::string& name, const cg::CudaSource& src,
+std::shared_ptr<const codegen::cpu_llvm::CpuKernel> build_library(const std::string& name, const cg::CudaSource& src,
                                                         const Options& o, std::vector<Extent> extents) {
   std::ostringstream tu;
   tu << src.source << "\n// --- tcap cuda_emu trailer\n"
@@ -584,12 +584,12 @@ std::shared_ptr<const codegen::CpuKernel> build_library(const std::string& name,
   void* h = ::dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL);
   TORCH_CHECK(h, "cuda_emu: cannot load ", so, ": ", ::dlerror());
   auto bind = reinterpret_cast<void (*)(const tcap_emu_api*, void*)>(::dlsym(h, "tcap_emu_bind"));
-  auto entry = reinterpret_cast<codegen::CpuKernel::Fn>(::dlsym(h, "tcap_emu_entry"));
+  auto entry = reinterpret_cast<codegen::cpu_llvm::CpuKernel::Fn>(::dlsym(h, "tcap_emu_entry"));
   TORCH_CHECK(bind && entry, "cuda_emu: ", so, " lacks tcap_emu_bind / tcap_emu_entry");
   // Kernel libraries stay loaded for the process (kernels may be shared by executables).
   auto* ek = new EmuKernel{name, src.entry, src.plan, o, std::move(extents)};
   bind(&kApi, ek);
-  auto ck = std::make_shared<codegen::CpuKernel>();
+  auto ck = std::make_shared<codegen::cpu_llvm::CpuKernel>();
   ck->fn = entry;
   ck->name = src.entry;
   ck->key_hash = key_hash;
@@ -600,11 +600,11 @@ std::shared_ptr<const codegen::CpuKernel> build_library(const std::string& name,
 
 }  // namespace
 
-std::shared_ptr<const codegen::CpuKernel> build(const kir::Kernel& k, const Options& o) {
+std::shared_ptr<const codegen::cpu_llvm::CpuKernel> build(const kir::Kernel& k, const Options& o) {
   return build_library(k.name, cg::render(k), o, buffer_extents(k));
 }
 
-std::shared_ptr<const codegen::CpuKernel> build_source(const std::string& name, const cg::CudaSource& src,
+std::shared_ptr<const codegen::cpu_llvm::CpuKernel> build_source(const std::string& name, const cg::CudaSource& src,
                                                        const Options& o, const kir::Kernel* bounds) {
   return build_library(name, src, o, bounds ? buffer_extents(*bounds) : std::vector<Extent>{});
 }

@@ -1,6 +1,6 @@
 // A host emulator for the kernels of the cuda backend (codegen/cuda), so that what the
 // CUDA renderer writes runs, and is checked against eager LibTorch, on machines without a
-// GPU (issue 6: no session so far was lent one, and CI never is).
+// GPU (CI machines have none).
 //
 // Note [CUDA host emulation]
 // The rendered CUDA C++ source itself is compiled with the host C++ compiler, with
@@ -70,12 +70,12 @@ bool available(std::string* why = nullptr);
 // fn(args, 0, 1) runs the whole grid (range 1). Throws c10::Error naming the kernel when
 // the source does not compile (with the compiler's output) and std::runtime_error from a
 // launch that breaks CUDA's rules (see the Note).
-std::shared_ptr<const codegen::CpuKernel> build(const kir::Kernel& k, const Options& o = {});
+std::shared_ptr<const codegen::cpu_llvm::CpuKernel> build(const kir::Kernel& k, const Options& o = {});
 
 // The same for a hand-written source (tests of the emulator itself): `src.source` defines
 // the __global__ function `src.entry`, launched with `src.plan`. `bounds`: a kernel IR
 // whose accesses bound each buffer (else the buffers are not guarded).
-std::shared_ptr<const codegen::CpuKernel> build_source(const std::string& name, const codegen::cuda::CudaSource& src,
+std::shared_ptr<const codegen::cpu_llvm::CpuKernel> build_source(const std::string& name, const codegen::cuda::CudaSource& src,
                                                        const Options& o = {}, const kir::Kernel* bounds = nullptr);
 
 // A fw/bw compiler for tcap::CompileOptions: fuses the graph as the cuda backend does

@@ -17,7 +17,7 @@
 
 #include <unistd.h>
 
-namespace tcap::codegen {
+namespace tcap::codegen::cpu_llvm {
 
 namespace {
 
@@ -38,15 +38,15 @@ Backend& backend() {
   return *b;
 }
 
-cpu::CpuJit& jit_or_throw() {
+CpuJit& jit_or_throw() {
   std::string why;
-  cpu::CpuJit* jit = cpu::CpuJit::get(&why);
+  CpuJit* jit = CpuJit::get(&why);
   TORCH_CHECK(jit != nullptr, "tcap cpu_llvm: the LLVM CPU backend is not available: ", why);
   return *jit;
 }
 
 // See Note [Kernel cache files] in kernel_cache.h.
-std::string cache_key(const kir::Kernel& k, const cpu::CpuJit& jit) {
+std::string cache_key(const kir::Kernel& k, const CpuJit& jit) {
   // Neither the kernel's name nor its buffers' names (graph value names) change the
   // machine code: kernels that differ only there (the same layer norm in every layer)
   // share one compiled kernel.
@@ -61,12 +61,12 @@ std::string symbol_for(const std::string& key_hash) { return "tcap_k_" + key_has
 
 }  // namespace
 
-bool cpu_llvm_available(std::string* why) { return cpu::CpuJit::get(why) != nullptr; }
+bool cpu_llvm_available(std::string* why) { return CpuJit::get(why) != nullptr; }
 
 std::shared_ptr<const CpuKernel> compile_cpu_kernel(const kir::Kernel& k) {
   const auto t0 = std::chrono::steady_clock::now();
   Backend& be = backend();
-  cpu::CpuJit& jit = jit_or_throw();
+  CpuJit& jit = jit_or_throw();
   const std::string key = cache_key(k, jit);
   // Note [Parallel kernel compilation]; be.mu only guards the maps and stats.
   std::lock_guard<std::mutex> key_lock(be.key_locks.of(key));
@@ -81,7 +81,7 @@ std::shared_ptr<const CpuKernel> compile_cpu_kernel(const kir::Kernel& k) {
     std::lock_guard<std::mutex> lock(be.mu);
     ++(be.stats.*field);
   };
-  const cpu::KernelPlan plan = cpu::make_plan(k, jit.target());  // throws on unsupported kernels
+  const KernelPlan plan = make_plan(k, jit.target());  // throws on unsupported kernels
   TORCH_CHECK(jit.target_runnable(), "tcap cpu_llvm: kernel ", k.name,
               ": the testing vector width is wider than this CPU runs; use cpu_kernel_llvm_ir");
   auto out = std::make_shared<CpuKernel>();
@@ -111,7 +111,7 @@ std::shared_ptr<const CpuKernel> compile_cpu_kernel(const kir::Kernel& k) {
     ::unlink(path.c_str());
   }
   if (!out->fn) {
-    cpu::CompiledKernel compiled = jit.compile(k, plan, out->name, /*want_object=*/true);
+    CompiledKernel compiled = jit.compile(k, plan, out->name, /*want_object=*/true);
     entry.object = std::move(compiled.object);
     entry.ir = std::move(compiled.ir);
     out->fn = jit.load(out->name, entry.object);
@@ -124,24 +124,24 @@ std::shared_ptr<const CpuKernel> compile_cpu_kernel(const kir::Kernel& k) {
   out->compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   TCAP_LOG(Perf, "cpu_llvm: " << k.name << " -> " << out->name << (out->from_disk ? " loaded from disk" : " compiled")
                               << " in " << out->compile_ms << " ms");
-  TCAP_LOG(Fusion, "cpu_llvm: " << k.name << " -> " << out->name << ": " << cpu::to_string(plan));
+  TCAP_LOG(Fusion, "cpu_llvm: " << k.name << " -> " << out->name << ": " << to_string(plan));
   std::lock_guard<std::mutex> lock(be.mu);
   be.memory.emplace(key, out);
   return out;
 }
 
 std::string cpu_kernel_llvm_ir(const kir::Kernel& k) {
-  cpu::CpuJit& jit = jit_or_throw();
-  const cpu::KernelPlan plan = cpu::make_plan(k, jit.target());
+  CpuJit& jit = jit_or_throw();
+  const KernelPlan plan = make_plan(k, jit.target());
   const std::string key = cache_key(k, jit);
   return jit.compile(k, plan, symbol_for(kir::hash_hex(kir::fnv1a(key))), /*want_object=*/false).ir;
 }
 
 std::string cpu_target_description() {
   std::string why;
-  cpu::CpuJit* jit = cpu::CpuJit::get(&why);
+  CpuJit* jit = CpuJit::get(&why);
   if (!jit) return "unavailable: " + why;
-  const cpu::TargetInfo t = jit->target();
+  const TargetInfo t = jit->target();
   std::string s = t.triple + " " + t.cpu;
   std::string shown;
   for (const char* f : {"+avx512f", "+avx512bf16", "+avx512fp16", "+avx2", "+fma", "+f16c", "+sse4.1", "+neon"}) {
@@ -173,7 +173,7 @@ void cpu_llvm_clear_memory_cache_for_testing() {
 void cpu_llvm_set_vector_bits_for_testing(int bits) {
   Backend& be = backend();
   std::lock_guard<std::mutex> lock(be.mu);
-  cpu::set_vector_bits_override(bits);
+  set_vector_bits_override(bits);
 }
 
-}  // namespace tcap::codegen
+}  // namespace tcap::codegen::cpu_llvm

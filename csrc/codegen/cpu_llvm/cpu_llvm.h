@@ -22,7 +22,7 @@
 #include <memory>
 #include <string>
 
-namespace tcap::codegen {
+namespace tcap::codegen::cpu_llvm {
 
 struct CpuKernel {
   using Fn = void (*)(void* const* args, int64_t begin, int64_t end);
@@ -65,4 +65,4 @@ CpuLlvmStats cpu_llvm_stats();
 // kernel goes to disk.
 void cpu_llvm_clear_memory_cache_for_testing();
 
-}  // namespace tcap::codegen
+}  // namespace tcap::codegen::cpu_llvm

@@ -5,7 +5,7 @@
 
 #include <c10/util/Exception.h>
 
-namespace tcap::codegen {
+namespace tcap::codegen::cpu_llvm {
 
 namespace {
 constexpr const char* kWhy = "tcap was built without LLVM (install llvm-19-dev and reconfigure)";
@@ -32,4 +32,4 @@ void cpu_llvm_clear_memory_cache_for_testing() {}
 
 void cpu_llvm_set_vector_bits_for_testing(int) {}
 
-}  // namespace tcap::codegen
+}  // namespace tcap::codegen::cpu_llvm

@@ -22,7 +22,7 @@
 #include <functional>
 #include <vector>
 
-namespace tcap::codegen::cpu {
+namespace tcap::codegen::cpu_llvm {
 
 class ValueEmitter {
  public:
@@ -87,4 +87,4 @@ class ValueEmitter {
   const TargetInfo& t_;
 };
 
-}  // namespace tcap::codegen::cpu
+}  // namespace tcap::codegen::cpu_llvm

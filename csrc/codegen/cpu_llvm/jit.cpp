@@ -25,7 +25,7 @@
 #include <optional>
 #include <sstream>
 
-namespace tcap::codegen::cpu {
+namespace tcap::codegen::cpu_llvm {
 
 namespace {
 
@@ -226,4 +226,4 @@ CpuKernel::Fn CpuJit::load(const std::string& symbol, const std::string& object)
   return addr->toPtr<CpuKernel::Fn>();
 }
 
-}  // namespace tcap::codegen::cpu
+}  // namespace tcap::codegen::cpu_llvm

@@ -9,7 +9,7 @@
 #include <memory>
 #include <string>
 
-namespace tcap::codegen::cpu {
+namespace tcap::codegen::cpu_llvm {
 
 struct CompiledKernel {
   std::string object;  // ELF relocatable object holding the kernel's symbol
@@ -46,4 +46,4 @@ class CpuJit {
 // See testing.h.
 void set_vector_bits_override(int bits);
 
-}  // namespace tcap::codegen::cpu
+}  // namespace tcap::codegen::cpu_llvm

@@ -16,7 +16,7 @@
 #error "tcap's cpu_llvm backend needs LLVM 18 or newer (built and tested with LLVM 19)"
 #endif
 
-namespace tcap::codegen::cpu::llvm_compat {
+namespace tcap::codegen::cpu_llvm::llvm_compat {
 
 // "19.1.7": part of the kernel cache key.
 inline std::string version_string() { return LLVM_VERSION_STRING; }
@@ -44,4 +44,4 @@ inline void set_target_triple(llvm::Module& m, const llvm::Triple& t) {
 constexpr llvm::CodeGenFileType kObjectFile = llvm::CodeGenFileType::ObjectFile;
 constexpr llvm::CodeGenOptLevel kCodeGenO3 = llvm::CodeGenOptLevel::Aggressive;
 
-}  // namespace tcap::codegen::cpu::llvm_compat
+}  // namespace tcap::codegen::cpu_llvm::llvm_compat

@@ -23,7 +23,7 @@
 #include <algorithm>
 #include <cstring>
 
-namespace tcap::codegen::cpu {
+namespace tcap::codegen::cpu_llvm {
 
 using llvm::Value;
 
@@ -329,4 +329,4 @@ Value* ValueEmitter::math(kir::OpCode op, Value* x, Value* y) {
   return call_vector_math(name, x, y);
 }
 
-}  // namespace tcap::codegen::cpu
+}  // namespace tcap::codegen::cpu_llvm

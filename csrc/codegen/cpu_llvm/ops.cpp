@@ -11,7 +11,7 @@
 #include <cstring>
 #include <limits>
 
-namespace tcap::codegen::cpu {
+namespace tcap::codegen::cpu_llvm {
 
 using kir::DType;
 using kir::OpCode;
@@ -422,4 +422,4 @@ Value* ValueEmitter::reduce_horizontal(OpCode op, DType t, Value* vec) {
   return op == OpCode::ReduceMax ? b_.CreateIntMaxReduce(vec, sgn) : b_.CreateIntMinReduce(vec, sgn);
 }
 
-}  // namespace tcap::codegen::cpu
+}  // namespace tcap::codegen::cpu_llvm

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <sstream>
 
-namespace tcap::codegen::cpu {
+namespace tcap::codegen::cpu_llvm {
 
 namespace {
 
@@ -120,4 +120,4 @@ std::string to_string(const KernelPlan& p) {
   return os.str();
 }
 
-}  // namespace tcap::codegen::cpu
+}  // namespace tcap::codegen::cpu_llvm

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-namespace tcap::codegen::cpu {
+namespace tcap::codegen::cpu_llvm {
 
 // What the planner and the renderer need to know about the target.
 struct TargetInfo {
@@ -74,4 +74,4 @@ KernelPlan make_plan(const kir::Kernel& k, const TargetInfo& t, const PlanOption
 // One line per decision, for TCAP_LOGS=fusion and test failure messages.
 std::string to_string(const KernelPlan& p);
 
-}  // namespace tcap::codegen::cpu
+}  // namespace tcap::codegen::cpu_llvm

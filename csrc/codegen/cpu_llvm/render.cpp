@@ -49,7 +49,7 @@
 
 #include <functional>
 
-namespace tcap::codegen::cpu {
+namespace tcap::codegen::cpu_llvm {
 
 namespace {
 
@@ -489,4 +489,4 @@ llvm::Function* render_kernel(const kir::Kernel& k, const KernelPlan& plan, cons
   return Renderer(k, plan, t, m).render(symbol);
 }
 
-}  // namespace tcap::codegen::cpu
+}  // namespace tcap::codegen::cpu_llvm

@@ -13,9 +13,9 @@
 
 #include <string>
 
-namespace tcap::codegen::cpu {
+namespace tcap::codegen::cpu_llvm {
 
 llvm::Function* render_kernel(const kir::Kernel& k, const KernelPlan& plan, const TargetInfo& t, llvm::Module& m,
                               const std::string& symbol);
 
-}  // namespace tcap::codegen::cpu
+}  // namespace tcap::codegen::cpu_llvm

@@ -1,6 +1,6 @@
 // cuda: renders a kir::Kernel to CUDA C++ (render.h), compiles it with NVRTC for the
 // device's compute capability and launches it through the driver API (driver.h) on
-// LibTorch's current CUDA stream (D7, issue 6). Header free of CUDA types.
+// LibTorch's current CUDA stream (D7). Header free of CUDA types.
 //
 // Target choice: machine code (cubin) for sm_<capability of the device> when NVRTC
 // supports that architecture; PTX for the newest architecture NVRTC supports when the

@@ -1,4 +1,4 @@
-// The one file that talks to NVRTC and the CUDA driver API (issue 6, D7).
+// The one file that talks to NVRTC and the CUDA driver API (D7).
 //
 // Both libraries are loaded with dlopen on first use, never linked: libtcap builds and
 // runs without the CUDA toolkit or a driver, and a machine without them gets a one-line

@@ -45,17 +45,8 @@
 // A reduction kernel runs kir's passes (kir::reduce_level) one after the other per outer
 // index; outer-level values are computed by every thread of the row, stored by one.
 //
-// Note [CUDA value representation]
-// Registers hold bool for Bool, float for F32/F16/BF16, double for F64 and the C integer
-// type for the rest. An F16/BF16 instruction rounds its float result to the dtype right
-// away (round to nearest even; the value stays exactly representable), so every value
-// equals what the CPU renderer computes in half / bfloat16. Memory holds F16/BF16 as
-// 16-bit patterns (converted with cvt.f32.f16 / cvt.rn.f16.f32 and bit operations), Bool
-// as one byte. Transcendentals use CUDA's accurate libdevice functions (expf, not
-// __expf); NVRTC's defaults (IEEE division and sqrt, FMA contraction on, as ATen's own
-// CUDA kernels are built) apply. Max/Min propagate NaN and order -0 < +0, integer
-// division by zero gives 0, float -> integer casts saturate (NaN -> 0): the semantics of
-// kir.h and of the CPU renderer.
+// How values are held and computed: Note [CUDA value representation] (ops.h). How a
+// strategy, block and vector width are chosen: plan.h.
 //
 // Indexing is 32-bit when every offset the kernel can form (plus one grid stride) fits in
 // an int32, 64-bit otherwise.

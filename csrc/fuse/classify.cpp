@@ -1,0 +1,91 @@
+#include "fuse/classify.h"
+
+#include "fuse/emitter.h"
+#include "fuse/lowering.h"
+
+namespace tcap::fuse {
+
+std::optional<std::string> classify(const ir::Graph& g, const ir::Node& n, NodeClass* info, const c10::Device& device) {
+  if (n.kind != ir::NodeKind::Call) return std::string("not an operator call");
+  const LoweringRow* row = find_lowering(n);
+  if (!row) return "no kernel IR lowering for " + n.qualified_op() + " (runs as an ATen call)";
+  // Every tensor read and written must be a dense tensor of a kir dtype on the kernels' device.
+  bool has_tensor_arg = false;
+  for (const auto& a : n.args) {
+    if (a.kind == ir::ArgKind::ValueList || a.kind == ir::ArgKind::OptValueList) return std::string("tensor-list argument");
+    if (a.kind == ir::ArgKind::Opaque) return std::string("opaque argument");
+    if (a.kind == ir::ArgKind::Complex) return std::string("complex scalar argument");
+  }
+  auto check_value = [&](ir::ValueId v) -> std::optional<std::string> {
+    const auto& m = g.value(v).meta;
+    if (m.device != device) return "tensor on " + m.device.str() + ", kernels run on " + device.str();
+    if (!to_kir(m.dtype)) return "dtype " + ir::dtype_short_name(m.dtype) + " has no kernels";
+    return std::nullopt;
+  };
+  for (const auto& a : n.args) {
+    if (a.kind != ir::ArgKind::Value) continue;
+    has_tensor_arg = true;
+    if (auto why = check_value(a.values[0])) return why;
+  }
+  if (!has_tensor_arg) return std::string("no tensor argument");
+  for (const auto& o : n.outputs) {
+    if (o.kind == ir::ArgKind::Value) {
+      if (auto why = check_value(o.values[0])) return why;
+    } else if (o.kind != ir::ArgKind::None && o.kind != ir::ArgKind::UndefinedTensor) {
+      return std::string("non-tensor result");
+    }
+  }
+  // Ops whose arguments change what they compute in ways the table does not model.
+  const std::string op = n.qualified_op();
+  if (op == "aten::_to_copy") {
+    for (size_t i = 1; i < n.args.size(); ++i) {
+      const auto& a = n.args[i];
+      if ((a.name == "layout" || a.name == "device") && a.kind != ir::ArgKind::None) {
+        if (a.name == "device" && (a.s == device.str() || (device.is_cpu() && a.s == "cpu"))) continue;
+        return "_to_copy changes " + a.name;
+      }
+    }
+  }
+  if (op == "aten::round" && n.args.size() > 1) return std::string("round with decimals");
+  if (op == "aten::native_layer_norm_backward") {
+    const auto& mask = n.args.at(7).ints;
+    if (mask.size() != 3 || !mask[0] || mask[1] || mask[2] || n.outputs.at(0).kind != ir::ArgKind::Value) {
+      return std::string("computes weight/bias gradients (only grad_input is a row op; see Note [Decompositions for fusion])");
+    }
+  }
+  if (op == "aten::gelu" || op == "aten::gelu_backward") {
+    const auto& s = n.args.back().s;
+    if (s != "none" && s != "tanh") return "gelu approximate='" + s + "'";
+  }
+  if (op == "aten::mse_loss" && n.args.at(2).i == 0) {
+    // reduction='none' is pointwise
+    info->cls = OpClass::Pointwise;
+    info->reduce_dims.clear();
+    return std::nullopt;
+  }
+  const bool float_out = [&] {
+    for (const auto& o : n.outputs) {
+      if (o.kind == ir::ArgKind::Value && !kir::is_floating(*to_kir(g.value(o.values[0]).meta.dtype))) return false;
+    }
+    return true;
+  }();
+  static const char* float_only[] = {"aten::exp", "aten::log", "aten::log1p", "aten::expm1", "aten::sin", "aten::cos",
+                                     "aten::tan", "aten::tanh", "aten::erf", "aten::sqrt", "aten::rsqrt",
+                                     "aten::reciprocal", "aten::sigmoid", "aten::gelu", "aten::silu", "aten::mish",
+                                     "aten::floor", "aten::ceil", "aten::round", "aten::trunc", "aten::pow",
+                                     "aten::softplus", "aten::elu", "aten::div", "aten::mean", "aten::_softmax",
+                                     "aten::_log_softmax", "aten::native_layer_norm", "aten::native_layer_norm_backward",
+                                     "aten::hardsigmoid",
+                                     "aten::hardswish", "aten::lerp", "aten::addcdiv"};
+  for (const char* f : float_only) {
+    if (n.op == f && !float_out) return std::string("integer result (only floating results are fused for this op)");
+  }
+  info->cls = row->cls;
+  info->reduce_dims = row->dims ? row->dims(g, n) : std::vector<int64_t>{};
+  if (row->cls != OpClass::Pointwise && info->reduce_dims.empty()) {
+    return std::string("reduction over no dims");
+  }
+  return std::nullopt;
+}
+
+}  // namespace tcap::fuse

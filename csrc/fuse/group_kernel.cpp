@@ -1,0 +1,160 @@
+#include "fuse/group_kernel.h"
+
+#include "fuse/emitter.h"
+#include "fuse/lowering.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <map>
+#include <utility>
+
+namespace tcap::fuse {
+
+namespace {
+
+// Merges adjacent domain dims that every access walks as one (d's stride = size(d+1) *
+// stride(d+1) everywhere) and drops size-1 dims, so contiguous tensors become one loop.
+void coalesce(kir::Kernel& k) {
+  std::vector<std::vector<int64_t>*> accesses;
+  for (auto& in : k.instrs) {
+    if (in.op == kir::OpCode::Load) accesses.push_back(&in.strides);
+  }
+  for (auto& s : k.stores) accesses.push_back(&s.strides);
+  // Drop size-1 dims (keep at least one dim of each class present).
+  auto drop = [&](size_t d) {
+    k.sizes.erase(k.sizes.begin() + static_cast<long>(d));
+    for (auto* a : accesses) a->erase(a->begin() + static_cast<long>(d));
+  };
+  const size_t outer = k.sizes.size() - static_cast<size_t>(k.num_reduce_dims);
+  size_t n_outer = outer, n_red = static_cast<size_t>(k.num_reduce_dims);
+  for (size_t d = k.sizes.size(); d-- > 0;) {
+    const bool red = d >= n_outer;
+    if (k.sizes[d] != 1) continue;
+    if (red && n_red == 1) continue;
+    drop(d);
+    if (red) --n_red; else --n_outer;
+  }
+  k.num_reduce_dims = static_cast<int>(n_red);
+  for (size_t d = 0; d + 1 < k.sizes.size();) {
+    const bool same_class = (d + 1 < n_outer) || (d >= n_outer);
+    bool ok = same_class;
+    for (auto* a : accesses) ok = ok && (*a)[d] == (*a)[d + 1] * k.sizes[d + 1];
+    if (!ok) {
+      ++d;
+      continue;
+    }
+    k.sizes[d + 1] *= k.sizes[d];
+    k.sizes.erase(k.sizes.begin() + static_cast<long>(d));
+    for (auto* a : accesses) a->erase(a->begin() + static_cast<long>(d));
+    if (d < n_outer) --n_outer; else --n_red;
+  }
+  k.num_reduce_dims = static_cast<int>(n_red);
+}
+
+}  // namespace
+
+kir::Kernel lower_group(const ir::Graph& g, const Grouping& grouping, const Group& gr, const FusedGroup& fg) {
+  kir::Kernel k;
+  k.name = fg.name;
+  const size_t rank = gr.S.size();
+  std::vector<size_t> perm;  // domain dim -> S dim
+  for (size_t d = 0; d < rank; ++d) {
+    if (!std::binary_search(gr.R.begin(), gr.R.end(), static_cast<int64_t>(d))) perm.push_back(d);
+  }
+  for (int64_t d : gr.R) perm.push_back(static_cast<size_t>(d));
+  for (size_t j : perm) k.sizes.push_back(gr.S[j]);
+  k.num_reduce_dims = static_cast<int>(gr.R.size());
+  auto to_domain = [&](const std::vector<int64_t>& s_strides) {
+    std::vector<int64_t> out;
+    for (size_t j : perm) out.push_back(s_strides[j]);
+    return out;
+  };
+  // Strides over S of an outside value read by a node of the given space / output shape.
+  auto load_strides = [&](const ir::TensorMeta& m, Space space, const std::vector<int64_t>& node_out) {
+    std::vector<int64_t> st(rank, 0);
+    if (space == Space::Full) {
+      std::vector<int> src;
+      TORCH_CHECK(broadcast_src(m.sizes, gr.S, &src), "input ", shape_str(m.sizes), " does not broadcast to ",
+                  shape_str(gr.S));
+      for (size_t d = 0; d < rank; ++d) st[d] = src[d] < 0 ? 0 : m.strides[static_cast<size_t>(src[d])];
+      return st;
+    }
+    // Outer node: broadcast onto the node's output shape, then place its dims.
+    std::vector<int> src;
+    TORCH_CHECK(broadcast_src(m.sizes, node_out, &src), "input ", shape_str(m.sizes), " does not broadcast to ",
+                shape_str(node_out));
+    std::vector<int> osrc;
+    TORCH_CHECK(outer_src(node_out, gr, &osrc), "bad outer shape");
+    for (size_t d = 0; d < rank; ++d) {
+      if (osrc[d] < 0) continue;
+      const int s = src[static_cast<size_t>(osrc[d])];
+      st[d] = s < 0 ? 0 : m.strides[static_cast<size_t>(s)];
+    }
+    return st;
+  };
+  std::map<ir::ValueId, int32_t> buffer_of;
+  for (ir::ValueId v : fg.inputs) {
+    buffer_of[v] = static_cast<int32_t>(k.buffers.size());
+    k.buffers.push_back({"%" + std::to_string(v), *to_kir(g.value(v).meta.dtype), false});
+  }
+  std::map<ir::ValueId, Val> val_of;
+  std::map<std::pair<ir::ValueId, std::vector<int64_t>>, Val> loads;
+  Space cur_space = Space::Full;
+  std::vector<int64_t> cur_out;
+  Emitter em(g, k, [&](ir::ValueId v) -> Val {
+    auto it = val_of.find(v);
+    if (it != val_of.end()) return it->second;
+    const auto& m = g.value(v).meta;
+    auto strides = to_domain(load_strides(m, cur_space, cur_out));
+    auto key = std::make_pair(v, strides);
+    auto lit = loads.find(key);
+    if (lit != loads.end()) return lit->second;
+    kir::Instr in;
+    in.op = kir::OpCode::Load;
+    in.dtype = *to_kir(m.dtype);
+    in.buffer = buffer_of.at(v);
+    in.strides = strides;
+    Val r{kir::add(k, std::move(in)), *to_kir(m.dtype)};
+    loads[key] = r;
+    return r;
+  });
+  for (ir::NodeId id : gr.nodes) {
+    const ir::Node& n = g.node(id);
+    // Reductions and Row ops read their tensors in the full space.
+    cur_space = grouping.node_class.at(id) == OpClass::Pointwise ? grouping.node_space.at(id) : Space::Full;
+    cur_out = out_sizes(g, n);
+    auto vals = lower(em, n);
+    size_t i = 0;
+    for (const auto& o : n.outputs) {
+      if (o.kind != ir::ArgKind::Value) continue;
+      TORCH_INTERNAL_ASSERT(i < vals.size(), "lowering of ", n.qualified_op(), " returned too few values");
+      val_of[o.values[0]] = vals[i++];
+    }
+  }
+  for (size_t oi = 0; oi < fg.outputs.size(); ++oi) {
+    const ir::ValueId v = fg.outputs[oi];
+    const auto& m = fg.output_metas[oi];
+    const int32_t b = static_cast<int32_t>(k.buffers.size());
+    const kir::DType dt = *to_kir(m.dtype);
+    k.buffers.push_back({"%" + std::to_string(v), dt, true});
+    std::vector<int64_t> st(rank, 0);
+    if (grouping.space_of_value[static_cast<size_t>(v)] == Space::Full) {
+      for (size_t d = 0; d < rank; ++d) st[d] = m.sizes[d] == 1 ? 0 : m.strides[d];
+    } else {
+      std::vector<int> src;
+      TORCH_CHECK(outer_src(m.sizes, gr, &src), "bad outer output shape");
+      for (size_t d = 0; d < rank; ++d) st[d] = src[d] < 0 ? 0 : m.strides[static_cast<size_t>(src[d])];
+    }
+    kir::Store s;
+    s.value = em.cast(val_of.at(v), dt).id;
+    s.buffer = b;
+    s.strides = to_domain(st);
+    k.stores.push_back(std::move(s));
+  }
+  coalesce(k);
+  kir::verify(k);
+  return k;
+}
+
+}  // namespace tcap::fuse
