@@ -24,6 +24,7 @@
 #include <tcap/train_step.h>
 
 #include "aot/optimizers.h"
+#include "aot/step_captures.h"
 #include "aot/pipeline.h"
 #include "aot/region.h"
 #include "aot/region_entry.h"
@@ -56,16 +57,9 @@ namespace {
 using aot::HostScalar;
 using aot::HostState;
 using aot::OptimizerAdapter;
+using aot::ScalarPatch;
 
 enum class GradEffect { Keep, Clear, Set };
-
-// A scalar argument of the step graph recomputed from an optimizer's host state.
-struct ScalarPatch {
-  ir::NodeId node;
-  size_t arg;
-  size_t opt, param;  // whose host state (optimizer, parameter index in it)
-  HostScalar expr;
-};
 
 struct StepEntry : cache::Entry {
   enum class State { Candidate, Compiled, Eager } state = State::Candidate;
@@ -84,20 +78,6 @@ struct StepEntry : cache::Entry {
   std::vector<size_t> changed;
   std::shared_ptr<cache::Specializations<StepEntry>> specialized = std::make_shared<cache::Specializations<StepEntry>>();
 };
-
-bool same_double(double a, double b) {
-  if (!std::isfinite(a) || !std::isfinite(b)) return a == b || (std::isnan(a) && std::isnan(b));
-  return a == b || std::abs(a - b) <= 1e-12 * std::max(1.0, std::abs(a));
-}
-
-bool is_scalar_arg(const ir::Arg& a) { return a.kind == ir::ArgKind::Double || a.kind == ir::ArgKind::WrappedScalar; }
-
-// Ops an optimizer's update is made of: a constant scalar argument of one of them that
-// writes into a parameter may be the learning rate.
-bool update_op(const std::string& op) {
-  return op == "aten::add_" || op == "aten::sub_" || op == "aten::mul_" || op == "aten::addcdiv_" ||
-         op == "aten::addcmul_";
-}
 
 }  // namespace
 
@@ -246,8 +226,6 @@ struct CompiledStep::Impl {
   std::vector<at::Tensor> capture(StepEntry& e, const std::vector<at::Tensor>& user, const Gathered& g);
   void verify_and_compile(StepEntry& e, const ir::Graph& first, const std::vector<std::vector<HostState>>& host1,
                           const Gathered& g);
-  std::string find_patches(StepEntry& e, const ir::Graph& first, const std::vector<std::vector<HostState>>& host1,
-                           const Gathered& g, std::vector<ir::NodeId>* observed);
   std::vector<at::Tensor> replay(const StepEntry& e, const Gathered& g, const std::vector<at::Tensor>& primals);
   std::vector<at::Tensor> call(const std::vector<at::Tensor>& user);
   std::shared_ptr<const StepEntry> specialize(const std::shared_ptr<const StepEntry>& e, const std::vector<int64_t>& key);
@@ -299,6 +277,13 @@ std::vector<at::Tensor> CompiledStep::Impl::capture(StepEntry& e, const std::vec
   for (size_t k = 0; k < outs.size(); ++k) {
     auto v = outs[k].defined() ? s.lookup(outs[k]) : std::nullopt;
     if (!v) return fail("output " + std::to_string(k) + " was not computed by recorded ops");
+    // A replayed output has no autograd history: refuse one whose history a later
+    // backward could still run through (its backward did not run inside the step).
+    if (outs[k].requires_grad() && outs[k].grad_fn() && !s.ran_in_backward(outs[k].grad_fn().get())) {
+      return fail("output " + std::to_string(k) + " carries autograd history its backward has not used yet (" +
+                  outs[k].grad_fn()->name() + "); a replayed output has none, so a later backward through it " +
+                  "would miss gradients: compute it and its backward in one step");
+    }
     vals.push_back(*v);
     names.push_back("out" + std::to_string(k));
     kinds.push_back(ir::OutputKind::User);
@@ -343,129 +328,22 @@ std::vector<at::Tensor> CompiledStep::Impl::capture(StepEntry& e, const std::vec
   return outs;
 }
 
-// Compares the first capture with the second (e.graph): scalar arguments that are host
-// expressions become patches; host reads that differ are observations. "" or why not.
-std::string CompiledStep::Impl::find_patches(StepEntry& e, const ir::Graph& first,
-                                             const std::vector<std::vector<HostState>>& host1, const Gathered& g,
-                                             std::vector<ir::NodeId>* observed) {
-  const ir::Graph& second = e.graph;
-  if (first.nodes().size() != second.nodes().size()) {
-    return "two consecutive steps recorded different graphs (" + std::to_string(first.nodes().size()) + " vs " +
-           std::to_string(second.nodes().size()) + " nodes)";
-  }
-  const auto& host2 = e.host;
-  // The parameter (optimizer, index) each node's result goes to: the one whose input it
-  // writes, else the first one a user of it goes to.
-  const auto inputs = second.input_nodes();
-  std::unordered_map<ir::NodeId, std::pair<size_t, size_t>> input_param;
-  for (size_t j = 0; j < g.params.size(); ++j) {
-    if (g.params[j].opt < 0) continue;
-    input_param[inputs.at(static_cast<size_t>(g.param_input[j]))] = {static_cast<size_t>(g.params[j].opt), g.params[j].index};
-  }
-  std::vector<std::optional<std::pair<size_t, size_t>>> param_of(second.nodes().size());
-  std::vector<bool> writes_param(second.nodes().size(), false);
-  for (const auto& n : second.nodes()) {
-    ir::for_each_value(n.outputs, [&](ir::ValueId v) {
-      if (second.value(v).version_of == ir::kNoValue) return;
-      auto it = input_param.find(second.value(second.alias_root(v)).producer);
-      if (it != input_param.end()) {
-        param_of[static_cast<size_t>(n.id)] = it->second;
-        writes_param[static_cast<size_t>(n.id)] = true;
-      }
-    });
-  }
-  for (auto it = second.nodes().rbegin(); it != second.nodes().rend(); ++it) {
-    if (param_of[static_cast<size_t>(it->id)]) continue;
-    ir::for_each_value(it->outputs, [&](ir::ValueId v) {
-      for (ir::NodeId u : second.users(v)) {
-        if (!param_of[static_cast<size_t>(it->id)] && param_of[static_cast<size_t>(u)]) {
-          param_of[static_cast<size_t>(it->id)] = param_of[static_cast<size_t>(u)];
-        }
-      }
-    });
-  }
-  // The expression explaining (d1, d2) for parameter p, if any.
-  auto explain = [&](double d1, double d2, std::pair<size_t, size_t> p, bool lr_only) -> std::optional<HostScalar> {
-    for (HostScalar h : opts[p.first]->host_scalars()) {
-      if (lr_only && !aot::depends_on_lr(h)) continue;
-      if (same_double(aot::evaluate(h, host1[p.first][p.second]), d1) &&
-          same_double(aot::evaluate(h, host2[p.first][p.second]), d2)) {
-        return h;
-      }
-    }
-    return std::nullopt;
-  };
-  e.patches.clear();
-  observed->clear();
-  for (size_t i = 0; i < second.nodes().size(); ++i) {
-    const ir::Node& a = first.nodes()[i];
-    const ir::Node& b = second.nodes()[i];
-    const std::string where = "node %" + std::to_string(i) + " (" + b.qualified_op() + ")";
-    if (a.kind != b.kind || a.op != b.op || a.overload != b.overload || a.args.size() != b.args.size() ||
-        a.outputs.size() != b.outputs.size()) {
-      return "two consecutive steps recorded different graphs at " + where;
-    }
-    for (size_t k = 0; k < a.outputs.size(); ++k) {
-      if (a.outputs[k] == b.outputs[k]) continue;
-      if (ir::is_host_value(b.outputs[k]) && a.outputs[k].kind == b.outputs[k].kind) {
-        if (!options.observe_host_values) {
-          return "the value read on the host by " + where + " changed between two steps; it is a guard, so these "
-                 "guards never fit twice (if host code only logs or returns it, CompileOptions::observe_host_values = "
-                 "true makes it an observation)";
-        }
-        if (observed->empty() || observed->back() != b.id) observed->push_back(b.id);
-        continue;
-      }
-      return "two consecutive steps recorded different results at " + where;
-    }
-    const auto p = param_of[i];
-    int lr_patches = 0;
-    for (size_t k = 0; k < a.args.size(); ++k) {
-      const bool scalar = is_scalar_arg(a.args[k]) && a.args[k].kind == b.args[k].kind &&
-                          a.args[k].i2 == b.args[k].i2 && a.args[k].i == b.args[k].i;
-      if (a.args[k] == b.args[k]) {
-        // A constant argument of a parameter update may be the learning rate.
-        if (!scalar || !p || !writes_param[i] || !update_op(b.op)) continue;
-        if (auto h = explain(a.args[k].d, b.args[k].d, *p, /*lr_only=*/true)) {
-          e.patches.push_back({b.id, k, p->first, p->second, *h});
-          ++lr_patches;
-        }
-        continue;
-      }
-      if (!scalar) return "two consecutive steps recorded different arguments at " + where;
-      std::optional<HostScalar> h;
-      std::pair<size_t, size_t> q{0, 0};
-      if (p) {
-        q = *p;
-        h = explain(a.args[k].d, b.args[k].d, q, false);
-      }
-      for (size_t o = 0; !h && o < opts.size(); ++o) {
-        for (size_t j = 0; !h && j < host2[o].size(); ++j) {
-          q = {o, j};
-          h = explain(a.args[k].d, b.args[k].d, q, false);
-        }
-      }
-      if (!h) {
-        std::ostringstream ss;
-        ss << "a scalar computed on the host changes between steps (" << where << " argument " << k << ": "
-           << a.args[k].d << " -> " << b.args[k].d << ") and is not one tcap can recompute";
-        return ss.str();
-      }
-      e.patches.push_back({b.id, k, q.first, q.second, *h});
-    }
-    (void)lr_patches;
-  }
-  if (!second.values().empty() && first.values() != second.values()) {
-    return "two consecutive steps recorded tensors of different shapes";
-  }
-  return "";
-}
-
 void CompiledStep::Impl::verify_and_compile(StepEntry& e, const ir::Graph& first,
                                             const std::vector<std::vector<HostState>>& host1, const Gathered& g) {
-  std::vector<ir::NodeId> observed;
-  std::string why = find_patches(e, first, host1, g, &observed);
-  if (!why.empty()) return go_eager(e, why);
+  // Which parameter (optimizer, index) each input node is.
+  const auto inputs = e.graph.input_nodes();
+  std::unordered_map<ir::NodeId, std::pair<size_t, size_t>> param_inputs;
+  for (size_t j = 0; j < g.params.size(); ++j) {
+    if (g.params[j].opt < 0) continue;
+    param_inputs[inputs.at(static_cast<size_t>(g.param_input[j]))] = {static_cast<size_t>(g.params[j].opt), g.params[j].index};
+  }
+  std::vector<const OptimizerAdapter*> adapters;
+  for (const auto& o : opts) adapters.push_back(o.get());
+  aot::StepComparison cmp =
+      aot::compare_step_captures(first, e.graph, host1, e.host, adapters, param_inputs, options.observe_host_values);
+  if (!cmp.why_not.empty()) return go_eager(e, cmp.why_not);
+  e.patches = std::move(cmp.patches);
+  const std::vector<ir::NodeId>& observed = cmp.observed;
   if (!observed.empty()) {
     std::string what;
     for (ir::NodeId id : observed) what += (what.empty() ? "" : ", ") + e.graph.node(id).qualified_op() + " (node %" + std::to_string(id) + ")";

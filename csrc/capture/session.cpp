@@ -11,6 +11,7 @@
 
 #include <c10/util/flat_hash_map.h>
 
+#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <sstream>
@@ -330,6 +331,10 @@ void Session::materialize(const RawArg& raw, ir::Arg& a) const {
   }
 }
 
+bool Session::ran_in_backward(const torch::autograd::Node* n) const {
+  return std::find(ran_nodes_.begin(), ran_nodes_.end(), n) != ran_nodes_.end();
+}
+
 // Note [Deferred call nodes]
 // The recorder runs per ATen call, so what it does there is the capture's cost. A Call
 // node's identity, metadata and aliasing must be read while the op runs (tensor
@@ -347,6 +352,7 @@ void Session::before_op(const OpInfo& info, c10::ArrayRef<c10::IValue> args, Pen
   if (!hook_stack_.empty()) p.hook = hook_stack_.back();
   if (in_backward_ > 0) {
     if (auto node = torch::autograd::get_current_node()) {
+      if (ran_nodes_.empty() || ran_nodes_.back() != node.get()) ran_nodes_.push_back(node.get());
       if (node_labeler_) {
         p.autograd_node = &owned_labels_.emplace_back(node_labeler_(*node));
       } else {

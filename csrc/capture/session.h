@@ -109,6 +109,8 @@ class Session {
     return graph_;
   }
   const std::vector<at::Tensor>& input_tensors() const { return input_tensors_; }
+  // Whether autograd node n ran an op this session recorded in a backward.
+  bool ran_in_backward(const torch::autograd::Node* n) const;
 
  private:
   ir::ValueId value_for(const at::Tensor& t);  // lookup, or a new Input node
@@ -185,6 +187,7 @@ class Session {
   int auto_names_ = 0;
   int tangents_ = 0;
   NodeLabeler node_labeler_;
+  std::vector<const torch::autograd::Node*> ran_nodes_;  // in order, consecutive repeats folded
 };
 
 }  // namespace tcap::capture
