@@ -363,15 +363,34 @@ std::vector<Record> run_workload(const Workload& w, const Options& o, Peer* peer
   std::vector<Variant> variants = w.make(o);
   variants.erase(std::remove_if(variants.begin(), variants.end(), [&](const Variant& v) { return !o.wants(v.name); }),
                  variants.end());
+  // A variant that throws while it is timed is reported as failed; the others go on.
+  auto fails = [](Variant& v, const std::exception& e) {
+    const std::string what = e.what();
+    v.skipped = "threw while timed: " + what.substr(0, what.find('\n'));
+    v.failed = true;
+  };
   std::vector<int64_t> iters;
-  for (const auto& v : variants) iters.push_back(v.skipped.empty() ? warm_up(v, o) : 0);
+  for (auto& v : variants) {
+    iters.push_back(0);
+    if (!v.skipped.empty()) continue;
+    try {
+      iters.back() = warm_up(v, o);
+    } catch (const std::exception& e) {
+      fails(v, e);
+    }
+  }
 
   std::vector<Series> series(variants.size());
   for (int round = 0; round < o.repeats; ++round) {
     for (size_t i = 0; i < variants.size(); ++i) {  // interleaved: A B A B ...
       if (!variants[i].skipped.empty()) continue;
       Sample s;
-      for (int64_t k = 0; k < iters[i]; ++k) variants[i].run(s);
+      try {
+        for (int64_t k = 0; k < iters[i]; ++k) variants[i].run(s);
+      } catch (const std::exception& e) {
+        fails(variants[i], e);
+        continue;
+      }
       const double units_in_round = static_cast<double>(iters[i]) * variants[i].units;
       for (const auto& [metric, seconds] : s.seconds()) {
         series[i].add(metric, seconds * 1e6 / units_in_round);

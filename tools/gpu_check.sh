@@ -18,7 +18,9 @@
 #
 # Once `tools/gpu_check.sh pack` here, then, in a copy of the checkout that includes .deps
 # on the GPU machine: `OUT=<dir> tools/gpu_check.sh run` (a 16-core build takes a few
-# minutes; set TCAP_GPU_STEPS=1,2,4 to choose steps).
+# minutes; set TCAP_GPU_STEPS=1,2,4 to choose steps, TCAP_GPU_TARGETS="tcap_codegen_tests
+# tcap-bench ..." to build only those targets, TCAP_GPU_STEP_TIMEOUT=<seconds> to bound each
+# step; the log archive is rewritten after every step, so a run cut short still has it).
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 deps="$root/.deps"
@@ -44,7 +46,7 @@ run() {
   local out=${OUT:-$root/gpu-out}
   local logs="$root/build-gpu-logs"
   mkdir -p "$out" "$logs"
-  local steps=${TCAP_GPU_STEPS:-1,2,3,4}
+  local steps=${TCAP_GPU_STEPS:-1,2,3,4,5}
   local python=${TCAP_PYTHON:-/opt/torch/.venv/bin/python3}
   local failed=0
   local jobs
@@ -54,13 +56,14 @@ run() {
     shift
     echo "== $name: $*" | tee -a "$out/summary.txt"
     local t0=$SECONDS
-    if "$@" >"$logs/$name.log" 2>&1; then
+    if timeout "${TCAP_GPU_STEP_TIMEOUT:-0}" "$@" >"$logs/$name.log" 2>&1; then
       echo "   ok ($((SECONDS - t0)) s)" | tee -a "$out/summary.txt"
     else
       echo "   FAILED, status $? ($((SECONDS - t0)) s); last lines:" | tee -a "$out/summary.txt"
       tail -n 15 "$logs/$name.log" | sed 's/^/   | /' | tee -a "$out/summary.txt"
       failed=$((failed + 1))
     fi
+    tar czf "$out/gpu-logs.tgz" -C "$logs" . 2>/dev/null || true
   }
   wants() { [[ ",$steps," == *",$1,"* ]]; }
 
@@ -82,7 +85,8 @@ run() {
   # shellcheck disable=SC2086  # TCAP_GPU_CMAKE_ARGS: extra arguments, split on spaces
   step configure cmake -S "$root" -B "$root/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     "-DCMAKE_PREFIX_PATH=$torch_prefix;$deps/prefix;$gtest/prefix" ${TCAP_GPU_CMAKE_ARGS:-}
-  step build cmake --build "$root/build-gpu" -j "$jobs"
+  # shellcheck disable=SC2086  # TCAP_GPU_TARGETS: target names, split on spaces
+  step build cmake --build "$root/build-gpu" -j "$jobs" ${TCAP_GPU_TARGETS:+--target $TCAP_GPU_TARGETS}
   [ -x "$root/build-gpu/test/tcap_codegen_tests" ] || { echo "gpu_check run: the build failed" | tee -a "$out/summary.txt"; return 1; }
 
   local t="$root/build-gpu/test"
@@ -102,8 +106,11 @@ run() {
     [ "$failed" -gt "$before" ] && step op_sweep_cuda_blocking env CUDA_LAUNCH_BLOCKING=1 "$t/tcap_op_sweep_cuda_tests"
   fi
   wants 3 && step ctest ctest --test-dir "$root/build-gpu" -j "$jobs" --output-on-failure
-  wants 4 && step bench_cuda "$root/build-gpu/bench/tcap-bench" --device cuda --python "$python" \
-    --filter coscos,mlp_big,softmax_ce,transformer_block,bias_relu --repeats 11 --json "$out/bench-cuda.json"
+  local workloads=coscos,mlp_big,softmax_ce,transformer_block,bias_relu
+  wants 4 && step bench_cuda "$root/build-gpu/bench/tcap-bench" --device cuda --no-inductor \
+    --filter "$workloads" --repeats 11 --json "$out/bench-cuda.json"
+  wants 5 && step bench_cuda_peer "$root/build-gpu/bench/tcap-bench" --device cuda --python "$python" \
+    --filter "$workloads" --variants eager,tcap_cuda,py_eager,inductor --repeats 11 --json "$out/bench-cuda-peer.json"
   tar czf "$out/gpu-logs.tgz" -C "$logs" .
   echo "gpu_check: $failed step(s) failed; summary and logs (gpu-logs.tgz) in $out" | tee -a "$out/summary.txt"
   return "$failed"

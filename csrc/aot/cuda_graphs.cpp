@@ -16,6 +16,7 @@
 
 #if TCAP_HAVE_CUDA_GRAPHS
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -34,6 +35,18 @@ bool same_layout(const at::Tensor& a, const at::Tensor& b) {
   if (!a.defined()) return true;
   return a.device() == b.device() && a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() &&
          a.strides() == b.strides();
+}
+
+// t narrowed to one element along every dimension it broadcasts (stride 0): the elements
+// at distinct addresses. A static input is a buffer of this shape expanded back to t's
+// sizes, so that copying into it never writes one location twice (an expanded gradient,
+// the ones of a sum's backward, cannot be the destination of copy_).
+at::Tensor distinct_elements(const at::Tensor& t) {
+  at::Tensor c = t;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.stride(d) == 0 && t.size(d) > 1) c = c.narrow(d, 0, 1);
+  }
+  return c;
 }
 
 class GraphRunner {
@@ -64,7 +77,7 @@ class GraphRunner {
     {
       at::NoGradGuard no_grad;
       for (size_t i = 0; i < in.size(); ++i) {
-        if (in[i].defined()) static_in_[i].copy_(in[i]);
+        if (in[i].defined()) static_base_[i].copy_(distinct_elements(in[i]));
       }
     }
     graph_->replay();
@@ -104,8 +117,20 @@ class GraphRunner {
     {
       at::NoGradGuard no_grad;
       static_in_.clear();
+      static_base_.clear();
       for (const auto& t : in) {
-        static_in_.push_back(t.defined() ? at::empty_strided(t.sizes(), t.strides(), t.options()).copy_(t) : t);
+        if (!t.defined()) {
+          static_in_.push_back(t);
+          static_base_.push_back(t);
+          continue;
+        }
+        const at::Tensor d = distinct_elements(t);
+        if (at::has_internal_overlap(d) != at::MemOverlap::No) {
+          return disable(std::move(in), "an input's elements overlap in memory (not a plain broadcast)");
+        }
+        at::Tensor base = at::empty_strided(d.sizes(), d.strides(), d.options()).copy_(d);
+        static_in_.push_back(base.expand(t.sizes()));
+        static_base_.push_back(std::move(base));
       }
     }
     // The static inputs are written on the current stream; the capture runs on a side stream.
@@ -148,6 +173,7 @@ class GraphRunner {
   std::vector<at::Tensor> disable(std::vector<at::Tensor> in, const std::string& why) {
     disabled_ = true;
     static_in_.clear();
+    static_base_.clear();
     TCAP_LOG(GraphBreaks, what_ << ": runs without a CUDA graph: " << why);
     return inner_(std::move(in));
   }
@@ -160,7 +186,8 @@ class GraphRunner {
   int64_t calls_ = 0;
   bool disabled_ = false;
   bool logged_mismatch_ = false;
-  std::vector<at::Tensor> static_in_, static_out_;
+  // static_in_[i]: static_base_[i] (the input's distinct elements) expanded to its sizes.
+  std::vector<at::Tensor> static_in_, static_base_, static_out_;
   std::unique_ptr<at::cuda::CUDAGraph> graph_;  // declared last: destroyed before the static tensors
 };
 #endif
