@@ -219,6 +219,19 @@ TEST(VerifyArgs, TensorMetadata) {
   EXPECT_VERIFY_FAILS(g, "value %0 has a negative storage offset -1");
 }
 
+// verify() prints the graph it refuses, so the printer reads metadata it has not checked:
+// the fuzzer found is_contiguous() multiplying INT64_MIN by 1024 (undefined behaviour).
+TEST(VerifyArgs, RefusedMetadataIsPrintedSafely) {
+  Graph g = sum_with_dtype(Arg::none("dtype"));
+  g.value(0).meta.sizes = {std::numeric_limits<int64_t>::min(), 1024};
+  g.value(0).meta.strides = {1024, 1};
+  EXPECT_FALSE(g.value(0).meta.is_contiguous());
+  EXPECT_EQ(g.value(0).meta.numel(), std::numeric_limits<int64_t>::max());
+  EXPECT_VERIFY_FAILS(g, "value %0 has a negative size");
+  g.value(0).meta.strides = {1};
+  EXPECT_FALSE(g.value(0).meta.is_contiguous());
+}
+
 // A CallHook node the interpreter could not read: the checked-in golden graph had one
 // (one Value arg, no results), and replaying it threw std::out_of_range naming no node.
 TEST(VerifyArgs, CallHookShapes) {
