@@ -98,7 +98,8 @@ bool mutate_tree(Json& root, std::mt19937_64& rng) {
     case Json::value_t::number_integer:
     case Json::value_t::number_unsigned:
       if (rng() % 4 == 0) {
-        j = j.get<int64_t>() + static_cast<int64_t>(rng() % 5) - 2;
+        // A neighbour, wrapping around (the mutator itself must not overflow).
+        j = static_cast<int64_t>(static_cast<uint64_t>(j.get<int64_t>()) + rng() % 5 - 2);
       } else {
         j = kInts[rng() % (sizeof kInts / sizeof kInts[0])];
       }

@@ -15,18 +15,16 @@
 #include <string>
 #include <vector>
 
+#include "ir/contiguous_meta.h"
+
 namespace tcap {
 namespace {
 
 using namespace tcap::ir;
 
+using tcap::ir::testing::contiguous_meta;
 TensorMeta meta(std::vector<int64_t> sizes, c10::ScalarType dtype = c10::kFloat) {
-  TensorMeta m;
-  m.dtype = dtype;
-  m.strides.assign(sizes.size(), 1);
-  for (size_t k = sizes.size(); k-- > 1;) m.strides[k - 1] = m.strides[k] * sizes[k];
-  m.sizes = std::move(sizes);
-  return m;
+  return contiguous_meta(std::move(sizes), dtype);
 }
 
 // inputs (name, meta) -> op(args) -> one tensor result of `result`.

@@ -11,15 +11,14 @@
 #include <fstream>
 #include <string>
 
+#include "ir/contiguous_meta.h"
+
 namespace tcap::ir {
 namespace {
 
-TensorMeta meta(std::vector<int64_t> sizes) {
-  TensorMeta m;
-  m.strides.assign(sizes.size(), 1);
-  for (size_t k = sizes.size(); k-- > 1;) m.strides[k - 1] = m.strides[k] * sizes[k];
-  m.sizes = std::move(sizes);
-  return m;
+using tcap::ir::testing::contiguous_meta;
+TensorMeta meta(std::vector<int64_t> sizes, c10::ScalarType dtype = c10::kFloat) {
+  return contiguous_meta(std::move(sizes), dtype);
 }
 
 // relu(x), with one hook called by slot (as compiled autograd records it).

@@ -20,6 +20,8 @@
 #error "json_test needs -DTCAP_GOLDEN_DIR=\"<source>/test/golden\""
 #endif
 
+#include "ir/contiguous_meta.h"
+
 namespace tcap::ir {
 namespace {
 
@@ -28,13 +30,9 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // --- building graphs by hand -----------------------------------------------------
 
+using tcap::ir::testing::contiguous_meta;
 TensorMeta meta(std::vector<int64_t> sizes, c10::ScalarType dtype = c10::kFloat) {
-  TensorMeta m;
-  m.dtype = dtype;
-  m.strides.assign(sizes.size(), 1);
-  for (size_t k = sizes.size(); k-- > 1;) m.strides[k - 1] = m.strides[k] * sizes[k];
-  m.sizes = std::move(sizes);
-  return m;
+  return contiguous_meta(std::move(sizes), dtype);
 }
 
 // Appends `n` with one Value result per entry of `results`; returns the result ids.
