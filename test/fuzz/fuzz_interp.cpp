@@ -91,9 +91,10 @@ std::optional<std::vector<at::Tensor>> make_inputs(const Graph& g) {
   for (NodeId id : g.input_nodes()) {
     const TensorMeta& m = g.value(g.node(id).outputs.at(0).values.at(0)).meta;
     if (m.device.type() != c10::DeviceType::CPU || !can_make(m.dtype)) return std::nullopt;
-    const int64_t n = m.numel();  // verify() bounds it
+    const int64_t n = m.numel();  // fits in int64_t (verify() checks), so may be near its limit
+    if (n > kMaxInputElements) return std::nullopt;
     total += n;
-    if (n > kMaxInputElements || total > kMaxTotalElements) return std::nullopt;
+    if (total > kMaxTotalElements) return std::nullopt;
     const auto options = at::TensorOptions().dtype(m.dtype);
     const c10::IntArrayRef sizes(m.sizes);
     if (at::isFloatingType(m.dtype) || at::isComplexType(m.dtype)) {
