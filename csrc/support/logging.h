@@ -11,6 +11,10 @@
 //   TCAP_COMPILE_THREADS  threads compiling a graph's kernels at once (default: the
 //                    machine's cores, at most 8; 1: one after the other). Note
 //                    [Parallel kernel compilation].
+//   TCAP_MAX_GRAPH_MB  largest graph JSON input read by load_json, from_json_string
+//                    and tcap-inspect, in MiB (default 64); JsonReadOptions::max_bytes
+//                    overrides it per call. Read once by ir::default_max_graph_bytes()
+//                    (ir/json_input.cpp, Note [Reader memory]).
 #pragma once
 
 #include <sstream>
