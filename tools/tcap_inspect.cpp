@@ -5,9 +5,14 @@
 //
 // Exit status: 0 success (diff: the graphs are equal), 1 diff found differences,
 // 2 bad usage or bad input. Every error is one line on stderr starting with
-// "tcap-inspect: "; no input makes the tool crash.
+// "tcap-inspect: "; no input makes the tool crash. Files larger than TCAP_MAX_GRAPH_MB
+// (64 MiB by default) and files that are not regular files (FIFOs, devices) are refused.
+// Names in a graph are raw input: the output escapes control characters (\xNN), so a
+// file cannot send escape sequences to the terminal.
 #include <tcap/graph.h>
 #include <tcap/graph_json.h>
+
+#include "ir/printable.h"
 
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
@@ -70,25 +75,27 @@ std::string first_line(const std::string& s) {
 
 // --- summary ---------------------------------------------------------------------
 
-int64_t input_bytes(const TensorMeta& m) {
+// A double: sizes whose product fits in int64_t (verify() checks it) times an element
+// size, summed over inputs, may not.
+double input_bytes(const TensorMeta& m) {
   try {
-    return m.numel() * static_cast<int64_t>(c10::elementSize(m.dtype));
+    return static_cast<double>(m.numel()) * static_cast<double>(c10::elementSize(m.dtype));
   } catch (const std::exception&) {
     return 0;  // a dtype without an element size (undefined, bits): counted as 0
   }
 }
 
-std::string human_bytes(int64_t b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(b);
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  double v = b;
   int u = 0;
-  while (v >= 1024.0 && u < 4) {
+  while (v >= 1024.0 && u < 6) {
     v /= 1024.0;
     ++u;
   }
   char buf[64];
   if (u == 0) {
-    std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(b));
+    std::snprintf(buf, sizeof buf, "%.0f B", b);
   } else {
     std::snprintf(buf, sizeof buf, "%.1f %s", v, units[u]);
   }
@@ -127,11 +134,11 @@ std::string summary(const Graph& g, const std::string& path) {
   os << "values: " << g.values().size() << " (in-place writes " << writes << ", views " << views
      << ")\n";
 
-  std::map<InputKind, std::pair<int, int64_t>> inputs;
-  int64_t total = 0;
+  std::map<InputKind, std::pair<int, double>> inputs;
+  double total = 0;
   for (NodeId id : g.input_nodes()) {
     const Node& n = g.node(id);
-    int64_t bytes = 0;
+    double bytes = 0;
     for (ValueId v : g.node(id).outputs.at(0).values) bytes += input_bytes(g.value(v).meta);
     ++inputs[n.input_kind].first;
     inputs[n.input_kind].second += bytes;
@@ -295,7 +302,8 @@ bool diff(const Graph& a, const Graph& b, std::ostream& os) {
 
 // --- main ------------------------------------------------------------------------
 
-void emit(const std::string& text, const std::string& out_path) {
+void emit(const std::string& raw, const std::string& out_path) {
+  const std::string text = tcap::ir::printable(raw, SIZE_MAX, /*keep_lines=*/true);
   if (out_path.empty()) {
     std::cout << text << std::flush;
     if (!std::cout) throw ToolError("cannot write to stdout");
@@ -363,6 +371,6 @@ int main(int argc, char** argv) {
   } catch (...) {
     msg = "unknown error";
   }
-  std::cerr << "tcap-inspect: " << first_line(msg) << std::endl;
+  std::cerr << "tcap-inspect: " << tcap::ir::printable(first_line(msg), tcap::ir::kMaxMessageBytes) << std::endl;
   return 2;
 }

@@ -1,6 +1,8 @@
 #include <tcap/interpreter.h>
 
 #include "interp/hook_runner.h"
+#include "ir/printable.h"
+#include "ir/verify_args.h"
 #include "support/logging.h"
 
 #include <ATen/ScalarOps.h>
@@ -16,8 +18,38 @@
 namespace tcap {
 namespace {
 
+// Messages quote names from the graph (which may come from a file) and kernels' own
+// messages: control characters are escaped, and the length is bounded.
+constexpr size_t kMaxErrorBytes = 16384;
+
+// "node %3 (aten::mul.Tensor)", "node %0 (input 'x')", "node %5 (call_hook #1)".
+std::string node_label(const ir::Node& n) {
+  std::string what;
+  switch (n.kind) {
+    case ir::NodeKind::Call: what = n.qualified_op(); break;
+    case ir::NodeKind::Input: what = "input '" + n.name + "'"; break;
+    case ir::NodeKind::CallHook: what = "call_hook #" + std::to_string(n.hook); break;
+    case ir::NodeKind::Output: what = "output"; break;
+  }
+  return "node %" + std::to_string(n.id) + " (" + ir::printable(what, 200) + ")";
+}
+
+std::string error_prefix(const ir::Node& n) { return "tcap interpreter: " + node_label(n) + ": "; }
+
 [[noreturn]] void fail(const ir::Node& n, const std::string& what) {
-  TORCH_CHECK(false, "tcap interpreter: node %", n.id, " (", n.qualified_op(), "): ", what);
+  throw c10::Error(ir::printable(error_prefix(n) + what, kMaxErrorBytes, /*keep_lines=*/true));
+}
+
+// Rethrows an error raised while node `n` ran, naming the node (once). An allocation
+// failure keeps its type, so callers can still tell it apart.
+[[noreturn]] void rethrow_naming(const ir::Node& n, const std::exception& e, bool out_of_memory) {
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  std::string msg = c10_error ? c10_error->what_without_backtrace() : e.what();
+  const std::string prefix = error_prefix(n);
+  if (msg.compare(0, prefix.size(), prefix) != 0) msg = prefix + msg;
+  msg = ir::printable(msg, kMaxErrorBytes, /*keep_lines=*/true);
+  if (out_of_memory) throw c10::OutOfMemoryError(msg);
+  throw c10::Error(msg);
 }
 
 thread_local const interp::HookRunner* tls_hook_runner = nullptr;
@@ -74,6 +106,20 @@ Interpreter::Interpreter(const ir::Graph& graph, bool differentiable)
     }
     ops_[static_cast<size_t>(n.id)] = *op;
   }
+  // A graph that passes verify() is one the interpreter can run without crashing: every
+  // id in range, CallHook nodes shaped as run_hook reads them, and every argument of a
+  // known operator of the type its schema declares (Note [Arguments against the schema]).
+  // Operators resolve through the dispatcher (above), so the schema strings the graph
+  // carries play no part in replay; graphs rewritten by passes may lack some, and the
+  // copy drops them before it is verified.
+  graph_.schemas().clear();
+  try {
+    ir::verify(graph_);
+  } catch (const c10::Error& e) {
+    throw c10::Error(ir::printable(std::string("tcap interpreter: the graph fails verify(): ") +
+                                       e.what_without_backtrace(),
+                                   kMaxErrorBytes, /*keep_lines=*/true));
+  }
   // Values are freed after their last reader; an alias (a view, a newer version) holds
   // its own reference to the tensor, so only this value's slot goes. Outputs stay. A value
   // nobody reads (an input only a fallback would need, an op's unused result such as
@@ -94,18 +140,52 @@ const at::Tensor& Interpreter::get(const ir::Node& n, ir::ValueId v) const {
   return t;
 }
 
+namespace {
+
+// The element type of a list argument's declared type (through Optional), or nullptr.
+const c10::Type* list_element(const c10::Argument& sa) {
+  const c10::Type* t = sa.real_type().get();
+  if (const auto* opt = t->castRaw<c10::OptionalType>()) t = opt->getElementType().get();
+  const auto* list = t->castRaw<c10::ListType>();
+  return list ? list->getElementType().get() : nullptr;
+}
+
+bool is_tensor_or_optional_tensor(const c10::Type* t, bool optional) {
+  if (const auto* opt = t->castRaw<c10::OptionalType>()) return optional && opt->getElementType()->kind() == c10::TypeKind::TensorType;
+  return !optional && t->kind() == c10::TypeKind::TensorType;
+}
+
+}  // namespace
+
+// Arguments are built as the IValues the kernel's schema declares (verify() has checked
+// that they fit): an empty list is typed by the schema (capture records an empty SymInt[]
+// as an empty value list), and one int passed for an int[N] list becomes a one-entry
+// list, as the JIT does.
 c10::IValue Interpreter::to_ivalue(const ir::Node& n, size_t i, const c10::Argument& sa) const {
   const ir::Arg& a = n.args[i];
+  const c10::Type* elem = list_element(sa);
   switch (a.kind) {
     case ir::ArgKind::None: return c10::IValue();
     case ir::ArgKind::UndefinedTensor: return c10::IValue(at::Tensor());
-    case ir::ArgKind::Value: return c10::IValue(get(n, a.values[0]));
-    case ir::ArgKind::ValueList: {
-      c10::List<at::Tensor> l;
-      for (auto v : a.values) l.push_back(get(n, v));
-      return c10::IValue(l);
-    }
+    case ir::ArgKind::Value: return c10::IValue(get(n, a.values.at(0)));
+    case ir::ArgKind::ValueList:
     case ir::ArgKind::OptValueList: {
+      if (elem != nullptr && a.values.empty()) {
+        switch (elem->kind()) {
+          case c10::TypeKind::IntType:
+          case c10::TypeKind::SymIntType: return c10::IValue(c10::List<int64_t>());
+          case c10::TypeKind::FloatType: return c10::IValue(c10::List<double>());
+          case c10::TypeKind::BoolType: return c10::IValue(c10::List<bool>());
+          default: break;
+        }
+      }
+      const bool optional = elem != nullptr ? is_tensor_or_optional_tensor(elem, /*optional=*/true)
+                                            : a.kind == ir::ArgKind::OptValueList;
+      if (!optional) {
+        c10::List<at::Tensor> l;
+        for (auto v : a.values) l.push_back(get(n, v));
+        return c10::IValue(l);
+      }
       c10::List<std::optional<at::Tensor>> l;
       for (auto v : a.values) {
         l.push_back(v == ir::kNoValue ? std::optional<at::Tensor>() : std::optional<at::Tensor>(get(n, v)));
@@ -114,6 +194,8 @@ c10::IValue Interpreter::to_ivalue(const ir::Node& n, size_t i, const c10::Argum
     }
     case ir::ArgKind::Bool: return c10::IValue(a.i != 0);
     case ir::ArgKind::Int:
+      if (elem != nullptr) return c10::IValue(c10::List<int64_t>({a.i}));
+      return c10::IValue(a.i);
     case ir::ArgKind::ScalarType:
     case ir::ArgKind::Layout:
     case ir::ArgKind::MemoryFormat: return c10::IValue(a.i);
@@ -133,7 +215,8 @@ c10::IValue Interpreter::to_ivalue(const ir::Node& n, size_t i, const c10::Argum
       const auto dtype = static_cast<c10::ScalarType>(a.i2);
       c10::Scalar s = c10::isIntegralType(dtype, /*includeBool=*/true)
                           ? (dtype == c10::kBool ? c10::Scalar(a.i != 0) : c10::Scalar(a.i))
-                          : c10::Scalar(a.d);
+                          : c10::isComplexType(dtype) ? c10::Scalar(c10::complex<double>(a.d, a.d_imag))
+                                                      : c10::Scalar(a.d);
       at::Tensor t = c10::scalar_to_tensor(s);
       t.unsafeGetTensorImpl()->set_wrapped_number(true);
       return c10::IValue(t);
@@ -165,11 +248,17 @@ void Interpreter::run_call(const ir::Node& n, const c10::OperatorHandle& op) {
       if (check_host_values_ && ir::is_host_value(out)) check_host_value(n, out, iv);
     }
     if (out.kind == ir::ArgKind::Value) {
+      if (!iv.isTensor()) fail(n, "result " + std::to_string(r) + " is a " + iv.tagKind() + ", not the tensor recorded");
       env_[static_cast<size_t>(out.values[0])] = iv.toTensor();
-    } else if (out.kind == ir::ArgKind::ValueList) {
+    } else if (out.kind == ir::ArgKind::ValueList || out.kind == ir::ArgKind::OptValueList) {
+      if (!iv.isTensorList()) {
+        fail(n, "result " + std::to_string(r) + " is a " + iv.tagKind() + ", not the tensor list recorded");
+      }
       auto list = iv.toTensorList();
       if (list.size() != out.values.size()) fail(n, "returned a list of a different length than recorded");
-      for (size_t k = 0; k < out.values.size(); ++k) env_[static_cast<size_t>(out.values[k])] = list.get(k);
+      for (size_t k = 0; k < out.values.size(); ++k) {
+        if (out.values[k] != ir::kNoValue) env_[static_cast<size_t>(out.values[k])] = list.get(k);
+      }
     }
   }
 }
@@ -215,11 +304,13 @@ std::vector<at::Tensor> Interpreter::run(std::vector<at::Tensor> inputs) {
     const ir::Node& n = graph_.node(input_nodes[k]);
     const ir::ValueId v = n.outputs.at(0).values.at(0);
     const auto& meta = graph_.value(v).meta;
-    TORCH_CHECK(inputs[k].defined(), "tcap interpreter: input ", k, " ('", n.name, "') is undefined");
-    TORCH_CHECK(inputs[k].scalar_type() == meta.dtype && inputs[k].sizes() == c10::IntArrayRef(meta.sizes),
-                "tcap interpreter: input ", k, " ('", n.name, "') should be ",
-                ir::dtype_short_name(meta.dtype), c10::IntArrayRef(meta.sizes), " but is ",
-                ir::dtype_short_name(inputs[k].scalar_type()), inputs[k].sizes());
+    if (!inputs[k].defined()) fail(n, "input " + std::to_string(k) + " is undefined");
+    if (inputs[k].scalar_type() != meta.dtype || inputs[k].sizes() != c10::IntArrayRef(meta.sizes)) {
+      std::ostringstream os;
+      os << "input " << k << " should be " << ir::dtype_short_name(meta.dtype) << c10::IntArrayRef(meta.sizes)
+         << " but is " << ir::dtype_short_name(inputs[k].scalar_type()) << inputs[k].sizes();
+      fail(n, os.str());
+    }
     env_[static_cast<size_t>(v)] = std::move(inputs[k]);
   }
   inputs.clear();
@@ -229,11 +320,26 @@ std::vector<at::Tensor> Interpreter::run(std::vector<at::Tensor> inputs) {
   std::optional<at::AutoDispatchBelowADInplaceOrView> below_autograd;
   if (!differentiable_) below_autograd.emplace();
   for (const auto& n : graph_.nodes()) {
-    if (n.kind == ir::NodeKind::Call) {
-      c10::AutoGradMode grad_mode(n.grad_mode);
-      run_call(n, *ops_[static_cast<size_t>(n.id)]);
-    } else if (n.kind == ir::NodeKind::CallHook) {
-      run_hook(n);
+    // Every error names the node that raised it: the kernel's (or hook's) own message says
+    // what. HostValueChanged passes through unchanged: it names its node already, and
+    // compiled entries catch it by type to try the next entry.
+    try {
+      if (n.kind == ir::NodeKind::Call) {
+        c10::AutoGradMode grad_mode(n.grad_mode);
+        run_call(n, *ops_[static_cast<size_t>(n.id)]);
+      } else if (n.kind == ir::NodeKind::CallHook) {
+        run_hook(n);
+      }
+    } catch (const HostValueChanged&) {
+      throw;
+    } catch (const c10::OutOfMemoryError& e) {
+      rethrow_naming(n, e, /*out_of_memory=*/true);
+    } catch (const std::bad_alloc& e) {
+      rethrow_naming(n, e, /*out_of_memory=*/true);
+    } catch (const std::exception& e) {
+      rethrow_naming(n, e, /*out_of_memory=*/false);
+    } catch (...) {
+      fail(n, "raised an exception that is not a std::exception");
     }
     if (!keep_values_) {
       for (ir::ValueId v : last_uses_[static_cast<size_t>(n.id)]) env_[static_cast<size_t>(v)].reset();

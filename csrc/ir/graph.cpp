@@ -3,8 +3,10 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
+#include <c10/util/safe_numerics.h>
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 
 namespace tcap::ir {
@@ -79,15 +81,22 @@ bool TensorMeta::operator==(const TensorMeta& o) const {
          requires_grad == o.requires_grad;
 }
 
+// Both are safe on metadata verify() rejects (the printer shows such graphs): an
+// overflowing product saturates, mismatched strides are not contiguous.
 int64_t TensorMeta::numel() const {
-  return std::accumulate(sizes.begin(), sizes.end(), int64_t{1}, std::multiplies<int64_t>());
+  int64_t n = 1;
+  for (int64_t s : sizes) {
+    if (c10::mul_overflows(n, s, &n)) return std::numeric_limits<int64_t>::max();
+  }
+  return n;
 }
 
 bool TensorMeta::is_contiguous() const {
+  if (strides.size() != sizes.size()) return false;
   int64_t expected = 1;
   for (size_t k = sizes.size(); k-- > 0;) {
     if (sizes[k] != 1 && strides[k] != expected) return false;
-    expected *= sizes[k];
+    if (c10::mul_overflows(expected, sizes[k], &expected)) return false;
   }
   return true;
 }

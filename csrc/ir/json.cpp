@@ -455,30 +455,33 @@ Graph graph_from_json(const Json& root) {
                                " (this build reads version " + std::to_string(kGraphFormatVersion) +
                                ")");
   }
-  std::vector<JsonCursor> hooks;  // "meta", "schemas" and "hooks" may be left out when empty
-  if (auto f = r.field("hooks", false)) hooks = f->elements();
-  const auto values = r["values"].elements();
-  const auto nodes = r["nodes"].elements();
+  // "meta", "schemas" and "hooks" may be left out when empty.
+  static const Json kEmptyArray = Json::array();
+  const JsonElements hooks =
+      r.has("hooks") ? r["hooks"].elements() : JsonCursor(kEmptyArray, "hooks").elements();
+  const JsonElements values = r["values"].elements();
+  const JsonElements nodes = r["nodes"].elements();
   const Counts c{nodes.size(), values.size(), hooks.size()};
 
   Graph g;
+  g.reserve(nodes.size(), values.size());
   for (size_t k = 0; k < hooks.size(); ++k) {
-    check_dense_id(hooks[k], k);
-    int slot = -1;
-    if (auto f = hooks[k].field("slot", false)) slot = static_cast<int>(f->integer());
-    g.add_hook(read_ir_enum(hooks[k]["kind"], kHookKinds, "hook kind"),
-               hooks[k]["autograd_node"].string(), slot);
+    const JsonCursor h = hooks[k];
+    check_dense_id(h, k);
+    int slot = -1;  // -1: the body was recorded; >= 0: a position in the replay's hook list
+    if (auto f = h.field("slot", false)) slot = static_cast<int>(f->integer_in(-1, INT_MAX));
+    g.add_hook(read_ir_enum(h["kind"], kHookKinds, "hook kind"), h["autograd_node"].string(), slot);
   }
   for (size_t k = 0; k < values.size(); ++k) read_value(values[k], k, c, g);
   for (size_t k = 0; k < nodes.size(); ++k) g.add_node(read_node(nodes[k], k, c));
   if (auto f = r.field("schemas", false)) {
     for (const auto& [op, schema] : f->object().items()) {
-      g.schemas()[op] = JsonCursor(schema, "schemas." + op).string();
+      g.schemas()[op] = JsonCursor(schema, key_path("schemas", op)).string();
     }
   }
   if (auto f = r.field("meta", false)) {
     for (const auto& [key, text] : f->object().items()) {
-      g.meta()[key] = JsonCursor(text, "meta." + key).string();
+      g.meta()[key] = JsonCursor(text, key_path("meta", key)).string();
     }
   }
 
@@ -501,7 +504,8 @@ std::string to_json_string(const Graph& g, int indent) {
   }
 }
 
-Graph from_json_string(const std::string& text) {
+Graph from_json_string(const std::string& text, const JsonReadOptions& options) {
+  check_input_limits(text, options);
   Json root;
   try {
     root = Json::parse(text);
@@ -510,6 +514,11 @@ Graph from_json_string(const std::string& text) {
     const size_t prefix = why.find("] ");  // "[json.exception.parse_error.101] "
     if (prefix != std::string::npos) why = why.substr(prefix + 2);
     throw_format_error("", "invalid JSON at byte " + std::to_string(e.byte) + ": " + why);
+  } catch (const Json::exception& e) {  // a number that overflows a double (1e999)
+    std::string why = e.what();
+    const size_t prefix = why.find("] ");
+    if (prefix != std::string::npos) why = why.substr(prefix + 2);
+    throw_format_error("", "invalid JSON: " + why);
   }
   try {
     return graph_from_json(root);
@@ -533,23 +542,15 @@ void save_json(const Graph& g, const std::string& path) {
   }
 }
 
-Graph load_json(const std::string& path) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) throw_format_error("", "cannot open " + path + ": " + std::strerror(errno));
-  std::string text;
-  char buf[1 << 16];
-  size_t got = 0;
-  while ((got = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, got);
-  const bool failed = std::ferror(f) != 0;
-  const int saved_errno = errno;
-  std::fclose(f);
-  if (failed) throw_format_error("", "cannot read " + path + ": " + std::strerror(saved_errno));
+Graph load_json(const std::string& path, const JsonReadOptions& options) {
+  const std::string text = read_graph_file(path, options);  // its errors name the file
   try {
-    return from_json_string(text);
+    return from_json_string(text, options);
   } catch (const GraphFormatError& e) {
     // Name the file: "tcap.graph: model.json: nodes[3]: ...".
     const std::string prefix = std::string(kGraphFormat) + ": ";
-    throw GraphFormatError(prefix + path + ": " + std::string(e.what()).substr(prefix.size()));
+    throw GraphFormatError(printable(prefix + path + ": " + std::string(e.what()).substr(prefix.size()),
+                                     kMaxMessageBytes));
   }
 }
 

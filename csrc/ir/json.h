@@ -7,6 +7,8 @@
 
 #include <tcap/graph_json.h>
 
+#include "ir/printable.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <limits>
@@ -22,20 +24,36 @@ namespace tcap::ir {
 // subtree, so a deeply nested input would overflow the stack.
 using Json = nlohmann::json;
 
-// "tcap.graph: <path>: <problem>", always one line.
+// "tcap.graph: <path>: <problem>", always one printable line of at most
+// kMaxMessageBytes (control characters escaped: keys and parser context are raw input).
 [[noreturn]] inline void throw_format_error(const std::string& path, const std::string& problem) {
   std::string msg = std::string(kGraphFormat) + ": " + (path.empty() ? "" : path + ": ") + problem;
   std::replace(msg.begin(), msg.end(), '\n', ' ');
-  throw GraphFormatError(msg);
+  throw GraphFormatError(printable(msg, kMaxMessageBytes));
 }
+
+// The path of `key` inside the object at `path`: "meta.torch_version", or
+// meta["odd key"] (a JSON string, cut) for a key that is not a plain identifier.
+inline std::string key_path(const std::string& path, const std::string& key);
 
 // Error messages quote at most this many characters of the input.
 constexpr size_t kMaxQuoted = 40;
 
 inline std::string json_quoted(const std::string& s) {
-  std::string text = Json(s).dump(-1, ' ', false, Json::error_handler_t::replace);
-  if (text.size() > kMaxQuoted) text = text.substr(0, kMaxQuoted - 3) + "...";
+  const std::string head = s.size() > kMaxQuoted ? s.substr(0, kMaxQuoted) : s;  // dump only what is shown
+  std::string text = Json(head).dump(-1, ' ', false, Json::error_handler_t::replace);
+  if (text.size() > kMaxQuoted || head.size() < s.size()) text = text.substr(0, std::min(text.size(), kMaxQuoted - 3)) + "...";
   return text;
+}
+
+inline std::string key_path(const std::string& path, const std::string& key) {
+  const bool plain = !key.empty() && key.size() <= kMaxQuoted &&
+                     std::all_of(key.begin(), key.end(), [](char c) {
+                       return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                              c == '_' || c == ':' || c == '.';
+                     });
+  if (!plain) return path + "[" + json_quoted(key) + "]";
+  return path.empty() ? key : path + "." + key;
 }
 
 // `string "abc"`, `number 1.5`, `array of size 3`: what was found instead. Arrays and
@@ -47,6 +65,8 @@ inline std::string json_describe(const Json& j) {
   if (j.is_null()) return "null";
   return std::string(j.type_name()) + " " + j.dump();
 }
+
+class JsonElements;
 
 // A JSON value and its path ("nodes[3].args[1]"), for error messages.
 class JsonCursor {
@@ -66,22 +86,16 @@ class JsonCursor {
     const Json& o = object();
     auto it = o.find(key);
     if (it == o.end()) fail(std::string("missing field \"") + key + "\"");
-    return JsonCursor(*it, path_.empty() ? std::string(key) : path_ + "." + key);
+    return JsonCursor(*it, key_path(path_, key));
   }
   // A field that is required when `required`, else optional.
   std::optional<JsonCursor> field(const char* key, bool required) const {
     if (required || has(key)) return (*this)[key];
     return std::nullopt;
   }
-  std::vector<JsonCursor> elements() const {
-    if (!j_.is_array()) fail("expected an array, got " + json_describe(j_));
-    std::vector<JsonCursor> out;
-    out.reserve(j_.size());
-    for (size_t k = 0; k < j_.size(); ++k) {
-      out.emplace_back(j_[k], path_ + "[" + std::to_string(k) + "]");
-    }
-    return out;
-  }
+  // The elements of an array, as cursors made one at a time (a cursor per element made
+  // up front would cost more than the parsed document for an array of empty values).
+  JsonElements elements() const;
 
   int64_t integer() const {
     const bool fits =
@@ -131,5 +145,49 @@ class JsonCursor {
   const Json& j_;
   std::string path_;
 };
+
+// A view of a JSON array's elements: element(k) and iteration give JsonCursors.
+class JsonElements {
+ public:
+  JsonElements(const Json& array, std::string path) : j_(&array), path_(std::move(path)) {}
+  size_t size() const { return j_->size(); }
+  JsonCursor operator[](size_t k) const { return JsonCursor((*j_)[k], path_ + "[" + std::to_string(k) + "]"); }
+
+  class Iterator {
+   public:
+    Iterator(const JsonElements* e, size_t k) : e_(e), k_(k) {}
+    JsonCursor operator*() const { return (*e_)[k_]; }
+    Iterator& operator++() {
+      ++k_;
+      return *this;
+    }
+    bool operator!=(const Iterator& o) const { return k_ != o.k_; }
+
+   private:
+    const JsonElements* e_;
+    size_t k_;
+  };
+  Iterator begin() const { return Iterator(this, 0); }
+  Iterator end() const { return Iterator(this, size()); }
+
+ private:
+  const Json* j_;
+  std::string path_;
+};
+
+inline JsonElements JsonCursor::elements() const {
+  if (!j_.is_array()) fail("expected an array, got " + json_describe(j_));
+  return JsonElements(j_, path_);
+}
+
+// --- limits (json_input.cpp) ---------------------------------------------------------
+
+// Throws GraphFormatError unless `text` is within the limits of `options`: at most
+// max_bytes, and a structure whose parsed form is not out of proportion to its size
+// (Note [Reader memory]).
+void check_input_limits(const std::string& text, const JsonReadOptions& options);
+// The contents of the regular file `path`, at most the limit of `options`; throws
+// GraphFormatError naming the file otherwise ("tcap.graph: cannot open <path>: ...").
+std::string read_graph_file(const std::string& path, const JsonReadOptions& options);
 
 }  // namespace tcap::ir

@@ -13,14 +13,27 @@
 //   - Input nodes have exactly one Value output;
 //   - Call nodes have an op, a schema when the graph carries schemas, and a valid
 //     hook id when they ran inside a hook body; CallHook nodes name an existing hook;
+//   - a call to an operator this LibTorch knows passes arguments and results that fit
+//     its schema (Note [Arguments against the schema], verify_args.cpp);
+//   - a CallHook node has the arguments and results the interpreter reads: inputs and
+//     results lists when its hook's body was recorded (slot -1), inputs and optionally
+//     node inputs when the hook is called by slot; hook slots are -1 or more;
+//   - a Value arg or result names exactly one value;
+//   - tensor metadata is one a tensor can have: sizes >= 0 whose product fits in
+//     int64_t, as many strides as sizes (or none: a layout without strides), a storage
+//     offset >= 0;
 //   - at most one Output node, and it is the last node, with one name and one kind
 //     per argument.
 #include <tcap/graph.h>
 
+#include "ir/verify_args.h"
+
 #include <c10/util/Exception.h>
+#include <c10/util/safe_numerics.h>
 
 #include <sstream>
 #include <string>
+#include <unordered_map>
 
 namespace tcap::ir {
 
@@ -57,6 +70,23 @@ bool listed_by_producer(const Node& n, const Value& v) {
          out.values[static_cast<size_t>(v.list_index)] == v.id;
 }
 
+// Why `m` is not the metadata of any tensor, or "".
+std::string meta_problem(const TensorMeta& m) {
+  if (!m.strides.empty() && m.strides.size() != m.sizes.size()) {
+    return "has " + std::to_string(m.sizes.size()) + " sizes but " + std::to_string(m.strides.size()) + " strides";
+  }
+  uint64_t product = 1;  // of the sizes that are not 0, so that no partial product overflows
+  for (int64_t s : m.sizes) {
+    if (s < 0) return "has a negative size " + std::to_string(s);
+    if (s > 0 && (c10::mul_overflows(product, static_cast<uint64_t>(s), &product) ||
+                  product > static_cast<uint64_t>(INT64_MAX))) {
+      return "has sizes whose product overflows int64_t";
+    }
+  }
+  if (m.storage_offset < 0) return "has a negative storage offset " + std::to_string(m.storage_offset);
+  return "";
+}
+
 void check_values(const Graph& g) {
   const auto& values = g.values();
   const auto num_nodes = static_cast<NodeId>(g.nodes().size());
@@ -71,6 +101,8 @@ void check_values(const Graph& g) {
                   ", which does not exist");
     }
     const Node& p = g.node(v.producer);
+    const std::string meta = meta_problem(v.meta);
+    if (!meta.empty()) fail(g, name + " " + meta);
     if (!listed_by_producer(p, v)) {
       fail(g, name + " says it is output " + std::to_string(v.output_index) +
                   (v.list_index >= 0 ? "[" + std::to_string(v.list_index) + "]" : "") +
@@ -94,6 +126,10 @@ void check_node_outputs(const Graph& g, const Node& n) {
   for (size_t o = 0; o < n.outputs.size(); ++o) {
     const Arg& out = n.outputs[o];
     if (!out.refers_to_values()) continue;
+    if (out.kind == ArgKind::Value && out.values.size() != 1) {
+      fail(g, describe(n) + " output " + std::to_string(o) + " is a single tensor but holds " +
+                  std::to_string(out.values.size()) + " value ids");
+    }
     for (size_t li = 0; li < out.values.size(); ++li) {
       const ValueId v = out.values[li];
       if (v == kNoValue && out.kind == ArgKind::OptValueList) continue;
@@ -141,6 +177,50 @@ void check_node_args(const Graph& g, const Node& n) {
 
 bool has_hook(const Graph& g, int hook) {
   return hook >= 0 && static_cast<size_t>(hook) < g.hooks().size();
+}
+
+bool is_list(const Arg& a) { return a.kind == ArgKind::ValueList || a.kind == ArgKind::OptValueList; }
+
+// The arguments and results the interpreter reads from a CallHook node (Note [Opaque
+// hooks], interp/hook_runner.h): a hook whose body was recorded passes its recorded
+// results on; a hook called by slot receives the inputs (and a node post-hook the node's
+// inputs) and returns the results.
+void check_call_hook(const Graph& g, const Node& n) {
+  const Hook& hook = g.hooks()[static_cast<size_t>(n.hook)];
+  if (n.outputs.size() != 1 || !(is_list(n.outputs[0]) || n.outputs[0].kind == ArgKind::Value)) {
+    fail(g, describe(n) + " must have one output, a list of values (or one value)");
+  }
+  const bool by_slot = hook.slot >= 0;
+  const size_t want_args = by_slot ? (n.args.size() == 2 ? 2 : 1) : 2;
+  if (n.args.size() != want_args || !is_list(n.args[0]) || !is_list(n.args.back())) {
+    fail(g, describe(n) + (by_slot ? " calls hook slot " + std::to_string(hook.slot) +
+                                         " and must have one or two args (inputs, node_inputs), lists of values"
+                                   : " passes its recorded hook body on and must have two args (inputs, "
+                                     "results), lists of values"));
+  }
+  if (by_slot) return;
+  const auto& results = n.args[1].values;
+  const auto& outs = n.outputs[0].values;
+  if (results.size() != outs.size()) {
+    fail(g, describe(n) + " has " + std::to_string(results.size()) + " results but " +
+                std::to_string(outs.size()) + " outputs");
+  }
+  for (size_t i = 0; i < outs.size(); ++i) {
+    if (outs[i] != kNoValue && results[i] == kNoValue) {
+      fail(g, describe(n) + " output " + std::to_string(i) + " is a value but its result is None");
+    }
+  }
+}
+
+// Note [Arguments against the schema]. `schemas` caches this LibTorch's schema per
+// qualified op for one verify() call.
+void check_call_schema(const Graph& g, const Node& n,
+                       std::unordered_map<std::string, const c10::FunctionSchema*>& schemas) {
+  auto it = schemas.find(n.qualified_op());
+  if (it == schemas.end()) it = schemas.emplace(n.qualified_op(), find_schema(n)).first;
+  if (it->second == nullptr) return;
+  const std::string why = call_mismatch(g, n, *it->second);
+  if (!why.empty()) fail(g, describe(n) + " " + why + " (schema: " + c10::toString(*it->second) + ")");
 }
 
 void check_node_kind(const Graph& g, const Node& n) {
@@ -197,12 +277,19 @@ void verify(const Graph& g) {
       fail(g, "hook at position " + std::to_string(k) + " has id " +
                   std::to_string(hooks[k].id) + "; hook ids must equal positions");
     }
+    if (hooks[k].slot < -1) {
+      fail(g, "hook #" + std::to_string(k) + " has slot " + std::to_string(hooks[k].slot) +
+                  " (-1: its body was recorded; 0 or more: a position in the replay's hook list)");
+    }
   }
   check_values(g);
+  std::unordered_map<std::string, const c10::FunctionSchema*> schemas;
   for (const Node& n : nodes) {
     check_node_kind(g, n);
     check_node_outputs(g, n);
     check_node_args(g, n);
+    if (n.kind == NodeKind::CallHook) check_call_hook(g, n);
+    if (n.kind == NodeKind::Call) check_call_schema(g, n, schemas);
   }
 }
 

@@ -14,6 +14,10 @@
 //   TCAP_STANCE      default | force_eager | eager_on_recompile | fail_on_recompile: the
 //                    process's stance (include/tcap/stance.h; tcap::set_stance overrides).
 //   TCAP_ERROR_ON_FALLBACK  1: every eager fallback throws tcap::FallbackError.
+//   TCAP_MAX_GRAPH_MB  largest graph JSON input read by load_json, from_json_string
+//                    and tcap-inspect, in MiB (default 64); JsonReadOptions::max_bytes
+//                    overrides it per call. Read once by ir::default_max_graph_bytes()
+//                    (ir/json_input.cpp, Note [Reader memory]).
 #pragma once
 
 #include <sstream>

@@ -114,8 +114,8 @@ struct TensorMeta {
   c10::Device device = c10::Device(c10::DeviceType::CPU);
   bool requires_grad = false;
   bool operator==(const TensorMeta& o) const;
-  int64_t numel() const;
-  bool is_contiguous() const;
+  int64_t numel() const;        // INT64_MAX when the product overflows (verify() refuses it)
+  bool is_contiguous() const;   // false when strides and sizes differ in length
 };
 
 struct Value {

@@ -20,6 +20,8 @@
 #error "json_test needs -DTCAP_GOLDEN_DIR=\"<source>/test/golden\""
 #endif
 
+#include "ir/contiguous_meta.h"
+
 namespace tcap::ir {
 namespace {
 
@@ -28,13 +30,9 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // --- building graphs by hand -----------------------------------------------------
 
+using tcap::ir::testing::contiguous_meta;
 TensorMeta meta(std::vector<int64_t> sizes, c10::ScalarType dtype = c10::kFloat) {
-  TensorMeta m;
-  m.dtype = dtype;
-  m.strides.assign(sizes.size(), 1);
-  for (size_t k = sizes.size(); k-- > 1;) m.strides[k - 1] = m.strides[k] * sizes[k];
-  m.sizes = std::move(sizes);
-  return m;
+  return contiguous_meta(std::move(sizes), dtype);
 }
 
 // Appends `n` with one Value result per entry of `results`; returns the result ids.
@@ -165,8 +163,9 @@ Graph mlp_forward() {
   return g;
 }
 
-// Golden graph 2: a backward graph with hooks: a tangent input, a tensor pre-hook
-// call, an op that ran inside the hook body, an autograd node's op, a Tensor[] result.
+// Golden graph 2: a backward graph with hooks, as capture records it: a tangent input, an
+// op that ran inside a tensor pre-hook's body, the call_hook node that passes the hook's
+// results on (args: inputs, results), an autograd node's op, a Tensor[] result.
 Graph backward_with_hooks() {
   Graph g;
   g.schemas()["aten::mul.Tensor"] = "aten::mul.Tensor(Tensor self, Tensor other) -> Tensor";
@@ -177,22 +176,26 @@ Graph backward_with_hooks() {
   const ValueId grad = g.add_input(InputKind::Tangent, "grad_out", meta({6}, c10::kDouble));
   const ValueId saved = g.add_input(InputKind::UserInput, "saved", meta({6}, c10::kDouble));
 
-  Node hook_call;
-  hook_call.kind = NodeKind::CallHook;
-  hook_call.hook = hook;
-  hook_call.phase = Phase::Backward;
-  hook_call.autograd_node = "MulBackward0";
-  hook_call.args = {Arg::value(grad)};
-  const ValueId hooked = add_call(g, hook_call, {meta({6}, c10::kDouble)})[0];
-
-  Node in_hook =
-      call("aten::mul", "Tensor", {Arg::value(hooked, "self"), wrapped(c10::kDouble, 2.0)});
+  Node in_hook = call("aten::mul", "Tensor", {Arg::value(grad, "self"), wrapped(c10::kDouble, 2.0)});
   in_hook.phase = Phase::Backward;
   in_hook.grad_mode = false;
   in_hook.hook = hook;
   const ValueId doubled = add_call(g, in_hook, {meta({6}, c10::kDouble)})[0];
 
-  Node mul = call("aten::mul", "Tensor", {Arg::value(doubled, "self"), Arg::value(saved, "other")});
+  Node hook_call;
+  hook_call.kind = NodeKind::CallHook;
+  hook_call.hook = hook;
+  hook_call.phase = Phase::Backward;
+  hook_call.grad_mode = false;
+  hook_call.autograd_node = "MulBackward0";
+  hook_call.args = {Arg::value_list({grad}, /*optional=*/true, "inputs"),
+                    Arg::value_list({doubled}, /*optional=*/true, "results")};
+  const auto hook_id = static_cast<NodeId>(g.nodes().size());
+  const ValueId hooked = g.new_value(hook_id, 0, 0, meta({6}, c10::kDouble));
+  hook_call.outputs = {Arg::value_list({hooked}, /*optional=*/true)};
+  g.add_node(hook_call);
+
+  Node mul = call("aten::mul", "Tensor", {Arg::value(hooked, "self"), Arg::value(saved, "other")});
   mul.phase = Phase::Backward;
   mul.grad_mode = false;
   mul.autograd_node = "MulBackward0";
@@ -364,14 +367,25 @@ TEST(GraphJson, RoundTripsEveryNodeAndInputKindAndHooks) {
                              InputKind::Tangent, InputKind::Constant};
   for (InputKind k : kinds)
     ins.push_back(g.add_input(k, "in" + std::to_string(ins.size()), meta({2})));
-  for (int hook = 0; hook < 4; ++hook) {
+  g.add_hook(HookKind::PostHook, "MulBackward0", /*slot=*/0);  // called by slot (compiled autograd)
+  g.add_hook(HookKind::PreHook, "MulBackward0", /*slot=*/7);
+  for (int hook = 0; hook < 6; ++hook) {
     Node n;
     n.kind = NodeKind::CallHook;
     n.hook = hook;
     n.phase = Phase::Backward;
     n.autograd_node = g.hooks()[static_cast<size_t>(hook)].autograd_node;
-    n.args = {Arg::value(ins[3])};
-    add_call(g, n, {meta({2})});
+    if (hook < 4) {  // the body was recorded: inputs, results
+      n.args = {Arg::value_list({ins[3]}, /*optional=*/true, "inputs"),
+                Arg::value_list({ins[4]}, /*optional=*/true, "results")};
+    } else {  // called by slot: inputs, and a post-hook's node inputs
+      n.args = {Arg::value_list({ins[3], kNoValue}, /*optional=*/true, "inputs")};
+      if (hook == 4) n.args.push_back(Arg::value_list({ins[2]}, /*optional=*/true, "node_inputs"));
+    }
+    const auto id = static_cast<NodeId>(g.nodes().size());
+    n.outputs = {Arg::value_list({g.new_value(id, 0, 0, meta({2})), kNoValue}, /*optional=*/true)};
+    if (hook < 4) n.outputs[0].values.pop_back();
+    g.add_node(n);
   }
   Node c = call("aten::neg", "", {Arg::value(ins[0], "self")});
   c.hook = 2;
@@ -520,9 +534,12 @@ TEST_F(GraphJsonMalformed, FieldWithWrongType) {
 
 TEST_F(GraphJsonMalformed, DeepNestingDoesNotOverflowTheStack) {
   const std::string deep = std::string(200000, '[') + std::string(200000, ']');
-  EXPECT_FORMAT_ERROR(edit(base, "\"shape\":[4,3]", "\"shape\":" + deep),
+  // Padding keeps the document under the reader's structure limit (Note [Reader memory]).
+  const std::string pad = "\"pad\":\"" + std::string(8 * deep.size(), 'x') + "\",";
+  EXPECT_FORMAT_ERROR(edit(edit(base, "\"version\":1,", "\"version\":1," + pad), "\"shape\":[4,3]",
+                           "\"shape\":" + deep),
                       "values[0].shape[0]: expected a 64-bit integer, got array of size 1");
-  EXPECT_EQ(error_of(edit(base, "\"version\":1,", "\"version\":1,\"future\":" + deep + ",")), "");
+  EXPECT_EQ(error_of(edit(base, "\"version\":1,", "\"version\":1," + pad + "\"future\":" + deep + ",")), "");
 }
 
 TEST_F(GraphJsonMalformed, MissingField) {

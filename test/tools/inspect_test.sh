@@ -32,7 +32,7 @@ run() {
   local name=$1 want=$2
   shift 2
   checks=$((checks + 1))
-  "$tool" "$@" >"$tmp/out" 2>"$tmp/err"
+  timeout 60 "$tool" "$@" >"$tmp/out" 2>"$tmp/err"
   local rc=$?
   if [ "$rc" -ne "$want" ]; then
     fail "$name: exit $rc, expected $want (tcap-inspect $*); stderr: $(head -c 300 "$tmp/err")"
@@ -135,6 +135,43 @@ expect_error "diff with one file" diff "$first"
 expect_error "diff with a bad file" diff "$first" "$tmp/truncated.json"
 expect_error "unknown option" code --frob "$first"
 run "--help" 0 --help && { grep -q 'usage: tcap-inspect' "$tmp/out" || fail "--help: no usage text"; }
+
+# expect_error_with NAME TEXT ARGS...: expect_error, and stderr contains TEXT.
+expect_error_with() {
+  local name=$1 text=$2
+  shift 2
+  expect_error "$name" "$@" && { grep -qF -- "$text" "$tmp/err" || fail "$name: stderr lacks '$text': $(cat "$tmp/err")"; }
+}
+
+# Special files are refused before anything is read (/dev/zero grew without bound, a
+# FIFO blocked).
+expect_error_with "a device" "it is a character device, not a regular file" code /dev/zero
+mkfifo "$tmp/fifo"
+expect_error_with "a FIFO" "it is a FIFO, not a regular file" code "$tmp/fifo"
+expect_error_with "a folder says so" "it is a directory, not a regular file" summary "$dir"
+
+# Files over TCAP_MAX_GRAPH_MB are refused, by size, before they are read.
+head -c $((2 * 1024 * 1024)) /dev/zero | tr '\0' ' ' >"$tmp/big.json"
+export TCAP_MAX_GRAPH_MB=1
+expect_error_with "over the size limit" "over the limit of 1048576 (raise it with TCAP_MAX_GRAPH_MB" code "$tmp/big.json"
+unset TCAP_MAX_GRAPH_MB
+
+# Control characters in a graph (an escape sequence that clears the terminal) are
+# escaped in the output and in error messages.
+esc=$(printf '\033')
+sed -E 's/"schemas"[[:space:]]*:[[:space:]]*\{/"schemas": {"\\u001b[2J": 1, /' "$first" >"$tmp/esc_key.json"
+expect_error_with "escape in a key" 'schemas["\u001b[2J"]: expected a string' code "$tmp/esc_key.json"
+grep -q "$esc" "$tmp/err" && fail "escape in a key: raw ESC on stderr"
+sed -E '0,/"name"[[:space:]]*:[[:space:]]*"[^"]*"/s//"name": "x\\u001b[2Jy"/' "$first" >"$tmp/esc_name.json"
+if grep -q 'u001b' "$tmp/esc_name.json"; then
+  for cmd in table dot summary code; do
+    run "escape in a name ($cmd)" 0 "$cmd" "$tmp/esc_name.json" || continue
+    grep -q "$esc" "$tmp/out" && fail "escape in a name ($cmd): raw ESC in the output"
+  done
+  grep -qF 'x\x1b[2Jy' "$tmp/out" || fail "escape in a name: no \\x1b in the printout"
+else
+  fail "could not put an escape into an input name of $first"
+fi
 
 if [ $failures -ne 0 ]; then
   echo "inspect_test: $failures failure(s) in $checks checks" >&2
