@@ -278,8 +278,8 @@ std::vector<at::Tensor> CompiledStep::Impl::capture(StepEntry& e, const std::vec
     auto v = outs[k].defined() ? s.lookup(outs[k]) : std::nullopt;
     if (!v) return fail("output " + std::to_string(k) + " was not computed by recorded ops");
     // A replayed output has no autograd history: refuse one whose history a later
-    // backward could still run through (its backward did not run inside the step).
-    if (outs[k].requires_grad() && outs[k].grad_fn() && !s.ran_in_backward(outs[k].grad_fn().get())) {
+    // backward could still run through (no backward inside the step reached it).
+    if (outs[k].requires_grad() && outs[k].grad_fn() && !s.reached_by_backward(outs[k].grad_fn().get())) {
       return fail("output " + std::to_string(k) + " carries autograd history its backward has not used yet (" +
                   outs[k].grad_fn()->name() + "); a replayed output has none, so a later backward through it " +
                   "would miss gradients: compute it and its backward in one step");

@@ -11,7 +11,6 @@
 
 #include <c10/util/flat_hash_map.h>
 
-#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <sstream>
@@ -331,8 +330,21 @@ void Session::materialize(const RawArg& raw, ir::Arg& a) const {
   }
 }
 
-bool Session::ran_in_backward(const torch::autograd::Node* n) const {
-  return std::find(ran_nodes_.begin(), ran_nodes_.end(), n) != ran_nodes_.end();
+void Session::note_backward_roots(const torch::autograd::edge_list& roots) {
+  std::vector<const torch::autograd::Node*> todo;
+  for (const auto& e : roots) {
+    if (!e.function) continue;
+    backward_roots_.push_back(e.function);
+    todo.push_back(e.function.get());
+  }
+  while (!todo.empty()) {
+    const torch::autograd::Node* n = todo.back();
+    todo.pop_back();
+    if (!reached_.insert(n).second) continue;
+    for (const auto& e : n->next_edges()) {
+      if (e.function) todo.push_back(e.function.get());
+    }
+  }
 }
 
 // Note [Deferred call nodes]
@@ -352,7 +364,6 @@ void Session::before_op(const OpInfo& info, c10::ArrayRef<c10::IValue> args, Pen
   if (!hook_stack_.empty()) p.hook = hook_stack_.back();
   if (in_backward_ > 0) {
     if (auto node = torch::autograd::get_current_node()) {
-      if (ran_nodes_.empty() || ran_nodes_.back() != node.get()) ran_nodes_.push_back(node.get());
       if (node_labeler_) {
         p.autograd_node = &owned_labels_.emplace_back(node_labeler_(*node));
       } else {

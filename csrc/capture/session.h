@@ -18,6 +18,7 @@
 #include <functional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace tcap::capture {
@@ -109,8 +110,11 @@ class Session {
     return graph_;
   }
   const std::vector<at::Tensor>& input_tensors() const { return input_tensors_; }
-  // Whether autograd node n ran an op this session recorded in a backward.
-  bool ran_in_backward(const torch::autograd::Node* n) const;
+  // The roots of a backward() or grad() call made while recording: what they reach is
+  // noted (and kept alive, so that an address cannot be reused for another node).
+  void note_backward_roots(const torch::autograd::edge_list& roots);
+  // Whether a backward made while recording reached autograd node n.
+  bool reached_by_backward(const torch::autograd::Node* n) const { return reached_.count(n) > 0; }
 
  private:
   ir::ValueId value_for(const at::Tensor& t);  // lookup, or a new Input node
@@ -187,7 +191,8 @@ class Session {
   int auto_names_ = 0;
   int tangents_ = 0;
   NodeLabeler node_labeler_;
-  std::vector<const torch::autograd::Node*> ran_nodes_;  // in order, consecutive repeats folded
+  std::vector<std::shared_ptr<torch::autograd::Node>> backward_roots_;
+  std::unordered_set<const torch::autograd::Node*> reached_;
 };
 
 }  // namespace tcap::capture

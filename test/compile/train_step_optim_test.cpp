@@ -9,6 +9,7 @@
 #include <tcap/train_step.h>
 
 #include "support/compare.h"
+#include "support/log_capture.h"
 
 #include <torch/torch.h>
 
@@ -175,6 +176,54 @@ TEST(TrainStepOptim, GanStepWithTwoOptimizers) {
   auto bn_a = a.gen->named_buffers(), bn_b = b.gen->named_buffers();
   for (const auto& item : bn_a) EXPECT_TRUE(close(item.value(), bn_b[item.key()], kRtol, kAtol)) << item.key();
   EXPECT_GE(step->stats().replays, 9);
+}
+
+// A GAN written as two steps: the discriminator's step returns the generator's images
+// with their history, and the generator's update backpropagates through them afterwards.
+// A replayed output has no history, so that step must not be replayed: it runs eagerly,
+// saying why, and the generator still learns exactly as in eager.
+TEST(TrainStepOptim, StepReturningHistoryALaterBackwardUsesRunsEagerly) {
+  torch::manual_seed(5);
+  Gan a, b;
+  copy_params(*a.gen, *b.gen);
+  copy_params(*a.disc, *b.disc);
+  auto adam = torch::optim::AdamOptions(2e-3).betas({0.5, 0.999});
+  torch::optim::Adam ga(a.gen->parameters(), adam), da(a.disc->parameters(), adam);
+  torch::optim::Adam gb(b.gen->parameters(), adam), db(b.disc->parameters(), adam);
+  auto d_step = [](Gan& g, torch::optim::Adam& od, const at::Tensor& real, const at::Tensor& noise) {
+    od.zero_grad();
+    auto fake = g.gen->forward(noise);
+    auto d_loss = torch::binary_cross_entropy_with_logits(g.disc->forward(real), torch::ones({real.size(0), 1})) +
+                  torch::binary_cross_entropy_with_logits(g.disc->forward(fake.detach()), torch::zeros({real.size(0), 1}));
+    d_loss.backward();
+    od.step();
+    return Tensors{d_loss, fake};
+  };
+  auto g_update = [](Gan& g, torch::optim::Adam& og, const at::Tensor& fake) {
+    og.zero_grad();
+    auto g_loss = torch::binary_cross_entropy_with_logits(g.disc->forward(fake), torch::ones({fake.size(0), 1}));
+    g_loss.backward();
+    og.step();
+    return g_loss;
+  };
+  tcap::testing::LogCapture logs("graph_breaks");
+  auto step = tcap::compile_step({a.gen.ptr(), a.disc.ptr()}, {da},
+                                 [&](const Tensors& in) { return d_step(a, da, in[0], in[1]); });
+  for (int i = 0; i < 6; ++i) {
+    auto real = torch::randn({8, 6});
+    auto noise = torch::randn({8, 4});
+    auto out = (*step)({real, noise});
+    auto g_loss = g_update(a, ga, out[1]);
+    auto ref = d_step(b, db, real, noise);
+    auto g_ref = g_update(b, gb, ref[1]);
+    EXPECT_TRUE(close(out[0], ref[0], kRtol, kAtol)) << "d_loss step " << i;
+    EXPECT_TRUE(close(g_loss, g_ref, kRtol, kAtol)) << "g_loss step " << i;
+  }
+  expect_same_params(*a.gen, *b.gen, "generator");
+  expect_same_params(*a.disc, *b.disc, "discriminator");
+  EXPECT_EQ(step->stats().replays, 0);
+  EXPECT_NE(step->eager_reason().find("autograd history its backward has not used"), std::string::npos)
+      << step->eager_reason() << "\n" << logs.text();
 }
 
 // A transformer encoder layer (MultiheadAttention reads equal(q, k) on the host) with AdamW.
