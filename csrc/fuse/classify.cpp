@@ -2,6 +2,7 @@
 
 #include "fuse/emitter.h"
 #include "fuse/lowering.h"
+#include "ir/op_facts.h"
 
 namespace tcap::fuse {
 
@@ -69,16 +70,8 @@ std::optional<std::string> classify(const ir::Graph& g, const ir::Node& n, NodeC
     }
     return true;
   }();
-  static const char* float_only[] = {"aten::exp", "aten::log", "aten::log1p", "aten::expm1", "aten::sin", "aten::cos",
-                                     "aten::tan", "aten::tanh", "aten::erf", "aten::sqrt", "aten::rsqrt",
-                                     "aten::reciprocal", "aten::sigmoid", "aten::gelu", "aten::silu", "aten::mish",
-                                     "aten::floor", "aten::ceil", "aten::round", "aten::trunc", "aten::pow",
-                                     "aten::softplus", "aten::elu", "aten::div", "aten::mean", "aten::_softmax",
-                                     "aten::_log_softmax", "aten::native_layer_norm", "aten::native_layer_norm_backward",
-                                     "aten::hardsigmoid",
-                                     "aten::hardswish", "aten::lerp", "aten::addcdiv"};
-  for (const char* f : float_only) {
-    if (n.op == f && !float_out) return std::string("integer result (only floating results are fused for this op)");
+  if (ir::op_has(n.op, ir::OpFact::FloatOnly) && !float_out) {
+    return std::string("integer result (only floating results are fused for this op)");
   }
   info->cls = row->cls;
   info->reduce_dims = row->dims ? row->dims(g, n) : std::vector<int64_t>{};

@@ -1,6 +1,7 @@
 #include "fuse/groups.h"
 
 #include "fuse/classify.h"
+#include "ir/op_facts.h"
 
 #include <algorithm>
 #include <set>
@@ -47,11 +48,8 @@ bool is_mutation(const ir::Graph& g, const ir::Node& n) {
 bool is_effect(const ir::Graph& g, const ir::Node& n) {
   if (n.kind != ir::NodeKind::Call) return true;
   if (is_mutation(g, n)) return true;
-  static const char* rng[] = {"rand", "dropout", "bernoulli", "normal", "uniform", "multinomial", "poisson",
-                              "exponential", "geometric", "cauchy", "random"};
-  for (const char* r : rng) {
-    if (n.op.find(r) != std::string::npos) return true;
-  }
+  // Random ops by their schema's nondeterministic_seeded tag (ir/op_facts.h).
+  if (n.draws_random_numbers()) return true;
   return std::any_of(n.outputs.begin(), n.outputs.end(), ir::is_host_value);
 }
 
@@ -218,14 +216,7 @@ class Grouper {
     }
   }
 
-  static bool is_view_like(const ir::Node& n) {
-    static const std::set<std::string> views = {"aten::view", "aten::_unsafe_view", "aten::t", "aten::transpose",
-                                                "aten::permute", "aten::expand", "aten::unsqueeze", "aten::squeeze",
-                                                "aten::slice", "aten::select", "aten::detach", "aten::alias",
-                                                "aten::as_strided", "aten::reshape", "aten::unbind", "aten::split",
-                                                "aten::chunk", "aten::narrow", "aten::split_with_sizes"};
-    return views.count(n.op) > 0;
-  }
+  static bool is_view_like(const ir::Node& n) { return ir::op_has(n.op, ir::OpFact::View); }
 
   static int64_t numel(const std::vector<int64_t>& s) {
     int64_t n = 1;

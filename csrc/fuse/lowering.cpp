@@ -520,6 +520,13 @@ const LoweringRow* find_lowering(const ir::Node& n) {
   return it == t.end() ? nullptr : &it->second;
 }
 
+std::vector<std::pair<std::string, OpClass>> lowered_ops() {
+  std::vector<std::pair<std::string, OpClass>> out;
+  for (const auto& [op, row] : table()) out.emplace_back(op, row.cls);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 std::vector<Val> lower(Emitter& e, const ir::Node& n) {
   const LoweringRow* row = find_lowering(n);
   TORCH_INTERNAL_ASSERT(row, "tcap fusion: no lowering for ", n.qualified_op());

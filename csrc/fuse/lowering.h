@@ -36,6 +36,10 @@ struct LoweringRow {
 // The row of n's operator (by overload, then by name), or null when it has none.
 const LoweringRow* find_lowering(const ir::Node& n);
 
+// Every key of the table ("aten::mul" or "aten::sum.dim_IntList") with its class; a test
+// checks it against ir/op_facts.h.
+std::vector<std::pair<std::string, OpClass>> lowered_ops();
+
 // Lowers node n; returns one value per tensor output (ir Value / ValueList entries, in
 // order), in a compute dtype.
 std::vector<Val> lower(Emitter& e, const ir::Node& n);

@@ -12,6 +12,8 @@
 
 #include "codegen/cpu_llvm/cpu_llvm.h"
 #include "fuse/fusion.h"
+#include "fuse/lowering.h"
+#include "ir/op_facts.h"
 #include "runtime/fused_kernel.h"
 #include "support/compare.h"
 
@@ -629,3 +631,18 @@ TEST(ParallelCompile, ErrorsReachTheCaller) {
 }
 
 }  // namespace
+
+// The lowering table (how ops lower to kernel IR) and the op facts every pass reads
+// (ir/op_facts.h) agree: an op lowered as pointwise is Pointwise there, one lowered as a
+// reduction or row op is a Reduction, and none of them is a view.
+TEST(OpFactsAgree, LoweringTableMatchesOpFacts) {
+  const auto ops = tcap::fuse::lowered_ops();
+  ASSERT_GT(ops.size(), 50u);
+  for (const auto& [key, cls] : ops) {
+    const std::string op = key.substr(0, key.find('.'));
+    const bool pointwise = cls == tcap::fuse::OpClass::Pointwise;
+    EXPECT_EQ(tcap::ir::op_has(op, tcap::ir::OpFact::Pointwise), pointwise) << key;
+    EXPECT_EQ(tcap::ir::op_has(op, tcap::ir::OpFact::Reduction), !pointwise) << key;
+    EXPECT_FALSE(tcap::ir::op_has(op, tcap::ir::OpFact::View)) << key;
+  }
+}
