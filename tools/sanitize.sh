@@ -52,7 +52,6 @@ else
   targets=(tcap_thread_tests tcap_capture_tests)
   suites=(
     "tcap_thread_tests|test/tcap_thread_tests"
-    "tcap_thread_tests, shared first calls|env TCAP_TEST_SHARED_FIRST_CALLS=1 test/tcap_thread_tests --gtest_filter=*FirstCalls*"
     "tcap_capture_tests (threads)|test/tcap_capture_tests --gtest_filter=Guard.*"
   )
   export TSAN_OPTIONS="halt_on_error=0:second_deadlock_stack=1:report_signal_unsafe=0:suppressions=$supp/tsan.supp"
