@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -127,11 +128,13 @@ KernelMaker kernel_maker(const Target& t) {
 // The fusion pass with each kept group's kernel made by `make` and registered for
 // tcap::fused; the kernels' ids go to `ids` (released with the executable).
 ir::Graph fuse_graph(const ir::Graph& g, const std::string& what, const std::string& dump_dir,
-                     const c10::Device& device, const KernelMaker& make, std::vector<int64_t>* ids) {
+                     const c10::Device& device, const KernelMaker& make, std::vector<int64_t>* ids,
+                     std::function<bool(const ir::Node&)> keep_unfused = {}) {
   const auto t0 = std::chrono::steady_clock::now();
   std::mutex ids_mu;  // compile runs on several threads (Note [Parallel kernel compilation])
   fuse::FusionOptions opts;
   opts.device = device;
+  opts.keep_unfused = std::move(keep_unfused);
   opts.compile = [&](const fuse::FusedGroup& fg, std::string* why) -> int64_t {
     try {
       auto fk = std::make_shared<runtime::FusedKernel>();
@@ -219,22 +222,102 @@ CompiledJoint compile_joint(const JointGraph& joint, bool has_backward, const Co
   return c;
 }
 
+// Note [Scalar arguments through fusion]
+// A training step's graph takes some host scalars as arguments that change between
+// calls (the learning rate of a schedule, Adam's bias-corrected step size), set on their
+// nodes before each run. Fusion renumbers nodes (decomposition and grouping rebuild the
+// graph) and would fold a scalar into a kernel as a constant if its node were fused. So
+// each such argument is set to a unique sentinel before fusing, the nodes holding one stay
+// ATen calls (FusionOptions::keep_unfused; Adam's division by sqrt(bias_correction2) is
+// such a node, the other ops around it still fuse), and each sentinel is found again
+// after: it must be exactly one argument of an unfused node. If one is missing or
+// repeated (a decomposition moved it), the step runs unfused, logged; the kernels made
+// for it are released.
+namespace {
+
+using ScalarArgs = std::vector<std::pair<ir::NodeId, size_t>>;
+
+bool is_scalar_arg(const ir::Arg& a) { return a.kind == ir::ArgKind::Double || a.kind == ir::ArgKind::WrappedScalar; }
+
+std::optional<std::pair<ir::Graph, ScalarArgs>> fuse_keeping_scalars(const ir::Graph& g, const ScalarArgs& args,
+                                                                     const CompileOptions& o, const Target& target,
+                                                                     const std::string& what,
+                                                                     std::vector<int64_t>* kernels) {
+  ir::Graph marked = g;
+  std::vector<double> sentinel(args.size());
+  for (size_t k = 0; k < args.size(); ++k) {
+    ir::Arg& a = marked.mutable_nodes().at(static_cast<size_t>(args[k].first)).args.at(args[k].second);
+    TORCH_INTERNAL_ASSERT(is_scalar_arg(a), "tcap: scalar argument ", k, " is not a floating-point scalar");
+    sentinel[k] = std::ldexp(1.0 + static_cast<double>(k + 1) * 0x1p-32, -1000);  // no graph holds these
+    a.d = sentinel[k];
+  }
+  std::vector<int64_t> ids;
+  auto holds_sentinel = [sentinel](const ir::Node& n) {
+    for (const auto& a : n.args) {
+      if (is_scalar_arg(a) && std::find(sentinel.begin(), sentinel.end(), a.d) != sentinel.end()) return true;
+    }
+    return false;
+  };
+  ir::Graph fused = fuse_graph(marked, what, dump_dir_of(o), target.device, kernel_maker(target), &ids, holds_sentinel);
+  ScalarArgs found(args.size(), {-1, 0});
+  bool ok = true;
+  for (const auto& n : fused.nodes()) {
+    for (size_t i = 0; i < n.args.size(); ++i) {
+      if (!is_scalar_arg(n.args[i])) continue;
+      for (size_t k = 0; k < args.size(); ++k) {
+        if (n.args[i].d != sentinel[k]) continue;
+        ok = ok && found[k].first < 0 && n.op != fuse::kFusedOp;
+        found[k] = {n.id, i};
+      }
+    }
+  }
+  for (const auto& f : found) ok = ok && f.first >= 0;
+  if (!ok) {
+    for (int64_t id : ids) runtime::release_kernel(id);
+    TCAP_LOG(GraphBreaks, what << ": runs unfused: fusion would fold a scalar argument that changes between calls "
+                               << "(a learning rate) into a kernel");
+    return std::nullopt;
+  }
+  for (size_t k = 0; k < args.size(); ++k) {
+    fused.mutable_nodes().at(static_cast<size_t>(found[k].first)).args.at(found[k].second).d =
+        g.node(args[k].first).args.at(args[k].second).d;
+  }
+  kernels->insert(kernels->end(), ids.begin(), ids.end());
+  return std::make_pair(std::move(fused), std::move(found));
+}
+
+}  // namespace
+
 ScalarExecutable compile_graph_with_scalars(const ir::Graph& g, const std::vector<std::pair<ir::NodeId, size_t>>& args,
                                             const CompileOptions& o, const std::string& what, bool check_host_values) {
-  (void)o;
   stage(g, what, "capture");
+  ir::Graph h = g;
+  ScalarArgs at = args;
+  std::vector<int64_t> kernels;
+  const Target target = choose_target(o.backend, g, what);
+  if (target.kind != Target::Eager) {
+    if (auto fused = fuse_keeping_scalars(g, args, o, target, what, &kernels)) {
+      h = stage(std::move(fused->first), what, "fuse");
+      at = std::move(fused->second);
+    }
+  }
   int rewritten = 0;
   // reuse_buffers rewrites nodes where they are: the scalar arguments keep their node ids.
-  const ir::Graph h = passes::reuse_buffers(g, &rewritten);
+  h = passes::reuse_buffers(h, &rewritten);
   stage(h, what, "reuse_buffers");
+  TCAP_LOG(Perf, what << ": " << rewritten << " ops run in place on a dying intermediate");
   auto interp = std::make_shared<Interpreter>(h);
   interp->keep_values(false);
   interp->check_host_values(check_host_values);
   auto mu = std::make_shared<std::mutex>();
-  return [interp, mu, args](std::vector<at::Tensor> in, const std::vector<double>& scalars) {
-    TORCH_CHECK(scalars.size() == args.size(), "tcap: ", args.size(), " scalars expected, got ", scalars.size());
+  // Keeps the kernels registered as long as the executable lives.
+  auto owner = std::shared_ptr<void>(nullptr, [kernels = std::move(kernels)](void*) {
+    for (int64_t id : kernels) runtime::release_kernel(id);
+  });
+  return [interp, mu, at, owner](std::vector<at::Tensor> in, const std::vector<double>& scalars) {
+    TORCH_CHECK(scalars.size() == at.size(), "tcap: ", at.size(), " scalars expected, got ", scalars.size());
     std::lock_guard<std::mutex> lock(*mu);
-    for (size_t k = 0; k < args.size(); ++k) interp->set_scalar_arg(args[k].first, args[k].second, scalars[k]);
+    for (size_t k = 0; k < at.size(); ++k) interp->set_scalar_arg(at[k].first, at[k].second, scalars[k]);
     runtime::PoolScope pool;  // Note [CPU buffer pool]
     return interp->run(std::move(in));
   };

@@ -57,7 +57,7 @@ class Fuser {
   Fuser(const ir::Graph& g, const FusionOptions& opts) : g_(g), opts_(opts) {}
 
   FusionResult run() {
-    grouping_ = form_groups(g_, opts_.device);
+    grouping_ = form_groups(g_, opts_.device, opts_.keep_unfused);
     build_kernels();
     return rewrite();
   }

@@ -54,6 +54,9 @@ struct FusionOptions {
   int min_nodes = 1;
   // Where the kernels run: only nodes whose tensors all live on this device are fused.
   c10::Device device = c10::Device(c10::kCPU);
+  // Nodes that stay ATen calls whatever they compute (compile_step's nodes whose scalar
+  // arguments change between calls: Note [Scalar arguments through fusion]).
+  std::function<bool(const ir::Node&)> keep_unfused;
 };
 
 struct FusionResult {

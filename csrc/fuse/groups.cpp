@@ -112,7 +112,9 @@ bool same(c10::ArrayRef<int64_t> a, const std::vector<int64_t>& b) {
 
 class Grouper {
  public:
-  Grouper(const ir::Graph& g, const c10::Device& device, Grouping& out) : g_(g), device_(device), out_(out) {}
+  Grouper(const ir::Graph& g, const c10::Device& device, const std::function<bool(const ir::Node&)>& keep,
+          Grouping& out)
+      : g_(g), device_(device), keep_(keep), out_(out) {}
 
   void run() {
     const size_t n_nodes = g_.nodes().size();
@@ -136,6 +138,10 @@ class Grouper {
       for (auto& gr : groups_) gr.closed = true;
     }
     if (n.kind != ir::NodeKind::Call) {
+      return;
+    }
+    if (keep_ && keep_(n)) {
+      decide(n, "kept as an ATen call (FusionOptions::keep_unfused)");
       return;
     }
     NodeClass info;
@@ -397,6 +403,7 @@ class Grouper {
 
   const ir::Graph& g_;
   const c10::Device device_;
+  const std::function<bool(const ir::Node&)>& keep_;
   Grouping& out_;
   std::vector<Group>& groups_ = out_.groups;
   std::vector<int>& group_of_node_ = out_.group_of_node;
@@ -410,9 +417,9 @@ class Grouper {
 
 }  // namespace
 
-Grouping form_groups(const ir::Graph& g, const c10::Device& device) {
+Grouping form_groups(const ir::Graph& g, const c10::Device& device, const std::function<bool(const ir::Node&)>& keep) {
   Grouping out;
-  Grouper(g, device, out).run();
+  Grouper(g, device, keep, out).run();
   return out;
 }
 

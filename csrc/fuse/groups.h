@@ -15,6 +15,7 @@
 #include <c10/util/ArrayRef.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -60,8 +61,10 @@ struct Grouping {
   std::vector<std::string> decisions;  // why nodes are not fused (FusionResult::decisions)
 };
 
-// Groups the nodes of `g` whose tensors all live on `device`.
-Grouping form_groups(const ir::Graph& g, const c10::Device& device);
+// Groups the nodes of `g` whose tensors all live on `device`; nodes `keep` accepts stay
+// ATen calls.
+Grouping form_groups(const ir::Graph& g, const c10::Device& device,
+                     const std::function<bool(const ir::Node&)>& keep = {});
 
 // --- shapes and nodes, shared with the kernel builder (group_kernel.h) and the rewrite ---
 

@@ -8,6 +8,8 @@
 #include <tcap/stance.h>
 #include <tcap/train_step.h>
 
+#include "codegen/cpu_llvm/cpu_llvm.h"
+#include "runtime/fused_kernel.h"
 #include "support/compare.h"
 #include "support/log_capture.h"
 
@@ -93,6 +95,9 @@ TEST(TrainStepOptim, LbfgsRunsEagerlyWithAReason) {
 
 // The learning rate changes every step (a warm-up schedule): no recompile.
 TEST(TrainStepOptim, LearningRateScheduleIsAnInput) {
+  for (const std::string backend : {"eager", "llvm"}) {
+  if (backend == "llvm" && !tcap::codegen::cpu_llvm::cpu_llvm_available()) continue;
+  SCOPED_TRACE("backend " + backend);
   for (int adam = 0; adam < 2; ++adam) {
     torch::manual_seed(2);
     auto model = mlp(), twin = mlp();
@@ -115,7 +120,11 @@ TEST(TrainStepOptim, LearningRateScheduleIsAnInput) {
       o.step();
       return loss;
     };
-    auto step = tcap::compile_step(model, *opt, [&](const Tensors& in) { return Tensors{body(model, *opt, in[0], in[1])}; });
+    tcap::CompileOptions o;
+    o.backend = backend;
+    auto step =
+        tcap::compile_step(model, *opt, [&](const Tensors& in) { return Tensors{body(model, *opt, in[0], in[1])}; }, o);
+    const int64_t launches = tcap::runtime::runtime_stats().launches;
     for (int i = 0; i < 15; ++i) {
       const double lr = 1e-3 * (i + 1);
       set_lr(*opt, lr);
@@ -128,6 +137,10 @@ TEST(TrainStepOptim, LearningRateScheduleIsAnInput) {
     expect_same_params(*model, *twin, adam ? "adam schedule" : "sgd schedule");
     EXPECT_GE(step->stats().replays, 11) << "adam " << adam;
     EXPECT_EQ(step->stats().recompiles, 1) << "adam " << adam << ": only the state-creating first step differs";
+    // With the llvm backend the step's graph is fused (Note [Scalar arguments through
+    // fusion]): generated kernels ran, and the changing learning rate was not folded in.
+    if (backend == "llvm") EXPECT_GT(tcap::runtime::runtime_stats().launches, launches) << "adam " << adam;
+  }
   }
 }
 
