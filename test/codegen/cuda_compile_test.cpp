@@ -11,6 +11,8 @@
 
 #include <tcap/compile.h>
 #include <tcap/compiled_autograd.h>
+#include <tcap/stance.h>
+#include <tcap/train_step.h>
 
 #include <torch/torch.h>
 
@@ -336,6 +338,91 @@ TEST(CudaDevice, CudaGraphsReplayMatchesEager) {
   }
   EXPECT_EQ(f2->eager_reason(), "");
   EXPECT_GE(tcap::cuda_graph_stats().replays - s2.replays, 4) << logs.text();
+}
+
+// Whole training programs on the device, against an eager twin from the same weights
+// and data: an MLP step with Adam through compile_step, and a transformer encoder layer
+// (MultiheadAttention reads equal(q, k) on the host) through tcap::compile with the loss,
+// backward and AdamW eager around it. Tolerances as for the fused patterns, loosened to
+// 1e-4 for the parameters after several optimizer steps (Adam divides by sqrt(v)).
+void copy_into(torch::nn::Module& to, torch::nn::Module& from) {
+  torch::NoGradGuard no_grad;
+  auto t = to.parameters(), f = from.parameters();
+  for (size_t i = 0; i < t.size(); ++i) t[i].copy_(f[i]);
+}
+
+void expect_same(torch::nn::Module& a, torch::nn::Module& b, double tol) {
+  auto pa = a.named_parameters(), pb = b.named_parameters();
+  for (const auto& item : pa) {
+    EXPECT_TRUE(tcap::testing::close(item.value().detach().cpu(), pb[item.key()].detach().cpu(), tol, tol)) << item.key();
+  }
+}
+
+TEST(CudaDevice, CompileStepWithAdamMatchesEager) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  torch::manual_seed(0);
+  auto make = [] {
+    return torch::nn::Sequential(torch::nn::Linear(33, 64), torch::nn::GELU(), torch::nn::Linear(64, 17),
+                                 torch::nn::LayerNorm(torch::nn::LayerNormOptions({17})));
+  };
+  auto a = make(), b = make();
+  a->to(torch::kCUDA);
+  b->to(torch::kCUDA);
+  copy_into(*b, *a);
+  torch::optim::Adam oa(a->parameters(), 1e-3), ob(b->parameters(), 1e-3);
+  auto body = [](torch::nn::Sequential& m, torch::optim::Adam& o, const at::Tensor& x, const at::Tensor& y) {
+    o.zero_grad();
+    auto loss = torch::mse_loss(m->forward(x), y);
+    loss.backward();
+    o.step();
+    return loss;
+  };
+  tcap::CompileOptions opts;
+  opts.backend = "cuda";
+  tcap::StanceGuard strict(tcap::Stance::Default, /*error_on_fallback=*/true);
+  auto step = tcap::compile_step(a, oa, [&](const Tensors& in) { return Tensors{body(a, oa, in[0], in[1])}; }, opts);
+  const auto launches0 = cuda::cuda_stats().launches;
+  for (int i = 0; i < 10; ++i) {
+    SCOPED_TRACE("step " + std::to_string(i));
+    auto x = torch::randn({29, 33}, torch::kCUDA);
+    auto y = torch::randn({29, 17}, torch::kCUDA);
+    auto got = (*step)({x, y})[0];
+    auto want = body(b, ob, x, y);
+    EXPECT_TRUE(tcap::testing::close(got.detach().cpu(), want.detach().cpu(), 1e-4, 1e-5));
+  }
+  expect_same(*a, *b, 1e-4);
+  EXPECT_GE(step->stats().replays, 6) << step->eager_reason();
+  EXPECT_GT(cuda::cuda_stats().launches, launches0) << "no generated CUDA kernel ran";
+}
+
+TEST(CudaDevice, TransformerLayerCompilesAndTrains) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  torch::manual_seed(1);
+  auto o = torch::nn::TransformerEncoderLayerOptions(64, 4).dim_feedforward(128).dropout(0.0);
+  torch::nn::TransformerEncoderLayer a(o), b(o);
+  a->to(torch::kCUDA);
+  b->to(torch::kCUDA);
+  copy_into(*b, *a);
+  torch::optim::AdamW oa(a->parameters(), 1e-3), ob(b->parameters(), 1e-3);
+  tcap::CompileOptions opts;
+  opts.backend = "cuda";
+  tcap::StanceGuard strict(tcap::Stance::Default, /*error_on_fallback=*/true);
+  auto f = tcap::compile(a, opts);
+  for (int i = 0; i < 8; ++i) {
+    SCOPED_TRACE("step " + std::to_string(i));
+    auto x = torch::randn({11, 3, 64}, torch::kCUDA);
+    oa.zero_grad();
+    auto got = (*f)({x})[0].pow(2).mean();
+    got.backward();
+    oa.step();
+    ob.zero_grad();
+    auto want = b->forward(x).pow(2).mean();
+    want.backward();
+    ob.step();
+    EXPECT_TRUE(tcap::testing::close(got.detach().cpu(), want.detach().cpu(), 1e-4, 1e-5));
+  }
+  expect_same(*a, *b, 1e-4);
+  EXPECT_GE(f->stats().replays, 5) << f->eager_reason();
 }
 
 TEST(CudaDevice, FusedPatternsMatchEager) {
