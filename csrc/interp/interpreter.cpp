@@ -88,6 +88,45 @@ HookRunnerScope::~HookRunnerScope() { tls_hook_runner = prev_; }
 const HookRunner* current_hook_runner() { return tls_hook_runner; }
 }  // namespace interp
 
+namespace {
+
+// Note [Kernels that trust their arguments]
+// A few ATen CPU kernels index their inputs by sizes they assume agree, without checking
+// (found by fuzzing: native_layer_norm_backward with a grad_out smaller than its input
+// read past grad_out). Eager autograd only ever passes them consistent tensors; a graph
+// file can pass anything. For these operators the interpreter checks the relation first.
+bool trusts_its_arguments(const ir::Node& n) { return n.op == "aten::native_layer_norm_backward"; }
+
+void check_trusted_arguments(const ir::Node& n, const torch::jit::Stack& stack) {
+  if (n.op == "aten::native_layer_norm_backward") {
+    // (grad_out, input, normalized_shape, mean, rstd, weight?, bias?, output_mask)
+    const at::Tensor& grad_out = stack.at(0).toTensor();
+    const at::Tensor& input = stack.at(1).toTensor();
+    const auto shape = stack.at(2).toIntList().vec();
+    TORCH_CHECK(grad_out.sizes() == input.sizes(), "grad_out has sizes ", grad_out.sizes(), " but input has ",
+                input.sizes());
+    const auto dims = static_cast<int64_t>(shape.size());
+    TORCH_CHECK(dims >= 1 && dims <= input.dim() &&
+                    input.sizes().slice(static_cast<size_t>(input.dim() - dims)).vec() == shape,
+                "normalized_shape ", c10::IntArrayRef(shape), " is not the trailing sizes of input ", input.sizes());
+    int64_t inner = 1;
+    for (int64_t d : shape) inner *= d;
+    const int64_t outer = inner == 0 ? 0 : input.numel() / inner;
+    for (size_t k : {3, 4}) {
+      const at::Tensor& t = stack.at(k).toTensor();
+      TORCH_CHECK(t.numel() == outer, k == 3 ? "mean" : "rstd", " has ", t.numel(), " elements, not ", outer);
+    }
+    for (size_t k : {5, 6}) {
+      if (stack.at(k).isNone()) continue;
+      const at::Tensor& t = stack.at(k).toTensor();
+      TORCH_CHECK(!t.defined() || t.numel() == inner, k == 5 ? "weight" : "bias", " has ", t.numel(),
+                  " elements, not ", inner);
+    }
+  }
+}
+
+}  // namespace
+
 Interpreter::Interpreter(const ir::Graph& graph, bool differentiable)
     : graph_(graph), differentiable_(differentiable) {
   ops_.resize(graph.nodes().size());
@@ -105,6 +144,10 @@ Interpreter::Interpreter(const ir::Graph& graph, bool differentiable)
       }
     }
     ops_[static_cast<size_t>(n.id)] = *op;
+    if (trusts_its_arguments(n)) {
+      trusting_.resize(graph.nodes().size(), 0);
+      trusting_[static_cast<size_t>(n.id)] = 1;
+    }
   }
   // A graph that passes verify() is one the interpreter can run without crashing: every
   // id in range, CallHook nodes shaped as run_hook reads them, and every argument of a
@@ -231,6 +274,9 @@ void Interpreter::run_call(const ir::Node& n, const c10::OperatorHandle& op) {
   torch::jit::Stack stack;
   stack.reserve(n.args.size());
   for (size_t i = 0; i < n.args.size(); ++i) stack.push_back(to_ivalue(n, i, schema_args[i]));
+  if (static_cast<size_t>(n.id) < trusting_.size() && trusting_[static_cast<size_t>(n.id)]) {
+    check_trusted_arguments(n, stack);  // Note [Kernels that trust their arguments]
+  }
   op.callBoxed(stack);
   const size_t n_ret = op.schema().returns().size();
   TORCH_INTERNAL_ASSERT(stack.size() == n_ret);

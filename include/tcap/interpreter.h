@@ -7,6 +7,8 @@
 // the grad mode it was recorded with.
 #pragma once
 
+#include <cstdint>
+
 #include <tcap/graph.h>
 
 #include <ATen/core/Tensor.h>
@@ -61,6 +63,7 @@ class Interpreter {
 
   ir::Graph graph_;  // a copy: replay may itself be recorded into the graph it came from
   std::vector<std::optional<c10::OperatorHandle>> ops_;  // per node
+  std::vector<uint8_t> trusting_;  // per node (empty: none): its kernel's arguments are checked first
   std::vector<at::Tensor> env_;
   std::vector<c10::IValue> host_values_;
   // Per node: values whose last reader it is (not outputs); freed after the node runs

@@ -101,6 +101,18 @@ TEST(Interpreter, GoldenBackwardWithHooksReplays) {
   EXPECT_TRUE(torch::allclose(outs[1], expected.slice(0, 3, 6)));
 }
 
+// A graph whose layer norm backward gets a grad_out smaller than its input verified, and
+// ATen's CPU kernel read past grad_out (found by tcap_fuzz_interp under ASan). The
+// interpreter now checks the arguments of such kernels first (Note [Kernels that trust
+// their arguments]).
+TEST(Interpreter, LayerNormBackwardWithMismatchedGradIsAnError) {
+  const Graph g =
+      load_json(std::string(TCAP_GOLDEN_DIR) + "/../fuzz/corpus/regress_layer_norm_backward_grad_smaller_than_input.json");
+  const std::vector<at::Tensor> in{torch::randn({2, 3}), torch::randn({3, 3}), torch::randn({3}), torch::randn({3})};
+  EXPECT_RUN_FAILS(g, in, "tcap interpreter: node %5 (aten::native_layer_norm_backward): ",
+                   "grad_out has sizes [2, 3] but input has [3, 3]");
+}
+
 TEST(Interpreter, GoldenMlpForwardReplays) {
   const Graph g = load_json(std::string(TCAP_GOLDEN_DIR) + "/mlp_forward.json");
   const at::Tensor x = torch::randn({4, 3}), w = torch::randn({5, 3}), b = torch::randn({5});
