@@ -279,7 +279,10 @@ variable_list capture_backward_driver(const BackwardCall& call) {
   ArmedScope armed_scope(call, std::move(watchers));
   const auto root_grads = call.root_grads();
   HookWrapScope wrap(call.root);
-  for (Session* s : sessions) s->begin_backward(root_grads);
+  for (Session* s : sessions) {
+    s->begin_backward(root_grads);
+    if (plain && call.roots) s->note_backward_roots(*call.roots);
+  }
   struct End {
     std::vector<Session*>& ss;
     ~End() {

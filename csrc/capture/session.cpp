@@ -16,6 +16,7 @@
 #include <mutex>
 #include <sstream>
 #include <typeindex>
+#include <unordered_set>
 
 namespace tcap::capture {
 namespace {
@@ -332,7 +333,35 @@ void Session::materialize(const RawArg& raw, ir::Arg& a) const {
 }
 
 bool Session::ran_in_backward(const torch::autograd::Node* n) const {
-  return std::find(ran_nodes_.begin(), ran_nodes_.end(), n) != ran_nodes_.end();
+  if (std::find(ran_nodes_.begin(), ran_nodes_.end(), n) != ran_nodes_.end()) return true;
+  // A node that runs no op (AddBackward0 passes its gradient on) leaves no trace in
+  // ran_nodes_: look for it in the graphs the plain backward() calls ran through. Their
+  // edges survive the backward (only saved tensors are released).
+  std::vector<const torch::autograd::Node*> todo;
+  std::unordered_set<const torch::autograd::Node*> seen;
+  std::vector<std::shared_ptr<torch::autograd::Node>> alive;  // roots kept alive while walked
+  for (const auto& w : backward_roots_) {
+    if (auto root = w.lock()) {
+      todo.push_back(root.get());
+      alive.push_back(std::move(root));
+    }
+  }
+  while (!todo.empty()) {
+    const torch::autograd::Node* cur = todo.back();
+    todo.pop_back();
+    if (cur == n) return true;
+    if (!seen.insert(cur).second) continue;
+    for (const auto& e : cur->next_edges()) {
+      if (e.function) todo.push_back(e.function.get());
+    }
+  }
+  return false;
+}
+
+void Session::note_backward_roots(const torch::autograd::edge_list& roots) {
+  for (const auto& e : roots) {
+    if (e.function) backward_roots_.push_back(e.function);
+  }
 }
 
 // Note [Deferred call nodes]

@@ -109,8 +109,12 @@ class Session {
     return graph_;
   }
   const std::vector<at::Tensor>& input_tensors() const { return input_tensors_; }
-  // Whether autograd node n ran an op this session recorded in a backward.
+  // Whether autograd node n ran in a backward this session recorded: it ran an op the
+  // session recorded, or it is reachable from the roots of a plain backward() (which runs
+  // every node it reaches, also those that run no op, such as AddBackward0).
   bool ran_in_backward(const torch::autograd::Node* n) const;
+  // The roots of a plain backward() call the session records (see ran_in_backward).
+  void note_backward_roots(const torch::autograd::edge_list& roots);
 
  private:
   ir::ValueId value_for(const at::Tensor& t);  // lookup, or a new Input node
@@ -188,6 +192,7 @@ class Session {
   int tangents_ = 0;
   NodeLabeler node_labeler_;
   std::vector<const torch::autograd::Node*> ran_nodes_;  // in order, consecutive repeats folded
+  std::vector<std::weak_ptr<torch::autograd::Node>> backward_roots_;  // of plain backward() calls
 };
 
 }  // namespace tcap::capture
