@@ -2,11 +2,11 @@
 
 #include "support/compare.h"
 
-#include <ATen/CPUGeneratorImpl.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <optional>
+#include <tuple>
 #include <unordered_map>
 
 namespace tcap::programs {
@@ -23,10 +23,6 @@ std::string ModeSpec::name() const {
     case Mode::CompiledAutograd: m = "compiled_autograd"; break;
   }
   return backend == "eager" ? m : m + "/" + backend;
-}
-
-at::Generator step_generator(uint64_t program_seed, int step) {
-  return at::make_generator<at::CPUGeneratorImpl>(program_seed * 1000003 + static_cast<uint64_t>(step));
 }
 
 namespace {
@@ -177,23 +173,10 @@ RunResult run_program(const ProgramFactory& make, const ModeSpec& spec, int step
   auto program = make();
   Program& p = *program;
   RunResult r;
-  CompileOptions options;
-  options.name = p.name();
-  options.backend = spec.backend;
   std::optional<StanceGuard> strict;
   if (spec.mode != Mode::Eager && spec.mode != Mode::Capture) strict.emplace(Stance::Default, /*error_on_fallback=*/true);
-
-  std::vector<std::shared_ptr<CompiledFunction>> compiled;
-  std::shared_ptr<CompiledStep> compiled_step;
-  if (spec.mode == Mode::Compile) compiled = p.compile_forwards(options);
-  if (spec.mode == Mode::CompileStep) {
-    p.adjust_step_options(options);
-    std::vector<std::reference_wrapper<torch::optim::Optimizer>> opts;
-    for (auto* o : p.optimizers()) opts.emplace_back(*o);
-    compiled_step = compile_step(p.modules(), opts, [&p](const Tensors& in) { return p.train_step(in); }, options);
-  }
-  if (spec.mode == Mode::CompiledAutograd) reset_compiled_autograd();
-  CompiledAutogradStats ca_stats;
+  std::optional<ModeRunner> runner;
+  if (spec.mode != Mode::Capture) runner.emplace(p, spec.mode, spec.backend);
 
   double timed_us = 0;
   int timed = 0;
@@ -203,17 +186,10 @@ RunResult run_program(const ProgramFactory& make, const ModeSpec& spec, int step
     const size_t logged = p.host_log.size();
     const auto t0 = std::chrono::steady_clock::now();
     Tensors losses;
-    switch (spec.mode) {
-      case Mode::Eager:
-      case Mode::Compile: losses = p.train_step(batch); break;
-      case Mode::Capture: losses = captured_step(p, batch, step, r.problems); break;
-      case Mode::CompileStep: losses = (*compiled_step)(batch); break;
-      case Mode::CompiledAutograd: {
-        CompiledAutogradGuard guard(options);
-        losses = p.train_step(batch);
-        ca_stats = guard.stats();
-        break;
-      }
+    if (spec.mode == Mode::Capture) {
+      losses = captured_step(p, batch, step, r.problems);
+    } else {
+      losses = runner->step(batch);
     }
     const auto t1 = std::chrono::steady_clock::now();
     if (step >= steps / 2) {
@@ -229,26 +205,10 @@ RunResult run_program(const ProgramFactory& make, const ModeSpec& spec, int step
   }
   r.us_per_step = timed ? timed_us / timed : 0;
   collect_state(p, r);
-  switch (spec.mode) {
-    case Mode::Eager:
-    case Mode::Capture: r.served = r.calls = steps; break;
-    case Mode::Compile:
-      for (const auto& f : compiled) {
-        auto s = f->stats();
-        r.served += s.replays;
-        r.calls += s.replays + s.captures + s.eager_calls;
-      }
-      break;
-    case Mode::CompileStep: {
-      auto s = compiled_step->stats();
-      r.served = s.replays;
-      r.calls = steps;
-      break;
-    }
-    case Mode::CompiledAutograd:
-      r.served = ca_stats.hits;
-      r.calls = ca_stats.calls;
-      break;
+  if (runner) {
+    std::tie(r.served, r.calls) = runner->served();
+  } else {
+    r.served = r.calls = steps;
   }
   return r;
 }

@@ -18,29 +18,20 @@
 // graphs. Each run prints one line: program, mode, eager us/step, mode us/step, ratio.
 #pragma once
 
+#include "programs/program.h"
+
 #include <tcap/capture.h>
-#include <tcap/compile.h>
-#include <tcap/compiled_autograd.h>
 #include <tcap/interpreter.h>
 #include <tcap/stance.h>
-#include <tcap/train_step.h>
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
 
 #include <cstdlib>
-#include <functional>
 #include <map>
-#include <memory>
 #include <string>
 #include <vector>
 
 namespace tcap::programs {
-
-using Tensors = std::vector<at::Tensor>;
-using Forward = std::function<at::Tensor(const at::Tensor&)>;
-
-enum class Mode { Eager, Capture, Compile, CompileStep, CompiledAutograd };
 
 struct ModeSpec {
   Mode mode = Mode::Eager;
@@ -48,42 +39,6 @@ struct ModeSpec {
   std::string name() const;
 };
 
-class Program {
- public:
-  virtual ~Program() = default;
-  virtual std::string name() const = 0;
-  // The models (parameters and buffers compared; compile_step's models) and optimizers.
-  virtual std::vector<std::shared_ptr<torch::nn::Module>> modules() = 0;
-  virtual std::vector<torch::optim::Optimizer*> optimizers() = 0;
-  // The batch of a step: the same tensors for every run (a generator seeded per step).
-  virtual Tensors batch(int step) = 0;
-  // Host-side work before a step (a learning-rate schedule).
-  virtual void before_step(int /*step*/) {}
-  // The training step: returns the losses (scalar tensors).
-  virtual Tensors train_step(const Tensors& batch) = 0;
-  // Compile mode: route forward(i, .) through tcap::compile; returns the compiled functions.
-  virtual std::vector<std::shared_ptr<CompiledFunction>> compile_forwards(const CompileOptions& options) = 0;
-  // The part of a parameter compared with eager (all of it unless a program says why not).
-  virtual at::Tensor comparable(const std::string& /*name*/, const at::Tensor& param) { return param; }
-  // Options a program needs for compile_step (observe_host_values, with its reason).
-  virtual void adjust_step_options(CompileOptions& /*options*/) {}
-
-  // Host-side side effects of a step (gradient norms logged by hooks, clip_grad_norm_'s
-  // result): compared with eager as a multiset per step.
-  std::vector<double> host_log;
-
- protected:
-  at::Tensor forward(size_t i, const at::Tensor& x) { return forwards_.at(i)(x); }
-  std::vector<Forward> forwards_;
-};
-
-// Declared as a program's first member: seeds LibTorch before its models are built, so
-// every run starts from the same initial weights.
-struct Seed {
-  explicit Seed(uint64_t seed) { torch::manual_seed(seed); }
-};
-
-using ProgramFactory = std::function<std::unique_ptr<Program>()>;
 
 struct RunResult {
   std::vector<Tensors> losses;                     // per step
@@ -107,8 +62,6 @@ RunResult run_program(const ProgramFactory& make, const ModeSpec& mode, int step
 // Runs eager and `mode`, compares everything, checks the 80% bar and prints the timing line.
 void check_program(const ProgramFactory& make, const ModeSpec& mode, int steps, Tolerance tol);
 
-// A generator seeded for one step of one program.
-at::Generator step_generator(uint64_t program_seed, int step);
 
 }  // namespace tcap::programs
 

@@ -5,65 +5,14 @@
 // Tolerances (float32): rtol 1e-4, atol 1e-5 over 20 steps: the same kernels as eager; the
 // slack covers the matmuls' reductions (thread split) and the fused LLVM kernels'
 // rounding of the gates, carried through Adam.
+#include "programs/lstm_lm.h"
+
 #include "programs/harness.h"
 
 namespace tcap::programs {
 namespace {
 
-namespace nn = torch::nn;
-
-constexpr int64_t kVocab = 40, kEmbed = 12, kHidden = 16, kSeq = 10, kBatch = 3;
-
-struct LstmLmImpl : nn::Module {
-  LstmLmImpl() {
-    encoder = register_module("encoder", nn::Embedding(kVocab, kEmbed));
-    lstm = register_module("lstm", nn::LSTM(nn::LSTMOptions(kEmbed, kHidden).num_layers(2)));
-    decoder = register_module("decoder", nn::Linear(kHidden, kVocab));
-  }
-  // ids: [seq, batch]; returns [seq, batch, vocab] logits (the hidden state starts at zero).
-  torch::Tensor forward(torch::Tensor ids) {
-    auto output = std::get<0>(lstm->forward(encoder->forward(ids)));
-    return decoder->forward(output);
-  }
-  nn::Embedding encoder{nullptr};
-  nn::LSTM lstm{nullptr};
-  nn::Linear decoder{nullptr};
-};
-TORCH_MODULE(LstmLm);
-
-class LstmProgram : public Program {
- public:
-  LstmProgram() : opt_(model_->parameters(), torch::optim::AdamOptions(3e-3)) {
-    forwards_ = {[this](const at::Tensor& x) { return model_->forward(x); }};
-  }
-  std::string name() const override { return "lstm"; }
-  std::vector<std::shared_ptr<nn::Module>> modules() override { return {model_.ptr()}; }
-  std::vector<torch::optim::Optimizer*> optimizers() override { return {&opt_}; }
-  Tensors batch(int step) override {
-    auto gen = step_generator(14, step);
-    auto text = torch::randint(0, kVocab, {kSeq + 1, kBatch}, gen);
-    return {text.slice(0, 0, kSeq).contiguous(), text.slice(0, 1).contiguous()};
-  }
-  Tensors train_step(const Tensors& batch) override {
-    opt_.zero_grad();
-    auto logits = forward(0, batch[0]);
-    auto loss = torch::cross_entropy_loss(logits.view({-1, kVocab}), batch[1].view({-1}));
-    loss.backward();
-    opt_.step();
-    return {loss};
-  }
-  std::vector<std::shared_ptr<CompiledFunction>> compile_forwards(const CompileOptions& options) override {
-    auto compiled = tcap::compile(model_, options);
-    forwards_ = {[compiled](const at::Tensor& x) { return compiled->forward(x); }};
-    return {compiled};
-  }
-
- private:
-  Seed seed_{14};
-  LstmLm model_;
-  torch::optim::Adam opt_;
-};
-
+using namespace lstm;
 const ProgramFactory kLstm = [] { return std::make_unique<LstmProgram>(); };
 constexpr int kSteps = 20;
 const Tolerance kTol{1e-4, 1e-5};
