@@ -38,7 +38,7 @@ TORCH_MODULE(Net);
 class Cnn : public Program {
  public:
   Cnn() : opt_(model_->parameters(), torch::optim::SGDOptions(0.01).momentum(0.5)) {
-    forwards_ = {[this](const at::Tensor& x) { return model_->forward(x); }};
+    set_model(model_);
   }
   std::string name() const override { return "cnn"; }
   std::vector<std::shared_ptr<nn::Module>> modules() override { return {model_.ptr()}; }
@@ -56,9 +56,7 @@ class Cnn : public Program {
     return {loss};
   }
   std::vector<std::shared_ptr<CompiledFunction>> compile_forwards(const CompileOptions& options) override {
-    auto compiled = tcap::compile(model_, options);
-    forwards_ = {[compiled](const at::Tensor& x) { return compiled->forward(x); }};
-    return {compiled};
+    return compile_model(model_, options);
   }
 
  private:

@@ -31,7 +31,7 @@ TORCH_MODULE(LstmLm);
 class LstmProgram : public Program {
  public:
   LstmProgram() : opt_(model_->parameters(), torch::optim::AdamOptions(3e-3)) {
-    forwards_ = {[this](const at::Tensor& x) { return model_->forward(x); }};
+    set_model(model_);
   }
   std::string name() const override { return "lstm"; }
   std::vector<std::shared_ptr<nn::Module>> modules() override { return {model_.ptr()}; }
@@ -50,9 +50,7 @@ class LstmProgram : public Program {
     return {loss};
   }
   std::vector<std::shared_ptr<CompiledFunction>> compile_forwards(const CompileOptions& options) override {
-    auto compiled = tcap::compile(model_, options);
-    forwards_ = {[compiled](const at::Tensor& x) { return compiled->forward(x); }};
-    return {compiled};
+    return compile_model(model_, options);
   }
 
  private:

@@ -47,6 +47,20 @@ class Program {
 
  protected:
   at::Tensor forward(size_t i, const at::Tensor& x) { return forwards_.at(i)(x); }
+  // A program of one model: forward(0, x) calls model->forward(x) ...
+  template <class M>
+  void set_model(const torch::nn::ModuleHolder<M>& model) {
+    std::shared_ptr<M> impl = model.ptr();
+    forwards_ = {[impl](const at::Tensor& x) { return impl->forward(x); }};
+  }
+  // ... or, in compile mode, the model's compiled forward.
+  template <class M>
+  std::vector<std::shared_ptr<CompiledFunction>> compile_model(const torch::nn::ModuleHolder<M>& model,
+                                                               const CompileOptions& options) {
+    auto compiled = tcap::compile(model, options);
+    forwards_ = {[compiled](const at::Tensor& x) { return compiled->forward(x); }};
+    return {compiled};
+  }
   std::vector<Forward> forwards_;
 };
 

@@ -18,7 +18,7 @@ constexpr double kBaseLr = 0.05;
 class RegressionMlp : public Program {
  public:
   explicit RegressionMlp(bool log_norm) : log_norm_(log_norm), opt_(model_->parameters(), torch::optim::SGDOptions(kBaseLr).momentum(0.9)) {
-    forwards_ = {[this](const at::Tensor& x) { return model_->forward(x); }};
+    set_model(model_);
   }
   std::string name() const override { return log_norm_ ? "regression" : "regression_nolog"; }
   std::vector<std::shared_ptr<nn::Module>> modules() override { return {model_.ptr()}; }
@@ -43,9 +43,7 @@ class RegressionMlp : public Program {
     return {loss};
   }
   std::vector<std::shared_ptr<CompiledFunction>> compile_forwards(const CompileOptions& options) override {
-    auto compiled = tcap::compile(model_, options);
-    forwards_ = {[compiled](const at::Tensor& x) { return compiled->forward(x); }};
-    return {compiled};
+    return compile_model(model_, options);
   }
   // clip_grad_norm_ returns the total norm read on the host (item()), a value that changes
   // every step; this program only logs it (the clipping itself happens on the tensors), so

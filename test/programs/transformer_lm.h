@@ -44,7 +44,7 @@ TORCH_MODULE(TransformerLm);
 class TransformerProgram : public Program {
  public:
   TransformerProgram() : opt_(model_->parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(0.01)) {
-    forwards_ = {[this](const at::Tensor& x) { return model_->forward(x); }};
+    set_model(model_);
     for (auto& p : model_->parameters()) {
       p.register_hook([this](const at::Tensor& g) { host_log.push_back(g.norm().item<double>()); });
     }
@@ -66,9 +66,7 @@ class TransformerProgram : public Program {
     return {loss};
   }
   std::vector<std::shared_ptr<CompiledFunction>> compile_forwards(const CompileOptions& options) override {
-    auto compiled = tcap::compile(model_, options);
-    forwards_ = {[compiled](const at::Tensor& x) { return compiled->forward(x); }};
-    return {compiled};
+    return compile_model(model_, options);
   }
   // See the header: the key bias of attention has a zero true gradient.
   at::Tensor comparable(const std::string& name, const at::Tensor& param) override {

@@ -16,7 +16,7 @@ namespace nn = torch::nn;
 class TutorialMlp : public Program {
  public:
   TutorialMlp() : opt_(model_->parameters(), torch::optim::SGDOptions(0.1)) {
-    forwards_ = {[this](const at::Tensor& x) { return model_->forward(x); }};
+    set_model(model_);
   }
   std::string name() const override { return "tutorial_mlp"; }
   std::vector<std::shared_ptr<nn::Module>> modules() override { return {model_.ptr()}; }
@@ -33,9 +33,7 @@ class TutorialMlp : public Program {
     return {loss};
   }
   std::vector<std::shared_ptr<CompiledFunction>> compile_forwards(const CompileOptions& options) override {
-    auto compiled = tcap::compile(model_, options);
-    forwards_ = {[compiled](const at::Tensor& x) { return compiled->forward(x); }};
-    return {compiled};
+    return compile_model(model_, options);
   }
 
  private:
@@ -58,7 +56,7 @@ TORCH_MODULE(CosCos);
 class TutorialCosCos : public Program {
  public:
   TutorialCosCos() : opt_(model_->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9)) {
-    forwards_ = {[this](const at::Tensor& x) { return model_->forward(x); }};
+    set_model(model_);
   }
   std::string name() const override { return "tutorial_coscos"; }
   std::vector<std::shared_ptr<nn::Module>> modules() override { return {model_.ptr()}; }
@@ -72,9 +70,7 @@ class TutorialCosCos : public Program {
     return {loss};
   }
   std::vector<std::shared_ptr<CompiledFunction>> compile_forwards(const CompileOptions& options) override {
-    auto compiled = tcap::compile(model_, options);
-    forwards_ = {[compiled](const at::Tensor& x) { return compiled->forward(x); }};
-    return {compiled};
+    return compile_model(model_, options);
   }
 
  private:
@@ -86,7 +82,7 @@ class TutorialCosCos : public Program {
 class TutorialHook : public Program {
  public:
   TutorialHook() : opt_(model_->parameters(), torch::optim::SGDOptions(0.01)) {
-    forwards_ = {[this](const at::Tensor& x) { return model_->forward(x); }};
+    set_model(model_);
   }
   std::string name() const override { return "tutorial_hook"; }
   std::vector<std::shared_ptr<nn::Module>> modules() override { return {model_.ptr()}; }
@@ -102,9 +98,7 @@ class TutorialHook : public Program {
     return {loss, x.grad()};
   }
   std::vector<std::shared_ptr<CompiledFunction>> compile_forwards(const CompileOptions& options) override {
-    auto compiled = tcap::compile(model_, options);
-    forwards_ = {[compiled](const at::Tensor& x) { return compiled->forward(x); }};
-    return {compiled};
+    return compile_model(model_, options);
   }
 
  private:
