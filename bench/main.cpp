@@ -111,6 +111,7 @@ int main(int argc, char** argv) {
   tcap::bench::Registry registry;
   tcap::bench::add_capture_workloads(registry);
   tcap::bench::add_compile_workloads(registry);
+  tcap::bench::add_program_workloads(registry);
 
   if (options.device == "cuda") {
     if (!torch::cuda::is_available()) {

@@ -11,5 +11,8 @@ void add_capture_workloads(Registry& registry);
 // coscos, mlp_small, mlp_big, softmax_ce, transformer_block: tcap::compile replay vs eager
 // (workloads_compile.cpp).
 void add_compile_workloads(Registry& registry);
+// program_cnn, program_dcgan, ...: whole training steps of the programs of test/programs/
+// in each tcap mode (workloads_programs.cpp).
+void add_program_workloads(Registry& registry);
 
 }  // namespace tcap::bench

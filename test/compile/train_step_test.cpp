@@ -5,6 +5,7 @@
 //
 // Tolerances (float32): rtol 1e-4, atol 1e-5 after 20 steps (same kernels, same order;
 // the slack covers mkldnn convolution reductions).
+#include <tcap/stance.h>
 #include <tcap/train_step.h>
 
 #include "support/compare.h"
@@ -93,6 +94,37 @@ TEST(TrainStep, CnnAdam) { train<torch::optim::Adam>(torch::optim::AdamOptions(1
 
 TEST(TrainStep, CnnAdamWeightDecay) {
   train<torch::optim::Adam>(torch::optim::AdamOptions(1e-2).weight_decay(1e-3), true);
+}
+
+// The step returns a loss that is the sum of two losses. backward() runs through its
+// AddBackward0, which runs no op (it passes the gradient on), so no recorded op names it;
+// the step must still count its backward as used and be compiled.
+TEST(TrainStep, ReturnsASumOfLosses) {
+  torch::manual_seed(6);
+  nn::Linear model(5, 2), twin(5, 2);
+  {
+    torch::NoGradGuard no_grad;
+    twin->weight.copy_(model->weight);
+    twin->bias.copy_(model->bias);
+  }
+  torch::optim::SGD opt(model->parameters(), 0.1), opt_twin(twin->parameters(), 0.1);
+  auto body = [](nn::Linear& m, torch::optim::SGD& o, const at::Tensor& a, const at::Tensor& b) {
+    o.zero_grad();
+    auto loss = m->forward(a).pow(2).mean() + m->forward(b).abs().mean();
+    loss.backward();
+    o.step();
+    return loss;
+  };
+  tcap::StanceGuard strict(tcap::Stance::Default, /*error_on_fallback=*/true);
+  auto step = tcap::compile_step(model, opt, [&](const std::vector<at::Tensor>& in) {
+    return std::vector<at::Tensor>{body(model, opt, in[0], in[1])};
+  });
+  for (int i = 0; i < 8; ++i) {
+    auto a = torch::randn({7, 5});
+    auto b = torch::randn({7, 5});
+    EXPECT_TRUE(close((*step)({a, b})[0], body(twin, opt_twin, a, b), kRtol, kAtol)) << "step " << i;
+  }
+  EXPECT_GE(step->stats().replays, 5);
 }
 
 }  // namespace

@@ -1,0 +1,157 @@
+// Workloads of whole training programs: the programs of the real-programs tier
+// (test/programs/, docs/programs.md), one training step per iteration (zero_grad, forward,
+// loss, backward, optimizer step, as the program writes it), in each tcap mode.
+//
+// Note [What a program workload measures]
+// step_us is the wall time of one whole step, µs. Variants:
+//   eager                  the program as written;
+//   compile, compile_llvm  each model's forward through tcap::compile (backend "eager" /
+//                          "llvm"); loss, backward and optimizer step eager around it;
+//   step, step_llvm        the whole step through tcap::compile_step;
+//   ca, ca_llvm            eager forward, each backward() under a CompiledAutogradGuard.
+// Setup builds a fresh program per variant (same seed, same initial weights) and runs
+// kWarmupSteps steps untimed (captures, the optimizer's state-creating first step, the
+// verification step); then the next step must be served by compiled graphs, or the variant
+// is reported as failed with the reason. Timed steps run under error_on_fallback, so a
+// fallback to eager while timed fails the variant too. The steps cycle through kBatches
+// batches drawn at setup. A mode that the tier skips for a tcap limitation (a hook inside
+// compile_step) is skipped here with the same reason; any other refusal fails the variant. The regression program
+// runs without logging clip_grad_norm_'s norm (a replayed step does not run host code).
+// No torch.compile peer yet: inductor_bench.py does not know these programs.
+#include "workloads.h"
+
+#include "programs/cnn.h"
+#include "programs/gan.h"
+#include "programs/lstm_lm.h"
+#include "programs/regression_mlp.h"
+#include "programs/transformer_lm.h"
+#include "programs/tutorials.h"
+
+#include <tcap/stance.h>
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace tcap::bench {
+
+namespace {
+
+using programs::Mode;
+using programs::ModeRunner;
+using programs::Program;
+using programs::ProgramFactory;
+using Tensors = std::vector<at::Tensor>;
+
+constexpr int kWarmupSteps = 6;
+constexpr int kBatches = 8;
+
+struct RunningProgram {
+  std::unique_ptr<Program> program;
+  std::unique_ptr<ModeRunner> runner;
+  std::vector<Tensors> batches;
+  int step = 0;
+
+  void run_step() {
+    program->before_step(step);
+    runner->step(batches[static_cast<size_t>(step % kBatches)]);
+    ++step;
+  }
+};
+
+// step_limitation: why tcap::compile_step refuses this program (a known limitation, also
+// skipped in the test tier); its step variants are skipped with it instead of failing.
+std::vector<Variant> make_program_variants(const ProgramFactory& make, const Options& opts,
+                                           const std::string& step_limitation) {
+  struct Spec {
+    const char* name;
+    Mode mode;
+    const char* backend;
+  };
+  const Spec specs[] = {{"eager", Mode::Eager, "eager"},          {"compile", Mode::Compile, "eager"},
+                        {"compile_llvm", Mode::Compile, "llvm"},  {"step", Mode::CompileStep, "eager"},
+                        {"step_llvm", Mode::CompileStep, "llvm"}, {"ca", Mode::CompiledAutograd, "eager"},
+                        {"ca_llvm", Mode::CompiledAutograd, "llvm"}};
+  std::vector<Variant> variants;
+  for (const auto& spec : specs) {
+    if (!opts.wants(spec.name)) continue;
+    if (spec.mode == Mode::CompileStep && !step_limitation.empty()) {
+      variants.push_back(Variant::skip(spec.name, step_limitation, /*failed=*/false));
+      continue;
+    }
+    auto run = std::make_shared<RunningProgram>();
+    try {
+      run->program = make();
+      run->runner = std::make_unique<ModeRunner>(*run->program, spec.mode, spec.backend);
+      for (int b = 0; b < kBatches; ++b) run->batches.push_back(run->program->batch(b));
+      for (int k = 0; k < kWarmupSteps; ++k) run->run_step();
+      const auto before = run->runner->served();
+      {
+        tcap::StanceGuard strict(tcap::Stance::Default, /*error_on_fallback=*/true);
+        run->run_step();
+      }
+      const auto after = run->runner->served();
+      if (spec.mode != Mode::Eager && after.first - before.first < after.second - before.second) {
+        throw std::runtime_error("a step after warm-up was not served by compiled graphs (" +
+                                 std::to_string(after.first - before.first) + " of " +
+                                 std::to_string(after.second - before.second) + " calls)");
+      }
+    } catch (const std::exception& e) {
+      const std::string what = e.what();
+      if (what.find("unknown backend") != std::string::npos) {
+        variants.push_back(Variant::skip(spec.name, what.substr(0, what.find('\n')), /*failed=*/false));
+      } else {
+        variants.push_back(Variant::skip(spec.name, what.substr(0, what.find('\n')), /*failed=*/true));
+      }
+      continue;
+    }
+    variants.emplace_back(spec.name, [run](Sample& s) {
+      tcap::StanceGuard strict(tcap::Stance::Default, /*error_on_fallback=*/true);
+      s.start();
+      run->run_step();
+      s.stop("step_us");
+    });
+  }
+  return variants;
+}
+
+void add_program(Registry& registry, const std::string& name, const std::string& description, ProgramFactory make,
+                 const std::string& step_limitation = "") {
+  registry.add(Workload{name, description,
+                        [make, step_limitation](const Options& o) {
+                          return make_program_variants(make, o, step_limitation);
+                        },
+                        nullptr});
+}
+
+}  // namespace
+
+void add_program_workloads(Registry& registry) {
+  add_program(registry, "program_cnn",
+              "MNIST-style CNN (Conv2d, BatchNorm2d, max_pool, Linear), SGD momentum, batch 8 of 1x16x16; "
+              "µs per training step",
+              [] { return std::make_unique<programs::cnn::Cnn>(); });
+  add_program(registry, "program_dcgan",
+              "DCGAN pair (ConvTranspose2d/Conv2d, BatchNorm2d), two Adams, D and G updates in one step, "
+              "batch 8 of 1x16x16; µs per training step",
+              [] { return std::make_unique<programs::gan::Gan>(); });
+  add_program(registry, "program_transformer",
+              "transformer LM (2 TransformerEncoderLayer d16, causal mask), AdamW, gradient-norm hooks, "
+              "[12, 4] tokens; µs per training step",
+              [] { return std::make_unique<programs::transformer::TransformerProgram>(); },
+              "tcap limitation: compile_step refuses a step in which a tensor hook runs");
+  add_program(registry, "program_lstm", "LSTM LM (Embedding, 2-layer LSTM 16, Linear), Adam, [10, 3] tokens; "
+              "µs per training step",
+              [] { return std::make_unique<programs::lstm::LstmProgram>(); });
+  add_program(registry, "program_regression",
+              "regression MLP 7-32-32-1, SGD momentum, warm-up schedule, clip_grad_norm_, batch 24; "
+              "µs per training step",
+              [] { return std::make_unique<programs::regression::RegressionMlp>(/*log_norm=*/false); });
+  add_program(registry, "program_tutorial_mlp", "tutorial MLP 10-5-2 + Softmax, SGD, batch 9; µs per training step",
+              [] { return std::make_unique<programs::tutorials::TutorialMlp>(); });
+  add_program(registry, "program_coscos", "cos(cos(a+b+c+d)) on f32[7, 5] parameters, SGD; µs per training step",
+              [] { return std::make_unique<programs::tutorials::TutorialCosCos>(); });
+}
+
+}  // namespace tcap::bench
