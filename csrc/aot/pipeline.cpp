@@ -172,13 +172,19 @@ ir::Graph fuse_graph(const ir::Graph& g, const std::string& what, const std::str
   return std::move(res.graph);
 }
 
+// Keeps the kernels `ids` registered as long as a copy of it lives.
+std::shared_ptr<void> kernel_owner(std::vector<int64_t> ids) {
+  return std::shared_ptr<void>(nullptr, [ids = std::move(ids)](void*) {
+    for (int64_t id : ids) runtime::release_kernel(id);
+  });
+}
+
 // An executable that keeps the kernels `ids` registered as long as it lives.
 Executable owning_kernels(Executable inner, std::vector<int64_t> ids) {
   if (ids.empty()) return inner;
-  auto owner = std::shared_ptr<void>(nullptr, [ids = std::move(ids)](void*) {
-    for (int64_t id : ids) runtime::release_kernel(id);
-  });
-  return [inner = std::move(inner), owner](std::vector<at::Tensor> in) { return inner(std::move(in)); };
+  return [inner = std::move(inner), owner = kernel_owner(std::move(ids))](std::vector<at::Tensor> in) {
+    return inner(std::move(in));
+  };
 }
 
 }  // namespace
@@ -266,7 +272,7 @@ std::optional<std::pair<ir::Graph, ScalarArgs>> fuse_keeping_scalars(const ir::G
       if (!is_scalar_arg(n.args[i])) continue;
       for (size_t k = 0; k < args.size(); ++k) {
         if (n.args[i].d != sentinel[k]) continue;
-        ok = ok && found[k].first < 0 && n.op != fuse::kFusedOp;
+        ok = ok && found[k].first < 0;
         found[k] = {n.id, i};
       }
     }
@@ -310,11 +316,7 @@ ScalarExecutable compile_graph_with_scalars(const ir::Graph& g, const std::vecto
   interp->keep_values(false);
   interp->check_host_values(check_host_values);
   auto mu = std::make_shared<std::mutex>();
-  // Keeps the kernels registered as long as the executable lives.
-  auto owner = std::shared_ptr<void>(nullptr, [kernels = std::move(kernels)](void*) {
-    for (int64_t id : kernels) runtime::release_kernel(id);
-  });
-  return [interp, mu, at, owner](std::vector<at::Tensor> in, const std::vector<double>& scalars) {
+  return [interp, mu, at, owner = kernel_owner(std::move(kernels))](std::vector<at::Tensor> in, const std::vector<double>& scalars) {
     TORCH_CHECK(scalars.size() == at.size(), "tcap: ", at.size(), " scalars expected, got ", scalars.size());
     std::lock_guard<std::mutex> lock(*mu);
     for (size_t k = 0; k < at.size(); ++k) interp->set_scalar_arg(at[k].first, at[k].second, scalars[k]);
