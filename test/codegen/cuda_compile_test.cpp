@@ -8,6 +8,7 @@
 #include "support/cuda_emu.h"
 #include "support/log_capture.h"
 #include "support/logging.h"
+#include "support/modules.h"
 
 #include <tcap/compile.h>
 #include <tcap/compiled_autograd.h>
@@ -345,12 +346,6 @@ TEST(CudaDevice, CudaGraphsReplayMatchesEager) {
 // (MultiheadAttention reads equal(q, k) on the host) through tcap::compile with the loss,
 // backward and AdamW eager around it. Tolerances as for the fused patterns, loosened to
 // 1e-4 for the parameters after several optimizer steps (Adam divides by sqrt(v)).
-void copy_into(torch::nn::Module& to, torch::nn::Module& from) {
-  torch::NoGradGuard no_grad;
-  auto t = to.parameters(), f = from.parameters();
-  for (size_t i = 0; i < t.size(); ++i) t[i].copy_(f[i]);
-}
-
 void expect_same(torch::nn::Module& a, torch::nn::Module& b, double tol) {
   auto pa = a.named_parameters(), pb = b.named_parameters();
   for (const auto& item : pa) {
@@ -368,7 +363,7 @@ TEST(CudaDevice, CompileStepWithAdamMatchesEager) {
   auto a = make(), b = make();
   a->to(torch::kCUDA);
   b->to(torch::kCUDA);
-  copy_into(*b, *a);
+  tcap::testing::copy_params(*a, *b);
   torch::optim::Adam oa(a->parameters(), 1e-3), ob(b->parameters(), 1e-3);
   auto body = [](torch::nn::Sequential& m, torch::optim::Adam& o, const at::Tensor& x, const at::Tensor& y) {
     o.zero_grad();
@@ -402,7 +397,7 @@ TEST(CudaDevice, TransformerLayerCompilesAndTrains) {
   torch::nn::TransformerEncoderLayer a(o), b(o);
   a->to(torch::kCUDA);
   b->to(torch::kCUDA);
-  copy_into(*b, *a);
+  tcap::testing::copy_params(*a, *b);
   torch::optim::AdamW oa(a->parameters(), 1e-3), ob(b->parameters(), 1e-3);
   tcap::CompileOptions opts;
   opts.backend = "cuda";

@@ -8,6 +8,7 @@
 #include <tcap/stance.h>
 
 #include "support/compare.h"
+#include "support/modules.h"
 
 #include <torch/torch.h>
 
@@ -21,11 +22,7 @@ namespace nn = torch::nn;
 
 namespace {
 
-void copy_params(nn::Module& from, nn::Module& to) {
-  torch::NoGradGuard g;
-  auto dst = to.named_parameters();
-  for (const auto& item : from.named_parameters()) dst[item.key()].copy_(item.value());
-}
+using tcap::testing::copy_params;
 
 // Hooks on the parameters read the gradient's norm on the host: they run at
 // AccumulateGrad, outside the region, exactly once per backward, with eager's gradients.

@@ -12,6 +12,7 @@
 #include "runtime/fused_kernel.h"
 #include "support/compare.h"
 #include "support/log_capture.h"
+#include "support/modules.h"
 
 #include <torch/torch.h>
 
@@ -24,11 +25,7 @@ namespace {
 constexpr double kRtol = 1e-4;
 constexpr double kAtol = 1e-5;
 
-void copy_params(nn::Module& from, nn::Module& to) {
-  torch::NoGradGuard g;
-  auto dst = to.named_parameters();
-  for (const auto& item : from.named_parameters()) dst[item.key()].copy_(item.value());
-}
+using tcap::testing::copy_params;
 
 void expect_same_params(nn::Module& a, nn::Module& b, const std::string& what) {
   auto pb = b.named_parameters();
