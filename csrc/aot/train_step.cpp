@@ -17,7 +17,17 @@
 //     replay recomputes it;
 //   * values read on the host that differ between the two: observations (Note [Observed
 //     host values]); the reads that agree are guards, checked inline where safe.
-// Anything else leaves the step eager for these guards, with the reason logged. A step
+// Anything else leaves the step eager for these guards, with the reason logged.
+//
+// Note [Hooks in a compiled step]
+// Hooks registered on parameters (or leaf inputs) before the step, such as hooks that log
+// or clip gradient norms, outlive the step and may have effects on the host: capture
+// records each as one opaque CallHook (Note [Opaque hooks]) and every replay calls the
+// hook object on that call's tensor, as compiled autograd does. How many hooks each such
+// tensor has is part of the guards (a hook registered later recaptures). Hooks the step
+// registers itself (on a tensor it creates) are new objects each step and exist only
+// while the step's code runs: their bodies are recorded like the rest of the step and
+// replayed as graph ops; their host code, like the step's, runs only on captured calls. A step
 // that creates optimizer state (the first) is never compiled: it runs once, by design.
 // Guards, the entry cache, dynamic sizes and the fallback are the shared runtime's
 // (cache/entry_cache.h), as for tcap::compile and compiled autograd.
@@ -29,6 +39,8 @@
 #include "aot/region.h"
 #include "aot/region_entry.h"
 #include "cache/entry_cache.h"
+#include "interp/hook_runner.h"
+#include "capture/engine_shim.h"
 #include "capture/hooks.h"
 #include "capture/recorder.h"
 #include "capture/session.h"
@@ -39,6 +51,7 @@
 #include <tcap/interpreter.h>
 
 #include <c10/core/GradMode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
@@ -74,6 +87,9 @@ struct StepEntry : cache::Entry {
   std::vector<int> grad_output;         // per parameter: output index (Set)
   size_t num_user_outputs = 0;
   std::vector<size_t> mutated_inputs;
+  // Per opaque hook slot: (gathered tensor, position in its leaf hooks) (Note [Hooks in a
+  // compiled step]).
+  std::vector<std::pair<size_t, size_t>> hook_slots;
   std::shared_ptr<cache::Entry> size_miss_of;  // for generalizing over sizes at compile time
   std::vector<size_t> changed;
   std::shared_ptr<cache::Specializations<StepEntry>> specialized = std::make_shared<cache::Specializations<StepEntry>>();
@@ -116,7 +132,8 @@ struct CompiledStep::Impl {
     std::vector<std::string> scalar_names;
     std::vector<bool> scalar_is_lr;
     std::vector<size_t> state_input;  // positions of the optimizers' state tensors
-    std::string structure;  // the names, joined: which tensors are there
+    std::vector<std::pair<size_t, size_t>> hooked;  // (tensor, number of leaf hooks) of hooked inputs, parameters
+    std::string structure;  // the names and hook counts, joined: which tensors are there
   };
 
   Gathered gather(const std::vector<at::Tensor>& user) const {
@@ -181,7 +198,16 @@ struct CompiledStep::Impl {
         g.scalar_is_lr.push_back(true);
       }
     }
-    for (const auto& n : g.names) g.structure += n + ";";
+    for (size_t k = 0; k < g.ts.size(); ++k) {
+      if (g.kinds[k] != ir::InputKind::UserInput && g.kinds[k] != ir::InputKind::Parameter) continue;
+      const size_t hooks = capture::leaf_tensor_hooks(g.ts[k]).size();
+      if (hooks > 0) g.hooked.emplace_back(k, hooks);
+    }
+    for (size_t k = 0, h = 0; k < g.names.size(); ++k) {
+      g.structure += g.names[k];
+      if (h < g.hooked.size() && g.hooked[h].first == k) g.structure += "#hooks" + std::to_string(g.hooked[h++].second);
+      g.structure += ";";
+    }
     return g;
   }
 
@@ -239,6 +265,17 @@ std::vector<at::Tensor> CompiledStep::Impl::capture(StepEntry& e, const std::vec
   CaptureOptions co;
   capture::Session s(co);
   for (size_t k = 0; k < g.ts.size(); ++k) s.declare_input(g.ts[k], g.names[k], g.kinds[k]);
+  // Note [Hooks in a compiled step]: the hooks already on parameters and inputs are opaque.
+  capture::Session::HookSlots slots;
+  e.hook_slots.clear();
+  for (const auto& [k, count] : g.hooked) {
+    const auto hooks = capture::leaf_tensor_hooks(g.ts[k]);
+    for (size_t i = 0; i < hooks.size(); ++i) {
+      slots.emplace(hooks[i], static_cast<int>(e.hook_slots.size()));
+      e.hook_slots.emplace_back(k, i);
+    }
+  }
+  s.set_opaque_hooks(&slots);
   std::vector<at::Tensor> outs;
   {
     capture::EngineHookLease lease(&capture::capture_backward_driver);
@@ -266,7 +303,6 @@ std::vector<at::Tensor> CompiledStep::Impl::capture(StepEntry& e, const std::vec
   }
   ir::Graph graph = s.graph();
   for (const auto& n : graph.nodes()) {
-    if (n.kind == ir::NodeKind::CallHook) return fail("a hook ran inside the step");
     if (n.kind != ir::NodeKind::Call) continue;
     if (std::string why = aot::unreplayable(graph, n); !why.empty()) return fail(why);
   }
@@ -461,6 +497,7 @@ std::shared_ptr<const StepEntry> CompiledStep::Impl::specialize(const std::share
   s->grad_output = e->grad_output;
   s->num_user_outputs = e->num_user_outputs;
   s->mutated_inputs = e->mutated_inputs;
+  s->hook_slots = e->hook_slots;
   std::vector<std::pair<ir::NodeId, size_t>> args;
   for (const auto& p : s->patches) args.emplace_back(p.node, p.arg);
   s->exe = aot::compile_graph_with_scalars(s->graph, args, options, options.name + ".step" + std::to_string(e->id) + ".sizes");
@@ -475,7 +512,37 @@ std::vector<at::Tensor> CompiledStep::Impl::replay(const StepEntry& e, const Gat
   std::vector<double> scalars;
   scalars.reserve(e.patches.size());
   for (const auto& p : e.patches) scalars.push_back(aot::evaluate(p.expr, opts[p.opt]->host_state(p.param)));
-  auto outs = e.exe(primals, scalars);
+  // Note [Hooks in a compiled step]: an opaque CallHook calls the hook object on this
+  // call's tensor, as the engine would: default dispatch, grad mode off.
+  const auto outer_keys = c10::impl::tls_local_dispatch_key_set();
+  interp::HookRunner runner = [&](int slot, const std::vector<at::Tensor>& in, const std::vector<at::Tensor>&) {
+    const auto [k, i] = e.hook_slots.at(static_cast<size_t>(slot));
+    const auto hooks = capture::leaf_tensor_hooks(g.ts[k]);
+    TORCH_CHECK(i < hooks.size(), "tcap: ", who(), ": hook ", i, " of '", g.names[k], "' is gone");
+    c10::impl::ForceDispatchKeyGuard keys(outer_keys);
+    at::AutoGradMode grad_mode(false);
+    std::vector<at::Tensor> out;
+    try {
+      out = (*hooks[i])(in);
+    } catch (const c10::Error& err) {
+      TORCH_CHECK(false, "tcap: ", who(), ": a hook of '", g.names[k], "' failed: ", err.what_without_backtrace());
+    }
+    TORCH_CHECK(out.size() == in.size(), "tcap: ", who(), ": a hook of '", g.names[k], "' returned ", out.size(),
+                " gradients for ", in.size());
+    for (size_t j = 0; j < out.size(); ++j) {
+      if (!out[j].defined() || !in[j].defined()) continue;
+      TORCH_CHECK(out[j].sizes() == in[j].sizes() && out[j].scalar_type() == in[j].scalar_type(),
+                  "tcap: ", who(), ": a hook of '", g.names[k], "' changed its gradient from ",
+                  ir::dtype_short_name(in[j].scalar_type()), in[j].sizes(), " to ",
+                  ir::dtype_short_name(out[j].scalar_type()), out[j].sizes());
+    }
+    return out;
+  };
+  std::vector<at::Tensor> outs;
+  {
+    interp::HookRunnerScope scope(&runner);
+    outs = e.exe(primals, scalars);
+  }
   stats.count(&CompileStats::replays);
   for (size_t k : e.mutated_inputs) torch::autograd::impl::bump_version(g.ts[k]);
   for (size_t j = 0; j < g.params.size(); ++j) {

@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/functions/basic_ops.h>
 #include <torch/csrc/autograd/input_buffer.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
@@ -111,6 +112,16 @@ EngineHookLease::EngineHookLease(BackwardDriver driver) {
 EngineHookLease::~EngineHookLease() {
   std::lock_guard<std::mutex> lock(g_mutex);
   if (--g_leases == 0) g_driver = nullptr;
+}
+
+std::vector<torch::autograd::FunctionPreHook*> leaf_tensor_hooks(const at::Tensor& t) {
+  std::vector<torch::autograd::FunctionPreHook*> out;
+  // requires_grad() implies autograd metadata, so impl::hooks creates none.
+  if (!t.defined() || !t.requires_grad() || !t.is_leaf()) return out;
+  for (const auto& h : torch::autograd::impl::hooks(t)) {
+    if (h) out.push_back(h.get());
+  }
+  return out;
 }
 
 }  // namespace tcap::capture

@@ -74,4 +74,9 @@ class EngineHookLease {
   EngineHookLease& operator=(const EngineHookLease&) = delete;
 };
 
+// The hooks registered on a leaf that requires grad (Tensor::register_hook): the tensor
+// pre-hooks its AccumulateGrad node runs before accumulating, by object (the engine reads
+// them from the tensor, so they outlive any one backward). Empty for other tensors.
+std::vector<torch::autograd::FunctionPreHook*> leaf_tensor_hooks(const at::Tensor& t);
+
 }  // namespace tcap::capture

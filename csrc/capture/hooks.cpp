@@ -278,7 +278,11 @@ variable_list capture_backward_driver(const BackwardCall& call) {
   }
   ArmedScope armed_scope(call, std::move(watchers));
   const auto root_grads = call.root_grads();
-  HookWrapScope wrap(call.root);
+  // The innermost recording session that asked for opaque hooks decides which hooks stay
+  // opaque (compile_step: the hooks registered on its parameters before the step).
+  const HookWrapScope::SlotOf* slots = nullptr;
+  for (auto it = sessions.rbegin(); it != sessions.rend() && !slots; ++it) slots = (*it)->opaque_hooks();
+  HookWrapScope wrap(call.root, slots);
   for (Session* s : sessions) {
     if (call.roots) s->note_backward_roots(*call.roots);
     s->begin_backward(root_grads);

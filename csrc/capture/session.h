@@ -89,6 +89,12 @@ class Session {
   using NodeLabeler = std::function<std::string(const torch::autograd::Node&)>;
   void set_node_labeler(NodeLabeler f) { node_labeler_ = std::move(f); }
   void abort_hook(int hook);
+  // Hooks (by object address) that a backward recorded by this session records as opaque
+  // CallHook nodes with the mapped slot (Note [Opaque hooks]); nullptr: every hook body is
+  // recorded. The map must outlive the recording.
+  using HookSlots = std::unordered_map<const void*, int>;
+  void set_opaque_hooks(const HookSlots* slots) { opaque_hooks_ = slots; }
+  const HookSlots* opaque_hooks() const { return opaque_hooks_; }
 
   // --- user declarations -------------------------------------------------------------
   void name_tensor(const at::Tensor& t, ir::InputKind kind, const std::string& name);
@@ -162,6 +168,7 @@ class Session {
   std::unique_ptr<class EngineHookLease> engine_lease_;
   int in_backward_ = 0;
   std::vector<int> hook_stack_;
+  const HookSlots* opaque_hooks_ = nullptr;
   ir::Graph graph_;
   ValueTable table_{graph_};
   std::vector<at::Tensor> input_tensors_;  // aligned with the graph's Input nodes

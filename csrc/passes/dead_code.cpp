@@ -1,6 +1,7 @@
 // Dead-code elimination (tcap::eliminate_dead_code, include/tcap/partition.h): keeps the
-// nodes the Output node depends on and the nodes that write into a graph input (an
-// in-place update of a parameter or buffer is an effect even when nothing reads it).
+// nodes the Output node depends on, the nodes that write into a graph input (an
+// in-place update of a parameter or buffer is an effect even when nothing reads it) and
+// opaque hook calls.
 #include <tcap/partition.h>
 
 #include <algorithm>
@@ -18,7 +19,8 @@ ir::Graph eliminate_dead_code(const ir::Graph& g) {
   for (auto it = g.nodes().rbegin(); it != g.nodes().rend(); ++it) {
     const ir::Node& n = *it;
     if (n.kind != ir::NodeKind::Call && n.kind != ir::NodeKind::CallHook) continue;
-    bool live = false;
+    // An opaque hook call has effects of its own (Note [Opaque hooks]).
+    bool live = n.kind == ir::NodeKind::CallHook && g.hooks().at(static_cast<size_t>(n.hook)).slot >= 0;
     ir::for_each_value(n.outputs, [&](ir::ValueId v) {
       live = live || needed.count(v) || (g.value(v).version_of != ir::kNoValue && root_is_input(v));
     });

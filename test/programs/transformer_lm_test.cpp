@@ -29,13 +29,9 @@ const Tolerance kTol{1e-4, 1e-5};
 TCAP_PROGRAM_TEST(ProgramTransformer, Capture, kTransformer, kSteps, kTol, Mode::Capture)
 TCAP_PROGRAM_TEST(ProgramTransformer, Compile, kTransformer, kSteps, kTol, Mode::Compile)
 TCAP_PROGRAM_TEST(ProgramTransformer, CompileLlvm, kTransformer, kSteps, kTol, Mode::Compile, "llvm")
-// compile_step refuses a step in which a hook runs (csrc/aot/train_step.cpp, capture):
-// the parameter hooks that log gradient norms make every step a FallbackError.
-constexpr const char* kHookInStep =
-    "tcap limitation: compile_step refuses a step in which a tensor hook runs ('a hook ran inside the step')";
-TCAP_PROGRAM_TEST_SKIPPED(ProgramTransformer, CompileStep, kHookInStep, kTransformer, kSteps, kTol, Mode::CompileStep)
-TCAP_PROGRAM_TEST_SKIPPED(ProgramTransformer, CompileStepLlvm, kHookInStep, kTransformer, kSteps, kTol,
-                          Mode::CompileStep, "llvm")
+TCAP_PROGRAM_TEST(ProgramTransformer, CompileStep, kTransformer, kSteps, kTol, Mode::CompileStep)
+TCAP_PROGRAM_TEST(ProgramTransformer, CompileStepLlvm, kTransformer, kSteps, kTol,
+                  Mode::CompileStep, "llvm")
 TCAP_PROGRAM_TEST(ProgramTransformer, CompiledAutograd, kTransformer, kSteps, kTol, Mode::CompiledAutograd)
 TCAP_PROGRAM_TEST(ProgramTransformer, CompiledAutogradLlvm, kTransformer, kSteps, kTol, Mode::CompiledAutograd,
                   "llvm")

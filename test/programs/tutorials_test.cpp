@@ -42,12 +42,9 @@ TCAP_PROGRAM_TEST(ProgramTutorialCosCos, CompiledAutogradLlvm, kCosCos, kSteps, 
 TCAP_PROGRAM_TEST(ProgramTutorialHook, Capture, kHook, kSteps, kTol, Mode::Capture)
 TCAP_PROGRAM_TEST(ProgramTutorialHook, Compile, kHook, kSteps, kTol, Mode::Compile)
 TCAP_PROGRAM_TEST(ProgramTutorialHook, CompileLlvm, kHook, kSteps, kTol, Mode::Compile, "llvm")
-// compile_step refuses a step in which a hook runs (csrc/aot/train_step.cpp, capture).
-constexpr const char* kHookInStep =
-    "tcap limitation: compile_step refuses a step in which a tensor hook runs ('a hook ran inside the step')";
-TCAP_PROGRAM_TEST_SKIPPED(ProgramTutorialHook, CompileStep, kHookInStep, kHook, kSteps, kTol, Mode::CompileStep)
-TCAP_PROGRAM_TEST_SKIPPED(ProgramTutorialHook, CompileStepLlvm, kHookInStep, kHook, kSteps, kTol, Mode::CompileStep,
-                          "llvm")
+TCAP_PROGRAM_TEST(ProgramTutorialHook, CompileStep, kHook, kSteps, kTol, Mode::CompileStep)
+TCAP_PROGRAM_TEST(ProgramTutorialHook, CompileStepLlvm, kHook, kSteps, kTol, Mode::CompileStep,
+                  "llvm")
 TCAP_PROGRAM_TEST(ProgramTutorialHook, CompiledAutograd, kHook, kSteps, kTol, Mode::CompiledAutograd)
 TCAP_PROGRAM_TEST(ProgramTutorialHook, CompiledAutogradLlvm, kHook, kSteps, kTol, Mode::CompiledAutograd, "llvm")
 
