@@ -316,12 +316,15 @@ ScalarExecutable compile_graph_with_scalars(const ir::Graph& g, const std::vecto
   interp->keep_values(false);
   interp->check_host_values(check_host_values);
   auto mu = std::make_shared<std::mutex>();
-  return [interp, mu, at, owner = kernel_owner(std::move(kernels))](std::vector<at::Tensor> in, const std::vector<double>& scalars) {
+  return [interp, mu, at, owner = kernel_owner(std::move(kernels))](std::vector<at::Tensor> in, const std::vector<double>& scalars,
+                                                                     std::vector<c10::IValue>* host_values) {
     TORCH_CHECK(scalars.size() == at.size(), "tcap: ", at.size(), " scalars expected, got ", scalars.size());
     std::lock_guard<std::mutex> lock(*mu);
     for (size_t k = 0; k < at.size(); ++k) interp->set_scalar_arg(at[k].first, at[k].second, scalars[k]);
     runtime::PoolScope pool;  // Note [CPU buffer pool]
-    return interp->run(std::move(in));
+    auto outs = interp->run(std::move(in));
+    if (host_values) *host_values = interp->host_values();
+    return outs;
   };
 }
 

@@ -52,8 +52,10 @@ Executable compile_graph(const ir::Graph& g, const CompileOptions& options, cons
 // A graph some of whose scalar arguments are set per call (compile_step's host scalars,
 // Note [Host scalars of optimizers]): `scalars[k]` is the value of argument
 // `args[k].second` of node `args[k].first`. Interpreted, since fused kernels would bake
-// the scalars in; buffers are reused as in compile_graph.
-using ScalarExecutable = std::function<std::vector<at::Tensor>(std::vector<at::Tensor>, const std::vector<double>& scalars)>;
+// the scalars in; buffers are reused as in compile_graph. `host_values`, when given,
+// receives the values the run read on the host, in node order (Interpreter::host_values).
+using ScalarExecutable = std::function<std::vector<at::Tensor>(std::vector<at::Tensor>, const std::vector<double>& scalars,
+                                                               std::vector<c10::IValue>* host_values)>;
 ScalarExecutable compile_graph_with_scalars(const ir::Graph& g, const std::vector<std::pair<ir::NodeId, size_t>>& args,
                                             const CompileOptions& options, const std::string& what,
                                             bool check_host_values = false);

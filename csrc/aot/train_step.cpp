@@ -107,6 +107,7 @@ struct CompiledStep::Impl {
   aot::SharedStats stats;
   std::unique_ptr<cache::EntryCache> cache;
   std::mutex call_mutex;
+  CompiledStep::Call last;  // written under call_mutex
 
   std::string who() const { return "step '" + options.name + "'"; }
 
@@ -231,6 +232,8 @@ struct CompiledStep::Impl {
 
   std::vector<at::Tensor> run_eager(const std::vector<at::Tensor>& user) {
     stats.count(&CompileStats::eager_calls);
+    last.kind = CompiledStep::Call::Kind::Eager;
+    last.host_values.clear();
     return fn(user);
   }
 
@@ -302,6 +305,16 @@ std::vector<at::Tensor> CompiledStep::Impl::capture(StepEntry& e, const std::vec
     }
   }
   ir::Graph graph = s.graph();
+  last.kind = CompiledStep::Call::Kind::Captured;
+  last.host_values.clear();
+  for (const auto& n : graph.nodes()) {
+    if (n.kind != ir::NodeKind::Call) continue;
+    for (const auto& a : n.outputs) {
+      if (a.kind == ir::ArgKind::Bool) last.host_values.emplace_back(a.i != 0);
+      else if (a.kind == ir::ArgKind::Int) last.host_values.emplace_back(a.i);
+      else if (a.kind == ir::ArgKind::Double) last.host_values.emplace_back(a.d);
+    }
+  }
   for (const auto& n : graph.nodes()) {
     if (n.kind != ir::NodeKind::Call) continue;
     if (std::string why = aot::unreplayable(graph, n); !why.empty()) return fail(why);
@@ -541,8 +554,12 @@ std::vector<at::Tensor> CompiledStep::Impl::replay(const StepEntry& e, const Gat
   std::vector<at::Tensor> outs;
   {
     interp::HookRunnerScope scope(&runner);
-    outs = e.exe(primals, scalars);
+    outs = e.exe(primals, scalars, &last.host_values);
   }
+  auto& hv = last.host_values;  // the scalars a step's code can read (what a capture lists)
+  hv.erase(std::remove_if(hv.begin(), hv.end(), [](const c10::IValue& v) { return !v.isDouble() && !v.isInt() && !v.isBool(); }),
+           hv.end());
+  last.kind = CompiledStep::Call::Kind::Replayed;
   stats.count(&CompileStats::replays);
   for (size_t k : e.mutated_inputs) torch::autograd::impl::bump_version(g.ts[k]);
   for (size_t j = 0; j < g.params.size(); ++j) {
@@ -647,6 +664,8 @@ std::string CompiledStep::eager_reason() const {
   }
   return impl_->cache->eager_reason();
 }
+
+const CompiledStep::Call& CompiledStep::last_call() const { return impl_->last; }
 
 const ir::Graph* CompiledStep::graph() const {
   const auto entries = impl_->cache->entries();

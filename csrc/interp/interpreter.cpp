@@ -292,6 +292,8 @@ void Interpreter::run_call(const ir::Node& n, const c10::OperatorHandle& op) {
     if (!out.refers_to_values() && out.kind != ir::ArgKind::UndefinedTensor && out.kind != ir::ArgKind::None) {
       host_values_.push_back(iv);
       if (check_host_values_ && ir::is_host_value(out)) check_host_value(n, out, iv);
+    } else if (out.kind == ir::ArgKind::None && (iv.isDouble() || iv.isInt() || iv.isBool())) {
+      host_values_.push_back(iv);  // a host read whose recorded value was forgotten: an observation
     }
     if (out.kind == ir::ArgKind::Value) {
       if (!iv.isTensor()) fail(n, "result " + std::to_string(r) + " is a " + iv.tagKind() + ", not the tensor recorded");

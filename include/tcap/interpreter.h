@@ -47,7 +47,8 @@ class Interpreter {
   // Replaces the value of a Double or WrappedScalar argument for later runs (scalars that
   // tcap recomputes on the host per call, such as Adam's bias corrections).
   void set_scalar_arg(ir::NodeId node, size_t arg, double value);
-  // After run(): the non-tensor results (host reads such as item()), in node order.
+  // After run(): the non-tensor results (host reads such as item()), in node order,
+  // observations (reads whose recorded value passes::forget_host_reads dropped) included.
   const std::vector<c10::IValue>& host_values() const { return host_values_; }
   // Compares each value read on the host (item(), equal(), is_nonzero(): a Bool, Int or
   // Double result) with the one recorded on its node as soon as it is read, and throws

@@ -33,6 +33,20 @@ namespace tcap {
 
 class CompiledStep {
  public:
+  // How the latest call ran, and the values it read on the host (item(), equal(),
+  // clip_grad_norm_'s norm), in the order the step read them. A replay runs the graph,
+  // not the step's code, so host code in the step (a log line, a counter) does not run:
+  // these are the values that code would have seen, read where the graph read them. A
+  // captured call ran the code and lists the values it recorded; an eager call lists
+  // none. Hooks registered before the step run on replays too and read for themselves.
+  //   auto loss = (*step)({x, y})[0];
+  //   if (step->last_call().kind == tcap::CompiledStep::Call::Kind::Replayed)
+  //     norms.push_back(step->last_call().host_values.at(0).toDouble());
+  struct Call {
+    enum class Kind { Eager, Captured, Replayed };
+    Kind kind = Kind::Eager;
+    std::vector<c10::IValue> host_values;
+  };
   struct Impl;
   explicit CompiledStep(std::unique_ptr<Impl> impl);
   ~CompiledStep();
@@ -41,6 +55,8 @@ class CompiledStep {
   std::string eager_reason() const;
   // The graph of the newest compiled entry (nullptr if none).
   const ir::Graph* graph() const;
+  // The latest call (see Call); not synchronized with calls on other threads.
+  const Call& last_call() const;
 
  private:
   std::unique_ptr<Impl> impl_;

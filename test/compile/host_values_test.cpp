@@ -5,6 +5,7 @@
 //
 // Tolerances (float32): rtol 1e-5, atol 1e-6 (the same kernels as eager).
 #include <tcap/compile.h>
+#include <tcap/stance.h>
 #include <tcap/train_step.h>
 
 #include "support/compare.h"
@@ -126,6 +127,62 @@ TEST(HostValues, StepWithLoggedLossAndClipGradNorm) {
   }
   EXPECT_EQ(step->eager_reason(), "");
   EXPECT_GE(step->stats().replays, 8);
+}
+
+// A replay runs the graph, not the step's code: the values that code logs come back
+// through CompiledStep::last_call(), in the order the step read them, equal to eager's.
+TEST(HostValues, StepHandsObservedValuesBack) {
+  using Kind = tcap::CompiledStep::Call::Kind;
+  torch::manual_seed(1);
+  torch::nn::Sequential model(torch::nn::Linear(6, 16), torch::nn::Tanh(), torch::nn::Linear(16, 2));
+  torch::nn::Sequential twin(torch::nn::Linear(6, 16), torch::nn::Tanh(), torch::nn::Linear(16, 2));
+  {
+    torch::NoGradGuard g;
+    auto dst = twin->named_parameters();
+    for (const auto& item : model->named_parameters()) dst[item.key()].copy_(item.value());
+  }
+  torch::optim::SGD opt(model->parameters(), 0.05), opt_twin(twin->parameters(), 0.05);
+  std::vector<double> log, twin_log;  // loss, then norm, per step
+  auto body = [](torch::nn::Sequential& m, torch::optim::SGD& o, const at::Tensor& x, const at::Tensor& y,
+                 std::vector<double>& out) {
+    o.zero_grad();
+    auto loss = torch::mse_loss(m->forward(x), y);
+    out.push_back(loss.item<double>());
+    loss.backward();
+    out.push_back(torch::nn::utils::clip_grad_norm_(m->parameters(), 0.5));
+    o.step();
+    return loss;
+  };
+  tcap::CompileOptions o;
+  o.observe_host_values = true;
+  auto step = tcap::compile_step(model, opt, [&](const Tensors& in) { return Tensors{body(model, opt, in[0], in[1], log)}; }, o);
+  int replays = 0;
+  for (int i = 0; i < 10; ++i) {
+    auto x = torch::randn({7, 6}), y = torch::randn({7, 2});
+    (*step)({x, y});
+    body(twin, opt_twin, x, y, twin_log);
+    const auto& call = step->last_call();
+    if (call.kind == Kind::Replayed) {
+      ++replays;
+      ASSERT_EQ(call.host_values.size(), 2u) << "step " << i;
+      for (const auto& v : call.host_values) log.push_back(v.toDouble());
+    } else {
+      ASSERT_EQ(call.kind, Kind::Captured) << "step " << i;
+      ASSERT_EQ(call.host_values.size(), 2u) << "step " << i;
+      EXPECT_DOUBLE_EQ(call.host_values[0].toDouble(), log[log.size() - 2]);
+      EXPECT_DOUBLE_EQ(call.host_values[1].toDouble(), log.back());
+    }
+  }
+  EXPECT_GE(replays, 7);
+  ASSERT_EQ(log.size(), twin_log.size());
+  for (size_t k = 0; k < log.size(); ++k) EXPECT_NEAR(log[k], twin_log[k], 1e-6 + 1e-5 * std::abs(twin_log[k])) << "entry " << k;
+  // Eagerly (forced), the code runs and logs for itself: nothing is handed back.
+  {
+    tcap::StanceGuard eager(tcap::Stance::ForceEager);
+    (*step)({torch::randn({7, 6}), torch::randn({7, 2})});
+    EXPECT_EQ(step->last_call().kind, Kind::Eager);
+    EXPECT_TRUE(step->last_call().host_values.empty());
+  }
 }
 
 }  // namespace

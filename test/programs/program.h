@@ -40,6 +40,10 @@ class Program {
   virtual at::Tensor comparable(const std::string& /*name*/, const at::Tensor& param) { return param; }
   // Options a program needs for compile_step (observe_host_values, with its reason).
   virtual void adjust_step_options(CompileOptions& /*options*/) {}
+  // compile_step replayed a step: its code did not run. `host_values` are the values that
+  // code would have read on the host (CompiledStep::last_call), for the host work it does
+  // with them (logging).
+  virtual void replayed_step(const std::vector<c10::IValue>& /*host_values*/) {}
 
   // Host-side side effects of a step (gradient norms logged by hooks, clip_grad_norm_'s
   // result): compared with eager as a multiset per step.
@@ -94,7 +98,11 @@ class ModeRunner {
   Tensors step(const Tensors& batch) {
     ++steps_;
     switch (mode_) {
-      case Mode::CompileStep: return (*step_)(batch);
+      case Mode::CompileStep: {
+        auto losses = (*step_)(batch);
+        if (step_->last_call().kind == CompiledStep::Call::Kind::Replayed) p_.replayed_step(step_->last_call().host_values);
+        return losses;
+      }
       case Mode::CompiledAutograd: {
         CompiledAutogradGuard guard(options_);
         auto losses = p_.train_step(batch);

@@ -49,6 +49,10 @@ class RegressionMlp : public Program {
   // every step; this program only logs it (the clipping itself happens on the tensors), so
   // it promises compile_step that the value is observed, not branched on.
   void adjust_step_options(CompileOptions& options) override { options.observe_host_values = true; }
+  // A replayed step did not run the push_back above; the norm is the step's one host read.
+  void replayed_step(const std::vector<c10::IValue>& host_values) override {
+    if (log_norm_) host_log.push_back(host_values.at(0).toDouble());
+  }
 
  private:
   bool log_norm_;

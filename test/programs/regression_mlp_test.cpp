@@ -24,14 +24,9 @@ TCAP_PROGRAM_TEST(ProgramRegression, Capture, kRegression, kSteps, kTol, Mode::C
 TCAP_PROGRAM_TEST(ProgramRegression, Compile, kRegression, kSteps, kTol, Mode::Compile)
 TCAP_PROGRAM_TEST(ProgramRegression, CompileLlvm, kRegression, kSteps, kTol, Mode::Compile, "llvm")
 // A replayed compile_step runs the graph, not the step's C++ code: the norm is observed
-// (observe_host_values) but the host_log.push_back of it happens only on captured steps.
-constexpr const char* kHostCodeInStep =
-    "tcap limitation: host code inside a compile_step runs only on captured steps; replayed steps do not "
-    "log clip_grad_norm_'s norm (and tcap offers no way to read an observed host value back)";
-TCAP_PROGRAM_TEST_SKIPPED(ProgramRegression, CompileStep, kHostCodeInStep, kRegression, kSteps, kTol,
-                          Mode::CompileStep)
-TCAP_PROGRAM_TEST_SKIPPED(ProgramRegression, CompileStepLlvm, kHostCodeInStep, kRegression, kSteps, kTol,
-                          Mode::CompileStep, "llvm")
+// (observe_host_values) and the program logs it from CompiledStep::last_call() on replays.
+TCAP_PROGRAM_TEST(ProgramRegression, CompileStep, kRegression, kSteps, kTol, Mode::CompileStep)
+TCAP_PROGRAM_TEST(ProgramRegression, CompileStepLlvm, kRegression, kSteps, kTol, Mode::CompileStep, "llvm")
 TCAP_PROGRAM_TEST(ProgramRegressionNoLog, CompileStep, kRegressionNoLog, kSteps, kTol, Mode::CompileStep)
 TCAP_PROGRAM_TEST(ProgramRegressionNoLog, CompileStepLlvm, kRegressionNoLog, kSteps, kTol, Mode::CompileStep, "llvm")
 TCAP_PROGRAM_TEST(ProgramRegression, CompiledAutograd, kRegression, kSteps, kTol, Mode::CompiledAutograd)
