@@ -14,9 +14,8 @@
 // verification step); then the next step must be served by compiled graphs, or the variant
 // is reported as failed with the reason. Timed steps run under error_on_fallback, so a
 // fallback to eager while timed fails the variant too. The steps cycle through kBatches
-// batches drawn at setup. A mode that the tier skips for a tcap limitation (a hook inside
-// compile_step) is skipped here with the same reason; any other refusal fails the variant. The regression program
-// runs without logging clip_grad_norm_'s norm (a replayed step does not run host code).
+// batches drawn at setup. Any refusal fails the variant. The regression program logs
+// clip_grad_norm_'s norm as in the tier (on a replayed step, from CompiledStep::last_call).
 // No torch.compile peer yet: inductor_bench.py does not know these programs.
 #include "workloads.h"
 
@@ -60,10 +59,7 @@ struct RunningProgram {
   }
 };
 
-// step_limitation: why tcap::compile_step refuses this program (a known limitation, also
-// skipped in the test tier); its step variants are skipped with it instead of failing.
-std::vector<Variant> make_program_variants(const ProgramFactory& make, const Options& opts,
-                                           const std::string& step_limitation) {
+std::vector<Variant> make_program_variants(const ProgramFactory& make, const Options& opts) {
   struct Spec {
     const char* name;
     Mode mode;
@@ -76,10 +72,6 @@ std::vector<Variant> make_program_variants(const ProgramFactory& make, const Opt
   std::vector<Variant> variants;
   for (const auto& spec : specs) {
     if (!opts.wants(spec.name)) continue;
-    if (spec.mode == Mode::CompileStep && !step_limitation.empty()) {
-      variants.push_back(Variant::skip(spec.name, step_limitation, /*failed=*/false));
-      continue;
-    }
     auto run = std::make_shared<RunningProgram>();
     try {
       run->program = make();
@@ -116,13 +108,8 @@ std::vector<Variant> make_program_variants(const ProgramFactory& make, const Opt
   return variants;
 }
 
-void add_program(Registry& registry, const std::string& name, const std::string& description, ProgramFactory make,
-                 const std::string& step_limitation = "") {
-  registry.add(Workload{name, description,
-                        [make, step_limitation](const Options& o) {
-                          return make_program_variants(make, o, step_limitation);
-                        },
-                        nullptr});
+void add_program(Registry& registry, const std::string& name, const std::string& description, ProgramFactory make) {
+  registry.add(Workload{name, description, [make](const Options& o) { return make_program_variants(make, o); }, nullptr});
 }
 
 }  // namespace
@@ -139,15 +126,14 @@ void add_program_workloads(Registry& registry) {
   add_program(registry, "program_transformer",
               "transformer LM (2 TransformerEncoderLayer d16, causal mask), AdamW, gradient-norm hooks, "
               "[12, 4] tokens; µs per training step",
-              [] { return std::make_unique<programs::transformer::TransformerProgram>(); },
-              "tcap limitation: compile_step refuses a step in which a tensor hook runs");
+              [] { return std::make_unique<programs::transformer::TransformerProgram>(); });
   add_program(registry, "program_lstm", "LSTM LM (Embedding, 2-layer LSTM 16, Linear), Adam, [10, 3] tokens; "
               "µs per training step",
               [] { return std::make_unique<programs::lstm::LstmProgram>(); });
   add_program(registry, "program_regression",
               "regression MLP 7-32-32-1, SGD momentum, warm-up schedule, clip_grad_norm_, batch 24; "
               "µs per training step",
-              [] { return std::make_unique<programs::regression::RegressionMlp>(/*log_norm=*/false); });
+              [] { return std::make_unique<programs::regression::RegressionMlp>(/*log_norm=*/true); });
   add_program(registry, "program_tutorial_mlp", "tutorial MLP 10-5-2 + Softmax, SGD, batch 9; µs per training step",
               [] { return std::make_unique<programs::tutorials::TutorialMlp>(); });
   add_program(registry, "program_coscos", "cos(cos(a+b+c+d)) on f32[7, 5] parameters, SGD; µs per training step",
