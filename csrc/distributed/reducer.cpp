@@ -53,8 +53,8 @@ DistributedDataParallelImpl::Reducer::Reducer(std::vector<at::Tensor> params, st
                 " is not a dense tensor (sparse gradients are not supported)");
     const FlatKey key = flat_key(p);
     auto it = open.find(key);
-    const int64_t cap = buckets_.empty() ? options.first_bucket_cap_bytes : options.bucket_cap_bytes;
-    if (it == open.end() || bucket_bytes[it->second] >= cap) {
+    if (it == open.end() ||
+        bucket_bytes[it->second] >= (it->second == 0 ? options.first_bucket_cap_bytes : options.bucket_cap_bytes)) {
       buckets_.emplace_back();
       bucket_bytes.push_back(0);
       it = open.insert_or_assign(key, buckets_.size() - 1).first;

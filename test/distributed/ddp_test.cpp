@@ -71,6 +71,7 @@ struct Scenario {
   bool extra = false;   // an unused parameter
   int wider_rank = -1;  // this rank builds a different model
   int exit_rank = -1;   // this rank exits before the second step's backward
+  int64_t bucket = 0;   // bucket cap in bytes (both caps; 0: DDP's defaults)
 };
 
 Scenario parse(const std::string& spec) {
@@ -88,6 +89,7 @@ Scenario parse(const std::string& spec) {
     else if (k == "extra") s.extra = v == "1";
     else if (k == "wider_rank") s.wider_rank = std::stoi(v);
     else if (k == "exit_rank") s.exit_rank = std::stoi(v);
+    else if (k == "bucket") s.bucket = std::stoll(v);
   }
   return s;
 }
@@ -123,7 +125,9 @@ int run_worker(const std::string& spec, const std::string& out) {
     auto pg = tcap::distributed::init_from_env();
     const int rank = pg->getRank(), world = pg->getSize();
     Net net = make_net(s, rank);
-    auto ddp = tcap::DistributedDataParallel(net, pg);
+    tcap::DDPOptions dopts;
+    if (s.bucket > 0) dopts.bucket_cap_bytes = dopts.first_bucket_cap_bytes = s.bucket;
+    auto ddp = tcap::DistributedDataParallel(net, pg, dopts);
     torch::optim::SGD opt(ddp->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
     tcap::CompileOptions co;
     co.backend = s.backend;
@@ -182,7 +186,7 @@ int run_worker(const std::string& spec, const std::string& out) {
     if (compiled) report << "replays " << compiled->stats().replays << "\neager_reason " << compiled->eager_reason() << "\n";
     if (step_fn) report << "replays " << step_fn->stats().replays << "\neager_reason " << step_fn->eager_reason() << "\n";
     if (s.mode == "compiled_autograd") report << "replays " << ca_stats.hits << "\n";
-    report << "allreduces " << ddp->stats().allreduces << "\n";
+    report << "allreduces " << ddp->stats().allreduces << "\nbuckets " << ddp->stats().buckets << "\n";
   } catch (const std::exception& e) {
     std::string what = e.what();
     for (auto& c : what) if (c == '\n') c = ' ';
@@ -339,6 +343,24 @@ TEST(DistributedDataParallel, EagerTwoRanksMatchesOneProcess) {
 TEST(DistributedDataParallel, EagerFourRanksConcatenatedBatch) {
   const std::string spec = "mode=eager,bn=0";
   expect_matches_reference(launch(spec, 4), spec, 4);
+}
+
+// Buckets capped at 24 bytes: (fc.bias, fc.weight), (norm.bias, norm.weight), (conv.bias,
+// conv.weight), reduced in bucket order whatever order the hooks run in.
+TEST(DistributedDataParallel, EagerFourRanksSmallBuckets) {
+  const std::string spec = "mode=eager,bn=1,bucket=24";
+  auto run = launch(spec, 4);
+  expect_matches_reference(run, spec, 4);
+  EXPECT_GE(run.ranks[0].num("buckets"), 3);
+  EXPECT_EQ(run.ranks[0].num("allreduces"), 3 * run.ranks[0].num("buckets"));
+}
+
+TEST(DistributedDataParallel, CompiledAutogradFourRanksSmallBuckets) {
+  const std::string spec = "mode=compiled_autograd,bn=1,steps=4,bucket=24";
+  auto run = launch(spec, 4);
+  expect_matches_reference(run, spec, 4);
+  EXPECT_GE(run.ranks[0].num("buckets"), 3);
+  for (const auto& r : run.ranks) EXPECT_GE(r.num("replays"), 2);
 }
 
 TEST(DistributedDataParallel, NoSyncAccumulatesLocally) {
