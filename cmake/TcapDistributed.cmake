@@ -20,7 +20,7 @@ if(TCAP_WITH_DISTRIBUTED)
   find_path(TCAP_GLOO_INCLUDE_DIR gloo/algorithm.h HINTS /usr/include /usr/local/include)
   if(NOT _tcap_c10d_header)
     message(STATUS "tcap: LibTorch has no c10d headers (ProcessGroupGloo.hpp); building without tcap::DistributedDataParallel")
-  elseif(NOT TCAP_GLOO_INCLUDE_DIR)
+  elseif(NOT TCAP_GLOO_INCLUDE_DIR OR NOT EXISTS "${TCAP_GLOO_INCLUDE_DIR}/gloo/algorithm.h")
     message(STATUS "tcap: Gloo headers not found (install libgloo-dev, or set TCAP_GLOO_INCLUDE_DIR); "
                    "building without tcap::DistributedDataParallel")
   else()

@@ -12,6 +12,8 @@
 // GlooStore) are never called from here.
 #include <tcap/distributed.h>
 
+#include "distributed/reducer.h"
+
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -38,7 +40,7 @@ c10::intrusive_ptr<c10d::Backend> init(int rank, int world_size, const std::stri
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "tcap::distributed::init: rank ", rank, " of ", world_size, " could not ",
                 rank == 0 ? "serve the rendezvous at " : "reach the rendezvous of rank 0 at ", addr, ":", port,
-                " within ", seconds, " s (a rank that never started, or a port in use). Cause: ", e.what());
+                " within ", seconds, " s (a rank that never started, or a port in use). Cause: ", message_of(e));
   }
   try {
     auto gloo = c10d::ProcessGroupGloo::Options::create(options.timeout);
@@ -47,7 +49,7 @@ c10::intrusive_ptr<c10d::Backend> init(int rank, int world_size, const std::stri
     return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, gloo);
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "tcap::distributed::init: rank ", rank, " of ", world_size,
-                " could not connect to every other rank within ", seconds, " s. Cause: ", e.what());
+                " could not connect to every other rank within ", seconds, " s. Cause: ", message_of(e));
   }
 }
 

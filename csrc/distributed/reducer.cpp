@@ -178,7 +178,7 @@ void DistributedDataParallelImpl::Reducer::fail_collective(const std::exception&
   reset_locked();
   TORCH_CHECK(false, "tcap::DistributedDataParallel (rank ", pg_->getRank(), " of ", pg_->getSize(),
               "): a gradient all-reduce failed: another rank exited, failed, or did not reach this backward within "
-              "the process group's timeout (", timeout_.count(), " ms). Cause: ", e.what());
+              "the process group's timeout (", timeout_.count(), " ms). Cause: ", message_of(e));
 }
 
 std::string DistributedDataParallelImpl::Reducer::missing_locked() const {

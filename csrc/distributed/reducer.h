@@ -24,6 +24,12 @@ inline FlatKey flat_key(const at::Tensor& t) {
   return {static_cast<int>(t.scalar_type()), static_cast<int>(t.device().type()), t.device().index()};
 }
 
+// An exception's message without c10::Error's backtrace (for the causes our errors quote).
+inline const char* message_of(const std::exception& e) {
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  return c10_error != nullptr ? c10_error->what_without_backtrace() : e.what();
+}
+
 // Note [DDP buckets driven by post-accumulate-grad hooks]
 // c10d::Reducer, the engine of PyTorch's DDP, has a public C++ constructor, but it drives
 // itself with *post hooks on AccumulateGrad nodes* (whose compiled_args throws) and ends

@@ -71,6 +71,8 @@ struct Scenario {
   bool extra = false;   // an unused parameter
   int wider_rank = -1;  // this rank builds a different model
   int exit_rank = -1;   // this rank exits before the second step's backward
+  int stall_rank = -1;  // this rank sleeps there for stall_s seconds, then exits
+  int stall_s = 0;
   int64_t bucket = 0;   // bucket cap in bytes (both caps; 0: DDP's defaults)
 };
 
@@ -89,6 +91,8 @@ Scenario parse(const std::string& spec) {
     else if (k == "extra") s.extra = v == "1";
     else if (k == "wider_rank") s.wider_rank = std::stoi(v);
     else if (k == "exit_rank") s.exit_rank = std::stoi(v);
+    else if (k == "stall_rank") s.stall_rank = std::stoi(v);
+    else if (k == "stall_s") s.stall_s = std::stoi(v);
     else if (k == "bucket") s.bucket = std::stoll(v);
   }
   return s;
@@ -170,6 +174,10 @@ int run_worker(const std::string& spec, const std::string& out) {
         if (m + 1 < s.micro) no_sync.emplace(ddp->no_sync());
         auto loss = loss_of(micro[m].first, micro[m].second);
         if (step == 1 && rank == s.exit_rank) std::_Exit(3);
+        if (step == 1 && rank == s.stall_rank) {
+          std::this_thread::sleep_for(std::chrono::seconds(s.stall_s));
+          std::_Exit(3);
+        }
         if (s.mode == "compiled_autograd") {
           tcap::CompiledAutogradGuard ca(co);
           loss.backward();
@@ -191,6 +199,10 @@ int run_worker(const std::string& spec, const std::string& out) {
     std::string what = e.what();
     for (auto& c : what) if (c == '\n') c = ' ';
     report << "error " << what << "\n";
+    report << "error_at_ms "
+           << std::chrono::duration_cast<std::chrono::milliseconds>(
+                  std::chrono::system_clock::now().time_since_epoch()).count()
+           << "\n";
   }
   return 0;
 }
@@ -221,6 +233,7 @@ struct RankResult {
 struct Run {
   std::vector<RankResult> ranks;
   double seconds = 0;
+  int64_t start_ms = 0;  // system clock, as error_at_ms
 };
 
 // Starts `spawn` of `world` ranks (ranks >= spawn never start) and waits at most
@@ -231,6 +244,9 @@ Run launch(const std::string& spec, int world, double timeout_s = 20, int spawn 
   std::filesystem::create_directories(dir);
   const int port = free_port();
   const auto t0 = std::chrono::steady_clock::now();
+  const int64_t start_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
   std::vector<pid_t> pids;
   for (int r = 0; r < spawn; ++r) {
     const std::string out = (dir / ("rank" + std::to_string(r))).string();
@@ -267,6 +283,7 @@ Run launch(const std::string& spec, int world, double timeout_s = 20, int spawn 
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   Run run;
+  run.start_ms = start_ms;
   run.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (int r = 0; r < spawn; ++r) {
     const std::string out = (dir / ("rank" + std::to_string(r))).string();
@@ -279,7 +296,12 @@ Run launch(const std::string& spec, int world, double timeout_s = 20, int spawn 
     }
     if (rr.ok()) torch::load(rr.state, out + ".pt");
     run.ranks.push_back(std::move(rr));
+    // (Not std::filesystem::remove_all: libtorch.so exports its own copy of it, which
+    // crashes when called from here.)
+    ::unlink((out + ".txt").c_str());
+    ::unlink((out + ".pt").c_str());
   }
+  ::rmdir(dir.c_str());
   return run;
 }
 
@@ -433,6 +455,17 @@ TEST(DistributedDataParallel, RankExitingEarlyFailsTheOthersWithinTheTimeout) {
   auto run = launch("mode=eager,exit_rank=1", 2, timeout_s);
   EXPECT_NE(run.ranks[0].error().find("all-reduce failed"), std::string::npos) << run.ranks[0].error();
   EXPECT_LT(run.seconds, timeout_s + 15);
+}
+
+// A rank that stops answering (stuck, not dead): the others fail once the timeout has
+// passed, long before it wakes up.
+TEST(DistributedDataParallel, RankStallingFailsTheOthersAfterTheTimeout) {
+  const int timeout_s = 3, stall_s = timeout_s + 8;
+  auto run = launch("mode=eager,stall_rank=1,stall_s=" + std::to_string(stall_s), 2, timeout_s);
+  EXPECT_NE(run.ranks[0].error().find("all-reduce failed"), std::string::npos) << run.ranks[0].error();
+  const double failed_after_s = static_cast<double>(run.ranks[0].num("error_at_ms") - run.start_ms) / 1000.0;
+  EXPECT_GT(failed_after_s, timeout_s);
+  EXPECT_LT(failed_after_s, stall_s);
 }
 
 TEST(DistributedDataParallel, RankNeverJoiningFailsWithinTheTimeout) {
