@@ -148,6 +148,10 @@ int main(int argc, char** argv) {
     }
     std::printf("), compiled replays %d, %d rounds x %d steps\n", fast->stats().replays, rounds, steps);
     for (const char* k : {"eager", "compiled", "bwd_sync", "bwd_nosync", "comm", "wait", "hidden"}) {
+      if (world == 1 && !std::strcmp(k, "hidden")) {
+        std::printf("hidden      n/a (one rank: nothing to hide)\n");
+        continue;
+      }
       const auto& v = t[k];
       std::printf("%-11s median %10.3f  p10 %10.3f  p90 %10.3f\n", k, quantile(v, 0.5), quantile(v, 0.1),
                   quantile(v, 0.9));
