@@ -11,10 +11,14 @@
 //   bwd_nosync  backward under no_sync() (no communication),
 //   comm        the same all-reduces (same bucket sizes) alone, started and waited at once.
 // hidden = 1 - (bwd_sync - bwd_nosync) / comm: the share of the all-reduce time that ran
-// behind the backward; wait = the time the last hook waited for the all-reduces, per step.
+// behind the backward; window = the time from the first bucket's all-reduce start to the
+// last's (the backward work they can hide behind); wait = the time the last hook waited
+// for the all-reduces, per step.
 // Rank 0 prints medians over rounds (per-step times, µs) and the p10-p90 spread.
 #include <tcap/compile.h>
 #include <tcap/distributed.h>
+
+#include "mnist_net.h"
 
 #include <torch/torch.h>
 
@@ -26,29 +30,8 @@
 #include <string>
 #include <vector>
 
-namespace nn = torch::nn;
-
 namespace {
 
-struct NetImpl : nn::Module {
-  NetImpl() {
-    conv1 = register_module("conv1", nn::Conv2d(nn::Conv2dOptions(1, 16, 3).padding(1)));
-    bn1 = register_module("bn1", nn::BatchNorm2d(16));
-    conv2 = register_module("conv2", nn::Conv2d(nn::Conv2dOptions(16, 32, 3).padding(1)));
-    bn2 = register_module("bn2", nn::BatchNorm2d(32));
-    fc1 = register_module("fc1", nn::Linear(32 * 7 * 7, 512));
-    fc2 = register_module("fc2", nn::Linear(512, 10));
-  }
-  at::Tensor forward(const at::Tensor& x) {
-    auto h = torch::max_pool2d(torch::relu(bn1->forward(conv1->forward(x))), 2);
-    h = torch::max_pool2d(torch::relu(bn2->forward(conv2->forward(h))), 2);
-    return fc2->forward(torch::relu(fc1->forward(h.flatten(1))));
-  }
-  nn::Conv2d conv1{nullptr}, conv2{nullptr};
-  nn::BatchNorm2d bn1{nullptr}, bn2{nullptr};
-  nn::Linear fc1{nullptr}, fc2{nullptr};
-};
-TORCH_MODULE(Net);
 
 using Clock = std::chrono::steady_clock;
 double us_since(Clock::time_point t0) { return std::chrono::duration<double, std::micro>(Clock::now() - t0).count(); }
@@ -72,7 +55,7 @@ int main(int argc, char** argv) {
   auto pg = tcap::distributed::init_from_env();
   const int rank = pg->getRank(), world = pg->getSize();
   torch::manual_seed(0);
-  Net eager_net, compiled_net;
+  MnistNet eager_net(512), compiled_net(512);
   auto eager = tcap::DistributedDataParallel(eager_net, pg);
   auto compiled = tcap::DistributedDataParallel(compiled_net, pg);
   tcap::CompileOptions co;
@@ -129,9 +112,10 @@ int main(int argc, char** argv) {
     for (int s = 0; s < steps; ++s) step(compiled, opt_c);
     t["compiled"].push_back(us_since(t0) / steps);
     double sync = 0, nosync = 0, c = 0;
-    const double wait0 = eager->stats().exposed_wait_us;
+    const double wait0 = eager->stats().exposed_wait_us, window0 = eager->stats().overlap_window_us;
     for (int s = 0; s < steps; ++s) sync += backward(true);
     t["wait"].push_back((eager->stats().exposed_wait_us - wait0) / steps);
+    t["window"].push_back((eager->stats().overlap_window_us - window0) / steps);
     for (int s = 0; s < steps; ++s) nosync += backward(false);
     for (int s = 0; s < steps; ++s) c += comm();
     t["bwd_sync"].push_back(sync / steps);
@@ -147,7 +131,7 @@ int main(int argc, char** argv) {
       std::printf("%s%.2f MiB", k ? ", " : "", static_cast<double>(st.bucket_numel[k]) * 4 / 1048576.0);
     }
     std::printf("), compiled replays %d, %d rounds x %d steps\n", fast->stats().replays, rounds, steps);
-    for (const char* k : {"eager", "compiled", "bwd_sync", "bwd_nosync", "comm", "wait", "hidden"}) {
+    for (const char* k : {"eager", "compiled", "bwd_sync", "bwd_nosync", "comm", "window", "wait", "hidden"}) {
       if (world == 1 && !std::strcmp(k, "hidden")) {
         std::printf("hidden      n/a (one rank: nothing to hide)\n");
         continue;

@@ -9,6 +9,8 @@
 #include <tcap/compile.h>
 #include <tcap/distributed.h>
 
+#include "mnist_net.h"
+
 #include <torch/torch.h>
 
 #include <chrono>
@@ -16,27 +18,6 @@
 #include <cstring>
 #include <string>
 
-namespace nn = torch::nn;
-
-struct NetImpl : nn::Module {
-  NetImpl() {
-    conv1 = register_module("conv1", nn::Conv2d(nn::Conv2dOptions(1, 16, 3).padding(1)));
-    bn1 = register_module("bn1", nn::BatchNorm2d(16));
-    conv2 = register_module("conv2", nn::Conv2d(nn::Conv2dOptions(16, 32, 3).padding(1)));
-    bn2 = register_module("bn2", nn::BatchNorm2d(32));
-    fc1 = register_module("fc1", nn::Linear(32 * 7 * 7, 128));
-    fc2 = register_module("fc2", nn::Linear(128, 10));
-  }
-  at::Tensor forward(const at::Tensor& x) {
-    auto h = torch::max_pool2d(torch::relu(bn1->forward(conv1->forward(x))), 2);
-    h = torch::max_pool2d(torch::relu(bn2->forward(conv2->forward(h))), 2);
-    return fc2->forward(torch::relu(fc1->forward(h.flatten(1))));
-  }
-  nn::Conv2d conv1{nullptr}, conv2{nullptr};
-  nn::BatchNorm2d bn1{nullptr}, bn2{nullptr};
-  nn::Linear fc1{nullptr}, fc2{nullptr};
-};
-TORCH_MODULE(Net);
 
 int main(int argc, char** argv) {
   int steps = 20;
@@ -55,7 +36,7 @@ int main(int argc, char** argv) {
     auto pg = tcap::distributed::init_from_env();
     const int rank = pg->getRank();
     torch::manual_seed(rank);  // different initial weights: DDP broadcasts rank 0's
-    Net net;
+    MnistNet net;
     auto ddp = tcap::DistributedDataParallel(net, pg);
     std::shared_ptr<tcap::CompiledFunction> compiled;
     if (compile) {
