@@ -137,6 +137,7 @@ void DistributedDataParallelImpl::Reducer::on_grad(size_t index, const at::Tenso
 
 void DistributedDataParallelImpl::Reducer::launch_ready_locked() {
   while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
+    if (next_launch_ == 0) first_launch_ = std::chrono::steady_clock::now();
     std::vector<at::Tensor> flat{buckets_[next_launch_].flat};
     try {
       works_.push_back(pg_->allreduce(flat));
@@ -150,6 +151,7 @@ void DistributedDataParallelImpl::Reducer::launch_ready_locked() {
 
 void DistributedDataParallelImpl::Reducer::finish_locked() {
   const auto t0 = std::chrono::steady_clock::now();
+  stats.overlap_window_us += std::chrono::duration<double, std::micro>(t0 - first_launch_).count();
   try {
     for (auto& w : works_) w->wait();
   } catch (const std::exception& e) {

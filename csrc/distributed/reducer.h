@@ -92,6 +92,7 @@ struct DistributedDataParallelImpl::Reducer {
   bool started_ = false;    // a synced backward is under way
   std::string unfinished_;  // set when a backward ended with gradients unreduced
   std::chrono::milliseconds timeout_;
+  std::chrono::steady_clock::time_point first_launch_;
   mutable std::mutex mutex_;
 };
 

@@ -80,6 +80,9 @@ struct DDPStats {
   int64_t buckets = 0;            // buckets per backward
   std::vector<int64_t> bucket_numel;  // elements per bucket, in launch order
   double exposed_wait_us = 0;     // time the last bucket's hook waited for the all-reduces
+  // Time from the first bucket's all-reduce start to the last's, summed over backwards:
+  // the backward work the all-reduces can run behind.
+  double overlap_window_us = 0;
   double buffer_broadcast_us = 0;
 };
 
