@@ -414,6 +414,10 @@ TEST(DistributedDataParallel, CompiledInnerModule) {
   expect_mode("mode=compile_inner,bn=1,steps=4,backend=auto", 2, 2);
 }
 
+TEST(DistributedDataParallel, CompiledInnerModuleFourRanksSmallBuckets) {
+  expect_mode("mode=compile_inner,bn=1,steps=4,bucket=24", 4, 2);
+}
+
 TEST(DistributedDataParallel, CompiledWrapperWithoutBuffers) { expect_mode("mode=compile_wrapper,bn=0,steps=4", 2, 2); }
 
 TEST(DistributedDataParallel, CompiledWrapperWithBufferBroadcastRunsEagerly) {
