@@ -14,7 +14,7 @@ log() { echo "[bootstrap] $*" >&2; }
 need_pkgs=()
 have() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 if command -v apt-get >/dev/null 2>&1 && [ "${TCAP_SKIP_APT:-0}" != 1 ]; then
-  for p in llvm-19-dev nlohmann-json3-dev googletest libgtest-dev ninja-build graphviz cmake g++ python3-venv ccache; do
+  for p in llvm-19-dev libgloo-dev nlohmann-json3-dev googletest libgtest-dev ninja-build graphviz cmake g++ python3-venv ccache; do
     have "$p" || need_pkgs+=("$p")
   done
   if [ ${#need_pkgs[@]} -gt 0 ]; then

@@ -151,6 +151,7 @@ std::vector<at::Tensor> RegionCapture::primal_tensors() const {
 
 std::string RegionCapture::check_forward(const std::vector<at::Tensor>& outputs) {
   capture::Session& s = *session_;
+  if (!s.unreplayable_reason().empty()) return s.unreplayable_reason();
   const ir::Graph& g = s.graph();
   for (const auto& n : g.nodes()) {
     if (n.kind == ir::NodeKind::CallHook) return "a hook ran inside the function's forward";

@@ -289,6 +289,19 @@ std::vector<at::Tensor> CompiledStep::Impl::capture(StepEntry& e, const std::vec
     go_eager(e, why);
     return outs;
   };
+  // Note [Post-accumulate-grad hooks in a step]: a replayed step writes .grad itself and
+  // never runs AccumulateGrad, so a parameter's post-accumulate-grad hook (the gradient
+  // all-reduce of tcap::DistributedDataParallel is one) would be skipped. Such a step, and
+  // one in which code noted an effect a replay would not redo, runs eagerly.
+  if (!s.unreplayable_reason().empty()) return fail(s.unreplayable_reason());
+  for (const auto& m : models) {
+    for (const auto& item : m->named_parameters(true)) {
+      if (torch::autograd::impl::post_acc_grad_hooks(item.value())) {
+        return fail("parameter " + item.key() + " has a post-accumulate-grad hook (such as " +
+                    "DistributedDataParallel's gradient all-reduce), which a replayed step would not run");
+      }
+    }
+  }
   // Optimizer state must be the same tensors before and after. A step that creates state
   // (the first) runs once, by design: the next one has other guards (the state tensors).
   {

@@ -121,6 +121,13 @@ class Session {
   void note_backward_roots(const torch::autograd::edge_list& roots);
   // Whether a backward made while recording reached autograd node n.
   bool reached_by_backward(const torch::autograd::Node* n) const { return reached_.count(n) > 0; }
+  // Code that ran with the recording key off did something a replay would not redo (a
+  // collective: DistributedDataParallel's buffer broadcast). The first reason is kept;
+  // tcap::compile and compile_step refuse such a capture with it.
+  void note_unreplayable(const std::string& why) {
+    if (unreplayable_.empty()) unreplayable_ = why;
+  }
+  const std::string& unreplayable_reason() const { return unreplayable_; }
 
  private:
   ir::ValueId value_for(const at::Tensor& t);  // lookup, or a new Input node
@@ -163,6 +170,7 @@ class Session {
   friend class ::tcap::CaptureGuard;
   CaptureOptions options_;
   bool recording_ = true;
+  std::string unreplayable_;  // see note_unreplayable
   // Thread state the guard changed and restores (see CaptureGuard::stop).
   bool prev_multithreading_ = true;
   std::unique_ptr<class EngineHookLease> engine_lease_;

@@ -1,0 +1,223 @@
+// See Note [DDP buckets driven by post-accumulate-grad hooks] (reducer.h).
+#include "distributed/reducer.h"
+
+#include "capture/recorder.h"
+
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <map>
+#include <sstream>
+#include <tuple>
+
+namespace tcap {
+
+HiddenFromCapture::HiddenFromCapture() {
+  if (capture::thread_sessions().empty()) return;
+  capturing_ = true;
+  guard_.emplace(capture::recording_key());
+}
+
+namespace {
+
+struct GradHook : torch::autograd::PostAccumulateGradHook {
+  GradHook(std::weak_ptr<DistributedDataParallelImpl::Reducer> r, size_t index) : reducer(std::move(r)), index(index) {}
+  void operator()(const torch::autograd::Variable& param) override {
+    if (auto r = reducer.lock()) r->on_grad(index, param);
+  }
+  std::weak_ptr<DistributedDataParallelImpl::Reducer> reducer;
+  size_t index;
+};
+
+}  // namespace
+
+DistributedDataParallelImpl::Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
+                                              c10::intrusive_ptr<c10d::Backend> pg, const DDPOptions& options)
+    : params_(std::move(params)), names_(std::move(names)), pg_(std::move(pg)),
+      timeout_(pg_->getBackendOptions()->timeout) {
+  TORCH_CHECK(options.bucket_cap_bytes > 0 && options.first_bucket_cap_bytes > 0,
+              "tcap::DistributedDataParallel: bucket caps must be positive");
+  // PyTorch's assignment: parameters in reverse order (their gradients come roughly in that
+  // order), a new bucket when the cap is reached or the dtype/device changes; the first
+  // bucket has its own, smaller cap.
+  std::map<FlatKey, size_t> open;  // open bucket per dtype/device
+  std::vector<int64_t> bucket_bytes;
+  slot_.resize(params_.size());
+  for (size_t k = params_.size(); k-- > 0;) {
+    const at::Tensor& p = params_[k];
+    TORCH_CHECK(p.requires_grad(), "tcap::DistributedDataParallel: parameter ", names_[k],
+                " does not require grad; leave it out of the module's parameters or set requires_grad");
+    TORCH_CHECK(p.layout() == c10::kStrided, "tcap::DistributedDataParallel: parameter ", names_[k],
+                " is not a dense tensor (sparse gradients are not supported)");
+    const FlatKey key = flat_key(p);
+    auto it = open.find(key);
+    if (it == open.end() ||
+        bucket_bytes[it->second] >= (it->second == 0 ? options.first_bucket_cap_bytes : options.bucket_cap_bytes)) {
+      buckets_.emplace_back();
+      bucket_bytes.push_back(0);
+      it = open.insert_or_assign(key, buckets_.size() - 1).first;
+    }
+    Bucket& b = buckets_[it->second];
+    const int64_t offset = b.offsets.empty() ? 0 : b.offsets.back() + params_[b.params.back()].numel();
+    slot_[k] = {it->second, b.params.size()};
+    b.params.push_back(k);
+    b.offsets.push_back(offset);
+    bucket_bytes[it->second] += p.numel() * static_cast<int64_t>(p.element_size());
+  }
+  for (Bucket& b : buckets_) {
+    const at::Tensor& last = params_[b.params.back()];
+    b.flat = at::empty({b.offsets.back() + last.numel()}, last.options().requires_grad(false));
+    stats.bucket_numel.push_back(b.flat.numel());
+  }
+  stats.buckets = static_cast<int64_t>(buckets_.size());
+  seen_.assign(params_.size(), 0);
+  reset_locked();
+}
+
+DistributedDataParallelImpl::Reducer::~Reducer() = default;
+
+void DistributedDataParallelImpl::Reducer::install_hooks(const std::shared_ptr<Reducer>& self) {
+  for (size_t k = 0; k < self->params_.size(); ++k) {
+    const at::Tensor& p = self->params_[k];
+    TORCH_CHECK(!torch::autograd::impl::post_acc_grad_hooks(p), "tcap::DistributedDataParallel: parameter ",
+                self->names_[k], " already has a post-accumulate-grad hook (is the model wrapped twice?)");
+  }
+  for (size_t k = 0; k < self->params_.size(); ++k) {
+    torch::autograd::impl::set_post_acc_grad_hooks(self->params_[k], std::make_unique<GradHook>(self, k));
+  }
+}
+
+void DistributedDataParallelImpl::Reducer::remove_hooks() {
+  for (const at::Tensor& p : params_) {
+    auto& hook = torch::autograd::impl::post_acc_grad_hooks(p);
+    if (hook && dynamic_cast<GradHook*>(hook.get())) hook.reset();
+  }
+}
+
+void DistributedDataParallelImpl::Reducer::reset_locked() {
+  for (Bucket& b : buckets_) b.pending = b.params.size();
+  std::fill(seen_.begin(), seen_.end(), 0);
+  works_.clear();
+  next_launch_ = 0;
+  started_ = false;
+}
+
+void DistributedDataParallelImpl::Reducer::on_grad(size_t index, const at::Tensor& param) {
+  if (!sync) return;
+  HiddenFromCapture hidden;
+  c10::AutoGradMode no_grad(false);
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (!started_) {
+    started_ = true;
+    // The engine's final callback reports unused parameters at the end of this backward;
+    // where there is no engine GraphTask (compiled autograd's replay), pre_forward() does.
+    try {
+      torch::autograd::Engine::get_default_engine().queue_callback([this] { end_of_backward(); });
+    } catch (const c10::Error&) {
+    }
+  }
+  TORCH_CHECK(!seen_[index], "tcap::DistributedDataParallel: parameter ", names_[index],
+              " received two gradients in one backward");
+  seen_[index] = 1;
+  const at::Tensor& grad = param.grad();
+  const auto [b, pos] = slot_[index];
+  Bucket& bucket = buckets_[b];
+  at::Tensor view = bucket.flat.narrow(0, bucket.offsets[pos], param.numel()).view(param.sizes());
+  if (grad.defined()) {
+    view.copy_(grad);
+  } else {
+    view.zero_();
+  }
+  --bucket.pending;
+  launch_ready_locked();
+  if (next_launch_ == buckets_.size()) finish_locked();
+}
+
+void DistributedDataParallelImpl::Reducer::launch_ready_locked() {
+  while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
+    if (next_launch_ == 0) first_launch_ = std::chrono::steady_clock::now();
+    std::vector<at::Tensor> flat{buckets_[next_launch_].flat};
+    try {
+      works_.push_back(pg_->allreduce(flat));
+    } catch (const std::exception& e) {
+      fail_collective(e);
+    }
+    ++stats.allreduces;
+    ++next_launch_;
+  }
+}
+
+void DistributedDataParallelImpl::Reducer::finish_locked() {
+  const auto t0 = std::chrono::steady_clock::now();
+  stats.overlap_window_us += std::chrono::duration<double, std::micro>(t0 - first_launch_).count();
+  try {
+    for (auto& w : works_) w->wait();
+  } catch (const std::exception& e) {
+    fail_collective(e);
+  }
+  stats.exposed_wait_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  const double world = static_cast<double>(pg_->getSize());
+  for (Bucket& b : buckets_) {
+    b.flat.div_(world);
+    for (size_t pos = 0; pos < b.params.size(); ++pos) {
+      at::Tensor& p = params_[b.params[pos]];
+      at::Tensor avg = b.flat.narrow(0, b.offsets[pos], p.numel()).view(p.sizes());
+      at::Tensor& g = p.mutable_grad();
+      if (g.defined()) {
+        g.copy_(avg);
+      } else {
+        g = avg.clone();
+      }
+    }
+  }
+  ++stats.backwards_synced;
+  reset_locked();
+}
+
+void DistributedDataParallelImpl::Reducer::fail_collective(const std::exception& e) {
+  reset_locked();
+  TORCH_CHECK(false, "tcap::DistributedDataParallel (rank ", pg_->getRank(), " of ", pg_->getSize(),
+              "): a gradient all-reduce failed: another rank exited, failed, or did not reach this backward within "
+              "the process group's timeout (", timeout_.count(), " ms). Cause: ", message_of(e));
+}
+
+std::string DistributedDataParallelImpl::Reducer::missing_locked() const {
+  std::ostringstream s;
+  int shown = 0;
+  for (size_t k = 0; k < params_.size(); ++k) {
+    if (seen_[k]) continue;
+    if (shown++ < 8) s << (shown > 1 ? ", " : "") << names_[k];
+  }
+  if (shown > 8) s << " and " << shown - 8 << " more";
+  return s.str();
+}
+
+void DistributedDataParallelImpl::Reducer::end_of_backward() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (!started_) return;  // every bucket was reduced
+  const std::string missing = missing_locked();
+  // The buckets started so far were started alike on every rank that used the same
+  // parameters; let them finish so that no collective is left half done.
+  for (auto& w : works_) {
+    try {
+      w->wait();
+    } catch (const std::exception&) {
+    }
+  }
+  reset_locked();
+  TORCH_CHECK(false, "tcap::DistributedDataParallel: parameters ", missing,
+              " received no gradient in this backward (unused parameters), so their buckets were never "
+              "all-reduced and the gradients are not averaged across ranks. Every parameter must take part in "
+              "the loss on every rank (or have requires_grad=false); tcap's DDP has no find_unused_parameters.");
+}
+
+void DistributedDataParallelImpl::Reducer::check_finished() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (!started_) return;
+  lock.unlock();
+  end_of_backward();
+}
+
+}  // namespace tcap

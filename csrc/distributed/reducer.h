@@ -1,0 +1,112 @@
+// The gradient bucketing engine of tcap::DistributedDataParallel (docs/distributed.md).
+#pragma once
+
+#include <tcap/distributed.h>
+
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
+#include <chrono>
+#include <mutex>
+#include <optional>
+#include <tuple>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace tcap {
+
+// Tensors that can share one flat buffer: same dtype and device.
+using FlatKey = std::tuple<int, int, int>;
+inline FlatKey flat_key(const at::Tensor& t) {
+  return {static_cast<int>(t.scalar_type()), static_cast<int>(t.device().type()), t.device().index()};
+}
+
+// An exception's message without c10::Error's backtrace (for the causes our errors quote).
+inline const char* message_of(const std::exception& e) {
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  return c10_error != nullptr ? c10_error->what_without_backtrace() : e.what();
+}
+
+// Note [DDP buckets driven by post-accumulate-grad hooks]
+// c10d::Reducer, the engine of PyTorch's DDP, has a public C++ constructor, but it drives
+// itself with *post hooks on AccumulateGrad nodes* (whose compiled_args throws) and ends
+// every backward with Engine::queue_callback, which needs the engine's GraphTask. tcap's
+// compiled autograd replaces the engine and hands each leaf gradient to its
+// AccumulateGrad directly (docs/compiled-autograd.md): Reducer's hooks would not run and
+// its final callback could not be queued, and the walk refuses AccumulateGrad post hooks.
+// So buckets are driven by *tensor post-accumulate-grad hooks* (one per parameter), which
+// AccumulateGrad::apply runs itself: under the engine, under a tcap::compile region's
+// backward (AccumulateGrad stays the engine's), and under compiled autograd (the replay
+// calls the real AccumulateGrad after the compiled graph). A hook copies the gradient into
+// its bucket; when a bucket is full, it and every full bucket before it start their
+// all-reduce (in bucket order, so every rank issues the same collectives in the same order
+// whatever order gradients arrive in); the hook that starts the last bucket waits for all
+// of them and writes the averages back into .grad. No final callback is needed for the
+// result; one is queued where the engine allows it, only to report unused parameters at
+// the end of that backward (elsewhere the next pre_forward() reports them).
+struct DistributedDataParallelImpl::Reducer {
+  struct Bucket {
+    std::vector<size_t> params;    // indices into Reducer::params
+    std::vector<int64_t> offsets;  // each parameter's first element in `flat`
+    at::Tensor flat;               // the bucket's gradients, flattened
+    size_t pending = 0;            // gradients still to come in this backward
+  };
+
+  Reducer(std::vector<at::Tensor> params, std::vector<std::string> names, c10::intrusive_ptr<c10d::Backend> pg,
+          const DDPOptions& options);
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // Installs one post-accumulate-grad hook per parameter; they hold `self` weakly.
+  static void install_hooks(const std::shared_ptr<Reducer>& self);
+  void remove_hooks();
+
+  // The hook body: parameter `index` has its gradient accumulated.
+  void on_grad(size_t index, const at::Tensor& param);
+  // Throws (and resets) if a synced backward left gradients unreduced.
+  void check_finished();
+
+  bool sync = true;  // false inside DistributedDataParallel::no_sync()
+  DDPStats stats;
+
+ private:
+  void reset_locked();
+  void launch_ready_locked();
+  void finish_locked();
+  void end_of_backward();
+  std::string missing_locked() const;
+  [[noreturn]] void fail_collective(const std::exception& e);
+
+  std::vector<at::Tensor> params_;
+  std::vector<std::string> names_;
+  c10::intrusive_ptr<c10d::Backend> pg_;
+  std::vector<Bucket> buckets_;
+  std::vector<std::pair<size_t, size_t>> slot_;  // per parameter: (bucket, position in bucket)
+  std::vector<char> seen_;                       // per parameter, this backward
+  std::vector<c10::intrusive_ptr<c10d::Work>> works_;
+  size_t next_launch_ = 0;
+  bool started_ = false;    // a synced backward is under way
+  std::string unfinished_;  // set when a backward ended with gradients unreduced
+  std::chrono::milliseconds timeout_;
+  std::chrono::steady_clock::time_point first_launch_;
+  mutable std::mutex mutex_;
+};
+
+// Runs collectives and their bookkeeping with tcap's recording key off when a capture is
+// recording on this thread, so that they are neither recorded nor replayed; the callers
+// decide whether the capture may still be compiled (capture::Session::note_unreplayable).
+class HiddenFromCapture {
+ public:
+  HiddenFromCapture();
+  bool capturing() const { return capturing_; }
+
+ private:
+  bool capturing_ = false;
+  std::optional<c10::impl::ExcludeDispatchKeyGuard> guard_;
+};
+
+}  // namespace tcap

@@ -1,0 +1,485 @@
+// tcap::DistributedDataParallel across real processes on Gloo over loopback. Each test
+// starts its ranks as child processes of this binary (`--ddp-worker <scenario> <out>`,
+// RANK/WORLD_SIZE/MASTER_PORT in the environment), waits for them with a deadline, and
+// compares what they wrote with a single-process run computed here.
+//
+// Tolerances: ranks must end bit-identical (every rank receives the same all-reduced
+// sums); against the single process, float32 results after 3 SGD steps agree to
+// rtol 1e-4, atol 1e-5 (the sums run in another order).
+#include <tcap/compile.h>
+#include <tcap/compiled_autograd.h>
+#include <tcap/distributed.h>
+#include <tcap/train_step.h>
+
+#include <ATen/Context.h>
+#include <ATen/Parallel.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+namespace nn = torch::nn;
+constexpr int64_t kBatch = 3;    // per rank
+constexpr int64_t kClasses = 5;
+
+// The MNIST-style CNN, at odd sizes: 1x11x11 -> conv 3x3 -> [BatchNorm] -> ReLU -> max_pool 2
+// -> Linear. `extra` adds a Linear the forward never uses; `wider` changes the last layer.
+struct NetImpl : nn::Module {
+  NetImpl(bool bn, bool extra, bool wider) : bn_on(bn) {
+    conv = register_module("conv", nn::Conv2d(nn::Conv2dOptions(1, 4, 3)));
+    if (bn) norm = register_module("norm", nn::BatchNorm2d(4));
+    fc = register_module("fc", nn::Linear(4 * 4 * 4, wider ? kClasses + 1 : kClasses));
+    if (extra) unused = register_module("unused", nn::Linear(3, 3));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    auto h = conv->forward(x);
+    if (bn_on) h = norm->forward(h);
+    h = torch::max_pool2d(torch::relu(h), 2);
+    return fc->forward(h.flatten(1));
+  }
+  bool bn_on;
+  nn::Conv2d conv{nullptr};
+  nn::BatchNorm2d norm{nullptr};
+  nn::Linear fc{nullptr};
+  nn::Linear unused{nullptr};
+};
+TORCH_MODULE(Net);
+
+struct Scenario {
+  std::string mode = "eager";  // eager | compile_inner | compile_wrapper | compiled_autograd | compile_step
+  std::string backend = "eager";
+  int steps = 3;
+  int micro = 1;        // micro-batches per step; all but the last run under no_sync()
+  bool bn = true;
+  bool extra = false;   // an unused parameter
+  int wider_rank = -1;  // this rank builds a different model
+  int exit_rank = -1;   // this rank exits before the second step's backward
+  int stall_rank = -1;  // this rank sleeps there for stall_s seconds, then exits
+  int stall_s = 0;
+  int64_t bucket = 0;   // bucket cap in bytes (both caps; 0: DDP's defaults)
+};
+
+Scenario parse(const std::string& spec) {
+  Scenario s;
+  std::stringstream in(spec);
+  std::string kv;
+  while (std::getline(in, kv, ',')) {
+    const auto eq = kv.find('=');
+    const std::string k = kv.substr(0, eq), v = kv.substr(eq + 1);
+    if (k == "mode") s.mode = v;
+    else if (k == "backend") s.backend = v;
+    else if (k == "steps") s.steps = std::stoi(v);
+    else if (k == "micro") s.micro = std::stoi(v);
+    else if (k == "bn") s.bn = v == "1";
+    else if (k == "extra") s.extra = v == "1";
+    else if (k == "wider_rank") s.wider_rank = std::stoi(v);
+    else if (k == "exit_rank") s.exit_rank = std::stoi(v);
+    else if (k == "stall_rank") s.stall_rank = std::stoi(v);
+    else if (k == "stall_s") s.stall_s = std::stoi(v);
+    else if (k == "bucket") s.bucket = std::stoll(v);
+  }
+  return s;
+}
+
+// The global batch of step `step`, micro-batch `m`: world*kBatch samples; rank r takes
+// rows [r*kBatch, (r+1)*kBatch).
+std::pair<at::Tensor, at::Tensor> batch(int step, int m, int world) {
+  at::manual_seed(1000 + 10 * step + m);
+  auto x = torch::randn({world * kBatch, 1, 11, 11});
+  auto y = torch::randint(0, kClasses, {world * kBatch});
+  return {x, y};
+}
+
+Net make_net(const Scenario& s, int rank) {
+  at::manual_seed(1 + 100 * rank);  // every rank starts elsewhere: DDP broadcasts rank 0's
+  return Net(s.bn, s.extra, rank == s.wider_rank);
+}
+
+std::vector<at::Tensor> state_of(nn::Module& m) {
+  std::vector<at::Tensor> out;
+  for (const auto& p : m.parameters()) out.push_back(p.detach().clone());
+  for (const auto& b : m.buffers()) out.push_back(b.detach().clone());
+  return out;
+}
+
+// --- the worker --------------------------------------------------------------------------
+
+int run_worker(const std::string& spec, const std::string& out) {
+  const Scenario s = parse(spec);
+  at::set_num_threads(1);
+  std::ofstream report(out + ".txt");
+  try {
+    auto pg = tcap::distributed::init_from_env();
+    const int rank = pg->getRank(), world = pg->getSize();
+    Net net = make_net(s, rank);
+    tcap::DDPOptions dopts;
+    if (s.bucket > 0) dopts.bucket_cap_bytes = dopts.first_bucket_cap_bytes = s.bucket;
+    auto ddp = tcap::DistributedDataParallel(net, pg, dopts);
+    torch::optim::SGD opt(ddp->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    tcap::CompileOptions co;
+    co.backend = s.backend;
+    std::shared_ptr<tcap::CompiledFunction> compiled;
+    std::shared_ptr<tcap::CompiledStep> step_fn;
+    if (s.mode == "compile_inner") {
+      compiled = tcap::compile(net, co);
+      ddp->set_forward([compiled](const at::Tensor& x) { return compiled->forward(x); });
+    } else if (s.mode == "compile_wrapper") {
+      compiled = tcap::compile(ddp, co);
+    }
+    std::optional<tcap::CompiledAutogradGuard> ca_stats_holder;
+    auto loss_of = [&](const at::Tensor& x, const at::Tensor& y) {
+      auto out = compiled && s.mode == "compile_wrapper" ? compiled->forward(x) : ddp->forward(x);
+      return torch::nn::functional::cross_entropy(out, y);
+    };
+    if (s.mode == "compile_step") {
+      step_fn = tcap::compile_step(ddp, opt, [&](const std::vector<at::Tensor>& in) {
+        opt.zero_grad();
+        auto loss = loss_of(in[0], in[1]);
+        loss.backward();
+        opt.step();
+        return std::vector<at::Tensor>{loss};
+      }, co);
+    }
+    tcap::CompiledAutogradStats ca_stats;
+    for (int step = 0; step < s.steps; ++step) {
+      std::vector<std::pair<at::Tensor, at::Tensor>> micro;
+      for (int m = 0; m < s.micro; ++m) {
+        auto [x, y] = batch(step, m, world);
+        micro.emplace_back(x.narrow(0, rank * kBatch, kBatch).contiguous(), y.narrow(0, rank * kBatch, kBatch));
+      }
+      if (step_fn) {
+        (*step_fn)({micro[0].first, micro[0].second});
+        continue;
+      }
+      opt.zero_grad();
+      for (int m = 0; m < s.micro; ++m) {
+        std::optional<tcap::DistributedDataParallelImpl::NoSync> no_sync;
+        if (m + 1 < s.micro) no_sync.emplace(ddp->no_sync());
+        auto loss = loss_of(micro[m].first, micro[m].second);
+        if (step == 1 && rank == s.exit_rank) std::_Exit(3);
+        if (step == 1 && rank == s.stall_rank) {
+          std::this_thread::sleep_for(std::chrono::seconds(s.stall_s));
+          std::_Exit(3);
+        }
+        if (s.mode == "compiled_autograd") {
+          tcap::CompiledAutogradGuard ca(co);
+          loss.backward();
+          ca_stats = ca.stats();
+        } else {
+          loss.backward();
+        }
+      }
+      opt.step();
+    }
+    ddp->pre_forward();  // buffers: rank 0's everywhere (as before the next forward)
+    torch::save(state_of(*net), out + ".pt");
+    report << "ok\n";
+    if (compiled) report << "replays " << compiled->stats().replays << "\neager_reason " << compiled->eager_reason() << "\n";
+    if (step_fn) report << "replays " << step_fn->stats().replays << "\neager_reason " << step_fn->eager_reason() << "\n";
+    if (s.mode == "compiled_autograd") report << "replays " << ca_stats.hits << "\n";
+    report << "allreduces " << ddp->stats().allreduces << "\nbuckets " << ddp->stats().buckets << "\n";
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    for (auto& c : what) if (c == '\n') c = ' ';
+    report << "error " << what << "\n";
+    report << "error_at_ms "
+           << std::chrono::duration_cast<std::chrono::milliseconds>(
+                  std::chrono::system_clock::now().time_since_epoch()).count()
+           << "\n";
+  }
+  return 0;
+}
+
+// --- the parent ----------------------------------------------------------------------------
+
+int free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+struct RankResult {
+  std::map<std::string, std::string> fields;  // "ok"/"error" and the reported counters
+  std::vector<at::Tensor> state;
+  bool ok() const { return fields.count("ok") > 0; }
+  std::string error() const { return fields.count("error") ? fields.at("error") : ""; }
+  int64_t num(const std::string& k) const { return fields.count(k) ? std::stoll(fields.at(k)) : -1; }
+};
+
+struct Run {
+  std::vector<RankResult> ranks;
+  double seconds = 0;
+  int64_t start_ms = 0;  // system clock, as error_at_ms
+};
+
+// Starts `spawn` of `world` ranks (ranks >= spawn never start) and waits at most
+// `deadline_s`; a rank still running then is killed and the test fails.
+Run launch(const std::string& spec, int world, double timeout_s = 20, int spawn = -1, double deadline_s = 45) {
+  if (spawn < 0) spawn = world;
+  const auto dir = std::filesystem::temp_directory_path() / ("tcap_ddp_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const int port = free_port();
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t start_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < spawn; ++r) {
+    const std::string out = (dir / ("rank" + std::to_string(r))).string();
+    std::filesystem::remove(out + ".txt");
+    std::filesystem::remove(out + ".pt");
+    pid_t pid = fork();
+    if (pid == 0) {
+      setenv("RANK", std::to_string(r).c_str(), 1);
+      setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+      setenv("MASTER_ADDR", "127.0.0.1", 1);
+      setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      setenv("TCAP_DIST_TIMEOUT_S", std::to_string(timeout_s).c_str(), 1);
+      setenv("OMP_NUM_THREADS", "1", 1);
+      execl("/proc/self/exe", "ddp-worker", "--ddp-worker", spec.c_str(), out.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  size_t left = pids.size();
+  while (left > 0) {
+    for (auto& pid : pids) {
+      if (pid > 0 && waitpid(pid, nullptr, WNOHANG) == pid) {
+        pid = -1;
+        --left;
+      }
+    }
+    const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (el > deadline_s) {
+      for (auto pid : pids) if (pid > 0) kill(pid, SIGKILL);
+      for (auto pid : pids) if (pid > 0) waitpid(pid, nullptr, 0);
+      ADD_FAILURE() << "ranks still running after " << deadline_s << " s (a hang): " << spec;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  Run run;
+  run.start_ms = start_ms;
+  run.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (int r = 0; r < spawn; ++r) {
+    const std::string out = (dir / ("rank" + std::to_string(r))).string();
+    RankResult rr;
+    std::ifstream in(out + ".txt");
+    std::string line;
+    while (std::getline(in, line)) {
+      const auto sp = line.find(' ');
+      rr.fields[line.substr(0, sp)] = sp == std::string::npos ? "" : line.substr(sp + 1);
+    }
+    if (rr.ok()) torch::load(rr.state, out + ".pt");
+    run.ranks.push_back(std::move(rr));
+    // (Not std::filesystem::remove_all: libtorch.so exports its own copy of it, which
+    // crashes when called from here.)
+    ::unlink((out + ".txt").c_str());
+    ::unlink((out + ".pt").c_str());
+  }
+  ::rmdir(dir.c_str());
+  return run;
+}
+
+// One process doing what `world` ranks do together: rank 0's initial weights, each step's
+// gradient the average over the ranks' batches. With BatchNorm each rank's rows are
+// forwarded apart (batch statistics are per rank in DDP); without, the concatenated
+// batch is forwarded at once.
+std::vector<at::Tensor> reference(const Scenario& s, int world) {
+  Net net = make_net(s, 0);
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  for (int step = 0; step < s.steps; ++step) {
+    opt.zero_grad();
+    for (int m = 0; m < s.micro; ++m) {
+      auto [x, y] = batch(step, m, world);
+      if (!s.bn) {
+        torch::nn::functional::cross_entropy(net->forward(x), y).backward();
+        continue;
+      }
+      // DDP's buffers follow rank 0's rows (they are broadcast before each forward).
+      std::vector<at::Tensor> rank0_buffers;
+      for (int r = 0; r < world; ++r) {
+        auto xr = x.narrow(0, r * kBatch, kBatch), yr = y.narrow(0, r * kBatch, kBatch);
+        (torch::nn::functional::cross_entropy(net->forward(xr), yr) / world).backward();
+        if (r == 0) {
+          for (const auto& b : net->buffers()) rank0_buffers.push_back(b.detach().clone());
+        }
+      }
+      torch::NoGradGuard no_grad;
+      const auto bufs = net->buffers();
+      for (size_t k = 0; k < bufs.size(); ++k) bufs[k].copy_(rank0_buffers[k]);
+    }
+    opt.step();
+  }
+  return state_of(*net);
+}
+
+void expect_matches_reference(const Run& run, const std::string& spec, int world) {
+  ASSERT_EQ(run.ranks.size(), static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) ASSERT_TRUE(run.ranks[r].ok()) << "rank " << r << ": " << run.ranks[r].error();
+  const auto ref = reference(parse(spec), world);
+  for (int r = 0; r < world; ++r) {
+    const auto& st = run.ranks[r].state;
+    ASSERT_EQ(st.size(), ref.size());
+    for (size_t k = 0; k < st.size(); ++k) {
+      EXPECT_TRUE(torch::equal(st[k], run.ranks[0].state[k])) << "rank " << r << " tensor " << k << " differs from rank 0";
+      EXPECT_TRUE(torch::allclose(st[k], ref[k], 1e-4, 1e-5))
+          << "rank " << r << " tensor " << k << " vs single process: max diff "
+          << (st[k] - ref[k]).abs().max().item<double>();
+    }
+  }
+  // The initial weights differ per rank and the gradients are averaged: a run whose ranks
+  // never communicated would not match the reference.
+  EXPECT_GT(run.ranks[0].num("allreduces"), 0);
+}
+
+TEST(DistributedDataParallel, EagerTwoRanksMatchesOneProcess) {
+  const std::string spec = "mode=eager,bn=1";
+  expect_matches_reference(launch(spec, 2), spec, 2);
+}
+
+TEST(DistributedDataParallel, EagerFourRanksConcatenatedBatch) {
+  const std::string spec = "mode=eager,bn=0";
+  expect_matches_reference(launch(spec, 4), spec, 4);
+}
+
+// Buckets capped at 24 bytes: (fc.bias, fc.weight), (norm.bias, norm.weight), (conv.bias,
+// conv.weight), reduced in bucket order whatever order the hooks run in.
+TEST(DistributedDataParallel, EagerFourRanksSmallBuckets) {
+  const std::string spec = "mode=eager,bn=1,bucket=24";
+  auto run = launch(spec, 4);
+  expect_matches_reference(run, spec, 4);
+  EXPECT_GE(run.ranks[0].num("buckets"), 3);
+  EXPECT_EQ(run.ranks[0].num("allreduces"), 3 * run.ranks[0].num("buckets"));
+}
+
+TEST(DistributedDataParallel, CompiledAutogradFourRanksSmallBuckets) {
+  const std::string spec = "mode=compiled_autograd,bn=1,steps=4,bucket=24";
+  auto run = launch(spec, 4);
+  expect_matches_reference(run, spec, 4);
+  EXPECT_GE(run.ranks[0].num("buckets"), 3);
+  for (const auto& r : run.ranks) EXPECT_GE(r.num("replays"), 2);
+}
+
+TEST(DistributedDataParallel, NoSyncAccumulatesLocally) {
+  const std::string spec = "mode=eager,bn=0,micro=3";
+  auto run = launch(spec, 2);
+  expect_matches_reference(run, spec, 2);
+  // 3 steps x 1 synced backward x the buckets of this model (one: it is small).
+  EXPECT_EQ(run.ranks[0].num("allreduces"), 3);
+}
+
+// Runs `spec` on `world` ranks and checks it against the single process; then that the tcap
+// path replayed at least `min_replays` times on every rank, or (min_replays == 0) that it
+// ran eagerly with a reason containing `reason`.
+void expect_mode(const std::string& spec, int world, int min_replays, const std::string& reason = "") {
+  auto run = launch(spec, world);
+  expect_matches_reference(run, spec, world);
+  for (const auto& r : run.ranks) {
+    const std::string why = r.fields.count("eager_reason") ? r.fields.at("eager_reason") : "";
+    if (min_replays > 0) {
+      EXPECT_GE(r.num("replays"), min_replays) << why;
+    } else {
+      EXPECT_EQ(r.num("replays"), 0);
+      EXPECT_NE(why.find(reason), std::string::npos) << why;
+    }
+  }
+}
+
+TEST(DistributedDataParallel, CompiledInnerModule) {
+  expect_mode("mode=compile_inner,bn=1,steps=4,backend=auto", 2, 2);
+}
+
+TEST(DistributedDataParallel, CompiledInnerModuleFourRanksSmallBuckets) {
+  expect_mode("mode=compile_inner,bn=1,steps=4,bucket=24", 4, 2);
+}
+
+TEST(DistributedDataParallel, CompiledWrapperWithoutBuffers) { expect_mode("mode=compile_wrapper,bn=0,steps=4", 2, 2); }
+
+TEST(DistributedDataParallel, CompiledWrapperWithBufferBroadcastRunsEagerly) {
+  expect_mode("mode=compile_wrapper,bn=1,steps=3", 2, 0, "broadcast_buffers");
+}
+
+TEST(DistributedDataParallel, CompiledAutograd) { expect_mode("mode=compiled_autograd,bn=1,steps=4", 2, 2); }
+
+TEST(DistributedDataParallel, CompileStepRunsEagerlyWithReason) {
+  expect_mode("mode=compile_step,bn=1,steps=3", 2, 0, "DistributedDataParallel");
+}
+
+TEST(DistributedDataParallel, MismatchedModelsFailAtConstructionOnEveryRank) {
+  auto run = launch("mode=eager,wider_rank=1", 2);
+  for (const auto& r : run.ranks) {
+    EXPECT_NE(r.error().find("the model differs across ranks"), std::string::npos) << r.error();
+  }
+}
+
+TEST(DistributedDataParallel, UnusedParameterIsAnError) {
+  auto run = launch("mode=eager,extra=1", 2);
+  for (const auto& r : run.ranks) {
+    EXPECT_NE(r.error().find("unused.weight"), std::string::npos) << r.error();
+    EXPECT_NE(r.error().find("received no gradient"), std::string::npos) << r.error();
+  }
+}
+
+TEST(DistributedDataParallel, RankExitingEarlyFailsTheOthersWithinTheTimeout) {
+  const double timeout_s = 4;
+  auto run = launch("mode=eager,exit_rank=1", 2, timeout_s);
+  EXPECT_NE(run.ranks[0].error().find("all-reduce failed"), std::string::npos) << run.ranks[0].error();
+  EXPECT_LT(run.seconds, timeout_s + 15);
+}
+
+// A rank that stops answering (stuck, not dead): the others fail once the timeout has
+// passed, long before it wakes up.
+TEST(DistributedDataParallel, RankStallingFailsTheOthersAfterTheTimeout) {
+  const int timeout_s = 3, stall_s = timeout_s + 8;
+  auto run = launch("mode=eager,stall_rank=1,stall_s=" + std::to_string(stall_s), 2, timeout_s);
+  EXPECT_NE(run.ranks[0].error().find("all-reduce failed"), std::string::npos) << run.ranks[0].error();
+  const double failed_after_s = static_cast<double>(run.ranks[0].num("error_at_ms") - run.start_ms) / 1000.0;
+  EXPECT_GT(failed_after_s, timeout_s);
+  EXPECT_LT(failed_after_s, stall_s);
+}
+
+TEST(DistributedDataParallel, RankNeverJoiningFailsWithinTheTimeout) {
+  const double timeout_s = 3;
+  auto run = launch("mode=eager", 2, timeout_s, /*spawn=*/1);
+  EXPECT_NE(run.ranks[0].error().find("tcap::distributed::init"), std::string::npos) << run.ranks[0].error();
+  EXPECT_LT(run.seconds, timeout_s + 15);
+}
+
+class SeedEachTest : public ::testing::EmptyTestEventListener {
+ public:
+  void OnTestStart(const ::testing::TestInfo&) override { at::manual_seed(0); }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc == 4 && std::string(argv[1]) == "--ddp-worker") return run_worker(argv[2], argv[3]);
+  ::testing::InitGoogleTest(&argc, argv);
+  ::testing::UnitTest::GetInstance()->listeners().Append(new SeedEachTest);
+  return RUN_ALL_TESTS();
+}
