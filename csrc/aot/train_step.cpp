@@ -296,7 +296,7 @@ std::vector<at::Tensor> CompiledStep::Impl::capture(StepEntry& e, const std::vec
   if (!s.unreplayable_reason().empty()) return fail(s.unreplayable_reason());
   for (const auto& m : models) {
     for (const auto& item : m->named_parameters(true)) {
-      if (torch::autograd::impl::post_acc_grad_hooks(item.value())) {
+      if (capture::has_post_accumulate_grad_hook(item.value())) {
         return fail("parameter " + item.key() + " has a post-accumulate-grad hook (such as " +
                     "DistributedDataParallel's gradient all-reduce), which a replayed step would not run");
       }

@@ -124,4 +124,9 @@ std::vector<torch::autograd::FunctionPreHook*> leaf_tensor_hooks(const at::Tenso
   return out;
 }
 
+bool has_post_accumulate_grad_hook(const at::Tensor& t) {
+  if (!t.defined() || !t.requires_grad() || !t.is_leaf()) return false;
+  return torch::autograd::impl::post_acc_grad_hooks(t) != nullptr;
+}
+
 }  // namespace tcap::capture

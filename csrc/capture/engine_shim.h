@@ -78,5 +78,7 @@ class EngineHookLease {
 // pre-hooks its AccumulateGrad node runs before accumulating, by object (the engine reads
 // them from the tensor, so they outlive any one backward). Empty for other tensors.
 std::vector<torch::autograd::FunctionPreHook*> leaf_tensor_hooks(const at::Tensor& t);
+// Whether a post-accumulate-grad hook is registered on the leaf t.
+bool has_post_accumulate_grad_hook(const at::Tensor& t);
 
 }  // namespace tcap::capture
