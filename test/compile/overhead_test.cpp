@@ -12,9 +12,12 @@
 
 #include "support/compare.h"
 
+#include <ATen/record_function.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <functional>
+#include <mutex>
 
 using tcap::testing::close;
 using Tensors = std::vector<at::Tensor>;
@@ -146,6 +149,60 @@ TEST(StepHostScalars, AdamWithTwoParamGroupsMatchesEager) {
   auto ps = model->parameters();
   auto qs = twin->parameters();
   for (size_t k = 0; k < ps.size(); ++k) EXPECT_TRUE(close(ps[k], qs[k], 1e-5, 1e-6)) << "parameter " << k;
+}
+
+// The names user scopes start with while the observer below is installed.
+std::mutex g_names_mutex;
+std::vector<std::string> g_names;
+
+std::unique_ptr<at::ObserverContext> note_scope(const at::RecordFunction& fn) {
+  std::lock_guard<std::mutex> lock(g_names_mutex);
+  g_names.emplace_back(fn.name());
+  return nullptr;
+}
+
+TEST(ProfilerNames, RegionsAndFusedKernelsAppear) {
+  tcap::CompileOptions o;
+  o.backend = "llvm";
+  o.name = "prof_fn";
+  auto fn = [](const Tensors& in) { return Tensors{torch::cos(torch::cos(in[0] + in[1]))}; };
+  auto f = tcap::compile(fn, o);
+  auto run = [&] {
+    Tensors in = {torch::randn({7, 5}, torch::requires_grad()), torch::randn({7, 5})};
+    auto out = (*f)(in);
+    out[0].sum().backward();
+  };
+  run();  // capture and compile
+  if (!f->eager_reason().empty()) GTEST_SKIP() << "no llvm backend here: " << f->eager_reason();
+  {
+    std::lock_guard<std::mutex> lock(g_names_mutex);
+    g_names.clear();
+  }
+  auto handle = at::addThreadLocalCallback(at::RecordFunctionCallback(note_scope).scopes({at::RecordScope::USER_SCOPE}));
+  run();
+  at::removeCallback(handle);
+  std::vector<std::string> names;
+  {
+    std::lock_guard<std::mutex> lock(g_names_mutex);
+    names = g_names;
+  }
+  ASSERT_GE(f->stats().replays, 1);
+  auto has = [&](const std::string& want) { return std::find(names.begin(), names.end(), want) != names.end(); };
+  std::string all;
+  for (const auto& n : names) all += n + " ";
+  EXPECT_TRUE(has("tcap::prof_fn.0.forward")) << all;
+  EXPECT_TRUE(has("tcap::prof_fn.0.backward")) << all;
+  EXPECT_TRUE(std::any_of(names.begin(), names.end(), [](const std::string& n) {
+    return n.rfind("fused_", 0) == 0 && n.find("cos") != std::string::npos;
+  })) << all;
+  // Without the observer nothing is recorded.
+  {
+    std::lock_guard<std::mutex> lock(g_names_mutex);
+    g_names.clear();
+  }
+  run();
+  std::lock_guard<std::mutex> lock(g_names_mutex);
+  EXPECT_TRUE(g_names.empty());
 }
 
 }  // namespace
