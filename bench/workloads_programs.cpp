@@ -138,7 +138,7 @@ void add_program_workloads(Registry& registry) {
               [] { return std::make_unique<programs::cnn::Cnn>(16); });
   add_program(registry, "mlp_small_step",
               "mlp_small's seed MLP 10-5-2 + Softmax, batch 1, mse_loss, Adam; µs per training step",
-              [] { return std::make_unique<programs::overhead::MlpSmallAdam>(); });
+              [] { return programs::overhead::mlp_small_adam(); });
   add_program(registry, "adam100",
               "100 parameters of 1 to 35 elements, loss sum((cat(params) * w)^2), Adam; µs per training step",
               [] { return std::make_unique<programs::overhead::Adam100>(); });

@@ -1,43 +1,24 @@
 // Small training steps whose time is per-op overhead rather than arithmetic (the
-// overhead workloads of tcap-bench, bench/README.md): the seed MLP with Adam at batch 1,
-// and an Adam step over 100 small parameters. Written as ordinary LibTorch programs and
+// overhead workloads of tcap-bench, bench/README.md): the seed MLP with Adam at batch 1
+// (the tutorial MLP, programs/tutorials.h), and an Adam step over 100 small parameters. Written as ordinary LibTorch programs and
 // run in every mode against eager, like the rest of the tier.
 #pragma once
 
 #include "programs/program.h"
+#include "programs/tutorials.h"
 
 namespace tcap::programs::overhead {
 
 namespace nn = torch::nn;
 
 // The seed MLP (Linear(10, 5), ReLU, Linear(5, 2), Softmax) at batch 1, mse_loss, Adam:
-// bench's mlp_small, as a whole training step.
-class MlpSmallAdam : public Program {
- public:
-  MlpSmallAdam() : opt_(model_->parameters(), torch::optim::AdamOptions(1e-2)) { set_model(model_); }
-  std::string name() const override { return "mlp_small_adam"; }
-  std::vector<std::shared_ptr<nn::Module>> modules() override { return {model_.ptr()}; }
-  std::vector<torch::optim::Optimizer*> optimizers() override { return {&opt_}; }
-  Tensors batch(int step) override {
-    auto gen = step_generator(23, step);
-    return {torch::randn({1, 10}, gen), torch::softmax(torch::randn({1, 2}, gen), 1)};
-  }
-  Tensors train_step(const Tensors& batch) override {
-    opt_.zero_grad();
-    auto loss = torch::mse_loss(forward(0, batch[0]), batch[1]);
-    loss.backward();
-    opt_.step();
-    return {loss};
-  }
-  std::vector<std::shared_ptr<CompiledFunction>> compile_forwards(const CompileOptions& options) override {
-    return compile_model(model_, options);
-  }
-
- private:
-  Seed seed_{23};
-  nn::Sequential model_{nn::Linear(10, 5), nn::ReLU(), nn::Linear(5, 2), nn::Softmax(1)};
-  torch::optim::Adam opt_;
-};
+// bench's mlp_small, as a whole training step (the tutorial MLP with Adam).
+inline std::unique_ptr<Program> mlp_small_adam() {
+  return std::make_unique<tutorials::TutorialMlp>(
+      "mlp_small_adam", 23, 1, [](std::vector<at::Tensor> ps) {
+        return std::make_unique<torch::optim::Adam>(std::move(ps), torch::optim::AdamOptions(1e-2));
+      });
+}
 
 // kParams parameters of small odd shapes; the forward flattens and concatenates them and
 // the loss is a weighted sum of squares against the batch, so the step's time is the

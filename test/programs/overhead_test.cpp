@@ -15,7 +15,7 @@ using namespace overhead;
 
 constexpr int kSteps = 20;
 const Tolerance kTol{1e-4, 1e-5};
-const ProgramFactory kMlpAdam = [] { return std::make_unique<MlpSmallAdam>(); };
+const ProgramFactory kMlpAdam = [] { return mlp_small_adam(); };
 const ProgramFactory kAdam100 = [] { return std::make_unique<Adam100>(); };
 
 TCAP_PROGRAM_TEST(ProgramMlpSmallAdam, Compile, kMlpAdam, kSteps, kTol, Mode::Compile)
