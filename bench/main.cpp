@@ -27,7 +27,9 @@ constexpr const char* kUsage =
     "  --variants A,B  run only these variants (eager, tcap_eager, tcap_eager_default,\n"
     "                  tcap_llvm, tcap_cuda, tcap_cuda_graphs, ca_eager, ca_llvm, ca_cuda,\n"
     "                  py_eager, inductor,\n"
-    "                  record, record_read, replay)\n"
+    "                  record, record_read, replay; the program workloads' compile,\n"
+    "                  compile_llvm, step, step_llvm, ca, ca_llvm; overhead_empty's call,\n"
+    "                  lookup, guard_check)\n"
     "  --json FILE     also write the records to FILE (a JSON list, one object per variant)\n"
     "  --repeats N     rounds per workload (default 15; 3 with --quick)\n"
     "  --quick         few rounds and iterations: a smoke test, not a measurement (no\n"
@@ -43,7 +45,9 @@ constexpr const char* kUsage =
 // Every variant some workload has (--variants checks its names against these).
 const char* const kVariants[] = {"eager",     "record",    "record_read",      "replay",   "tcap_eager",
                                  "tcap_eager_default",     "tcap_llvm", "tcap_cuda", "tcap_cuda_graphs",
-                                 "ca_eager",  "ca_llvm",   "ca_cuda",     "py_eager", "inductor"};
+                                 "ca_eager",  "ca_llvm",   "ca_cuda",     "py_eager", "inductor",
+                                 "compile",   "compile_llvm", "step",     "step_llvm", "ca",
+                                 "call",      "lookup",    "guard_check"};
 
 [[noreturn]] void usage_error(const std::string& message) {
   std::cerr << "tcap-bench: " << message << "\n" << kUsage;
@@ -112,6 +116,7 @@ int main(int argc, char** argv) {
   tcap::bench::add_capture_workloads(registry);
   tcap::bench::add_compile_workloads(registry);
   tcap::bench::add_program_workloads(registry);
+  tcap::bench::add_overhead_workloads(registry);
 
   if (options.device == "cuda") {
     if (!torch::cuda::is_available()) {

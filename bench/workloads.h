@@ -14,5 +14,8 @@ void add_compile_workloads(Registry& registry);
 // program_cnn, program_dcgan, ...: whole training steps of the programs of test/programs/
 // in each tcap mode (workloads_programs.cpp).
 void add_program_workloads(Registry& registry);
+// overhead_empty: the cost of a compiled call whose graph is empty, of the entry lookup
+// and of the guard check alone (workloads_overhead.cpp).
+void add_overhead_workloads(Registry& registry);
 
 }  // namespace tcap::bench

@@ -22,6 +22,7 @@
 #include "programs/cnn.h"
 #include "programs/gan.h"
 #include "programs/lstm_lm.h"
+#include "programs/overhead.h"
 #include "programs/regression_mlp.h"
 #include "programs/transformer_lm.h"
 #include "programs/tutorials.h"
@@ -119,6 +120,15 @@ void add_program_workloads(Registry& registry) {
               "MNIST-style CNN (Conv2d, BatchNorm2d, max_pool, Linear), SGD momentum, batch 8 of 1x16x16; "
               "µs per training step",
               [] { return std::make_unique<programs::cnn::Cnn>(); });
+  add_program(registry, "cnn_step",
+              "the MNIST-style CNN of program_cnn at batch 16 of 1x16x16, SGD momentum; µs per training step",
+              [] { return std::make_unique<programs::cnn::Cnn>(16); });
+  add_program(registry, "mlp_small_step",
+              "mlp_small's seed MLP 10-5-2 + Softmax, batch 1, mse_loss, Adam; µs per training step",
+              [] { return programs::overhead::mlp_small_adam(); });
+  add_program(registry, "adam100",
+              "100 parameters of 1 to 35 elements, loss sum((cat(params) * w)^2), Adam; µs per training step",
+              [] { return std::make_unique<programs::overhead::Adam100>(); });
   add_program(registry, "program_dcgan",
               "DCGAN pair (ConvTranspose2d/Conv2d, BatchNorm2d), two Adams, D and G updates in one step, "
               "batch 8 of 1x16x16; µs per training step",

@@ -86,6 +86,18 @@ torch::optim::OptimizerOptions& OptimizerAdapter::group_options_of(size_t j) con
 
 namespace {
 
+// Parameter j of `opt`, in group order, without building the whole list: host_state(j)
+// runs for every parameter on every replayed step, so params()[j] there made a step
+// quadratic in the number of parameters.
+const at::Tensor& param_at(torch::optim::Optimizer& opt, size_t j) {
+  size_t k = 0;
+  for (auto& g : opt.param_groups()) {
+    if (j < k + g.params().size()) return g.params()[j - k];
+    k += g.params().size();
+  }
+  TORCH_CHECK(false, "tcap: parameter ", j, " is not in the optimizer");
+}
+
 std::string param_name(const std::string& prefix, size_t j, const char* what) {
   return prefix + "p" + std::to_string(j) + "." + what;
 }
@@ -178,7 +190,7 @@ class AdamAdapter : public OptimizerAdapter {
     s.beta1 = std::get<0>(o.betas());
     s.beta2 = std::get<1>(o.betas());
     s.weight_decay = o.weight_decay();
-    auto* st = state_of(params()[j]);
+    auto* st = state_of(param_at(optimizer(), j));
     s.step = (st ? static_cast<State&>(*st).step() : 0) + 1;
     return s;
   }
@@ -228,7 +240,7 @@ class AdagradAdapter : public OptimizerAdapter {
     s.lr = o.lr();
     s.weight_decay = o.weight_decay();
     s.lr_decay = o.lr_decay();
-    auto* st = state_of(params()[j]);
+    auto* st = state_of(param_at(optimizer(), j));
     s.step = (st ? static_cast<torch::optim::AdagradParamState&>(*st).step() : 0) + 1;
     return s;
   }

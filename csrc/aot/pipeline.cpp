@@ -24,6 +24,8 @@
 #include <tcap/graph_json.h>
 #include <tcap/interpreter.h>
 
+#include <ATen/record_function.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -59,13 +61,23 @@ const ir::Graph& stage(const ir::Graph& g, const std::string& what, const char* 
   return g;
 }
 
-// The interpreter over a graph, as an Executable (runs under the CPU buffer pool).
-Executable interpreter_executable(const ir::Graph& g, bool check_host_values = false) {
+// Note [Profiler names]
+// Each run of a compiled graph shows in LibTorch's profiler (and any RecordFunction
+// observer) as a user scope named "tcap::<graph>" ("tcap::fn.0.forward",
+// "tcap::train.step1"), with its ATen ops and generated kernels ("fused_3_add_cos_cos",
+// runtime/fused_kernel.cpp) inside. The names are built at compile time; with no
+// observer installed a scope costs one check of the callback lists, no string.
+std::string profiler_name(const std::string& what) { return "tcap::" + what; }
+
+// The interpreter over a graph, as an Executable (runs under the CPU buffer pool), named
+// `what` in the profiler.
+Executable interpreter_executable(const ir::Graph& g, const std::string& what, bool check_host_values = false) {
   auto interp = std::make_shared<Interpreter>(g);
   interp->keep_values(false);
   interp->check_host_values(check_host_values);
   auto mu = std::make_shared<std::mutex>();
-  return [interp, mu](std::vector<at::Tensor> in) {
+  return [interp, mu, name = profiler_name(what)](std::vector<at::Tensor> in) {
+    RECORD_USER_SCOPE(std::string_view(name));  // Note [Profiler names]
     std::lock_guard<std::mutex> lock(*mu);
     runtime::PoolScope pool;  // Note [CPU buffer pool]
     return interp->run(std::move(in));
@@ -208,7 +220,7 @@ Executable compile_graph(const ir::Graph& g, const CompileOptions& o, const std:
     int rewritten = 0;
     h = stage(passes::reuse_buffers(h, &rewritten), what, "reuse_buffers");
     TCAP_LOG(Perf, what << ": " << rewritten << " ops run in place on a dying intermediate");
-    exe = owning_kernels(interpreter_executable(h, check_host_values), std::move(kernels));
+    exe = owning_kernels(interpreter_executable(h, what, check_host_values), std::move(kernels));
   }
   if (o.cuda_graphs) exe = with_cuda_graphs(std::move(exe), g, what);
   return exe;
@@ -316,8 +328,9 @@ ScalarExecutable compile_graph_with_scalars(const ir::Graph& g, const std::vecto
   interp->keep_values(false);
   interp->check_host_values(check_host_values);
   auto mu = std::make_shared<std::mutex>();
-  return [interp, mu, at, owner = kernel_owner(std::move(kernels))](std::vector<at::Tensor> in, const std::vector<double>& scalars,
-                                                                     std::vector<c10::IValue>* host_values) {
+  return [interp, mu, at, owner = kernel_owner(std::move(kernels)), name = profiler_name(what)](
+             std::vector<at::Tensor> in, const std::vector<double>& scalars, std::vector<c10::IValue>* host_values) {
+    RECORD_USER_SCOPE(std::string_view(name));  // Note [Profiler names]
     TORCH_CHECK(scalars.size() == at.size(), "tcap: ", at.size(), " scalars expected, got ", scalars.size());
     std::lock_guard<std::mutex> lock(*mu);
     for (size_t k = 0; k < at.size(); ++k) interp->set_scalar_arg(at[k].first, at[k].second, scalars[k]);
@@ -332,7 +345,7 @@ ScalarExecutable compile_graph_with_scalars(const ir::Graph& g, const std::vecto
 
 Executable eager_backend(const ir::Graph& g) {
   int rewritten = 0;
-  Executable exe = interpreter_executable(passes::reuse_buffers(g, &rewritten));
+  Executable exe = interpreter_executable(passes::reuse_buffers(g, &rewritten), "graph");
   TCAP_LOG(Perf, "eager backend: " << rewritten << " ops run in place on a dying intermediate");
   return exe;
 }

@@ -98,9 +98,15 @@ bool compile_region(RegionEntry& e, JointGraph joint, bool has_backward, const s
   else if (reads) e.guards.host.build_precheck(fw);
   else e.guards.host = cache::HostReads();
   e.guards.aliases = cache::alias_classes(primals);
-  e.use_function = e.guards.global.grad_mode && std::any_of(primals.begin(), primals.end(), [](const at::Tensor& t) {
+  // An autograd node per call only where a backward can reach it: grad mode on, a primal
+  // requiring grad, and an output that is differentiable. With no differentiable output
+  // the node would be built and dropped on every call (no backward can run through it;
+  // writes into primals that require grad are refused above), so the replay is direct.
+  e.use_function = e.guards.global.grad_mode &&
+                   std::any_of(primals.begin(), primals.end(), [](const at::Tensor& t) {
                      return t.defined() && t.requires_grad();
-                   });
+                   }) &&
+                   std::any_of(e.output_differentiable.begin(), e.output_differentiable.end(), [](bool d) { return d; });
   e.compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   TCAP_LOG(AotGraphs, "'" << o.name << "' entry " << e.id << " joint graph:\n"
                           << ir::to_string(e.joint.graph) << "\nforward graph:\n" << ir::to_string(e.part.forward)

@@ -58,6 +58,36 @@ bool same_host_value(const ir::Arg& a, const c10::IValue& v) {
   return false;
 }
 
+// Note [Guard fast path]
+// Most calls hit, and a hit needs no words: for an entry without dynamic dims, one flat
+// pass compares each tensor's recorded metadata (defined, identity, dtype, device,
+// requires_grad, the captured sizes, strides) with the call's, building nothing. Only when it finds a
+// difference does check() run the detailed pass, which says what changed and which sizes
+// could become dynamic. The fast pass accepts exactly what the detailed one accepts: for a
+// static entry every size must equal the captured one and every stride too.
+// Returns whether every tensor matches; `dims` gets the number of tensor dims (the
+// position of the plain sizes in Guards::sizes).
+bool tensors_match_exactly(const std::vector<TensorGuard>& guards, const std::vector<int64_t>& sizes,
+                           c10::ArrayRef<at::Tensor> ts, size_t* dims) {
+  size_t pos = 0;
+  for (size_t k = 0; k < guards.size(); ++k) {
+    const TensorGuard& g = guards[k];
+    const at::Tensor& t = ts[k];
+    if (t.defined() != g.defined) return false;
+    const size_t first = pos;
+    pos += g.sizes.size();
+    if (!g.defined) continue;
+    if (g.identity && t.unsafeGetTensorImpl() != g.identity) return false;
+    if (t.scalar_type() != g.dtype || t.device() != g.device || t.requires_grad() != g.requires_grad) return false;
+    if (pos > sizes.size() || t.sizes() != c10::IntArrayRef(sizes.data() + first, g.sizes.size()) ||
+        t.strides() != c10::IntArrayRef(g.strides)) {
+      return false;
+    }
+  }
+  *dims = pos;
+  return true;
+}
+
 }  // namespace
 
 // --- GlobalState ---------------------------------------------------------------------
@@ -303,7 +333,9 @@ Miss Guards::check(const CallView& call, std::vector<int64_t>* key) const {
   }
   SizeCheck fit(dyn, sizes);
   size_t pos = 0;
-  for (size_t k = 0; k < tensors.size(); ++k) {
+  // See Note [Guard fast path].
+  const bool exact = !dyn.dynamic() && tensors_match_exactly(tensors, sizes, call.tensors, &pos);
+  for (size_t k = 0; k < tensors.size() && !exact; ++k) {
     const TensorGuard& g = tensors[k];
     const at::Tensor& t = call.tensors[k];
     const size_t first = pos;

@@ -8,6 +8,7 @@
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/CPUAllocator.h>
@@ -132,6 +133,8 @@ std::vector<at::Tensor> run_fused(const std::vector<at::Tensor>& inputs, int64_t
   TORCH_CHECK(k, "tcap::fused: kernel ", id,
               " is not loaded in this process (graphs with fused nodes run only in the process that compiled them; "
               "replay the graph dumped before fusion instead)");
+  // The kernel by its name, fused ops included, in the profiler (Note [Profiler names]).
+  RECORD_USER_SCOPE(std::string_view(k->name));
   k->calls.fetch_add(1, std::memory_order_relaxed);
   std::string mismatch;
   if (inputs.size() != k->inputs.size()) {

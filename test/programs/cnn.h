@@ -37,7 +37,9 @@ TORCH_MODULE(Net);
 
 class Cnn : public Program {
  public:
-  Cnn() : opt_(model_->parameters(), torch::optim::SGDOptions(0.01).momentum(0.5)) {
+  // batch: images per step (8 in the test tier; tcap-bench's cnn_step uses 16).
+  explicit Cnn(int64_t batch = 8)
+      : batch_(batch), opt_(model_->parameters(), torch::optim::SGDOptions(0.01).momentum(0.5)) {
     set_model(model_);
   }
   std::string name() const override { return "cnn"; }
@@ -45,7 +47,7 @@ class Cnn : public Program {
   std::vector<torch::optim::Optimizer*> optimizers() override { return {&opt_}; }
   Tensors batch(int step) override {
     auto gen = step_generator(11, step);
-    return {torch::randn({8, 1, 16, 16}, gen), torch::randint(0, 10, {8}, gen)};
+    return {torch::randn({batch_, 1, 16, 16}, gen), torch::randint(0, 10, {batch_}, gen)};
   }
   Tensors train_step(const Tensors& batch) override {
     opt_.zero_grad();
@@ -60,6 +62,7 @@ class Cnn : public Program {
   }
 
  private:
+  int64_t batch_;
   Seed seed_{11};
   Net model_;
   torch::optim::SGD opt_;

@@ -13,23 +13,33 @@ namespace tcap::programs::tutorials {
 
 namespace nn = torch::nn;
 
+// The tutorial MLP; its optimizer, batch size, seed and name are parameters so that
+// bench's mlp_small_step (Adam, batch 1: programs/overhead.h) is the same program.
 class TutorialMlp : public Program {
  public:
-  TutorialMlp() : opt_(model_->parameters(), torch::optim::SGDOptions(0.1)) {
+  using MakeOptimizer = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<at::Tensor>)>;
+  static MakeOptimizer sgd(double lr) {
+    return [lr](std::vector<at::Tensor> ps) {
+      return std::make_unique<torch::optim::SGD>(std::move(ps), torch::optim::SGDOptions(lr));
+    };
+  }
+  explicit TutorialMlp(std::string name = "tutorial_mlp", uint64_t seed = 16, int64_t batch = 9,
+                       const MakeOptimizer& make_optimizer = sgd(0.1))
+      : name_(std::move(name)), seed_value_(seed), batch_(batch), seed_(seed), opt_(make_optimizer(model_->parameters())) {
     set_model(model_);
   }
-  std::string name() const override { return "tutorial_mlp"; }
+  std::string name() const override { return name_; }
   std::vector<std::shared_ptr<nn::Module>> modules() override { return {model_.ptr()}; }
-  std::vector<torch::optim::Optimizer*> optimizers() override { return {&opt_}; }
+  std::vector<torch::optim::Optimizer*> optimizers() override { return {opt_.get()}; }
   Tensors batch(int step) override {
-    auto gen = step_generator(16, step);
-    return {torch::randn({9, 10}, gen), torch::softmax(torch::randn({9, 2}, gen), 1)};
+    auto gen = step_generator(seed_value_, step);
+    return {torch::randn({batch_, 10}, gen), torch::softmax(torch::randn({batch_, 2}, gen), 1)};
   }
   Tensors train_step(const Tensors& batch) override {
-    opt_.zero_grad();
+    opt_->zero_grad();
     auto loss = torch::mse_loss(forward(0, batch[0]), batch[1]);
     loss.backward();
-    opt_.step();
+    opt_->step();
     return {loss};
   }
   std::vector<std::shared_ptr<CompiledFunction>> compile_forwards(const CompileOptions& options) override {
@@ -37,9 +47,12 @@ class TutorialMlp : public Program {
   }
 
  private:
-  Seed seed_{16};
+  std::string name_;
+  uint64_t seed_value_;
+  int64_t batch_;
+  Seed seed_;
   nn::Sequential model_{nn::Linear(10, 5), nn::ReLU(), nn::Linear(5, 2), nn::Softmax(1)};
-  torch::optim::SGD opt_;
+  std::unique_ptr<torch::optim::Optimizer> opt_;
 };
 
 struct CosCosImpl : nn::Module {
