@@ -89,6 +89,19 @@ TEST(HostValues, MultiheadAttentionEqualIsAGuard) {
   EXPECT_TRUE(host_guard);
 }
 
+// A training step that logs its loss (item()) and clip_grad_norm_'s norm, in that order.
+template <class Opt>
+at::Tensor logged_step(torch::nn::Sequential& m, Opt& o, const at::Tensor& x, const at::Tensor& y,
+                       std::vector<double>& log) {
+  o.zero_grad();
+  auto loss = torch::mse_loss(m->forward(x), y);
+  log.push_back(loss.item<double>());
+  loss.backward();
+  log.push_back(torch::nn::utils::clip_grad_norm_(m->parameters(), 0.5));
+  o.step();
+  return loss;
+}
+
 // compile_step: a logged loss.item() and clip_grad_norm_ (which reads the norm on the
 // host) inside the step, observed by the program's promise; results equal eager, and the
 // step replays.
@@ -102,15 +115,9 @@ TEST(HostValues, StepWithLoggedLossAndClipGradNorm) {
     for (const auto& item : model->named_parameters()) dst[item.key()].copy_(item.value());
   }
   torch::optim::Adam opt(model->parameters(), 1e-2), opt_twin(twin->parameters(), 1e-2);
-  std::vector<double> losses, norms;
+  std::vector<double> log;
   auto body = [&](torch::nn::Sequential& m, torch::optim::Adam& o, const at::Tensor& x, const at::Tensor& y) {
-    o.zero_grad();
-    auto loss = torch::mse_loss(m->forward(x), y);
-    losses.push_back(loss.item<double>());
-    loss.backward();
-    norms.push_back(torch::nn::utils::clip_grad_norm_(m->parameters(), 0.5));
-    o.step();
-    return loss;
+    return logged_step(m, o, x, y, log);
   };
   tcap::CompileOptions o;
   o.observe_host_values = true;  // the loss and the norm are only logged
@@ -143,16 +150,7 @@ TEST(HostValues, StepHandsObservedValuesBack) {
   }
   torch::optim::SGD opt(model->parameters(), 0.05), opt_twin(twin->parameters(), 0.05);
   std::vector<double> log, twin_log;  // loss, then norm, per step
-  auto body = [](torch::nn::Sequential& m, torch::optim::SGD& o, const at::Tensor& x, const at::Tensor& y,
-                 std::vector<double>& out) {
-    o.zero_grad();
-    auto loss = torch::mse_loss(m->forward(x), y);
-    out.push_back(loss.item<double>());
-    loss.backward();
-    out.push_back(torch::nn::utils::clip_grad_norm_(m->parameters(), 0.5));
-    o.step();
-    return loss;
-  };
+  auto body = logged_step<torch::optim::SGD>;
   tcap::CompileOptions o;
   o.observe_host_values = true;
   auto step = tcap::compile_step(model, opt, [&](const Tensors& in) { return Tensors{body(model, opt, in[0], in[1], log)}; }, o);

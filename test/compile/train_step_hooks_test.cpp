@@ -79,14 +79,23 @@ void expect_same_log(std::vector<double> a, std::vector<double> b) {
   for (size_t k = 0; k < a.size(); ++k) EXPECT_NEAR(a[k], b[k], kAtol + kRtol * std::abs(b[k])) << "entry " << k;
 }
 
+// A model and its eager twin from the same weights, each with add_logging_hooks.
+struct HookedTwins {
+  explicit HookedTwins(uint64_t seed) : seeded((torch::manual_seed(seed), true)) {
+    tcap::testing::copy_parameters(*model.net, *twin.net);
+    add_logging_hooks(model, log);
+    add_logging_hooks(twin, twin_log);
+  }
+  bool seeded;  // first: the seed is set before the models are built
+  Trainer model, twin;
+  std::vector<double> log, twin_log;
+};
+
 TEST(TrainStepHooks, ParameterHooksRunOnEveryReplay) {
   tcap::StanceGuard strict(tcap::Stance::Default, /*error_on_fallback=*/true);
-  torch::manual_seed(0);
-  Trainer model, twin;
-  tcap::testing::copy_parameters(*model.net, *twin.net);
-  std::vector<double> log, twin_log;
-  add_logging_hooks(model, log);
-  add_logging_hooks(twin, twin_log);
+  HookedTwins t(0);
+  Trainer &model = t.model, &twin = t.twin;
+  std::vector<double>& log = t.log, &twin_log = t.twin_log;
   auto step = compile(model);
   for (int i = 0; i < 10; ++i) {
     auto x = torch::randn({5, 6}), y = torch::randn({5, 3});
@@ -140,12 +149,9 @@ TEST(TrainStepHooks, HookAddedToAnotherParameterRecaptures) {
 }
 
 TEST(TrainStepHooks, SecondHookOnTheSameParameterRuns) {
-  torch::manual_seed(2);
-  Trainer model, twin;
-  tcap::testing::copy_parameters(*model.net, *twin.net);
-  std::vector<double> log, twin_log;
-  add_logging_hooks(model, log);
-  add_logging_hooks(twin, twin_log);
+  HookedTwins t(2);
+  Trainer &model = t.model, &twin = t.twin;
+  std::vector<double>& log = t.log, &twin_log = t.twin_log;
   auto step = compile(model);
   int second = 0;
   for (int i = 0; i < 10; ++i) {
