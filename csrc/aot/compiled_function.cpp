@@ -156,6 +156,14 @@ std::optional<std::vector<at::Tensor>> CompiledFunction::Impl::while_pending(con
   try {
     bool replaces = false;
     auto e = p->compile_forward_only(&replaces);
+    if (!e) {
+      // A backward on another thread is recording the capture now: keep waiting for it.
+      {
+        std::lock_guard<std::mutex> lock(pending_mutex);
+        if (!pending) pending = std::move(p);
+      }
+      return run_eager(user_inputs);
+    }
     publish(e, p->size_miss_of, p->changed, replaces ? p->host_miss_of : nullptr);
     TCAP_LOG(GraphBreaks, who() << ": no backward reached the first call; compiled its forward alone "
                                    "(a backward will recompute)");

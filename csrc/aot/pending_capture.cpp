@@ -11,8 +11,7 @@ PendingCapture::PendingCapture(std::shared_ptr<RegionCapture> capture, std::shar
 PendingCapture::~PendingCapture() { stop_watching(); }
 
 void PendingCapture::stop_watching() {
-  if (!watching_) return;
-  watching_ = false;
+  if (!watching_.exchange(false)) return;
   capture_->remove_observers();
   capture::disarm_watcher(capture_.get());
 }
@@ -27,7 +26,7 @@ std::string PendingCapture::watch(const std::vector<at::Tensor>& outputs) {
     capture_->remove_observers();
     return why;
   }
-  watching_ = true;
+  watching_.store(true);
   capture::arm_watcher(capture_);
   return "";
 }
@@ -65,6 +64,7 @@ std::shared_ptr<RegionEntry> PendingCapture::result(std::string* failure, bool* 
 }
 
 std::shared_ptr<RegionEntry> PendingCapture::compile_forward_only(bool* replaces) {
+  if (!capture_->abandon()) return nullptr;  // Note [Abandoning a capture]
   stop_watching();
   const bool r = compile_region(*entry_, capture_->joint_without_backward(), /*has_backward=*/false,
                                 capture_->primal_tensors(), options_, host_miss_of.get());

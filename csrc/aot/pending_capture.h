@@ -11,6 +11,7 @@
 #include "aot/region.h"
 #include "aot/region_entry.h"
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -33,7 +34,9 @@ class PendingCapture : public std::enable_shared_from_this<PendingCapture> {
   // After finished(): the compiled entry, or nullptr with `failure` set. `replaces`
   // receives whether it generalizes host_miss_of (Note [Observed host values]).
   std::shared_ptr<RegionEntry> result(std::string* failure, bool* replaces = nullptr) const;
-  // No backward came: compiles the forward alone. Throws c10::Error if it cannot.
+  // No backward came: compiles the forward alone. Throws c10::Error if it cannot. Returns
+  // nullptr, changing nothing, when a backward (on another thread) is recording the
+  // capture right now or already did: keep waiting for finished().
   std::shared_ptr<RegionEntry> compile_forward_only(bool* replaces = nullptr);
   // Removes the observers and disarms the capture (not from inside a backward).
   void close() { stop_watching(); }
@@ -56,7 +59,7 @@ class PendingCapture : public std::enable_shared_from_this<PendingCapture> {
   CompileOptions options_;
   mutable std::mutex mutex_;
   bool finished_ = false;
-  bool watching_ = false;
+  std::atomic<bool> watching_{false};
   std::shared_ptr<RegionEntry> ready_;
   bool replaces_ = false;
   std::string failure_;

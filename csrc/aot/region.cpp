@@ -255,6 +255,7 @@ std::string RegionCapture::watch_backward(const std::vector<at::Tensor>& outputs
   // User hooks on outputs are registered after the call returns, so they run before the
   // start observer (appended now, last): the tangent is the gradient after those hooks.
   auto self = weak_from_this();
+  std::lock_guard<std::mutex> lock(observed_mutex_);
   for (size_t k = 0; k < outputs.size(); ++k) {
     const at::Tensor& o = outputs[k];
     if (!o.requires_grad()) continue;
@@ -269,7 +270,26 @@ std::string RegionCapture::watch_backward(const std::vector<at::Tensor>& outputs
   return "";
 }
 
+// Note [Abandoning a capture]
+// A first call's capture waits for its backward (PendingCapture). Another thread's call
+// may give up waiting (compile_forward_only) while the thread that made the graph runs
+// that very backward: the engine, HookWrapScope and the observers themselves then iterate
+// the hook lists of these nodes. So the giving-up thread only marks the capture done
+// (abandon(), refused once a backward has started recording it: that backward finishes
+// the capture) and disarms it; it never edits hook lists of a graph it does not own. The
+// observers left behind hold a weak pointer and check done_: they do nothing, and go
+// with their nodes. The owner thread, and the backward that completes the capture, erase
+// them as before.
 void RegionCapture::remove_observers() {
+  if (std::this_thread::get_id() != owner_) {
+    TCAP_LOG(Capture, "left the backward observers of a capture on the graph of another thread (inert)");
+    return;
+  }
+  erase_observers_now();
+}
+
+void RegionCapture::erase_observers_now() {
+  std::lock_guard<std::mutex> lock(observed_mutex_);
   for (auto& w : observed_nodes_) {
     auto n = w.lock();
     if (!n) continue;
@@ -277,6 +297,14 @@ void RegionCapture::remove_observers() {
     erase_observers<EndObserver>(n->post_hooks(), this);
   }
   observed_nodes_.clear();
+}
+
+bool RegionCapture::abandon() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (started_) return false;
+  done_ = true;
+  on_done_ = nullptr;
+  return true;
 }
 
 void RegionCapture::on_tangent(size_t output, const at::Tensor& grad) {
@@ -315,7 +343,7 @@ void RegionCapture::backward_finished(bool ok) {
     if (!ok && failure_.empty()) failure_ = "the backward that reached the function failed";
     cb = std::move(on_done_);
   }
-  remove_observers();
+  erase_observers_now();  // this thread's backward just ran over these nodes
   if (cb) cb(*this);
 }
 

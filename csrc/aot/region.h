@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace tcap::aot {
@@ -52,8 +53,13 @@ class RegionCapture : public capture::BackwardWatcher,
   std::string watch_backward(const std::vector<at::Tensor>& outputs, Done done);
   // After the backward: the joint graph, or throws c10::Error saying why it cannot be built.
   JointGraph joint_with_backward();
-  // Removes the observers from autograd nodes still alive.
+  // Removes the observers from autograd nodes still alive, on the thread that recorded the
+  // forward only: another thread may be running a backward over those nodes, so elsewhere
+  // they stay, inert (Note [Abandoning a capture]).
   void remove_observers();
+  // No backward will be recorded: true if none has started (later observer calls do
+  // nothing), false if a backward is recording the region now or already did.
+  bool abandon();
 
   // The tensors of the forward's Input nodes (primals), in order.
   std::vector<at::Tensor> primal_tensors() const;
@@ -65,7 +71,10 @@ class RegionCapture : public capture::BackwardWatcher,
  private:
   JointGraph build_joint(bool with_backward) const;
 
+  void erase_observers_now();
+
   std::unique_ptr<capture::Session> session_;
+  const std::thread::id owner_ = std::this_thread::get_id();  // the thread that records the forward
   mutable std::mutex mutex_;
   uint64_t seq_begin_ = 0, seq_end_ = 0;
   size_t fw_end_ = 0;
@@ -78,6 +87,7 @@ class RegionCapture : public capture::BackwardWatcher,
   std::string failure_;
   std::vector<ir::ValueId> tangent_value_;                // per output
   std::vector<std::vector<ir::ValueId>> contributions_;   // per primal
+  std::mutex observed_mutex_;
   std::vector<std::weak_ptr<torch::autograd::Node>> observed_nodes_;
   Done on_done_;
 };

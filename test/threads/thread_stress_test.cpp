@@ -197,4 +197,97 @@ TEST(Threads, OneCompiledFunctionFirstCallsRace) {
   }));
 }
 
+// Deterministic halves of that race (Note [Abandoning a capture]). Another thread gives up
+// waiting for the first call's backward while that backward is running on the thread
+// that made the graph: the capture is left to the backward, which completes it.
+TEST(Threads, GivingUpWaitsForABackwardAlreadyRecording) {
+  const auto fn = [](const std::vector<at::Tensor>& in) {
+    return std::vector<at::Tensor>{torch::sigmoid(in[0] * in[1]).sum(0)};
+  };
+  tcap::CompileOptions o;
+  o.name = "given_up_while_running";
+  const auto f = tcap::compile(fn, o);
+  const at::Tensor a = torch::randn({7, 3}, torch::requires_grad());
+  const at::Tensor b = torch::randn({7, 3});
+  const at::Tensor y = (*f)({a, b})[0];  // captures; waits for its backward
+  std::string other;
+  // a's hook runs inside the region's backward, after it started recording.
+  a.register_hook([&](const at::Tensor& g) {
+    std::thread t([&] {
+      try {
+        for (int k = 0; k < 4; ++k) {
+          const at::Tensor x = torch::randn({7, 3}), z = torch::randn({7, 3});
+          const at::Tensor got = (*f)({x, z})[0];
+          if (!close(got, fn({x, z})[0])) other = "call " + std::to_string(k) + " differs from eager";
+        }
+      } catch (const std::exception& e) {
+        other = e.what();
+      }
+    });
+    t.join();
+    return g;
+  });
+  y.sum().backward();
+  EXPECT_EQ(other, "");
+  const at::Tensor ea = a.detach().clone().requires_grad_();
+  fn({ea, b})[0].sum().backward();
+  EXPECT_TRUE(close(a.grad(), ea.grad()));
+  // The backward completed the capture: one entry with a backward, which now replays.
+  const auto entries = f->entries();
+  ASSERT_EQ(entries.size(), 1U);
+  EXPECT_EQ(entries[0].joint.num_tangents, 1U);
+  const at::Tensor a2 = torch::randn({7, 3}, torch::requires_grad());
+  const at::Tensor y2 = (*f)({a2, b})[0];
+  y2.sum().backward();
+  const at::Tensor ea2 = a2.detach().clone().requires_grad_();
+  fn({ea2, b})[0].sum().backward();
+  EXPECT_TRUE(close(y2, fn({a2.detach(), b})[0]));
+  EXPECT_TRUE(close(a2.grad(), ea2.grad()));
+  const auto st = f->stats();
+  EXPECT_EQ(st.captures, 1);
+  EXPECT_EQ(st.compiles, 1);
+  EXPECT_GE(st.replays, 1);
+}
+
+// The other half: the giving-up thread compiles the forward alone and leaves the
+// observers on the owner's graph, inert; the first call's backward, run later on its own
+// thread, is plain eager and right.
+TEST(Threads, GivingUpOnAnotherThreadLeavesTheOwnersGraphRight) {
+  const auto fn = [](const std::vector<at::Tensor>& in) {
+    return std::vector<at::Tensor>{torch::tanh(in[0] * in[1]).sum(1)};
+  };
+  tcap::CompileOptions o;
+  o.name = "given_up_elsewhere";
+  const auto f = tcap::compile(fn, o);
+  const at::Tensor a = torch::randn({5, 6}, torch::requires_grad());
+  const at::Tensor b = torch::randn({5, 6});
+  const at::Tensor y = (*f)({a, b})[0];
+  std::string other;
+  std::thread t([&] {
+    try {
+      for (int k = 0; k < 4; ++k) {
+        const at::Tensor x = torch::randn({5, 6}, torch::requires_grad()), z = torch::randn({5, 6});
+        const at::Tensor got = (*f)({x, z})[0];
+        got.sum().backward();
+        const at::Tensor ex = x.detach().clone().requires_grad_();
+        fn({ex, z})[0].sum().backward();
+        if (!close(got, fn({x.detach(), z})[0]) || !close(x.grad(), ex.grad())) {
+          other = "call " + std::to_string(k) + " differs from eager";
+        }
+      }
+    } catch (const std::exception& e) {
+      other = e.what();
+    }
+  });
+  t.join();
+  EXPECT_EQ(other, "");
+  y.sum().backward();
+  const at::Tensor ea = a.detach().clone().requires_grad_();
+  fn({ea, b})[0].sum().backward();
+  EXPECT_TRUE(close(a.grad(), ea.grad()));
+  const auto st = f->stats();
+  EXPECT_EQ(st.captures, 1);
+  EXPECT_EQ(st.compiles, 1);
+}
+
 }  // namespace
