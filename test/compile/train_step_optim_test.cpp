@@ -148,14 +148,27 @@ struct Gan {
   nn::Sequential disc{nn::Linear(6, 16), nn::LeakyReLU(nn::LeakyReLUOptions().negative_slope(0.2)), nn::Linear(16, 1)};
 };
 
-TEST(TrainStepOptim, GanStepWithTwoOptimizers) {
-  torch::manual_seed(3);
+// Two GANs with the same weights and an Adam per model each: `a` is compiled, `b` eager.
+struct GanTwins {
+  explicit GanTwins(uint64_t seed) : seeded((torch::manual_seed(seed), true)) {  // before the models
+    copy_params(*a.gen, *b.gen);
+    copy_params(*a.disc, *b.disc);
+  }
+  void expect_same_params_match() {
+    expect_same_params(*a.gen, *b.gen, "generator");
+    expect_same_params(*a.disc, *b.disc, "discriminator");
+  }
+  bool seeded;
   Gan a, b;
-  copy_params(*a.gen, *b.gen);
-  copy_params(*a.disc, *b.disc);
-  auto adam = torch::optim::AdamOptions(2e-3).betas({0.5, 0.999});
-  torch::optim::Adam ga(a.gen->parameters(), adam), da(a.disc->parameters(), adam);
-  torch::optim::Adam gb(b.gen->parameters(), adam), db(b.disc->parameters(), adam);
+  torch::optim::AdamOptions adam = torch::optim::AdamOptions(2e-3).betas({0.5, 0.999});
+  torch::optim::Adam ga{a.gen->parameters(), adam}, da{a.disc->parameters(), adam};
+  torch::optim::Adam gb{b.gen->parameters(), adam}, db{b.disc->parameters(), adam};
+};
+
+TEST(TrainStepOptim, GanStepWithTwoOptimizers) {
+  GanTwins t(3);
+  auto &a = t.a, &b = t.b;
+  auto &ga = t.ga, &da = t.da, &gb = t.gb, &db = t.db;
   auto body = [](Gan& g, torch::optim::Adam& og, torch::optim::Adam& od, const at::Tensor& real, const at::Tensor& noise) {
     od.zero_grad();
     auto fake = g.gen->forward(noise);
@@ -181,8 +194,7 @@ TEST(TrainStepOptim, GanStepWithTwoOptimizers) {
     EXPECT_TRUE(close(out[0], ref[0], kRtol, kAtol)) << "d_loss step " << i;
     EXPECT_TRUE(close(out[1], ref[1], kRtol, kAtol)) << "g_loss step " << i;
   }
-  expect_same_params(*a.gen, *b.gen, "generator");
-  expect_same_params(*a.disc, *b.disc, "discriminator");
+  t.expect_same_params_match();
   auto bn_a = a.gen->named_buffers(), bn_b = b.gen->named_buffers();
   for (const auto& item : bn_a) EXPECT_TRUE(close(item.value(), bn_b[item.key()], kRtol, kAtol)) << item.key();
   EXPECT_GE(step->stats().replays, 9);
@@ -193,13 +205,9 @@ TEST(TrainStepOptim, GanStepWithTwoOptimizers) {
 // A replayed output has no history, so that step must not be replayed: it runs eagerly,
 // saying why, and the generator still learns exactly as in eager.
 TEST(TrainStepOptim, StepReturningHistoryALaterBackwardUsesRunsEagerly) {
-  torch::manual_seed(5);
-  Gan a, b;
-  copy_params(*a.gen, *b.gen);
-  copy_params(*a.disc, *b.disc);
-  auto adam = torch::optim::AdamOptions(2e-3).betas({0.5, 0.999});
-  torch::optim::Adam ga(a.gen->parameters(), adam), da(a.disc->parameters(), adam);
-  torch::optim::Adam gb(b.gen->parameters(), adam), db(b.disc->parameters(), adam);
+  GanTwins t(5);
+  auto &a = t.a, &b = t.b;
+  auto &ga = t.ga, &da = t.da, &gb = t.gb, &db = t.db;
   auto d_step = [](Gan& g, torch::optim::Adam& od, const at::Tensor& real, const at::Tensor& noise) {
     od.zero_grad();
     auto fake = g.gen->forward(noise);
@@ -229,8 +237,7 @@ TEST(TrainStepOptim, StepReturningHistoryALaterBackwardUsesRunsEagerly) {
     EXPECT_TRUE(close(out[0], ref[0], kRtol, kAtol)) << "d_loss step " << i;
     EXPECT_TRUE(close(g_loss, g_ref, kRtol, kAtol)) << "g_loss step " << i;
   }
-  expect_same_params(*a.gen, *b.gen, "generator");
-  expect_same_params(*a.disc, *b.disc, "discriminator");
+  t.expect_same_params_match();
   EXPECT_EQ(step->stats().replays, 0);
   EXPECT_NE(step->eager_reason().find("autograd history its backward has not used"), std::string::npos)
       << step->eager_reason() << "\n" << logs.text();
