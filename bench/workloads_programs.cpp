@@ -8,6 +8,8 @@
 //   compile, compile_llvm  each model's forward through tcap::compile (backend "eager" /
 //                          "llvm"); loss, backward and optimizer step eager around it;
 //   step, step_llvm        the whole step through tcap::compile_step;
+//   step_fused             the same with CompileOptions::fused_optimizers (one multi-tensor
+//                          ATen call per optimizer group, Note [Fused optimizer steps]);
 //   ca, ca_llvm            eager forward, each backward() under a CompiledAutogradGuard.
 // Setup builds a fresh program per variant (same seed, same initial weights) and runs
 // kWarmupSteps steps untimed (captures, the optimizer's state-creating first step, the
@@ -65,10 +67,15 @@ std::vector<Variant> make_program_variants(const ProgramFactory& make, const Opt
     const char* name;
     Mode mode;
     const char* backend;
+    bool fused = false;
   };
-  const Spec specs[] = {{"eager", Mode::Eager, "eager"},          {"compile", Mode::Compile, "eager"},
-                        {"compile_llvm", Mode::Compile, "llvm"},  {"step", Mode::CompileStep, "eager"},
-                        {"step_llvm", Mode::CompileStep, "llvm"}, {"ca", Mode::CompiledAutograd, "eager"},
+  const Spec specs[] = {{"eager", Mode::Eager, "eager"},
+                        {"compile", Mode::Compile, "eager"},
+                        {"compile_llvm", Mode::Compile, "llvm"},
+                        {"step", Mode::CompileStep, "eager"},
+                        {"step_llvm", Mode::CompileStep, "llvm"},
+                        {"step_fused", Mode::CompileStep, "eager", true},
+                        {"ca", Mode::CompiledAutograd, "eager"},
                         {"ca_llvm", Mode::CompiledAutograd, "llvm"}};
   std::vector<Variant> variants;
   for (const auto& spec : specs) {
@@ -76,7 +83,7 @@ std::vector<Variant> make_program_variants(const ProgramFactory& make, const Opt
     auto run = std::make_shared<RunningProgram>();
     try {
       run->program = make();
-      run->runner = std::make_unique<ModeRunner>(*run->program, spec.mode, spec.backend);
+      run->runner = std::make_unique<ModeRunner>(*run->program, spec.mode, spec.backend, spec.fused);
       for (int b = 0; b < kBatches; ++b) run->batches.push_back(run->program->batch(b));
       for (int k = 0; k < kWarmupSteps; ++k) run->run_step();
       const auto before = run->runner->served();

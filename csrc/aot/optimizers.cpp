@@ -36,6 +36,7 @@ const char* to_string(HostScalar x) {
     case HostScalar::Lr: return "lr";
     case HostScalar::OneMinusLrTimesWd: return "1 - lr * weight_decay";
     case HostScalar::NegDecayedLr: return "-lr / (1 + (step - 1) * lr_decay)";
+    case HostScalar::Step: return "step";
     case HostScalar::kCount: break;
   }
   return "?";
@@ -57,6 +58,7 @@ double evaluate(HostScalar x, const HostState& s) {
     case HostScalar::Lr: return s.lr;
     case HostScalar::OneMinusLrTimesWd: return 1 - s.lr * s.weight_decay;
     case HostScalar::NegDecayedLr: return -(s.lr / (1 + static_cast<double>(s.step - 1) * s.lr_decay));
+    case HostScalar::Step: return static_cast<double>(s.step);
     case HostScalar::kCount: break;
   }
   return std::nan("");
@@ -80,6 +82,16 @@ torch::optim::OptimizerOptions& OptimizerAdapter::group_options_of(size_t j) con
   for (auto& g : opt_->param_groups()) {
     if (j < k + g.params().size()) return g.options();
     k += g.params().size();
+  }
+  TORCH_CHECK(false, "tcap: parameter ", j, " is not in the optimizer");
+}
+
+size_t OptimizerAdapter::group_of(size_t j) const {
+  size_t k = 0, g = 0;
+  for (auto& group : opt_->param_groups()) {
+    if (j < k + group.params().size()) return g;
+    k += group.params().size();
+    ++g;
   }
   TORCH_CHECK(false, "tcap: parameter ", j, " is not in the optimizer");
 }
@@ -140,6 +152,17 @@ class SgdAdapter : public OptimizerAdapter {
     s.lr = static_cast<torch::optim::SGDOptions&>(group_options_of(j)).lr();
     return s;
   }
+  FusedForm fused_form(size_t j) const override {
+    auto& o = static_cast<torch::optim::SGDOptions&>(group_options_of(j));
+    FusedForm f;
+    f.kind = FusedForm::Kind::Sgd;
+    f.momentum = o.momentum();
+    f.dampening = o.dampening();
+    f.weight_decay = o.weight_decay();
+    f.nesterov = o.nesterov();
+    f.group = group_of(j);
+    return f;
+  }
 };
 
 // Adam and AdamW share their options' and state's shape under two types.
@@ -196,6 +219,18 @@ class AdamAdapter : public OptimizerAdapter {
   }
   int lr_uses(size_t j) const override {
     return kDecoupled && static_cast<Options&>(group_options_of(j)).weight_decay() != 0 ? 2 : 1;
+  }
+  FusedForm fused_form(size_t j) const override {
+    auto& o = static_cast<Options&>(group_options_of(j));
+    FusedForm f;
+    f.kind = kDecoupled ? FusedForm::Kind::AdamW : FusedForm::Kind::Adam;
+    f.beta1 = std::get<0>(o.betas());
+    f.beta2 = std::get<1>(o.betas());
+    f.eps = o.eps();
+    f.weight_decay = o.weight_decay();
+    f.amsgrad = o.amsgrad();
+    f.group = group_of(j);
+    return f;
   }
   void advance() override {
     for (const auto& p : params()) {

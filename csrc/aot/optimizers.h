@@ -36,6 +36,7 @@ enum class HostScalar {
   Lr,                       // lr
   OneMinusLrTimesWd,        // 1 - lr * weight_decay   (AdamW's decoupled decay)
   NegDecayedLr,             // -lr / (1 + (s - 1) * lr_decay)   (Adagrad)
+  Step,                     // s   (the step count a fused Adam reads, Note [Fused optimizer steps])
   kCount
 };
 bool depends_on_lr(HostScalar x);
@@ -47,6 +48,21 @@ struct HostState {
   int64_t step = 0;  // the step count this update uses (after the optimizer's increment)
 };
 double evaluate(HostScalar x, const HostState& s);
+
+// Which multi-tensor ATen op runs an optimizer's update of a parameter, with the options
+// of its parameter group (Note [Fused optimizer steps] in aot/fused_optimizers.cpp).
+struct FusedForm {
+  enum class Kind { None, Adam, AdamW, Sgd } kind = Kind::None;
+  double beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0;  // Adam, AdamW (and SGD's weight_decay)
+  double momentum = 0, dampening = 0;                       // SGD
+  bool amsgrad = false, nesterov = false;
+  size_t group = 0;  // the parameter group
+  bool operator==(const FusedForm& o) const {
+    return kind == o.kind && beta1 == o.beta1 && beta2 == o.beta2 && eps == o.eps && weight_decay == o.weight_decay &&
+           momentum == o.momentum && dampening == o.dampening && amsgrad == o.amsgrad && nesterov == o.nesterov &&
+           group == o.group;
+  }
+};
 
 class OptimizerAdapter {
  public:
@@ -73,11 +89,14 @@ class OptimizerAdapter {
   virtual int lr_uses(size_t j) const { (void)j; return 1; }
   // After a replayed step: what step() does on the host besides ATen ops (step counters).
   virtual void advance() {}
+  // The fused op that can run parameter j's update (Kind::None: none).
+  virtual FusedForm fused_form(size_t j) const { (void)j; return {}; }
 
  protected:
   explicit OptimizerAdapter(torch::optim::Optimizer& opt) : opt_(&opt) {}
   torch::optim::OptimizerParamState* state_of(const at::Tensor& p) const;
   torch::optim::OptimizerOptions& group_options_of(size_t j) const;
+  size_t group_of(size_t j) const;
 
  private:
   torch::optim::Optimizer* opt_;

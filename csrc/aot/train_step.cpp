@@ -33,6 +33,7 @@
 // (cache/entry_cache.h), as for tcap::compile and compiled autograd.
 #include <tcap/train_step.h>
 
+#include "aot/fused_optimizers.h"
 #include "aot/optimizers.h"
 #include "aot/step_captures.h"
 #include "aot/pipeline.h"
@@ -90,6 +91,9 @@ struct StepEntry : cache::Entry {
   // Per opaque hook slot: (gathered tensor, position in its leaf hooks) (Note [Hooks in a
   // compiled step]).
   std::vector<std::pair<size_t, size_t>> hook_slots;
+  // Parameters whose updates run as one fused call with one step count (Note [Fused
+  // optimizer steps]).
+  std::vector<aot::FusedGroup> fused_groups;
   std::shared_ptr<cache::Entry> size_miss_of;  // for generalizing over sizes at compile time
   std::vector<size_t> changed;
   std::shared_ptr<cache::Specializations<StepEntry>> specialized = std::make_shared<cache::Specializations<StepEntry>>();
@@ -100,6 +104,7 @@ struct StepEntry : cache::Entry {
 struct CompiledStep::Impl {
   std::vector<std::shared_ptr<torch::nn::Module>> models;
   std::vector<std::unique_ptr<OptimizerAdapter>> opts;
+  std::vector<const OptimizerAdapter*> adapters;  // opts, as the aot helpers take them
   CompiledFunction::Fn fn;
   CompileOptions options;
   std::vector<std::shared_ptr<torch::nn::Module>> submodules;
@@ -399,8 +404,6 @@ void CompiledStep::Impl::verify_and_compile(StepEntry& e, const ir::Graph& first
     if (g.params[j].opt < 0) continue;
     param_inputs[inputs.at(static_cast<size_t>(g.param_input[j]))] = {static_cast<size_t>(g.params[j].opt), g.params[j].index};
   }
-  std::vector<const OptimizerAdapter*> adapters;
-  for (const auto& o : opts) adapters.push_back(o.get());
   aot::StepComparison cmp =
       aot::compare_step_captures(first, e.graph, host1, e.host, adapters, param_inputs, options.observe_host_values);
   if (!cmp.why_not.empty()) return go_eager(e, cmp.why_not);
@@ -436,6 +439,21 @@ void CompiledStep::Impl::verify_and_compile(StepEntry& e, const ir::Graph& first
                                    [](const ScalarPatch& p) { return p.expr == HostScalar::NegLr || p.expr == HostScalar::Lr; }),
                     e.patches.end());
     TCAP_LOG(Recompiles, who() << ": the learning rate stays guarded: " << lr_why);
+  }
+  // Note [Fused optimizer steps]: the updates as multi-tensor calls, where they match.
+  e.fused_groups.clear();
+  if (options.fused_optimizers && lr_input) {
+    std::map<std::pair<size_t, size_t>, ir::ValueId> param_values;
+    for (const auto& [node, key] : param_inputs) param_values[key] = e.graph.node(node).outputs.at(0).values.at(0);
+    aot::FusedOptimizerSteps f = aot::fuse_optimizer_steps(e.graph, e.patches, adapters, param_values);
+    for (const auto& why : f.kept) TCAP_LOG(Perf, who() << ": an update keeps its recorded ops: " << why);
+    if (!f.groups.empty()) {
+      TCAP_LOG(Perf, who() << ": the updates of " << f.fused_params << " parameters run as " << f.groups.size()
+                           << " fused multi-tensor optimizer call(s)");
+      e.graph = std::move(f.graph);
+      e.patches = std::move(f.patches);
+      e.fused_groups = std::move(f.groups);
+    }
   }
   // Host-value guards: inline where a replay can stop at a changed value before writing
   // anything the caller sees, else a pre-check graph.
@@ -524,6 +542,7 @@ std::shared_ptr<const StepEntry> CompiledStep::Impl::specialize(const std::share
   s->num_user_outputs = e->num_user_outputs;
   s->mutated_inputs = e->mutated_inputs;
   s->hook_slots = e->hook_slots;
+  s->fused_groups = e->fused_groups;
   std::vector<std::pair<ir::NodeId, size_t>> args;
   for (const auto& p : s->patches) args.emplace_back(p.node, p.arg);
   s->exe = aot::compile_graph_with_scalars(s->graph, args, options, options.name + ".step" + std::to_string(e->id) + ".sizes");
@@ -612,6 +631,12 @@ std::vector<at::Tensor> CompiledStep::Impl::call(const std::vector<at::Tensor>& 
     }
     switch (state) {
       case StepEntry::State::Compiled:
+        if (!e->fused_groups.empty() && !aot::fused_steps_agree(e->fused_groups, adapters)) {
+          // Note [Fused optimizer steps]: one step count per fused call.
+          TCAP_LOG(GraphBreaks, who() << ": runs eagerly: the step counters of parameters updated by one fused "
+                                         "optimizer call differ (some had no gradient in an earlier step)");
+          return run_eager(user);
+        }
         try {
           return replay(*specialize(e, found.key), g, found.primals);
         } catch (const HostValueChanged& err) {
@@ -716,6 +741,7 @@ std::shared_ptr<CompiledStep> compile_step(std::vector<std::shared_ptr<torch::nn
     auto a = aot::OptimizerAdapter::make(o.get(), &why);
     if (!a) break;
     impl->opts.push_back(std::move(a));
+    impl->adapters.push_back(impl->opts.back().get());
   }
   if (!why.empty()) impl->cache->fall_back(why + "; the step runs eagerly");
   return std::make_shared<CompiledStep>(std::move(impl));

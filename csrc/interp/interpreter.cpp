@@ -95,9 +95,37 @@ namespace {
 // (found by fuzzing: native_layer_norm_backward with a grad_out smaller than its input
 // read past grad_out). Eager autograd only ever passes them consistent tensors; a graph
 // file can pass anything. For these operators the interpreter checks the relation first.
-bool trusts_its_arguments(const ir::Node& n) { return n.op == "aten::native_layer_norm_backward"; }
+bool is_fused_optimizer(const ir::Node& n) {
+  return n.op == "aten::_fused_adam_" || n.op == "aten::_fused_adamw_" || n.op == "aten::_fused_sgd_";
+}
+
+bool trusts_its_arguments(const ir::Node& n) {
+  return n.op == "aten::native_layer_norm_backward" || is_fused_optimizer(n);
+}
 
 void check_trusted_arguments(const ir::Node& n, const torch::jit::Stack& stack) {
+  if (is_fused_optimizer(n)) {
+    // The multi-tensor kernels walk each parameter's elements in its gradient and state.
+    const auto self = stack.at(0).toTensorList();
+    const bool sgd = n.op == "aten::_fused_sgd_";
+    const size_t lists = sgd ? 3 : 6;
+    for (size_t k = 1; k < lists; ++k) {
+      const auto l = stack.at(k).toTensorList();
+      if (l.empty() && k != 1) continue;  // max_exp_avg_sqs without amsgrad, buffers without momentum
+      TORCH_CHECK(l.size() == self.size(), "argument ", k, " has ", l.size(), " tensors for ", self.size(), " parameters");
+      for (size_t i = 0; i < l.size(); ++i) {
+        const at::Tensor t = l.get(i), p = self.get(i);
+        if (!sgd && k == 5) {
+          TORCH_CHECK(t.numel() == 1, "state_steps[", i, "] has ", t.numel(), " elements, not 1");
+          continue;
+        }
+        TORCH_CHECK(t.sizes() == p.sizes() && t.scalar_type() == p.scalar_type() && t.device() == p.device() &&
+                        t.is_contiguous() && p.is_contiguous(),
+                    "tensor ", i, " of argument ", k, " is not a dense tensor like parameter ", i);
+      }
+    }
+    return;
+  }
   if (n.op == "aten::native_layer_norm_backward") {
     // (grad_out, input, normalized_shape, mean, rstd, weight?, bias?, output_mask)
     const at::Tensor& grad_out = stack.at(0).toTensor();

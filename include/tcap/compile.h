@@ -71,6 +71,13 @@ struct CompileOptions {
   // recompiles). This is a promise by the program: host code that branches on such a
   // value at other values than the two seen would not be noticed (docs/limitations.md).
   bool observe_host_values = false;
+  // compile_step: run each optimizer's update of all its parameters as one multi-tensor
+  // ATen call (_fused_adam_, _fused_adamw_, _fused_sgd_) instead of the per-parameter ops
+  // torch::optim records: Python's fused=True, and opt-in for the same reason. Results
+  // agree with eager to rounding, not bitwise, and Adam amplifies rounding where a
+  // gradient is near zero (a bias before BatchNorm), so a run drifts from eager's; off,
+  // the recorded ops replay eager's bits (Note [Fused optimizer steps]).
+  bool fused_optimizers = false;
 };
 
 struct CompileStats {

@@ -83,9 +83,11 @@ enum class Mode { Eager, Capture, Compile, CompileStep, CompiledAutograd };
 // training step in it, served() says how many calls compiled graphs served.
 class ModeRunner {
  public:
-  ModeRunner(Program& p, Mode mode, const std::string& backend) : p_(p), mode_(mode) {
+  // fused_optimizers: CompileOptions::fused_optimizers for compile_step.
+  ModeRunner(Program& p, Mode mode, const std::string& backend, bool fused_optimizers = false) : p_(p), mode_(mode) {
     options_.name = p.name();
     options_.backend = backend;
+    options_.fused_optimizers = fused_optimizers;
     if (mode == Mode::Compile) compiled_ = p.compile_forwards(options_);
     if (mode == Mode::CompileStep) {
       p.adjust_step_options(options_);
