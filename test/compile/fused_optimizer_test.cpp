@@ -67,6 +67,16 @@ void expect_same_state(nn::Module& a, nn::Module& b, torch::optim::Optimizer& oa
 // An MLP with odd sizes; its first layer's weight is 7x13.
 nn::Sequential mlp() { return nn::Sequential(nn::Linear(13, 7), nn::Tanh(), nn::Linear(7, 3)); }
 
+// One training step as a program writes it.
+template <class Opt>
+at::Tensor train_body(nn::Sequential& m, Opt& o, const at::Tensor& x, const at::Tensor& y) {
+  o.zero_grad();
+  auto loss = torch::mse_loss(m->forward(x), y);
+  loss.backward();
+  o.step();
+  return loss;
+}
+
 tcap::CompileOptions fused() {
   tcap::CompileOptions o;
   o.fused_optimizers = true;
@@ -83,13 +93,7 @@ struct Trained {
 template <class Opt>
 Trained train(nn::Sequential& model, nn::Sequential& twin, Opt& opt, Opt& opt_twin, const std::string& what,
               tcap::CompileOptions options = fused(), int steps = 12) {
-  auto body = [](nn::Sequential& m, Opt& o, const at::Tensor& x, const at::Tensor& y) {
-    o.zero_grad();
-    auto loss = torch::mse_loss(m->forward(x), y);
-    loss.backward();
-    o.step();
-    return loss;
-  };
+  auto body = train_body<Opt>;
   tcap::testing::LogCapture logs("perf,graph_breaks");
   tcap::StanceGuard strict(tcap::Stance::Default, /*error_on_fallback=*/true);
   auto step = tcap::compile_step(model, opt, [&](const Tensors& in) { return Tensors{body(model, opt, in[0], in[1])}; },
@@ -196,13 +200,7 @@ TEST(FusedOptimizer, ParameterGroupsAndASchedule) {
     return gs;
   };
   torch::optim::Adam opt(groups(model)), opt_twin(groups(twin));
-  auto body = [](nn::Sequential& m, torch::optim::Adam& o, const at::Tensor& x, const at::Tensor& y) {
-    o.zero_grad();
-    auto loss = torch::mse_loss(m->forward(x), y);
-    loss.backward();
-    o.step();
-    return loss;
-  };
+  auto body = train_body<torch::optim::Adam>;
   tcap::StanceGuard strict(tcap::Stance::Default, /*error_on_fallback=*/true);
   auto step = tcap::compile_step(model, opt, [&](const Tensors& in) { return Tensors{body(model, opt, in[0], in[1])}; },
                                  fused());
@@ -233,13 +231,7 @@ TEST(FusedOptimizer, StepCountsThatDifferRunEagerly) {
   auto model = mlp(), twin = mlp();
   copy_params(*model, *twin);
   torch::optim::Adam opt(model->parameters(), 1e-2), opt_twin(twin->parameters(), 1e-2);
-  auto body = [](nn::Sequential& m, torch::optim::Adam& o, const at::Tensor& x, const at::Tensor& y) {
-    o.zero_grad();
-    auto loss = torch::mse_loss(m->forward(x), y);
-    loss.backward();
-    o.step();
-    return loss;
-  };
+  auto body = train_body<torch::optim::Adam>;
   tcap::testing::LogCapture logs("graph_breaks");
   auto step = tcap::compile_step(model, opt, [&](const Tensors& in) { return Tensors{body(model, opt, in[0], in[1])}; },
                                  fused());
