@@ -1,5 +1,7 @@
 #include "aot/fused_optimizers.h"
 
+#include "ir/verify_args.h"
+
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <algorithm>
@@ -48,14 +50,6 @@ using ir::kNoValue;
 using ir::NodeId;
 using ir::ValueId;
 using Kind = FusedForm::Kind;
-
-std::string schema_of(const char* op, const char* overload) {
-  auto h = c10::Dispatcher::singleton().findSchema({op, overload});
-  TORCH_INTERNAL_ASSERT(h.has_value(), "tcap: no operator ", op, ".", overload);
-  std::ostringstream os;
-  os << h->schema();
-  return os.str();
-}
 
 bool scalar(const ir::Arg& a, double* out) {
   switch (a.kind) {
@@ -453,7 +447,7 @@ FusedOptimizerSteps fuse_optimizer_steps(const ir::Graph& g, const std::vector<S
       const ValueId step = out.new_value(full_id, 0, -1, sm);
       full.outputs.push_back(ir::Arg::value(step));
       out.add_node(std::move(full));
-      out.schemas()["aten::full"] = schema_of("aten::full", "");
+      out.schemas()["aten::full"] = ir::known_schema_string("aten::full", "");
       r.patches.push_back(ScalarPatch{full_id, 1, gr.opt, first_param, HostScalar::Step});
       call.op = gr.form.kind == Kind::AdamW ? "aten::_fused_adamw_" : "aten::_fused_adam_";
       call.args = {list(&Chain::param, "self"), list(&Chain::grad, "grads"), list(&Chain::state1, "exp_avgs"),
@@ -483,7 +477,7 @@ FusedOptimizerSteps fuse_optimizer_steps(const ir::Graph& g, const std::vector<S
       if (gr.chains[k].updated != kNoValue) map[gr.chains[k].updated] = call.outputs[k].values[0];
     }
     out.add_node(std::move(call));
-    out.schemas()[out.node(call_id).op] = schema_of(out.node(call_id).op.c_str(), "");
+    out.schemas()[out.node(call_id).op] = ir::known_schema_string(out.node(call_id).op, "");
     r.patches.push_back(ScalarPatch{call_id, lr_arg, gr.opt, first_param, HostScalar::Lr});
     r.groups.push_back(FusedGroup{gr.opt, gr.params});
     r.fused_params += static_cast<int>(gr.params.size());

@@ -36,6 +36,7 @@
 #include "aot/fused_optimizers.h"
 #include "aot/optimizers.h"
 #include "aot/step_captures.h"
+#include "aot/step_inputs.h"
 #include "aot/pipeline.h"
 #include "aot/region.h"
 #include "aot/region_entry.h"
@@ -102,12 +103,10 @@ struct StepEntry : cache::Entry {
 }  // namespace
 
 struct CompiledStep::Impl {
-  std::vector<std::shared_ptr<torch::nn::Module>> models;
   std::vector<std::unique_ptr<OptimizerAdapter>> opts;
-  std::vector<const OptimizerAdapter*> adapters;  // opts, as the aot helpers take them
+  aot::StepParts parts;  // the models, their submodules and opts (as the aot helpers take them)
   CompiledFunction::Fn fn;
   CompileOptions options;
-  std::vector<std::shared_ptr<torch::nn::Module>> submodules;
   std::vector<std::string> flag_names;
   aot::SharedStats stats;
   std::unique_ptr<cache::EntryCache> cache;
@@ -116,124 +115,8 @@ struct CompiledStep::Impl {
 
   std::string who() const { return "step '" + options.name + "'"; }
 
-  // The step's parameters: the models' (named_parameters order), then optimizer
-  // parameters that are in no model.
-  struct Param {
-    at::Tensor tensor;
-    std::string name;
-    int opt = -1;     // the optimizer stepping it, -1: none
-    size_t index = 0; // its index in that optimizer's params()
-  };
-
-  // Inputs of a call: user inputs, parameters, buffers, defined .grads, optimizer state.
-  struct Gathered {
-    std::vector<at::Tensor> ts;
-    std::vector<std::string> names;
-    std::vector<ir::InputKind> kinds;
-    std::vector<Param> params;
-    std::vector<int> grad_input;  // per parameter: index of its .grad input, or -1
-    std::vector<int> param_input; // per parameter: index of the parameter input
-    std::vector<bool> flags;
-    std::vector<double> scalars;
-    std::vector<std::string> scalar_names;
-    std::vector<bool> scalar_is_lr;
-    std::vector<size_t> state_input;  // positions of the optimizers' state tensors
-    std::vector<std::pair<size_t, size_t>> hooked;  // (tensor, number of leaf hooks) of hooked inputs, parameters
-    std::string structure;  // the names and hook counts, joined: which tensors are there
-  };
-
-  Gathered gather(const std::vector<at::Tensor>& user) const {
-    Gathered g;
-    auto add = [&](const at::Tensor& t, std::string name, ir::InputKind kind) {
-      g.ts.push_back(t);
-      g.names.push_back(std::move(name));
-      g.kinds.push_back(kind);
-    };
-    for (size_t k = 0; k < user.size(); ++k) add(user[k], "in" + std::to_string(k), ir::InputKind::UserInput);
-    std::unordered_map<const c10::TensorImpl*, size_t> param_at;
-    for (size_t m = 0; m < models.size(); ++m) {
-      const std::string prefix = models.size() > 1 ? "m" + std::to_string(m) + "." : "";
-      for (const auto& item : models[m]->named_parameters(true)) {
-        if (!param_at.emplace(item.value().unsafeGetTensorImpl(), g.params.size()).second) continue;
-        g.params.push_back({item.value(), prefix + item.key()});
-      }
-    }
-    for (size_t o = 0; o < opts.size(); ++o) {
-      const auto ps = opts[o]->params();
-      for (size_t j = 0; j < ps.size(); ++j) {
-        auto [it, fresh] = param_at.emplace(ps[j].unsafeGetTensorImpl(), g.params.size());
-        if (fresh) g.params.push_back({ps[j], "opt" + std::to_string(o) + ".p" + std::to_string(j)});
-        Param& p = g.params[it->second];
-        if (p.opt < 0) {
-          p.opt = static_cast<int>(o);
-          p.index = j;
-        }
-      }
-    }
-    for (const auto& p : g.params) {
-      g.param_input.push_back(static_cast<int>(g.ts.size()));
-      add(p.tensor, p.name, ir::InputKind::Parameter);
-    }
-    for (size_t m = 0; m < models.size(); ++m) {
-      const std::string prefix = models.size() > 1 ? "m" + std::to_string(m) + "." : "";
-      for (const auto& item : models[m]->named_buffers(true)) add(item.value(), prefix + item.key(), ir::InputKind::Buffer);
-    }
-    for (const auto& p : g.params) {
-      const at::Tensor& gr = p.tensor.grad();
-      g.grad_input.push_back(gr.defined() ? static_cast<int>(g.ts.size()) : -1);
-      if (gr.defined()) add(gr, p.name + ".grad", ir::InputKind::Buffer);
-    }
-    for (size_t o = 0; o < opts.size(); ++o) {
-      std::vector<at::Tensor> st;
-      std::vector<std::string> sn;
-      opts[o]->state_tensors("opt" + std::to_string(o) + ".", st, sn);
-      for (size_t k = 0; k < st.size(); ++k) {
-        g.state_input.push_back(g.ts.size());
-        add(st[k], sn[k], ir::InputKind::Buffer);
-      }
-    }
-    for (const auto& m : submodules) g.flags.push_back(m->is_training());
-    for (size_t o = 0; o < opts.size(); ++o) {
-      const std::string prefix = "opt" + std::to_string(o) + ".";
-      opts[o]->guarded_options(prefix, g.scalars, g.scalar_names);
-      g.scalar_is_lr.resize(g.scalars.size(), false);
-      const auto ps = opts[o]->params();
-      for (size_t j = 0; j < ps.size(); ++j) {
-        g.scalars.push_back(opts[o]->host_state(j).lr);
-        g.scalar_names.push_back(prefix + "p" + std::to_string(j) + ".lr");
-        g.scalar_is_lr.push_back(true);
-      }
-    }
-    for (size_t k = 0; k < g.ts.size(); ++k) {
-      if (g.kinds[k] != ir::InputKind::UserInput && g.kinds[k] != ir::InputKind::Parameter) continue;
-      const size_t hooks = capture::leaf_tensor_hooks(g.ts[k]).size();
-      if (hooks > 0) g.hooked.emplace_back(k, hooks);
-    }
-    for (size_t k = 0, h = 0; k < g.names.size(); ++k) {
-      g.structure += g.names[k];
-      if (h < g.hooked.size() && g.hooked[h].first == k) g.structure += "#hooks" + std::to_string(g.hooked[h++].second);
-      g.structure += ";";
-    }
-    return g;
-  }
-
-  cache::CallView view_of(const Gathered& g) const {
-    cache::CallView v;
-    v.tensors = g.ts;
-    v.flags = &g.flags;
-    v.scalars = &g.scalars;
-    v.structure = g.structure;
-    return v;
-  }
-
-  std::vector<std::vector<HostState>> host_states() const {
-    std::vector<std::vector<HostState>> out(opts.size());
-    for (size_t o = 0; o < opts.size(); ++o) {
-      const size_t n = opts[o]->params().size();
-      for (size_t j = 0; j < n; ++j) out[o].push_back(opts[o]->host_state(j));
-    }
-    return out;
-  }
+  using Gathered = aot::StepInputs;
+  Gathered gather(const std::vector<at::Tensor>& user) const { return aot::gather_step_inputs(parts, user); }
 
   std::vector<at::Tensor> run_eager(const std::vector<at::Tensor>& user) {
     stats.count(&CompileStats::eager_calls);
@@ -269,7 +152,7 @@ struct CompiledStep::Impl {
 std::vector<at::Tensor> CompiledStep::Impl::capture(StepEntry& e, const std::vector<at::Tensor>& user,
                                                      const Gathered& g) {
   stats.count(&CompileStats::captures);
-  e.host = host_states();
+  e.host = aot::host_states(parts.opts);
   CaptureOptions co;
   capture::Session s(co);
   for (size_t k = 0; k < g.ts.size(); ++k) s.declare_input(g.ts[k], g.names[k], g.kinds[k]);
@@ -299,7 +182,7 @@ std::vector<at::Tensor> CompiledStep::Impl::capture(StepEntry& e, const std::vec
   // all-reduce of tcap::DistributedDataParallel is one) would be skipped. Such a step, and
   // one in which code noted an effect a replay would not redo, runs eagerly.
   if (!s.unreplayable_reason().empty()) return fail(s.unreplayable_reason());
-  for (const auto& m : models) {
+  for (const auto& m : parts.models) {
     for (const auto& item : m->named_parameters(true)) {
       if (capture::has_post_accumulate_grad_hook(item.value())) {
         return fail("parameter " + item.key() + " has a post-accumulate-grad hook (such as " +
@@ -405,7 +288,7 @@ void CompiledStep::Impl::verify_and_compile(StepEntry& e, const ir::Graph& first
     param_inputs[inputs.at(static_cast<size_t>(g.param_input[j]))] = {static_cast<size_t>(g.params[j].opt), g.params[j].index};
   }
   aot::StepComparison cmp =
-      aot::compare_step_captures(first, e.graph, host1, e.host, adapters, param_inputs, options.observe_host_values);
+      aot::compare_step_captures(first, e.graph, host1, e.host, parts.opts, param_inputs, options.observe_host_values);
   if (!cmp.why_not.empty()) return go_eager(e, cmp.why_not);
   e.patches = std::move(cmp.patches);
   const std::vector<ir::NodeId>& observed = cmp.observed;
@@ -445,7 +328,7 @@ void CompiledStep::Impl::verify_and_compile(StepEntry& e, const ir::Graph& first
   if (options.fused_optimizers && lr_input) {
     std::map<std::pair<size_t, size_t>, ir::ValueId> param_values;
     for (const auto& [node, key] : param_inputs) param_values[key] = e.graph.node(node).outputs.at(0).values.at(0);
-    aot::FusedOptimizerSteps f = aot::fuse_optimizer_steps(e.graph, e.patches, adapters, param_values);
+    aot::FusedOptimizerSteps f = aot::fuse_optimizer_steps(e.graph, e.patches, parts.opts, param_values);
     for (const auto& why : f.kept) TCAP_LOG(Perf, who() << ": an update keeps its recorded ops: " << why);
     if (!f.groups.empty()) {
       TCAP_LOG(Perf, who() << ": the updates of " << f.fused_params << " parameters run as " << f.groups.size()
@@ -612,7 +495,7 @@ std::vector<at::Tensor> CompiledStep::Impl::call(const std::vector<at::Tensor>& 
   // One call at a time: a step updates shared state (parameters, optimizer state, entries).
   std::lock_guard<std::mutex> serial(call_mutex);
   const Gathered g = gather(user);
-  const cache::CallView view = view_of(g);
+  const cache::CallView view = g.view();
   cache::Lookup l;
   for (size_t start = 0;;) {
     size_t pos = 0;
@@ -631,7 +514,7 @@ std::vector<at::Tensor> CompiledStep::Impl::call(const std::vector<at::Tensor>& 
     }
     switch (state) {
       case StepEntry::State::Compiled:
-        if (!e->fused_groups.empty() && !aot::fused_steps_agree(e->fused_groups, adapters)) {
+        if (!e->fused_groups.empty() && !aot::fused_steps_agree(e->fused_groups, parts.opts)) {
           // Note [Fused optimizer steps]: one step count per fused call.
           TCAP_LOG(GraphBreaks, who() << ": runs eagerly: the step counters of parameters updated by one fused "
                                          "optimizer call differ (some had no gradient in an earlier step)");
@@ -723,25 +606,25 @@ std::shared_ptr<CompiledStep> compile_step(std::vector<std::shared_ptr<torch::nn
   TORCH_CHECK(step, "tcap::compile_step: the step function is empty");
   TORCH_CHECK(options.cache_size_limit >= 1, "tcap::compile_step: cache_size_limit must be at least 1");
   auto impl = std::make_unique<CompiledStep::Impl>();
-  impl->models = std::move(models);
+  impl->parts.models = std::move(models);
   impl->fn = std::move(step);
   if (options.name == "fn") options.name = "step";
   impl->cache = std::make_unique<cache::EntryCache>("step '" + options.name + "'", options.cache_size_limit,
                                                     options.dynamic);
   impl->options = std::move(options);
-  for (const auto& model : impl->models) {
-    impl->submodules.push_back(model);
-    for (const auto& m : model->modules(false)) impl->submodules.push_back(m);
+  for (const auto& model : impl->parts.models) {
+    impl->parts.submodules.push_back(model);
+    for (const auto& m : model->modules(false)) impl->parts.submodules.push_back(m);
   }
-  for (size_t i = 0; i < impl->submodules.size(); ++i) {
-    impl->flag_names.push_back("training mode of submodule " + std::to_string(i) + " (" + impl->submodules[i]->name() + ")");
+  for (size_t i = 0; i < impl->parts.submodules.size(); ++i) {
+    impl->flag_names.push_back("training mode of submodule " + std::to_string(i) + " (" + impl->parts.submodules[i]->name() + ")");
   }
   std::string why;
   for (auto& o : optimizers) {
     auto a = aot::OptimizerAdapter::make(o.get(), &why);
     if (!a) break;
     impl->opts.push_back(std::move(a));
-    impl->adapters.push_back(impl->opts.back().get());
+    impl->parts.opts.push_back(impl->opts.back().get());
   }
   if (!why.empty()) impl->cache->fall_back(why + "; the step runs eagerly");
   return std::make_shared<CompiledStep>(std::move(impl));

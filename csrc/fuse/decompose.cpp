@@ -1,5 +1,7 @@
 #include "fuse/decompose.h"
 
+#include "ir/verify_args.h"
+
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
 #include <c10/util/strides.h>
@@ -31,14 +33,6 @@ namespace tcap::fuse {
 // over an empty dim list means a sum over everything in ATen.
 
 namespace {
-
-std::string schema_of(const char* op, const char* overload) {
-  auto h = c10::Dispatcher::singleton().findSchema({op, overload});
-  TORCH_INTERNAL_ASSERT(h.has_value(), "tcap decompose: no operator ", op, ".", overload);
-  std::ostringstream os;
-  os << h->schema();
-  return os.str();
-}
 
 ir::TensorMeta dense_meta(c10::ScalarType dtype, c10::ArrayRef<int64_t> sizes, c10::Device device) {
   ir::TensorMeta m;
@@ -196,7 +190,7 @@ class Decomposer {
     m.outputs.push_back(ir::Arg::value(v));
     out_.add_node(std::move(m));
     const std::string q = std::string(op) + "." + overload;
-    if (!out_.schemas().count(q)) out_.schemas()[q] = schema_of(op, overload);
+    if (!out_.schemas().count(q)) out_.schemas()[q] = ir::known_schema_string(op, overload);
     return v;
   }
 

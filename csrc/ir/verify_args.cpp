@@ -32,6 +32,7 @@
 #include <c10/util/Exception.h>
 
 #include <initializer_list>
+#include <sstream>
 
 namespace tcap::ir {
 namespace {
@@ -123,6 +124,20 @@ std::string result_mismatch(const Arg& out, const c10::Argument& r) {
 const c10::FunctionSchema* find_schema(const Node& n) {
   const auto op = c10::Dispatcher::singleton().findSchema({n.op, n.overload});
   return op ? &op->schema() : nullptr;
+}
+
+std::string schema_string(const std::string& op, const std::string& overload) {
+  const auto h = c10::Dispatcher::singleton().findSchema({op, overload});
+  if (!h) return "";
+  std::ostringstream os;
+  os << h->schema();
+  return os.str();
+}
+
+std::string known_schema_string(const std::string& op, const std::string& overload) {
+  std::string s = schema_string(op, overload);
+  TORCH_INTERNAL_ASSERT(!s.empty(), "tcap: this LibTorch has no operator ", op, ".", overload);
+  return s;
 }
 
 std::string arg_mismatch(const Arg& a, const c10::Argument& s) {

@@ -18,6 +18,7 @@
 #include "passes/reuse_buffers.h"
 
 #include "ir/op_facts.h"
+#include "ir/verify_args.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
@@ -50,15 +51,6 @@ bool fresh_producer(const ir::Node& n) {
   if (rewritable(n)) return true;
   return n.overload.empty() && ir::op_has(n.op, ir::OpFact::FreshResult) && !ir::op_has(n.op, ir::OpFact::Pointwise) &&
          !ir::op_has(n.op, ir::OpFact::Reduction);
-}
-
-// The schema string of op.overload as the recorder writes it ("" if this LibTorch lacks it).
-std::string schema_of(const std::string& op, const std::string& overload) {
-  auto h = c10::Dispatcher::singleton().findSchema({op, overload});
-  if (!h) return "";
-  std::ostringstream os;
-  os << h->schema();
-  return os.str();
 }
 
 }  // namespace
@@ -95,7 +87,7 @@ ir::Graph reuse_buffers(const ir::Graph& g, int* rewritten) {
     n.op = ir::op_facts(n.op).in_place_twin;
     h.value(n.outputs[0].values[0]).version_of = self;
     auto& schema = h.schemas()[n.qualified_op()];
-    if (schema.empty()) schema = schema_of(n.op, n.overload);
+    if (schema.empty()) schema = ir::schema_string(n.op, n.overload);
     ++count;
   };
   for (auto& n : h.mutable_nodes()) {

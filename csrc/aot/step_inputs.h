@@ -1,0 +1,65 @@
+// What a compiled training step reads (Note [Compiling a whole training step] in
+// train_step.cpp): the tensors of a call in the order its graph's inputs take them (user
+// inputs, parameters, buffers, defined .grads, optimizer state), the host values guarded
+// with them (module training flags, optimizer options and learning rates) and the
+// structure string that names which tensors are there (a parameter whose .grad appears, a
+// hook registered on a parameter: a different structure, so another cache entry).
+#pragma once
+
+#include "aot/optimizers.h"
+#include "cache/entry_cache.h"
+
+#include <tcap/graph.h>
+
+#include <torch/nn/module.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace tcap::aot {
+
+// A parameter of the step: the models' (named_parameters order), then optimizer
+// parameters that are in no model.
+struct StepParam {
+  at::Tensor tensor;
+  std::string name;
+  int opt = -1;      // the optimizer stepping it, -1: none
+  size_t index = 0;  // its index in that optimizer's params()
+};
+
+// The inputs of one call.
+struct StepInputs {
+  std::vector<at::Tensor> ts;
+  std::vector<std::string> names;
+  std::vector<ir::InputKind> kinds;
+  std::vector<StepParam> params;
+  std::vector<int> grad_input;   // per parameter: index of its .grad input, or -1
+  std::vector<int> param_input;  // per parameter: index of the parameter input
+  std::vector<bool> flags;       // per submodule: is_training()
+  std::vector<double> scalars;
+  std::vector<std::string> scalar_names;
+  std::vector<bool> scalar_is_lr;
+  std::vector<size_t> state_input;                // positions of the optimizers' state tensors
+  std::vector<std::pair<size_t, size_t>> hooked;  // (tensor, number of leaf hooks) of hooked inputs, parameters
+  std::string structure;                          // the names and hook counts, joined
+
+  // The view the entry cache's guards read.
+  cache::CallView view() const;
+};
+
+// The models, their submodules (whose training flags are guarded) and the optimizers of a
+// step, as compile_step was given them.
+struct StepParts {
+  std::vector<std::shared_ptr<torch::nn::Module>> models;
+  std::vector<std::shared_ptr<torch::nn::Module>> submodules;
+  std::vector<const OptimizerAdapter*> opts;
+};
+
+StepInputs gather_step_inputs(const StepParts& parts, const std::vector<at::Tensor>& user);
+
+// Per optimizer, per parameter: the host state (step counts, learning rates) now.
+std::vector<std::vector<HostState>> host_states(const std::vector<const OptimizerAdapter*>& opts);
+
+}  // namespace tcap::aot
