@@ -135,7 +135,9 @@ void DistributedDataParallelImpl::pre_forward() {
 
 at::Tensor DistributedDataParallelImpl::forward(const at::Tensor& x) {
   pre_forward();
-  return forward_(x);
+  at::Tensor out = forward_(x);
+  reducer_->prepare_for_backward(out);
+  return out;
 }
 
 void DistributedDataParallelImpl::set_forward(Forward forward) {

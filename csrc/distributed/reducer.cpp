@@ -2,15 +2,19 @@
 #include "distributed/reducer.h"
 
 #include "capture/recorder.h"
+#include "support/logging.h"
 
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <map>
 #include <sstream>
 #include <tuple>
+#include <unordered_map>
+#include <unordered_set>
 
 namespace tcap {
 
@@ -36,7 +40,7 @@ struct GradHook : torch::autograd::PostAccumulateGradHook {
 DistributedDataParallelImpl::Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
                                               c10::intrusive_ptr<c10d::Backend> pg, const DDPOptions& options)
     : params_(std::move(params)), names_(std::move(names)), pg_(std::move(pg)),
-      timeout_(pg_->getBackendOptions()->timeout) {
+      find_unused_(options.find_unused_parameters), timeout_(pg_->getBackendOptions()->timeout) {
   TORCH_CHECK(options.bucket_cap_bytes > 0 && options.first_bucket_cap_bytes > 0,
               "tcap::DistributedDataParallel: bucket caps must be positive");
   // PyTorch's assignment: parameters in reverse order (their gradients come roughly in that
@@ -73,7 +77,26 @@ DistributedDataParallelImpl::Reducer::Reducer(std::vector<at::Tensor> params, st
   }
   stats.buckets = static_cast<int64_t>(buckets_.size());
   seen_.assign(params_.size(), 0);
+  used_.assign(params_.size(), 0);
   reset_locked();
+  if (log_enabled(LogChannel::Ddp)) {
+    std::ostringstream m;
+    m << "rank " << pg_->getRank() << " of " << pg_->getSize() << ": " << buckets_.size()
+      << " bucket(s), all-reduced in this order:";
+    for (size_t b = 0; b < buckets_.size(); ++b) m << "\n" << bucket_text(b);
+    log_line(LogChannel::Ddp, m.str());
+  }
+}
+
+std::string DistributedDataParallelImpl::Reducer::bucket_text(size_t b) const {
+  const Bucket& bucket = buckets_[b];
+  std::ostringstream m;
+  m << "bucket " << b << ": " << bucket.params.size() << " parameter(s), "
+    << static_cast<double>(bucket.flat.numel() * static_cast<int64_t>(bucket.flat.element_size())) / 1024.0
+    << " KiB (" << names_[bucket.params.front()];
+  if (bucket.params.size() > 1) m << " .. " << names_[bucket.params.back()];
+  m << ")";
+  return m.str();
 }
 
 DistributedDataParallelImpl::Reducer::~Reducer() = default;
@@ -99,6 +122,9 @@ void DistributedDataParallelImpl::Reducer::remove_hooks() {
 void DistributedDataParallelImpl::Reducer::reset_locked() {
   for (Bucket& b : buckets_) b.pending = b.params.size();
   std::fill(seen_.begin(), seen_.end(), 0);
+  std::fill(used_.begin(), used_.end(), 0);
+  unreachable_.clear();
+  prepared_ = false;
   works_.clear();
   next_launch_ = 0;
   started_ = false;
@@ -111,6 +137,7 @@ void DistributedDataParallelImpl::Reducer::on_grad(size_t index, const at::Tenso
   std::unique_lock<std::mutex> lock(mutex_);
   if (!started_) {
     started_ = true;
+    first_grad_ = std::chrono::steady_clock::now();
     // The engine's final callback reports unused parameters at the end of this backward;
     // where there is no engine GraphTask (compiled autograd's replay), pre_forward() does.
     try {
@@ -118,10 +145,21 @@ void DistributedDataParallelImpl::Reducer::on_grad(size_t index, const at::Tenso
     } catch (const c10::Error&) {
     }
   }
+  if (prepared_) {
+    prepared_ = false;
+    for (size_t k : unreachable_) mark_unused_locked(k);
+  }
+  TORCH_CHECK(seen_[index] != 2, "tcap::DistributedDataParallel: parameter ", names_[index],
+              " received a gradient although forward()'s output does not depend on it: it was used outside the "
+              "module's forward (find_unused_parameters walks the autograd graph from forward()'s output, and "
+              "its bucket may already be reduced). Use it inside the forward, or mark it requires_grad=false.");
   TORCH_CHECK(!seen_[index], "tcap::DistributedDataParallel: parameter ", names_[index],
               " received two gradients in one backward");
   seen_[index] = 1;
   const at::Tensor& grad = param.grad();
+  // A node that reaches the parameter but gave it no gradient (a compiled region's input
+  // it did not differentiate) runs the hook with .grad undefined: not a use, as in PyTorch.
+  used_[index] = grad.defined() ? 1 : 0;
   const auto [b, pos] = slot_[index];
   Bucket& bucket = buckets_[b];
   at::Tensor view = bucket.flat.narrow(0, bucket.offsets[pos], param.numel()).view(param.sizes());
@@ -135,9 +173,81 @@ void DistributedDataParallelImpl::Reducer::on_grad(size_t index, const at::Tenso
   if (next_launch_ == buckets_.size()) finish_locked();
 }
 
+void DistributedDataParallelImpl::Reducer::mark_unused_locked(size_t index) {
+  if (seen_[index]) return;
+  seen_[index] = 2;
+  const at::Tensor& param = params_[index];
+  const at::Tensor& grad = param.grad();
+  const auto [b, pos] = slot_[index];
+  Bucket& bucket = buckets_[b];
+  at::Tensor view = bucket.flat.narrow(0, bucket.offsets[pos], param.numel()).view(param.sizes());
+  // A gradient accumulated earlier (under no_sync) takes part; a parameter without one adds zeros.
+  if (grad.defined()) {
+    view.copy_(grad);
+    used_[index] = 1;
+  } else {
+    view.zero_();
+  }
+  --bucket.pending;
+  ++stats.unused_marked;
+}
+
+void DistributedDataParallelImpl::Reducer::prepare_for_backward(const at::Tensor& output) {
+  if (!find_unused_ || !sync || !output.defined() || !output.requires_grad()) return;
+  // The parameters output's graph reaches, through the AccumulateGrad nodes it ends in (a
+  // compiled region's node has edges to the parameters it read, as any autograd node).
+  std::unordered_map<const c10::TensorImpl*, size_t> index_of;
+  for (size_t k = 0; k < params_.size(); ++k) index_of.emplace(params_[k].unsafeGetTensorImpl(), k);
+  std::vector<char> reached(params_.size(), 0);
+  std::unordered_set<const torch::autograd::Node*> visited;
+  std::vector<torch::autograd::Node*> stack;
+  if (auto root = torch::autograd::impl::gradient_edge(output).function) stack.push_back(root.get());
+  while (!stack.empty()) {
+    torch::autograd::Node* node = stack.back();
+    stack.pop_back();
+    if (!visited.insert(node).second) continue;
+    if (const auto* acc = dynamic_cast<const torch::autograd::AccumulateGrad*>(node)) {
+      const auto it = index_of.find(acc->variable.unsafeGetTensorImpl());
+      if (it != index_of.end()) reached[it->second] = 1;
+      continue;
+    }
+    for (const auto& edge : node->next_edges()) {
+      if (edge.function) stack.push_back(edge.function.get());
+    }
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (started_) return;  // a backward is under way: this forward's parameters are for the next one
+  // Several forwards before one backward: a parameter any of them reaches is expected.
+  std::vector<size_t> unreachable;
+  for (size_t k : prepared_ ? unreachable_ : std::vector<size_t>()) {
+    if (!reached[k]) unreachable.push_back(k);
+  }
+  if (!prepared_) {
+    for (size_t k = 0; k < params_.size(); ++k) {
+      if (!reached[k]) unreachable.push_back(k);
+    }
+  }
+  unreachable_ = std::move(unreachable);
+  prepared_ = true;
+  if (log_enabled(LogChannel::Ddp) && !unreachable_.empty()) {
+    std::ostringstream m;
+    m << "rank " << pg_->getRank() << ": forward's output does not reach " << unreachable_.size()
+      << " parameter(s) (" << names_[unreachable_.front()] << (unreachable_.size() > 1 ? ", .." : "")
+      << "): reduced without a gradient of this rank";
+    log_line(LogChannel::Ddp, m.str());
+  }
+}
+
 void DistributedDataParallelImpl::Reducer::launch_ready_locked() {
   while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
     if (next_launch_ == 0) first_launch_ = std::chrono::steady_clock::now();
+    if (log_enabled(LogChannel::Ddp)) {
+      const auto now = std::chrono::steady_clock::now();
+      std::ostringstream m;
+      m << "rank " << pg_->getRank() << ": all-reduce of bucket " << next_launch_ << " started "
+        << std::chrono::duration<double, std::milli>(now - first_grad_).count() << " ms after the backward's first gradient";
+      log_line(LogChannel::Ddp, m.str());
+    }
     std::vector<at::Tensor> flat{buckets_[next_launch_].flat};
     try {
       works_.push_back(pg_->allreduce(flat));
@@ -152,16 +262,41 @@ void DistributedDataParallelImpl::Reducer::launch_ready_locked() {
 void DistributedDataParallelImpl::Reducer::finish_locked() {
   const auto t0 = std::chrono::steady_clock::now();
   stats.overlap_window_us += std::chrono::duration<double, std::micro>(t0 - first_launch_).count();
+  // Which parameters some rank used (Note [Unused parameters]): issued after every bucket,
+  // on every rank.
+  at::Tensor used;
+  if (find_unused_) {
+    used = at::empty({static_cast<int64_t>(used_.size())}, at::kFloat);
+    float* u = used.data_ptr<float>();
+    for (size_t k = 0; k < used_.size(); ++k) u[k] = used_[k] ? 1.0f : 0.0f;
+    std::vector<at::Tensor> flat{used};
+    try {
+      works_.push_back(pg_->allreduce(flat));
+    } catch (const std::exception& e) {
+      fail_collective(e);
+    }
+  }
   try {
     for (auto& w : works_) w->wait();
   } catch (const std::exception& e) {
     fail_collective(e);
   }
-  stats.exposed_wait_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  stats.exposed_wait_us += std::chrono::duration<double, std::micro>(waited).count();
+  if (log_enabled(LogChannel::Ddp)) {
+    std::ostringstream m;
+    m << "rank " << pg_->getRank() << ": backward synced, " << buckets_.size() << " bucket(s); the first started "
+      << std::chrono::duration<double, std::milli>(t0 - first_launch_).count()
+      << " ms before the last gradient, which then waited "
+      << std::chrono::duration<double, std::milli>(waited).count() << " ms for the all-reduces";
+    log_line(LogChannel::Ddp, m.str());
+  }
+  const float* used_anywhere = used.defined() ? used.data_ptr<float>() : nullptr;
   const double world = static_cast<double>(pg_->getSize());
   for (Bucket& b : buckets_) {
     b.flat.div_(world);
     for (size_t pos = 0; pos < b.params.size(); ++pos) {
+      if (used_anywhere != nullptr && used_anywhere[b.params[pos]] == 0.0f) continue;  // its .grad stays as it was
       at::Tensor& p = params_[b.params[pos]];
       at::Tensor avg = b.flat.narrow(0, b.offsets[pos], p.numel()).view(p.sizes());
       at::Tensor& g = p.mutable_grad();
@@ -197,6 +332,23 @@ std::string DistributedDataParallelImpl::Reducer::missing_locked() const {
 void DistributedDataParallelImpl::Reducer::end_of_backward() {
   std::unique_lock<std::mutex> lock(mutex_);
   if (!started_) return;  // every bucket was reduced
+  if (find_unused_) {
+    // The engine's final callback: nothing of this backward is left to come.
+    HiddenFromCapture hidden;
+    c10::AutoGradMode no_grad(false);
+    if (log_enabled(LogChannel::Ddp)) {
+      log_line(LogChannel::Ddp, "rank " + std::to_string(pg_->getRank()) + ": parameters " + missing_locked() +
+                                    " got no gradient in this backward: reduced without a gradient of this rank");
+    }
+    for (size_t k = 0; k < params_.size(); ++k) mark_unused_locked(k);
+    launch_ready_locked();
+    finish_locked();
+    return;
+  }
+  fail_unfinished_locked();
+}
+
+void DistributedDataParallelImpl::Reducer::fail_unfinished_locked() {
   const std::string missing = missing_locked();
   // The buckets started so far were started alike on every rank that used the same
   // parameters; let them finish so that no collective is left half done.
@@ -207,17 +359,22 @@ void DistributedDataParallelImpl::Reducer::end_of_backward() {
     }
   }
   reset_locked();
+  TORCH_CHECK(!find_unused_, "tcap::DistributedDataParallel: parameters ", missing,
+              " received no gradient in the last backward, which ended without the engine's final callback "
+              "(compiled autograd), so their buckets were never all-reduced and the gradients the optimizer used "
+              "were not averaged. With find_unused_parameters, unused parameters are found by forward()'s walk "
+              "from its output: run the model through the wrapper's forward() before such a backward.");
   TORCH_CHECK(false, "tcap::DistributedDataParallel: parameters ", missing,
               " received no gradient in this backward (unused parameters), so their buckets were never "
               "all-reduced and the gradients are not averaged across ranks. Every parameter must take part in "
-              "the loss on every rank (or have requires_grad=false); tcap's DDP has no find_unused_parameters.");
+              "the loss on every rank (or have requires_grad=false), or set "
+              "DDPOptions::find_unused_parameters = true.");
 }
 
 void DistributedDataParallelImpl::Reducer::check_finished() {
-  std::unique_lock<std::mutex> lock(mutex_);
+  std::lock_guard<std::mutex> lock(mutex_);
   if (!started_) return;
-  lock.unlock();
-  end_of_backward();
+  fail_unfinished_locked();
 }
 
 }  // namespace tcap

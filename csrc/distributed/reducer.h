@@ -47,6 +47,20 @@ inline const char* message_of(const std::exception& e) {
 // of them and writes the averages back into .grad. No final callback is needed for the
 // result; one is queued where the engine allows it, only to report unused parameters at
 // the end of that backward (elsewhere the next pre_forward() reports them).
+//
+// Note [Unused parameters]
+// With DDPOptions::find_unused_parameters, a parameter that gets no gradient on this rank
+// is reduced as if its gradient were its current .grad (zeros when it has none), as
+// PyTorch's Reducer does. Which parameters those are is known at two points: forward()
+// walks the autograd graph from its output (prepare_for_backward) and the first hook of
+// the backward marks the unreachable ones ready, so buckets start as early as they can
+// and compiled autograd, which has no final callback, completes in the hooks; under the
+// engine, the final callback marks whatever is still missing (a forward that did not go
+// through forward(), a compiled wrapper's replay). Every rank marks alike the buckets it
+// launches, in bucket order, so the collectives match across ranks. After the buckets, a
+// small all-reduce of the "used here" flags tells which parameters no rank used: their
+// .grad is left as it was (an optimizer skips an undefined one), the others get the
+// average.
 struct DistributedDataParallelImpl::Reducer {
   struct Bucket {
     std::vector<size_t> params;    // indices into Reducer::params
@@ -69,6 +83,9 @@ struct DistributedDataParallelImpl::Reducer {
   void on_grad(size_t index, const at::Tensor& param);
   // Throws (and resets) if a synced backward left gradients unreduced.
   void check_finished();
+  // With find_unused_parameters: the parameters `output`'s autograd graph cannot reach get
+  // no gradient in the coming backward (Note [Unused parameters]).
+  void prepare_for_backward(const at::Tensor& output);
 
   bool sync = true;  // false inside DistributedDataParallel::no_sync()
   DDPStats stats;
@@ -78,7 +95,10 @@ struct DistributedDataParallelImpl::Reducer {
   void launch_ready_locked();
   void finish_locked();
   void end_of_backward();
+  [[noreturn]] void fail_unfinished_locked();
+  void mark_unused_locked(size_t index);
   std::string missing_locked() const;
+  std::string bucket_text(size_t b) const;
   [[noreturn]] void fail_collective(const std::exception& e);
 
   std::vector<at::Tensor> params_;
@@ -87,12 +107,17 @@ struct DistributedDataParallelImpl::Reducer {
   std::vector<Bucket> buckets_;
   std::vector<std::pair<size_t, size_t>> slot_;  // per parameter: (bucket, position in bucket)
   std::vector<char> seen_;                       // per parameter, this backward
+  std::vector<char> used_;                       // per parameter: had a gradient here, this backward
+  const bool find_unused_;
+  std::vector<size_t> unreachable_;  // found by prepare_for_backward, for the next backward
+  bool prepared_ = false;
   std::vector<c10::intrusive_ptr<c10d::Work>> works_;
   size_t next_launch_ = 0;
   bool started_ = false;    // a synced backward is under way
   std::string unfinished_;  // set when a backward ended with gradients unreduced
   std::chrono::milliseconds timeout_;
   std::chrono::steady_clock::time_point first_launch_;
+  std::chrono::steady_clock::time_point first_grad_;
   mutable std::mutex mutex_;
 };
 

@@ -36,6 +36,7 @@ enum class LogChannel : unsigned {
   Perf,             // timing of compile stages
   AotGraphs,        // tcap::compile: joint, forward and backward graphs, partition decisions
   Pipeline,         // every stage of the compile pipeline: the graph after it (aot/pipeline.cpp)
+  Ddp,              // DistributedDataParallel: buckets, when each all-reduce starts, waits, unused parameters
   kCount
 };
 

@@ -71,6 +71,15 @@ struct DDPOptions {
   // Broadcast rank 0's buffers (BatchNorm's running statistics) before every forward,
   // as PyTorch's broadcast_buffers=True.
   bool broadcast_buffers = true;
+  // Parameters that get no gradient in a backward (a branch the forward did not take on
+  // this rank, a GAN's other half) are reduced as zeros instead of being an error, as
+  // PyTorch's find_unused_parameters=True: forward() walks the autograd graph from its
+  // output and marks the parameters it cannot reach ready as soon as the backward starts;
+  // under the engine, parameters still missing at the end of the backward are marked then.
+  // A parameter no rank used keeps its .grad as it was; one used on some ranks gets the
+  // average over all ranks, with zeros for the others. Costs the walk per forward and one
+  // small all-reduce per backward.
+  bool find_unused_parameters = false;
 };
 
 // Counters since construction, for tests and benchmarks.
@@ -84,6 +93,9 @@ struct DDPStats {
   // the backward work the all-reduces can run behind.
   double overlap_window_us = 0;
   double buffer_broadcast_us = 0;
+  // With find_unused_parameters: parameters reduced without a gradient of this rank, summed
+  // over backwards (found unreachable by forward()'s walk, or missing at the backward's end).
+  int64_t unused_marked = 0;
 };
 
 // The wrapper is a module holding the wrapped one as the submodule "module" (so

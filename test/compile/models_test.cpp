@@ -104,3 +104,36 @@ TEST(Models, TransformerEncoderLayerWithDropoutSameMasks) {
 }
 
 }  // namespace
+
+namespace {
+
+// A parameter the forward never reads (a layer kept for later, a branch not taken) keeps an
+// undefined .grad, as in eager: an optimizer then skips it (weight decay, momentum and
+// Adam's moments would otherwise move it).
+struct WithUnusedImpl : nn::Module {
+  WithUnusedImpl() {
+    used = register_module("used", nn::Linear(5, 3));
+    unused = register_module("unused", nn::Linear(4, 4));
+  }
+  at::Tensor forward(const at::Tensor& x) { return used->forward(x).tanh(); }
+  nn::Linear used{nullptr}, unused{nullptr};
+};
+TORCH_MODULE(WithUnused);
+
+TEST(Models, UnusedParameterKeepsAnUndefinedGrad) {
+  for (const std::string backend : {"eager", "llvm"}) {
+    WithUnused m;
+    tcap::CompileOptions o;
+    o.backend = backend;
+    auto f = tcap::compile(m, o);
+    for (int step = 0; step < 4; ++step) {
+      f->forward(torch::randn({7, 5})).sum().backward();
+      EXPECT_TRUE(m->used->weight.grad().defined()) << backend << " step " << step;
+      EXPECT_FALSE(m->unused->weight.grad().defined()) << backend << " step " << step;
+      EXPECT_FALSE(m->unused->bias.grad().defined()) << backend << " step " << step;
+    }
+    EXPECT_GE(f->stats().replays, 2) << backend << ": " << f->eager_reason();
+  }
+}
+
+}  // namespace

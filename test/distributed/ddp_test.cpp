@@ -40,25 +40,30 @@ constexpr int64_t kBatch = 3;    // per rank
 constexpr int64_t kClasses = 5;
 
 // The MNIST-style CNN, at odd sizes: 1x11x11 -> conv 3x3 -> [BatchNorm] -> ReLU -> max_pool 2
-// -> Linear. `extra` adds a Linear the forward never uses; `wider` changes the last layer.
+// -> Linear. `extra` adds a Linear the forward never uses; `wider` changes the last layer;
+// `branch` adds a Linear the forward applies only while take_branch is set.
 struct NetImpl : nn::Module {
-  NetImpl(bool bn, bool extra, bool wider) : bn_on(bn) {
+  NetImpl(bool bn, bool extra, bool wider, bool with_branch = false) : bn_on(bn) {
     conv = register_module("conv", nn::Conv2d(nn::Conv2dOptions(1, 4, 3)));
     if (bn) norm = register_module("norm", nn::BatchNorm2d(4));
     fc = register_module("fc", nn::Linear(4 * 4 * 4, wider ? kClasses + 1 : kClasses));
     if (extra) unused = register_module("unused", nn::Linear(3, 3));
+    if (with_branch) branch = register_module("branch", nn::Linear(kClasses, kClasses));
   }
   at::Tensor forward(const at::Tensor& x) {
     auto h = conv->forward(x);
     if (bn_on) h = norm->forward(h);
     h = torch::max_pool2d(torch::relu(h), 2);
-    return fc->forward(h.flatten(1));
+    auto out = fc->forward(h.flatten(1));
+    return take_branch ? out + branch->forward(out) : out;
   }
   bool bn_on;
+  bool take_branch = false;
   nn::Conv2d conv{nullptr};
   nn::BatchNorm2d norm{nullptr};
   nn::Linear fc{nullptr};
   nn::Linear unused{nullptr};
+  nn::Linear branch{nullptr};
 };
 TORCH_MODULE(Net);
 
@@ -74,7 +79,13 @@ struct Scenario {
   int stall_rank = -1;  // this rank sleeps there for stall_s seconds, then exits
   int stall_s = 0;
   int64_t bucket = 0;   // bucket cap in bytes (both caps; 0: DDP's defaults)
+  bool branch = false;  // the branch Linear, taken on even ranks only
+  bool find_unused = false;
+  bool outside = false;  // the loss also reads the extra Linear, outside the forward
 };
+
+// Whether rank r's forward takes the branch.
+bool takes_branch(const Scenario& s, int rank) { return s.branch && rank % 2 == 0; }
 
 Scenario parse(const std::string& spec) {
   Scenario s;
@@ -94,6 +105,9 @@ Scenario parse(const std::string& spec) {
     else if (k == "stall_rank") s.stall_rank = std::stoi(v);
     else if (k == "stall_s") s.stall_s = std::stoi(v);
     else if (k == "bucket") s.bucket = std::stoll(v);
+    else if (k == "branch") s.branch = v == "1";
+    else if (k == "find_unused") s.find_unused = v == "1";
+    else if (k == "outside") s.outside = v == "1";
   }
   return s;
 }
@@ -109,7 +123,9 @@ std::pair<at::Tensor, at::Tensor> batch(int step, int m, int world) {
 
 Net make_net(const Scenario& s, int rank) {
   at::manual_seed(1 + 100 * rank);  // every rank starts elsewhere: DDP broadcasts rank 0's
-  return Net(s.bn, s.extra, rank == s.wider_rank);
+  Net net(s.bn, s.extra, rank == s.wider_rank, s.branch);
+  net->take_branch = takes_branch(s, rank);
+  return net;
 }
 
 std::vector<at::Tensor> state_of(nn::Module& m) {
@@ -131,6 +147,7 @@ int run_worker(const std::string& spec, const std::string& out) {
     Net net = make_net(s, rank);
     tcap::DDPOptions dopts;
     if (s.bucket > 0) dopts.bucket_cap_bytes = dopts.first_bucket_cap_bytes = s.bucket;
+    dopts.find_unused_parameters = s.find_unused;
     auto ddp = tcap::DistributedDataParallel(net, pg, dopts);
     torch::optim::SGD opt(ddp->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
     tcap::CompileOptions co;
@@ -146,7 +163,8 @@ int run_worker(const std::string& spec, const std::string& out) {
     std::optional<tcap::CompiledAutogradGuard> ca_stats_holder;
     auto loss_of = [&](const at::Tensor& x, const at::Tensor& y) {
       auto out = compiled && s.mode == "compile_wrapper" ? compiled->forward(x) : ddp->forward(x);
-      return torch::nn::functional::cross_entropy(out, y);
+      auto loss = torch::nn::functional::cross_entropy(out, y);
+      return s.outside ? loss + net->unused->weight.sum() * 1e-3 : loss;
     };
     if (s.mode == "compile_step") {
       step_fn = tcap::compile_step(ddp, opt, [&](const std::vector<at::Tensor>& in) {
@@ -195,6 +213,8 @@ int run_worker(const std::string& spec, const std::string& out) {
     if (step_fn) report << "replays " << step_fn->stats().replays << "\neager_reason " << step_fn->eager_reason() << "\n";
     if (s.mode == "compiled_autograd") report << "replays " << ca_stats.hits << "\n";
     report << "allreduces " << ddp->stats().allreduces << "\nbuckets " << ddp->stats().buckets << "\n";
+    report << "unused_marked " << ddp->stats().unused_marked << "\n";
+    if (net->unused) report << "unused_grad_defined " << net->unused->weight.grad().defined() << "\n";
   } catch (const std::exception& e) {
     std::string what = e.what();
     for (auto& c : what) if (c == '\n') c = ' ';
@@ -306,9 +326,10 @@ Run launch(const std::string& spec, int world, double timeout_s = 20, int spawn 
 }
 
 // One process doing what `world` ranks do together: rank 0's initial weights, each step's
-// gradient the average over the ranks' batches. With BatchNorm each rank's rows are
-// forwarded apart (batch statistics are per rank in DDP); without, the concatenated
-// batch is forwarded at once.
+// gradient the average over the ranks' batches. With BatchNorm (batch statistics are per
+// rank in DDP) or a branch some ranks take, each rank's rows are forwarded apart; else the
+// concatenated batch is forwarded at once. A parameter a rank does not use adds zeros to
+// the average, as in DDP with find_unused_parameters.
 std::vector<at::Tensor> reference(const Scenario& s, int world) {
   Net net = make_net(s, 0);
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
@@ -316,7 +337,7 @@ std::vector<at::Tensor> reference(const Scenario& s, int world) {
     opt.zero_grad();
     for (int m = 0; m < s.micro; ++m) {
       auto [x, y] = batch(step, m, world);
-      if (!s.bn) {
+      if (!s.bn && !s.branch) {
         torch::nn::functional::cross_entropy(net->forward(x), y).backward();
         continue;
       }
@@ -324,6 +345,7 @@ std::vector<at::Tensor> reference(const Scenario& s, int world) {
       std::vector<at::Tensor> rank0_buffers;
       for (int r = 0; r < world; ++r) {
         auto xr = x.narrow(0, r * kBatch, kBatch), yr = y.narrow(0, r * kBatch, kBatch);
+        net->take_branch = takes_branch(s, r);
         (torch::nn::functional::cross_entropy(net->forward(xr), yr) / world).backward();
         if (r == 0) {
           for (const auto& b : net->buffers()) rank0_buffers.push_back(b.detach().clone());
@@ -442,6 +464,52 @@ TEST(DistributedDataParallel, UnusedParameterIsAnError) {
   for (const auto& r : run.ranks) {
     EXPECT_NE(r.error().find("unused.weight"), std::string::npos) << r.error();
     EXPECT_NE(r.error().find("received no gradient"), std::string::npos) << r.error();
+  }
+}
+
+// find_unused_parameters: a Linear no rank uses keeps no .grad (SGD leaves it alone); a
+// branch only even ranks take is averaged with zeros from the others. Every mode: the
+// forward's walk (eager, compiled inner module, compiled autograd) or the engine's final
+// callback (the compiled wrapper's replays, which do not run forward()).
+void expect_unused_handled(const std::string& spec, int world, int min_replays) {
+  auto run = launch(spec, world);
+  expect_matches_reference(run, spec, world);
+  for (const auto& r : run.ranks) {
+    EXPECT_EQ(r.num("unused_grad_defined"), 0);
+    EXPECT_GT(r.num("unused_marked"), 0);
+    if (min_replays > 0) {
+      EXPECT_GE(r.num("replays"), min_replays) << (r.fields.count("eager_reason") ? r.fields.at("eager_reason") : "");
+    }
+  }
+}
+
+TEST(DistributedDataParallel, FindUnusedParametersEager) {
+  expect_unused_handled("mode=eager,bn=1,extra=1,branch=1,find_unused=1", 2, 0);
+}
+
+TEST(DistributedDataParallel, FindUnusedParametersFourRanksSmallBuckets) {
+  expect_unused_handled("mode=eager,bn=0,extra=1,branch=1,find_unused=1,bucket=24,micro=2", 4, 0);
+}
+
+TEST(DistributedDataParallel, FindUnusedParametersCompiledInnerModule) {
+  expect_unused_handled("mode=compile_inner,bn=1,extra=1,branch=1,find_unused=1,steps=4,backend=auto", 2, 2);
+}
+
+TEST(DistributedDataParallel, FindUnusedParametersCompiledAutograd) {
+  expect_unused_handled("mode=compiled_autograd,bn=1,extra=1,branch=1,find_unused=1,steps=4,bucket=24", 2, 2);
+}
+
+TEST(DistributedDataParallel, FindUnusedParametersCompiledWrapper) {
+  expect_unused_handled("mode=compile_wrapper,bn=0,extra=1,branch=1,find_unused=1,steps=4", 2, 2);
+}
+
+// find_unused_parameters walks from forward()'s output: a parameter the loss reads outside
+// the forward would be reduced twice; it is an error naming it, on every rank.
+TEST(DistributedDataParallel, FindUnusedParametersRefusesAParameterUsedOutsideTheForward) {
+  auto run = launch("mode=eager,bn=0,extra=1,find_unused=1,outside=1", 2);
+  for (const auto& r : run.ranks) {
+    EXPECT_NE(r.error().find("unused.weight"), std::string::npos) << r.error();
+    EXPECT_NE(r.error().find("used outside the module's forward"), std::string::npos) << r.error();
   }
 }
 
