@@ -2,8 +2,8 @@
 # Runs tcap's core test suites under sanitizers (docs/reliability.md).
 #
 #   tools/sanitize.sh asan   AddressSanitizer + UndefinedBehaviorSanitizer: the IR,
-#                            capture, interpreter and thread suites, and the fuzz targets'
-#                            short runs, in build-asan/
+#                            capture, interpreter, compile and thread suites, and the fuzz
+#                            targets' short runs, in build-asan/
 #   tools/sanitize.sh tsan   ThreadSanitizer: the thread stress suite and the capture
 #                            suite's threaded tests, in build-tsan/
 #
@@ -34,12 +34,14 @@ fi
 # suite NAME COMMAND...: what runs, by kind.
 suites=()
 if [ "$kind" = asan ]; then
-  targets=(tcap_ir_tests tcap_capture_tests tcap_interp_tests tcap_thread_tests tcap_fuzz_json tcap_fuzz_interp)
+  targets=(tcap_ir_tests tcap_capture_tests tcap_interp_tests tcap_compile_tests tcap_thread_tests tcap_fuzz_json
+           tcap_fuzz_interp)
   corpus="$root/test/fuzz/corpus"
   suites=(
     "tcap_ir_tests|test/tcap_ir_tests"
     "tcap_capture_tests|test/tcap_capture_tests"
     "tcap_interp_tests|test/tcap_interp_tests"
+    "tcap_compile_tests|test/tcap_compile_tests"
     "tcap_thread_tests|test/tcap_thread_tests"
     "tcap_fuzz_json (5000 mutants)|test/fuzz/tcap_fuzz_json -runs=5000 -seed=1 $corpus"
     "tcap_fuzz_interp (3000 mutants)|test/fuzz/tcap_fuzz_interp -runs=3000 -seed=1 $corpus"
