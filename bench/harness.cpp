@@ -295,14 +295,16 @@ void add_ratios_to_eager(std::vector<Record>& records) {
   }
 }
 
-// The peer's rows against its own eager: x_py_eager, bwd_x_py_eager.
+// The peer's rows against its own eager: x_py_eager, bwd_x_py_eager (whole-step workloads:
+// x_py_eager of step_us).
 void add_ratios_to_py_eager(std::vector<Record>& records) {
   const Record* py = find_variant(records, "py_eager");
   if (!py) return;
   for (auto& r : records) {
     if (&r == py || r.variant != "inductor") continue;
     for (const auto& [metric, key] : {std::pair<std::string, std::string>{"fwd_us", "x_py_eager"},
-                                      {"bwd_us", "bwd_x_py_eager"}}) {
+                                      {"bwd_us", "bwd_x_py_eager"},
+                                      {"step_us", "x_py_eager"}}) {
       if (r.get(metric) && py->get(metric)) r.set(key, *r.get(metric) / *py->get(metric));
     }
   }
@@ -327,7 +329,8 @@ void add_floors(const FloorBytes& floor, const Bandwidth& bw, std::vector<Record
 
 // x_inductor / bwd_x_inductor / step_x_inductor of the C++ rows: the median over rounds of
 // the ratio to the peer's inductor round run right after (Note [The torch.compile peer]);
-// the step is forward + backward.
+// the step is forward + backward. Whole-step workloads (step_us, the programs) get
+// x_inductor of their step.
 void add_ratios_to_inductor(std::vector<Record>& records) {
   const Record* ind = find_variant(records, "inductor");
   if (!ind || !ind->skipped.empty()) return;
@@ -338,6 +341,7 @@ void add_ratios_to_inductor(std::vector<Record>& records) {
   };
   const auto* ind_fwd = ind->rounds_of("fwd_us");
   const auto* ind_bwd = ind->rounds_of("bwd_us");
+  const auto* ind_step = ind->rounds_of("step_us");
   for (auto& r : records) {
     if (&r == ind || r.variant == "py_eager" || !r.skipped.empty()) continue;
     const auto* fwd = r.rounds_of("fwd_us");
@@ -345,6 +349,8 @@ void add_ratios_to_inductor(std::vector<Record>& records) {
     const auto same = [](const std::vector<double>* a, const std::vector<double>* b) {
       return a && b && !a->empty() && a->size() == b->size();
     };
+    const auto* step = r.rounds_of("step_us");
+    if (same(step, ind_step)) r.set("x_inductor", paired(*step, *ind_step));
     if (same(fwd, ind_fwd)) r.set("x_inductor", paired(*fwd, *ind_fwd));
     if (same(bwd, ind_bwd)) r.set("bwd_x_inductor", paired(*bwd, *ind_bwd));
     if (same(fwd, ind_fwd) && same(bwd, ind_bwd) && same(fwd, bwd)) {

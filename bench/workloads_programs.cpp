@@ -18,7 +18,10 @@
 // fallback to eager while timed fails the variant too. The steps cycle through kBatches
 // batches drawn at setup. Any refusal fails the variant. The regression program logs
 // clip_grad_norm_'s norm as in the tier (on a replayed step, from CompiledStep::last_call).
-// No torch.compile peer yet: inductor_bench.py does not know these programs.
+// The torch.compile peer (Note [The torch.compile peer]) builds the same programs in Python
+// and times them the same way: py_eager, and inductor (each model through torch.compile,
+// loss, backward and optimizer step eager around it, as a Python user would write it); the
+// C++ rows get x_inductor, the median of the per-round ratios of step_us.
 #include "workloads.h"
 
 #include "programs/cnn.h"
@@ -117,7 +120,9 @@ std::vector<Variant> make_program_variants(const ProgramFactory& make, const Opt
 }
 
 void add_program(Registry& registry, const std::string& name, const std::string& description, ProgramFactory make) {
-  registry.add(Workload{name, description, [make](const Options& o) { return make_program_variants(make, o); }, nullptr});
+  Workload w{name, description, [make](const Options& o) { return make_program_variants(make, o); }, nullptr};
+  w.has_peer = true;  // inductor_bench.py builds the same program in Python
+  registry.add(std::move(w));
 }
 
 }  // namespace
