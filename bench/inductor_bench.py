@@ -368,6 +368,7 @@ class Program:
 
     def __init__(self, seed, compiled):
         torch.manual_seed(seed)  # the program's Seed member: before its models are built
+        self.seed = seed  # also the batches' (step_generator)
         self.compiled = compiled
         self.host_log = []  # host-side values the step logs (grad norms, clip_grad_norm_'s)
 
@@ -520,7 +521,28 @@ class LstmLm(nn.Module):
         return self.decoder(output)
 
 
-class LstmProgram(Program):
+class LanguageModelProgram(Program):
+    """A next-token language model's step, as the C++ LM programs write it: random token
+    streams of [seq + 1, batch] from the program's seed, cross_entropy of every position's
+    logits against the next token, one optimizer. Subclasses give shape() = (vocab, seq,
+    batch), the model (self.forward) and the optimizer (self.opt)."""
+
+    def batch(self, step):
+        vocab, seq, batch = self.shape()
+        text = torch.randint(0, vocab, (seq + 1, batch), generator=step_generator(self.seed, step))
+        return [text[:seq].contiguous(), text[1:].contiguous()]
+
+    def train_step(self, batch):
+        vocab = self.shape()[0]
+        self.opt.zero_grad()
+        logits = self.forward(batch[0])
+        loss = F.cross_entropy(logits.view(-1, vocab), batch[1].view(-1))
+        loss.backward()
+        self.opt.step()
+        return [loss]
+
+
+class LstmProgram(LanguageModelProgram):
     """lstm::LstmProgram: Adam, cross_entropy over the next token, [10, 3] tokens."""
 
     def __init__(self, compiled):
@@ -529,17 +551,8 @@ class LstmProgram(Program):
         self.opt = torch.optim.Adam(self.model.parameters(), lr=3e-3)
         self.forward = self.compile(self.model)
 
-    def batch(self, step):
-        text = torch.randint(0, LSTM_VOCAB, (LSTM_SEQ + 1, LSTM_BATCH), generator=step_generator(14, step))
-        return [text[:LSTM_SEQ].contiguous(), text[1:].contiguous()]
-
-    def train_step(self, batch):
-        self.opt.zero_grad()
-        logits = self.forward(batch[0])
-        loss = F.cross_entropy(logits.view(-1, LSTM_VOCAB), batch[1].view(-1))
-        loss.backward()
-        self.opt.step()
-        return [loss]
+    def shape(self):
+        return LSTM_VOCAB, LSTM_SEQ, LSTM_BATCH
 
 
 class TutorialMlp(Program):
@@ -675,7 +688,7 @@ class TransformerLm(nn.Module):
         return self.head(x)
 
 
-class TransformerProgram(Program):
+class TransformerProgram(LanguageModelProgram):
     """transformer::TransformerProgram: AdamW (lr 1e-3, weight_decay 0.01); a hook on every
     parameter logs its gradient's norm on the host (g.norm().item())."""
 
@@ -687,17 +700,8 @@ class TransformerProgram(Program):
         for p in self.model.parameters():
             p.register_hook(lambda g: self.host_log.append(g.norm().item()))
 
-    def batch(self, step):
-        text = torch.randint(0, TF_VOCAB, (TF_CONTEXT + 1, TF_BATCH), generator=step_generator(13, step))
-        return [text[:TF_CONTEXT].contiguous(), text[1:].contiguous()]
-
-    def train_step(self, batch):
-        self.opt.zero_grad()
-        logits = self.forward(batch[0])
-        loss = F.cross_entropy(logits.view(-1, TF_VOCAB), batch[1].view(-1))
-        loss.backward()
-        self.opt.step()
-        return [loss]
+    def shape(self):
+        return TF_VOCAB, TF_CONTEXT, TF_BATCH
 
     def comparable(self, name, param):
         # The key bias of attention has a zero true gradient: its (AdamW-normalised)
