@@ -257,6 +257,13 @@ void check_node_kind(const Graph& g, const Node& n) {
                     std::to_string(n.output_names.size()) + " output_names and " +
                     std::to_string(n.output_kinds.size()) + " output_kinds");
       }
+      // Graph::output_values() and every reader of outputs take one value per argument.
+      for (size_t k = 0; k < n.args.size(); ++k) {
+        if (n.args[k].kind != ArgKind::Value || n.args[k].values.size() != 1) {
+          fail(g, describe(n) + " output " + std::to_string(k) + " is not a value (an Output node's args are the "
+                                 "graph's result values, one each)");
+        }
+      }
       break;
   }
 }

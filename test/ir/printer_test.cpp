@@ -467,6 +467,17 @@ TEST(Verify, OutputNamesAndKindsMatchArgs) {
   expect_verify_fails(g, "node 18 (output) has 2 args but 1 output_names and 2 output_kinds");
 }
 
+// Found by the interpreter's fuzz target: an Output arg of kind int made output_values()
+// read a value id that is not there.
+TEST(Verify, OutputArgsAreValues) {
+  Graph g = sample_graph();
+  g.mutable_nodes().back().args[0] = Arg::integer(1);
+  expect_verify_fails(g, "node 18 (output) output 0 is not a value");
+  Graph g2 = sample_graph();
+  g2.mutable_nodes().back().args[1] = Arg::value_list({3, 4}, false);
+  expect_verify_fails(g2, "node 18 (output) output 1 is not a value");
+}
+
 TEST(Verify, InputHasOneValueOutput) {
   Graph g = sample_graph();
   g.mutable_nodes()[1].outputs.push_back(Arg::none());
