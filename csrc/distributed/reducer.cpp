@@ -10,10 +10,11 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
 #include <map>
+#include <numeric>
 #include <sstream>
 #include <tuple>
-#include <unordered_map>
 #include <unordered_set>
 
 namespace tcap {
@@ -78,6 +79,7 @@ DistributedDataParallelImpl::Reducer::Reducer(std::vector<at::Tensor> params, st
   stats.buckets = static_cast<int64_t>(buckets_.size());
   seen_.assign(params_.size(), 0);
   used_.assign(params_.size(), 0);
+  for (size_t k = 0; k < params_.size(); ++k) index_of_.emplace(params_[k].unsafeGetTensorImpl(), k);
   reset_locked();
   if (log_enabled(LogChannel::Ddp)) {
     std::ostringstream m;
@@ -156,39 +158,33 @@ void DistributedDataParallelImpl::Reducer::on_grad(size_t index, const at::Tenso
   TORCH_CHECK(!seen_[index], "tcap::DistributedDataParallel: parameter ", names_[index],
               " received two gradients in one backward");
   seen_[index] = 1;
-  const at::Tensor& grad = param.grad();
   // A node that reaches the parameter but gave it no gradient (a compiled region's input
   // it did not differentiate) runs the hook with .grad undefined: not a use, as in PyTorch.
-  used_[index] = grad.defined() ? 1 : 0;
-  const auto [b, pos] = slot_[index];
-  Bucket& bucket = buckets_[b];
-  at::Tensor view = bucket.flat.narrow(0, bucket.offsets[pos], param.numel()).view(param.sizes());
-  if (grad.defined()) {
-    view.copy_(grad);
-  } else {
-    view.zero_();
-  }
-  --bucket.pending;
+  used_[index] = stage_grad_locked(index) ? 1 : 0;
   launch_ready_locked();
   if (next_launch_ == buckets_.size()) finish_locked();
 }
 
-void DistributedDataParallelImpl::Reducer::mark_unused_locked(size_t index) {
-  if (seen_[index]) return;
-  seen_[index] = 2;
+bool DistributedDataParallelImpl::Reducer::stage_grad_locked(size_t index) {
   const at::Tensor& param = params_[index];
   const at::Tensor& grad = param.grad();
   const auto [b, pos] = slot_[index];
   Bucket& bucket = buckets_[b];
   at::Tensor view = bucket.flat.narrow(0, bucket.offsets[pos], param.numel()).view(param.sizes());
-  // A gradient accumulated earlier (under no_sync) takes part; a parameter without one adds zeros.
   if (grad.defined()) {
     view.copy_(grad);
-    used_[index] = 1;
   } else {
     view.zero_();
   }
   --bucket.pending;
+  return grad.defined();
+}
+
+void DistributedDataParallelImpl::Reducer::mark_unused_locked(size_t index) {
+  if (seen_[index]) return;
+  seen_[index] = 2;
+  // A gradient accumulated earlier (under no_sync) takes part; a parameter without one adds zeros.
+  if (stage_grad_locked(index)) used_[index] = 1;
   ++stats.unused_marked;
 }
 
@@ -196,8 +192,6 @@ void DistributedDataParallelImpl::Reducer::prepare_for_backward(const at::Tensor
   if (!find_unused_ || !sync || !output.defined() || !output.requires_grad()) return;
   // The parameters output's graph reaches, through the AccumulateGrad nodes it ends in (a
   // compiled region's node has edges to the parameters it read, as any autograd node).
-  std::unordered_map<const c10::TensorImpl*, size_t> index_of;
-  for (size_t k = 0; k < params_.size(); ++k) index_of.emplace(params_[k].unsafeGetTensorImpl(), k);
   std::vector<char> reached(params_.size(), 0);
   std::unordered_set<const torch::autograd::Node*> visited;
   std::vector<torch::autograd::Node*> stack;
@@ -207,8 +201,8 @@ void DistributedDataParallelImpl::Reducer::prepare_for_backward(const at::Tensor
     stack.pop_back();
     if (!visited.insert(node).second) continue;
     if (const auto* acc = dynamic_cast<const torch::autograd::AccumulateGrad*>(node)) {
-      const auto it = index_of.find(acc->variable.unsafeGetTensorImpl());
-      if (it != index_of.end()) reached[it->second] = 1;
+      const auto it = index_of_.find(acc->variable.unsafeGetTensorImpl());
+      if (it != index_of_.end()) reached[it->second] = 1;
       continue;
     }
     for (const auto& edge : node->next_edges()) {
@@ -218,16 +212,12 @@ void DistributedDataParallelImpl::Reducer::prepare_for_backward(const at::Tensor
   std::lock_guard<std::mutex> lock(mutex_);
   if (started_) return;  // a backward is under way: this forward's parameters are for the next one
   // Several forwards before one backward: a parameter any of them reaches is expected.
-  std::vector<size_t> unreachable;
-  for (size_t k : prepared_ ? unreachable_ : std::vector<size_t>()) {
-    if (!reached[k]) unreachable.push_back(k);
-  }
   if (!prepared_) {
-    for (size_t k = 0; k < params_.size(); ++k) {
-      if (!reached[k]) unreachable.push_back(k);
-    }
+    unreachable_.resize(params_.size());
+    std::iota(unreachable_.begin(), unreachable_.end(), size_t{0});
   }
-  unreachable_ = std::move(unreachable);
+  unreachable_.erase(std::remove_if(unreachable_.begin(), unreachable_.end(), [&](size_t k) { return reached[k]; }),
+                     unreachable_.end());
   prepared_ = true;
   if (log_enabled(LogChannel::Ddp) && !unreachable_.empty()) {
     std::ostringstream m;

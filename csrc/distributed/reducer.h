@@ -13,6 +13,7 @@
 #include <optional>
 #include <tuple>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -97,6 +98,9 @@ struct DistributedDataParallelImpl::Reducer {
   void end_of_backward();
   [[noreturn]] void fail_unfinished_locked();
   void mark_unused_locked(size_t index);
+  // Copies parameter `index`'s .grad (zeros when undefined) into its bucket, one fewer
+  // pending; true when it had a gradient.
+  bool stage_grad_locked(size_t index);
   std::string missing_locked() const;
   std::string bucket_text(size_t b) const;
   [[noreturn]] void fail_collective(const std::exception& e);
@@ -109,6 +113,7 @@ struct DistributedDataParallelImpl::Reducer {
   std::vector<char> seen_;                       // per parameter, this backward
   std::vector<char> used_;                       // per parameter: had a gradient here, this backward
   const bool find_unused_;
+  std::unordered_map<const c10::TensorImpl*, size_t> index_of_;  // parameter -> index, for the walk
   std::vector<size_t> unreachable_;  // found by prepare_for_backward, for the next backward
   bool prepared_ = false;
   std::vector<c10::intrusive_ptr<c10d::Work>> works_;
