@@ -115,8 +115,7 @@ struct CompiledStep::Impl {
 
   std::string who() const { return "step '" + options.name + "'"; }
 
-  using Gathered = aot::StepInputs;
-  Gathered gather(const std::vector<at::Tensor>& user) const { return aot::gather_step_inputs(parts, user); }
+  aot::StepInputs gather(const std::vector<at::Tensor>& user) const { return aot::gather_step_inputs(parts, user); }
 
   std::vector<at::Tensor> run_eager(const std::vector<at::Tensor>& user) {
     stats.count(&CompileStats::eager_calls);
@@ -140,17 +139,17 @@ struct CompiledStep::Impl {
     }
   }
 
-  std::vector<at::Tensor> capture(StepEntry& e, const std::vector<at::Tensor>& user, const Gathered& g);
+  std::vector<at::Tensor> capture(StepEntry& e, const std::vector<at::Tensor>& user, const aot::StepInputs& g);
   void verify_and_compile(StepEntry& e, const ir::Graph& first, const std::vector<std::vector<HostState>>& host1,
-                          const Gathered& g);
-  std::vector<at::Tensor> replay(const StepEntry& e, const Gathered& g, const std::vector<at::Tensor>& primals);
+                          const aot::StepInputs& g);
+  std::vector<at::Tensor> replay(const StepEntry& e, const aot::StepInputs& g, const std::vector<at::Tensor>& primals);
   std::vector<at::Tensor> call(const std::vector<at::Tensor>& user);
   std::shared_ptr<const StepEntry> specialize(const std::shared_ptr<const StepEntry>& e, const std::vector<int64_t>& key);
   void generalize(const StepEntry& a, StepEntry& b);
 };
 
 std::vector<at::Tensor> CompiledStep::Impl::capture(StepEntry& e, const std::vector<at::Tensor>& user,
-                                                     const Gathered& g) {
+                                                     const aot::StepInputs& g) {
   stats.count(&CompileStats::captures);
   e.host = aot::host_states(parts.opts);
   CaptureOptions co;
@@ -279,7 +278,7 @@ std::vector<at::Tensor> CompiledStep::Impl::capture(StepEntry& e, const std::vec
 }
 
 void CompiledStep::Impl::verify_and_compile(StepEntry& e, const ir::Graph& first,
-                                            const std::vector<std::vector<HostState>>& host1, const Gathered& g) {
+                                            const std::vector<std::vector<HostState>>& host1, const aot::StepInputs& g) {
   // Which parameter (optimizer, index) each input node is.
   const auto inputs = e.graph.input_nodes();
   std::unordered_map<ir::NodeId, std::pair<size_t, size_t>> param_inputs;
@@ -435,7 +434,7 @@ std::shared_ptr<const StepEntry> CompiledStep::Impl::specialize(const std::share
   return e->specialized->insert(key, std::move(s));
 }
 
-std::vector<at::Tensor> CompiledStep::Impl::replay(const StepEntry& e, const Gathered& g,
+std::vector<at::Tensor> CompiledStep::Impl::replay(const StepEntry& e, const aot::StepInputs& g,
                                                    const std::vector<at::Tensor>& primals) {
   std::vector<double> scalars;
   scalars.reserve(e.patches.size());
@@ -494,7 +493,7 @@ std::vector<at::Tensor> CompiledStep::Impl::call(const std::vector<at::Tensor>& 
   if (stance() == Stance::ForceEager || cache->fell_back()) return run_eager(user);
   // One call at a time: a step updates shared state (parameters, optimizer state, entries).
   std::lock_guard<std::mutex> serial(call_mutex);
-  const Gathered g = gather(user);
+  const aot::StepInputs g = gather(user);
   const cache::CallView view = g.view();
   cache::Lookup l;
   for (size_t start = 0;;) {
@@ -515,9 +514,10 @@ std::vector<at::Tensor> CompiledStep::Impl::call(const std::vector<at::Tensor>& 
     switch (state) {
       case StepEntry::State::Compiled:
         if (!e->fused_groups.empty() && !aot::fused_steps_agree(e->fused_groups, parts.opts)) {
-          // Note [Fused optimizer steps]: one step count per fused call.
-          TCAP_LOG(GraphBreaks, who() << ": runs eagerly: the step counters of parameters updated by one fused "
-                                         "optimizer call differ (some had no gradient in an earlier step)");
+          // Note [Fused optimizer steps]: one step count per fused call. A fallback like
+          // any other: error_on_fallback turns it into an error.
+          cache::report_fallback(who(), "the step counters of parameters updated by one fused optimizer call "
+                                        "differ (some had no gradient in an earlier step)");
           return run_eager(user);
         }
         try {

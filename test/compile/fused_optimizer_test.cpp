@@ -256,6 +256,17 @@ TEST(FusedOptimizer, StepCountsThatDifferRunEagerly) {
   expect_same_state(*model, *twin, opt, opt_twin, "frozen");
   EXPECT_EQ(step->stats().replays, replays) << "a fused call with two step counts was replayed";
   EXPECT_NE(logs.text().find("step counters of parameters updated by one fused"), std::string::npos) << logs.text();
+  // The counters still differ: the drift is a fallback like any other, so under
+  // error_on_fallback the call throws, naming the cause, before it changes anything.
+  tcap::StanceGuard strict(tcap::Stance::Default, /*error_on_fallback=*/true);
+  const auto before = (*model)[0]->parameters()[0].clone();
+  try {
+    (*step)({torch::randn({5, 13}), torch::randn({5, 3})});
+    ADD_FAILURE() << "no FallbackError for differing step counters";
+  } catch (const tcap::FallbackError& e) {
+    EXPECT_NE(std::string(e.what()).find("step counters"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(torch::equal(before, (*model)[0]->parameters()[0])) << "the refused call changed a parameter";
 }
 
 // A parameter that is not contiguous keeps its recorded ops; the others are fused.
