@@ -6,6 +6,8 @@
 // same machine load): a training step of the ddp_mnist CNN (batch 64 per rank) with
 //   eager     DistributedDataParallel around the eager model,
 //   compiled  the same with the model compiled by tcap::compile (backend "auto"),
+//   step      the whole step (forward, backward, all-reduce, SGD) by tcap::compile_step
+//             (backend "auto"; the all-reduce is a graph op, after the whole backward),
 // and, for the overlap of communication with backward, in eager:
 //   bwd_sync    backward with the bucket all-reduces,
 //   bwd_nosync  backward under no_sync() (no communication),
@@ -17,6 +19,7 @@
 // Rank 0 prints medians over rounds (per-step times, µs) and the p10-p90 spread.
 #include <tcap/compile.h>
 #include <tcap/distributed.h>
+#include <tcap/train_step.h>
 
 #include "mnist_net.h"
 
@@ -55,15 +58,17 @@ int main(int argc, char** argv) {
   auto pg = tcap::distributed::init_from_env();
   const int rank = pg->getRank(), world = pg->getSize();
   torch::manual_seed(0);
-  MnistNet eager_net(512), compiled_net(512);
+  MnistNet eager_net(512), compiled_net(512), step_net(512);
   auto eager = tcap::DistributedDataParallel(eager_net, pg);
   auto compiled = tcap::DistributedDataParallel(compiled_net, pg);
+  auto stepped = tcap::DistributedDataParallel(step_net, pg);
   tcap::CompileOptions co;
   co.backend = "auto";
   auto fast = tcap::compile(compiled_net, co);
   compiled->set_forward([fast](const at::Tensor& x) { return fast->forward(x); });
   torch::optim::SGD opt_e(eager->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   torch::optim::SGD opt_c(compiled->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  torch::optim::SGD opt_s(stepped->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   torch::manual_seed(100 + rank);
   auto x = torch::randn({batch, 1, 28, 28});
   auto y = torch::randint(0, 10, {batch});
@@ -73,6 +78,13 @@ int main(int argc, char** argv) {
     torch::nn::functional::cross_entropy(m->forward(x), y).backward();
     opt.step();
   };
+  auto whole_step = tcap::compile_step(stepped, opt_s, [&](const std::vector<at::Tensor>& in) {
+    opt_s.zero_grad();
+    auto loss = torch::nn::functional::cross_entropy(stepped->forward(in[0]), in[1]);
+    loss.backward();
+    opt_s.step();
+    return std::vector<at::Tensor>{loss};
+  }, co);
   // Backward only (forward outside the timing), with or without communication.
   auto backward = [&](bool sync) {
     eager_net->zero_grad();
@@ -102,6 +114,7 @@ int main(int argc, char** argv) {
   for (int w = 0; w < 3; ++w) {  // warm-up: the compiled model captures and compiles here
     step(eager, opt_e);
     step(compiled, opt_c);
+    (*whole_step)({x, y});
   }
   std::map<std::string, std::vector<double>> t;
   for (int r = 0; r < rounds; ++r) {
@@ -111,6 +124,9 @@ int main(int argc, char** argv) {
     t0 = Clock::now();
     for (int s = 0; s < steps; ++s) step(compiled, opt_c);
     t["compiled"].push_back(us_since(t0) / steps);
+    t0 = Clock::now();
+    for (int s = 0; s < steps; ++s) (*whole_step)({x, y});
+    t["step"].push_back(us_since(t0) / steps);
     double sync = 0, nosync = 0, c = 0;
     const double wait0 = eager->stats().exposed_wait_us, window0 = eager->stats().overlap_window_us;
     for (int s = 0; s < steps; ++s) sync += backward(true);
@@ -130,8 +146,10 @@ int main(int argc, char** argv) {
     for (size_t k = 0; k < st.bucket_numel.size(); ++k) {
       std::printf("%s%.2f MiB", k ? ", " : "", static_cast<double>(st.bucket_numel[k]) * 4 / 1048576.0);
     }
-    std::printf("), compiled replays %d, %d rounds x %d steps\n", fast->stats().replays, rounds, steps);
-    for (const char* k : {"eager", "compiled", "bwd_sync", "bwd_nosync", "comm", "window", "wait", "hidden"}) {
+    std::printf("), compiled replays %d, step replays %d (%s), %d rounds x %d steps\n", fast->stats().replays,
+                whole_step->stats().replays,
+                whole_step->eager_reason().empty() ? "no fallback" : whole_step->eager_reason().c_str(), rounds, steps);
+    for (const char* k : {"eager", "compiled", "step", "bwd_sync", "bwd_nosync", "comm", "window", "wait", "hidden"}) {
       if (world == 1 && !std::strcmp(k, "hidden")) {
         std::printf("hidden      n/a (one rank: nothing to hide)\n");
         continue;
@@ -141,6 +159,7 @@ int main(int argc, char** argv) {
                   quantile(v, 0.9));
     }
     std::printf("compiled/eager step: %.3f\n", quantile(t["compiled"], 0.5) / quantile(t["eager"], 0.5));
+    std::printf("step/eager step: %.3f\n", quantile(t["step"], 0.5) / quantile(t["eager"], 0.5));
   }
   return 0;
 }

@@ -1,5 +1,6 @@
 #include "aot/step_inputs.h"
 
+#include "capture/engine_shim.h"
 #include "capture/hooks.h"
 
 #include <unordered_map>
@@ -87,6 +88,11 @@ StepInputs gather_step_inputs(const StepParts& parts, const std::vector<at::Tens
   for (size_t k = 0, h = 0; k < g.names.size(); ++k) {
     g.structure += g.names[k];
     if (h < g.hooked.size() && g.hooked[h].first == k) g.structure += "#hooks" + std::to_string(g.hooked[h++].second);
+    // What a recorded post-accumulate-grad hook records (Note [Recorded post-accumulate-grad
+    // hooks]): DDP inside and outside no_sync() are different graphs.
+    if (g.kinds[k] == ir::InputKind::Parameter) {
+      if (const auto* hook = capture::recorded_grad_hook(g.ts[k])) g.structure += "#acc" + std::to_string(hook->record_key());
+    }
     g.structure += ";";
   }
   return g;

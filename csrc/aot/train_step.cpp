@@ -154,6 +154,7 @@ std::vector<at::Tensor> CompiledStep::Impl::capture(StepEntry& e, const std::vec
   e.host = aot::host_states(parts.opts);
   CaptureOptions co;
   capture::Session s(co);
+  s.set_records_collectives(true);
   for (size_t k = 0; k < g.ts.size(); ++k) s.declare_input(g.ts[k], g.names[k], g.kinds[k]);
   // Note [Hooks in a compiled step]: the hooks already on parameters and inputs are opaque.
   capture::Session::HookSlots slots;
@@ -177,15 +178,16 @@ std::vector<at::Tensor> CompiledStep::Impl::capture(StepEntry& e, const std::vec
     return outs;
   };
   // Note [Post-accumulate-grad hooks in a step]: a replayed step writes .grad itself and
-  // never runs AccumulateGrad, so a parameter's post-accumulate-grad hook (the gradient
-  // all-reduce of tcap::DistributedDataParallel is one) would be skipped. Such a step, and
-  // one in which code noted an effect a replay would not redo, runs eagerly.
+  // never runs AccumulateGrad, so a parameter's post-accumulate-grad hook would be skipped.
+  // A step whose parameters have such hooks runs eagerly, unless each hook recorded its
+  // work as graph ops (Note [Recorded post-accumulate-grad hooks]: the gradient all-reduce
+  // of tcap::DistributedDataParallel), as does one in which code noted an effect a replay
+  // would not redo.
   if (!s.unreplayable_reason().empty()) return fail(s.unreplayable_reason());
   for (const auto& m : parts.models) {
     for (const auto& item : m->named_parameters(true)) {
-      if (capture::has_post_accumulate_grad_hook(item.value())) {
-        return fail("parameter " + item.key() + " has a post-accumulate-grad hook (such as " +
-                    "DistributedDataParallel's gradient all-reduce), which a replayed step would not run");
+      if (capture::has_post_accumulate_grad_hook(item.value()) && !capture::recorded_grad_hook(item.value())) {
+        return fail("parameter " + item.key() + " has a post-accumulate-grad hook, which a replayed step would not run");
       }
     }
   }

@@ -129,4 +129,9 @@ bool has_post_accumulate_grad_hook(const at::Tensor& t) {
   return torch::autograd::impl::post_acc_grad_hooks(t) != nullptr;
 }
 
+const RecordedGradHook* recorded_grad_hook(const at::Tensor& t) {
+  if (!has_post_accumulate_grad_hook(t)) return nullptr;
+  return dynamic_cast<const RecordedGradHook*>(torch::autograd::impl::post_acc_grad_hooks(t).get());
+}
+
 }  // namespace tcap::capture

@@ -25,6 +25,7 @@
 #pragma once
 
 #include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
 
 #include <memory>
 #include <vector>
@@ -80,5 +81,21 @@ class EngineHookLease {
 std::vector<torch::autograd::FunctionPreHook*> leaf_tensor_hooks(const at::Tensor& t);
 // Whether a post-accumulate-grad hook is registered on the leaf t.
 bool has_post_accumulate_grad_hook(const at::Tensor& t);
+
+// Note [Recorded post-accumulate-grad hooks]
+// A replayed training step (compile_step) writes .grad itself and never runs
+// AccumulateGrad, so a parameter's post-accumulate-grad hook would be skipped. A hook
+// that derives from RecordedGradHook promises instead that, while every capture on its
+// thread records collectives (capture::records_collectives()), it does its work through
+// recorded operators only (the gradient all-reduce of tcap::DistributedDataParallel, as
+// tcap_dist:: ops), so the captured graph holds its effect and a replay redoes it.
+// record_key() names what the hook would record now (DDP: whether it reduces, outside
+// no_sync()); compile_step guards it with the step's structure, so another key is
+// another cache entry.
+struct RecordedGradHook : torch::autograd::PostAccumulateGradHook {
+  virtual int64_t record_key() const = 0;
+};
+// The leaf t's post-accumulate-grad hook if it is a RecordedGradHook, else nullptr.
+const RecordedGradHook* recorded_grad_hook(const at::Tensor& t);
 
 }  // namespace tcap::capture

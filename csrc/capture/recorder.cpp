@@ -161,6 +161,13 @@ void pop_session(Session* s) {
 
 const std::vector<Session*>& thread_sessions() { return thread_state().sessions; }
 
+bool records_collectives() {
+  const auto& sessions = thread_state().sessions;
+  return !sessions.empty() && std::all_of(sessions.begin(), sessions.end(), [](const Session* s) {
+           return s->recording() && s->records_collectives();
+         });
+}
+
 MultithreadingOff::MultithreadingOff() : prev_(c10::AutogradState::get_tls_state().get_multithreading_enabled()) {
   c10::AutogradState::get_tls_state().set_multithreading_enabled(false);
 }

@@ -30,6 +30,9 @@ c10::DispatchKey recording_key();
 void push_session(Session* s);
 void pop_session(Session* s);
 const std::vector<Session*>& thread_sessions();
+// Whether sessions are alive on this thread and every one of them records collectives
+// (Session::set_records_collectives; Note [Recorded post-accumulate-grad hooks]).
+bool records_collectives();
 
 // Turns autograd's worker threads off on this thread for a scope, so that the engine runs
 // every node on the calling thread, where the sessions are (DESIGN.md D2).

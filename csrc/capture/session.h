@@ -128,6 +128,10 @@ class Session {
     if (unreplayable_.empty()) unreplayable_ = why;
   }
   const std::string& unreplayable_reason() const { return unreplayable_; }
+  // Code that would hide from this capture (collectives) records itself as replayable
+  // operators instead (compile_step; Note [Recorded post-accumulate-grad hooks]).
+  void set_records_collectives(bool on) { records_collectives_ = on; }
+  bool records_collectives() const { return records_collectives_; }
 
  private:
   ir::ValueId value_for(const at::Tensor& t);  // lookup, or a new Input node
@@ -171,6 +175,7 @@ class Session {
   CaptureOptions options_;
   bool recording_ = true;
   std::string unreplayable_;  // see note_unreplayable
+  bool records_collectives_ = false;
   // Thread state the guard changed and restores (see CaptureGuard::stop).
   bool prev_multithreading_ = true;
   std::unique_ptr<class EngineHookLease> engine_lease_;

@@ -4,6 +4,7 @@
 
 #include "capture/recorder.h"
 #include "capture/session.h"
+#include "distributed/collectives.h"
 #include "distributed/reducer.h"
 
 #include <ATen/ATen.h>
@@ -18,25 +19,51 @@ namespace tcap {
 
 namespace {
 
+// ts grouped by dtype/device, in a fixed order (every rank the same).
+std::vector<std::vector<at::Tensor>> flat_groups(const std::vector<at::Tensor>& ts) {
+  std::map<FlatKey, std::vector<at::Tensor>> groups;
+  for (const auto& t : ts) groups[flat_key(t)].push_back(t);
+  std::vector<std::vector<at::Tensor>> out;
+  for (auto& [key, group] : groups) out.push_back(std::move(group));
+  return out;
+}
+
+at::Tensor flatten(const std::vector<at::Tensor>& group) {
+  std::vector<at::Tensor> parts;
+  for (const auto& t : group) parts.push_back(t.reshape({-1}));
+  return at::cat(parts);
+}
+
+void unflatten_into(const std::vector<at::Tensor>& group, const at::Tensor& flat) {
+  int64_t off = 0;
+  for (const auto& t : group) {
+    at::Tensor(t).copy_(flat.narrow(0, off, t.numel()).view(t.sizes()));
+    off += t.numel();
+  }
+}
+
 // Rank 0's values into every rank's tensors, one broadcast per dtype/device.
 void broadcast_from_rank0(c10d::Backend& pg, const std::vector<at::Tensor>& ts) {
   if (ts.empty() || pg.getSize() == 1) return;
   c10::AutoGradMode no_grad(false);
-  std::map<FlatKey, std::vector<at::Tensor>> groups;
-  for (const auto& t : ts) groups[flat_key(t)].push_back(t);
-  for (auto& [key, group] : groups) {
-    std::vector<at::Tensor> flat_parts;
-    for (const auto& t : group) flat_parts.push_back(t.reshape({-1}));
-    std::vector<at::Tensor> flat{at::cat(flat_parts)};
+  for (const auto& group : flat_groups(ts)) {
+    std::vector<at::Tensor> flat{flatten(group)};
     c10d::BroadcastOptions o;
     o.rootRank = 0;
     pg.broadcast(flat, o)->wait();
-    int64_t off = 0;
-    for (auto& t : group) {
-      at::Tensor(t).copy_(flat[0].narrow(0, off, t.numel()).view(t.sizes()));
-      off += t.numel();
-    }
+    unflatten_into(group, flat[0]);
   }
+}
+
+// The same broadcasts through the recorded op tcap_dist::ddp_broadcast (Note
+// [Collectives in a compiled step]).
+void broadcast_from_rank0_recorded(int64_t reducer, const std::vector<at::Tensor>& ts) {
+  c10::AutoGradMode no_grad(false);
+  const auto groups = flat_groups(ts);
+  std::vector<at::Tensor> flats;
+  for (const auto& group : groups) flats.push_back(flatten(group));
+  const std::vector<at::Tensor> got = ddp_broadcast(flats, reducer);
+  for (size_t k = 0; k < groups.size(); ++k) unflatten_into(groups[k], got[k]);
 }
 
 // What every rank must agree on: counts, element total and a hash of the shapes and
@@ -108,16 +135,25 @@ DistributedDataParallelImpl::DistributedDataParallelImpl(std::shared_ptr<torch::
   state.insert(state.end(), buffers_.begin(), buffers_.end());
   broadcast_from_rank0(*process_group_, state);
   reducer_ = std::make_shared<Reducer>(std::move(params), std::move(names), process_group_, options_);
+  reducer_->id = register_reducer(reducer_);
   Reducer::install_hooks(reducer_);
 }
 
 DistributedDataParallelImpl::~DistributedDataParallelImpl() {
-  if (reducer_) reducer_->remove_hooks();
+  if (reducer_) {
+    reducer_->remove_hooks();
+    unregister_reducer(reducer_->id);
+  }
 }
 
 void DistributedDataParallelImpl::pre_forward() {
   reducer_->check_finished();
   if (!options_.broadcast_buffers || buffers_.empty() || process_group_->getSize() == 1) return;
+  if (capture::records_collectives()) {
+    // compile_step's capture: the broadcast as a graph op, so a replay redoes it.
+    broadcast_from_rank0_recorded(reducer_->id, buffers_);
+    return;
+  }
   HiddenFromCapture hidden;
   if (hidden.capturing()) {
     // The broadcast is a collective a replay would not redo.

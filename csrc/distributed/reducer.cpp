@@ -1,7 +1,10 @@
 // See Note [DDP buckets driven by post-accumulate-grad hooks] (reducer.h).
 #include "distributed/reducer.h"
 
+#include "capture/engine_shim.h"
 #include "capture/recorder.h"
+#include "capture/session.h"
+#include "distributed/collectives.h"
 #include "support/logging.h"
 
 #include <c10/core/GradMode.h>
@@ -27,10 +30,16 @@ HiddenFromCapture::HiddenFromCapture() {
 
 namespace {
 
-struct GradHook : torch::autograd::PostAccumulateGradHook {
+// A RecordedGradHook: under compile_step's capture it reduces through recorded ops
+// (Note [Recorded post-accumulate-grad hooks]); what it records depends on no_sync().
+struct GradHook : capture::RecordedGradHook {
   GradHook(std::weak_ptr<DistributedDataParallelImpl::Reducer> r, size_t index) : reducer(std::move(r)), index(index) {}
   void operator()(const torch::autograd::Variable& param) override {
     if (auto r = reducer.lock()) r->on_grad(index, param);
+  }
+  int64_t record_key() const override {
+    auto r = reducer.lock();
+    return r && r->sync ? 1 : 0;
   }
   std::weak_ptr<DistributedDataParallelImpl::Reducer> reducer;
   size_t index;
@@ -132,21 +141,33 @@ void DistributedDataParallelImpl::Reducer::reset_locked() {
   started_ = false;
 }
 
+void DistributedDataParallelImpl::Reducer::queue_end_of_backward_locked() {
+  started_ = true;
+  first_grad_ = std::chrono::steady_clock::now();
+  // The engine's final callback reports unused parameters at the end of this backward;
+  // where there is no engine GraphTask (compiled autograd's replay), pre_forward() does.
+  try {
+    torch::autograd::Engine::get_default_engine().queue_callback([this] { end_of_backward(); });
+  } catch (const c10::Error&) {
+  }
+}
+
 void DistributedDataParallelImpl::Reducer::on_grad(size_t index, const at::Tensor& param) {
   if (!sync) return;
+  if (capture::records_collectives()) {
+    if (!find_unused_) return on_grad_recorded(index, param);
+    // Which parameters are reduced without a gradient is decided per backward, on the
+    // host, across ranks: such a step runs eagerly, its collectives hidden as below.
+    for (capture::Session* s : capture::thread_sessions()) {
+      s->note_unreplayable(
+          "tcap::DistributedDataParallel with find_unused_parameters decides on the host, per backward and "
+          "across ranks, which parameters are reduced without a gradient; a replayed step cannot");
+    }
+  }
   HiddenFromCapture hidden;
   c10::AutoGradMode no_grad(false);
   std::unique_lock<std::mutex> lock(mutex_);
-  if (!started_) {
-    started_ = true;
-    first_grad_ = std::chrono::steady_clock::now();
-    // The engine's final callback reports unused parameters at the end of this backward;
-    // where there is no engine GraphTask (compiled autograd's replay), pre_forward() does.
-    try {
-      torch::autograd::Engine::get_default_engine().queue_callback([this] { end_of_backward(); });
-    } catch (const c10::Error&) {
-    }
-  }
+  if (!started_) queue_end_of_backward_locked();
   if (prepared_) {
     prepared_ = false;
     for (size_t k : unreachable_) mark_unused_locked(k);
@@ -163,6 +184,123 @@ void DistributedDataParallelImpl::Reducer::on_grad(size_t index, const at::Tenso
   used_[index] = stage_grad_locked(index) ? 1 : 0;
   launch_ready_locked();
   if (next_launch_ == buckets_.size()) finish_locked();
+}
+
+void DistributedDataParallelImpl::Reducer::on_grad_recorded(size_t index, const at::Tensor& param) {
+  c10::AutoGradMode no_grad(false);
+  std::vector<at::Tensor> grads;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!started_) {
+      queue_end_of_backward_locked();
+      recorded_.assign(params_.size(), at::Tensor());
+    }
+    TORCH_CHECK(!seen_[index], "tcap::DistributedDataParallel: parameter ", names_[index],
+                " received two gradients in one backward");
+    seen_[index] = 1;
+    recorded_[index] = param.grad();
+    Bucket& bucket = buckets_[slot_[index].first];
+    --bucket.pending;
+    for (const Bucket& b : buckets_) {
+      if (b.pending > 0) return;
+    }
+    grads = std::move(recorded_);
+    recorded_.clear();
+    first_launch_ = std::chrono::steady_clock::now();
+    reset_locked();
+  }
+  // Every gradient is in: each bucket flattened, one op for all buckets (it all-reduces
+  // them in bucket order), the averages copied back into .grad, all of it recorded.
+  std::vector<at::Tensor> flats;
+  for (const Bucket& b : buckets_) {
+    std::vector<at::Tensor> parts;
+    for (size_t k : b.params) {
+      const at::Tensor& g = grads[k];
+      parts.push_back(g.defined() ? g.reshape({-1}) : at::zeros({params_[k].numel()}, params_[k].options()));
+    }
+    flats.push_back(at::cat(parts));
+  }
+  const std::vector<at::Tensor> avg = ddp_all_reduce(flats, id);
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const Bucket& bucket = buckets_[b];
+    for (size_t pos = 0; pos < bucket.params.size(); ++pos) {
+      at::Tensor& p = params_[bucket.params[pos]];
+      at::Tensor piece = avg[b].narrow(0, bucket.offsets[pos], p.numel()).view(p.sizes());
+      at::Tensor& g = p.mutable_grad();
+      if (g.defined()) {
+        g.copy_(piece);
+      } else {
+        g = piece.clone();
+      }
+    }
+  }
+}
+
+std::vector<at::Tensor> DistributedDataParallelImpl::Reducer::all_reduce_flats(const std::vector<at::Tensor>& flats) {
+  TORCH_CHECK(flats.size() == buckets_.size(), "tcap_dist::ddp_all_reduce: ", flats.size(),
+              " flat gradients for a reducer of ", buckets_.size(), " buckets");
+  c10::AutoGradMode no_grad(false);
+  for (size_t b = 0; b < flats.size(); ++b) {
+    TORCH_CHECK(flats[b].numel() == buckets_[b].flat.numel() && flats[b].scalar_type() == buckets_[b].flat.scalar_type(),
+                "tcap_dist::ddp_all_reduce: bucket ", b, " holds ", buckets_[b].flat.numel(), " elements of ",
+                buckets_[b].flat.scalar_type(), ", given ", flats[b].numel(), " of ", flats[b].scalar_type());
+  }
+  std::vector<at::Tensor> out;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    for (const auto& f : flats) {
+      out.push_back(f.contiguous().clone());
+      std::vector<at::Tensor> one{out.back()};
+      works.push_back(pg_->allreduce(one));
+    }
+    for (auto& w : works) w->wait();
+  } catch (const std::exception& e) {
+    fail_collective_unlocked(e);
+  }
+  const double world = static_cast<double>(pg_->getSize());
+  for (auto& t : out) t.div_(world);
+  const double waited = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats.allreduces += static_cast<int64_t>(flats.size());
+    stats.exposed_wait_us += waited;
+    ++stats.backwards_synced;
+    ++stats.graph_syncs;
+  }
+  if (log_enabled(LogChannel::Ddp)) {
+    std::ostringstream m;
+    m << "rank " << pg_->getRank() << ": backward synced by a compiled step's all-reduce, " << flats.size()
+      << " bucket(s) after the whole backward (no overlap), waited " << waited / 1000.0 << " ms";
+    log_line(LogChannel::Ddp, m.str());
+  }
+  return out;
+}
+
+std::vector<at::Tensor> DistributedDataParallelImpl::Reducer::broadcast_flats(const std::vector<at::Tensor>& flats) {
+  c10::AutoGradMode no_grad(false);
+  std::vector<at::Tensor> out;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  try {
+    for (const auto& f : flats) {
+      out.push_back(f.contiguous().clone());
+      std::vector<at::Tensor> one{out.back()};
+      c10d::BroadcastOptions o;
+      o.rootRank = 0;
+      works.push_back(pg_->broadcast(one, o));
+    }
+    for (auto& w : works) w->wait();
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "tcap::DistributedDataParallel (rank ", pg_->getRank(), " of ", pg_->getSize(),
+                "): the buffer broadcast failed: another rank exited, failed, or did not reach this forward within "
+                "the process group's timeout (", timeout_.count(), " ms). Cause: ", message_of(e));
+  }
+  return out;
+}
+
+void DistributedDataParallelImpl::Reducer::fail_collective_unlocked(const std::exception& e) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  fail_collective(e);
 }
 
 bool DistributedDataParallelImpl::Reducer::stage_grad_locked(size_t index) {

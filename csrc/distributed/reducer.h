@@ -88,11 +88,23 @@ struct DistributedDataParallelImpl::Reducer {
   // no gradient in the coming backward (Note [Unused parameters]).
   void prepare_for_backward(const at::Tensor& output);
 
+  // Note [Collectives in a compiled step] (collectives.h): the ops' kernels. The average
+  // over ranks of each bucket's flat gradients (fresh tensors; the inputs are not
+  // changed), and rank 0's values of each flat buffer group.
+  std::vector<at::Tensor> all_reduce_flats(const std::vector<at::Tensor>& flats);
+  std::vector<at::Tensor> broadcast_flats(const std::vector<at::Tensor>& flats);
+
   bool sync = true;  // false inside DistributedDataParallel::no_sync()
+  int64_t id = 0;    // in the collectives' registry (collectives.h)
   DDPStats stats;
 
  private:
   void reset_locked();
+  // on_grad while a capture records collectives: the gradients are collected, and the
+  // last one reduces them all with recorded ops (Note [Collectives in a compiled step]).
+  void on_grad_recorded(size_t index, const at::Tensor& param);
+  void queue_end_of_backward_locked();
+  [[noreturn]] void fail_collective_unlocked(const std::exception& e);
   void launch_ready_locked();
   void finish_locked();
   void end_of_backward();
@@ -112,6 +124,7 @@ struct DistributedDataParallelImpl::Reducer {
   std::vector<std::pair<size_t, size_t>> slot_;  // per parameter: (bucket, position in bucket)
   std::vector<char> seen_;                       // per parameter, this backward
   std::vector<char> used_;                       // per parameter: had a gradient here, this backward
+  std::vector<at::Tensor> recorded_;             // per parameter: its .grad, while recording
   const bool find_unused_;
   std::unordered_map<const c10::TensorImpl*, size_t> index_of_;  // parameter -> index, for the walk
   std::vector<size_t> unreachable_;  // found by prepare_for_backward, for the next backward

@@ -12,6 +12,7 @@ constexpr uint32_t R = static_cast<uint32_t>(OpFact::Recomputable);
 constexpr uint32_t N = static_cast<uint32_t>(OpFact::FreshResult);
 constexpr uint32_t F = static_cast<uint32_t>(OpFact::FloatOnly);
 constexpr uint32_t D = static_cast<uint32_t>(OpFact::Reduction);
+constexpr uint32_t C = static_cast<uint32_t>(OpFact::Collective);
 
 struct Row {
   const char* op;
@@ -154,6 +155,9 @@ constexpr Row kRows[] = {
     {"aten::addmm", N, ""},
     {"aten::bmm", N, ""},
     {"aten::baddbmm", N, ""},
+    // collectives of tcap::DistributedDataParallel (csrc/distributed/collectives.cpp)
+    {"tcap_dist::ddp_all_reduce", C, ""},
+    {"tcap_dist::ddp_broadcast", C, ""},
 };
 
 const std::unordered_map<std::string_view, OpFacts>& table() {

@@ -27,6 +27,10 @@ enum class OpFact : uint32_t {
   FreshResult = 1u << 3,   // the out-of-place overloads always return a new, dense tensor
   FloatOnly = 1u << 4,     // fused only when its results are floating point
   Reduction = 1u << 5,     // reduces over some dims
+  // Communicates with other processes (a gradient all-reduce): runs exactly once per call,
+  // after everything it reads and in graph order, never recomputed, never run ahead to
+  // compute a host guard (every rank must issue the same collectives in the same order).
+  Collective = 1u << 6,
 };
 
 struct OpFacts {

@@ -1,5 +1,7 @@
 #include "passes/host_graph.h"
 
+#include "ir/op_facts.h"
+
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -29,6 +31,9 @@ HostGraph host_read_graph(const ir::Graph& g) {
     const auto& n = g.node(id);
     TORCH_CHECK(!n.draws_random_numbers(), "a value read on the host (item()) depends on the random op ",
                 n.qualified_op());
+    // A pre-check graph runs before the call: it would issue the collective a second time.
+    TORCH_CHECK(!ir::op_has(n.op, ir::OpFact::Collective), "a value read on the host (item()) depends on the collective ",
+                n.qualified_op(), ", which a guard cannot run ahead of the call");
     ir::for_each_value(n.outputs, [&](ir::ValueId v) {
       TORCH_CHECK(g.value(v).version_of == ir::kNoValue, "a value read on the host (item()) depends on the in-place op ",
                   n.qualified_op());
@@ -69,6 +74,8 @@ bool host_reads_precede_input_writes(const ir::Graph& g) {
     if (n.kind == ir::NodeKind::CallHook) written = true;  // a hook may do anything
     if (n.kind != ir::NodeKind::Call) continue;
     if (std::any_of(n.outputs.begin(), n.outputs.end(), ir::is_host_value) && written) return false;
+    // A collective cannot be undone either: a failed guard after it would issue it twice.
+    if (ir::op_has(n.op, ir::OpFact::Collective)) written = true;
     ir::for_each_value(n.outputs, [&](ir::ValueId v) {
       if (g.value(v).version_of == ir::kNoValue) return;
       const ir::Node& root = g.node(g.value(g.alias_root(v)).producer);

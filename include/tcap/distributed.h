@@ -96,6 +96,9 @@ struct DDPStats {
   // With find_unused_parameters: parameters reduced without a gradient of this rank, summed
   // over backwards (found unreachable by forward()'s walk, or missing at the backward's end).
   int64_t unused_marked = 0;
+  // Backwards synced through the graph op tcap_dist::ddp_all_reduce: compile_step's
+  // captures and replays (Note [Collectives in a compiled step]); also in backwards_synced.
+  int64_t graph_syncs = 0;
 };
 
 // The wrapper is a module holding the wrapped one as the submodule "module" (so

@@ -11,6 +11,8 @@
 #include "support/compare.h"
 #include "support/models.h"
 
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
 
 using tcap::testing::close;
@@ -125,6 +127,36 @@ TEST(TrainStep, ReturnsASumOfLosses) {
     EXPECT_TRUE(close((*step)({a, b})[0], body(twin, opt_twin, a, b), kRtol, kAtol)) << "step " << i;
   }
   EXPECT_GE(step->stats().replays, 5);
+}
+
+// A post-accumulate-grad hook that does not record its work (Note [Recorded
+// post-accumulate-grad hooks]) would be skipped by a replay, which never runs
+// AccumulateGrad: the step runs eagerly, says why, and the hook runs every step.
+struct CountingHook : torch::autograd::PostAccumulateGradHook {
+  explicit CountingHook(int* calls) : calls(calls) {}
+  void operator()(const torch::autograd::Variable&) override { ++*calls; }
+  int* calls;
+};
+
+TEST(TrainStep, PostAccumulateGradHookRunsEagerlyWithReason) {
+  torch::manual_seed(7);
+  nn::Linear model(5, 2);
+  int calls = 0;
+  torch::autograd::impl::set_post_acc_grad_hooks(model->weight, std::make_unique<CountingHook>(&calls));
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  auto step = tcap::compile_step(model, opt, [&](const std::vector<at::Tensor>& in) {
+    opt.zero_grad();
+    auto loss = model->forward(in[0]).pow(2).mean();
+    loss.backward();
+    opt.step();
+    return std::vector<at::Tensor>{loss};
+  });
+  for (int i = 0; i < 5; ++i) (*step)({torch::randn({3, 5})});
+  EXPECT_EQ(calls, 5);
+  EXPECT_EQ(step->stats().replays, 0);
+  EXPECT_NE(step->eager_reason().find("parameter weight has a post-accumulate-grad hook"), std::string::npos)
+      << step->eager_reason();
+  torch::autograd::impl::post_acc_grad_hooks(model->weight).reset();
 }
 
 }  // namespace

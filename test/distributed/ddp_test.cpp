@@ -9,6 +9,7 @@
 #include <tcap/compile.h>
 #include <tcap/compiled_autograd.h>
 #include <tcap/distributed.h>
+#include <tcap/stance.h>
 #include <tcap/train_step.h>
 
 #include <ATen/Context.h>
@@ -82,6 +83,9 @@ struct Scenario {
   bool branch = false;  // the branch Linear, taken on even ranks only
   bool find_unused = false;
   bool outside = false;  // the loss also reads the extra Linear, outside the forward
+  bool strict = false;   // error_on_fallback: any eager fallback throws
+  int eager_rank = -1;   // this rank runs step eager_step under Stance::ForceEager
+  int eager_step = -1;
 };
 
 // Whether rank r's forward takes the branch.
@@ -108,6 +112,9 @@ Scenario parse(const std::string& spec) {
     else if (k == "branch") s.branch = v == "1";
     else if (k == "find_unused") s.find_unused = v == "1";
     else if (k == "outside") s.outside = v == "1";
+    else if (k == "strict") s.strict = v == "1";
+    else if (k == "eager_rank") s.eager_rank = std::stoi(v);
+    else if (k == "eager_step") s.eager_step = std::stoi(v);
   }
   return s;
 }
@@ -167,14 +174,22 @@ int run_worker(const std::string& spec, const std::string& out) {
       return s.outside ? loss + net->unused->weight.sum() * 1e-3 : loss;
     };
     if (s.mode == "compile_step") {
+      // The whole step, micro-batches under no_sync() included: in = (x, y) per micro-batch.
       step_fn = tcap::compile_step(ddp, opt, [&](const std::vector<at::Tensor>& in) {
         opt.zero_grad();
-        auto loss = loss_of(in[0], in[1]);
-        loss.backward();
+        at::Tensor loss;
+        for (size_t m = 0; m + 1 < in.size(); m += 2) {
+          std::optional<tcap::DistributedDataParallelImpl::NoSync> no_sync;
+          if (m + 2 < in.size()) no_sync.emplace(ddp->no_sync());
+          loss = loss_of(in[m], in[m + 1]);
+          loss.backward();
+        }
         opt.step();
         return std::vector<at::Tensor>{loss};
       }, co);
     }
+    std::optional<tcap::StanceGuard> strict;
+    if (s.strict) strict.emplace(tcap::Stance::Default, /*error_on_fallback=*/true);
     tcap::CompiledAutogradStats ca_stats;
     for (int step = 0; step < s.steps; ++step) {
       std::vector<std::pair<at::Tensor, at::Tensor>> micro;
@@ -183,7 +198,16 @@ int run_worker(const std::string& spec, const std::string& out) {
         micro.emplace_back(x.narrow(0, rank * kBatch, kBatch).contiguous(), y.narrow(0, rank * kBatch, kBatch));
       }
       if (step_fn) {
-        (*step_fn)({micro[0].first, micro[0].second});
+        std::vector<at::Tensor> in;
+        for (const auto& [x, y] : micro) {
+          in.push_back(x);
+          in.push_back(y);
+        }
+        // A rank that runs one step eagerly while the others replay issues the same
+        // collectives (Note [Collectives in a compiled step]).
+        std::optional<tcap::StanceGuard> eager;
+        if (rank == s.eager_rank && step == s.eager_step) eager.emplace(tcap::Stance::ForceEager);
+        (*step_fn)(in);
         continue;
       }
       opt.zero_grad();
@@ -214,6 +238,8 @@ int run_worker(const std::string& spec, const std::string& out) {
     if (s.mode == "compiled_autograd") report << "replays " << ca_stats.hits << "\n";
     report << "allreduces " << ddp->stats().allreduces << "\nbuckets " << ddp->stats().buckets << "\n";
     report << "unused_marked " << ddp->stats().unused_marked << "\n";
+    report << "graph_syncs " << ddp->stats().graph_syncs << "\nbackwards_synced " << ddp->stats().backwards_synced
+           << "\n";
     if (net->unused) report << "unused_grad_defined " << net->unused->weight.grad().defined() << "\n";
   } catch (const std::exception& e) {
     std::string what = e.what();
@@ -248,6 +274,7 @@ struct RankResult {
   bool ok() const { return fields.count("ok") > 0; }
   std::string error() const { return fields.count("error") ? fields.at("error") : ""; }
   int64_t num(const std::string& k) const { return fields.count(k) ? std::stoll(fields.at(k)) : -1; }
+  std::string field(const std::string& k) const { return fields.count(k) ? fields.at(k) : ""; }
 };
 
 struct Run {
@@ -448,8 +475,58 @@ TEST(DistributedDataParallel, CompiledWrapperWithBufferBroadcastRunsEagerly) {
 
 TEST(DistributedDataParallel, CompiledAutograd) { expect_mode("mode=compiled_autograd,bn=1,steps=4", 2, 2); }
 
-TEST(DistributedDataParallel, CompileStepRunsEagerlyWithReason) {
-  expect_mode("mode=compile_step,bn=1,steps=3", 2, 0, "DistributedDataParallel");
+// compile_step of a DDP model: the buffer broadcast and the bucket all-reduces are graph
+// ops (Note [Collectives in a compiled step]); the first step (it creates the momentum
+// buffers) runs once, the next two capture, the rest replay. Under error_on_fallback.
+TEST(DistributedDataParallel, CompileStepTwoRanks) {
+  const std::string spec = "mode=compile_step,bn=1,steps=6,strict=1,backend=auto";
+  auto run = launch(spec, 2);
+  expect_matches_reference(run, spec, 2);
+  for (const auto& r : run.ranks) {
+    EXPECT_GE(r.num("replays"), 3) << r.field("eager_reason") << r.error();
+    // Every step synced through the graph op: the captures ran it for real, the replays replayed it.
+    EXPECT_EQ(r.num("graph_syncs"), 6);
+    EXPECT_EQ(r.num("backwards_synced"), 6);
+  }
+}
+
+TEST(DistributedDataParallel, CompileStepFourRanksSmallBuckets) {
+  const std::string spec = "mode=compile_step,bn=1,steps=5,bucket=24,strict=1";
+  auto run = launch(spec, 4);
+  expect_matches_reference(run, spec, 4);
+  for (const auto& r : run.ranks) {
+    EXPECT_GE(r.num("replays"), 2) << r.field("eager_reason") << r.error();
+    EXPECT_GE(r.num("buckets"), 3);
+    EXPECT_EQ(r.num("allreduces"), 5 * r.num("buckets"));
+  }
+}
+
+// Micro-batches under no_sync() inside the compiled step: local accumulation, then one
+// all-reduce of the sum, replayed.
+TEST(DistributedDataParallel, CompileStepWithNoSyncMicroBatches) {
+  const std::string spec = "mode=compile_step,bn=0,micro=3,steps=5,strict=1";
+  auto run = launch(spec, 2);
+  expect_matches_reference(run, spec, 2);
+  for (const auto& r : run.ranks) {
+    EXPECT_GE(r.num("replays"), 2) << r.field("eager_reason") << r.error();
+    EXPECT_EQ(r.num("backwards_synced"), 5);
+  }
+}
+
+// One rank runs a step eagerly (its hooks all-reduce bucket by bucket) while the other
+// replays the graph op: the same collectives, so neither hangs and both stay identical.
+TEST(DistributedDataParallel, CompileStepOneRankEagerForAStep) {
+  const std::string spec = "mode=compile_step,bn=1,steps=6,eager_rank=1,eager_step=4,bucket=24";
+  auto run = launch(spec, 2);
+  expect_matches_reference(run, spec, 2);
+  EXPECT_GE(run.ranks[0].num("replays"), 3);
+  EXPECT_GE(run.ranks[1].num("replays"), 2);
+  EXPECT_EQ(run.ranks[0].num("graph_syncs"), 6);
+  EXPECT_EQ(run.ranks[1].num("graph_syncs"), 5);
+}
+
+TEST(DistributedDataParallel, CompileStepWithFindUnusedParametersRunsEagerlyWithReason) {
+  expect_mode("mode=compile_step,bn=1,steps=4,find_unused=1", 2, 0, "find_unused_parameters");
 }
 
 TEST(DistributedDataParallel, MismatchedModelsFailAtConstructionOnEveryRank) {

@@ -286,6 +286,33 @@ TEST(HostGraph, ReadsBeforeWritesAndObservations) {
   EXPECT_THROW(passes::host_read_graph(build(1.5, true)).reads.size(), c10::Error);
 }
 
+// A collective (tcap_dist::ddp_all_reduce) cannot be undone or run twice: a host read
+// after one is not checked inline, and a pre-check graph cannot run ahead of one.
+TEST(HostGraph, CollectivesAreNeitherPassedNorRunAhead) {
+  auto build = [](bool read_depends_on_collective) {
+    Builder b;
+    auto x = b.input("x", {5});
+    auto reduced = b.call("tcap_dist::ddp_all_reduce", "", {ir::Arg::value(x), ir::Arg::integer(1)}, {{5}})[0];
+    auto s = b.call("aten::sum", "", {ir::Arg::value(read_depends_on_collective ? reduced : x), ir::Arg()}, {{}})[0];
+    b.call("aten::_local_scalar_dense", "", {ir::Arg::value(s)}, {});
+    b.g.mutable_nodes().back().outputs = {ir::Arg::real(1.5)};
+    b.g.set_outputs({reduced}, {"r"}, {ir::OutputKind::User});
+    return b.g;
+  };
+  EXPECT_TRUE(ir::op_has("tcap_dist::ddp_all_reduce", ir::OpFact::Collective));
+  // The read comes after the collective in either graph: no inline check.
+  EXPECT_FALSE(passes::host_reads_precede_input_writes(build(false)));
+  EXPECT_FALSE(passes::host_reads_precede_input_writes(build(true)));
+  // A read that does not depend on it can be pre-checked; one that does cannot.
+  EXPECT_EQ(passes::host_read_graph(build(false)).reads.size(), 1u);
+  try {
+    passes::host_read_graph(build(true));
+    ADD_FAILURE() << "a pre-check graph would run the collective";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("collective tcap_dist::ddp_all_reduce"), std::string::npos) << e.what();
+  }
+}
+
 TEST(OpFacts, OneTableForEveryPass) {
   EXPECT_TRUE(ir::op_has("aten::cos", ir::OpFact::Recomputable));
   EXPECT_TRUE(ir::op_has("aten::cos", ir::OpFact::Pointwise));
