@@ -25,6 +25,7 @@
 
 #include "autograd/walk.h"
 #include "capture/armed.h"
+#include "capture/engine_shim.h"
 #include "capture/hooks.h"
 #include "capture/recorder.h"
 #include "capture/session.h"
@@ -39,6 +40,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/anomaly_mode.h>
 #include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/functions/basic_ops.h>
 #include <torch/csrc/autograd/variable.h>
 
@@ -77,6 +79,9 @@ struct Entry : cache::Entry {
   ir::Graph graph;
   Executable exe;
   std::vector<int> acc_output;   // per AccumulateGrad (walk order): output position or -1
+  // Opaque hook slots from here on are AccumulateGrad calls inside the graph (Note [Leaves
+  // accumulated where the engine would]): slot num_hooks + i is AccumulateGrad i.
+  size_t num_hooks = 0;
   std::vector<int> grad_output;  // per grad() output edge: output position or -1
   std::vector<c10::IValue> keep_alive;
   std::shared_ptr<cache::Specializations<Entry>> specialized = std::make_shared<cache::Specializations<Entry>>();
@@ -118,26 +123,52 @@ std::shared_ptr<Cache> cache_for(const CompiledAutogradOptions& o) {
   return slot;
 }
 
+// Note [Leaves accumulated where the engine would]
+// A hit hands each leaf gradient to its AccumulateGrad node after the whole compiled graph
+// has run. For a leaf with a post-accumulate-grad hook that is late: the hook of
+// tcap::DistributedDataParallel starts a bucket's all-reduce as soon as the bucket's
+// gradients are in, to overlap it with the rest of the backward. So for such leaves the
+// capture records, where the engine ran AccumulateGrad, an opaque CallHook (kind
+// accumulate_grad, slot num_hooks + i) taking the delivered gradient, and the replay's
+// hook runner calls the real AccumulateGrad there: accumulation and hooks at the same
+// point of the backward as under the engine. Cost: AccumulateGrad cannot steal a
+// gradient the graph still holds, so it copies it.
+
 // The AccumulateGrad observer: names the value delivered to the node (after its tensor
-// pre-hooks and pre-hooks), so the graph can output it.
+// pre-hooks and pre-hooks), so the graph can output it, or accumulates it in the graph.
 struct DeliveredMarker : capture::ObserverPreHook {
-  DeliveredMarker(capture::Session* s, ir::ValueId* slot) : session(s), out(slot) {}
+  DeliveredMarker(capture::Session* s, ir::ValueId* slot, int acc_slot, std::string label, char* in_graph)
+      : session(s), out(slot), acc_slot(acc_slot), label(std::move(label)), in_graph(in_graph) {}
   variable_list operator()(const variable_list& grads) override {
     if (!grads.empty() && grads[0].defined()) {
-      if (auto v = session->lookup(grads[0])) *out = *v;
+      if (auto v = session->lookup(grads[0])) {
+        *out = *v;
+        if (acc_slot >= 0) {
+          const int h = session->begin_hook(ir::HookKind::AccumulateGrad, label, acc_slot);
+          session->end_opaque_hook(h, {grads[0]}, {}, {});
+          *in_graph = 1;
+        }
+      }
     }
     return grads;
   }
   capture::Session* session;
   ir::ValueId* out;
+  int acc_slot;  // -1: the graph outputs the gradient
+  std::string label;
+  char* in_graph;
 };
 
 class Markers {
  public:
-  Markers(const ca::BackwardWalk& w, capture::Session* s) : delivered(w.accumulate.size(), ir::kNoValue) {
+  Markers(const ca::BackwardWalk& w, capture::Session* s, bool accumulate)
+      : delivered(w.accumulate.size(), ir::kNoValue), in_graph(w.accumulate.size(), 0) {
     for (size_t i = 0; i < w.accumulate.size(); ++i) {
       Node* n = w.nodes[w.accumulate[i]];
-      auto m = std::make_unique<DeliveredMarker>(s, &delivered[i]);
+      const auto* acc = dynamic_cast<const torch::autograd::AccumulateGrad*>(n);
+      const bool early = accumulate && acc != nullptr && capture::has_post_accumulate_grad_hook(acc->variable);
+      auto m = std::make_unique<DeliveredMarker>(s, &delivered[i], early ? static_cast<int>(w.hooks.size() + i) : -1,
+                                                 w.label(w.accumulate[i]), &in_graph[i]);
       placed_.emplace_back(n, m.get());
       n->pre_hooks().push_back(std::move(m));
     }
@@ -149,6 +180,7 @@ class Markers {
     }
   }
   std::vector<ir::ValueId> delivered;
+  std::vector<char> in_graph;  // accumulated by a CallHook in the graph
 
  private:
   std::vector<std::pair<Node*, const void*>> placed_;
@@ -319,12 +351,20 @@ variable_list Runtime::serve(const Request& r) {
 variable_list Runtime::replay(const Request& r, const Entry& e, ca::BackwardWalk& w) {
   count(&CompiledAutogradStats::hits);
   const auto outer_keys = c10::impl::tls_local_dispatch_key_set();
+  TORCH_CHECK(w.hooks.size() == e.num_hooks, "compiled autograd: the backward has ", w.hooks.size(),
+              " hooks, its compiled graph ", e.num_hooks);
   interp::HookRunner runner = [&](int slot, const std::vector<at::Tensor>& in,
                                   const std::vector<at::Tensor>& node_in) {
     // As the engine runs hooks: default dispatch; grad mode is off for the whole replay
     // (below).
     c10::impl::ForceDispatchKeyGuard keys(outer_keys);
-    return ca::call_hook(w.hooks.at(static_cast<size_t>(slot)), in, node_in);
+    const auto k = static_cast<size_t>(slot);
+    if (k >= e.num_hooks) {
+      // Note [Leaves accumulated where the engine would]
+      ca::accumulate(*w.nodes[w.accumulate.at(k - e.num_hooks)], at::Tensor(in.at(0)));
+      return std::vector<at::Tensor>{};
+    }
+    return ca::call_hook(w.hooks.at(k), in, node_in);
   };
   // Note [Saved tensors freed as the backward runs]: without retain_graph, the engine
   // frees each node's saved tensors once the node has run. The compiled backward gets the
@@ -428,8 +468,9 @@ variable_list Runtime::capture(const Request& r, const ca::BackwardWalk& w,
 
   variable_list results;
   std::vector<ir::ValueId> delivered;
+  std::vector<char> in_graph;
   {
-    Markers markers(w, &s);
+    Markers markers(w, &s, r.accumulate_grad);
     capture::HookWrapScope wrap(r.root, &slots, &labeler);
     capture::RecordingScope recording(&s);
     r.prepare_capture();
@@ -440,6 +481,7 @@ variable_list Runtime::capture(const Request& r, const ca::BackwardWalk& w,
     } end{s};
     results = r.run();
     delivered = markers.delivered;
+    in_graph = markers.in_graph;
   }
 
   auto entry = std::make_shared<Entry>();
@@ -451,12 +493,13 @@ variable_list Runtime::capture(const Request& r, const ca::BackwardWalk& w,
   }
   entry->node_key_end = w.node_key_end;
   entry->keep_alive = w.keep_alive;
+  entry->num_hooks = w.hooks.size();
   std::vector<ir::ValueId> outs;
   std::vector<std::string> out_names;
   std::string why;
   if (r.accumulate_grad) {
     for (size_t i = 0; i < delivered.size(); ++i) {
-      if (delivered[i] == ir::kNoValue) {
+      if (delivered[i] == ir::kNoValue || in_graph[i]) {
         entry->acc_output.push_back(-1);
         continue;
       }
@@ -576,6 +619,7 @@ std::shared_ptr<const Entry> Runtime::specialize(const std::shared_ptr<const Ent
   s->guards.check_global = false;
   s->node_key_end = e->node_key_end;
   s->acc_output = e->acc_output;
+  s->num_hooks = e->num_hooks;
   s->grad_output = e->grad_output;
   s->keep_alive = e->keep_alive;
   s->graph = cache::specialize(e->graph, e->guards.dyn, key);

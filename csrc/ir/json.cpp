@@ -36,7 +36,7 @@ constexpr InputKind kInputKinds[] = {InputKind::UserInput, InputKind::Parameter,
 constexpr Phase kPhases[] = {Phase::Forward, Phase::Backward};
 constexpr OutputKind kOutputKinds[] = {OutputKind::User, OutputKind::Grad, OutputKind::Saved};
 constexpr HookKind kHookKinds[] = {HookKind::TensorPreHook, HookKind::RetainsGradHook,
-                                   HookKind::PreHook, HookKind::PostHook};
+                                   HookKind::PreHook, HookKind::PostHook, HookKind::AccumulateGrad};
 constexpr ArgKind kArgKinds[] = {
     ArgKind::None,         ArgKind::UndefinedTensor, ArgKind::Value,
     ArgKind::ValueList,    ArgKind::OptValueList,    ArgKind::Bool,

@@ -145,6 +145,7 @@ std::string to_string(HookKind k) {
     case HookKind::RetainsGradHook: return "retains_grad_hook";
     case HookKind::PreHook: return "pre_hook";
     case HookKind::PostHook: return "post_hook";
+    case HookKind::AccumulateGrad: return "accumulate_grad";
   }
   return "hook_kind" + std::to_string(static_cast<int>(k));
 }

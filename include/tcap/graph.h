@@ -38,7 +38,9 @@ enum class InputKind { UserInput, Parameter, Buffer, Tangent, Constant, Saved };
 enum class Phase { Forward, Backward };
 // Saved: an output of a compiled forward graph kept for the backward.
 enum class OutputKind { User, Grad, Saved };
-enum class HookKind { TensorPreHook, RetainsGradHook, PreHook, PostHook };
+// AccumulateGrad: a leaf's gradient handed to its AccumulateGrad node where the engine
+// ran it (accumulation into .grad, then the leaf's post-accumulate-grad hooks).
+enum class HookKind { TensorPreHook, RetainsGradHook, PreHook, PostHook, AccumulateGrad };
 
 // Typed argument (or call result) of a node.
 enum class ArgKind {

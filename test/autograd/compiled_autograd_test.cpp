@@ -8,6 +8,8 @@
 #include "support/logging.h"
 
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
 
 #include <cstdio>
@@ -573,6 +575,83 @@ TEST_F(CompiledAutograd, TransformerEncoderAdamWithGradNormHooks) { transformer_
 
 TEST_F(CompiledAutograd, TransformerEncoderAdamWithGradNormHooksLlvm) {
   transformer_training("auto", 1e-4, 1e-5);
+}
+
+// Note [Leaves accumulated where the engine would]: a leaf with a post-accumulate-grad
+// hook (DistributedDataParallel's) is accumulated, and its hook run, at the point of the
+// backward where the engine runs its AccumulateGrad, not after the whole compiled graph.
+// Here: lin2.weight's gradient is final before the backward reaches h1, so its hook runs
+// before h1's tensor hook, under the engine and in a replay alike.
+struct RecordOrderHook : torch::autograd::PostAccumulateGradHook {
+  RecordOrderHook(const bool* h1_seen, std::vector<int>* log) : h1_seen(h1_seen), log(log) {}
+  void operator()(const torch::autograd::Variable& p) override {
+    log->push_back(*h1_seen ? 1 : 0);
+    seen_grad = p.grad().defined();
+  }
+  const bool* h1_seen;
+  std::vector<int>* log;
+  bool seen_grad = false;
+};
+
+void accumulate_where_the_engine_would(const std::string& backend) {
+  torch::nn::Linear lin1(6, 5), lin2(5, 3), ref1(6, 5), ref2(5, 3);
+  {
+    torch::NoGradGuard ng;
+    ref1->weight.copy_(lin1->weight);
+    ref1->bias.copy_(lin1->bias);
+    ref2->weight.copy_(lin2->weight);
+    ref2->bias.copy_(lin2->bias);
+  }
+  bool h1_seen = false;
+  std::vector<int> order, ref_order;
+  torch::autograd::impl::set_post_acc_grad_hooks(lin2->weight, std::make_unique<RecordOrderHook>(&h1_seen, &order));
+  torch::autograd::impl::set_post_acc_grad_hooks(ref2->weight, std::make_unique<RecordOrderHook>(&h1_seen, &ref_order));
+  tcap::CompiledAutogradStats last;
+  std::vector<tcap::ir::Graph> graphs;
+  auto run = [&](torch::nn::Linear& a, torch::nn::Linear& b, const at::Tensor& x, bool compiled) {
+    h1_seen = false;
+    auto h1 = torch::relu(a->forward(x));
+    h1.register_hook([&h1_seen](const at::Tensor&) { h1_seen = true; });
+    auto loss = b->forward(h1).pow(2).sum();
+    if (compiled) {
+      tcap::CompiledAutogradGuard ca(opts("acc_order_" + backend, backend));
+      loss.backward();
+      last = ca.stats();
+      graphs = ca.graphs();
+    } else {
+      loss.backward();
+    }
+  };
+  for (int step = 0; step < 4; ++step) {
+    auto x = torch::randn({4, 6});
+    run(lin1, lin2, x, true);
+    run(ref1, ref2, x, false);
+  }
+  EXPECT_GE(last.hits, 2);
+  ASSERT_EQ(graphs.size(), 1u);
+  int accumulate_nodes = 0;
+  for (const auto& n : graphs[0].nodes()) {
+    accumulate_nodes += n.kind == tcap::ir::NodeKind::CallHook &&
+                        graphs[0].hooks().at(static_cast<size_t>(n.hook)).kind == tcap::ir::HookKind::AccumulateGrad;
+  }
+  EXPECT_EQ(accumulate_nodes, 1) << "only lin2.weight has a post-accumulate-grad hook";
+  ASSERT_EQ(order.size(), 4u);
+  EXPECT_EQ(order, ref_order) << "the hook ran at another point of the backward than under the engine";
+  EXPECT_EQ(ref_order, std::vector<int>(4, 0));
+  for (const auto& [p, q] : {std::pair{lin1->weight, ref1->weight}, {lin1->bias, ref1->bias},
+                             {lin2->weight, ref2->weight}, {lin2->bias, ref2->bias}}) {
+    EXPECT_TRUE(close(p.grad(), q.grad(), 1e-5, 1e-6));
+  }
+  torch::autograd::impl::post_acc_grad_hooks(lin2->weight).reset();
+  torch::autograd::impl::post_acc_grad_hooks(ref2->weight).reset();
+}
+
+TEST_F(CompiledAutograd, LeafWithPostAccumulateGradHookAccumulatesWhereTheEngineWould) {
+  accumulate_where_the_engine_would("eager");
+}
+
+TEST_F(CompiledAutograd, LeafWithPostAccumulateGradHookAccumulatesWhereTheEngineWouldLlvm) {
+  accumulate_where_the_engine_would("auto");
 }
 
 }  // namespace

@@ -191,6 +191,7 @@ int run_worker(const std::string& spec, const std::string& out) {
     std::optional<tcap::StanceGuard> strict;
     if (s.strict) strict.emplace(tcap::Stance::Default, /*error_on_fallback=*/true);
     tcap::CompiledAutogradStats ca_stats;
+    int ca_accumulate_nodes = 0;
     for (int step = 0; step < s.steps; ++step) {
       std::vector<std::pair<at::Tensor, at::Tensor>> micro;
       for (int m = 0; m < s.micro; ++m) {
@@ -224,6 +225,15 @@ int run_worker(const std::string& spec, const std::string& out) {
           tcap::CompiledAutogradGuard ca(co);
           loss.backward();
           ca_stats = ca.stats();
+          // Parameters accumulated inside the compiled backward, where the engine would
+          // (their bucket all-reduces start while the rest of the graph runs).
+          ca_accumulate_nodes = 0;
+          for (const auto& g : ca.graphs()) {
+            for (const auto& n : g.nodes()) {
+              ca_accumulate_nodes += n.kind == tcap::ir::NodeKind::CallHook &&
+                                     g.hooks().at(static_cast<size_t>(n.hook)).kind == tcap::ir::HookKind::AccumulateGrad;
+            }
+          }
         } else {
           loss.backward();
         }
@@ -235,7 +245,9 @@ int run_worker(const std::string& spec, const std::string& out) {
     report << "ok\n";
     if (compiled) report << "replays " << compiled->stats().replays << "\neager_reason " << compiled->eager_reason() << "\n";
     if (step_fn) report << "replays " << step_fn->stats().replays << "\neager_reason " << step_fn->eager_reason() << "\n";
-    if (s.mode == "compiled_autograd") report << "replays " << ca_stats.hits << "\n";
+    if (s.mode == "compiled_autograd") {
+      report << "replays " << ca_stats.hits << "\nca_accumulate_nodes " << ca_accumulate_nodes << "\n";
+    }
     report << "allreduces " << ddp->stats().allreduces << "\nbuckets " << ddp->stats().buckets << "\n";
     report << "unused_marked " << ddp->stats().unused_marked << "\n";
     report << "graph_syncs " << ddp->stats().graph_syncs << "\nbackwards_synced " << ddp->stats().backwards_synced
@@ -431,7 +443,11 @@ TEST(DistributedDataParallel, CompiledAutogradFourRanksSmallBuckets) {
   auto run = launch(spec, 4);
   expect_matches_reference(run, spec, 4);
   EXPECT_GE(run.ranks[0].num("buckets"), 3);
-  for (const auto& r : run.ranks) EXPECT_GE(r.num("replays"), 2);
+  for (const auto& r : run.ranks) {
+    EXPECT_GE(r.num("replays"), 2);
+    // Every parameter (conv, norm, fc: weight and bias) is accumulated inside the graph.
+    EXPECT_GE(r.num("ca_accumulate_nodes"), 6);
+  }
 }
 
 TEST(DistributedDataParallel, NoSyncAccumulatesLocally) {

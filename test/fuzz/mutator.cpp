@@ -27,7 +27,7 @@ const char* const kStrings[] = {
     "string", "int_list", "double_list", "bool_list", "scalar_type", "layout", "memory_format", "device",
     "wrapped_scalar", "opaque", "input", "call", "call_hook", "output", "user_input", "parameter", "buffer",
     "tangent", "constant", "saved", "user", "grad", "tensor_pre_hook", "retains_grad_hook", "pre_hook",
-    "post_hook", "forward", "backward",
+    "post_hook", "accumulate_grad", "forward", "backward",
     // dtypes, layouts, memory formats, devices
     "float32", "float64", "float16", "bfloat16", "int64", "int32", "int8", "uint8", "bool", "complex64",
     "complex32", "qint8", "bits8", "float8_e4m3fn", "float4_e2m1fn_x2", "undefined", "f32", "strided",

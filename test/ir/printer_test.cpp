@@ -569,6 +569,7 @@ TEST(Names, EnumSpellings) {
   EXPECT_EQ(to_string(HookKind::RetainsGradHook), "retains_grad_hook");
   EXPECT_EQ(to_string(HookKind::PreHook), "pre_hook");
   EXPECT_EQ(to_string(HookKind::PostHook), "post_hook");
+  EXPECT_EQ(to_string(HookKind::AccumulateGrad), "accumulate_grad");
   const std::vector<std::pair<ArgKind, const char*>> args = {
       {ArgKind::None, "none"},
       {ArgKind::UndefinedTensor, "undefined_tensor"},
