@@ -23,9 +23,9 @@
 
 #include <tcap/graph_json.h>
 
+#include "autograd/markers.h"
 #include "autograd/walk.h"
 #include "capture/armed.h"
-#include "capture/engine_shim.h"
 #include "capture/hooks.h"
 #include "capture/recorder.h"
 #include "capture/session.h"
@@ -40,7 +40,6 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/anomaly_mode.h>
 #include <torch/csrc/autograd/engine.h>
-#include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/functions/basic_ops.h>
 #include <torch/csrc/autograd/variable.h>
 
@@ -123,103 +122,7 @@ std::shared_ptr<Cache> cache_for(const CompiledAutogradOptions& o) {
   return slot;
 }
 
-// Note [Leaves accumulated where the engine would]
-// A hit hands each leaf gradient to its AccumulateGrad node after the whole compiled graph
-// has run. For a leaf with a post-accumulate-grad hook that is late: the hook of
-// tcap::DistributedDataParallel starts a bucket's all-reduce as soon as the bucket's
-// gradients are in, to overlap it with the rest of the backward. So for such leaves the
-// capture records, where the engine ran AccumulateGrad, an opaque CallHook (kind
-// accumulate_grad, slot num_hooks + i) taking the delivered gradient, and the replay's
-// hook runner calls the real AccumulateGrad there: accumulation and hooks at the same
-// point of the backward as under the engine. Cost: AccumulateGrad cannot steal a
-// gradient the graph still holds, so it copies it.
-
-// The AccumulateGrad observer: names the value delivered to the node (after its tensor
-// pre-hooks and pre-hooks), so the graph can output it, or accumulates it in the graph.
-struct DeliveredMarker : capture::ObserverPreHook {
-  DeliveredMarker(capture::Session* s, ir::ValueId* slot, int acc_slot, std::string label, char* in_graph)
-      : session(s), out(slot), acc_slot(acc_slot), label(std::move(label)), in_graph(in_graph) {}
-  variable_list operator()(const variable_list& grads) override {
-    if (!grads.empty() && grads[0].defined()) {
-      if (auto v = session->lookup(grads[0])) {
-        *out = *v;
-        if (acc_slot >= 0) {
-          const int h = session->begin_hook(ir::HookKind::AccumulateGrad, label, acc_slot);
-          session->end_opaque_hook(h, {grads[0]}, {}, {});
-          *in_graph = 1;
-        }
-      }
-    }
-    return grads;
-  }
-  capture::Session* session;
-  ir::ValueId* out;
-  int acc_slot;  // -1: the graph outputs the gradient
-  std::string label;
-  char* in_graph;
-};
-
-class Markers {
- public:
-  Markers(const ca::BackwardWalk& w, capture::Session* s, bool accumulate)
-      : delivered(w.accumulate.size(), ir::kNoValue), in_graph(w.accumulate.size(), 0) {
-    for (size_t i = 0; i < w.accumulate.size(); ++i) {
-      Node* n = w.nodes[w.accumulate[i]];
-      const auto* acc = dynamic_cast<const torch::autograd::AccumulateGrad*>(n);
-      const bool early = accumulate && acc != nullptr && capture::has_post_accumulate_grad_hook(acc->variable);
-      auto m = std::make_unique<DeliveredMarker>(s, &delivered[i], early ? static_cast<int>(w.hooks.size() + i) : -1,
-                                                 w.label(w.accumulate[i]), &in_graph[i]);
-      placed_.emplace_back(n, m.get());
-      n->pre_hooks().push_back(std::move(m));
-    }
-  }
-  ~Markers() {
-    for (auto& [n, m] : placed_) {
-      auto& hs = n->pre_hooks();
-      hs.erase(std::remove_if(hs.begin(), hs.end(), [&](const auto& h) { return h.get() == m; }), hs.end());
-    }
-  }
-  std::vector<ir::ValueId> delivered;
-  std::vector<char> in_graph;  // accumulated by a CallHook in the graph
-
- private:
-  std::vector<std::pair<Node*, const void*>> placed_;
-};
-
 using ca::first_line;
-
-// A BackwardWalk from this thread's pool: the walk runs on every backward, and reusing
-// its buffers keeps it from allocating (see the lookup_us benchmark). It goes back
-// cleared, holding no node or tensor. A backward started from inside another (a hook
-// calling backward) takes a second one.
-class PooledWalk {
- public:
-  PooledWalk() {
-    auto& p = pool();
-    if (p.empty()) {
-      w_ = std::make_unique<ca::BackwardWalk>();
-    } else {
-      w_ = std::move(p.back());
-      p.pop_back();
-    }
-  }
-  ~PooledWalk() {
-    w_->clear();
-    auto& p = pool();
-    if (p.size() < kMaxPooled) p.push_back(std::move(w_));
-  }
-  PooledWalk(const PooledWalk&) = delete;
-  PooledWalk& operator=(const PooledWalk&) = delete;
-  ca::BackwardWalk& walk() { return *w_; }
-
- private:
-  static constexpr size_t kMaxPooled = 4;
-  static std::vector<std::unique_ptr<ca::BackwardWalk>>& pool() {
-    thread_local std::vector<std::unique_ptr<ca::BackwardWalk>> p;
-    return p;
-  }
-  std::unique_ptr<ca::BackwardWalk> w_;
-};
 
 class Runtime : public capture::BackwardHandler {
  public:
@@ -313,7 +216,7 @@ variable_list Runtime::serve(const Request& r) {
   }
   const auto t0 = std::chrono::steady_clock::now();
   const edge_list none;
-  PooledWalk pooled;
+  ca::PooledWalk pooled;
   ca::BackwardWalk& w = pooled.walk();
   ca::walk_backward(r.root, r.outputs ? *r.outputs : none, r.accumulate_grad, w);
   if (!w.why_not.empty()) return eager(r, "cannot compile this backward: " + w.why_not);
@@ -470,7 +373,7 @@ variable_list Runtime::capture(const Request& r, const ca::BackwardWalk& w,
   std::vector<ir::ValueId> delivered;
   std::vector<char> in_graph;
   {
-    Markers markers(w, &s, r.accumulate_grad);
+    ca::Markers markers(w, &s, r.accumulate_grad);
     capture::HookWrapScope wrap(r.root, &slots, &labeler);
     capture::RecordingScope recording(&s);
     r.prepare_capture();
