@@ -126,14 +126,20 @@ std::vector<at::Tensor> RegionCapture::record_forward(
   capture::EngineHookLease lease(&capture::capture_backward_driver);
   seq_begin_ = at::sequence_number::peek();
   capture::push_session(&s);
+  // Collectives in the forward (DistributedDataParallel's buffer broadcast) are recorded as
+  // graph ops that every replay issues (Note [Collectives in a compiled step]); not in the
+  // backward, whose gradient hooks run outside the region, at AccumulateGrad.
+  s.set_records_collectives(true);
   std::vector<at::Tensor> outs;
   try {
     outs = fn();
   } catch (...) {
+    s.set_records_collectives(false);
     s.set_recording(false);
     capture::pop_session(&s);
     throw;
   }
+  s.set_records_collectives(false);
   s.set_recording(false);
   capture::pop_session(&s);
   seq_end_ = at::sequence_number::peek();

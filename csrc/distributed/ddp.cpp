@@ -156,12 +156,13 @@ void DistributedDataParallelImpl::pre_forward() {
   }
   HiddenFromCapture hidden;
   if (hidden.capturing()) {
-    // The broadcast is a collective a replay would not redo.
+    // A capture that does not record collectives (a CaptureGuard, compiled autograd):
+    // the broadcast is a collective its replay would not redo.
     for (capture::Session* s : capture::thread_sessions()) {
       s->note_unreplayable(
           "tcap::DistributedDataParallel broadcasts rank 0's buffers before each forward (broadcast_buffers), "
-          "a collective a replay would not redo; compile the wrapped module instead "
-          "(ddp->set_forward with tcap::compile(model)), or set DDPOptions::broadcast_buffers = false");
+          "a collective this capture does not record (tcap::compile and compile_step do), so a replay would not "
+          "redo it; or set DDPOptions::broadcast_buffers = false");
     }
   }
   const auto t0 = std::chrono::steady_clock::now();
