@@ -28,12 +28,6 @@ std::vector<std::vector<at::Tensor>> flat_groups(const std::vector<at::Tensor>& 
   return out;
 }
 
-at::Tensor flatten(const std::vector<at::Tensor>& group) {
-  std::vector<at::Tensor> parts;
-  for (const auto& t : group) parts.push_back(t.reshape({-1}));
-  return at::cat(parts);
-}
-
 void unflatten_into(const std::vector<at::Tensor>& group, const at::Tensor& flat) {
   int64_t off = 0;
   for (const auto& t : group) {

@@ -206,19 +206,15 @@ void DistributedDataParallelImpl::Reducer::on_grad_recorded(size_t index, const 
     }
     grads = std::move(recorded_);
     recorded_.clear();
-    first_launch_ = std::chrono::steady_clock::now();
     reset_locked();
   }
   // Every gradient is in: each bucket flattened, one op for all buckets (it all-reduces
   // them in bucket order), the averages copied back into .grad, all of it recorded.
   std::vector<at::Tensor> flats;
   for (const Bucket& b : buckets_) {
-    std::vector<at::Tensor> parts;
-    for (size_t k : b.params) {
-      const at::Tensor& g = grads[k];
-      parts.push_back(g.defined() ? g.reshape({-1}) : at::zeros({params_[k].numel()}, params_[k].options()));
-    }
-    flats.push_back(at::cat(parts));
+    std::vector<at::Tensor> group;
+    for (size_t k : b.params) group.push_back(grads[k].defined() ? grads[k] : at::zeros_like(params_[k]));
+    flats.push_back(flatten(group));
   }
   const std::vector<at::Tensor> avg = ddp_all_reduce(flats, id);
   for (size_t b = 0; b < buckets_.size(); ++b) {
@@ -236,6 +232,25 @@ void DistributedDataParallelImpl::Reducer::on_grad_recorded(size_t index, const 
   }
 }
 
+namespace {
+
+// Runs `issue` (one collective) on a fresh contiguous copy of each of `flats`, in order,
+// and waits for all of them; the copies, as the collectives left them.
+template <class Issue>
+std::vector<at::Tensor> on_copies(const std::vector<at::Tensor>& flats, Issue issue) {
+  std::vector<at::Tensor> out;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  for (const auto& f : flats) {
+    out.push_back(f.contiguous().clone());
+    std::vector<at::Tensor> one{out.back()};
+    works.push_back(issue(one));
+  }
+  for (auto& w : works) w->wait();
+  return out;
+}
+
+}  // namespace
+
 std::vector<at::Tensor> DistributedDataParallelImpl::Reducer::all_reduce_flats(const std::vector<at::Tensor>& flats) {
   TORCH_CHECK(flats.size() == buckets_.size(), "tcap_dist::ddp_all_reduce: ", flats.size(),
               " flat gradients for a reducer of ", buckets_.size(), " buckets");
@@ -246,15 +261,9 @@ std::vector<at::Tensor> DistributedDataParallelImpl::Reducer::all_reduce_flats(c
                 buckets_[b].flat.scalar_type(), ", given ", flats[b].numel(), " of ", flats[b].scalar_type());
   }
   std::vector<at::Tensor> out;
-  std::vector<c10::intrusive_ptr<c10d::Work>> works;
   const auto t0 = std::chrono::steady_clock::now();
   try {
-    for (const auto& f : flats) {
-      out.push_back(f.contiguous().clone());
-      std::vector<at::Tensor> one{out.back()};
-      works.push_back(pg_->allreduce(one));
-    }
-    for (auto& w : works) w->wait();
+    out = on_copies(flats, [&](std::vector<at::Tensor>& one) { return pg_->allreduce(one); });
   } catch (const std::exception& e) {
     fail_collective_unlocked(e);
   }
@@ -280,16 +289,10 @@ std::vector<at::Tensor> DistributedDataParallelImpl::Reducer::all_reduce_flats(c
 std::vector<at::Tensor> DistributedDataParallelImpl::Reducer::broadcast_flats(const std::vector<at::Tensor>& flats) {
   c10::AutoGradMode no_grad(false);
   std::vector<at::Tensor> out;
-  std::vector<c10::intrusive_ptr<c10d::Work>> works;
   try {
-    for (const auto& f : flats) {
-      out.push_back(f.contiguous().clone());
-      std::vector<at::Tensor> one{out.back()};
-      c10d::BroadcastOptions o;
-      o.rootRank = 0;
-      works.push_back(pg_->broadcast(one, o));
-    }
-    for (auto& w : works) w->wait();
+    c10d::BroadcastOptions o;
+    o.rootRank = 0;
+    out = on_copies(flats, [&](std::vector<at::Tensor>& one) { return pg_->broadcast(one, o); });
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "tcap::DistributedDataParallel (rank ", pg_->getRank(), " of ", pg_->getSize(),
                 "): the buffer broadcast failed: another rank exited, failed, or did not reach this forward within "

@@ -4,6 +4,7 @@
 #include <tcap/distributed.h>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/cat.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -23,6 +24,14 @@ namespace tcap {
 using FlatKey = std::tuple<int, int, int>;
 inline FlatKey flat_key(const at::Tensor& t) {
   return {static_cast<int>(t.scalar_type()), static_cast<int>(t.device().type()), t.device().index()};
+}
+
+// The tensors of `group` flattened into one (their elements in order).
+inline at::Tensor flatten(const std::vector<at::Tensor>& group) {
+  std::vector<at::Tensor> parts;
+  parts.reserve(group.size());
+  for (const auto& t : group) parts.push_back(t.reshape({-1}));
+  return at::cat(parts);
 }
 
 // An exception's message without c10::Error's backtrace (for the causes our errors quote).
