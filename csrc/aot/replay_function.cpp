@@ -11,6 +11,7 @@
 #include "aot/replay_function.h"
 
 #include "aot/replay_node.h"
+#include "ir/op_facts.h"
 #include "support/logging.h"
 
 #include <tcap/interpreter.h>
@@ -144,38 +145,9 @@ variable_list recompute_backward(const Entry& e, const std::vector<at::Tensor>& 
       if (s) s->restore();
     }
   } restore{current};
-  at::AutoGradMode grad_on(true);
-  std::vector<at::Tensor> args;
-  std::vector<at::Tensor> diff_args;
-  std::vector<size_t> diff_index;
-  for (size_t j = 0; j < primals.size(); ++j) {
-    at::Tensor t = primals[j];
-    const bool mutated = std::find(e.mutated_primals.begin(), e.mutated_primals.end(), j) != e.mutated_primals.end();
-    if (mutated) t = t.detach().clone();
-    if (t.requires_grad()) {
-      at::Tensor a = create_graph ? t.view_as(t) : t.detach().requires_grad_(true);
-      diff_args.push_back(a);
-      diff_index.push_back(j);
-      args.push_back(a);
-    } else {
-      args.push_back(t);
-    }
-  }
-  Interpreter interp(e.part.forward, /*differentiable=*/true);
-  interp.keep_values(false);
-  auto outs = interp.run(args);
-  std::vector<at::Tensor> os, gs;
-  for (size_t k = 0; k < e.part.num_user_outputs && k < grads.size(); ++k) {
-    if (grads[k].defined() && outs[k].requires_grad()) {
-      os.push_back(outs[k]);
-      gs.push_back(grads[k]);
-    }
-  }
-  variable_list result(primals.size() + 1);
-  if (os.empty() || diff_args.empty()) return result;
-  auto gi = torch::autograd::grad(os, diff_args, gs, /*retain_graph=*/create_graph, create_graph,
-                                  /*allow_unused=*/true);
-  for (size_t k = 0; k < diff_index.size(); ++k) result[diff_index[k]] = gi[k];
+  variable_list result =
+      recompute_gradients(e.part.forward, e.mutated_primals, primals, grads, e.part.num_user_outputs, create_graph);
+  result.emplace_back();  // the entry argument's
   return result;
 }
 
@@ -291,6 +263,48 @@ struct ReplayFunction : torch::autograd::Function<ReplayFunction> {
 };
 
 }  // namespace
+
+variable_list recompute_gradients(const ir::Graph& forward, const std::vector<size_t>& mutated,
+                                  const std::vector<at::Tensor>& primals, const variable_list& grads, size_t num_outputs,
+                                  bool create_graph) {
+  at::AutoGradMode grad_on(true);
+  std::vector<at::Tensor> args;
+  std::vector<at::Tensor> diff_args;
+  std::vector<size_t> diff_index;
+  const std::vector<size_t> hidden = ir::hidden_written_inputs(forward);  // Note [Writes a schema does not show]
+  auto written = [&](size_t j) {
+    return std::find(mutated.begin(), mutated.end(), j) != mutated.end() ||
+           std::find(hidden.begin(), hidden.end(), j) != hidden.end();
+  };
+  for (size_t j = 0; j < primals.size(); ++j) {
+    at::Tensor t = primals[j];
+    if (written(j)) t = t.detach().clone();
+    if (t.requires_grad()) {
+      at::Tensor a = create_graph ? t.view_as(t) : t.detach().requires_grad_(true);
+      diff_args.push_back(a);
+      diff_index.push_back(j);
+      args.push_back(a);
+    } else {
+      args.push_back(t);
+    }
+  }
+  Interpreter interp(forward, /*differentiable=*/true);
+  interp.keep_values(false);
+  auto outs = interp.run(args);
+  std::vector<at::Tensor> os, gs;
+  for (size_t k = 0; k < num_outputs && k < grads.size(); ++k) {
+    if (grads[k].defined() && outs[k].requires_grad()) {
+      os.push_back(outs[k]);
+      gs.push_back(grads[k]);
+    }
+  }
+  variable_list result(primals.size());
+  if (os.empty() || diff_args.empty()) return result;
+  auto gi = torch::autograd::grad(os, diff_args, gs, /*retain_graph=*/create_graph, create_graph,
+                                  /*allow_unused=*/true);
+  for (size_t k = 0; k < diff_index.size(); ++k) result[diff_index[k]] = gi[k];
+  return result;
+}
 
 std::vector<at::Tensor> replay_region(const std::shared_ptr<const RegionEntry>& e, const std::vector<at::Tensor>& primals) {
   // A replay that stops at a changed host value (an inline guard, cache::HostReads) must

@@ -1,8 +1,11 @@
 #include "aot/step_inputs.h"
 
+#include "aot/step_history.h"
+
 #include "capture/engine_shim.h"
 #include "capture/hooks.h"
 
+#include <algorithm>
 #include <unordered_map>
 
 namespace tcap::aot {
@@ -68,6 +71,24 @@ StepInputs gather_step_inputs(const StepParts& parts, const std::vector<at::Tens
       add(st[k], sn[k], ir::InputKind::Buffer);
     }
   }
+  // Note [Backpropagating into an earlier step's outputs]
+  std::string aliased;
+  for (size_t k = 0; k < user.size(); ++k) {
+    std::vector<at::Tensor> hts;
+    std::vector<std::string> hnames;
+    auto node = history_tensors(user[k], hts, hnames);
+    if (!node) continue;
+    g.histories.push_back(std::move(node));
+    for (size_t j = 0; j < hts.size(); ++j) {
+      const std::string name = "in" + std::to_string(k) + ".history." + hnames[j];
+      auto same = std::find_if(g.ts.begin(), g.ts.end(), [&](const at::Tensor& t) { return t.is_same(hts[j]); });
+      if (same != g.ts.end()) {
+        aliased += name + "=" + std::to_string(same - g.ts.begin()) + ";";
+      } else {
+        add(hts[j], name, ir::InputKind::UserInput);
+      }
+    }
+  }
   for (const auto& m : parts.submodules) g.flags.push_back(m->is_training());
   for (size_t o = 0; o < opts.size(); ++o) {
     const std::string prefix = "opt" + std::to_string(o) + ".";
@@ -95,6 +116,7 @@ StepInputs gather_step_inputs(const StepParts& parts, const std::vector<at::Tens
     }
     g.structure += ";";
   }
+  g.structure += aliased;
   return g;
 }
 

@@ -44,6 +44,9 @@ struct StepInputs {
   std::vector<size_t> state_input;                // positions of the optimizers' state tensors
   std::vector<std::pair<size_t, size_t>> hooked;  // (tensor, number of leaf hooks) of hooked inputs, parameters
   std::string structure;                          // the names and hook counts, joined
+  // The history nodes of earlier replayed steps behind user inputs, whose tensors are
+  // inputs too (Note [Backpropagating into an earlier step's outputs]).
+  std::vector<std::shared_ptr<torch::autograd::Node>> histories;
 
   // The view the entry cache's guards read.
   cache::CallView view() const;

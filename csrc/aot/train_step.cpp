@@ -36,6 +36,7 @@
 #include "aot/fused_optimizers.h"
 #include "aot/optimizers.h"
 #include "aot/step_captures.h"
+#include "aot/step_history.h"
 #include "aot/step_inputs.h"
 #include "aot/pipeline.h"
 #include "aot/region.h"
@@ -95,6 +96,14 @@ struct StepEntry : cache::Entry {
   // Parameters whose updates run as one fused call with one step count (Note [Fused
   // optimizer steps]).
   std::vector<aot::FusedGroup> fused_groups;
+  // Outputs returned with autograd history a later backward may use, and the slice that
+  // gives them one on a replay (Note [Outputs with history from a replayed step]).
+  std::vector<size_t> with_history;
+  std::vector<bool> buffer_inputs;  // per input: a module buffer (the only inputs the slice may write)
+  std::shared_ptr<const aot::HistorySlice> history;
+  // Per history node behind an input (StepInputs::histories): the step's backward ran it
+  // without retain_graph, so a replay frees it as that backward did.
+  std::vector<bool> uses_history;
   std::shared_ptr<cache::Entry> size_miss_of;  // for generalizing over sizes at compile time
   std::vector<size_t> changed;
   std::shared_ptr<cache::Specializations<StepEntry>> specialized = std::make_shared<cache::Specializations<StepEntry>>();
@@ -146,6 +155,7 @@ struct CompiledStep::Impl {
   std::vector<at::Tensor> call(const std::vector<at::Tensor>& user);
   std::shared_ptr<const StepEntry> specialize(const std::shared_ptr<const StepEntry>& e, const std::vector<int64_t>& key);
   void generalize(const StepEntry& a, StepEntry& b);
+  std::string build_history(StepEntry& e);
 };
 
 std::vector<at::Tensor> CompiledStep::Impl::capture(StepEntry& e, const std::vector<at::Tensor>& user,
@@ -225,21 +235,23 @@ std::vector<at::Tensor> CompiledStep::Impl::capture(StepEntry& e, const std::vec
   std::vector<ir::ValueId> vals;
   std::vector<std::string> names;
   std::vector<ir::OutputKind> kinds;
+  e.with_history.clear();
   for (size_t k = 0; k < outs.size(); ++k) {
     auto v = outs[k].defined() ? s.lookup(outs[k]) : std::nullopt;
     if (!v) return fail("output " + std::to_string(k) + " was not computed by recorded ops");
-    // A replayed output has no autograd history: refuse one whose history a later
-    // backward could still run through (no backward inside the step reached it).
-    if (outs[k].requires_grad() && outs[k].grad_fn() && !s.reached_by_backward(outs[k].grad_fn().get())) {
-      return fail("output " + std::to_string(k) + " carries autograd history its backward has not used yet (" +
-                  outs[k].grad_fn()->name() + "); a replayed output has none, so a later backward through it " +
-                  "would miss gradients: compute it and its backward in one step");
+    // An output whose history a later backward could still run through (no backward
+    // inside the step used it up) gets one on a replay (Note [Outputs with history from a
+    // replayed step]).
+    if (outs[k].requires_grad() && outs[k].grad_fn() && !s.used_up_by_backward(outs[k].grad_fn().get())) {
+      e.with_history.push_back(k);
     }
     vals.push_back(*v);
     names.push_back("out" + std::to_string(k));
     kinds.push_back(ir::OutputKind::User);
   }
   e.num_user_outputs = outs.size();
+  e.uses_history.clear();
+  for (const auto& h : g.histories) e.uses_history.push_back(s.used_up_by_backward(h.get()));
   e.grad_effect.assign(g.params.size(), GradEffect::Keep);
   e.grad_output.assign(g.params.size(), -1);
   for (size_t j = 0; j < g.params.size(); ++j) {
@@ -339,6 +351,13 @@ void CompiledStep::Impl::verify_and_compile(StepEntry& e, const ir::Graph& first
       e.fused_groups = std::move(f.groups);
     }
   }
+  e.buffer_inputs.assign(e.graph.input_nodes().size(), false);
+  for (size_t k = 0; k < g.ts.size(); ++k) e.buffer_inputs[k] = g.kinds[k] == ir::InputKind::Buffer;
+  for (int k : g.grad_input) {
+    if (k >= 0) e.buffer_inputs[static_cast<size_t>(k)] = false;
+  }
+  for (size_t k : g.state_input) e.buffer_inputs[k] = false;
+  if (std::string why = build_history(e); !why.empty()) return go_eager(e, why);
   // Host-value guards: inline where a replay can stop at a changed value before writing
   // anything the caller sees, else a pre-check graph.
   const bool reads = cache::has_host_reads(e.graph);
@@ -384,6 +403,21 @@ void CompiledStep::Impl::verify_and_compile(StepEntry& e, const ir::Graph& first
   }
 }
 
+std::string CompiledStep::Impl::build_history(StepEntry& e) {
+  e.history.reset();
+  if (e.with_history.empty()) return "";
+  std::vector<ir::NodeId> patched;
+  for (const auto& p : e.patches) patched.push_back(p.node);
+  auto slice = std::make_shared<aot::HistorySlice>();
+  std::string why = aot::make_history_slice(e.graph, e.with_history, e.buffer_inputs, patched, slice.get());
+  if (!why.empty()) return why + "; a replayed output has no history of its own";
+  TCAP_LOG(AotGraphs, who() << ": output(s) " << c10::IntArrayRef(std::vector<int64_t>(e.with_history.begin(), e.with_history.end()))
+                            << " keep their autograd history on a replay (a node that recomputes "
+                            << slice->graph.num_calls() << " ops in its backward)");
+  e.history = std::move(slice);
+  return "";
+}
+
 void CompiledStep::Impl::generalize(const StepEntry& a, StepEntry& b) {
   std::string why;
   if (a.state != StepEntry::State::Compiled) why = "the other entry is not compiled";
@@ -427,6 +461,12 @@ std::shared_ptr<const StepEntry> CompiledStep::Impl::specialize(const std::share
   s->mutated_inputs = e->mutated_inputs;
   s->hook_slots = e->hook_slots;
   s->fused_groups = e->fused_groups;
+  s->with_history = e->with_history;
+  s->buffer_inputs = e->buffer_inputs;
+  s->uses_history = e->uses_history;
+  if (std::string why = build_history(*s); !why.empty()) {
+    TORCH_CHECK(false, "tcap: ", who(), ": specializing entry ", e->id, " to new sizes: ", why);
+  }
   std::vector<std::pair<ir::NodeId, size_t>> args;
   for (const auto& p : s->patches) args.emplace_back(p.node, p.arg);
   s->exe = aot::compile_graph_with_scalars(s->graph, args, options, options.name + ".step" + std::to_string(e->id) + ".sizes");
@@ -467,6 +507,8 @@ std::vector<at::Tensor> CompiledStep::Impl::replay(const StepEntry& e, const aot
     }
     return out;
   };
+  std::shared_ptr<aot::HistoryCall> history;
+  if (e.history) history = aot::before_step(e.history, primals, who());
   std::vector<at::Tensor> outs;
   {
     interp::HookRunnerScope scope(&runner);
@@ -487,6 +529,10 @@ std::vector<at::Tensor> CompiledStep::Impl::replay(const StepEntry& e, const aot
     }
   }
   for (auto& o : opts) o->advance();
+  if (history) aot::attach_history(history, outs);
+  for (size_t k = 0; k < g.histories.size() && k < e.uses_history.size(); ++k) {
+    if (e.uses_history[k]) aot::release_history(*g.histories[k]);
+  }
   outs.resize(e.num_user_outputs);
   return outs;
 }

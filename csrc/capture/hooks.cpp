@@ -284,7 +284,7 @@ variable_list capture_backward_driver(const BackwardCall& call) {
   for (auto it = sessions.rbegin(); it != sessions.rend() && !slots; ++it) slots = (*it)->opaque_hooks();
   HookWrapScope wrap(call.root, slots);
   for (Session* s : sessions) {
-    if (call.roots) s->note_backward_roots(*call.roots);
+    if (call.roots) s->note_backward_roots(*call.roots, call.keep_graph());
     s->begin_backward(root_grads);
   }
   struct End {

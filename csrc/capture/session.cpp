@@ -330,12 +330,12 @@ void Session::materialize(const RawArg& raw, ir::Arg& a) const {
   }
 }
 
-void Session::note_backward_roots(const torch::autograd::edge_list& roots) {
+void Session::note_backward_roots(const torch::autograd::edge_list& roots, bool keep_graph) {
   std::vector<const torch::autograd::Node*> todo;
   for (const auto& e : roots) {
     if (!e.function) continue;
     backward_roots_.push_back(e.function);
-    todo.push_back(e.function.get());
+    if (!keep_graph) todo.push_back(e.function.get());
   }
   while (!todo.empty()) {
     const torch::autograd::Node* n = todo.back();

@@ -116,11 +116,13 @@ class Session {
     return graph_;
   }
   const std::vector<at::Tensor>& input_tensors() const { return input_tensors_; }
-  // The roots of a backward() or grad() call made while recording: what they reach is
-  // noted (and kept alive, so that an address cannot be reused for another node).
-  void note_backward_roots(const torch::autograd::edge_list& roots);
-  // Whether a backward made while recording reached autograd node n.
-  bool reached_by_backward(const torch::autograd::Node* n) const { return reached_.count(n) > 0; }
+  // The roots of a backward() or grad() call made while recording (kept alive, so that an
+  // address cannot be reused for another node); without retain_graph (keep_graph false)
+  // what they reach is noted as used up.
+  void note_backward_roots(const torch::autograd::edge_list& roots, bool keep_graph);
+  // Whether a backward made while recording without retain_graph reached autograd node n:
+  // its saved tensors are freed, so no later backward can run through it, in eager either.
+  bool used_up_by_backward(const torch::autograd::Node* n) const { return reached_.count(n) > 0; }
   // Code that ran with the recording key off did something a replay would not redo (a
   // collective: DistributedDataParallel's buffer broadcast). The first reason is kept;
   // tcap::compile and compile_step refuse such a capture with it.

@@ -1,5 +1,7 @@
 #include "ir/op_facts.h"
 
+#include <algorithm>
+
 #include <string>
 #include <unordered_map>
 
@@ -181,6 +183,34 @@ const OpFacts& op_facts(std::string_view op) {
 std::vector<std::string> ops_with_facts() {
   std::vector<std::string> out;
   for (const Row& r : kRows) out.emplace_back(r.op);
+  return out;
+}
+
+std::vector<size_t> hidden_writes(const Node& n) {
+  if (n.kind != NodeKind::Call) return {};
+  if (n.op != "aten::native_batch_norm" && n.op != "aten::cudnn_batch_norm" && n.op != "aten::miopen_batch_norm") {
+    return {};
+  }
+  // (input, weight, bias, running_mean, running_var, training, momentum, eps)
+  if (n.args.size() < 6 || n.args[5].kind != ArgKind::Bool || n.args[5].i == 0) return {};
+  std::vector<size_t> out;
+  for (size_t i : {3, 4}) {
+    if (!n.args[i].values.empty()) out.push_back(i);
+  }
+  return out;
+}
+
+std::vector<size_t> hidden_written_inputs(const Graph& g) {
+  std::vector<size_t> out;
+  const auto inputs = g.input_nodes();
+  for (const auto& n : g.nodes()) {
+    for (size_t i : hidden_writes(n)) {
+      const Node& p = g.node(g.value(g.alias_root(n.args[i].values.at(0))).producer);
+      if (p.kind != NodeKind::Input) continue;
+      const auto pos = static_cast<size_t>(std::find(inputs.begin(), inputs.end(), p.id) - inputs.begin());
+      if (std::find(out.begin(), out.end(), pos) == out.end()) out.push_back(pos);
+    }
+  }
   return out;
 }
 

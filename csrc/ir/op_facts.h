@@ -13,6 +13,8 @@
 // (ir::Node::draws_random_numbers, Value::view_of / version_of).
 #pragma once
 
+#include <tcap/graph.h>
+
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -47,5 +49,15 @@ inline bool op_has(std::string_view op, OpFact f) { return op_facts(op).has(f); 
 
 // Every operator name the table lists (tests check it against the lowering table).
 std::vector<std::string> ops_with_facts();
+
+// Note [Writes a schema does not show]
+// native_batch_norm (and its cuDNN and MIOpen twins) update their running statistics in
+// place in training mode, yet their schemas carry no (a!) annotation, so capture records
+// no new version for them. A pass that runs such a node a second time (a recompute for a
+// backward) must run it on copies of those arguments. The arguments of n written that
+// way, in argument order (empty for every other op).
+std::vector<size_t> hidden_writes(const Node& n);
+// The inputs of g (positions in its input order) that nodes write that way.
+std::vector<size_t> hidden_written_inputs(const Graph& g);
 
 }  // namespace tcap::ir
