@@ -37,7 +37,12 @@ Lookup EntryCache::lookup(const CallView& call, const std::vector<at::Tensor>& p
       m.reason = std::move(why);
       m.sizes_only = false;
     }
-    if (out.first_miss.empty()) out.first_miss = m.reason;
+    // The reason to report: the first entry's, unless that entry was for another structure
+    // and a later one of this call's structure failed for a reason of its own.
+    if (out.first_miss.empty() || (out.first_structure_miss && !m.structure)) {
+      out.first_miss = m.reason;
+      out.first_structure_miss = m.structure;
+    }
     if (dynamic_ && !out.size_miss_of && m.sizes_only && !m.changed.empty()) {
       out.size_miss_of = e;
       out.changed = std::move(m.changed);

@@ -35,7 +35,8 @@ struct Lookup {
   std::shared_ptr<Entry> hit;
   std::vector<int64_t> key;           // a dynamic hit's class values (Note [Dynamic sizes])
   std::vector<at::Tensor> primals;    // a hit's primals: the call's tensors, then the held ones
-  std::string first_miss;             // why the first entry did not fit
+  std::string first_miss;             // why the first entry did not fit (see lookup)
+  bool first_structure_miss = false;  // first_miss is "another structure"
   std::shared_ptr<Entry> size_miss_of;  // an entry that missed on sizes only
   std::vector<size_t> changed;          // ... and the sizes that changed
   std::shared_ptr<Entry> host_miss_of;  // an entry that missed on a host value only

@@ -167,6 +167,7 @@ struct Miss {
   std::string reason;            // "" = the entry fits
   bool sizes_only = true;        // every failure was a changed size
   std::vector<size_t> changed;   // the flattened sizes that changed
+  bool structure = false;        // the entry is for another structure (checked first)
   bool hit() const { return reason.empty(); }
 };
 
