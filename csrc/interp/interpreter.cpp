@@ -172,6 +172,8 @@ Interpreter::Interpreter(const ir::Graph& graph, bool differentiable)
       }
     }
     ops_[static_cast<size_t>(n.id)] = *op;
+    schemas_.resize(graph.nodes().size(), nullptr);
+    schemas_[static_cast<size_t>(n.id)] = &ops_[static_cast<size_t>(n.id)]->schema();
     if (trusts_its_arguments(n)) {
       trusting_.resize(graph.nodes().size(), 0);
       trusting_[static_cast<size_t>(n.id)] = 1;
@@ -195,6 +197,24 @@ Interpreter::Interpreter(const ir::Graph& graph, bool differentiable)
   // its own reference to the tensor, so only this value's slot goes. Outputs stay. A value
   // nobody reads (an input only a fallback would need, an op's unused result such as
   // layer norm's mean) goes right after the node that made it, not at the end of the run.
+  // Note [Prepared argument stacks]
+  // A run used to build every argument of every node as an IValue per call: an int list
+  // (a view's sizes) allocated a c10::List, a Device parsed its string, a wrapped scalar
+  // allocated a tensor. Constants are built once here instead; a run copies the node's
+  // stack (reference counts) and fills in its tensors. The constants are shared by all
+  // runs: kernels do not write into int lists or wrapped-number arguments.
+  // set_scalar_arg rebuilds the one it changes.
+  prepared_.assign(graph_.nodes().size(), {});
+  for (const auto& n : graph_.nodes()) {
+    if (n.kind != ir::NodeKind::Call) continue;
+    const auto& sa = schemas_[static_cast<size_t>(n.id)]->arguments();
+    auto& stack = prepared_[static_cast<size_t>(n.id)];
+    for (size_t i = 0; i < n.args.size(); ++i) {
+      stack.push_back(reads_values(n.args[i]) ? c10::IValue() : to_ivalue(n, i, sa[i]));
+    }
+  }
+  input_nodes_ = graph_.input_nodes();
+  output_values_ = graph_.output_values();
   last_uses_.assign(graph.nodes().size(), {});
   const std::vector<ir::NodeId> last = graph.last_readers();
   for (size_t v = 0; v < last.size(); ++v) {
@@ -297,16 +317,22 @@ c10::IValue Interpreter::to_ivalue(const ir::Node& n, size_t i, const c10::Argum
   fail(n, "argument " + std::to_string(i) + " cannot be replayed");
 }
 
-void Interpreter::run_call(const ir::Node& n, const c10::OperatorHandle& op) {
-  const auto& schema_args = op.schema().arguments();
-  torch::jit::Stack stack;
-  stack.reserve(n.args.size());
-  for (size_t i = 0; i < n.args.size(); ++i) stack.push_back(to_ivalue(n, i, schema_args[i]));
+bool Interpreter::reads_values(const ir::Arg& a) {
+  return a.kind == ir::ArgKind::Value || a.kind == ir::ArgKind::ValueList || a.kind == ir::ArgKind::OptValueList;
+}
+
+void Interpreter::run_call(const ir::Node& n, const c10::OperatorHandle& op, const c10::FunctionSchema& schema) {
+  const auto& schema_args = schema.arguments();
+  // Note [Prepared argument stacks]
+  torch::jit::Stack stack = prepared_[static_cast<size_t>(n.id)];
+  for (size_t i = 0; i < n.args.size(); ++i) {
+    if (reads_values(n.args[i])) stack[i] = to_ivalue(n, i, schema_args[i]);
+  }
   if (static_cast<size_t>(n.id) < trusting_.size() && trusting_[static_cast<size_t>(n.id)]) {
     check_trusted_arguments(n, stack);  // Note [Kernels that trust their arguments]
   }
   op.callBoxed(stack);
-  const size_t n_ret = op.schema().returns().size();
+  const size_t n_ret = schema.returns().size();
   TORCH_INTERNAL_ASSERT(stack.size() == n_ret);
   for (size_t r = 0; r < n.outputs.size(); ++r) {
     const ir::Arg& out = n.outputs[r];
@@ -371,7 +397,7 @@ void Interpreter::run_hook(const ir::Node& n) {
 }
 
 std::vector<at::Tensor> Interpreter::run(std::vector<at::Tensor> inputs) {
-  const auto input_nodes = graph_.input_nodes();
+  const auto& input_nodes = input_nodes_;
   TORCH_CHECK(inputs.size() == input_nodes.size(), "tcap interpreter: the graph has ",
               input_nodes.size(), " inputs but ", inputs.size(), " tensors were given");
   env_.assign(graph_.values().size(), at::Tensor());
@@ -402,7 +428,7 @@ std::vector<at::Tensor> Interpreter::run(std::vector<at::Tensor> inputs) {
     try {
       if (n.kind == ir::NodeKind::Call) {
         c10::AutoGradMode grad_mode(n.grad_mode);
-        run_call(n, *ops_[static_cast<size_t>(n.id)]);
+        run_call(n, *ops_[static_cast<size_t>(n.id)], *schemas_[static_cast<size_t>(n.id)]);
       } else if (n.kind == ir::NodeKind::CallHook) {
         run_hook(n);
       }
@@ -422,7 +448,8 @@ std::vector<at::Tensor> Interpreter::run(std::vector<at::Tensor> inputs) {
     }
   }
   std::vector<at::Tensor> outs;
-  for (ir::ValueId v : graph_.output_values()) outs.push_back(env_.at(static_cast<size_t>(v)));
+  outs.reserve(output_values_.size());
+  for (ir::ValueId v : output_values_) outs.push_back(env_.at(static_cast<size_t>(v)));
   if (!keep_values_) env_.clear();
   return outs;
 }
@@ -433,6 +460,7 @@ void Interpreter::set_scalar_arg(ir::NodeId node, size_t arg, double value) {
   TORCH_CHECK(a.kind == ir::ArgKind::Double || a.kind == ir::ArgKind::WrappedScalar,
               "tcap interpreter: node %", node, " argument ", arg, " is not a floating-point scalar");
   a.d = value;
+  prepared_.at(static_cast<size_t>(node)).at(arg) = to_ivalue(n, arg, schemas_.at(static_cast<size_t>(node))->arguments().at(arg));
 }
 
 std::vector<at::Tensor> interpret(const ir::Graph& g, const std::vector<at::Tensor>& inputs) {

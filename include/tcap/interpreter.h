@@ -57,13 +57,23 @@ class Interpreter {
   void check_host_values(bool on) { check_host_values_ = on; }
 
  private:
-  void run_call(const ir::Node& n, const c10::OperatorHandle& op);
+  void run_call(const ir::Node& n, const c10::OperatorHandle& op, const c10::FunctionSchema& schema);
   void run_hook(const ir::Node& n);
   c10::IValue to_ivalue(const ir::Node& n, size_t i, const c10::Argument& schema_arg) const;
+  static bool reads_values(const ir::Arg& a);  // a tensor argument, filled per run
   const at::Tensor& get(const ir::Node& n, ir::ValueId v) const;
 
   ir::Graph graph_;  // a copy: replay may itself be recorded into the graph it came from
   std::vector<std::optional<c10::OperatorHandle>> ops_;  // per node
+  // Per node: its operator's schema (resolved once; OperatorHandle::schema() is a call
+  // into LibTorch per use). The graph's input nodes and output values, in order.
+  std::vector<const c10::FunctionSchema*> schemas_;
+  // Note [Prepared argument stacks]: per node, its arguments as the kernel takes them,
+  // built once; a run fills in the tensor arguments only (a constant is not rebuilt per
+  // call: no list, string or device parsed again, no wrapped-number tensor allocated).
+  std::vector<std::vector<c10::IValue>> prepared_;
+  std::vector<ir::NodeId> input_nodes_;
+  std::vector<ir::ValueId> output_values_;
   std::vector<uint8_t> trusting_;  // per node (empty: none): its kernel's arguments are checked first
   std::vector<at::Tensor> env_;
   std::vector<c10::IValue> host_values_;
