@@ -233,13 +233,18 @@ void expect_same_gen_grads(Gan& a, Gan& b, int step) {
   }
 }
 
+// The discriminator's step of t.a, compiled.
+std::shared_ptr<tcap::CompiledStep> compiled_d_step(GanTwins& t) {
+  return tcap::compile_step({t.a.gen.ptr(), t.a.disc.ptr()}, {t.da},
+                            [&t](const Tensors& in) { return TwoStepGan::d_step(t.a, t.da, in[0], in[1]); });
+}
+
 TEST(TrainStepOptim, StepReturningHistoryKeepsItOnReplays) {
   GanTwins t(5);
   auto &a = t.a, &b = t.b;
-  auto &ga = t.ga, &da = t.da, &gb = t.gb, &db = t.db;
+  auto &ga = t.ga, &gb = t.gb, &db = t.db;
   tcap::StanceGuard strict(tcap::Stance::Default, /*error_on_fallback=*/true);
-  auto step = tcap::compile_step({a.gen.ptr(), a.disc.ptr()}, {da},
-                                 [&](const Tensors& in) { return TwoStepGan::d_step(a, da, in[0], in[1]); });
+  auto step = compiled_d_step(t);
   for (int i = 0; i < 8; ++i) {
     auto real = torch::randn({8, 6});
     auto noise = torch::randn({8, 4});
@@ -266,10 +271,9 @@ TEST(TrainStepOptim, StepReturningHistoryKeepsItOnReplays) {
 TEST(TrainStepOptim, StepBackpropagatingIntoAnEarlierStepsOutput) {
   GanTwins t(6);
   auto &a = t.a, &b = t.b;
-  auto &ga = t.ga, &da = t.da, &gb = t.gb, &db = t.db;
+  auto &ga = t.ga, &gb = t.gb, &db = t.db;
   tcap::StanceGuard strict(tcap::Stance::Default, /*error_on_fallback=*/true);
-  auto d = tcap::compile_step({a.gen.ptr(), a.disc.ptr()}, {da},
-                              [&](const Tensors& in) { return TwoStepGan::d_step(a, da, in[0], in[1]); });
+  auto d = compiled_d_step(t);
   auto g = tcap::compile_step({a.gen.ptr(), a.disc.ptr()}, {ga},
                               [&](const Tensors& in) { return Tensors{TwoStepGan::g_update(a, ga, in[0])}; });
   for (int i = 0; i < 10; ++i) {
