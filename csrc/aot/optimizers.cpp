@@ -96,6 +96,17 @@ size_t OptimizerAdapter::group_of(size_t j) const {
   TORCH_CHECK(false, "tcap: parameter ", j, " is not in the optimizer");
 }
 
+void StateSink::add(const at::Tensor& t, size_t j, const char* what) {
+  if (!t.defined()) return;
+  ts.push_back(t);
+  if (names) names->push_back(prefix + "p" + std::to_string(j) + "." + what);
+  if (key) {
+    const auto k = static_cast<uint32_t>(j);
+    key->append(reinterpret_cast<const char*>(&k), sizeof(k));
+    key->append(what).push_back('\0');
+  }
+}
+
 namespace {
 
 // Parameter j of `opt`, in group order, without building the whole list: host_state(j)
@@ -110,39 +121,29 @@ const at::Tensor& param_at(torch::optim::Optimizer& opt, size_t j) {
   TORCH_CHECK(false, "tcap: parameter ", j, " is not in the optimizer");
 }
 
-std::string param_name(const std::string& prefix, size_t j, const char* what) {
-  return prefix + "p" + std::to_string(j) + "." + what;
-}
-
-void add_tensor(std::vector<at::Tensor>& ts, std::vector<std::string>& names, const at::Tensor& t, std::string name) {
-  if (!t.defined()) return;
-  ts.push_back(t);
-  names.push_back(std::move(name));
-}
 
 class SgdAdapter : public OptimizerAdapter {
  public:
   explicit SgdAdapter(torch::optim::SGD& o) : OptimizerAdapter(o) {}
-  void state_tensors(const std::string& prefix, std::vector<at::Tensor>& ts,
-                     std::vector<std::string>& names) const override {
+  void state_tensors(StateSink& sink) const override {
     const auto ps = params();
     for (size_t j = 0; j < ps.size(); ++j) {
       if (auto* st = state_of(ps[j])) {
-        add_tensor(ts, names, static_cast<torch::optim::SGDParamState&>(*st).momentum_buffer(),
-                   param_name(prefix, j, "momentum_buffer"));
+        sink.add(static_cast<torch::optim::SGDParamState&>(*st).momentum_buffer(), j, "momentum_buffer");
       }
     }
   }
   void guarded_options(const std::string& prefix, std::vector<double>& values,
-                       std::vector<std::string>& names) const override {
+                       std::vector<std::string>* names) const override {
     size_t g = 0;
     for (auto& group : optimizer().param_groups()) {
       auto& o = static_cast<torch::optim::SGDOptions&>(group.options());
-      const std::string p = prefix + "group" + std::to_string(g++) + ".";
+      const std::string p = names ? prefix + "group" + std::to_string(g) + "." : std::string();
+      ++g;
       for (auto [v, n] : {std::pair<double, const char*>{o.momentum(), "momentum"}, {o.dampening(), "dampening"},
                           {o.weight_decay(), "weight_decay"}, {o.nesterov() ? 1.0 : 0.0, "nesterov"}}) {
         values.push_back(v);
-        names.push_back(p + n);
+        if (names) names->push_back(p + n);
       }
     }
   }
@@ -170,31 +171,31 @@ template <class Options, class State, bool kDecoupled>
 class AdamAdapter : public OptimizerAdapter {
  public:
   explicit AdamAdapter(torch::optim::Optimizer& o) : OptimizerAdapter(o) {}
-  void state_tensors(const std::string& prefix, std::vector<at::Tensor>& ts,
-                     std::vector<std::string>& names) const override {
+  void state_tensors(StateSink& sink) const override {
     const auto ps = params();
     for (size_t j = 0; j < ps.size(); ++j) {
       auto* st = state_of(ps[j]);
       if (!st) continue;
       auto& s = static_cast<State&>(*st);
-      add_tensor(ts, names, s.exp_avg(), param_name(prefix, j, "exp_avg"));
-      add_tensor(ts, names, s.exp_avg_sq(), param_name(prefix, j, "exp_avg_sq"));
-      add_tensor(ts, names, s.max_exp_avg_sq(), param_name(prefix, j, "max_exp_avg_sq"));
+      sink.add(s.exp_avg(), j, "exp_avg");
+      sink.add(s.exp_avg_sq(), j, "exp_avg_sq");
+      sink.add(s.max_exp_avg_sq(), j, "max_exp_avg_sq");
     }
   }
   void guarded_options(const std::string& prefix, std::vector<double>& values,
-                       std::vector<std::string>& names) const override {
+                       std::vector<std::string>* names) const override {
     size_t g = 0;
     for (auto& group : optimizer().param_groups()) {
       auto& o = static_cast<Options&>(group.options());
-      const std::string p = prefix + "group" + std::to_string(g++) + ".";
+      const std::string p = names ? prefix + "group" + std::to_string(g) + "." : std::string();
+      ++g;
       for (auto [v, n] : {std::pair<double, const char*>{std::get<0>(o.betas()), "beta1"},
                           {std::get<1>(o.betas()), "beta2"},
                           {o.eps(), "eps"},
                           {o.weight_decay(), "weight_decay"},
                           {o.amsgrad() ? 1.0 : 0.0, "amsgrad"}}) {
         values.push_back(v);
-        names.push_back(p + n);
+        if (names) names->push_back(p + n);
       }
     }
   }
@@ -246,25 +247,25 @@ class AdamAdapter : public OptimizerAdapter {
 class AdagradAdapter : public OptimizerAdapter {
  public:
   explicit AdagradAdapter(torch::optim::Adagrad& o) : OptimizerAdapter(o) {}
-  void state_tensors(const std::string& prefix, std::vector<at::Tensor>& ts,
-                     std::vector<std::string>& names) const override {
+  void state_tensors(StateSink& sink) const override {
     const auto ps = params();
     for (size_t j = 0; j < ps.size(); ++j) {
       if (auto* st = state_of(ps[j])) {
-        add_tensor(ts, names, static_cast<torch::optim::AdagradParamState&>(*st).sum(), param_name(prefix, j, "sum"));
+        sink.add(static_cast<torch::optim::AdagradParamState&>(*st).sum(), j, "sum");
       }
     }
   }
   void guarded_options(const std::string& prefix, std::vector<double>& values,
-                       std::vector<std::string>& names) const override {
+                       std::vector<std::string>* names) const override {
     size_t g = 0;
     for (auto& group : optimizer().param_groups()) {
       auto& o = static_cast<torch::optim::AdagradOptions&>(group.options());
-      const std::string p = prefix + "group" + std::to_string(g++) + ".";
+      const std::string p = names ? prefix + "group" + std::to_string(g) + "." : std::string();
+      ++g;
       for (auto [v, n] : {std::pair<double, const char*>{o.lr_decay(), "lr_decay"}, {o.weight_decay(), "weight_decay"},
                           {o.eps(), "eps"}}) {
         values.push_back(v);
-        names.push_back(p + n);
+        if (names) names->push_back(p + n);
       }
     }
   }
@@ -293,29 +294,29 @@ class AdagradAdapter : public OptimizerAdapter {
 class RmspropAdapter : public OptimizerAdapter {
  public:
   explicit RmspropAdapter(torch::optim::RMSprop& o) : OptimizerAdapter(o) {}
-  void state_tensors(const std::string& prefix, std::vector<at::Tensor>& ts,
-                     std::vector<std::string>& names) const override {
+  void state_tensors(StateSink& sink) const override {
     const auto ps = params();
     for (size_t j = 0; j < ps.size(); ++j) {
       auto* st = state_of(ps[j]);
       if (!st) continue;
       auto& s = static_cast<torch::optim::RMSpropParamState&>(*st);
-      add_tensor(ts, names, s.square_avg(), param_name(prefix, j, "square_avg"));
-      add_tensor(ts, names, s.momentum_buffer(), param_name(prefix, j, "momentum_buffer"));
-      add_tensor(ts, names, s.grad_avg(), param_name(prefix, j, "grad_avg"));
+      sink.add(s.square_avg(), j, "square_avg");
+      sink.add(s.momentum_buffer(), j, "momentum_buffer");
+      sink.add(s.grad_avg(), j, "grad_avg");
     }
   }
   void guarded_options(const std::string& prefix, std::vector<double>& values,
-                       std::vector<std::string>& names) const override {
+                       std::vector<std::string>* names) const override {
     size_t g = 0;
     for (auto& group : optimizer().param_groups()) {
       auto& o = static_cast<torch::optim::RMSpropOptions&>(group.options());
-      const std::string p = prefix + "group" + std::to_string(g++) + ".";
+      const std::string p = names ? prefix + "group" + std::to_string(g) + "." : std::string();
+      ++g;
       for (auto [v, n] : {std::pair<double, const char*>{o.alpha(), "alpha"}, {o.eps(), "eps"},
                           {o.weight_decay(), "weight_decay"}, {o.momentum(), "momentum"},
                           {o.centered() ? 1.0 : 0.0, "centered"}}) {
         values.push_back(v);
-        names.push_back(p + n);
+        if (names) names->push_back(p + n);
       }
     }
   }

@@ -64,6 +64,19 @@ struct FusedForm {
   }
 };
 
+// Where an optimizer's state tensors go: the tensors, with their names
+// ("<prefix>p<j>.<what>") when `names` is set (a capture), and with a structure key (the
+// parameter and slot of each, appended as bytes) when `key` is set. A replay's gather
+// takes the key only: no string per tensor (Note [A structure key without names] in
+// step_inputs.cpp).
+struct StateSink {
+  std::vector<at::Tensor>& ts;
+  std::vector<std::string>* names = nullptr;
+  std::string prefix;
+  std::string* key = nullptr;
+  void add(const at::Tensor& t, size_t j, const char* what);
+};
+
 class OptimizerAdapter {
  public:
   // An adapter for `opt`, or nullptr with `why_not` set.
@@ -73,12 +86,12 @@ class OptimizerAdapter {
   torch::optim::Optimizer& optimizer() const { return *opt_; }
   // The optimizer's parameters, in group order.
   std::vector<at::Tensor> params() const;
-  // Its state tensors, named "<prefix>p<j>.<what>", in parameter order.
-  virtual void state_tensors(const std::string& prefix, std::vector<at::Tensor>& ts,
-                             std::vector<std::string>& names) const = 0;
-  // The options a graph depends on (all but the learning rate), named.
+  // Its state tensors, in parameter order, into `sink`.
+  virtual void state_tensors(StateSink& sink) const = 0;
+  // The options a graph depends on (all but the learning rate), named when `names` is
+  // given ("<prefix>group<g>.<option>").
   virtual void guarded_options(const std::string& prefix, std::vector<double>& values,
-                               std::vector<std::string>& names) const = 0;
+                               std::vector<std::string>* names) const = 0;
   // The host scalars its step() computes, in the order they are tried when explaining a
   // captured value (Note [Host scalars of optimizers]).
   virtual std::vector<HostScalar> host_scalars() const = 0;

@@ -251,6 +251,8 @@ std::shared_ptr<torch::autograd::Node> history_tensors(const at::Tensor& input, 
   return fn;
 }
 
+bool is_history_node(const torch::autograd::Node& n) { return dynamic_cast<const HistoryNode*>(&n) != nullptr; }
+
 void release_history(torch::autograd::Node& node) {
   if (HistoryCall* c = call_of(node)) c->release();
 }

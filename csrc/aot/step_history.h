@@ -70,14 +70,17 @@ void attach_history(const std::shared_ptr<HistoryCall>& call, std::vector<at::Te
 // recompute's ops, which read the tensors the history kept. Those differ every call, so
 // they are inputs of the step, gathered from the input's history node each call (after
 // the history's own version checks), not constants. Only a StepHistory node directly
-// behind a step input is gathered that way; a history eager code made stays held, and a
-// step whose backward reads its tensors recaptures every call until it runs eagerly.
+// behind a step input is gathered that way. A step whose backward runs into a history
+// eager code made (its saved tensors would be constants of the graph, different every
+// call) runs eagerly, with the reason.
 //
 // If `input`'s grad_fn is a replayed step's history node that has not run its backward:
 // appends the tensors it keeps to `out` (checking their versions as its backward would)
 // and returns the node; else null.
 std::shared_ptr<torch::autograd::Node> history_tensors(const at::Tensor& input, std::vector<at::Tensor>& out,
                                                        std::vector<std::string>& names);
+// Whether n is a replayed step's history node.
+bool is_history_node(const torch::autograd::Node& n);
 // After a replay that ran that backward in its graph: the node frees what it kept, as its
 // own backward would have (a second backward through it is an error).
 void release_history(torch::autograd::Node& node);

@@ -6,7 +6,8 @@
 #include "capture/hooks.h"
 
 #include <algorithm>
-#include <unordered_map>
+#include <functional>
+#include <optional>
 
 namespace tcap::aot {
 
@@ -19,104 +20,170 @@ cache::CallView StepInputs::view() const {
   return v;
 }
 
-StepInputs gather_step_inputs(const StepParts& parts, const std::vector<at::Tensor>& user) {
+// Note [A structure key without names]
+// compile_step gathers its tensors on every call. The names of the graph's inputs (a
+// parameter's dotted path, "opt0.p3.exp_avg") are needed only to capture and to explain a
+// miss, and building them per call cost 8-12% of a small step; a replay's gather
+// (with_names false) builds none. The structure key guards what the names did, as bytes:
+// the number of user inputs, parameters and buffers, which parameters have a .grad, each
+// optimizer state tensor's parameter and slot, hook counts, what DDP's hooks record, the
+// tensors of earlier steps' histories. Both gathers walk the same tensors in the same
+// order (module parameters through parameters(false) over modules(), the order
+// named_parameters() walks them in), so a call's key and its capture's agree.
+namespace {
+
+void key_int(std::string& key, int64_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof(v)); }
+
+// The parameters (or buffers) of a model in named_parameters(true) order, with their
+// dotted names when asked.
+void module_tensors(const torch::nn::Module& model, bool buffers, std::vector<at::Tensor>& ts,
+                    std::vector<std::string>* names) {
+  if (names) {
+    for (const auto& item : buffers ? model.named_buffers(true) : model.named_parameters(true)) {
+      ts.push_back(item.value());
+      names->push_back(item.key());
+    }
+    return;
+  }
+  for (const auto& m : model.modules(/*include_self=*/true)) {
+    for (auto& t : buffers ? m->buffers(false) : m->parameters(false)) ts.push_back(std::move(t));
+  }
+}
+
+}  // namespace
+
+StepInputs gather_step_inputs(const StepParts& parts, const std::vector<at::Tensor>& user, bool with_names) {
   const auto& models = parts.models;
   const auto& opts = parts.opts;
   StepInputs g;
-  auto add = [&](const at::Tensor& t, std::string name, ir::InputKind kind) {
+  std::string& key = g.structure;
+  auto add = [&](const at::Tensor& t, ir::InputKind kind, const std::function<std::string()>& name) {
     g.ts.push_back(t);
-    g.names.push_back(std::move(name));
     g.kinds.push_back(kind);
+    if (with_names) g.names.push_back(name());
   };
-  for (size_t k = 0; k < user.size(); ++k) add(user[k], "in" + std::to_string(k), ir::InputKind::UserInput);
-  std::unordered_map<const c10::TensorImpl*, size_t> param_at;
+  for (size_t k = 0; k < user.size(); ++k) {
+    add(user[k], ir::InputKind::UserInput, [k] { return "in" + std::to_string(k); });
+  }
+  key_int(key, static_cast<int64_t>(user.size()));
+  // Parameters: the models' (deduplicated), then the optimizers' that no model has.
+  std::vector<std::pair<const c10::TensorImpl*, size_t>> index;  // sorted: parameter -> position
+  auto find = [&](const at::Tensor& t) -> std::optional<size_t> {
+    const std::pair<const c10::TensorImpl*, size_t> probe{t.unsafeGetTensorImpl(), 0};
+    auto it = std::lower_bound(index.begin(), index.end(), probe);
+    if (it != index.end() && it->first == t.unsafeGetTensorImpl()) return it->second;
+    return std::nullopt;
+  };
   for (size_t m = 0; m < models.size(); ++m) {
-    const std::string prefix = models.size() > 1 ? "m" + std::to_string(m) + "." : "";
-    for (const auto& item : models[m]->named_parameters(true)) {
-      if (!param_at.emplace(item.value().unsafeGetTensorImpl(), g.params.size()).second) continue;
-      g.params.push_back({item.value(), prefix + item.key()});
+    std::vector<at::Tensor> ps;
+    std::vector<std::string> pn;
+    module_tensors(*models[m], /*buffers=*/false, ps, with_names ? &pn : nullptr);
+    const std::string prefix = with_names && models.size() > 1 ? "m" + std::to_string(m) + "." : "";
+    for (size_t j = 0; j < ps.size(); ++j) {
+      if (find(ps[j])) continue;  // tied weights: once
+      const std::pair<const c10::TensorImpl*, size_t> entry{ps[j].unsafeGetTensorImpl(), g.params.size()};
+      index.insert(std::upper_bound(index.begin(), index.end(), entry), entry);
+      g.params.push_back({ps[j], with_names ? prefix + pn[j] : std::string()});
     }
   }
+  const size_t model_params = g.params.size();
   for (size_t o = 0; o < opts.size(); ++o) {
     const auto ps = opts[o]->params();
     for (size_t j = 0; j < ps.size(); ++j) {
-      auto [it, fresh] = param_at.emplace(ps[j].unsafeGetTensorImpl(), g.params.size());
-      if (fresh) g.params.push_back({ps[j], "opt" + std::to_string(o) + ".p" + std::to_string(j)});
-      StepParam& p = g.params[it->second];
+      std::optional<size_t> at = find(ps[j]);
+      for (size_t q = model_params; !at && q < g.params.size(); ++q) {
+        if (g.params[q].tensor.is_same(ps[j])) at = q;
+      }
+      if (!at) {
+        at = g.params.size();
+        g.params.push_back({ps[j], with_names ? "opt" + std::to_string(o) + ".p" + std::to_string(j) : std::string()});
+      }
+      StepParam& p = g.params[*at];
       if (p.opt < 0) {
         p.opt = static_cast<int>(o);
         p.index = j;
       }
     }
   }
+  key_int(key, static_cast<int64_t>(g.params.size()));
   for (const auto& p : g.params) {
     g.param_input.push_back(static_cast<int>(g.ts.size()));
-    add(p.tensor, p.name, ir::InputKind::Parameter);
+    add(p.tensor, ir::InputKind::Parameter, [&p] { return p.name; });
   }
   for (size_t m = 0; m < models.size(); ++m) {
-    const std::string prefix = models.size() > 1 ? "m" + std::to_string(m) + "." : "";
-    for (const auto& item : models[m]->named_buffers(true)) add(item.value(), prefix + item.key(), ir::InputKind::Buffer);
+    std::vector<at::Tensor> bs;
+    std::vector<std::string> bn;
+    module_tensors(*models[m], /*buffers=*/true, bs, with_names ? &bn : nullptr);
+    key_int(key, static_cast<int64_t>(bs.size()));
+    for (size_t j = 0; j < bs.size(); ++j) {
+      add(bs[j], ir::InputKind::Buffer, [&] { return (models.size() > 1 ? "m" + std::to_string(m) + "." : "") + bn[j]; });
+    }
   }
   for (const auto& p : g.params) {
     const at::Tensor& gr = p.tensor.grad();
     g.grad_input.push_back(gr.defined() ? static_cast<int>(g.ts.size()) : -1);
-    if (gr.defined()) add(gr, p.name + ".grad", ir::InputKind::Buffer);
+    key.push_back(gr.defined() ? 'g' : '-');
+    if (gr.defined()) add(gr, ir::InputKind::Buffer, [&p] { return p.name + ".grad"; });
   }
   for (size_t o = 0; o < opts.size(); ++o) {
     std::vector<at::Tensor> st;
     std::vector<std::string> sn;
-    opts[o]->state_tensors("opt" + std::to_string(o) + ".", st, sn);
+    StateSink sink{st, with_names ? &sn : nullptr, with_names ? "opt" + std::to_string(o) + "." : "", &key};
+    key.push_back('s');
+    opts[o]->state_tensors(sink);
     for (size_t k = 0; k < st.size(); ++k) {
       g.state_input.push_back(g.ts.size());
-      add(st[k], sn[k], ir::InputKind::Buffer);
+      add(st[k], ir::InputKind::Buffer, [&] { return sn[k]; });
     }
   }
   // Note [Backpropagating into an earlier step's outputs]
-  std::string aliased;
   for (size_t k = 0; k < user.size(); ++k) {
     std::vector<at::Tensor> hts;
     std::vector<std::string> hnames;
     auto node = history_tensors(user[k], hts, hnames);
     if (!node) continue;
     g.histories.push_back(std::move(node));
+    key.push_back('h');
+    key_int(key, static_cast<int64_t>(k));
     for (size_t j = 0; j < hts.size(); ++j) {
-      const std::string name = "in" + std::to_string(k) + ".history." + hnames[j];
       auto same = std::find_if(g.ts.begin(), g.ts.end(), [&](const at::Tensor& t) { return t.is_same(hts[j]); });
-      if (same != g.ts.end()) {
-        aliased += name + "=" + std::to_string(same - g.ts.begin()) + ";";
-      } else {
-        add(hts[j], name, ir::InputKind::UserInput);
+      key_int(key, same != g.ts.end() ? same - g.ts.begin() : -1);  // the tensor another input is, or a new one
+      if (same == g.ts.end()) {
+        add(hts[j], ir::InputKind::UserInput, [&] { return "in" + std::to_string(k) + ".history." + hnames[j]; });
       }
     }
   }
   for (const auto& m : parts.submodules) g.flags.push_back(m->is_training());
   for (size_t o = 0; o < opts.size(); ++o) {
-    const std::string prefix = "opt" + std::to_string(o) + ".";
-    opts[o]->guarded_options(prefix, g.scalars, g.scalar_names);
+    const std::string prefix = with_names ? "opt" + std::to_string(o) + "." : "";
+    opts[o]->guarded_options(prefix, g.scalars, with_names ? &g.scalar_names : nullptr);
     g.scalar_is_lr.resize(g.scalars.size(), false);
     const size_t n = opts[o]->params().size();
     for (size_t j = 0; j < n; ++j) {
       g.scalars.push_back(opts[o]->host_state(j).lr);
-      g.scalar_names.push_back(prefix + "p" + std::to_string(j) + ".lr");
+      if (with_names) g.scalar_names.push_back(prefix + "p" + std::to_string(j) + ".lr");
       g.scalar_is_lr.push_back(true);
     }
   }
   for (size_t k = 0; k < g.ts.size(); ++k) {
     if (g.kinds[k] != ir::InputKind::UserInput && g.kinds[k] != ir::InputKind::Parameter) continue;
     const size_t hooks = capture::leaf_tensor_hooks(g.ts[k]).size();
-    if (hooks > 0) g.hooked.emplace_back(k, hooks);
-  }
-  for (size_t k = 0, h = 0; k < g.names.size(); ++k) {
-    g.structure += g.names[k];
-    if (h < g.hooked.size() && g.hooked[h].first == k) g.structure += "#hooks" + std::to_string(g.hooked[h++].second);
+    if (hooks > 0) {
+      g.hooked.emplace_back(k, hooks);
+      key.push_back('k');
+      key_int(key, static_cast<int64_t>(k));
+      key_int(key, static_cast<int64_t>(hooks));
+    }
     // What a recorded post-accumulate-grad hook records (Note [Recorded post-accumulate-grad
     // hooks]): DDP inside and outside no_sync() are different graphs.
     if (g.kinds[k] == ir::InputKind::Parameter) {
-      if (const auto* hook = capture::recorded_grad_hook(g.ts[k])) g.structure += "#acc" + std::to_string(hook->record_key());
+      if (const auto* hook = capture::recorded_grad_hook(g.ts[k])) {
+        key.push_back('a');
+        key_int(key, static_cast<int64_t>(k));
+        key_int(key, static_cast<int64_t>(hook->record_key()));
+      }
     }
-    g.structure += ";";
   }
-  g.structure += aliased;
   return g;
 }
 

@@ -32,18 +32,18 @@ struct StepParam {
 // The inputs of one call.
 struct StepInputs {
   std::vector<at::Tensor> ts;
-  std::vector<std::string> names;
+  std::vector<std::string> names;  // with_names only
   std::vector<ir::InputKind> kinds;
   std::vector<StepParam> params;
   std::vector<int> grad_input;   // per parameter: index of its .grad input, or -1
   std::vector<int> param_input;  // per parameter: index of the parameter input
   std::vector<bool> flags;       // per submodule: is_training()
   std::vector<double> scalars;
-  std::vector<std::string> scalar_names;
+  std::vector<std::string> scalar_names;  // with_names only
   std::vector<bool> scalar_is_lr;
   std::vector<size_t> state_input;                // positions of the optimizers' state tensors
   std::vector<std::pair<size_t, size_t>> hooked;  // (tensor, number of leaf hooks) of hooked inputs, parameters
-  std::string structure;                          // the names and hook counts, joined
+  std::string structure;  // the structure key (Note [A structure key without names])
   // The history nodes of earlier replayed steps behind user inputs, whose tensors are
   // inputs too (Note [Backpropagating into an earlier step's outputs]).
   std::vector<std::shared_ptr<torch::autograd::Node>> histories;
@@ -60,7 +60,9 @@ struct StepParts {
   std::vector<const OptimizerAdapter*> opts;
 };
 
-StepInputs gather_step_inputs(const StepParts& parts, const std::vector<at::Tensor>& user);
+// with_names: fill names and scalar_names too (to capture; a replay needs only the
+// structure key, Note [A structure key without names]).
+StepInputs gather_step_inputs(const StepParts& parts, const std::vector<at::Tensor>& user, bool with_names);
 
 // Per optimizer, per parameter: the host state (step counts, learning rates) now.
 std::vector<std::vector<HostState>> host_states(const std::vector<const OptimizerAdapter*>& opts);

@@ -124,7 +124,16 @@ struct CompiledStep::Impl {
 
   std::string who() const { return "step '" + options.name + "'"; }
 
-  aot::StepInputs gather(const std::vector<at::Tensor>& user) const { return aot::gather_step_inputs(parts, user); }
+  // Note [A structure key without names]: a replay gathers without names; a capture with.
+  aot::StepInputs gather(const std::vector<at::Tensor>& user, bool with_names) const {
+    return aot::gather_step_inputs(parts, user, with_names);
+  }
+  aot::StepInputs gather_named(const std::vector<at::Tensor>& user, const aot::StepInputs& unnamed) const {
+    aot::StepInputs g = gather(user, true);
+    TORCH_INTERNAL_ASSERT(g.structure == unnamed.structure && g.ts.size() == unnamed.ts.size(),
+                          "tcap: compile_step's gathers with and without names disagree");
+    return g;
+  }
 
   std::vector<at::Tensor> run_eager(const std::vector<at::Tensor>& user) {
     stats.count(&CompileStats::eager_calls);
@@ -151,7 +160,8 @@ struct CompiledStep::Impl {
   std::vector<at::Tensor> capture(StepEntry& e, const std::vector<at::Tensor>& user, const aot::StepInputs& g);
   void verify_and_compile(StepEntry& e, const ir::Graph& first, const std::vector<std::vector<HostState>>& host1,
                           const aot::StepInputs& g);
-  std::vector<at::Tensor> replay(const StepEntry& e, const aot::StepInputs& g, const std::vector<at::Tensor>& primals);
+  std::vector<at::Tensor> replay(const StepEntry& e, const aot::StepInputs& g, const std::vector<at::Tensor>& primals,
+                                 const std::vector<at::Tensor>& user);
   std::vector<at::Tensor> call(const std::vector<at::Tensor>& user);
   std::shared_ptr<const StepEntry> specialize(const std::shared_ptr<const StepEntry>& e, const std::vector<int64_t>& key);
   void generalize(const StepEntry& a, StepEntry& b);
@@ -162,6 +172,10 @@ std::vector<at::Tensor> CompiledStep::Impl::capture(StepEntry& e, const std::vec
                                                      const aot::StepInputs& g) {
   stats.count(&CompileStats::captures);
   e.host = aot::host_states(parts.opts);
+  // Guards of an entry that goes eager before the end of the capture (no held tensors):
+  // without its alias classes it would miss every later call and recapture each time.
+  e.guards.held.hold({}, {});
+  e.guards.aliases = cache::alias_classes(g.ts);
   CaptureOptions co;
   capture::Session s(co);
   s.set_records_collectives(true);
@@ -194,6 +208,16 @@ std::vector<at::Tensor> CompiledStep::Impl::capture(StepEntry& e, const std::vec
   // of tcap::DistributedDataParallel), as does one in which code noted an effect a replay
   // would not redo.
   if (!s.unreplayable_reason().empty()) return fail(s.unreplayable_reason());
+  // Note [Backpropagating into an earlier step's outputs]
+  for (size_t k = 0; k < user.size(); ++k) {
+    const auto& fn = user[k].defined() ? user[k].grad_fn() : nullptr;
+    if (fn && !aot::is_history_node(*fn) && s.reached_by_backward(fn.get())) {
+      return fail("the step's backward runs into the autograd history of input " + std::to_string(k) + " (" +
+                  fn->name() + "), which eager code made (outside a compiled step, or a step's eager call): its saved "
+                  "tensors would be constants of the graph; compile the step that makes input " + std::to_string(k) +
+                  " too, or both as one step");
+    }
+  }
   for (const auto& m : parts.models) {
     for (const auto& item : m->named_parameters(true)) {
       if (capture::has_post_accumulate_grad_hook(item.value()) && !capture::recorded_grad_hook(item.value())) {
@@ -205,8 +229,10 @@ std::vector<at::Tensor> CompiledStep::Impl::capture(StepEntry& e, const std::vec
   // (the first) runs once, by design: the next one has other guards (the state tensors).
   {
     std::vector<at::Tensor> after;
-    std::vector<std::string> ignored;
-    for (size_t o = 0; o < opts.size(); ++o) opts[o]->state_tensors("", after, ignored);
+    for (size_t o = 0; o < opts.size(); ++o) {
+      aot::StateSink sink{after, nullptr, "", nullptr};
+      opts[o]->state_tensors(sink);
+    }
     if (after.size() > g.state_input.size()) {
       go_eager(e, "this step created optimizer state (a first step); it runs once, eagerly", /*by_design=*/true);
       return outs;
@@ -477,7 +503,9 @@ std::shared_ptr<const StepEntry> CompiledStep::Impl::specialize(const std::share
 }
 
 std::vector<at::Tensor> CompiledStep::Impl::replay(const StepEntry& e, const aot::StepInputs& g,
-                                                   const std::vector<at::Tensor>& primals) {
+                                                   const std::vector<at::Tensor>& primals,
+                                                   const std::vector<at::Tensor>& user) {
+  auto name_of = [&](size_t k) { return gather(user, true).names.at(k); };  // for errors only
   std::vector<double> scalars;
   scalars.reserve(e.patches.size());
   for (const auto& p : e.patches) scalars.push_back(aot::evaluate(p.expr, opts[p.opt]->host_state(p.param)));
@@ -487,21 +515,21 @@ std::vector<at::Tensor> CompiledStep::Impl::replay(const StepEntry& e, const aot
   interp::HookRunner runner = [&](int slot, const std::vector<at::Tensor>& in, const std::vector<at::Tensor>&) {
     const auto [k, i] = e.hook_slots.at(static_cast<size_t>(slot));
     const auto hooks = capture::leaf_tensor_hooks(g.ts[k]);
-    TORCH_CHECK(i < hooks.size(), "tcap: ", who(), ": hook ", i, " of '", g.names[k], "' is gone");
+    TORCH_CHECK(i < hooks.size(), "tcap: ", who(), ": hook ", i, " of '", name_of(k), "' is gone");
     c10::impl::ForceDispatchKeyGuard keys(outer_keys);
     at::AutoGradMode grad_mode(false);
     std::vector<at::Tensor> out;
     try {
       out = (*hooks[i])(in);
     } catch (const c10::Error& err) {
-      TORCH_CHECK(false, "tcap: ", who(), ": a hook of '", g.names[k], "' failed: ", err.what_without_backtrace());
+      TORCH_CHECK(false, "tcap: ", who(), ": a hook of '", name_of(k), "' failed: ", err.what_without_backtrace());
     }
-    TORCH_CHECK(out.size() == in.size(), "tcap: ", who(), ": a hook of '", g.names[k], "' returned ", out.size(),
+    TORCH_CHECK(out.size() == in.size(), "tcap: ", who(), ": a hook of '", name_of(k), "' returned ", out.size(),
                 " gradients for ", in.size());
     for (size_t j = 0; j < out.size(); ++j) {
       if (!out[j].defined() || !in[j].defined()) continue;
       TORCH_CHECK(out[j].sizes() == in[j].sizes() && out[j].scalar_type() == in[j].scalar_type(),
-                  "tcap: ", who(), ": a hook of '", g.names[k], "' changed its gradient from ",
+                  "tcap: ", who(), ": a hook of '", name_of(k), "' changed its gradient from ",
                   ir::dtype_short_name(in[j].scalar_type()), in[j].sizes(), " to ",
                   ir::dtype_short_name(out[j].scalar_type()), out[j].sizes());
     }
@@ -541,7 +569,7 @@ std::vector<at::Tensor> CompiledStep::Impl::call(const std::vector<at::Tensor>& 
   if (stance() == Stance::ForceEager || cache->fell_back()) return run_eager(user);
   // One call at a time: a step updates shared state (parameters, optimizer state, entries).
   std::lock_guard<std::mutex> serial(call_mutex);
-  const aot::StepInputs g = gather(user);
+  const aot::StepInputs g = gather(user, /*with_names=*/false);
   const cache::CallView view = g.view();
   cache::Lookup l;
   for (size_t start = 0;;) {
@@ -569,7 +597,7 @@ std::vector<at::Tensor> CompiledStep::Impl::call(const std::vector<at::Tensor>& 
           return run_eager(user);
         }
         try {
-          return replay(*specialize(e, found.key), g, found.primals);
+          return replay(*specialize(e, found.key), g, found.primals, user);
         } catch (const HostValueChanged& err) {
           // An inline host-value guard failed before the replay wrote anything.
           cache::EntryCache::note_replay_miss(l, found.hit, err.what_without_backtrace());
@@ -582,8 +610,9 @@ std::vector<at::Tensor> CompiledStep::Impl::call(const std::vector<at::Tensor>& 
       case StepEntry::State::Candidate: {
         ir::Graph first = e->graph;
         auto host1 = e->host;
-        auto outs = capture(*e, user, g);
-        if (e->state == StepEntry::State::Candidate) verify_and_compile(*e, first, host1, g);
+        const aot::StepInputs named = gather_named(user, g);
+        auto outs = capture(*e, user, named);
+        if (e->state == StepEntry::State::Candidate) verify_and_compile(*e, first, host1, named);
         return outs;
       }
     }
@@ -600,17 +629,18 @@ std::vector<at::Tensor> CompiledStep::Impl::call(const std::vector<at::Tensor>& 
   if (cache->admit(l, note) == cache::Admission::RunEager) return run_eager(user);
   if (cache->size() > 0) stats.count(&CompileStats::recompiles);
   auto e = std::make_shared<StepEntry>();
-  e->guards.capture_call(view, g.names, {});
+  const aot::StepInputs named = gather_named(user, g);
+  e->guards.capture_call(named.view(), named.names, {});
   e->guards.flag_names = flag_names;
-  e->guards.scalar_names = g.scalar_names;
+  e->guards.scalar_names = named.scalar_names;
   // The learning rate is not a guard of a candidate: a schedule changes it every step, and
   // verification decides whether the compiled graph takes it as an input.
-  e->guards.scalar_is_input = g.scalar_is_lr;
+  e->guards.scalar_is_input = named.scalar_is_lr;
   if (l.size_miss_of && std::static_pointer_cast<StepEntry>(l.size_miss_of)->state == StepEntry::State::Compiled) {
     e->size_miss_of = l.size_miss_of;
     e->changed = l.changed;
   }
-  auto outs = capture(*e, user, g);
+  auto outs = capture(*e, user, named);
   cache->add(e);
   return outs;
 }

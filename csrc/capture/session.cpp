@@ -335,12 +335,14 @@ void Session::note_backward_roots(const torch::autograd::edge_list& roots, bool 
   for (const auto& e : roots) {
     if (!e.function) continue;
     backward_roots_.push_back(e.function);
-    if (!keep_graph) todo.push_back(e.function.get());
+    todo.push_back(e.function.get());
   }
   while (!todo.empty()) {
     const torch::autograd::Node* n = todo.back();
     todo.pop_back();
-    if (!reached_.insert(n).second) continue;
+    const bool fresh = reached_any_.insert(n).second;
+    const bool used_up = !keep_graph && reached_.insert(n).second;
+    if (!fresh && !used_up) continue;
     for (const auto& e : n->next_edges()) {
       if (e.function) todo.push_back(e.function.get());
     }

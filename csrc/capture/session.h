@@ -123,6 +123,8 @@ class Session {
   // Whether a backward made while recording without retain_graph reached autograd node n:
   // its saved tensors are freed, so no later backward can run through it, in eager either.
   bool used_up_by_backward(const torch::autograd::Node* n) const { return reached_.count(n) > 0; }
+  // Whether any backward made while recording reached autograd node n.
+  bool reached_by_backward(const torch::autograd::Node* n) const { return reached_any_.count(n) > 0; }
   // Code that ran with the recording key off did something a replay would not redo (a
   // collective: DistributedDataParallel's buffer broadcast). The first reason is kept;
   // tcap::compile and compile_step refuse such a capture with it.
@@ -214,7 +216,8 @@ class Session {
   int tangents_ = 0;
   NodeLabeler node_labeler_;
   std::vector<std::shared_ptr<torch::autograd::Node>> backward_roots_;
-  std::unordered_set<const torch::autograd::Node*> reached_;
+  std::unordered_set<const torch::autograd::Node*> reached_;      // without retain_graph
+  std::unordered_set<const torch::autograd::Node*> reached_any_;
 };
 
 }  // namespace tcap::capture
