@@ -6,7 +6,6 @@
 #include "capture/hooks.h"
 
 #include <algorithm>
-#include <functional>
 #include <optional>
 
 namespace tcap::aot {
@@ -57,7 +56,7 @@ StepInputs gather_step_inputs(const StepParts& parts, const std::vector<at::Tens
   const auto& opts = parts.opts;
   StepInputs g;
   std::string& key = g.structure;
-  auto add = [&](const at::Tensor& t, ir::InputKind kind, const std::function<std::string()>& name) {
+  auto add = [&](const at::Tensor& t, ir::InputKind kind, auto&& name) {  // name(): called with names only
     g.ts.push_back(t);
     g.kinds.push_back(kind);
     if (with_names) g.names.push_back(name());
