@@ -91,6 +91,30 @@ TEST(Autograd, DoubleBackwardRecomputes) {
   EXPECT_GE(f->stats().backward_fallbacks, 1);
 }
 
+// A double backward recomputes the region's forward through autograd; BatchNorm's
+// running statistics, which native_batch_norm writes without its schema saying so, must
+// be updated once per forward, as in eager (Note [Writes a schema does not show]).
+TEST(Autograd, DoubleBackwardThroughBatchNormUpdatesRunningStatsOnce) {
+  torch::manual_seed(3);
+  torch::nn::BatchNorm1d bn(4), twin(4);
+  auto f = tcap::compile(bn);
+  for (int i = 0; i < 4; ++i) {
+    auto x = torch::randn({8, 4}, torch::requires_grad());
+    auto xt = x.detach().clone().requires_grad_(true);
+    auto y = f->forward(x).pow(2).sum();
+    auto yt = twin->forward(xt).pow(2).sum();
+    if (i == 0) y.backward({}, /*retain_graph=*/true);  // a plain backward completes the capture
+    if (i == 0) yt.backward({}, /*retain_graph=*/true);
+    auto g = torch::autograd::grad({y}, {x}, {}, /*retain_graph=*/true, /*create_graph=*/true)[0];
+    auto gt = torch::autograd::grad({yt}, {xt}, {}, /*retain_graph=*/true, /*create_graph=*/true)[0];
+    EXPECT_TRUE(close(g, gt, 1e-4, 1e-5)) << "call " << i;
+    EXPECT_TRUE(close(bn->running_mean, twin->running_mean, 1e-5, 1e-6)) << "running_mean, call " << i;
+    EXPECT_TRUE(close(bn->running_var, twin->running_var, 1e-5, 1e-6)) << "running_var, call " << i;
+  }
+  EXPECT_GE(f->stats().replays, 1);
+  EXPECT_GE(f->stats().backward_fallbacks, 1);
+}
+
 TEST(Autograd, LayerCalledTwicePerStep) {
   torch::manual_seed(0);
   torch::nn::Linear lin(4, 4);
