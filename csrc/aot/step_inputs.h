@@ -2,8 +2,9 @@
 // train_step.cpp): the tensors of a call in the order its graph's inputs take them (user
 // inputs, parameters, buffers, defined .grads, optimizer state), the host values guarded
 // with them (module training flags, optimizer options and learning rates) and the
-// structure string that names which tensors are there (a parameter whose .grad appears, a
-// hook registered on a parameter: a different structure, so another cache entry).
+// structure key that says which tensors are there (a parameter whose .grad appears, a
+// hook registered on a parameter: a different structure, so another cache entry); their
+// names only when asked (Note [A structure key without names]).
 #pragma once
 
 #include "aot/optimizers.h"
