@@ -121,7 +121,6 @@ const at::Tensor& param_at(torch::optim::Optimizer& opt, size_t j) {
   TORCH_CHECK(false, "tcap: parameter ", j, " is not in the optimizer");
 }
 
-
 class SgdAdapter : public OptimizerAdapter {
  public:
   explicit SgdAdapter(torch::optim::SGD& o) : OptimizerAdapter(o) {}

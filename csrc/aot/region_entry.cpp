@@ -1,6 +1,7 @@
 #include "aot/region_entry.h"
 
 #include "aot/pipeline.h"
+#include "ir/op_facts.h"
 #include "passes/host_graph.h"
 #include "support/logging.h"
 
@@ -93,6 +94,12 @@ bool compile_region(RegionEntry& e, JointGraph joint, bool has_backward, const s
                 jg.node(inputs[j]).name, "', which requires grad (replay cannot rebase its autograd history)");
   }
   const auto& fw = e.part.forward;
+  e.recompute_clones = e.mutated_primals;
+  for (size_t j : ir::hidden_written_inputs(fw)) {
+    if (std::find(e.recompute_clones.begin(), e.recompute_clones.end(), j) == e.recompute_clones.end()) {
+      e.recompute_clones.push_back(j);
+    }
+  }
   e.has_rng = std::any_of(fw.nodes().begin(), fw.nodes().end(), [](const ir::Node& n) { return n.draws_random_numbers(); });
   if (inline_checks) e.guards.host.set_inline(fw);
   else if (reads) e.guards.host.build_precheck(fw);

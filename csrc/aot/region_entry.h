@@ -39,6 +39,9 @@ struct RegionEntry : cache::Entry {
   std::vector<bool> output_differentiable;  // per user output
   std::vector<bool> tangent_present;        // per user output: it had a gradient at capture
   std::vector<size_t> mutated_primals;      // primals the forward writes in place
+  // Primals a recompute of the forward must run on copies of: mutated_primals and those a
+  // node writes without its schema saying so (Note [Writes a schema does not show]).
+  std::vector<size_t> recompute_clones;
   bool has_rng = false;
   double compile_ms = 0;
   // Host reads of the joint graph that are observations, not guards (Note [Observed host

@@ -11,7 +11,6 @@
 #include "aot/replay_function.h"
 
 #include "aot/replay_node.h"
-#include "ir/op_facts.h"
 #include "support/logging.h"
 
 #include <tcap/interpreter.h>
@@ -146,7 +145,7 @@ variable_list recompute_backward(const Entry& e, const std::vector<at::Tensor>& 
     }
   } restore{current};
   variable_list result =
-      recompute_gradients(e.part.forward, e.mutated_primals, primals, grads, e.part.num_user_outputs, create_graph);
+      recompute_gradients(e.part.forward, e.recompute_clones, primals, grads, e.part.num_user_outputs, create_graph);
   result.emplace_back();  // the entry argument's
   return result;
 }
@@ -264,21 +263,16 @@ struct ReplayFunction : torch::autograd::Function<ReplayFunction> {
 
 }  // namespace
 
-variable_list recompute_gradients(const ir::Graph& forward, const std::vector<size_t>& mutated,
+variable_list recompute_gradients(const ir::Graph& forward, const std::vector<size_t>& written,
                                   const std::vector<at::Tensor>& primals, const variable_list& grads, size_t num_outputs,
                                   bool create_graph) {
   at::AutoGradMode grad_on(true);
   std::vector<at::Tensor> args;
   std::vector<at::Tensor> diff_args;
   std::vector<size_t> diff_index;
-  const std::vector<size_t> hidden = ir::hidden_written_inputs(forward);  // Note [Writes a schema does not show]
-  auto written = [&](size_t j) {
-    return std::find(mutated.begin(), mutated.end(), j) != mutated.end() ||
-           std::find(hidden.begin(), hidden.end(), j) != hidden.end();
-  };
   for (size_t j = 0; j < primals.size(); ++j) {
     at::Tensor t = primals[j];
-    if (written(j)) t = t.detach().clone();
+    if (std::find(written.begin(), written.end(), j) != written.end()) t = t.detach().clone();
     if (t.requires_grad()) {
       at::Tensor a = create_graph ? t.view_as(t) : t.detach().requires_grad_(true);
       diff_args.push_back(a);

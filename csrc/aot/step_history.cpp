@@ -5,7 +5,6 @@
 
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/custom_function.h>
-#include <torch/csrc/autograd/functions/basic_ops.h>
 #include <torch/custom_class.h>
 
 #include <algorithm>
@@ -237,7 +236,7 @@ HistoryCall* call_of(torch::autograd::Node& node) {
 }  // namespace
 
 std::shared_ptr<torch::autograd::Node> history_tensors(const at::Tensor& input, std::vector<at::Tensor>& out,
-                                                       std::vector<std::string>& names) {
+                                                       std::vector<std::string>* names) {
   if (!input.defined() || !input.requires_grad()) return nullptr;
   auto fn = input.grad_fn();
   if (!fn) return nullptr;
@@ -246,7 +245,7 @@ std::shared_ptr<torch::autograd::Node> history_tensors(const at::Tensor& input, 
   c->check();
   for (size_t j = 0; j < c->primals.size(); ++j) {
     out.push_back(c->primals[j]);
-    names.push_back(c->slice->graph.node(c->slice->graph.input_nodes().at(j)).name);
+    if (names) names->push_back(c->slice->graph.node(c->slice->graph.input_nodes().at(j)).name);
   }
   return fn;
 }

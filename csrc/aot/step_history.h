@@ -75,10 +75,10 @@ void attach_history(const std::shared_ptr<HistoryCall>& call, std::vector<at::Te
 // call) runs eagerly, with the reason.
 //
 // If `input`'s grad_fn is a replayed step's history node that has not run its backward:
-// appends the tensors it keeps to `out` (checking their versions as its backward would)
-// and returns the node; else null.
+// appends the tensors it keeps to `out` (checking their versions as its backward would),
+// and their names to `names` when given, and returns the node; else null.
 std::shared_ptr<torch::autograd::Node> history_tensors(const at::Tensor& input, std::vector<at::Tensor>& out,
-                                                       std::vector<std::string>& names);
+                                                       std::vector<std::string>* names);
 // Whether n is a replayed step's history node.
 bool is_history_node(const torch::autograd::Node& n);
 // After a replay that ran that backward in its graph: the node frees what it kept, as its

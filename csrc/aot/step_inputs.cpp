@@ -139,7 +139,7 @@ StepInputs gather_step_inputs(const StepParts& parts, const std::vector<at::Tens
   for (size_t k = 0; k < user.size(); ++k) {
     std::vector<at::Tensor> hts;
     std::vector<std::string> hnames;
-    auto node = history_tensors(user[k], hts, hnames);
+    auto node = history_tensors(user[k], hts, with_names ? &hnames : nullptr);
     if (!node) continue;
     g.histories.push_back(std::move(node));
     key.push_back('h');

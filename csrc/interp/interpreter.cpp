@@ -158,6 +158,7 @@ void check_trusted_arguments(const ir::Node& n, const torch::jit::Stack& stack) 
 Interpreter::Interpreter(const ir::Graph& graph, bool differentiable)
     : graph_(graph), differentiable_(differentiable) {
   ops_.resize(graph.nodes().size());
+  schemas_.resize(graph.nodes().size(), nullptr);
   for (const auto& n : graph.nodes()) {
     if (n.kind != ir::NodeKind::Call) continue;
     auto op = c10::Dispatcher::singleton().findSchema({n.op, n.overload});
@@ -172,7 +173,6 @@ Interpreter::Interpreter(const ir::Graph& graph, bool differentiable)
       }
     }
     ops_[static_cast<size_t>(n.id)] = *op;
-    schemas_.resize(graph.nodes().size(), nullptr);
     schemas_[static_cast<size_t>(n.id)] = &ops_[static_cast<size_t>(n.id)]->schema();
     if (trusts_its_arguments(n)) {
       trusting_.resize(graph.nodes().size(), 0);
@@ -193,10 +193,6 @@ Interpreter::Interpreter(const ir::Graph& graph, bool differentiable)
                                        e.what_without_backtrace(),
                                    kMaxErrorBytes, /*keep_lines=*/true));
   }
-  // Values are freed after their last reader; an alias (a view, a newer version) holds
-  // its own reference to the tensor, so only this value's slot goes. Outputs stay. A value
-  // nobody reads (an input only a fallback would need, an op's unused result such as
-  // layer norm's mean) goes right after the node that made it, not at the end of the run.
   // Note [Prepared argument stacks]
   // A run used to build every argument of every node as an IValue per call: an int list
   // (a view's sizes) allocated a c10::List, a Device parsed its string, a wrapped scalar
@@ -215,6 +211,10 @@ Interpreter::Interpreter(const ir::Graph& graph, bool differentiable)
   }
   input_nodes_ = graph_.input_nodes();
   output_values_ = graph_.output_values();
+  // Values are freed after their last reader; an alias (a view, a newer version) holds
+  // its own reference to the tensor, so only this value's slot goes. Outputs stay. A value
+  // nobody reads (an input only a fallback would need, an op's unused result such as
+  // layer norm's mean) goes right after the node that made it, not at the end of the run.
   last_uses_.assign(graph.nodes().size(), {});
   const std::vector<ir::NodeId> last = graph.last_readers();
   for (size_t v = 0; v < last.size(); ++v) {
