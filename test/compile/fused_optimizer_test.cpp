@@ -12,6 +12,7 @@
 #include <tcap/stance.h>
 #include <tcap/train_step.h>
 
+#include "support/backends.h"
 #include "support/compare.h"
 #include "support/log_capture.h"
 #include "support/modules.h"
@@ -111,6 +112,7 @@ Trained train(nn::Sequential& model, nn::Sequential& twin, Opt& opt, Opt& opt_tw
 template <class Opt, class Options>
 void fused_matches_eager(Options options, const std::string& fused_op, const std::string& what,
                          const std::string& backend = "eager") {
+  TCAP_SKIP_WITHOUT_BACKEND(backend);
   torch::manual_seed(11);
   auto model = mlp(), twin = mlp();
   copy_params(*model, *twin);

@@ -8,8 +8,8 @@
 #include <tcap/stance.h>
 #include <tcap/train_step.h>
 
-#include "codegen/cpu_llvm/cpu_llvm.h"
 #include "runtime/fused_kernel.h"
+#include "support/backends.h"
 #include "support/compare.h"
 #include "support/log_capture.h"
 #include "support/modules.h"
@@ -93,7 +93,7 @@ TEST(TrainStepOptim, LbfgsRunsEagerlyWithAReason) {
 // The learning rate changes every step (a warm-up schedule): no recompile.
 TEST(TrainStepOptim, LearningRateScheduleIsAnInput) {
   for (const std::string backend : {"eager", "llvm"}) {
-  if (backend == "llvm" && !tcap::codegen::cpu_llvm::cpu_llvm_available()) continue;
+  if (!tcap::testing::backend_built(backend, nullptr)) continue;
   SCOPED_TRACE("backend " + backend);
   for (int adam = 0; adam < 2; ++adam) {
     torch::manual_seed(2);

@@ -1,5 +1,6 @@
 #include "programs/harness.h"
 
+#include "support/backends.h"
 #include "support/compare.h"
 
 #include <ATen/Parallel.h>
@@ -226,6 +227,7 @@ RunResult run_program(const ProgramFactory& make, const ModeSpec& spec, int step
 }
 
 void check_program(const ProgramFactory& make, const ModeSpec& spec, int steps, Tolerance tol) {
+  TCAP_SKIP_WITHOUT_BACKEND(spec.backend);
   const auto eager = run_program(make, ModeSpec{}, steps);
   const auto run = run_program(make, spec, steps);
   const std::string what = make()->name() + " " + spec.name();
