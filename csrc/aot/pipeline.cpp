@@ -76,10 +76,11 @@ Executable interpreter_executable(const ir::Graph& g, const std::string& what, b
   interp->keep_values(false);
   interp->check_host_values(check_host_values);
   auto mu = std::make_shared<std::mutex>();
-  return [interp, mu, name = profiler_name(what)](std::vector<at::Tensor> in) {
+  auto plan = std::make_shared<runtime::MemoryPlan>(what);
+  return [interp, mu, plan, name = profiler_name(what)](std::vector<at::Tensor> in) {
     RECORD_USER_SCOPE(std::string_view(name));  // Note [Profiler names]
     std::lock_guard<std::mutex> lock(*mu);
-    runtime::PoolScope pool;  // Note [CPU buffer pool]
+    runtime::PoolScope pool(plan.get());  // Note [CPU buffer pool], Note [Memory plans]
     return interp->run(std::move(in));
   };
 }
@@ -328,13 +329,14 @@ ScalarExecutable compile_graph_with_scalars(const ir::Graph& g, const std::vecto
   interp->keep_values(false);
   interp->check_host_values(check_host_values);
   auto mu = std::make_shared<std::mutex>();
-  return [interp, mu, at, owner = kernel_owner(std::move(kernels)), name = profiler_name(what)](
+  auto plan = std::make_shared<runtime::MemoryPlan>(what);
+  return [interp, mu, at, plan, owner = kernel_owner(std::move(kernels)), name = profiler_name(what)](
              std::vector<at::Tensor> in, const std::vector<double>& scalars, std::vector<c10::IValue>* host_values) {
     RECORD_USER_SCOPE(std::string_view(name));  // Note [Profiler names]
     TORCH_CHECK(scalars.size() == at.size(), "tcap: ", at.size(), " scalars expected, got ", scalars.size());
     std::lock_guard<std::mutex> lock(*mu);
     for (size_t k = 0; k < at.size(); ++k) interp->set_scalar_arg(at[k].first, at[k].second, scalars[k]);
-    runtime::PoolScope pool;  // Note [CPU buffer pool]
+    runtime::PoolScope pool(plan.get());  // Note [CPU buffer pool], Note [Memory plans]
     auto outs = interp->run(std::move(in));
     if (host_values) *host_values = interp->host_values();
     return outs;

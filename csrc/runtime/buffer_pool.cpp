@@ -6,7 +6,10 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <set>
 #include <unordered_map>
@@ -39,6 +42,58 @@ struct BySize {
   }
 };
 
+// Note [Memory plans]: where each allocation index of a run goes. Made once per
+// recording, shared by the plan and the arenas made from it (immutable).
+struct Layout {
+  struct Slot {
+    size_t offset = 0;
+    size_t size = 0;                // rounded up to kPlanAlign
+    bool planned = false;  // false: it escaped when recorded (an output, a saved tensor)
+  };
+  std::vector<Slot> slots;  // by allocation index within a run
+  int64_t planned = 0;
+  size_t bytes = 0;
+};
+
+// One block from the replaced allocator that a layout's pieces are handed out of.
+struct Arena {
+  struct Piece {
+    size_t offset = 0;
+    size_t end = 0;
+  };
+  char* base = nullptr;  // null while a lent arena is idle
+  // Lent: the bytes are a pool block, taken at the start of each run and given back at its
+  // end (an arena of kMinPooledBytes or more); else its own block, held for good.
+  bool lent = false;
+  std::shared_ptr<const Layout> layout;
+  std::vector<Piece> live;  // pieces in use, by offset (they never overlap); p.mu guards it
+  std::atomic<int64_t> live_count{0};  // live.size(), read without the lock
+  bool detached = false;  // its plan has moved on (or died): freed when live_count is 0
+
+  // The first live piece at or above `offset`.
+  std::vector<Piece>::iterator at_or_above(size_t offset) {
+    return std::lower_bound(live.begin(), live.end(), offset, [](const Piece& q, size_t o) { return q.offset < o; });
+  }
+  // Whether [offset, end) is free of live pieces.
+  bool free(size_t offset, size_t end) {
+    auto it = at_or_above(offset);
+    if (it != live.end() && it->offset < end) return false;
+    return it == live.begin() || (it - 1)->end <= offset;
+  }
+};
+
+// A recording run's allocations (p.mu guards it: frees may come from any thread).
+struct Recording {
+  struct Alloc {
+    size_t size = 0;
+    int64_t made = 0;
+    int64_t freed = -1;  // -1: still alive
+  };
+  std::vector<Alloc> allocs;
+  std::unordered_map<const void*, size_t> live;  // data -> index into allocs
+  int64_t clock = 0;
+};
+
 // Plain globals: `release` is a bare function pointer (Note [CPU buffer pool]).
 struct Pool {
   c10::Allocator* base = nullptr;       // the allocator replaced
@@ -52,6 +107,10 @@ struct Pool {
   int64_t live_bytes = 0;
   int64_t hits = 0;
   int64_t misses = 0;
+  std::vector<Arena*> arenas;           // by base address (Note [Memory plans])
+  std::vector<Recording*> recordings;   // recording runs in progress
+  std::atomic<int> recording_count{0};  // recordings.size(), read without the lock
+  MemoryPlanStats totals;               // every plan's counts added up
 };
 
 Pool* g_pool = nullptr;                   // set once, never freed
@@ -86,12 +145,64 @@ Block* coalesce(Pool& p, Block* b) {
   return b;
 }
 
+// The arena holding `data`, or null (p.mu held).
+Arena* arena_of(Pool& p, const void* data) {
+  const char* c = static_cast<const char*>(data);
+  auto it = std::upper_bound(p.arenas.begin(), p.arenas.end(), c,
+                             [](const char* x, const Arena* a) { return x < a->base; });
+  if (it == p.arenas.begin()) return nullptr;
+  Arena* a = *(it - 1);
+  return c < a->base + a->layout->bytes ? a : nullptr;
+}
+
+void unregister(Pool& p, Arena* a) {
+  p.arenas.erase(std::find(p.arenas.begin(), p.arenas.end(), a));
+}
+
+void release(void* data);
+
+// Frees a detached arena once nothing holds it any more: its block goes back to the pool
+// (lent) or to the replaced allocator (p.mu held by `lock`, released here when it frees).
+void free_if_done(Pool& p, Arena* a, std::unique_lock<std::mutex>& lock) {
+  if (!a->detached || a->live_count > 0) return;
+  char* base = a->base;
+  const bool lent = a->lent;
+  if (base != nullptr) unregister(p, a);
+  delete a;
+  if (base == nullptr) return;
+  lock.unlock();
+  if (lent) {
+    release(base);
+  } else {
+    p.base_deleter(base);
+  }
+}
+
 // The deleter of every DataPtr the pool allocator hands out, and its raw deleter.
 void release(void* data) {
   Pool& p = *g_pool;
   auto& bucket = bucket_of(p, data);
-  if (bucket.load(std::memory_order_acquire) > 0) {
+  const bool recording = p.recording_count.load(std::memory_order_acquire) > 0;
+  if (recording || bucket.load(std::memory_order_acquire) > 0) {
     std::unique_lock<std::mutex> lock(p.mu);
+    for (Recording* r : p.recordings) {  // Note [Memory plans]: a recorded allocation dies
+      auto rit = r->live.find(data);
+      if (rit == r->live.end()) continue;
+      r->allocs[rit->second].freed = r->clock++;
+      r->live.erase(rit);
+      break;
+    }
+    if (Arena* a = p.arenas.empty() ? nullptr : arena_of(p, data)) {
+      const size_t offset = static_cast<size_t>(static_cast<char*>(data) - a->base);
+      auto at = a->at_or_above(offset);
+      TORCH_INTERNAL_ASSERT(at != a->live.end() && at->offset == offset,
+                            "tcap buffer pool: a free inside a memory plan's arena matches no live piece");
+      a->live.erase(at);
+      a->live_count.fetch_sub(1, std::memory_order_release);
+      bucket.fetch_sub(1, std::memory_order_release);
+      free_if_done(p, a, lock);
+      return;
+    }
     auto it = p.live.find(data);
     if (it != p.live.end()) {
       Block* b = it->second;
@@ -118,9 +229,28 @@ void release(void* data) {
   p.base_deleter(data);
 }
 
+thread_local MemoryPlan::Impl* tls_plan = nullptr;
+
 class PoolAllocator final : public c10::Allocator {
  public:
   c10::DataPtr allocate(size_t n) override {
+    if (tls_plan != nullptr && tls_depth > 0 && n > 0) return planned(*tls_plan, n);
+    return pooled(n);
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
+
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+
+ private:
+  // Note [Memory plans]: allocation number `next` of a run under a plan.
+  static c10::DataPtr planned(MemoryPlan::Impl& m, size_t n);
+
+ public:
+  // A pooled block inside a PoolScope of this thread, else the replaced allocator's.
+  static c10::DataPtr pooled(size_t n) {
     Pool& p = *g_pool;
     if (tls_depth == 0 || n < kMinPooledBytes) return forward(n);
     const size_t want = (n + kPage - 1) / kPage * kPage;
@@ -152,13 +282,6 @@ class PoolAllocator final : public c10::Allocator {
     return hand_out(p, b);
   }
 
-  c10::DeleterFnPtr raw_deleter() const override { return &release; }
-
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    default_copy_data(dest, src, count);
-  }
-
- private:
   // Registers a piece as in use (p.mu held).
   static c10::DataPtr hand_out(Pool& p, Block* b) {
     b->free = false;
@@ -220,12 +343,305 @@ void install() {
 
 }  // namespace
 
+// Note [Memory plans]
+struct MemoryPlan::Impl {
+  std::string name;
+  std::shared_ptr<const Layout> layout;  // null until the first recording ends
+  Arena* arena = nullptr;                // the arena this plan's runs use
+  std::unique_ptr<Recording> recording;  // while a recording run is on
+  bool replan = true;                    // the next run records
+  size_t next = 0;                       // allocation index within the current run
+  std::atomic<int64_t> runs{0};
+  MemoryPlanStats stats;                 // the rest of the counts (p.mu guards them)
+};
+
+namespace {
+
+constexpr size_t kPlanAlign = 64;  // c10's CPU alignment
+
+bool plans_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("TCAP_MEMORY_PLAN");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+
+// Offsets for the allocations a recording saw freed, greedy by size (largest first, each at
+// the lowest offset where no allocation alive at the same time already lies), as
+// Inductor's and Static Runtime's planners do.
+std::shared_ptr<const Layout> lay_out(const Recording& r) {
+  auto layout = std::make_shared<Layout>();
+  auto& slots = layout->slots;
+  slots.resize(r.allocs.size());
+  std::vector<int32_t> order;
+  for (size_t k = 0; k < r.allocs.size(); ++k) {
+    slots[k].size = (r.allocs[k].size + kPlanAlign - 1) / kPlanAlign * kPlanAlign;
+    if (r.allocs[k].freed >= 0) order.push_back(static_cast<int32_t>(k));
+  }
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return slots[a].size > slots[b].size; });
+  auto alive_together = [&](int32_t a, int32_t b) {
+    const auto& x = r.allocs[static_cast<size_t>(a)];
+    const auto& y = r.allocs[static_cast<size_t>(b)];
+    return x.made < y.freed && y.made < x.freed;
+  };
+  std::vector<int32_t> placed;
+  std::vector<std::pair<size_t, size_t>> busy;  // (offset, end) of placed ones alive together
+  for (int32_t k : order) {
+    busy.clear();
+    for (int32_t j : placed) {
+      if (alive_together(k, j)) busy.emplace_back(slots[j].offset, slots[j].offset + slots[j].size);
+    }
+    std::sort(busy.begin(), busy.end());
+    size_t at = 0;
+    for (const auto& [lo, hi] : busy) {
+      if (at + slots[k].size <= lo) break;
+      at = std::max(at, hi);
+    }
+    slots[k].offset = at;
+    slots[k].planned = true;
+    layout->bytes = std::max(layout->bytes, at + slots[k].size);
+    placed.push_back(k);
+  }
+  layout->planned = static_cast<int64_t>(placed.size());
+  return layout;
+}
+
+c10::DataPtr PoolAllocator::planned(MemoryPlan::Impl& m, size_t n) {
+  Pool& p = *g_pool;
+  const size_t k = m.next++;
+  if (m.recording) {
+    c10::DataPtr d = pooled(n);
+    std::lock_guard<std::mutex> lock(p.mu);
+    Recording& r = *m.recording;
+    if (k == r.allocs.size()) {
+      r.allocs.push_back({n, r.clock++, -1});
+      r.live[d.get()] = k;
+    }
+    return d;
+  }
+  if (m.arena != nullptr) {
+    std::unique_lock<std::mutex> lock(p.mu);
+    Arena& a = *m.arena;
+    const Layout& layout = *a.layout;
+    if (k >= layout.slots.size()) {
+      m.replan = true;  // more allocations than recorded
+    } else if (const auto& slot = layout.slots[k]; slot.planned) {
+      // Its bytes are free unless a piece lives longer than when recorded.
+      if (n <= slot.size && a.free(slot.offset, slot.offset + slot.size)) {
+        a.live.insert(a.at_or_above(slot.offset), Arena::Piece{slot.offset, slot.offset + slot.size});
+        a.live_count.fetch_add(1, std::memory_order_release);
+        ++m.stats.served;
+        ++p.totals.served;
+        char* data = a.base + slot.offset;
+        bucket_of(p, data).fetch_add(1, std::memory_order_release);
+        return {data, data, &release, c10::Device(c10::kCPU)};
+      }
+      ++m.stats.missed;
+      ++p.totals.missed;
+      m.replan = true;  // larger than recorded, or its bytes still in use
+    }
+  }
+  return pooled(n);
+}
+
+// Gives the wholly free segments back to the replaced allocator; free pieces of segments
+// still partly in use stay (they merge back into their segment as its other pieces are
+// freed). Takes p.mu.
+void free_whole_segments(Pool& p) {
+  std::vector<void*> segments;
+  {
+    std::lock_guard<std::mutex> lock(p.mu);
+    for (auto it = p.cached.begin(); it != p.cached.end();) {
+      Block* b = *it;
+      if (!b->whole_segment()) {
+        ++it;
+        continue;
+      }
+      it = p.cached.erase(it);
+      p.cached_bytes -= static_cast<int64_t>(b->size);
+      segments.push_back(b->ptr);
+      delete b;
+    }
+  }
+  for (void* data : segments) p.base_deleter(data);
+}
+
+void register_arena(Pool& p, Arena* a) {
+  p.arenas.insert(std::upper_bound(p.arenas.begin(), p.arenas.end(), a,
+                                   [](const Arena* x, const Arena* y) { return x->base < y->base; }),
+                  a);
+}
+
+// Makes the arena of m's layout (`lock` holds p.mu; released while an allocator runs). A
+// small one gets its own block for good; a large one is lent a pool block per run (borrow).
+void make_arena(Pool& p, MemoryPlan::Impl& m, std::unique_lock<std::mutex>& lock) {
+  auto* a = new Arena();
+  a->layout = m.layout;
+  a->lent = m.layout->bytes >= kMinPooledBytes;
+  m.arena = a;
+  ++m.stats.arenas_made;
+  ++p.totals.arenas_made;
+  if (a->lent) return;
+  lock.unlock();
+  char* base = static_cast<char*>(p.base->allocate(a->layout->bytes).release_context());
+  lock.lock();
+  a->base = base;
+  register_arena(p, a);
+}
+
+// Takes a lent arena's block from the pool for one run (`lock` holds p.mu; released while
+// the pool serves it). In steady state that is a hit on the block the last run gave back.
+void borrow(Pool& p, Arena& a, std::unique_lock<std::mutex>& lock) {
+  lock.unlock();
+  char* base = static_cast<char*>(PoolAllocator::pooled(a.layout->bytes).release_context());
+  lock.lock();
+  a.base = base;
+  register_arena(p, &a);
+}
+
+}  // namespace
+
+MemoryPlan::MemoryPlan(std::string name) : impl_(std::make_unique<Impl>()) {
+  impl_->name = std::move(name);
+  impl_->stats.disabled = !plans_enabled();
+}
+
+MemoryPlan::~MemoryPlan() {
+  Pool* p = g_pool;
+  if (p == nullptr || impl_->arena == nullptr) return;
+  std::unique_lock<std::mutex> lock(p->mu);
+  impl_->arena->detached = true;
+  free_if_done(*p, impl_->arena, lock);
+}
+
+MemoryPlanStats MemoryPlan::stats() const {
+  MemoryPlanStats s;
+  if (g_pool == nullptr) {
+    s = impl_->stats;
+  } else {
+    std::lock_guard<std::mutex> lock(g_pool->mu);
+    s = impl_->stats;
+  }
+  s.runs = impl_->runs.load(std::memory_order_relaxed);
+  return s;
+}
+
+MemoryPlanStats memory_plan_totals() {
+  std::call_once(g_install_once, install);
+  if (g_pool == nullptr) return {};
+  std::lock_guard<std::mutex> lock(g_pool->mu);
+  return g_pool->totals;
+}
+
 PoolScope::PoolScope() {
   std::call_once(g_install_once, install);
   ++tls_depth;
 }
 
-PoolScope::~PoolScope() { --tls_depth; }
+PoolScope::PoolScope(MemoryPlan* plan) : PoolScope() {
+  outer_ = tls_plan;
+  MemoryPlan::Impl* m = plan ? plan->impl_.get() : nullptr;
+  if (m != nullptr && !g_installed.load()) m->stats.disabled = true;
+  if (m == nullptr || m->stats.disabled) {
+    tls_plan = nullptr;  // a graph without a plan: its allocations are not the outer plan's
+    return;
+  }
+  m->next = 0;
+  m->runs.fetch_add(1, std::memory_order_relaxed);
+  // The usual case takes no lock: the arena of the current layout, no piece of it alive
+  // (only this plan's runs, serialized by their executable, hand pieces out of it).
+  const Arena* a = m->arena;
+  const bool ready = !m->replan && (a == nullptr ? m->layout->bytes == 0
+                                                 : !a->lent && a->layout == m->layout && a->live_count.load() == 0);
+  if (!ready && !start_run(*m)) {
+    tls_plan = nullptr;
+    return;
+  }
+  plan_ = m;
+  tls_plan = m;
+}
+
+// A run that records, or that needs a fresh arena, or a plan that gives up; false when it
+// gave up (Note [Memory plans]).
+bool PoolScope::start_run(MemoryPlan::Impl& m) {
+  Pool& p = *g_pool;
+  std::unique_lock<std::mutex> lock(p.mu);
+  auto drop_arena = [&] {
+    if (Arena* old = m.arena) {
+      m.arena = nullptr;
+      old->detached = true;
+      free_if_done(p, old, lock);
+      if (!lock.owns_lock()) lock.lock();
+    }
+  };
+  if (m.replan && m.stats.recordings >= MemoryPlan::kMaxRecordings) {
+    m.stats.disabled = true;
+    drop_arena();
+    lock.unlock();
+    TCAP_LOG(Perf, "memory plan of " << m.name << ": off after " << m.stats.recordings
+                                     << " recordings (its allocations keep changing); the pool serves them");
+    return false;
+  }
+  if (m.replan) {
+    m.recording = std::make_unique<Recording>();
+    p.recordings.push_back(m.recording.get());
+    p.recording_count.fetch_add(1, std::memory_order_release);
+    ++m.stats.recordings;
+    ++p.totals.recordings;
+    return true;
+  }
+  // A fresh arena for the first planned run, a new layout, or when a piece of the old
+  // arena is still alive (it escaped its run).
+  if (m.arena && (m.arena->live_count.load() > 0 || m.arena->layout != m.layout)) drop_arena();
+  if (m.arena == nullptr && m.layout->bytes > 0) make_arena(p, m, lock);
+  if (m.arena != nullptr && m.arena->lent) borrow(p, *m.arena, lock);
+  return true;
+}
+
+PoolScope::~PoolScope() {
+  tls_plan = outer_;
+  --tls_depth;
+  MemoryPlan::Impl* m = plan_;
+  if (m == nullptr) return;
+  Arena* a = m->arena;
+  const bool give_back = a != nullptr && a->lent && a->base != nullptr;
+  if (!m->recording && !give_back && (a == nullptr || a->live_count.load() == 0)) return;
+  Pool& p = *g_pool;
+  std::string line;
+  const bool recorded = m->recording != nullptr;
+  char* block = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(p.mu);
+    if (recorded) {
+      Recording* r = m->recording.get();
+      p.recordings.erase(std::find(p.recordings.begin(), p.recordings.end(), r));
+      p.recording_count.fetch_sub(1, std::memory_order_release);
+      m->layout = lay_out(*r);
+      m->replan = false;
+      m->stats.planned = m->layout->planned;
+      m->stats.escaping = static_cast<int64_t>(r->allocs.size()) - m->stats.planned;
+      m->stats.arena_bytes = static_cast<int64_t>(m->layout->bytes);
+      m->recording.reset();
+      if (log_enabled(LogChannel::Perf)) {
+        line = "memory plan of " + m->name + ": " + std::to_string(m->stats.planned) + " allocations in a " +
+               std::to_string(m->layout->bytes) + "-byte arena, " + std::to_string(m->stats.escaping) +
+               " escape the run (recording " + std::to_string(m->stats.recordings) + ")";
+      }
+    } else if (a != nullptr && a->live_count.load() > 0) {
+      m->replan = true;  // a planned allocation outlived the run: record again
+    } else if (give_back) {
+      unregister(p, a);  // before the pool sees its block again
+      block = a->base;
+      a->base = nullptr;
+    }
+  }
+  if (block != nullptr) release(block);
+  if (!line.empty()) TCAP_LOG(Perf, line);
+  // The pool cached the blocks of the recorded intermediates; the arena takes their place
+  // from the next run on, so they go back rather than sit beside it.
+  if (recorded) free_whole_segments(p);
+}
 
 int64_t set_buffer_pool_cap_for_testing(int64_t bytes) {
   std::call_once(g_install_once, install);
@@ -256,26 +672,7 @@ BufferPoolStats buffer_pool_stats() {
 }
 
 void empty_buffer_pool() {
-  runtime::Pool* p = runtime::g_pool;
-  if (!p) return;
-  // Wholly free segments go back; free pieces of segments still partly in use stay (they
-  // merge back into their segment as its other pieces are freed).
-  std::vector<void*> segments;
-  {
-    std::lock_guard<std::mutex> lock(p->mu);
-    for (auto it = p->cached.begin(); it != p->cached.end();) {
-      runtime::Block* b = *it;
-      if (!b->whole_segment()) {
-        ++it;
-        continue;
-      }
-      it = p->cached.erase(it);
-      p->cached_bytes -= static_cast<int64_t>(b->size);
-      segments.push_back(b->ptr);
-      delete b;
-    }
-  }
-  for (void* data : segments) p->base_deleter(data);
+  if (runtime::g_pool) runtime::free_whole_segments(*runtime::g_pool);
 }
 
 }  // namespace tcap

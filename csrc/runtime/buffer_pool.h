@@ -34,19 +34,92 @@
 #include <tcap/buffer_pool.h>
 
 #include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
 
 namespace tcap::runtime {
 
 constexpr size_t kMinPooledBytes = size_t{64} << 10;
 
+// Note [Memory plans]
+// Static memory planning per graph, as Inductor's and Static Runtime's memory planners do,
+// on top of the pool. A compiled graph's executable owns a MemoryPlan and runs under a
+// PoolScope of it. Its first run records, on the scope's thread, every CPU allocation in
+// order (its size, when it was made and when it was freed). Those freed before the run
+// ends are the graph's intermediates (an ATen op's output, scratch an op allocates, a fused
+// kernel's output): at the end of the run they get offsets in one arena, packed greedily by
+// size so that allocations whose lifetimes overlap never share bytes. The ones still alive
+// at the end escape (outputs, tensors saved for the backward) and are never planned.
+//
+// Later runs hand out allocation k of the run at its offset in the arena: no allocator
+// call, no search of the pool's free blocks, one DataPtr (data == context, the pool's
+// deleter, so raw_allocate works as for pooled blocks; a free finds its arena by address).
+// An arena under kMinPooledBytes is its own block, kept for good. A larger one is lent a
+// pool block for each run and gives it back at the end of the run, so between runs its
+// bytes serve other graphs (a forward's arena and its backward's are not both held for the
+// whole step); in steady state taking it is a hit on the block it gave back. The pool's
+// free blocks that a recording leaves behind go back to the allocator when it ends: the
+// arena takes their place. Nothing depends on the prediction being right:
+//   - a request that is larger than its slot, beyond the recorded count, or whose bytes a
+//     still-live piece of the arena holds (a tensor that lived longer than it did when
+//     recorded) is served by the pool as before, and the next run records again;
+//   - a piece still alive when the run ends (it escaped this time) keeps the arena: the
+//     next run records again and the run after takes a fresh arena; the old one's block is
+//     freed (or given back to the pool) when its last piece dies. No piece is ever handed
+//     out over a live one: every hand-out checks the arena's live pieces;
+//   - smaller requests fit their slots, so an arena sized by the largest sizes seen serves
+//     calls with smaller dynamic sizes without re-planning.
+// A plan that has recorded kMaxRecordings times gives up (logged: its sizes keep
+// changing) and its graph runs on the pool alone. TCAP_MEMORY_PLAN=0 turns plans off.
+// Allocations on other threads (at::parallel_for's workers) are the pool's, as before.
+struct MemoryPlanStats {
+  int64_t runs = 0;           // runs under the plan
+  int64_t recordings = 0;     // runs that recorded (the first, and after a miss)
+  int64_t served = 0;         // allocations handed out from the arena
+  int64_t missed = 0;         // allocations of a planned run served elsewhere
+  int64_t planned = 0;        // planned allocations of the current layout
+  int64_t escaping = 0;       // allocations of the last recording still alive at its end
+  int64_t arena_bytes = 0;    // the current layout's arena
+  int64_t arenas_made = 0;    // arenas allocated (one, unless a piece escaped or sizes grew)
+  bool disabled = false;      // gave up, or TCAP_MEMORY_PLAN=0, or no pool
+};
+
+class MemoryPlan {
+ public:
+  static constexpr int kMaxRecordings = 8;
+  explicit MemoryPlan(std::string name);
+  ~MemoryPlan();
+  MemoryPlan(const MemoryPlan&) = delete;
+  MemoryPlan& operator=(const MemoryPlan&) = delete;
+  MemoryPlanStats stats() const;
+  struct Impl;
+
+ private:
+  friend class PoolScope;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Every plan's counts added up since the process started (recordings, served, missed,
+// arenas_made; the rest zero), for tests and benchmarks.
+MemoryPlanStats memory_plan_totals();
+
 // Pooled allocation on this thread while alive (nests). The first one installs the pool
-// unless TCAP_BUFFER_POOL_MB=0.
+// unless TCAP_BUFFER_POOL_MB=0. With a plan, this thread's allocations until the scope
+// ends follow it (Note [Memory plans]); a nested scope without one keeps the outer plan.
+// One run at a time per plan (the executables hold a mutex around their runs).
 class PoolScope {
  public:
   PoolScope();
+  explicit PoolScope(MemoryPlan* plan);
   ~PoolScope();
   PoolScope(const PoolScope&) = delete;
   PoolScope& operator=(const PoolScope&) = delete;
+
+ private:
+  static bool start_run(MemoryPlan::Impl& m);
+  MemoryPlan::Impl* outer_ = nullptr;
+  MemoryPlan::Impl* plan_ = nullptr;
 };
 
 // Tests: sets the cap (bytes) of cached blocks; returns the previous one.
