@@ -16,6 +16,7 @@
 #include "codegen/cpu_llvm/cpu_llvm.h"
 #include "codegen/cuda/cuda.h"
 #include "fuse/fusion.h"
+#include "passes/fold_transposes.h"
 #include "passes/reuse_buffers.h"
 #include "runtime/buffer_pool.h"
 #include "runtime/fused_kernel.h"
@@ -214,7 +215,12 @@ Executable compile_graph(const ir::Graph& g, const CompileOptions& o, const std:
   } else {
     const Target target = choose_target(o.backend, g, what);
     std::vector<int64_t> kernels;
-    ir::Graph h = g;
+    int folded = 0;
+    ir::Graph h = passes::fold_transposes(g, &folded);
+    if (folded > 0) {
+      stage(h, what, "fold_transposes");
+      TCAP_LOG(Perf, what << ": " << folded << " pairs of transposes that cancel dropped");
+    }
     if (target.kind != Target::Eager) {
       h = stage(fuse_graph(h, what, dump_dir_of(o), target.device, kernel_maker(target), &kernels), what, "fuse");
     }

@@ -5,6 +5,7 @@
 #include <tcap/partition.h>
 
 #include "ir/op_facts.h"
+#include "passes/fold_transposes.h"
 #include "passes/host_graph.h"
 #include "passes/int_patches.h"
 #include "passes/max_flow.h"
@@ -14,6 +15,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/torch.h>
 
+#include <functional>
 #include <sstream>
 
 namespace {
@@ -226,6 +228,77 @@ TEST(ReuseBuffers, RewritesIntoTheInPlaceTwinAndKeepsAliasInfo) {
   auto after = Interpreter(h).run({xt, wt});
   EXPECT_TRUE(tcap::testing::close(before[0], after[0]));
   EXPECT_TRUE(tcap::testing::close(before[1], after[1]));
+}
+
+// t of a value: sizes and strides swapped, a view of it.
+ir::ValueId transpose(Builder& b, ir::ValueId v) {
+  const auto m = b.g.value(v).meta;
+  auto out = b.call("aten::t", "", {ir::Arg::value(v)}, {{m.sizes[1], m.sizes[0]}})[0];
+  b.g.value(out).meta.strides = {m.strides[1], m.strides[0]};
+  b.g.value(out).view_of = v;
+  return out;
+}
+
+TEST(FoldTransposes, DropsAPairOverAFreshTensor) {
+  Builder b;
+  auto x = b.input("x", {4, 8});
+  auto w = b.input("w", {8, 6});
+  auto m = b.call("aten::mm", "", {ir::Arg::value(x), ir::Arg::value(w)}, {{4, 6}})[0];
+  auto back = transpose(b, transpose(b, m));  // as a Linear's weight gradient comes out
+  auto e = b.unary("aten::exp", back);
+  b.g.set_outputs({e, back}, {"e", "grad"}, {ir::OutputKind::User, ir::OutputKind::User});
+  ir::verify(b.g);
+  int folded = 0;
+  auto h = passes::fold_transposes(b.g, &folded);
+  ir::verify(h);
+  EXPECT_EQ(folded, 1) << dump(h);
+  EXPECT_EQ(h.num_calls(), 2u) << dump(h);  // mm, exp
+  for (const auto& n : h.nodes()) EXPECT_NE(n.op, "aten::t") << dump(h);
+  auto xt = torch::randn({4, 8}), wt = torch::randn({8, 6});
+  auto before = Interpreter(b.g).run({xt, wt});
+  auto after = Interpreter(h).run({xt, wt});
+  for (size_t k = 0; k < before.size(); ++k) {
+    EXPECT_TRUE(before[k].equal(after[k])) << k;
+    EXPECT_EQ(before[k].strides(), after[k].strides()) << k;
+  }
+}
+
+TEST(FoldTransposes, KeepsPairsSomeoneCouldTellApart) {
+  auto keeps = [](const std::function<void(Builder&, ir::ValueId, ir::ValueId)>& make, const char* what) {
+    Builder b;
+    auto x = b.input("x", {4, 8});
+    auto w = b.input("w", {8, 6});
+    make(b, x, w);
+    ir::verify(b.g);
+    int folded = -1;
+    auto h = passes::fold_transposes(b.g, &folded);
+    ir::verify(h);
+    EXPECT_EQ(folded, 0) << what << "\n" << dump(h);
+  };
+  keeps([](Builder& b, ir::ValueId x, ir::ValueId) {
+    auto back = transpose(b, transpose(b, x));  // over an input: the result would be the input itself
+    b.g.set_outputs({b.unary("aten::exp", back)}, {"e"}, {ir::OutputKind::User});
+  }, "input");
+  keeps([](Builder& b, ir::ValueId x, ir::ValueId w) {
+    auto m = b.call("aten::mm", "", {ir::Arg::value(x), ir::Arg::value(w)}, {{4, 6}})[0];
+    auto back = transpose(b, transpose(b, m));
+    b.g.set_outputs({b.unary("aten::exp", back), b.unary("aten::sin", m)}, {"e", "s"},
+                    {ir::OutputKind::User, ir::OutputKind::User});  // m read elsewhere too
+  }, "other reader of the base");
+  keeps([](Builder& b, ir::ValueId x, ir::ValueId w) {
+    auto m = b.call("aten::mm", "", {ir::Arg::value(x), ir::Arg::value(w)}, {{4, 6}})[0];
+    auto inner = transpose(b, m);
+    auto back = transpose(b, inner);
+    b.g.set_outputs({b.unary("aten::exp", back), b.unary("aten::cos", inner)}, {"e", "c"},
+                    {ir::OutputKind::User, ir::OutputKind::User});  // the inner t read elsewhere
+  }, "other reader of the inner transpose");
+  keeps([](Builder& b, ir::ValueId x, ir::ValueId w) {
+    auto m = b.call("aten::mm", "", {ir::Arg::value(x), ir::Arg::value(w)}, {{4, 6}})[0];
+    auto back = transpose(b, transpose(b, m));
+    auto written = b.call("aten::mul_", "Scalar", {ir::Arg::value(back), ir::Arg::real(2.0)}, {{4, 6}})[0];
+    b.g.value(written).version_of = back;  // an in-place write through the pair
+    b.g.set_outputs({written}, {"w"}, {ir::OutputKind::User});
+  }, "written in place");
 }
 
 TEST(IntPatches, FollowOneSizeAndRefuseAmbiguity) {
