@@ -47,7 +47,7 @@ struct BySize {
 struct Layout {
   struct Slot {
     size_t offset = 0;
-    size_t size = 0;                // rounded up to kPlanAlign
+    size_t size = 0;       // rounded up to kPlanAlign
     bool planned = false;  // false: it escaped when recorded (an output, a saved tensor)
   };
   std::vector<Slot> slots;  // by allocation index within a run
@@ -55,7 +55,7 @@ struct Layout {
   size_t bytes = 0;
 };
 
-// One block from the replaced allocator that a layout's pieces are handed out of.
+// The bytes a layout's pieces are handed out of.
 struct Arena {
   struct Piece {
     size_t offset = 0;
