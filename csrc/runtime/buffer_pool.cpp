@@ -113,7 +113,12 @@ struct Pool {
   MemoryPlanStats totals;               // every plan's counts added up
 };
 
-Pool* g_pool = nullptr;                   // set once, never freed
+// Set once, never freed. Atomic: a thread reaches the pool through LibTorch's allocator
+// table, which is not synchronized, so the pool's fields are published by this pointer
+// (its store releases them, every load acquires them).
+std::atomic<Pool*> g_pool{nullptr};
+
+Pool& pool() { return *g_pool.load(std::memory_order_acquire); }
 std::atomic<bool> g_installed{false};
 std::once_flag g_install_once;
 
@@ -180,7 +185,7 @@ void free_if_done(Pool& p, Arena* a, std::unique_lock<std::mutex>& lock) {
 
 // The deleter of every DataPtr the pool allocator hands out, and its raw deleter.
 void release(void* data) {
-  Pool& p = *g_pool;
+  Pool& p = pool();
   auto& bucket = bucket_of(p, data);
   const bool recording = p.recording_count.load(std::memory_order_acquire) > 0;
   if (recording || bucket.load(std::memory_order_acquire) > 0) {
@@ -251,7 +256,7 @@ class PoolAllocator final : public c10::Allocator {
  public:
   // A pooled block inside a PoolScope of this thread, else the replaced allocator's.
   static c10::DataPtr pooled(size_t n) {
-    Pool& p = *g_pool;
+    Pool& p = pool();
     if (tls_depth == 0 || n < kMinPooledBytes) return forward(n);
     const size_t want = (n + kPage - 1) / kPage * kPage;
     std::unique_lock<std::mutex> lock(p.mu);
@@ -292,7 +297,7 @@ class PoolAllocator final : public c10::Allocator {
   }
 
   static c10::DataPtr forward(size_t n) {
-    Pool& p = *g_pool;
+    Pool& p = pool();
     c10::DataPtr inner = p.base->allocate(n);
     const c10::Device device = inner.device();
     void* data = inner.release_context();
@@ -326,11 +331,11 @@ void install() {
     TCAP_LOG(Perf, "CPU buffer pool not installed: " << why);
     return;
   }
-  auto* pool = new Pool();
-  pool->base = base;
-  pool->base_deleter = base->raw_deleter();
-  pool->cap = static_cast<int64_t>(mb) << 20;
-  g_pool = pool;
+  auto* fresh = new Pool();
+  fresh->base = base;
+  fresh->base_deleter = base->raw_deleter();
+  fresh->cap = static_cast<int64_t>(mb) << 20;
+  g_pool.store(fresh, std::memory_order_release);
   static auto* allocator = new PoolAllocator();  // never freed: tensors may outlive main()
   c10::SetCPUAllocator(allocator, /*priority=*/1);
   if (c10::GetCPUAllocator() != allocator) {
@@ -408,7 +413,7 @@ std::shared_ptr<const Layout> lay_out(const Recording& r) {
 }
 
 c10::DataPtr PoolAllocator::planned(MemoryPlan::Impl& m, size_t n) {
-  Pool& p = *g_pool;
+  Pool& p = pool();
   const size_t k = m.next++;
   if (m.recording) {
     c10::DataPtr d = pooled(n);
@@ -508,7 +513,7 @@ MemoryPlan::MemoryPlan(std::string name) : impl_(std::make_unique<Impl>()) {
 }
 
 MemoryPlan::~MemoryPlan() {
-  Pool* p = g_pool;
+  Pool* p = g_pool.load(std::memory_order_acquire);
   if (p == nullptr || impl_->arena == nullptr) return;
   std::unique_lock<std::mutex> lock(p->mu);
   impl_->arena->detached = true;
@@ -517,10 +522,10 @@ MemoryPlan::~MemoryPlan() {
 
 MemoryPlanStats MemoryPlan::stats() const {
   MemoryPlanStats s;
-  if (g_pool == nullptr) {
+  if (Pool* p = g_pool.load(std::memory_order_acquire); p == nullptr) {
     s = impl_->stats;
   } else {
-    std::lock_guard<std::mutex> lock(g_pool->mu);
+    std::lock_guard<std::mutex> lock(p->mu);
     s = impl_->stats;
   }
   s.runs = impl_->runs.load(std::memory_order_relaxed);
@@ -529,9 +534,10 @@ MemoryPlanStats MemoryPlan::stats() const {
 
 MemoryPlanStats memory_plan_totals() {
   std::call_once(g_install_once, install);
-  if (g_pool == nullptr) return {};
-  std::lock_guard<std::mutex> lock(g_pool->mu);
-  return g_pool->totals;
+  Pool* p = g_pool.load(std::memory_order_acquire);
+  if (p == nullptr) return {};
+  std::lock_guard<std::mutex> lock(p->mu);
+  return p->totals;
 }
 
 PoolScope::PoolScope() {
@@ -565,7 +571,7 @@ PoolScope::PoolScope(MemoryPlan* plan) : PoolScope() {
 // A run that records, or that needs a fresh arena, or a plan that gives up; false when it
 // gave up (Note [Memory plans]).
 bool PoolScope::start_run(MemoryPlan::Impl& m) {
-  Pool& p = *g_pool;
+  Pool& p = pool();
   std::unique_lock<std::mutex> lock(p.mu);
   auto drop_arena = [&] {
     if (Arena* old = m.arena) {
@@ -607,7 +613,7 @@ PoolScope::~PoolScope() {
   Arena* a = m->arena;
   const bool give_back = a != nullptr && a->lent && a->base != nullptr;
   if (!m->recording && !give_back && (a == nullptr || a->live_count.load() == 0)) return;
-  Pool& p = *g_pool;
+  Pool& p = pool();
   std::string line;
   const bool recorded = m->recording != nullptr;
   char* block = nullptr;
@@ -645,10 +651,11 @@ PoolScope::~PoolScope() {
 
 int64_t set_buffer_pool_cap_for_testing(int64_t bytes) {
   std::call_once(g_install_once, install);
-  if (!g_pool) return 0;
-  std::lock_guard<std::mutex> lock(g_pool->mu);
-  const int64_t old = g_pool->cap;
-  g_pool->cap = bytes;
+  Pool* p = g_pool.load(std::memory_order_acquire);
+  if (p == nullptr) return 0;
+  std::lock_guard<std::mutex> lock(p->mu);
+  const int64_t old = p->cap;
+  p->cap = bytes;
   return old;
 }
 
@@ -658,7 +665,7 @@ namespace tcap {
 
 BufferPoolStats buffer_pool_stats() {
   BufferPoolStats s;
-  runtime::Pool* p = runtime::g_pool;
+  runtime::Pool* p = runtime::g_pool.load(std::memory_order_acquire);
   if (!runtime::g_installed.load() || !p) return s;
   std::lock_guard<std::mutex> lock(p->mu);
   s.enabled = true;
@@ -672,7 +679,7 @@ BufferPoolStats buffer_pool_stats() {
 }
 
 void empty_buffer_pool() {
-  if (runtime::g_pool) runtime::free_whole_segments(*runtime::g_pool);
+  if (runtime::g_pool.load(std::memory_order_acquire)) runtime::free_whole_segments(runtime::pool());
 }
 
 }  // namespace tcap
