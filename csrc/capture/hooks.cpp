@@ -213,8 +213,14 @@ class ArmedScope {
       pop_session(&w->session());
     }
     if (!watchers_.empty()) c10::AutogradState::get_tls_state().set_multithreading_enabled(prev_multithreading_);
+    // Finished before the claim goes: backward_finished writes the session (under the
+    // capture's mutex), and a backward on another thread may claim it as soon as the claim
+    // is released and write it too (set_recording above, without that mutex).
     for (auto& w : watchers_) {
-      w->release_claim();
+      struct Release {
+        BackwardWatcher& w;
+        ~Release() { w.release_claim(); }
+      } release{*w};
       w->backward_finished(ok);
     }
   }
