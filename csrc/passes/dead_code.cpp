@@ -4,6 +4,8 @@
 // opaque hook calls.
 #include <tcap/partition.h>
 
+#include "passes/keep_nodes.h"
+
 #include <algorithm>
 #include <unordered_set>
 
@@ -29,18 +31,7 @@ ir::Graph eliminate_dead_code(const ir::Graph& g) {
     ir::for_each_value(n.args, [&](ir::ValueId v) { needed.insert(v); });
   }
   std::reverse(keep.begin(), keep.end());
-  std::vector<ir::ValueId> ins;
-  std::vector<ir::InputKind> kinds;
-  std::vector<std::string> names;
-  for (ir::NodeId id : g.input_nodes()) {
-    ins.push_back(g.node(id).outputs.at(0).values.at(0));
-    kinds.push_back(g.node(id).input_kind);
-    names.push_back(g.node(id).name);
-  }
-  const ir::Node* out = g.output_node();
-  std::vector<std::string> onames = out ? out->output_names : std::vector<std::string>{};
-  std::vector<ir::OutputKind> okinds = out ? out->output_kinds : std::vector<ir::OutputKind>{};
-  return ir::extract_subgraph(g, keep, ins, kinds, names, g.output_values(), onames, okinds);
+  return passes::keep_nodes(g, keep);
 }
 
 }  // namespace tcap

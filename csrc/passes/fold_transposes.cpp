@@ -1,7 +1,7 @@
 // Note: see passes/fold_transposes.h.
 #include "passes/fold_transposes.h"
 
-#include <tcap/partition.h>
+#include "passes/keep_nodes.h"
 
 #include <unordered_set>
 #include <vector>
@@ -58,18 +58,7 @@ ir::Graph fold_transposes(const ir::Graph& g, int* folded) {
   for (const auto& n : h.nodes()) {
     if ((n.kind == ir::NodeKind::Call || n.kind == ir::NodeKind::CallHook) && !drop.count(n.id)) keep.push_back(n.id);
   }
-  std::vector<ir::ValueId> ins;
-  std::vector<ir::InputKind> kinds;
-  std::vector<std::string> names;
-  for (ir::NodeId id : h.input_nodes()) {
-    ins.push_back(h.node(id).outputs.at(0).values.at(0));
-    kinds.push_back(h.node(id).input_kind);
-    names.push_back(h.node(id).name);
-  }
-  const ir::Node* o = h.output_node();
-  return ir::extract_subgraph(h, keep, ins, kinds, names, h.output_values(),
-                              o ? o->output_names : std::vector<std::string>{},
-                              o ? o->output_kinds : std::vector<ir::OutputKind>{});
+  return keep_nodes(h, keep);
 }
 
 }  // namespace tcap::passes

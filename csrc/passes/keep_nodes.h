@@ -1,0 +1,29 @@
+// A copy of a graph with only some of its nodes, the same inputs and the same outputs: the
+// last step of passes that drop nodes (dead-code elimination, fold_transposes).
+#pragma once
+
+#include <tcap/graph.h>
+
+#include <string>
+#include <vector>
+
+namespace tcap::passes {
+
+// `keep`: ids of Call and CallHook nodes, in graph order; every value they and the Output
+// node read must be an input or made by a kept node.
+inline ir::Graph keep_nodes(const ir::Graph& g, const std::vector<ir::NodeId>& keep) {
+  std::vector<ir::ValueId> ins;
+  std::vector<ir::InputKind> kinds;
+  std::vector<std::string> names;
+  for (ir::NodeId id : g.input_nodes()) {
+    ins.push_back(g.node(id).outputs.at(0).values.at(0));
+    kinds.push_back(g.node(id).input_kind);
+    names.push_back(g.node(id).name);
+  }
+  const ir::Node* out = g.output_node();
+  return ir::extract_subgraph(g, keep, ins, kinds, names, g.output_values(),
+                              out ? out->output_names : std::vector<std::string>{},
+                              out ? out->output_kinds : std::vector<ir::OutputKind>{});
+}
+
+}  // namespace tcap::passes
