@@ -206,7 +206,7 @@ Interpreter::Interpreter(const ir::Graph& graph, bool differentiable)
     const auto& sa = schemas_[static_cast<size_t>(n.id)]->arguments();
     auto& stack = prepared_[static_cast<size_t>(n.id)];
     for (size_t i = 0; i < n.args.size(); ++i) {
-      stack.push_back(reads_values(n.args[i]) ? c10::IValue() : to_ivalue(n, i, sa[i]));
+      stack.push_back(n.args[i].refers_to_values() ? c10::IValue() : to_ivalue(n, i, sa[i]));
     }
   }
   input_nodes_ = graph_.input_nodes();
@@ -317,16 +317,12 @@ c10::IValue Interpreter::to_ivalue(const ir::Node& n, size_t i, const c10::Argum
   fail(n, "argument " + std::to_string(i) + " cannot be replayed");
 }
 
-bool Interpreter::reads_values(const ir::Arg& a) {
-  return a.kind == ir::ArgKind::Value || a.kind == ir::ArgKind::ValueList || a.kind == ir::ArgKind::OptValueList;
-}
-
 void Interpreter::run_call(const ir::Node& n, const c10::OperatorHandle& op, const c10::FunctionSchema& schema) {
   const auto& schema_args = schema.arguments();
   // Note [Prepared argument stacks]
   torch::jit::Stack stack = prepared_[static_cast<size_t>(n.id)];
   for (size_t i = 0; i < n.args.size(); ++i) {
-    if (reads_values(n.args[i])) stack[i] = to_ivalue(n, i, schema_args[i]);
+    if (n.args[i].refers_to_values()) stack[i] = to_ivalue(n, i, schema_args[i]);
   }
   if (static_cast<size_t>(n.id) < trusting_.size() && trusting_[static_cast<size_t>(n.id)]) {
     check_trusted_arguments(n, stack);  // Note [Kernels that trust their arguments]

@@ -60,7 +60,6 @@ class Interpreter {
   void run_call(const ir::Node& n, const c10::OperatorHandle& op, const c10::FunctionSchema& schema);
   void run_hook(const ir::Node& n);
   c10::IValue to_ivalue(const ir::Node& n, size_t i, const c10::Argument& schema_arg) const;
-  static bool reads_values(const ir::Arg& a);  // a tensor argument, filled per run
   const at::Tensor& get(const ir::Node& n, ir::ValueId v) const;
 
   ir::Graph graph_;  // a copy: replay may itself be recorded into the graph it came from
