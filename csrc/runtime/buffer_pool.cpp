@@ -183,6 +183,14 @@ void free_if_done(Pool& p, Arena* a, std::unique_lock<std::mutex>& lock) {
   }
 }
 
+// Detaches an arena its plan no longer uses; freed now if no piece of it lives, else by
+// the free of its last piece (`lock` holds p.mu; held again on return).
+void retire(Pool& p, Arena* a, std::unique_lock<std::mutex>& lock) {
+  a->detached = true;
+  free_if_done(p, a, lock);
+  if (!lock.owns_lock()) lock.lock();
+}
+
 // The deleter of every DataPtr the pool allocator hands out, and its raw deleter.
 void release(void* data) {
   Pool& p = pool();
@@ -419,10 +427,8 @@ c10::DataPtr PoolAllocator::planned(MemoryPlan::Impl& m, size_t n) {
     c10::DataPtr d = pooled(n);
     std::lock_guard<std::mutex> lock(p.mu);
     Recording& r = *m.recording;
-    if (k == r.allocs.size()) {
-      r.allocs.push_back({n, r.clock++, -1});
-      r.live[d.get()] = k;
-    }
+    r.live[d.get()] = r.allocs.size();  // == k
+    r.allocs.push_back({n, r.clock++, -1});
     return d;
   }
   if (m.arena != nullptr) {
@@ -516,8 +522,7 @@ MemoryPlan::~MemoryPlan() {
   Pool* p = g_pool.load(std::memory_order_acquire);
   if (p == nullptr || impl_->arena == nullptr) return;
   std::unique_lock<std::mutex> lock(p->mu);
-  impl_->arena->detached = true;
-  free_if_done(*p, impl_->arena, lock);
+  retire(*p, impl_->arena, lock);
 }
 
 MemoryPlanStats MemoryPlan::stats() const {
@@ -576,9 +581,7 @@ bool PoolScope::start_run(MemoryPlan::Impl& m) {
   auto drop_arena = [&] {
     if (Arena* old = m.arena) {
       m.arena = nullptr;
-      old->detached = true;
-      free_if_done(p, old, lock);
-      if (!lock.owns_lock()) lock.lock();
+      retire(p, old, lock);
     }
   };
   if (m.replan && m.stats.recordings >= MemoryPlan::kMaxRecordings) {
