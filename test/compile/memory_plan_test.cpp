@@ -259,25 +259,34 @@ Tensors detached_copies(const Tensors& ts) {
   return r;
 }
 
+at::Tensor loss_of(const Tensors& out) { return out[0].sum() + out[1].pow(2).sum(); }
+
 void expect_matches_eager(tcap::CompiledFunction& f, const Tensors& in, const std::string& what) {
   Tensors ref_in = detached_copies(in);
   Tensors out = f(in);
   Tensors ref = body(ref_in);
-  (out[0].sum() + out[1].pow(2).sum()).backward();
-  (ref[0].sum() + ref[1].pow(2).sum()).backward();
+  loss_of(out).backward();
+  loss_of(ref).backward();
   for (size_t k = 0; k < out.size(); ++k) EXPECT_TRUE(close(out[k], ref[k], 1e-4, 1e-5)) << what << " output " << k;
   for (size_t k = 0; k < in.size(); ++k) {
     EXPECT_TRUE(close(in[k].grad(), ref_in[k].grad(), 1e-4, 1e-5)) << what << " grad " << k;
   }
 }
 
-class PlannedGraphs : public ::testing::TestWithParam<std::string> {};
+class PlannedGraphs : public ::testing::TestWithParam<std::string> {
+ protected:
+  // The parameter's backend, and a name per test.
+  static tcap::CompileOptions options(const std::string& name) {
+    tcap::CompileOptions o;
+    o.backend = GetParam();
+    o.name = name + "_" + GetParam();
+    return o;
+  }
+};
 
 TEST_P(PlannedGraphs, DynamicSizesReuseTheArena) {
   NEED_POOL();
-  tcap::CompileOptions o;
-  o.backend = GetParam();
-  o.name = "planned_dynamic_" + GetParam();
+  const tcap::CompileOptions o = options("planned_dynamic");
   auto f = tcap::compile(body, o);
   const auto before = tcap::runtime::memory_plan_totals();
   const int64_t rows[] = {37, 53, 29, 61, 37, 17, 53, 61, 5, 44};
@@ -297,9 +306,7 @@ TEST_P(PlannedGraphs, ReturnedViewsAndAliasesKeepTheirValues) {
     auto u = t * 3.0 + 1.0;
     return Tensors{in[0].view({-1}), u.slice(1, 2, 9), u.t(), (t + u).mean()};
   };
-  tcap::CompileOptions o;
-  o.backend = GetParam();
-  o.name = "planned_views_" + GetParam();
+  const tcap::CompileOptions o = options("planned_views");
   auto f = tcap::compile(fn, o);
   std::vector<Tensors> ins, outs;
   for (int call = 0; call < 6; ++call) {
@@ -317,9 +324,7 @@ TEST_P(PlannedGraphs, ReturnedViewsAndAliasesKeepTheirValues) {
 // backwards in reverse order, against eager.
 TEST_P(PlannedGraphs, SavedTensorsOutliveTheCall) {
   NEED_POOL();
-  tcap::CompileOptions o;
-  o.backend = GetParam();
-  o.name = "planned_saved_" + GetParam();
+  const tcap::CompileOptions o = options("planned_saved");
   auto f = tcap::compile(body, o);
   expect_matches_eager(*f, leaves(21), "warm-up");  // captures
   std::vector<Tensors> ins, refs, outs, ref_outs;
@@ -330,8 +335,8 @@ TEST_P(PlannedGraphs, SavedTensorsOutliveTheCall) {
     ref_outs.push_back(body(refs.back()));
   }
   for (int k = 2; k >= 0; --k) {
-    (outs[k][0].sum() + outs[k][1].pow(2).sum()).backward();
-    (ref_outs[k][0].sum() + ref_outs[k][1].pow(2).sum()).backward();
+    loss_of(outs[k]).backward();
+    loss_of(ref_outs[k]).backward();
     for (size_t j = 0; j < ins[k].size(); ++j) {
       EXPECT_TRUE(close(ins[k][j].grad(), refs[k][j].grad(), 1e-4, 1e-5)) << "forward " << k << " grad " << j;
     }
