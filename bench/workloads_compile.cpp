@@ -453,6 +453,23 @@ std::vector<Variant> make_mlp_small(const Options& opts) {
   });
 }
 
+// --- small_linear_<n> ------------------------------------------------------------------
+
+// Linear(n, n) + ReLU at batch n (n^3 multiply-adds per matmul), loss out.sum(): where
+// a generated matmul kernel stops beating the BLAS call (Note [Small matmuls as kernels];
+// run once with TCAP_SMALL_MATMUL_MACS=0 to time the BLAS calls in tcap's graphs).
+std::vector<Variant> make_small_linear(const Options& opts, int64_t n) {
+  torch::manual_seed(0);
+  const at::Tensor x = torch::randn({n, n}).to(torch::Device(opts.device));
+  return make_variants("small_linear_" + std::to_string(n), opts, kMatmulTol,
+                       [x, n, dev = opts.device](const tcap::CompileOptions* o) {
+                         torch::manual_seed(1);
+                         nn::Sequential model{nn::Linear(n, n), nn::ReLU()};
+                         model->to(torch::Device(dev));
+                         return module_step(model, x, [](const at::Tensor& out) { return out.sum(); }, o);
+                       });
+}
+
 // --- mlp_big -------------------------------------------------------------------------
 
 // Randomises a LayerNorm's affine parameters. With weight 1 and bias 0, mean(out^2) of a
@@ -570,6 +587,15 @@ void add_compile_workloads(Registry& registry) {
   mlp_small.has_peer = true;
   mlp_small.cuda = true;
   registry.add(std::move(mlp_small));
+
+  for (int64_t n : {8, 16, 32, 48, 64}) {
+    Workload w{"small_linear_" + std::to_string(n),
+               "Linear(" + std::to_string(n) + ", " + std::to_string(n) + ") + ReLU at batch " + std::to_string(n) +
+                   " (" + std::to_string(n * n * n) + " multiply-adds per matmul), loss out.sum(): small matmuls "
+                   "as generated kernels against BLAS; µs per call",
+               [n](const Options& o) { return make_small_linear(o, n); }, derive_bwd_ratio};
+    registry.add(std::move(w));
+  }
 
   Workload chain{"ca_chain",
                  "33 x sin(x * 1.01 + b) on f32[64] (a 100-node backward): compiled autograd's per-call "

@@ -6,7 +6,8 @@
 
 namespace tcap::fuse {
 
-std::optional<std::string> classify(const ir::Graph& g, const ir::Node& n, NodeClass* info, const c10::Device& device) {
+std::optional<std::string> classify(const ir::Graph& g, const ir::Node& n, NodeClass* info, const c10::Device& device,
+                                    int64_t max_matmul_macs) {
   if (n.kind != ir::NodeKind::Call) return std::string("not an operator call");
   const LoweringRow* row = find_lowering(n);
   if (!row) return "no kernel IR lowering for " + n.qualified_op() + " (runs as an ATen call)";
@@ -72,6 +73,21 @@ std::optional<std::string> classify(const ir::Graph& g, const ir::Node& n, NodeC
   }();
   if (ir::op_has(n.op, ir::OpFact::FloatOnly) && !float_out) {
     return std::string("integer result (only floating results are fused for this op)");
+  }
+  if (row->cls == OpClass::Contraction) {
+    // Note [Small matmuls as kernels]
+    if (!n.overload.empty()) return "the " + n.overload + " overload of a matmul (runs as an ATen call)";
+    if (!device.is_cpu()) return std::string("matmuls stay BLAS calls on " + device.str());
+    if (!float_out) return std::string("integer matmul (only floating matmuls are fused)");
+    const int64_t macs = contraction_macs(g, n);
+    if (macs == 0) return std::string("empty matmul");
+    if (macs > max_matmul_macs) {
+      return std::to_string(macs) + " multiply-adds, above the small-matmul limit of " +
+             std::to_string(max_matmul_macs) + " (runs as an ATen call)";
+    }
+    info->cls = OpClass::Contraction;
+    info->reduce_dims = {static_cast<int64_t>(contraction_space(g, n).size()) - 1};
+    return std::nullopt;
   }
   info->cls = row->cls;
   info->reduce_dims = row->dims ? row->dims(g, n) : std::vector<int64_t>{};

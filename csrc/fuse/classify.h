@@ -23,12 +23,16 @@ namespace tcap::fuse {
 // reduces.
 struct NodeClass {
   OpClass cls = OpClass::Pointwise;
-  std::vector<int64_t> reduce_dims;  // Reduction / Row: dims of the first tensor argument, sorted
+  std::vector<int64_t> reduce_dims;  // Reduction / Row: dims of the first tensor argument, sorted;
+                                     // Contraction: the last dim of contraction_space()
 };
 
 // Why a node cannot be lowered for kernels on `device` (every tensor it reads and writes
 // must live there), or std::nullopt with `info` filled in.
+// Matmuls (OpClass::Contraction) are accepted up to `max_matmul_macs` multiply-adds, on
+// the CPU (Note [Small matmuls as kernels]).
 std::optional<std::string> classify(const ir::Graph& g, const ir::Node& n, NodeClass* info,
-                                    const c10::Device& device = c10::Device(c10::kCPU));
+                                    const c10::Device& device = c10::Device(c10::kCPU),
+                                    int64_t max_matmul_macs = 0);
 
 }  // namespace tcap::fuse

@@ -52,6 +52,13 @@ Val Emitter::in(const ir::Node& n, size_t i, DType want) {
               ir::to_string(a.kind), ", not a tensor or a scalar");
 }
 
+Val Emitter::in_mapped(const ir::Node& n, size_t i, DType want, const std::vector<int>& src) {
+  const ir::Arg& a = n.args.at(i);
+  TORCH_CHECK(a.kind == ir::ArgKind::Value && resolve_mapped_, "tcap fusion: ", n.qualified_op(), " argument ", i,
+              " (", a.name, ") cannot be read along the group's dims");
+  return cast(resolve_mapped_(a.values[0], src), want);
+}
+
 double Emitter::real(const ir::Node& n, size_t i) const {
   const ir::Arg& a = n.args.at(i);
   if (a.kind == ir::ArgKind::Double) return a.d;

@@ -29,8 +29,12 @@ struct Val {
 // tensor argument: an instruction of the group or a Load of an outside value).
 class Emitter {
  public:
-  Emitter(const ir::Graph& g, kir::Kernel& k, std::function<Val(ir::ValueId)> resolve)
-      : g_(g), k_(k), resolve_(std::move(resolve)) {}
+  // `resolve_mapped` loads an outside value along given dims of the group's space
+  // (Contraction operands, in_mapped()); null where no node of the kernel needs it.
+  using MappedResolve = std::function<Val(ir::ValueId, const std::vector<int>&)>;
+  Emitter(const ir::Graph& g, kir::Kernel& k, std::function<Val(ir::ValueId)> resolve,
+          MappedResolve resolve_mapped = {})
+      : g_(g), k_(k), resolve_(std::move(resolve)), resolve_mapped_(std::move(resolve_mapped)) {}
 
   const ir::Graph& graph() const { return g_; }
 
@@ -38,6 +42,9 @@ class Emitter {
   bool is_none(const ir::Node& n, size_t i) const;
   // Argument i as a value of dtype `want`: a tensor (resolved and cast) or a scalar constant.
   Val in(const ir::Node& n, size_t i, kir::DType want);
+  // Tensor argument i read along the group's dims: src[d] is the argument's dim feeding
+  // dim d of the group's full space, -1 where it is not read along d (contraction_src).
+  Val in_mapped(const ir::Node& n, size_t i, kir::DType want, const std::vector<int>& src);
   double real(const ir::Node& n, size_t i) const;
   int64_t integer(const ir::Node& n, size_t i) const;
   std::string str(const ir::Node& n, size_t i) const;
@@ -60,6 +67,7 @@ class Emitter {
   const ir::Graph& g_;
   kir::Kernel& k_;
   std::function<Val(ir::ValueId)> resolve_;
+  MappedResolve resolve_mapped_;
 };
 
 // c10 dtype -> kir dtype; std::nullopt for dtypes kir has no kernels for (complex, ...).

@@ -57,7 +57,7 @@ class Fuser {
   Fuser(const ir::Graph& g, const FusionOptions& opts) : g_(g), opts_(opts) {}
 
   FusionResult run() {
-    grouping_ = form_groups(g_, opts_.device, opts_.keep_unfused);
+    grouping_ = form_groups(g_, opts_.device, opts_.keep_unfused, opts_.max_matmul_macs);
     build_kernels();
     return rewrite();
   }
@@ -120,6 +120,7 @@ class Fuser {
       name << "fused_" << gr.id;
       int shown = 0;
       for (ir::NodeId id : gr.nodes) {
+        if (grouping_.view_nodes.count(id)) continue;
         if (shown++ < 4) {
           std::string op = g_.node(id).op;
           name << "_" << op.substr(op.find("::") == std::string::npos ? 0 : op.find("::") + 2);
@@ -166,6 +167,10 @@ class Fuser {
         fg.fallback = subgraph(fg);
       } catch (const c10::Error& e) {
         decide(g_.node(gr.nodes[0]), "group " + fg.name + " not compiled: " + e.what_without_backtrace());
+        gr.dissolved = true;
+        continue;
+      } catch (const std::exception& e) {  // a bug in lowering: the group's ops stay ATen calls
+        decide(g_.node(gr.nodes[0]), "group " + fg.name + " not compiled (internal error): " + e.what());
         gr.dissolved = true;
         continue;
       }
@@ -414,6 +419,14 @@ std::string FusionResult::explain() const {
   }
   for (const auto& d : decisions) os << "  " << d << "\n";
   return os.str();
+}
+
+int64_t default_max_matmul_macs() {
+  // Measured on the CPU (bench/RESULTS.md, "Small matmuls as kernels"): up to here a
+  // generated kernel beats the BLAS call with its set-up.
+  constexpr int64_t kMeasured = 32768;
+  const long long env = Config::get().small_matmul_macs;
+  return env >= 0 ? static_cast<int64_t>(env) : kMeasured;
 }
 
 FusionResult fuse(const ir::Graph& g, const FusionOptions& options) {

@@ -42,6 +42,10 @@ struct FusedGroup {
 // TargetMachine and links under a lock; cuda runs NVRTC programs side by side; both (and
 // the tests' CUDA emulator) compile one kernel key at a time, so that a second caller
 // finds the first one's kernel, and guard their caches with a mutex.
+// TCAP_SMALL_MATMUL_MACS when set (0 turns small-matmul kernels off), else the limit
+// bench/RESULTS.md ("Small matmuls as kernels") measured.
+int64_t default_max_matmul_macs();
+
 struct FusionOptions {
   // Registers a group's kernel for execution; returns its id, or -1 and sets *why if it
   // cannot (the group's nodes then stay ATen calls). Required; called from several
@@ -54,6 +58,10 @@ struct FusionOptions {
   int min_nodes = 1;
   // Where the kernels run: only nodes whose tensors all live on this device are fused.
   c10::Device device = c10::Device(c10::kCPU);
+  // Matmuls (mm, addmm, bmm, baddbmm) of at most this many multiply-adds become kernels
+  // (Note [Small matmuls as kernels]); 0 keeps every matmul an ATen call. The default
+  // is default_max_matmul_macs().
+  int64_t max_matmul_macs = default_max_matmul_macs();
   // Nodes that stay ATen calls whatever they compute (compile_step's nodes whose scalar
   // arguments change between calls: Note [Scalar arguments through fusion]).
   std::function<bool(const ir::Node&)> keep_unfused;

@@ -102,24 +102,51 @@ kir::Kernel lower_group(const ir::Graph& g, const Grouping& grouping, const Grou
   std::map<std::pair<ir::ValueId, std::vector<int64_t>>, Val> loads;
   Space cur_space = Space::Full;
   std::vector<int64_t> cur_out;
-  Emitter em(g, k, [&](ir::ValueId v) -> Val {
-    auto it = val_of.find(v);
-    if (it != val_of.end()) return it->second;
+  // One Load per outside value and access pattern (over the domain). A view the group
+  // took in is read from its base's buffer through its own strides (Note [Views read
+  // through their base]: same first element).
+  auto buffer_for = [&](ir::ValueId v) {
+    // (A view another group wrote is this group's input like any value.)
+    while (!buffer_of.count(v)) v = grouping.view_source.at(v);
+    return buffer_of.at(v);
+  };
+  auto load = [&](ir::ValueId v, std::vector<int64_t> strides) -> Val {
     const auto& m = g.value(v).meta;
-    auto strides = to_domain(load_strides(m, cur_space, cur_out));
     auto key = std::make_pair(v, strides);
     auto lit = loads.find(key);
     if (lit != loads.end()) return lit->second;
     kir::Instr in;
     in.op = kir::OpCode::Load;
     in.dtype = *to_kir(m.dtype);
-    in.buffer = buffer_of.at(v);
-    in.strides = strides;
+    in.buffer = buffer_for(v);
+    in.strides = std::move(strides);
     Val r{kir::add(k, std::move(in)), *to_kir(m.dtype)};
     loads[key] = r;
     return r;
-  });
+  };
+  auto resolve = [&](ir::ValueId v) -> Val {
+    auto it = val_of.find(v);
+    if (it != val_of.end()) return it->second;
+    return load(v, to_domain(load_strides(g.value(v).meta, cur_space, cur_out)));
+  };
+  // A Contraction operand: an outside value read along the dims `src` names (a dim of
+  // size 1 is read with stride 0 like a broadcast one).
+  auto resolve_mapped = [&](ir::ValueId v, const std::vector<int>& src) -> Val {
+    TORCH_INTERNAL_ASSERT(!val_of.count(v) && src.size() == rank, "tcap fusion: a matmul operand inside its kernel");
+    const auto& m = g.value(v).meta;
+    std::vector<int64_t> st(rank, 0);
+    for (size_t d = 0; d < rank; ++d) {
+      if (src[d] < 0) continue;
+      const auto s = static_cast<size_t>(src[d]);
+      TORCH_INTERNAL_ASSERT(s < m.sizes.size() && (m.sizes[s] == gr.S[d] || m.sizes[s] == 1),
+                            "tcap fusion: matmul operand ", shape_str(m.sizes), " against ", shape_str(gr.S));
+      st[d] = m.sizes[s] == 1 ? 0 : m.strides[s];
+    }
+    return load(v, to_domain(st));
+  };
+  Emitter em(g, k, resolve, resolve_mapped);
   for (ir::NodeId id : gr.nodes) {
+    if (grouping.view_nodes.count(id)) continue;  // read or written through strides
     const ir::Node& n = g.node(id);
     // Reductions and Row ops read their tensors in the full space.
     cur_space = grouping.node_class.at(id) == OpClass::Pointwise ? grouping.node_space.at(id) : Space::Full;
@@ -133,8 +160,15 @@ kir::Kernel lower_group(const ir::Graph& g, const Grouping& grouping, const Grou
     }
   }
   for (size_t oi = 0; oi < fg.outputs.size(); ++oi) {
-    const ir::ValueId v = fg.outputs[oi];
-    const auto& m = fg.output_metas[oi];
+    ir::ValueId v = fg.outputs[oi];
+    ir::TensorMeta m = fg.output_metas[oi];
+    if (grouping.view_source.count(v)) {
+      // A view of a result (through views): the result's elements, where the result's
+      // strides put them (all dense, same size: the view's tensor is the same bytes).
+      while (!val_of.count(v)) v = grouping.view_source.at(v);
+      m.sizes = g.value(v).meta.sizes;
+      m.strides = g.value(v).meta.strides;
+    }
     const int32_t b = static_cast<int32_t>(k.buffers.size());
     const kir::DType dt = *to_kir(m.dtype);
     k.buffers.push_back({"%" + std::to_string(v), dt, true});

@@ -113,8 +113,8 @@ bool same(c10::ArrayRef<int64_t> a, const std::vector<int64_t>& b) {
 class Grouper {
  public:
   Grouper(const ir::Graph& g, const c10::Device& device, const std::function<bool(const ir::Node&)>& keep,
-          Grouping& out)
-      : g_(g), device_(device), keep_(keep), out_(out) {}
+          int64_t max_matmul_macs, Grouping& out)
+      : g_(g), device_(device), keep_(keep), max_matmul_macs_(max_matmul_macs), out_(out) {}
 
   void run() {
     const size_t n_nodes = g_.nodes().size();
@@ -130,6 +130,7 @@ class Grouper {
       }
     }
     for (const auto& n : g_.nodes()) visit(n);
+    absorb_views();
   }
 
  private:
@@ -145,7 +146,7 @@ class Grouper {
       return;
     }
     NodeClass info;
-    if (auto why = classify(g_, n, &info, device_)) {
+    if (auto why = classify(g_, n, &info, device_, max_matmul_macs_)) {
       if (n.op.rfind("aten::", 0) == 0 && !is_view_like(n)) decide(n, *why);
       return;
     }
@@ -167,6 +168,9 @@ class Grouper {
     }
     int chosen = -1;
     Space space = Space::Full;
+    // A matmul reads its operands through their strides along its own space: it starts a
+    // group (Note [Small matmuls as kernels]).
+    if (info.cls == OpClass::Contraction) candidates.clear();
     for (size_t c = 0; c < candidates.size(); ++c) {
       const int gid = candidates[c];
       std::string why;
@@ -181,12 +185,16 @@ class Grouper {
       gr.id = static_cast<int>(groups_.size());
       if (info.cls == OpClass::Pointwise) {
         gr.S = out_sizes(g_, n);
+      } else if (info.cls == OpClass::Contraction) {
+        gr.S = contraction_space(g_, n);
+        gr.R = info.reduce_dims;
+        gr.contraction = true;
       } else {
         const auto& in = g_.value(n.args.at(0).values.at(0)).meta.sizes;
         gr.S.assign(in.begin(), in.end());
         gr.R = info.reduce_dims;
       }
-      space = info.cls == OpClass::Reduction ? Space::Outer : Space::Full;
+      space = info.cls == OpClass::Reduction || info.cls == OpClass::Contraction ? Space::Outer : Space::Full;
       if (numel(gr.S) == 0) {
         decide(n, "empty tensor");
           return;
@@ -195,7 +203,7 @@ class Grouper {
       groups_.push_back(gr);
       chosen = gr.id;
     }
-    if (info.cls != OpClass::Pointwise || space == Space::Full) {
+    if ((info.cls != OpClass::Pointwise || space == Space::Full) && info.cls != OpClass::Contraction) {
       // The node also reads other groups of the same shape: merge them into this one
       // (coscos backward: sin(x) and the chain through cos(x) meet at the last mul).
       for (size_t c = 0; c < n_producer_groups; ++c) {
@@ -224,6 +232,92 @@ class Grouper {
 
   static bool is_view_like(const ir::Node& n) { return ir::op_has(n.op, ir::OpFact::View); }
 
+  // Note [Views read through their base] (groups.h): views that keep their base's first
+  // element, with their base and result.
+  bool offset_keeping_view(const ir::Node& n, ir::ValueId* base, ir::ValueId* result) const {
+    static const std::set<std::string> kOps = {"aten::t",         "aten::transpose.int", "aten::permute",
+                                               "aten::view",      "aten::unsqueeze",     "aten::squeeze",
+                                               "aten::squeeze.dim", "aten::squeeze.dims", "aten::expand",
+                                               "aten::alias"};
+    if (n.kind != ir::NodeKind::Call || !kOps.count(n.qualified_op()) || n.args.empty() ||
+        n.args[0].kind != ir::ArgKind::Value || n.outputs.size() != 1 || n.outputs[0].kind != ir::ArgKind::Value) {
+      return false;
+    }
+    *base = n.args[0].values[0];
+    *result = n.outputs[0].values[0];
+    const auto& b = g_.value(*base).meta;
+    const auto& v = g_.value(*result).meta;
+    return g_.value(*result).view_of != ir::kNoValue && b.dtype == v.dtype && b.device == v.device &&
+           b.storage_offset == v.storage_offset && b.device == device_;
+  }
+
+  static bool dense_layout(const ir::TensorMeta& m) {
+    std::vector<size_t> perm;
+    for (size_t d = 0; d < m.sizes.size(); ++d) {
+      if (m.sizes[d] == 0) return false;
+      if (m.sizes[d] != 1) perm.push_back(d);
+    }
+    std::sort(perm.begin(), perm.end(), [&](size_t a, size_t b) { return m.strides[a] < m.strides[b]; });
+    int64_t expected = 1;
+    for (size_t d : perm) {
+      if (m.strides[d] != expected) return false;
+      expected *= m.sizes[d];
+    }
+    return true;
+  }
+
+  void absorb_views() {
+    const auto outs = g_.output_values();
+    const std::set<ir::ValueId> graph_outputs(outs.begin(), outs.end());
+    auto all_readers_in = [&](ir::ValueId v, int gid) {
+      if (graph_outputs.count(v)) return false;
+      const auto& users = g_.users(v);
+      return !users.empty() && std::all_of(users.begin(), users.end(), [&](ir::NodeId u) {
+        return group_of_node_[static_cast<size_t>(u)] == gid;
+      });
+    };
+    auto take = [&](ir::NodeId p, int gid, ir::ValueId base, ir::ValueId result) {
+      Group& gr = groups_[static_cast<size_t>(gid)];
+      gr.nodes.insert(std::upper_bound(gr.nodes.begin(), gr.nodes.end(), p), p);
+      group_of_node_[static_cast<size_t>(p)] = gid;
+      group_of_value_[static_cast<size_t>(result)] = gid;
+      out_.view_nodes.insert(p);
+      out_.view_source[result] = base;
+    };
+    // Views of outside values, walking back through chains of views (t(view(x))).
+    for (Group& gr : groups_) {
+      if (gr.nodes.empty() || gr.dissolved) continue;
+      for (bool grew = true; grew;) {
+        grew = false;
+        for (ir::NodeId id : std::vector<ir::NodeId>(gr.nodes)) {
+          ir::for_each_value(g_.node(id).args, [&](ir::ValueId v) {
+            const ir::NodeId p = g_.value(v).producer;
+            if (p < 0 || group_of_node_[static_cast<size_t>(p)] >= 0) return;
+            ir::ValueId base = ir::kNoValue, result = ir::kNoValue;
+            if (!offset_keeping_view(g_.node(p), &base, &result) || result != v) return;
+            if (group_of_value_[static_cast<size_t>(base)] == gr.id || !all_readers_in(v, gr.id)) return;
+            take(p, gr.id, base, result);
+            grew = true;
+          });
+        }
+      }
+    }
+    // Views of a group's result (or of such a view) that nothing else reads.
+    for (const auto& n : g_.nodes()) {
+      if (group_of_node_[static_cast<size_t>(n.id)] >= 0) continue;
+      ir::ValueId base = ir::kNoValue, result = ir::kNoValue;
+      if (!offset_keeping_view(n, &base, &result)) continue;
+      const int gid = group_of_value_[static_cast<size_t>(base)];
+      if (gid < 0 || graph_outputs.count(base)) continue;
+      const auto& users = g_.users(base);
+      if (users.size() != 1 || users[0] != n.id) continue;
+      const auto& bm = g_.value(base).meta;
+      const auto& rm = g_.value(result).meta;
+      if (!dense_layout(bm) || !dense_layout(rm) || bm.numel() != rm.numel()) continue;
+      take(n.id, gid, base, result);
+    }
+  }
+
   static int64_t numel(const std::vector<int64_t>& s) {
     int64_t n = 1;
     for (auto x : s) n *= x;
@@ -236,6 +330,10 @@ class Grouper {
       return false;
     }
     if (gr.dissolved) return false;
+    if (gr.contraction && (info.cls != OpClass::Pointwise || same(out_sizes(g_, n), gr.S))) {
+      *why = "only pointwise ops on a matmul's result join its kernel";
+      return false;
+    }
     // No cycle: a producer outside the group must not depend on the group.
     bool cycle = false;
     ir::for_each_value(n.args, [&](ir::ValueId v) {
@@ -295,7 +393,7 @@ class Grouper {
       if (o.kind != ir::ArgKind::Value) continue;
       for (ir::NodeId u : g_.users(o.values[0])) {
         NodeClass ui;
-        if (classify(g_, g_.node(u), &ui, device_) || ui.cls != OpClass::Reduction || ui.reduce_dims == R) {
+        if (classify(g_, g_.node(u), &ui, device_, max_matmul_macs_) || ui.cls != OpClass::Reduction || ui.reduce_dims == R) {
           return false;
         }
         any = true;
@@ -307,7 +405,7 @@ class Grouper {
   bool can_merge(int gid, int hid) const {
     const Group& g = groups_[static_cast<size_t>(gid)];
     const Group& h = groups_[static_cast<size_t>(hid)];
-    if (h.closed || h.dissolved || h.nodes.empty() || h.S != g.S) return false;
+    if (h.closed || h.dissolved || h.nodes.empty() || h.S != g.S || g.contraction || h.contraction) return false;
     if (!h.R.empty() && h.R != g.R) return false;
     // No path between the two through nodes outside both.
     auto outside_reaches = [&](const Group& from, int target) {
@@ -404,6 +502,7 @@ class Grouper {
   const ir::Graph& g_;
   const c10::Device device_;
   const std::function<bool(const ir::Node&)>& keep_;
+  const int64_t max_matmul_macs_;
   Grouping& out_;
   std::vector<Group>& groups_ = out_.groups;
   std::vector<int>& group_of_node_ = out_.group_of_node;
@@ -417,9 +516,10 @@ class Grouper {
 
 }  // namespace
 
-Grouping form_groups(const ir::Graph& g, const c10::Device& device, const std::function<bool(const ir::Node&)>& keep) {
+Grouping form_groups(const ir::Graph& g, const c10::Device& device, const std::function<bool(const ir::Node&)>& keep,
+                     int64_t max_matmul_macs) {
   Grouping out;
-  Grouper(g, device, keep, out).run();
+  Grouper(g, device, keep, max_matmul_macs, out).run();
   return out;
 }
 

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,9 @@ struct Group {
   std::vector<ir::NodeId> nodes;
   bool closed = false;
   bool dissolved = false;
+  // Started by a Contraction node: its space is the matmul's, and only pointwise ops on
+  // its result (Outer) join it (Note [Small matmuls as kernels]).
+  bool contraction = false;
 };
 
 // The groups of one graph and, per node and value, where they stand.
@@ -59,12 +63,30 @@ struct Grouping {
   std::map<ir::NodeId, Space> node_space;
   std::map<ir::NodeId, OpClass> node_class;
   std::vector<std::string> decisions;  // why nodes are not fused (FusionResult::decisions)
+  // Note [Views read through their base]: view nodes a group took in, and per value such
+  // a node makes, the value it views (an outside value, another such view, or a value of
+  // the group for a view of its result).
+  std::set<ir::NodeId> view_nodes;
+  std::map<ir::ValueId, ir::ValueId> view_source;
 };
 
+// Note [Views read through their base]
+// A view between two kernels (the `t` of a Linear's weight, a gradient's `view` to the
+// bias's shape) is a dispatcher call and a TensorImpl per run that computes nothing: a
+// kernel reads any tensor through constant strides anyway. So a group takes in
+//   - a view node of an outside value (or of such a view) whose every reader is in the
+//     group: the kernel reads the base's buffer through the view's recorded strides;
+//   - a view node of one of its results that nothing else reads (not a graph output
+//     either): the kernel writes the view's tensor, through the result's strides, when
+//     both are dense with the same number of elements.
+// Only views that keep their base's first element (t, transpose, permute, view,
+// unsqueeze, squeeze, expand, alias: same storage offset, recorded as such) are taken. The
+// kernel's guard checks the base's sizes and strides, which fix the view's (a view's
+// strides on dims of size 1 are never read); its fallback graph runs the view node too.
 // Groups the nodes of `g` whose tensors all live on `device`; nodes `keep` accepts stay
 // ATen calls.
 Grouping form_groups(const ir::Graph& g, const c10::Device& device,
-                     const std::function<bool(const ir::Node&)>& keep = {});
+                     const std::function<bool(const ir::Node&)>& keep = {}, int64_t max_matmul_macs = 0);
 
 // --- shapes and nodes, shared with the kernel builder (group_kernel.h) and the rewrite ---
 

@@ -18,6 +18,11 @@ namespace {
 // mse_loss_backward, what its mean divides by.
 int64_t reduced_numel(const Emitter& e, const ir::Node& n);
 
+std::vector<int64_t> out_sizes_of(const ir::Graph& g, const ir::Node& n) {
+  const auto& s = g.value(n.outputs.at(0).values.at(0)).meta.sizes;
+  return std::vector<int64_t>(s.begin(), s.end());
+}
+
 int64_t rank_of_arg0(const ir::Graph& g, const ir::Node& n) {
   return static_cast<int64_t>(g.value(n.args.at(0).values.at(0)).meta.sizes.size());
 }
@@ -399,6 +404,27 @@ std::vector<Val> layer_norm_backward(Emitter& e, const ir::Node& n) {
   return {e.bin(OpCode::Mul, rstd, e.bin(OpCode::Sub, g, inner))};
 }
 
+// Note [Small matmuls as kernels] (lowering.h). mm(a, b), bmm(a, b), and addmm/baddbmm
+// (self, a, b, beta, alpha) = beta * self + alpha * (a @ b); with beta = 0 self is not
+// read at all (eager ignores it, NaN and inf included).
+bool adds_self(const ir::Node& n) { return n.op == "aten::addmm" || n.op == "aten::baddbmm"; }
+
+std::vector<Val> matmul(Emitter& e, const ir::Node& n) {
+  const ir::Graph& g = e.graph();
+  const DType t = e.compute_dtype(n);
+  const size_t a = adds_self(n) ? 1 : 0;
+  Val prod = e.bin(OpCode::Mul, e.in_mapped(n, a, t, contraction_src(g, n, a)),
+                   e.in_mapped(n, a + 1, t, contraction_src(g, n, a + 1)));
+  Val r = e.reduce(OpCode::ReduceSum, prod);
+  if (!adds_self(n)) return {r};
+  const double beta = e.real(n, 3), alpha = e.real(n, 4);
+  if (alpha != 1.0) r = e.bin(OpCode::Mul, e.c(alpha, t), r);
+  if (beta == 0.0) return {r};
+  Val self = e.in_mapped(n, 0, t, contraction_src(g, n, 0));
+  if (beta != 1.0) self = e.bin(OpCode::Mul, e.c(beta, t), self);
+  return {e.bin(OpCode::Add, self, r)};
+}
+
 const std::unordered_map<std::string, LoweringRow>& table() {
   static const std::unordered_map<std::string, LoweringRow> t = {
       {"aten::neg", {OpClass::Pointwise, unary<OpCode::Neg>}},
@@ -496,6 +522,10 @@ const std::unordered_map<std::string, LoweringRow>& table() {
       {"aten::_log_softmax_backward_data", {OpClass::Row, log_softmax_backward, dims_softmax_bw}},
       {"aten::native_layer_norm", {OpClass::Row, layer_norm, dims_layer_norm<1>}},
       {"aten::native_layer_norm_backward", {OpClass::Row, layer_norm_backward, dims_layer_norm<2>}},
+      {"aten::mm", {OpClass::Contraction, matmul}},
+      {"aten::addmm", {OpClass::Contraction, matmul}},
+      {"aten::bmm", {OpClass::Contraction, matmul}},
+      {"aten::baddbmm", {OpClass::Contraction, matmul}},
   };
   return t;
 }
@@ -525,6 +555,42 @@ std::vector<std::pair<std::string, OpClass>> lowered_ops() {
   for (const auto& [op, row] : table()) out.emplace_back(op, row.cls);
   std::sort(out.begin(), out.end());
   return out;
+}
+
+std::vector<int64_t> contraction_space(const ir::Graph& g, const ir::Node& n) {
+  const size_t a = adds_self(n) ? 1 : 0;
+  const auto& lhs = g.value(n.args.at(a).values.at(0)).meta.sizes;
+  std::vector<int64_t> S = out_sizes_of(g, n);
+  S.push_back(lhs.back());
+  return S;
+}
+
+std::vector<int> contraction_src(const ir::Graph& g, const ir::Node& n, size_t i) {
+  const bool batched = n.op == "aten::bmm" || n.op == "aten::baddbmm";
+  const size_t a = adds_self(n) ? 1 : 0;
+  // Space dims: [B,] M, N, K.
+  const int b = batched ? 1 : 0;
+  if (i == a) {  // [B,] M, K
+    std::vector<int> src = batched ? std::vector<int>{0, 1, -1, 2} : std::vector<int>{0, -1, 1};
+    return src;
+  }
+  if (i == a + 1) {  // [B,] K, N
+    return batched ? std::vector<int>{0, -1, 2, 1} : std::vector<int>{-1, 1, 0};
+  }
+  TORCH_INTERNAL_ASSERT(adds_self(n) && i == 0, "tcap fusion: ", n.qualified_op(), " has no operand ", i);
+  // self broadcasts (right-aligned) onto the output [B,] M, N; it is not read along K.
+  const auto& s = g.value(n.args.at(0).values.at(0)).meta.sizes;
+  const int out_rank = 2 + b;
+  std::vector<int> src(static_cast<size_t>(out_rank + 1), -1);
+  const int off = out_rank - static_cast<int>(s.size());
+  for (int d = std::max(off, 0); d < out_rank; ++d) src[static_cast<size_t>(d)] = d - off;
+  return src;
+}
+
+int64_t contraction_macs(const ir::Graph& g, const ir::Node& n) {
+  int64_t macs = 1;
+  for (int64_t d : contraction_space(g, n)) macs *= d;
+  return macs;
 }
 
 std::vector<Val> lower(Emitter& e, const ir::Node& n) {

@@ -76,6 +76,17 @@ Config read_config() {
                    threads.c_str());
     }
   }
+  const std::string macs = env_or("TCAP_SMALL_MATMUL_MACS", "");
+  if (!macs.empty()) {
+    char* end = nullptr;
+    const long long n = std::strtoll(macs.c_str(), &end, 10);
+    if (end && *end == '\0' && n >= 0) {
+      c.small_matmul_macs = n;
+    } else {
+      std::fprintf(stderr, "[tcap] TCAP_SMALL_MATMUL_MACS: '%s' is not a number of multiply-adds (ignored)\n",
+                   macs.c_str());
+    }
+  }
   c.stance = env_or("TCAP_STANCE", "");
   const std::string fallback = env_or("TCAP_ERROR_ON_FALLBACK", "0");
   c.error_on_fallback = fallback != "0" && fallback != "false" && fallback != "off";

@@ -9,6 +9,7 @@
 // kernels compute in float32 and round once, eager rounds after every op; see
 // no_worse_than_eager).
 #include <tcap/compile.h>
+#include <tcap/interpreter.h>
 
 #include "codegen/cpu_llvm/cpu_llvm.h"
 #include "fuse/fusion.h"
@@ -16,6 +17,7 @@
 #include "ir/op_facts.h"
 #include "runtime/fused_kernel.h"
 #include "support/compare.h"
+#include "support/logging.h"
 
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
@@ -227,6 +229,14 @@ std::vector<Case> cases() {
          return Tensors{x.sum(std::vector<int64_t>{0, 2}), x.mean(-1, /*keepdim=*/true) - x.amax(-1, true), in[0].sum()};
        },
        [=](int64_t n, at::ScalarType t) { return Tensors{leaf(torch::randn({n, 3, 5}, opts(t)))}; }},
+      // A small matmul is a kernel at n = 1 and 3, a BLAS call at 1023 and 4097 (Note
+      // [Small matmuls as kernels]); the backward's matmuls cross the limit at other sizes.
+      {"linear_relu",
+       [](const Tensors& in) { return Tensors{torch::relu(torch::nn::functional::linear(in[0], in[1], in[2]))}; },
+       [=](int64_t n, at::ScalarType t) {
+         return Tensors{leaf(torch::randn({n, 10}, opts(t))), leaf(torch::randn({7, 10}, opts(t))),
+                        leaf(torch::randn({7}, opts(t)))};
+       }},
       {"mse_loss",
        [](const Tensors& in) { return Tensors{torch::mse_loss(torch::relu(in[0]), in[1])}; },
        [=](int64_t n, at::ScalarType t) {
@@ -343,13 +353,174 @@ TEST_F(Fusion, SoftmaxIsOneRowKernelAndMatmulStaysATen) {
   options.bw_compiler = spy(&seen);
   auto fn = [](const Tensors& in) { return Tensors{torch::softmax(torch::mm(in[0], in[1]) + in[2], -1)}; };
   auto f = tcap::compile(fn, options);
-  Tensors in{leaf(torch::randn({9, 5})), leaf(torch::randn({5, 11})), leaf(torch::randn({11}))};
+  // 9 * 70 * 61 multiply-adds: above the small-matmul limit (Note [Small matmuls as kernels]).
+  Tensors in{leaf(torch::randn({9, 70})), leaf(torch::randn({70, 61})), leaf(torch::randn({61}))};
   (*f)(in)[0].sum().backward();
   ASSERT_EQ(seen.results.size(), 2u);
   const auto& fw = seen.results[0];
   ASSERT_EQ(fw.groups.size(), 1u) << fw.explain();
   EXPECT_EQ(fw.groups[0].kernel.num_reduce_dims, 1) << fw.explain();
-  EXPECT_NE(fw.explain().find("aten::mm: no kernel IR lowering"), std::string::npos) << fw.explain();
+  EXPECT_NE(fw.explain().find("aten::mm: 38430 multiply-adds, above the small-matmul limit"), std::string::npos)
+      << fw.explain();
+}
+
+// Note [Small matmuls as kernels]: a matmul of a few multiply-adds is a kernel over its
+// own space, with the pointwise ops on its result (a Linear's bias, the ReLU after it) in
+// the same kernel; the ops after a row op or a second matmul start their own.
+TEST_F(Fusion, SmallMatmulsAreKernelsWithTheirEpilogue) {
+  Seen seen;
+  tcap::CompileOptions options;
+  options.fw_compiler = spy(&seen);
+  options.bw_compiler = spy(&seen);
+  // in: x [3, 10], w1 [5, 10], b1 [5], w2 [2, 5], b2 [2] (a 10-5-2 MLP).
+  auto fn = [](const Tensors& in) {
+    auto h = torch::relu(torch::nn::functional::linear(in[0], in[1], in[2]));
+    return Tensors{torch::softmax(torch::nn::functional::linear(h, in[3], in[4]), 1)};
+  };
+  auto f = tcap::compile(fn, options);
+  Tensors in{leaf(torch::randn({3, 10})), leaf(torch::randn({5, 10})), leaf(torch::randn({5})),
+             leaf(torch::randn({2, 5})), leaf(torch::randn({2}))};
+  (*f)(in)[0].sum().backward();
+  ASSERT_EQ(seen.results.size(), 2u);
+  const auto& fw = seen.results[0];
+  std::vector<std::string> names;
+  for (const auto& gr : fw.groups) names.push_back(gr.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"fused_0_addmm_relu", "fused_1_addmm", "fused_2__softmax"})) << fw.explain();
+  EXPECT_EQ(fw.groups[0].kernel.sizes, (std::vector<int64_t>{3, 5, 10})) << fw.explain();
+  for (const auto& n : fw.graph.nodes()) {
+    EXPECT_TRUE(n.kind != tcap::ir::NodeKind::Call || n.op != "aten::addmm") << tcap::ir::to_string(fw.graph);
+  }
+  // The backward's matmuls (the gradients of x, h and both weights) are kernels too.
+  const auto& bw = seen.results[1];
+  int matmul_kernels = 0;
+  for (const auto& gr : bw.groups) matmul_kernels += gr.name.find("_mm") != std::string::npos;
+  EXPECT_EQ(matmul_kernels, 4) << bw.explain();
+  // Note [Views read through their base]: no transposes or views between the kernels.
+  for (const auto& n : bw.graph.nodes()) {
+    EXPECT_TRUE(n.kind != tcap::ir::NodeKind::Call || n.op == tcap::fuse::kFusedOp) << tcap::ir::to_string(bw.graph);
+  }
+  check_against_eager("mlp", fn, [] {
+    return Tensors{leaf(torch::randn({3, 10})), leaf(torch::randn({5, 10})), leaf(torch::randn({5})),
+                   leaf(torch::randn({2, 5})), leaf(torch::randn({2}))};
+  }, at::kFloat);
+}
+
+// Every matmul form against eager: transposed and sliced operands, bmm and baddbmm,
+// addmm's beta and alpha, a bias broadcast along either dim, beta = 0 over a NaN bias (eager
+// ignores it), a contracted size of 1, float64 and bfloat16.
+TEST_F(Fusion, SmallMatmulFormsMatchEager) {
+  struct MatmulCase {
+    std::string name;
+    Fn fn;
+    std::function<Tensors(at::ScalarType)> inputs;
+  };
+  auto o = [](at::ScalarType t) { return torch::TensorOptions().dtype(t); };
+  const std::vector<MatmulCase> all = {
+      {"mm_transposed_sliced", [](const Tensors& in) { return Tensors{torch::mm(in[0].t(), in[1].slice(1, 0, 14, 2))}; },
+       [=](at::ScalarType t) { return Tensors{leaf(torch::randn({6, 3}, o(t))), leaf(torch::randn({6, 14}, o(t)))}; }},
+      {"mm_k1", [](const Tensors& in) { return Tensors{torch::mm(in[0], in[1]) * 2.0}; },
+       [=](at::ScalarType t) { return Tensors{leaf(torch::randn({5, 1}, o(t))), leaf(torch::randn({1, 7}, o(t)))}; }},
+      {"addmm_beta_alpha_column_bias",
+       [](const Tensors& in) { return Tensors{torch::addmm(in[0], in[1], in[2], 0.5, -2.0).tanh()}; },
+       [=](at::ScalarType t) {
+         return Tensors{leaf(torch::randn({7, 1}, o(t))), leaf(torch::randn({7, 9}, o(t))), leaf(torch::randn({9, 3}, o(t)))};
+       }},
+      {"addmm_beta0_ignores_nan",
+       [](const Tensors& in) { return Tensors{torch::addmm(in[0], in[1], in[2], 0.0, 1.5)}; },
+       [=](at::ScalarType t) {
+         return Tensors{torch::full({4}, std::numeric_limits<double>::quiet_NaN(), o(t)), leaf(torch::randn({3, 5}, o(t))),
+                        leaf(torch::randn({5, 4}, o(t)))};
+       }},
+      {"bmm", [](const Tensors& in) { return Tensors{torch::bmm(in[0], in[1].transpose(1, 2))}; },
+       [=](at::ScalarType t) { return Tensors{leaf(torch::randn({3, 4, 6}, o(t))), leaf(torch::randn({3, 5, 6}, o(t)))}; }},
+      {"baddbmm_row_bias",
+       [](const Tensors& in) { return Tensors{torch::baddbmm(in[0], in[1], in[2], 1.0, 0.25).relu()}; },
+       [=](at::ScalarType t) {
+         return Tensors{leaf(torch::randn({1, 5}, o(t))), leaf(torch::randn({2, 3, 4}, o(t))),
+                        leaf(torch::randn({2, 4, 5}, o(t)))};
+       }},
+  };
+  for (const auto& c : all) {
+    for (at::ScalarType t : {at::kFloat, at::kDouble, at::kBFloat16}) {
+      check_against_eager(c.name + "_" + std::string(c10::toString(t)), c.fn, [&] { return c.inputs(t); }, t);
+    }
+  }
+}
+
+// Note [Views read through their base]: a view of an input that only a kernel reads (the
+// transpose here) and a view of a kernel's result that nothing else reads (the flattened
+// sum) are no calls of their own: the kernel reads the input's buffer and writes the view's
+// tensor. Its guard checks the base: an input with other strides runs the fallback graph,
+// view node included, with the same results.
+TEST_F(Fusion, ViewsAreReadAndWrittenThroughTheirBase) {
+  tcap::fuse::FusionResult fused;
+  std::vector<std::shared_ptr<tcap::runtime::FusedKernel>> kernels;
+  tcap::CompileOptions options;
+  options.fw_compiler = [&](const tcap::ir::Graph& g) {
+    tcap::fuse::FusionOptions o;
+    o.compile = [&](const tcap::fuse::FusedGroup& fg, std::string*) -> int64_t {
+      auto k = std::make_shared<tcap::runtime::FusedKernel>();
+      k->name = fg.name;
+      k->kernel = fg.kernel;
+      k->cpu = tcap::codegen::cpu_llvm::compile_cpu_kernel(fg.kernel);
+      k->inputs = fg.input_metas;
+      k->outputs = fg.output_metas;
+      k->fallback = fg.fallback;
+      kernels.push_back(k);
+      return tcap::runtime::register_kernel(k);
+    };
+    fused = tcap::fuse::fuse(g, o);
+    return tcap::eager_backend(fused.graph);
+  };
+  auto fn = [](const Tensors& in) {
+    return Tensors{(in[0].t() * 2.0 + in[1]).relu().sum(0, /*keepdim=*/true).view({-1})};
+  };
+  auto f = tcap::compile(fn, options);
+  const Tensors in{torch::randn({6, 4}), torch::randn({4, 6})};
+  const Tensors out = (*f)(in);
+  EXPECT_TRUE(close(out[0], fn(in)[0], 1e-5, 1e-6));
+  ASSERT_EQ(fused.groups.size(), 1u) << fused.explain();
+  for (const auto& n : fused.graph.nodes()) {
+    EXPECT_TRUE(n.kind != tcap::ir::NodeKind::Call || n.op == tcap::fuse::kFusedOp) << tcap::ir::to_string(fused.graph);
+  }
+  EXPECT_EQ(c10::IntArrayRef(fused.groups[0].input_metas[0].sizes), (c10::IntArrayRef{6, 4})) << "the kernel reads the base";
+  EXPECT_EQ(c10::IntArrayRef(fused.groups[0].output_metas[0].sizes), (c10::IntArrayRef{6})) << "the kernel writes the view";
+  // The fused graph on the recorded layout, then on inputs with other strides (same sizes).
+  tcap::Interpreter run(fused.graph);
+  auto before = tcap::runtime::runtime_stats();
+  Tensors got = run.run({in[0], in[1]});
+  auto after = tcap::runtime::runtime_stats();
+  EXPECT_EQ(after.launches - before.launches, 1);
+  EXPECT_EQ(after.fallbacks, before.fallbacks);
+  EXPECT_TRUE(close(got[0], fn(in)[0], 1e-5, 1e-6));
+  const Tensors strided{torch::randn({4, 6}).t(), torch::randn({6, 4}).t()};
+  before = tcap::runtime::runtime_stats();
+  got = run.run({strided[0], strided[1]});
+  after = tcap::runtime::runtime_stats();
+  EXPECT_EQ(after.fallbacks - before.fallbacks, 1) << "the kernel's guard checks the base's strides";
+  EXPECT_TRUE(close(got[0], fn(strided)[0], 1e-5, 1e-6));
+  EXPECT_EQ(got[0].sizes(), (c10::IntArrayRef{6}));
+}
+
+// TCAP_SMALL_MATMUL_MACS sets the limit; 0 keeps every matmul a BLAS call.
+TEST_F(Fusion, SmallMatmulLimitFromTheEnvironment) {
+  ::setenv("TCAP_SMALL_MATMUL_MACS", "0", 1);
+  tcap::reload_config_for_testing();
+  EXPECT_EQ(tcap::fuse::default_max_matmul_macs(), 0);
+  Seen seen;
+  tcap::CompileOptions options;
+  options.fw_compiler = spy(&seen);
+  auto f = tcap::compile([](const Tensors& in) { return Tensors{torch::mm(in[0], in[1]).relu()}; }, options);
+  const Tensors in{torch::randn({2, 3}), torch::randn({3, 4})};
+  const Tensors out = (*f)(in);
+  ::unsetenv("TCAP_SMALL_MATMUL_MACS");
+  tcap::reload_config_for_testing();
+  EXPECT_GT(tcap::fuse::default_max_matmul_macs(), 0);
+  ASSERT_EQ(seen.results.size(), 1u);
+  EXPECT_NE(seen.results[0].explain().find("aten::mm: 24 multiply-adds, above the small-matmul limit of 0"),
+            std::string::npos)
+      << seen.results[0].explain();
+  EXPECT_TRUE(torch::allclose(out[0], torch::mm(in[0], in[1]).relu()));
 }
 
 // Note [Decompositions for fusion]: the layer norm backward is one row kernel (grad_input)
@@ -634,15 +805,16 @@ TEST(ParallelCompile, ErrorsReachTheCaller) {
 
 // The lowering table (how ops lower to kernel IR) and the op facts every pass reads
 // (ir/op_facts.h) agree: an op lowered as pointwise is Pointwise there, one lowered as a
-// reduction or row op is a Reduction, and none of them is a view.
+// reduction or row op is a Reduction, a matmul is neither, and none of them is a view.
 TEST(OpFactsAgree, LoweringTableMatchesOpFacts) {
   const auto ops = tcap::fuse::lowered_ops();
   ASSERT_GT(ops.size(), 50u);
   for (const auto& [key, cls] : ops) {
     const std::string op = key.substr(0, key.find('.'));
     const bool pointwise = cls == tcap::fuse::OpClass::Pointwise;
+    const bool contraction = cls == tcap::fuse::OpClass::Contraction;  // a matmul: neither
     EXPECT_EQ(tcap::ir::op_has(op, tcap::ir::OpFact::Pointwise), pointwise) << key;
-    EXPECT_EQ(tcap::ir::op_has(op, tcap::ir::OpFact::Reduction), !pointwise) << key;
+    EXPECT_EQ(tcap::ir::op_has(op, tcap::ir::OpFact::Reduction), !pointwise && !contraction) << key;
     EXPECT_FALSE(tcap::ir::op_has(op, tcap::ir::OpFact::View)) << key;
   }
 }
