@@ -1,5 +1,6 @@
 #include <tcap/interpreter.h>
 
+#include "interp/direct_calls.h"
 #include "interp/hook_runner.h"
 #include "ir/printable.h"
 #include "ir/verify_args.h"
@@ -10,8 +11,10 @@
 #include <ATen/core/List.h>
 #include <ATen/core/stack.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/version.h>
 
+#include <atomic>
 #include <cmath>
 #include <sstream>
 
@@ -155,6 +158,25 @@ void check_trusted_arguments(const ir::Node& n, const torch::jit::Stack& stack) 
 
 }  // namespace
 
+namespace {
+
+std::atomic<interp::DirectCallFinder> g_direct_call_finder{nullptr};
+
+std::shared_ptr<interp::DirectCall> find_direct_call(const ir::Node& n) {
+  const interp::DirectCallFinder finder = g_direct_call_finder.load(std::memory_order_acquire);
+  if (!finder || n.args.empty() || n.args[0].kind != ir::ArgKind::ValueList || n.outputs.empty() ||
+      n.outputs[0].kind != ir::ArgKind::ValueList) {
+    return nullptr;
+  }
+  return finder(n);
+}
+
+}  // namespace
+
+void interp::set_direct_call_finder(interp::DirectCallFinder finder) {
+  g_direct_call_finder.store(finder, std::memory_order_release);
+}
+
 Interpreter::Interpreter(const ir::Graph& graph, bool differentiable)
     : graph_(graph), differentiable_(differentiable) {
   ops_.resize(graph.nodes().size());
@@ -174,6 +196,19 @@ Interpreter::Interpreter(const ir::Graph& graph, bool differentiable)
     }
     ops_[static_cast<size_t>(n.id)] = *op;
     schemas_[static_cast<size_t>(n.id)] = &ops_[static_cast<size_t>(n.id)]->schema();
+    // Note [Direct fused calls]
+    // A tcap::fused node's kernel is found once, here, and a run calls it directly: no
+    // Tensor[] boxed into an IValue list, no dispatcher, no registry lookup under its
+    // mutex per call (nine kernels in mlp_small's backward). Below autograd only: through
+    // autograd the operator's registration is what reports a missing derivative. A graph
+    // whose kernels are not loaded in this process keeps the operator, which says so. A
+    // run under a mode key (a capture recording it) goes through the dispatcher (run()).
+    if (!differentiable) {
+      if (auto direct = find_direct_call(n)) {
+        direct_.resize(graph.nodes().size());
+        direct_[static_cast<size_t>(n.id)] = std::move(direct);
+      }
+    }
     if (trusts_its_arguments(n)) {
       trusting_.resize(graph.nodes().size(), 0);
       trusting_[static_cast<size_t>(n.id)] = 1;
@@ -361,6 +396,19 @@ void Interpreter::run_call(const ir::Node& n, const c10::OperatorHandle& op, con
   }
 }
 
+void Interpreter::run_direct(const ir::Node& n, interp::DirectCall& call) {
+  const auto& in = n.args[0].values;
+  std::vector<at::Tensor> inputs;
+  inputs.reserve(in.size());
+  for (ir::ValueId v : in) inputs.push_back(get(n, v));
+  std::vector<at::Tensor> outs = call.call(inputs);
+  const auto& out = n.outputs.at(0).values;
+  if (outs.size() != out.size()) fail(n, "returned a list of a different length than recorded");
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (out[i] != ir::kNoValue) env_[static_cast<size_t>(out[i])] = std::move(outs[i]);
+  }
+}
+
 void Interpreter::run_hook(const ir::Node& n) {
   const auto& outs = n.outputs.at(0).values;
   const ir::Hook& hook = graph_.hooks().at(static_cast<size_t>(n.hook));
@@ -417,6 +465,12 @@ std::vector<at::Tensor> Interpreter::run(std::vector<at::Tensor> inputs) {
   // its workspace only when grad mode is on).
   std::optional<at::AutoDispatchBelowADInplaceOrView> below_autograd;
   if (!differentiable_) below_autograd.emplace();
+  // Note [Direct fused calls]: only where the dispatcher would go straight to the kernel.
+  // A mode key in the thread's included set beyond LibTorch's defaults (a capture
+  // recording this replay, compiled autograd's among them, or any other mode) must see
+  // the call.
+  const bool direct_ok =
+      !direct_.empty() && (c10::impl::tls_local_dispatch_key_set().included_ - c10::default_included_set).empty();
   for (const auto& n : graph_.nodes()) {
     // Every error names the node that raised it: the kernel's (or hook's) own message says
     // what. HostValueChanged passes through unchanged: it names its node already, and
@@ -424,7 +478,14 @@ std::vector<at::Tensor> Interpreter::run(std::vector<at::Tensor> inputs) {
     try {
       if (n.kind == ir::NodeKind::Call) {
         c10::AutoGradMode grad_mode(n.grad_mode);
-        run_call(n, *ops_[static_cast<size_t>(n.id)], *schemas_[static_cast<size_t>(n.id)]);
+        interp::DirectCall* direct = direct_ok && static_cast<size_t>(n.id) < direct_.size()
+                                         ? direct_[static_cast<size_t>(n.id)].get()
+                                         : nullptr;
+        if (direct) {
+          run_direct(n, *direct);
+        } else {
+          run_call(n, *ops_[static_cast<size_t>(n.id)], *schemas_[static_cast<size_t>(n.id)]);
+        }
       } else if (n.kind == ir::NodeKind::CallHook) {
         run_hook(n);
       }

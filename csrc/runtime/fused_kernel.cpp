@@ -103,7 +103,25 @@ std::vector<at::Tensor> fused_op(at::TensorList inputs, int64_t id) {
 
 FusedKernel::~FusedKernel() = default;
 
+std::vector<at::Tensor> FusedKernel::call(const std::vector<at::Tensor>& inputs) { return run_fused(*this, inputs); }
+
+namespace {
+
+// Note [Direct fused calls] (interp/interpreter.cpp): an interpreter built over a graph
+// with tcap::fused nodes holds their kernels and calls them without the dispatcher.
+std::shared_ptr<interp::DirectCall> find_fused(const ir::Node& n) {
+  if (n.op != "tcap::fused" || n.args.size() != 2 || n.args[1].kind != ir::ArgKind::Int) return nullptr;
+  return find_kernel(n.args[1].i);
+}
+
+}  // namespace
+
 int64_t register_kernel(std::shared_ptr<FusedKernel> k) {
+  static const bool installed = [] {
+    interp::set_direct_call_finder(&find_fused);
+    return true;
+  }();
+  (void)installed;
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   const int64_t id = r.next++;
@@ -133,6 +151,11 @@ std::vector<at::Tensor> run_fused(const std::vector<at::Tensor>& inputs, int64_t
   TORCH_CHECK(k, "tcap::fused: kernel ", id,
               " is not loaded in this process (graphs with fused nodes run only in the process that compiled them; "
               "replay the graph dumped before fusion instead)");
+  return run_fused(*k, inputs);
+}
+
+std::vector<at::Tensor> run_fused(FusedKernel& kernel, const std::vector<at::Tensor>& inputs) {
+  FusedKernel* k = &kernel;
   // The kernel by its name, fused ops included, in the profiler (Note [Profiler names]).
   RECORD_USER_SCOPE(std::string_view(k->name));
   k->calls.fetch_add(1, std::memory_order_relaxed);

@@ -21,6 +21,7 @@
 
 #include "codegen/cpu_llvm/cpu_llvm.h"
 #include "codegen/cuda/cuda.h"
+#include "interp/direct_calls.h"
 #include "kir/kir.h"
 
 #include <tcap/graph.h>
@@ -36,7 +37,7 @@
 
 namespace tcap::runtime {
 
-struct FusedKernel {
+struct FusedKernel : interp::DirectCall {
   std::string name;
   kir::Kernel kernel;
   c10::Device device = c10::Device(c10::kCPU);
@@ -53,7 +54,8 @@ struct FusedKernel {
   std::mutex mu;
   std::unique_ptr<Interpreter> fallback_interp;
   bool logged_fallback = false;
-  ~FusedKernel();
+  ~FusedKernel() override;
+  std::vector<at::Tensor> call(const std::vector<at::Tensor>& inputs) override;
 };
 
 // Registers a kernel for `tcap::fused`; returns its id. Ids are never reused.
@@ -72,5 +74,8 @@ RuntimeStats runtime_stats();
 
 // Runs kernel `id` on `inputs` (what the operator does).
 std::vector<at::Tensor> run_fused(const std::vector<at::Tensor>& inputs, int64_t id);
+// Runs kernel k on `inputs`: what the interpreter calls for a `tcap::fused` node whose
+// kernel it resolved when it was built (Note [Direct fused calls] in interpreter.cpp).
+std::vector<at::Tensor> run_fused(FusedKernel& k, const std::vector<at::Tensor>& inputs);
 
 }  // namespace tcap::runtime

@@ -14,10 +14,15 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <memory>
 #include <optional>
 #include <vector>
 
 namespace tcap {
+
+namespace interp {
+class DirectCall;
+}
 
 // Thrown by an interpreter with check_host_values(true) when a value read on the host
 // differs from the one recorded on its node. The message names the node.
@@ -59,6 +64,7 @@ class Interpreter {
  private:
   void run_call(const ir::Node& n, const c10::OperatorHandle& op, const c10::FunctionSchema& schema);
   void run_hook(const ir::Node& n);
+  void run_direct(const ir::Node& n, interp::DirectCall& call);
   c10::IValue to_ivalue(const ir::Node& n, size_t i, const c10::Argument& schema_arg) const;
   const at::Tensor& get(const ir::Node& n, ir::ValueId v) const;
 
@@ -74,6 +80,9 @@ class Interpreter {
   std::vector<ir::NodeId> input_nodes_;
   std::vector<ir::ValueId> output_values_;
   std::vector<uint8_t> trusting_;  // per node (empty: none): its kernel's arguments are checked first
+  // Per node (empty: none): the generated kernel a tcap::fused node runs, resolved once
+  // and called without the dispatcher (Note [Direct fused calls]).
+  std::vector<std::shared_ptr<interp::DirectCall>> direct_;
   std::vector<at::Tensor> env_;
   std::vector<c10::IValue> host_values_;
   // Per node: values whose last reader it is (not outputs); freed after the node runs
