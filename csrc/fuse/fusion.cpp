@@ -422,9 +422,11 @@ std::string FusionResult::explain() const {
 }
 
 int64_t default_max_matmul_macs() {
-  // Measured on the CPU (bench/RESULTS.md, "Small matmuls as kernels"): up to here a
-  // generated kernel beats the BLAS call with its set-up.
-  constexpr int64_t kMeasured = 32768;
+  // Measured on the CPU (bench/RESULTS.md, "Small matmuls as kernels"): alone, a
+  // generated Linear of 32^3 multiply-adds still beats BLAS, but program_transformer's
+  // matmuls of 9216-24576 (bmm over 4 or 12 contracted elements, which the renderer does
+  // not vectorise) cost it 10%; below 8192 every program measured gains or holds.
+  constexpr int64_t kMeasured = 8192;
   const long long env = Config::get().small_matmul_macs;
   return env >= 0 ? static_cast<int64_t>(env) : kMeasured;
 }
