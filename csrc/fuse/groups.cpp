@@ -266,6 +266,17 @@ class Grouper {
     return true;
   }
 
+  // Whether a mutation or hook call lies strictly between nodes a and b: a view taken
+  // into a later kernel must see its base as it was when the view was made (an in-place
+  // t_() or resize_() in between would change what the kernel's fallback computes).
+  bool effect_between(ir::NodeId a, ir::NodeId b) const {
+    for (ir::NodeId x = a + 1; x < b; ++x) {
+      const ir::Node& n = g_.node(x);
+      if (n.kind == ir::NodeKind::CallHook || (n.kind == ir::NodeKind::Call && is_mutation(g_, n))) return true;
+    }
+    return false;
+  }
+
   void absorb_views() {
     const auto outs = g_.output_values();
     const std::set<ir::ValueId> graph_outputs(outs.begin(), outs.end());
@@ -296,6 +307,7 @@ class Grouper {
             ir::ValueId base = ir::kNoValue, result = ir::kNoValue;
             if (!offset_keeping_view(g_.node(p), &base, &result) || result != v) return;
             if (group_of_value_[static_cast<size_t>(base)] == gr.id || !all_readers_in(v, gr.id)) return;
+            if (effect_between(p, gr.nodes.back())) return;
             take(p, gr.id, base, result);
             grew = true;
           });

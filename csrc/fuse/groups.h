@@ -75,7 +75,8 @@ struct Grouping {
 // bias's shape) is a dispatcher call and a TensorImpl per run that computes nothing: a
 // kernel reads any tensor through constant strides anyway. So a group takes in
 //   - a view node of an outside value (or of such a view) whose every reader is in the
-//     group: the kernel reads the base's buffer through the view's recorded strides;
+//     group, with no mutation or hook call between the view and the group's last node:
+//     the kernel reads the base's buffer through the view's recorded strides;
 //   - a view node of one of its results that nothing else reads (not a graph output
 //     either): the kernel writes the view's tensor, through the result's strides, when
 //     both are dense with the same number of elements.
