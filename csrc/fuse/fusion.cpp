@@ -27,25 +27,8 @@ namespace {
 // eager's. A recorded layout that is not dense (overlapping, such as the stride-0 strides
 // seen on some gradient accumulations in captured backward graphs) cannot be written
 // element by element; such outputs are written contiguously instead.
-// Whether a layout covers its elements exactly once (c10's _compute_non_overlapping_and_dense
-// says the same but draws a false GCC 12 -Wmaybe-uninitialized from its SmallVector here).
-bool dense(const ir::TensorMeta& m) {
-  std::vector<size_t> perm;
-  for (size_t d = 0; d < m.sizes.size(); ++d) {
-    if (m.sizes[d] == 0) return true;
-    if (m.sizes[d] != 1) perm.push_back(d);
-  }
-  std::sort(perm.begin(), perm.end(), [&](size_t a, size_t b) { return m.strides[a] < m.strides[b]; });
-  int64_t expected = 1;
-  for (size_t d : perm) {
-    if (m.strides[d] != expected) return false;
-    expected *= m.sizes[d];
-  }
-  return true;
-}
-
 ir::TensorMeta written_layout(const ir::TensorMeta& m) {
-  if (dense(m)) return m;
+  if (dense_layout(m)) return m;
   ir::TensorMeta c = m;
   const auto strides = c10::contiguous_strides(m.sizes);
   c.strides.assign(strides.begin(), strides.end());

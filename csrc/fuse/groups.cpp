@@ -90,6 +90,23 @@ bool outer_src(c10::ArrayRef<int64_t> u, const Group& gr, std::vector<int>* src)
   return true;
 }
 
+// Whether a layout covers its elements exactly once (c10's _compute_non_overlapping_and_dense
+// says the same but draws a false GCC 12 -Wmaybe-uninitialized from its SmallVector here).
+bool dense_layout(const ir::TensorMeta& m) {
+  std::vector<size_t> perm;
+  for (size_t d = 0; d < m.sizes.size(); ++d) {
+    if (m.sizes[d] == 0) return true;
+    if (m.sizes[d] != 1) perm.push_back(d);
+  }
+  std::sort(perm.begin(), perm.end(), [&](size_t a, size_t b) { return m.strides[a] < m.strides[b]; });
+  int64_t expected = 1;
+  for (size_t d : perm) {
+    if (m.strides[d] != expected) return false;
+    expected *= m.sizes[d];
+  }
+  return true;
+}
+
 std::string decision(const ir::Node& n, const std::string& why) {
   return "%" + std::to_string(n.id) + " " + n.qualified_op() + ": " + why;
 }
@@ -249,21 +266,6 @@ class Grouper {
     const auto& v = g_.value(*result).meta;
     return g_.value(*result).view_of != ir::kNoValue && b.dtype == v.dtype && b.device == v.device &&
            b.storage_offset == v.storage_offset && b.device == device_;
-  }
-
-  static bool dense_layout(const ir::TensorMeta& m) {
-    std::vector<size_t> perm;
-    for (size_t d = 0; d < m.sizes.size(); ++d) {
-      if (m.sizes[d] == 0) return false;
-      if (m.sizes[d] != 1) perm.push_back(d);
-    }
-    std::sort(perm.begin(), perm.end(), [&](size_t a, size_t b) { return m.strides[a] < m.strides[b]; });
-    int64_t expected = 1;
-    for (size_t d : perm) {
-      if (m.strides[d] != expected) return false;
-      expected *= m.sizes[d];
-    }
-    return true;
   }
 
   // Whether a mutation or hook call lies strictly between nodes a and b: a view taken

@@ -103,6 +103,8 @@ bool is_effect(const ir::Graph& g, const ir::Node& n);
 bool broadcast_src(c10::ArrayRef<int64_t> u, const std::vector<int64_t>& target, std::vector<int>* src);
 // Per S dim: which dim of an Outer value of shape u it comes from (-1 on reduced dims).
 bool outer_src(c10::ArrayRef<int64_t> u, const Group& gr, std::vector<int>* src);
+// Whether a layout covers its elements exactly once (no gaps, no overlap).
+bool dense_layout(const ir::TensorMeta& m);
 // One line of FusionResult::decisions: "%12 aten::mm: <why>".
 std::string decision(const ir::Node& n, const std::string& why);
 
