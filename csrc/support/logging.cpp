@@ -1,10 +1,12 @@
 #include "support/logging.h"
 
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <mutex>
+#include <optional>
 
 namespace tcap {
 namespace {
@@ -49,44 +51,28 @@ unsigned parse_mask(const std::string& spec) {
   return mask;
 }
 
+// An integer setting in [lo, hi]; anything else is ignored with a line saying so.
+std::optional<long long> env_number(const char* name, long long lo, long long hi, const char* what) {
+  const std::string text = env_or(name, "");
+  if (text.empty()) return std::nullopt;
+  char* end = nullptr;
+  const long long n = std::strtoll(text.c_str(), &end, 10);
+  if (end && *end == '\0' && n >= lo && n <= hi) return n;
+  std::fprintf(stderr, "[tcap] %s: '%s' is not %s (ignored)\n", name, text.c_str(), what);
+  return std::nullopt;
+}
+
 Config read_config() {
   Config c;
   c.log_mask = parse_mask(env_or("TCAP_LOGS", ""));
   c.log_file = env_or("TCAP_LOG_FILE", "");
   c.dump_dir = env_or("TCAP_DUMP_DIR", "");
   c.cache_dir = env_or("TCAP_CACHE_DIR", env_or("HOME", "/tmp") + "/.cache/tcap");
-  const std::string pool = env_or("TCAP_BUFFER_POOL_MB", "");
-  if (!pool.empty()) {
-    char* end = nullptr;
-    const long long mb = std::strtoll(pool.c_str(), &end, 10);
-    if (end && *end == '\0' && mb >= 0) {
-      c.buffer_pool_mb = mb;
-    } else {
-      std::fprintf(stderr, "[tcap] TCAP_BUFFER_POOL_MB: '%s' is not a number of megabytes (ignored)\n", pool.c_str());
-    }
+  if (auto mb = env_number("TCAP_BUFFER_POOL_MB", 0, LLONG_MAX, "a number of megabytes")) c.buffer_pool_mb = *mb;
+  if (auto n = env_number("TCAP_COMPILE_THREADS", 1, 256, "a number of threads in 1..256")) {
+    c.compile_threads = static_cast<int>(*n);
   }
-  const std::string threads = env_or("TCAP_COMPILE_THREADS", "");
-  if (!threads.empty()) {
-    char* end = nullptr;
-    const long long n = std::strtoll(threads.c_str(), &end, 10);
-    if (end && *end == '\0' && n >= 1 && n <= 256) {
-      c.compile_threads = static_cast<int>(n);
-    } else {
-      std::fprintf(stderr, "[tcap] TCAP_COMPILE_THREADS: '%s' is not a number of threads in 1..256 (ignored)\n",
-                   threads.c_str());
-    }
-  }
-  const std::string macs = env_or("TCAP_SMALL_MATMUL_MACS", "");
-  if (!macs.empty()) {
-    char* end = nullptr;
-    const long long n = std::strtoll(macs.c_str(), &end, 10);
-    if (end && *end == '\0' && n >= 0) {
-      c.small_matmul_macs = n;
-    } else {
-      std::fprintf(stderr, "[tcap] TCAP_SMALL_MATMUL_MACS: '%s' is not a number of multiply-adds (ignored)\n",
-                   macs.c_str());
-    }
-  }
+  if (auto n = env_number("TCAP_SMALL_MATMUL_MACS", 0, LLONG_MAX, "a number of multiply-adds")) c.small_matmul_macs = *n;
   c.stance = env_or("TCAP_STANCE", "");
   const std::string fallback = env_or("TCAP_ERROR_ON_FALLBACK", "0");
   c.error_on_fallback = fallback != "0" && fallback != "false" && fallback != "off";
