@@ -268,9 +268,12 @@ class Grouper {
            b.storage_offset == v.storage_offset && b.device == device_;
   }
 
-  // Whether a mutation or hook call lies strictly between nodes a and b: a view taken
-  // into a later kernel must see its base as it was when the view was made (an in-place
-  // t_() or resize_() in between would change what the kernel's fallback computes).
+  // Whether a mutation or hook call lies strictly between nodes a and b. A view is not
+  // taken across one: the rewrite orders every unit around such a barrier (Note [Fusion
+  // groups]), and a group whose members stood on both sides of it would have to run both
+  // before and after it (the rewrite finds the cycle and runs the whole graph unfused);
+  // and a view taken into a later kernel must see its base as it was when it was made (an
+  // in-place t_() in between would change what the kernel's fallback computes).
   bool effect_between(ir::NodeId a, ir::NodeId b) const {
     for (ir::NodeId x = a + 1; x < b; ++x) {
       const ir::Node& n = g_.node(x);
@@ -328,6 +331,7 @@ class Grouper {
       const auto& bm = g_.value(base).meta;
       const auto& rm = g_.value(result).meta;
       if (!dense_layout(bm) || !dense_layout(rm) || bm.numel() != rm.numel()) continue;
+      if (effect_between(groups_[static_cast<size_t>(gid)].nodes.back(), n.id)) continue;
       take(n.id, gid, base, result);
     }
   }

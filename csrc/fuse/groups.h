@@ -78,8 +78,9 @@ struct Grouping {
 //     group, with no mutation or hook call between the view and the group's last node:
 //     the kernel reads the base's buffer through the view's recorded strides;
 //   - a view node of one of its results that nothing else reads (not a graph output
-//     either): the kernel writes the view's tensor, through the result's strides, when
-//     both are dense with the same number of elements.
+//     either), with no mutation or hook call between the group and the view: the kernel
+//     writes the view's tensor, through the result's strides, when both are dense with
+//     the same number of elements.
 // Only views that keep their base's first element (t, transpose, permute, view,
 // unsqueeze, squeeze, expand, alias: same storage offset, recorded as such) are taken. The
 // kernel's guard checks the base's sizes and strides, which fix the view's (a view's
