@@ -1,5 +1,7 @@
 #include "fuse/lowering.h"
 
+#include "fuse/groups.h"
+
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
 
@@ -17,11 +19,6 @@ namespace {
 // Number of elements a Reduction/Row node reduces (product of the reduced sizes); for
 // mse_loss_backward, what its mean divides by.
 int64_t reduced_numel(const Emitter& e, const ir::Node& n);
-
-std::vector<int64_t> out_sizes_of(const ir::Graph& g, const ir::Node& n) {
-  const auto& s = g.value(n.outputs.at(0).values.at(0)).meta.sizes;
-  return std::vector<int64_t>(s.begin(), s.end());
-}
 
 int64_t rank_of_arg0(const ir::Graph& g, const ir::Node& n) {
   return static_cast<int64_t>(g.value(n.args.at(0).values.at(0)).meta.sizes.size());
@@ -560,27 +557,21 @@ std::vector<std::pair<std::string, OpClass>> lowered_ops() {
 std::vector<int64_t> contraction_space(const ir::Graph& g, const ir::Node& n) {
   const size_t a = adds_self(n) ? 1 : 0;
   const auto& lhs = g.value(n.args.at(a).values.at(0)).meta.sizes;
-  std::vector<int64_t> S = out_sizes_of(g, n);
+  std::vector<int64_t> S = out_sizes(g, n);
   S.push_back(lhs.back());
   return S;
 }
 
 std::vector<int> contraction_src(const ir::Graph& g, const ir::Node& n, size_t i) {
+  // Space dims: [B,] M, N, K.
   const bool batched = n.op == "aten::bmm" || n.op == "aten::baddbmm";
   const size_t a = adds_self(n) ? 1 : 0;
-  // Space dims: [B,] M, N, K.
-  const int b = batched ? 1 : 0;
-  if (i == a) {  // [B,] M, K
-    std::vector<int> src = batched ? std::vector<int>{0, 1, -1, 2} : std::vector<int>{0, -1, 1};
-    return src;
-  }
-  if (i == a + 1) {  // [B,] K, N
-    return batched ? std::vector<int>{0, -1, 2, 1} : std::vector<int>{-1, 1, 0};
-  }
+  if (i == a) return batched ? std::vector<int>{0, 1, -1, 2} : std::vector<int>{0, -1, 1};      // [B,] M, K
+  if (i == a + 1) return batched ? std::vector<int>{0, -1, 2, 1} : std::vector<int>{-1, 1, 0};  // [B,] K, N
   TORCH_INTERNAL_ASSERT(adds_self(n) && i == 0, "tcap fusion: ", n.qualified_op(), " has no operand ", i);
   // self broadcasts (right-aligned) onto the output [B,] M, N; it is not read along K.
   const auto& s = g.value(n.args.at(0).values.at(0)).meta.sizes;
-  const int out_rank = 2 + b;
+  const int out_rank = batched ? 3 : 2;
   std::vector<int> src(static_cast<size_t>(out_rank + 1), -1);
   const int off = out_rank - static_cast<int>(s.size());
   for (int d = std::max(off, 0); d < out_rank; ++d) src[static_cast<size_t>(d)] = d - off;

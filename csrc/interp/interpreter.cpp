@@ -478,9 +478,8 @@ std::vector<at::Tensor> Interpreter::run(std::vector<at::Tensor> inputs) {
     try {
       if (n.kind == ir::NodeKind::Call) {
         c10::AutoGradMode grad_mode(n.grad_mode);
-        interp::DirectCall* direct = direct_ok && static_cast<size_t>(n.id) < direct_.size()
-                                         ? direct_[static_cast<size_t>(n.id)].get()
-                                         : nullptr;
+        // (direct_ok implies direct_ has a slot per node.)
+        interp::DirectCall* direct = direct_ok ? direct_[static_cast<size_t>(n.id)].get() : nullptr;
         if (direct) {
           run_direct(n, *direct);
         } else {

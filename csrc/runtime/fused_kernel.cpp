@@ -154,57 +154,56 @@ std::vector<at::Tensor> run_fused(const std::vector<at::Tensor>& inputs, int64_t
   return run_fused(*k, inputs);
 }
 
-std::vector<at::Tensor> run_fused(FusedKernel& kernel, const std::vector<at::Tensor>& inputs) {
-  FusedKernel* k = &kernel;
+std::vector<at::Tensor> run_fused(FusedKernel& k, const std::vector<at::Tensor>& inputs) {
   // The kernel by its name, fused ops included, in the profiler (Note [Profiler names]).
-  RECORD_USER_SCOPE(std::string_view(k->name));
-  k->calls.fetch_add(1, std::memory_order_relaxed);
+  RECORD_USER_SCOPE(std::string_view(k.name));
+  k.calls.fetch_add(1, std::memory_order_relaxed);
   std::string mismatch;
-  if (inputs.size() != k->inputs.size()) {
-    mismatch = "expected " + std::to_string(k->inputs.size()) + " inputs, got " + std::to_string(inputs.size());
+  if (inputs.size() != k.inputs.size()) {
+    mismatch = "expected " + std::to_string(k.inputs.size()) + " inputs, got " + std::to_string(inputs.size());
   } else {
     for (size_t i = 0; i < inputs.size() && mismatch.empty(); ++i) {
-      if (!matches(inputs[i], k->inputs[i])) {
+      if (!matches(inputs[i], k.inputs[i])) {
         mismatch = "input " + std::to_string(i) + " is " + describe(inputs[i]) + ", the kernel was built for " +
-                   describe(k->inputs[i]);
+                   describe(k.inputs[i]);
       }
     }
   }
   if (!mismatch.empty()) {
-    k->fallbacks.fetch_add(1, std::memory_order_relaxed);
+    k.fallbacks.fetch_add(1, std::memory_order_relaxed);
     g_fallbacks.fetch_add(1, std::memory_order_relaxed);
-    std::lock_guard<std::mutex> lock(k->mu);
-    if (!k->logged_fallback) {
-      k->logged_fallback = true;
-      TCAP_LOG(GraphBreaks, "fused kernel " << k->name << " runs its ATen ops instead: " << mismatch);
+    std::lock_guard<std::mutex> lock(k.mu);
+    if (!k.logged_fallback) {
+      k.logged_fallback = true;
+      TCAP_LOG(GraphBreaks, "fused kernel " << k.name << " runs its ATen ops instead: " << mismatch);
     }
-    if (!k->fallback_interp) {
-      k->fallback_interp = std::make_unique<Interpreter>(k->fallback);
-      k->fallback_interp->keep_values(false);
+    if (!k.fallback_interp) {
+      k.fallback_interp = std::make_unique<Interpreter>(k.fallback);
+      k.fallback_interp->keep_values(false);
     }
-    return k->fallback_interp->run(inputs);
+    return k.fallback_interp->run(inputs);
   }
-  if (k->cuda) {
+  if (k.cuda) {
     g_launches.fetch_add(1, std::memory_order_relaxed);
-    return run_cuda(*k, inputs);
+    return run_cuda(k, inputs);
   }
-  std::vector<at::Tensor> outs(k->outputs.size());
+  std::vector<at::Tensor> outs(k.outputs.size());
   {
     PoolScope pool;
-    for (size_t i = 0; i < outs.size(); ++i) outs[i] = allocate(k->outputs[i]);
+    for (size_t i = 0; i < outs.size(); ++i) outs[i] = allocate(k.outputs[i]);
   }
   g_launches.fetch_add(1, std::memory_order_relaxed);
   c10::SmallVector<void*, 16> args;
   for (const auto& t : inputs) args.push_back(const_cast<void*>(t.const_data_ptr()));
   for (auto& t : outs) args.push_back(t.mutable_data_ptr());
-  const auto fn = k->cpu->fn;
+  const auto fn = k.cpu->fn;
   void* const* a = args.data();
-  const int64_t range = k->cpu->range;
+  const int64_t range = k.cpu->range;
   if (range > 0) {
     // Splits over the intra-op threads only because this file is compiled with OpenMP
     // (Note [at::parallel_for needs OpenMP in the caller], cmake/TcapTorch.cmake).
     std::atomic<bool> split{false};
-    at::parallel_for(0, range, std::max<int64_t>(k->cpu->grain, 1), [&](int64_t b, int64_t e) {
+    at::parallel_for(0, range, std::max<int64_t>(k.cpu->grain, 1), [&](int64_t b, int64_t e) {
       if (at::get_thread_num() != 0) split.store(true, std::memory_order_relaxed);
       fn(a, b, e);
     });
