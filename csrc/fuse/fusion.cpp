@@ -322,7 +322,12 @@ class Fuser {
       FusionResult plain;
       plain.graph = g_;
       plain.decisions = std::move(decisions_);
-      plain.decisions.push_back("internal error: the fused graph would have a cycle; the graph runs unfused");
+      std::string stuck;  // the groups left waiting: the cycle runs through some of them
+      for (size_t u = 0; u < units.size(); ++u) {
+        if (indeg[u] > 0 && units[u].group >= 0) stuck += " " + fused_[static_cast<size_t>(units[u].group)].name;
+      }
+      plain.decisions.push_back("internal error: the fused graph would have a cycle (groups left:" + stuck +
+                                "); the graph runs unfused");
       TCAP_LOG(GraphBreaks, "tcap fusion: internal error: the fused graph would have a cycle; running unfused");
       return plain;
     }

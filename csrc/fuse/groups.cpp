@@ -220,6 +220,15 @@ class Grouper {
       groups_.push_back(gr);
       chosen = gr.id;
     }
+    // The node is a member before any merge is weighed: can_merge's path check must see
+    // the node's own arguments (a relu's threshold_backward reads the relu group's result
+    // and the max_pool backward computed from it: merging the two would be a cycle).
+    {
+      Group& gr = groups_[static_cast<size_t>(chosen)];
+      if (info.cls != OpClass::Pointwise && gr.R.empty()) gr.R = info.reduce_dims;
+      gr.nodes.push_back(n.id);
+      group_of_node_[static_cast<size_t>(n.id)] = chosen;
+    }
     if ((info.cls != OpClass::Pointwise || space == Space::Full) && info.cls != OpClass::Contraction) {
       // The node also reads other groups of the same shape: merge them into this one
       // (coscos backward: sin(x) and the chain through cos(x) meet at the last mul).
@@ -228,10 +237,6 @@ class Grouper {
         if (h != chosen && can_merge(chosen, h)) merge(chosen, h);
       }
     }
-    Group& gr = groups_[static_cast<size_t>(chosen)];
-    if (info.cls != OpClass::Pointwise && gr.R.empty()) gr.R = info.reduce_dims;
-    gr.nodes.push_back(n.id);
-    group_of_node_[static_cast<size_t>(n.id)] = chosen;
     node_space_[n.id] = space;
     node_class_[n.id] = info.cls;
     // Output spaces.

@@ -597,6 +597,39 @@ TEST_F(Fusion, GroupsWhoseResultsAreUnreadAreDropped) {
   EXPECT_TRUE(close(out[0], fn({x})[0], 1e-5, 1e-6));
 }
 
+// A pointwise op that reads a group's result and an ATen op's result computed from that
+// group cannot join or merge with it: the ATen op would have to run both before and after
+// the merged kernel (the relu and threshold_backward around a max_pool in a compiled
+// training step). Once the fusion merged them anyway and its safety net ran the whole
+// graph unfused.
+TEST_F(Fusion, NoMergeAcrossAnATenOpThatReadsTheGroup) {
+  Seen seen;
+  tcap::CompileOptions options;
+  options.name = "merge_cycle";
+  options.fw_compiler = spy(&seen);
+  options.bw_compiler = spy(&seen);
+  auto fn = [](const Tensors& in) {
+    auto a = torch::relu(in[0] * in[1]);
+    auto b = torch::cumsum(a, 1);  // no kernel lowering: an ATen call between the groups
+    auto c = a * b + 1.0;
+    return Tensors{c + 2.0, (c * a).sum(-1)};
+  };
+  auto make = [] { return Tensors{leaf(torch::randn({13, 37})), leaf(torch::randn({13, 37}))}; };
+  auto f = tcap::compile(fn, options);
+  Tensors in = make();
+  auto out = (*f)(in);
+  (out[0].sum() + out[1].sum()).backward();
+  ASSERT_EQ(f->eager_reason(), "");
+  ASSERT_EQ(seen.results.size(), 2u);
+  for (const auto& r : seen.results) {
+    EXPECT_EQ(r.explain().find("would have a cycle"), std::string::npos) << r.explain();
+    // The unfused safety net keeps no groups: the kernels on both sides of the cumsum
+    // (or of its backward) must be there.
+    EXPECT_GE(r.groups.size(), 2u) << r.explain();
+  }
+  check_against_eager("merge_cycle", fn, make, at::kFloat);
+}
+
 TEST_F(Fusion, NanAndInfPropagateLikeEager) {
   auto fn = [](const Tensors& in) {
     auto x = in[0];

@@ -1,5 +1,6 @@
 #include "programs/harness.h"
 
+#include "runtime/fused_kernel.h"
 #include "support/backends.h"
 #include "support/compare.h"
 
@@ -197,6 +198,7 @@ RunResult run_program(const ProgramFactory& make, const ModeSpec& spec, int step
     auto batch = p.batch(step);
     p.before_step(step);
     const size_t logged = p.host_log.size();
+    const int64_t launches_before = runtime::runtime_stats().launches;
     const auto t0 = std::chrono::steady_clock::now();
     Tensors losses;
     if (spec.mode == Mode::Capture) {
@@ -208,6 +210,7 @@ RunResult run_program(const ProgramFactory& make, const ModeSpec& spec, int step
     if (step >= steps / 2) {
       timed_us += std::chrono::duration<double, std::micro>(t1 - t0).count();
       ++timed;
+      r.kernel_launches += runtime::runtime_stats().launches - launches_before;
     }
     Tensors copies;
     for (const auto& l : losses) copies.push_back(l.detach().clone());
@@ -232,6 +235,12 @@ void check_program(const ProgramFactory& make, const ModeSpec& spec, int steps, 
   const auto run = run_program(make, spec, steps);
   const std::string what = make()->name() + " " + spec.name();
   for (const auto& problem : run.problems) ADD_FAILURE() << what << ": " << problem;
+  // Every program has pointwise chains: a compiled mode with a kernel backend that ran
+  // none in its steady state lost its fusion somewhere (a graph left unfused still gives
+  // eager's answer, so the comparisons below would not notice).
+  if (!spec.backend.empty() && spec.backend != "eager" && spec.mode != Mode::Eager && spec.mode != Mode::Capture) {
+    EXPECT_GT(run.kernel_launches, 0) << what << ": no generated kernel ran in the steady state";
+  }
   ASSERT_EQ(run.losses.size(), eager.losses.size());
   for (size_t s = 0; s < eager.losses.size(); ++s) {
     ASSERT_EQ(run.losses[s].size(), eager.losses[s].size()) << what << " step " << s;

@@ -48,6 +48,7 @@ struct RunResult {
   int served = 0;                                  // calls served by compiled graphs
   int calls = 0;
   double us_per_step = 0;                          // steady state: the second half of the steps
+  int64_t kernel_launches = 0;                     // generated kernels that ran in the steady state
   std::vector<std::string> problems;               // capture replay mismatches
 };
 
