@@ -1,5 +1,6 @@
 #include "fuse/decompose.h"
 
+#include "ir/op_facts.h"
 #include "ir/verify_args.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -32,6 +33,34 @@ namespace tcap::fuse {
 // Rows of no outer dims (x's rank == the normalized rank) keep gw and gb native too: a sum
 // over an empty dim list means a sum over everything in ATen.
 
+// Note [Batch norm as kernels]
+// native_batch_norm in training and its backward are, on the CPU, a statistics pass and a
+// transform pass of ATen's own (37 µs for a [16, 8, 14, 14] input, with the ReLU after it
+// another call). Decomposed into the ops they compute, they become one reduction group
+// over dims [0, 2, 3, ...] (per channel) that also takes the pointwise ops around them:
+//
+//   forward   mean = mean(x, R, keepdim); xc = x - mean; var = mean(xc * xc, R, keepdim)
+//             invstd = rsqrt(var + eps); out = xc * invstd * w + b   (w, b viewed [1, C, 1..])
+//             save_mean = view(mean, [C]); save_invstd = view(invstd, [C])
+//             running_mean <- m * mean + (1 - m) * running_mean
+//             running_var  <- m * var * M / (M - 1) + (1 - m) * running_var
+//   backward  xc = x - save_mean; sdy = sum(dy, R, keepdim); dot = sum(dy * xc, R, keepdim)
+//             grad_input = (dy - sdy / M - xc * (dot / M * invstd * invstd)) * invstd * w
+//             grad_weight = dot * invstd; grad_bias = sdy
+//
+// as ATen computes them (batch_norm_cpu_collect_stats: biased variance in the statistics,
+// the unbiased one in running_var; M = the number of elements per channel). ATen sums in
+// double; the kernels sum in the tensors' dtype (float32 or float64 only), a relative
+// difference of about 1e-6 in float32 for the sizes of a training batch.
+// The running statistics are written with copy_ (a mutation). A mutation ends every group
+// (Note [Fusion groups]), so each copy_ waits until the graph reaches a node that reads or
+// writes a running buffer, another mutation or hook, or the end: the ReLU after the batch
+// norm still joins its kernel, and nothing in between can see the difference.
+// Decomposed only where every tensor is on the fusion's device, of one floating dtype,
+// dense and row-major, with more than one element per channel (ATen refuses one in
+// training before it gets here); eval mode (running statistics read, not written) stays
+// one ATen call.
+
 namespace {
 
 ir::TensorMeta dense_meta(c10::ScalarType dtype, c10::ArrayRef<int64_t> sizes, c10::Device device) {
@@ -51,27 +80,32 @@ class Decomposer {
   Decomposed run() {
     Decomposed d;
     bool any = false;
-    for (const auto& n : g_.nodes()) any = any || is_layer_norm_backward(n);
+    for (const auto& n : g_.nodes()) any = any || is_layer_norm_backward(n) || is_batch_norm(n) || is_batch_norm_backward(n);
     if (!any) {
       d.graph = g_;
       return d;
     }
     for (const auto& h : g_.hooks()) out_.add_hook(h.kind, h.autograd_node, h.slot);
     for (const auto& n : g_.nodes()) {
+      if (!pending_.empty() && must_flush_before(n)) flush();
       if (n.kind == ir::NodeKind::Input) {
         map_[n.outputs.at(0).values.at(0)] = out_.add_input(n.input_kind, n.name, g_.value(n.outputs[0].values[0]).meta);
       } else if (n.kind == ir::NodeKind::Output) {
         std::vector<ir::ValueId> vs;
         for (const auto& a : n.args) vs.push_back(map_.at(a.values.at(0)));
         out_.set_outputs(vs, n.output_names, n.output_kinds);
-      } else if (is_layer_norm_backward(n)) {
+      } else if (is_layer_norm_backward(n) || is_batch_norm(n) || is_batch_norm_backward(n)) {
         std::string what;
-        if (split_layer_norm_backward(n, &what)) ++d.count;
+        const bool done = is_layer_norm_backward(n) ? split_layer_norm_backward(n, &what)
+                          : is_batch_norm(n)        ? decompose_batch_norm(n, &what)
+                                                    : decompose_batch_norm_backward(n, &what);
+        if (done) ++d.count;
         d.decisions.push_back("%" + std::to_string(n.id) + " " + n.qualified_op() + ": " + what);
       } else {
         ir::copy_node(g_, n, out_, map_);
       }
     }
+    if (!pending_.empty()) flush();  // a graph without an output node
     if (d.count == 0) {
       d.graph = g_;
       return d;
@@ -86,6 +120,266 @@ class Decomposer {
  private:
   static bool is_layer_norm_backward(const ir::Node& n) {
     return n.kind == ir::NodeKind::Call && n.op == "aten::native_layer_norm_backward" && n.overload.empty();
+  }
+  static bool is_batch_norm(const ir::Node& n) {
+    return n.kind == ir::NodeKind::Call && n.op == "aten::native_batch_norm" && n.overload.empty();
+  }
+  static bool is_batch_norm_backward(const ir::Node& n) {
+    return n.kind == ir::NodeKind::Call && n.op == "aten::native_batch_norm_backward" && n.overload.empty();
+  }
+
+  // --- batch norm (Note [Batch norm as kernels]) -------------------------------------
+
+  // Why the tensors of a batch norm node cannot become kernels, or "".
+  std::string batch_norm_refusal(const ir::Node& n, ir::ValueId x) const {
+    const auto& xm = g_.value(x).meta;
+    if (xm.dtype != c10::kFloat && xm.dtype != c10::kDouble) {
+      return std::string(c10::toString(xm.dtype)) + " statistics accumulate in float";
+    }
+    if (xm.sizes.size() < 2) return "the input has no channel dim";
+    if (!xm.is_contiguous()) return "the input is not dense and row-major";
+    std::string why;
+    ir::for_each_value(n.args, [&](ir::ValueId v) {
+      const auto& m = g_.value(v).meta;
+      if (!why.empty()) return;
+      if (m.device != device_) why = "a tensor is not on " + device_.str();
+      else if (m.dtype != xm.dtype) why = "mixed dtypes";
+      else if (!m.is_contiguous()) why = "a tensor is not dense and row-major";
+    });
+    for (const auto& o : n.outputs) {
+      if (why.empty() && o.kind == ir::ArgKind::Value && !g_.value(o.values[0]).meta.is_contiguous()) {
+        why = "a result is not dense and row-major";
+      }
+    }
+    if (why.empty() && xm.numel() / xm.sizes[1] <= 1) why = "one element per channel";
+    return why;
+  }
+
+  // The dims a batch norm reduces (all but the channel dim) and the [1, C, 1, ...] shape.
+  static void channel_dims(const ir::TensorMeta& xm, std::vector<int64_t>* reduce, std::vector<int64_t>* kshape) {
+    reduce->clear();
+    kshape->assign(xm.sizes.size(), 1);
+    (*kshape)[1] = xm.sizes[1];
+    for (int64_t d = 0; d < static_cast<int64_t>(xm.sizes.size()); ++d) {
+      if (d != 1) reduce->push_back(d);
+    }
+  }
+
+  // Arguments: input, weight?, bias?, running_mean?, running_var?, training, momentum, eps.
+  bool decompose_batch_norm(const ir::Node& n, std::string* what) {
+    auto copy_unchanged = [&](const std::string& why) {
+      ir::copy_node(g_, n, out_, map_);
+      *what = "kept as one ATen call: " + why;
+      return false;
+    };
+    if (n.args.size() != 8 || n.outputs.size() != 3 || n.args[5].kind != ir::ArgKind::Bool ||
+        n.args[6].kind != ir::ArgKind::Double || n.args[7].kind != ir::ArgKind::Double ||
+        n.args[0].kind != ir::ArgKind::Value) {
+      return copy_unchanged("unexpected arguments");
+    }
+    if (n.args[5].i == 0) return copy_unchanged("eval mode");
+    for (const auto& o : n.outputs) {
+      if (o.kind != ir::ArgKind::Value) return copy_unchanged("unexpected results");
+    }
+    const ir::ValueId x = n.args[0].values[0];
+    if (auto why = batch_norm_refusal(n, x); !why.empty()) return copy_unchanged(why);
+    auto optional_value = [&](size_t i, ir::ValueId* v) {
+      *v = n.args[i].kind == ir::ArgKind::Value ? n.args[i].values[0] : ir::kNoValue;
+      return n.args[i].kind == ir::ArgKind::Value || n.args[i].kind == ir::ArgKind::None ||
+             n.args[i].kind == ir::ArgKind::UndefinedTensor;
+    };
+    ir::ValueId w, b, rm, rv;
+    if (!optional_value(1, &w) || !optional_value(2, &b) || !optional_value(3, &rm) || !optional_value(4, &rv)) {
+      return copy_unchanged("unexpected arguments");
+    }
+    const auto& xm = g_.value(x).meta;
+    const double momentum = n.args[6].d, eps = n.args[7].d;
+    std::vector<int64_t> R, kshape;
+    channel_dims(xm, &R, &kshape);
+    const int64_t C = xm.sizes[1];
+    const int64_t M = xm.numel() / C;
+    like_ = &xm;
+
+    const ir::ValueId xin = map_.at(x);
+    const ir::ValueId mean = mean_dims(n, xin, R, kshape);
+    const ir::ValueId xc = binary(n, "aten::sub", xin, mean, xm.sizes);
+    const ir::ValueId var = mean_dims(n, binary(n, "aten::mul", xc, xc, xm.sizes), R, kshape);
+    const ir::ValueId invstd =
+        call(n, "aten::rsqrt", "", {ir::Arg::value(add_scalar(n, var, eps, kshape), "self")}, kshape);
+    ir::ValueId y = binary(n, "aten::mul", xc, invstd, xm.sizes);
+    if (w != ir::kNoValue) y = binary(n, "aten::mul", y, view(n, map_.at(w), kshape), xm.sizes);
+    if (b != ir::kNoValue) y = binary(n, "aten::add", y, view(n, map_.at(b), kshape), xm.sizes);
+    result(n, 0, y);
+    result(n, 1, view(n, mean, {C}));
+    result(n, 2, view(n, invstd, {C}));
+    // Running statistics, written back later (pending_). Each update starts from the
+    // kernel's statistic (m * stat + (1 - m) * buffer as one add with alpha), so it joins
+    // the statistics' kernel instead of making one of its own.
+    auto update = [&](ir::ValueId buffer, ir::ValueId stat, double scale) {
+      const ir::ValueId scaled = mul_scalar(n, stat, scale, kshape);
+      const ir::ValueId updated = call(n, "aten::add", "Tensor",
+                                       {ir::Arg::value(scaled, "self"), ir::Arg::value(view(n, map_.at(buffer), kshape), "other"),
+                                        ir::Arg::real(1.0 - momentum, "alpha")},
+                                       kshape);
+      pending_.push_back({&n, buffer, view(n, updated, {C})});
+    };
+    if (rm != ir::kNoValue) update(rm, mean, momentum);
+    if (rv != ir::kNoValue) update(rv, var, momentum * static_cast<double>(M) / static_cast<double>(M - 1));
+    like_ = nullptr;
+    *what = "decomposed for a per-channel reduction kernel";
+    return true;
+  }
+
+  // Arguments: grad_out, input, weight?, running_mean?, running_var?, save_mean?,
+  // save_invstd?, train, eps, output_mask.
+  bool decompose_batch_norm_backward(const ir::Node& n, std::string* what) {
+    auto copy_unchanged = [&](const std::string& why) {
+      ir::copy_node(g_, n, out_, map_);
+      *what = "kept as one ATen call: " + why;
+      return false;
+    };
+    if (n.args.size() != 10 || n.outputs.size() != 3 || n.args[7].kind != ir::ArgKind::Bool ||
+        n.args[9].kind != ir::ArgKind::BoolList || n.args[9].ints.size() != 3 ||
+        n.args[0].kind != ir::ArgKind::Value || n.args[1].kind != ir::ArgKind::Value) {
+      return copy_unchanged("unexpected arguments");
+    }
+    if (n.args[7].i == 0) return copy_unchanged("eval mode");
+    if (n.args[5].kind != ir::ArgKind::Value || n.args[6].kind != ir::ArgKind::Value) {
+      return copy_unchanged("no saved statistics");
+    }
+    const bool has_weight = n.args[2].kind == ir::ArgKind::Value;
+    if (!has_weight && n.args[2].kind != ir::ArgKind::None && n.args[2].kind != ir::ArgKind::UndefinedTensor) {
+      return copy_unchanged("unexpected weight argument");
+    }
+    const ir::ValueId dy = n.args[0].values[0], x = n.args[1].values[0];
+    if (auto why = batch_norm_refusal(n, x); !why.empty()) return copy_unchanged(why);
+    if (g_.value(dy).meta.sizes != g_.value(x).meta.sizes) return copy_unchanged("the gradient's shape differs from the input's");
+    auto wants = [&](size_t k) { return n.args[9].ints[k] != 0 && n.outputs[k].kind == ir::ArgKind::Value; };
+    if (!wants(0) && !wants(1) && !wants(2)) return copy_unchanged("no gradient is computed");
+    const auto& xm = g_.value(x).meta;
+    std::vector<int64_t> R, kshape;
+    channel_dims(xm, &R, &kshape);
+    const int64_t C = xm.sizes[1];
+    const double inv_m = 1.0 / static_cast<double>(xm.numel() / C);
+    like_ = &xm;
+
+    const ir::ValueId gy = map_.at(dy);
+    const ir::ValueId mean = view(n, map_.at(n.args[5].values[0]), kshape);
+    const ir::ValueId invstd = view(n, map_.at(n.args[6].values[0]), kshape);
+    const ir::ValueId xc = binary(n, "aten::sub", map_.at(x), mean, xm.sizes);
+    const ir::ValueId sdy = sum(n, gy, R, true, dense_meta(xm.dtype, kshape, xm.device));
+    const ir::ValueId dot = sum(n, binary(n, "aten::mul", gy, xc, xm.sizes), R, true, dense_meta(xm.dtype, kshape, xm.device));
+    // Every per-channel value starts from a sum of the kernel (an op reading only values
+    // from outside, such as invstd * w, would be a kernel of its own).
+    if (wants(0)) {
+      const ir::ValueId k1 = mul_scalar(n, sdy, inv_m, kshape);
+      const ir::ValueId k2 =
+          binary(n, "aten::mul", binary(n, "aten::mul", mul_scalar(n, dot, inv_m, kshape), invstd, kshape), invstd, kshape);
+      const ir::ValueId t = binary(n, "aten::sub", binary(n, "aten::sub", gy, k1, xm.sizes),
+                                   binary(n, "aten::mul", xc, k2, xm.sizes), xm.sizes);
+      ir::ValueId gi = binary(n, "aten::mul", t, invstd, xm.sizes);
+      if (has_weight) gi = binary(n, "aten::mul", gi, view(n, map_.at(n.args[2].values[0]), kshape), xm.sizes);
+      result(n, 0, gi);
+    }
+    if (wants(1)) result(n, 1, view(n, binary(n, "aten::mul", dot, invstd, kshape), {C}));
+    if (wants(2)) result(n, 2, view(n, sdy, {C}));
+    like_ = nullptr;
+    *what = "decomposed for a per-channel reduction kernel";
+    return true;
+  }
+
+  // v (made here, dense, of the result's sizes and dtype) stands for result k of n; it
+  // takes the result's metadata (requires_grad included).
+  void result(const ir::Node& n, size_t k, ir::ValueId v) {
+    const ir::ValueId orig = n.outputs[k].values.at(0);
+    const ir::TensorMeta& om = g_.value(orig).meta;
+    ir::TensorMeta& vm = out_.value(v).meta;
+    TORCH_INTERNAL_ASSERT(vm.sizes == om.sizes && vm.dtype == om.dtype, "tcap: a decomposed result's metadata differs");
+    vm = om;
+    map_[orig] = v;
+  }
+
+  // Pending running-statistics writes: copy_ into the buffer once the graph reaches a node
+  // that could see the difference (Note [Batch norm as kernels]).
+  struct PendingCopy {
+    const ir::Node* from;
+    ir::ValueId buffer;   // in g_
+    ir::ValueId updated;  // in out_
+  };
+
+  bool must_flush_before(const ir::Node& n) const {
+    if (n.kind != ir::NodeKind::Call) return true;  // the output, hook calls, inputs after nodes
+    for (const auto& o : n.outputs) {
+      if (!o.refers_to_values()) continue;
+      for (ir::ValueId v : o.values) {
+        if (v != ir::kNoValue && g_.value(v).version_of != ir::kNoValue) return true;
+      }
+    }
+    if (!ir::hidden_writes(n).empty()) return true;
+    // A batch norm backward in training takes the running statistics as arguments but
+    // does not read them (it reads save_mean and save_invstd).
+    const bool train_backward = is_batch_norm_backward(n) && n.args.size() == 10 &&
+                                n.args[7].kind == ir::ArgKind::Bool && n.args[7].i != 0;
+    for (size_t i = 0; i < n.args.size(); ++i) {
+      if (train_backward && (i == 3 || i == 4)) continue;
+      if (!n.args[i].refers_to_values()) continue;
+      for (ir::ValueId v : n.args[i].values) {
+        if (v == ir::kNoValue) continue;
+        const ir::ValueId root = g_.alias_root(v);
+        for (const auto& p : pending_) {
+          if (g_.alias_root(p.buffer) == root) return true;
+        }
+      }
+    }
+    return false;
+  }
+
+  void flush() {
+    for (const auto& p : pending_) {
+      const ir::TensorMeta& bm = g_.value(p.buffer).meta;
+      const ir::ValueId target = map_.at(p.buffer);
+      const ir::ValueId v = call(*p.from, "aten::copy_", "",
+                                 {ir::Arg::value(target, "self"), ir::Arg::value(p.updated, "src"),
+                                  ir::Arg::boolean(false, "non_blocking")},
+                                 bm.sizes, &bm);
+      out_.value(v).version_of = target;
+    }
+    pending_.clear();
+  }
+
+  ir::ValueId binary(const ir::Node& from, const char* op, ir::ValueId a, ir::ValueId b, c10::ArrayRef<int64_t> sizes) {
+    std::vector<ir::Arg> args{ir::Arg::value(a, "self"), ir::Arg::value(b, "other")};
+    if (std::string(op) == "aten::add" || std::string(op) == "aten::sub") args.push_back(ir::Arg::integer(1, "alpha"));
+    return call(from, op, "Tensor", std::move(args), sizes);
+  }
+  ir::ValueId mul_scalar(const ir::Node& from, ir::ValueId a, double s, c10::ArrayRef<int64_t> sizes) {
+    return call(from, "aten::mul", "Scalar", {ir::Arg::value(a, "self"), ir::Arg::real(s, "other")}, sizes);
+  }
+  ir::ValueId add_scalar(const ir::Node& from, ir::ValueId a, double s, c10::ArrayRef<int64_t> sizes) {
+    return call(from, "aten::add", "Scalar",
+                {ir::Arg::value(a, "self"), ir::Arg::real(s, "other"), ir::Arg::integer(1, "alpha")}, sizes);
+  }
+  ir::ValueId mean_dims(const ir::Node& from, ir::ValueId v, const std::vector<int64_t>& dims, c10::ArrayRef<int64_t> sizes) {
+    ir::Arg d;
+    d.kind = ir::ArgKind::IntList;
+    d.name = "dim";
+    d.ints = dims;
+    return call(from, "aten::mean", "dim",
+                {ir::Arg::value(v, "self"), d, ir::Arg::boolean(true, "keepdim"), ir::Arg::none("dtype")}, sizes);
+  }
+  // A view of v (dense) with other sizes.
+  ir::ValueId view(const ir::Node& from, ir::ValueId v, std::vector<int64_t> sizes) {
+    ir::Arg s;
+    s.kind = ir::ArgKind::IntList;
+    s.name = "size";
+    s.ints = sizes;
+    ir::TensorMeta m = out_.value(v).meta;
+    const auto st = c10::contiguous_strides(sizes);
+    m.sizes.assign(sizes.begin(), sizes.end());
+    m.strides.assign(st.begin(), st.end());
+    const ir::ValueId r = call(from, "aten::view", "", {ir::Arg::value(v, "self"), s}, sizes, &m);
+    out_.value(r).view_of = v;
+    return r;
   }
 
   // Arguments: grad_out, input, normalized_shape, mean, rstd, weight?, bias?, output_mask.
@@ -165,9 +459,9 @@ class Decomposer {
                                     xm.sizes);
       const ir::ValueId prod = call(n, "aten::mul", "Tensor",
                                     {ir::Arg::value(map_.at(go), "self"), ir::Arg::value(xhat, "other")}, xm.sizes);
-      map_[n.outputs[1].values[0]] = sum(n, prod, outer, g_.value(n.outputs[1].values[0]).meta);
+      map_[n.outputs[1].values[0]] = sum(n, prod, outer, false, g_.value(n.outputs[1].values[0]).meta);
     }
-    if (wants(2)) map_[n.outputs[2].values[0]] = sum(n, map_.at(go), outer, g_.value(n.outputs[2].values[0]).meta);
+    if (wants(2)) map_[n.outputs[2].values[0]] = sum(n, map_.at(go), outer, false, g_.value(n.outputs[2].values[0]).meta);
     *what = "grad_input as a row op" + std::string(rest ? ", weight/bias gradients as column sums" : "");
     return true;
   }
@@ -185,22 +479,27 @@ class Decomposer {
     m.autograd_node = from.autograd_node;
     m.hook = from.hook;
     const auto id = static_cast<ir::NodeId>(out_.nodes().size());
-    const ir::TensorMeta& xm = g_.value(from.args[1].values[0]).meta;
-    const ir::ValueId v = out_.new_value(id, 0, -1, meta ? *meta : dense_meta(xm.dtype, sizes, xm.device));
+    ir::TensorMeta made;
+    if (!meta) {
+      const ir::TensorMeta& xm = like_ ? *like_ : g_.value(from.args[1].values.at(0)).meta;
+      made = dense_meta(xm.dtype, sizes, xm.device);
+    }
+    const ir::ValueId v = out_.new_value(id, 0, -1, meta ? *meta : made);
     m.outputs.push_back(ir::Arg::value(v));
     out_.add_node(std::move(m));
-    const std::string q = std::string(op) + "." + overload;
+    const std::string q = *overload ? std::string(op) + "." + overload : std::string(op);
     if (!out_.schemas().count(q)) out_.schemas()[q] = ir::known_schema_string(op, overload);
     return v;
   }
 
-  ir::ValueId sum(const ir::Node& from, ir::ValueId v, const std::vector<int64_t>& dims, const ir::TensorMeta& meta) {
+  ir::ValueId sum(const ir::Node& from, ir::ValueId v, const std::vector<int64_t>& dims, bool keepdim,
+                  const ir::TensorMeta& meta) {
     ir::Arg d;
     d.kind = ir::ArgKind::IntList;
     d.name = "dim";
     d.ints = dims;
     ir::Arg dtype = ir::Arg::none("dtype");
-    return call(from, "aten::sum", "dim_IntList", {ir::Arg::value(v, "self"), d, ir::Arg::boolean(false, "keepdim"), dtype},
+    return call(from, "aten::sum", "dim_IntList", {ir::Arg::value(v, "self"), d, ir::Arg::boolean(keepdim, "keepdim"), dtype},
                 meta.sizes, &meta);
   }
 
@@ -208,6 +507,8 @@ class Decomposer {
   const c10::Device device_;
   ir::Graph out_;
   std::unordered_map<ir::ValueId, ir::ValueId> map_;
+  const ir::TensorMeta* like_ = nullptr;  // dtype and device of the nodes a decomposition makes
+  std::vector<PendingCopy> pending_;
 };
 
 }  // namespace

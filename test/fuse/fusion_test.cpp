@@ -630,6 +630,135 @@ TEST_F(Fusion, NoMergeAcrossAnATenOpThatReadsTheGroup) {
   check_against_eager("merge_cycle", fn, make, at::kFloat);
 }
 
+// Note [Batch norm as kernels] (decompose.cpp): a training batch norm and its backward are
+// one per-channel reduction kernel each, with the ReLU / threshold_backward around them,
+// and the running statistics end as eager's. Checked against an eager copy of the module
+// over three steps: outputs, input and parameter gradients, running mean and variance,
+// for 2-D, 3-D and 4-D inputs of odd sizes, without affine parameters, in float64, with
+// the running mean read after the update, and with the module applied twice in one
+// function (the second update reads the first's).
+TEST_F(Fusion, BatchNormIsOneKernelEachWayAndKeepsRunningStatistics) {
+  struct Case {
+    std::string name;
+    std::vector<int64_t> shape;
+    bool affine;
+    bool twice;
+    at::ScalarType dtype;
+  };
+  const std::vector<Case> cases = {{"nchw", {3, 5, 7, 9}, true, false, at::kFloat},
+                                   {"ncl_no_affine", {4, 6, 11}, false, false, at::kFloat},
+                                   {"nc", {9, 7}, true, false, at::kFloat},
+                                   {"nchw_f64", {2, 3, 5, 4}, true, false, at::kDouble},
+                                   {"applied_twice", {4, 5, 6, 3}, true, true, at::kFloat}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    const Tol tol = tol_for(c.dtype);
+    const int64_t C = c.shape[1];
+    auto make_bn = [&] {
+      auto o = torch::nn::BatchNormOptions(C).momentum(0.3).affine(c.affine);
+      std::shared_ptr<torch::nn::Module> m;
+      if (c.shape.size() == 4) m = torch::nn::BatchNorm2d(o).ptr();
+      else m = torch::nn::BatchNorm1d(o).ptr();
+      m->to(c.dtype);
+      return m;
+    };
+    auto run = [&](const std::shared_ptr<torch::nn::Module>& m, const at::Tensor& x) {
+      auto fwd = [&](const at::Tensor& t) {
+        if (c.shape.size() == 4) return std::dynamic_pointer_cast<torch::nn::BatchNorm2dImpl>(m)->forward(t);
+        return std::dynamic_pointer_cast<torch::nn::BatchNorm1dImpl>(m)->forward(t);
+      };
+      auto y = torch::relu(fwd(x));
+      if (c.twice) y = torch::relu(fwd(y * 2.0 - 0.5));
+      // Read after the update: the compiled write must have happened by then.
+      if (c.shape.size() == 4 && !c.twice) {
+        y = y + m->named_buffers()["running_mean"].view({1, c.shape[1], 1, 1});
+      }
+      return y;
+    };
+    auto ref = make_bn();
+    auto mod = make_bn();
+    {
+      torch::NoGradGuard ng;
+      for (auto& p : ref->parameters()) p.uniform_(0.5, 1.5);
+      auto rp = ref->parameters();
+      auto mp = mod->parameters();
+      for (size_t i = 0; i < rp.size(); ++i) mp[i].copy_(rp[i]);
+    }
+    Seen seen;
+    tcap::CompileOptions options;
+    options.name = "bn_" + c.name;
+    options.fw_compiler = spy(&seen);
+    options.bw_compiler = spy(&seen);
+    auto f = tcap::compile(mod, [&](const Tensors& in) { return Tensors{run(mod, in[0])}; }, options);
+    for (int step = 0; step < 3; ++step) {
+      SCOPED_TRACE("step " + std::to_string(step));
+      auto x = (torch::randn(c.shape, torch::TensorOptions().dtype(c.dtype)) * 1.5 + 0.7);
+      auto xr = x.clone().requires_grad_(true);
+      auto xc = x.clone().requires_grad_(true);
+      auto w = torch::randn(c.shape, torch::TensorOptions().dtype(c.dtype));
+      for (auto& p : ref->parameters()) p.mutable_grad().reset();
+      for (auto& p : mod->parameters()) p.mutable_grad().reset();
+      auto want = run(ref, xr);
+      (want * w).sum().backward();
+      auto got = (*f)({xc})[0];
+      (got * w).sum().backward();
+      ASSERT_EQ(f->eager_reason(), "");
+      EXPECT_TRUE(close(got, want, tol.rtol, tol.atol)) << "output";
+      EXPECT_TRUE(close(xc.grad(), xr.grad(), tol.rtol, tol.atol)) << "input gradient";
+      auto rp = ref->named_parameters();
+      auto mp = mod->named_parameters();
+      for (const auto& item : rp) {
+        EXPECT_TRUE(close(mp[item.key()].grad(), item.value().grad(), tol.rtol, tol.atol)) << item.key() << " gradient";
+      }
+      auto rb = ref->named_buffers();
+      auto mb = mod->named_buffers();
+      for (const auto& item : rb) {
+        EXPECT_TRUE(close(mb[item.key()], item.value(), tol.rtol, tol.atol)) << item.key();
+      }
+    }
+    ASSERT_GE(seen.results.size(), 2u);
+    // The forward and the backward: no batch norm call left, one kernel reads the input
+    // (ReLU included: no separate kernel for it), and no group was refused.
+    for (size_t k = 0; k < 2; ++k) {
+      const auto& r = seen.results[k];
+      for (const auto& n : r.graph.nodes()) {
+        EXPECT_EQ(n.op.find("batch_norm"), std::string::npos) << tcap::ir::to_string(r.graph);
+      }
+      EXPECT_EQ(r.explain().find("would have a cycle"), std::string::npos) << r.explain();
+      // Applied twice: both backwards share one kernel; the two uses' weight and bias
+      // gradients are added by kernels of their own. The read of the running mean is a
+      // kernel after the write.
+      const bool reads_running = c.shape.size() == 4 && !c.twice && k == 0;
+      EXPECT_LE(r.groups.size(), c.twice ? 3u : reads_running ? 2u : 1u) << r.explain();
+      EXPECT_GE(r.groups.size(), 1u) << r.explain();
+    }
+  }
+}
+
+TEST_F(Fusion, BatchNormInEvalModeStaysOneATenCall) {
+  auto bn = torch::nn::BatchNorm2d(torch::nn::BatchNormOptions(4));
+  {
+    torch::NoGradGuard ng;
+    bn->running_mean.uniform_(-1, 1);
+    bn->running_var.uniform_(0.5, 2);
+  }
+  bn->eval();
+  Seen seen;
+  tcap::CompileOptions options;
+  options.fw_compiler = spy(&seen);
+  auto f = tcap::compile(bn, options);
+  auto x = torch::randn({2, 4, 5, 3});
+  torch::NoGradGuard inference;  // (with grad, the entry would wait for its backward)
+  f->forward(x);
+  auto got = f->forward(x);  // a replay
+  ASSERT_EQ(f->eager_reason(), "");
+  const auto st = f->stats();
+  EXPECT_GE(st.replays, 1);
+  EXPECT_TRUE(close(got, bn->forward(x), 1e-5, 1e-6));
+  ASSERT_EQ(seen.results.size(), 1u);
+  EXPECT_NE(seen.results[0].explain().find("kept as one ATen call: eval mode"), std::string::npos) << seen.results[0].explain();
+}
+
 TEST_F(Fusion, NanAndInfPropagateLikeEager) {
   auto fn = [](const Tensors& in) {
     auto x = in[0];
