@@ -28,7 +28,7 @@ constexpr const char* kUsage =
     "                  tcap_llvm, tcap_cuda, tcap_cuda_graphs, ca_eager, ca_llvm, ca_cuda,\n"
     "                  py_eager, inductor,\n"
     "                  record, record_read, replay; the program workloads' compile,\n"
-    "                  compile_llvm, step, step_llvm, step_fused, ca, ca_llvm; overhead_empty's call,\n"
+    "                  compile_llvm, step, step_llvm, step_fused, step_fused_llvm, ca, ca_llvm; overhead_empty's call,\n"
     "                  lookup, guard_check)\n"
     "  --json FILE     also write the records to FILE (a JSON list, one object per variant)\n"
     "  --repeats N     rounds per workload (default 15; 3 with --quick)\n"
@@ -46,7 +46,7 @@ constexpr const char* kUsage =
 const char* const kVariants[] = {"eager",     "record",    "record_read",      "replay",   "tcap_eager",
                                  "tcap_eager_default",     "tcap_llvm", "tcap_cuda", "tcap_cuda_graphs",
                                  "ca_eager",  "ca_llvm",   "ca_cuda",     "py_eager", "inductor",
-                                 "compile",   "compile_llvm", "step",     "step_llvm", "step_fused", "ca",
+                                 "compile",   "compile_llvm", "step",     "step_llvm", "step_fused", "step_fused_llvm", "ca",
                                  "call",      "lookup",    "guard_check"};
 
 [[noreturn]] void usage_error(const std::string& message) {

@@ -10,6 +10,7 @@
 //   step, step_llvm        the whole step through tcap::compile_step;
 //   step_fused             the same with CompileOptions::fused_optimizers (one multi-tensor
 //                          ATen call per optimizer group, Note [Fused optimizer steps]);
+//   step_fused_llvm        both: kernels for the graph, fused optimizer calls;
 //   ca, ca_llvm            eager forward, each backward() under a CompiledAutogradGuard.
 // Setup builds a fresh program per variant (same seed, same initial weights) and runs
 // kWarmupSteps steps untimed (captures, the optimizer's state-creating first step, the
@@ -78,6 +79,7 @@ std::vector<Variant> make_program_variants(const ProgramFactory& make, const Opt
                         {"step", Mode::CompileStep, "eager"},
                         {"step_llvm", Mode::CompileStep, "llvm"},
                         {"step_fused", Mode::CompileStep, "eager", true},
+                        {"step_fused_llvm", Mode::CompileStep, "llvm", true},
                         {"ca", Mode::CompiledAutograd, "eager"},
                         {"ca_llvm", Mode::CompiledAutograd, "llvm"}};
   std::vector<Variant> variants;
