@@ -635,8 +635,8 @@ TEST_F(Fusion, NoMergeAcrossAnATenOpThatReadsTheGroup) {
 // and the running statistics end as eager's. Checked against an eager copy of the module
 // over three steps: outputs, input and parameter gradients, running mean and variance,
 // for 2-D, 3-D and 4-D inputs of odd sizes, without affine parameters, in float64, with
-// the running mean read after the update, and with the module applied twice in one
-// function (the second update reads the first's).
+// the running mean read after the update, with the module applied twice in one function
+// (the second update reads the first's), and without running statistics.
 TEST_F(Fusion, BatchNormIsOneKernelEachWayAndKeepsRunningStatistics) {
   struct Case {
     std::string name;
@@ -644,18 +644,20 @@ TEST_F(Fusion, BatchNormIsOneKernelEachWayAndKeepsRunningStatistics) {
     bool affine;
     bool twice;
     at::ScalarType dtype;
+    bool track = true;  // track_running_stats
   };
   const std::vector<Case> cases = {{"nchw", {3, 5, 7, 9}, true, false, at::kFloat},
                                    {"ncl_no_affine", {4, 6, 11}, false, false, at::kFloat},
                                    {"nc", {9, 7}, true, false, at::kFloat},
                                    {"nchw_f64", {2, 3, 5, 4}, true, false, at::kDouble},
-                                   {"applied_twice", {4, 5, 6, 3}, true, true, at::kFloat}};
+                                   {"applied_twice", {4, 5, 6, 3}, true, true, at::kFloat},
+                                   {"no_running_stats", {3, 4, 5}, true, false, at::kFloat, false}};
   for (const auto& c : cases) {
     SCOPED_TRACE(c.name);
     const Tol tol = tol_for(c.dtype);
     const int64_t C = c.shape[1];
     auto make_bn = [&] {
-      auto o = torch::nn::BatchNormOptions(C).momentum(0.3).affine(c.affine);
+      auto o = torch::nn::BatchNormOptions(C).momentum(0.3).affine(c.affine).track_running_stats(c.track);
       std::shared_ptr<torch::nn::Module> m;
       if (c.shape.size() == 4) m = torch::nn::BatchNorm2d(o).ptr();
       else m = torch::nn::BatchNorm1d(o).ptr();
