@@ -7,6 +7,7 @@
 #include <c10/util/Exception.h>
 #include <c10/util/strides.h>
 
+#include <algorithm>
 #include <sstream>
 #include <unordered_map>
 
@@ -57,9 +58,9 @@ namespace tcap::fuse {
 // writes a running buffer, another mutation or hook, or the end: the ReLU after the batch
 // norm still joins its kernel, and nothing in between can see the difference.
 // Decomposed only where every tensor is on the fusion's device, of one floating dtype,
-// dense and row-major, with more than one element per channel (ATen refuses one in
-// training before it gets here); eval mode (running statistics read, not written) stays
-// one ATen call.
+// dense and row-major, with more than one element per channel in training (ATen refuses
+// one before it gets here). In eval mode the forward is pointwise (the running statistics
+// are read, nothing is written); its backward stays one ATen call.
 
 namespace {
 
@@ -131,7 +132,7 @@ class Decomposer {
   // --- batch norm (Note [Batch norm as kernels]) -------------------------------------
 
   // Why the tensors of a batch norm node cannot become kernels, or "".
-  std::string batch_norm_refusal(const ir::Node& n, ir::ValueId x) const {
+  std::string batch_norm_refusal(const ir::Node& n, ir::ValueId x, bool training = true) const {
     const auto& xm = g_.value(x).meta;
     if (xm.dtype != c10::kFloat && xm.dtype != c10::kDouble) {
       return std::string(c10::toString(xm.dtype)) + " statistics accumulate in float";
@@ -151,7 +152,7 @@ class Decomposer {
         why = "a result is not dense and row-major";
       }
     }
-    if (why.empty() && xm.numel() / xm.sizes[1] <= 1) why = "one element per channel";
+    if (why.empty() && training && xm.numel() / xm.sizes[1] <= 1) why = "one element per channel";
     return why;
   }
 
@@ -177,12 +178,12 @@ class Decomposer {
         n.args[0].kind != ir::ArgKind::Value) {
       return copy_unchanged("unexpected arguments");
     }
-    if (n.args[5].i == 0) return copy_unchanged("eval mode");
     for (const auto& o : n.outputs) {
       if (o.kind != ir::ArgKind::Value) return copy_unchanged("unexpected results");
     }
+    const bool training = n.args[5].i != 0;
     const ir::ValueId x = n.args[0].values[0];
-    if (auto why = batch_norm_refusal(n, x); !why.empty()) return copy_unchanged(why);
+    if (auto why = batch_norm_refusal(n, x, training); !why.empty()) return copy_unchanged(why);
     auto optional_value = [&](size_t i, ir::ValueId* v) {
       *v = n.args[i].kind == ir::ArgKind::Value ? n.args[i].values[0] : ir::kNoValue;
       return n.args[i].kind == ir::ArgKind::Value || n.args[i].kind == ir::ArgKind::None ||
@@ -199,6 +200,7 @@ class Decomposer {
     const int64_t C = xm.sizes[1];
     const int64_t M = xm.numel() / C;
     like_ = &xm;
+    if (!training) return decompose_batch_norm_eval(n, x, w, b, rm, rv, eps, kshape, what);
 
     const ir::ValueId xin = map_.at(x);
     const ir::ValueId mean = mean_dims(n, xin, R, kshape);
@@ -227,6 +229,40 @@ class Decomposer {
     if (rv != ir::kNoValue) update(rv, var, momentum * static_cast<double>(M) / static_cast<double>(M - 1));
     like_ = nullptr;
     *what = "decomposed for a per-channel reduction kernel";
+    return true;
+  }
+
+  // Eval mode: the running statistics are read, nothing is written, and the result is
+  // pointwise: (x - running_mean) * rsqrt(running_var + eps) * w + b. The per-channel
+  // factor is a small kernel of its own; the rest joins the ops around it. The other two
+  // results are empty tensors in eval mode: decomposed only when nothing reads them.
+  bool decompose_batch_norm_eval(const ir::Node& n, ir::ValueId x, ir::ValueId w, ir::ValueId b, ir::ValueId rm,
+                                 ir::ValueId rv, double eps, const std::vector<int64_t>& kshape, std::string* what) {
+    const auto outs = g_.output_values();
+    for (size_t k : {1, 2}) {
+      const ir::ValueId v = n.outputs[k].values[0];
+      if (!g_.users(v).empty() || std::find(outs.begin(), outs.end(), v) != outs.end()) {
+        ir::copy_node(g_, n, out_, map_);
+        like_ = nullptr;
+        *what = "kept as one ATen call: eval mode, and its (empty) statistics results are read";
+        return false;
+      }
+    }
+    if (rm == ir::kNoValue || rv == ir::kNoValue) {
+      ir::copy_node(g_, n, out_, map_);
+      like_ = nullptr;
+      *what = "kept as one ATen call: eval mode without running statistics";
+      return false;
+    }
+    const auto& xm = g_.value(x).meta;
+    const ir::ValueId invstd = call(n, "aten::rsqrt", "", {ir::Arg::value(add_scalar(n, view(n, map_.at(rv), kshape), eps, kshape), "self")}, kshape);
+    ir::ValueId y = binary(n, "aten::mul", binary(n, "aten::sub", map_.at(x), view(n, map_.at(rm), kshape), xm.sizes), invstd, xm.sizes);
+    if (w != ir::kNoValue) y = binary(n, "aten::mul", y, view(n, map_.at(w), kshape), xm.sizes);
+    if (b != ir::kNoValue) y = binary(n, "aten::add", y, view(n, map_.at(b), kshape), xm.sizes);
+    result(n, 0, y);
+    // Results 1 and 2 are unread: they keep the original's values (ids) unmapped.
+    like_ = nullptr;
+    *what = "decomposed (eval mode) into pointwise ops";
     return true;
   }
 

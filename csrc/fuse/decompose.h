@@ -25,8 +25,9 @@ struct Decomposed {
 // Weight and bias gradients of other dtypes stay one native call with mask [0, gw, gb].
 // And native_batch_norm in training and its backward, float32/float64, dense, into the
 // per-channel means, sums and pointwise ops they compute; the running statistics are
-// written with copy_ once the graph reaches a node that could see them (Note [Batch norm
-// as kernels] in decompose.cpp).
+// written with copy_ once the graph reaches a node that could see them. In eval mode,
+// with its statistics results unread, native_batch_norm into pointwise ops (Note [Batch
+// norm as kernels] in decompose.cpp).
 Decomposed decompose_for_fusion(const ir::Graph& g, const c10::Device& device);
 
 }  // namespace tcap::fuse

@@ -737,28 +737,62 @@ TEST_F(Fusion, BatchNormIsOneKernelEachWayAndKeepsRunningStatistics) {
   }
 }
 
-TEST_F(Fusion, BatchNormInEvalModeStaysOneATenCall) {
+// Eval mode: the forward is pointwise (Note [Batch norm as kernels]): in inference it joins
+// the ReLU after it; with a backward to come, its (empty) statistics results are saved, and
+// it stays one ATen call.
+TEST_F(Fusion, BatchNormInEvalModeIsPointwise) {
   auto bn = torch::nn::BatchNorm2d(torch::nn::BatchNormOptions(4));
   {
     torch::NoGradGuard ng;
     bn->running_mean.uniform_(-1, 1);
     bn->running_var.uniform_(0.5, 2);
+    bn->weight.uniform_(0.5, 1.5);
+    bn->bias.uniform_(-0.5, 0.5);
   }
   bn->eval();
-  Seen seen;
-  tcap::CompileOptions options;
-  options.fw_compiler = spy(&seen);
-  auto f = tcap::compile(bn, options);
-  auto x = torch::randn({2, 4, 5, 3});
-  torch::NoGradGuard inference;  // (with grad, the entry would wait for its backward)
-  f->forward(x);
-  auto got = f->forward(x);  // a replay
-  ASSERT_EQ(f->eager_reason(), "");
-  const auto st = f->stats();
-  EXPECT_GE(st.replays, 1);
-  EXPECT_TRUE(close(got, bn->forward(x), 1e-5, 1e-6));
-  ASSERT_EQ(seen.results.size(), 1u);
-  EXPECT_NE(seen.results[0].explain().find("kept as one ATen call: eval mode"), std::string::npos) << seen.results[0].explain();
+  auto fn = [&](const Tensors& in) { return Tensors{torch::relu(bn->forward(in[0]))}; };
+  {
+    Seen seen;
+    tcap::CompileOptions options;
+    options.fw_compiler = spy(&seen);
+    auto f = tcap::compile(bn.ptr(), fn, options);
+    torch::NoGradGuard inference;  // (with grad, the entry would wait for its backward)
+    for (int call = 0; call < 3; ++call) {
+      auto x = torch::randn({2, 4, 5, 3});
+      auto got = (*f)({x})[0];
+      ASSERT_EQ(f->eager_reason(), "");
+      EXPECT_TRUE(close(got, fn({x})[0], 1e-5, 1e-6));
+    }
+    EXPECT_GE(f->stats().replays, 1);
+    ASSERT_EQ(seen.results.size(), 1u);
+    const auto& r = seen.results[0];
+    EXPECT_NE(r.explain().find("decomposed (eval mode)"), std::string::npos) << r.explain();
+    for (const auto& n : r.graph.nodes()) EXPECT_EQ(n.op.find("batch_norm"), std::string::npos) << r.explain();
+    // The per-channel factor, then one kernel for the rest and the ReLU.
+    EXPECT_LE(r.groups.size(), 2u) << r.explain();
+  }
+  {
+    Seen seen;
+    tcap::CompileOptions options;
+    options.fw_compiler = spy(&seen);
+    options.bw_compiler = spy(&seen);
+    auto f = tcap::compile(bn.ptr(), fn, options);
+    for (int call = 0; call < 3; ++call) {
+      auto x = torch::randn({2, 4, 5, 3});
+      auto xc = x.clone().requires_grad_(true);
+      auto xr = x.clone().requires_grad_(true);
+      auto got = (*f)({xc})[0];
+      got.sum().backward();
+      auto want = fn({xr})[0];
+      want.sum().backward();
+      ASSERT_EQ(f->eager_reason(), "");
+      EXPECT_TRUE(close(got, want, 1e-5, 1e-6));
+      EXPECT_TRUE(close(xc.grad(), xr.grad(), 1e-5, 1e-6));
+    }
+    ASSERT_GE(seen.results.size(), 1u);
+    EXPECT_NE(seen.results[0].explain().find("native_batch_norm: kept as one ATen call: eval mode"), std::string::npos)
+        << seen.results[0].explain();
+  }
 }
 
 TEST_F(Fusion, NanAndInfPropagateLikeEager) {
