@@ -5,6 +5,7 @@
 // with its reason (PartitionResult::explain).
 #include <tcap/partition.h>
 
+#include "ir/op_facts.h"
 #include "passes/joint.h"
 #include "passes/min_cut.h"
 
@@ -12,6 +13,7 @@
 
 #include <set>
 #include <sstream>
+#include <unordered_set>
 
 namespace tcap {
 
@@ -52,11 +54,48 @@ std::set<NodeId> recomputed_nodes(const Graph& g, const JointPhases& ph, const s
   return recompute;
 }
 
+// Note [Views are saved as their base]
+// A view the backward reads (a Linear's t(weight), a reshaped input) costs the forward an
+// op call when saved, and the backward can make it again for nothing: it reads the same
+// storage. So a saved view whose producer may be recomputed (never_recomputed: not after
+// an in-place write to what it reads) and that is not returned to the user anyway is
+// replaced by what it views, walking down chains of views; the backward recomputes the
+// view, and the fusion pass reads a view of an outside value through its base (Note
+// [Views read through their base]), so it costs no call there either. Returns the new
+// saved list (deduplicated, order kept) and which views moved.
+std::vector<ValueId> save_view_bases(const Graph& g, const JointPhases& ph, const std::vector<ValueId>& saved,
+                                     std::vector<ValueId>* moved) {
+  const std::unordered_set<ValueId> user_out(ph.user_outputs.begin(), ph.user_outputs.end());
+  auto view_base = [&](ValueId v) -> ValueId {
+    if (ph.primal_set.count(v) || user_out.count(v)) return ir::kNoValue;
+    auto it = ph.forward_producer.find(v);
+    if (it == ph.forward_producer.end()) return ir::kNoValue;
+    const Node& n = g.node(it->second);
+    if (n.kind != ir::NodeKind::Call || !ir::op_has(n.op, ir::OpFact::View) || n.outputs.size() != 1 ||
+        n.outputs[0].kind != ir::ArgKind::Value || n.args.empty() || n.args[0].kind != ir::ArgKind::Value ||
+        g.value(v).view_of == ir::kNoValue || passes::never_recomputed(g, ph, it->second, nullptr)) {
+      return ir::kNoValue;
+    }
+    const ValueId base = n.args[0].values[0];
+    return ph.is_forward_value(base) ? base : ir::kNoValue;
+  };
+  std::vector<ValueId> out;
+  std::unordered_set<ValueId> seen;
+  for (ValueId v : saved) {
+    ValueId keep = v;
+    for (ValueId b = view_base(keep); b != ir::kNoValue; b = view_base(keep)) keep = b;
+    if (keep != v) moved->push_back(v);
+    if (seen.insert(keep).second) out.push_back(keep);
+  }
+  return out;
+}
+
 std::string saved_reason(const Graph& g, const JointPhases& ph, Partitioner which, ValueId v) {
   if (ph.primal_set.count(v)) return "saved: a primal input (kept by reference, no extra memory)";
+  const auto rd = ph.first_reader.find(v);
+  if (rd == ph.first_reader.end()) return "saved: viewed by what the backward reads";  // Note [Views are saved as their base]
   if (which == Partitioner::Default) {
-    const NodeId rd = ph.first_reader.at(v);
-    return "saved: read by the backward" + (rd >= 0 ? " (" + g.node(rd).qualified_op() + ")" : std::string());
+    return "saved: read by the backward" + (rd->second >= 0 ? " (" + g.node(rd->second).qualified_op() + ")" : std::string());
   }
   std::string why;
   if (passes::never_recomputed(g, ph, ph.forward_producer.at(v), &why)) return "saved: " + why;
@@ -131,16 +170,25 @@ PartitionResult partition(const JointGraph& joint, Partitioner which, const MinC
   r.grad_of = joint.grad_of;
   r.tangent_of = joint.tangent_of;
 
-  const std::vector<ValueId> saved =
-      which == Partitioner::Default ? ph.read_by_backward : passes::min_cut_saved(g, ph, min_cut);
+  std::vector<ValueId> moved;  // views saved as their base (Note [Views are saved as their base])
+  const std::vector<ValueId> saved = save_view_bases(
+      g, ph, which == Partitioner::Default ? ph.read_by_backward : passes::min_cut_saved(g, ph, min_cut), &moved);
   const std::unordered_set<ValueId> saved_set(saved.begin(), saved.end());
   const std::set<NodeId> recompute = recomputed_nodes(g, ph, saved_set);
   r.recomputed_nodes = recompute.size();
 
   for (ValueId v : saved) r.decisions.push_back({v, ValueDecision::Kind::Saved, saved_reason(g, ph, which, v)});
+  const std::unordered_set<ValueId> moved_set(moved.begin(), moved.end());
   for (NodeId id : recompute) {
     ir::for_each_value(g.node(id).outputs, [&](ValueId v) {
       std::ostringstream ss;
+      if (moved_set.count(v)) {
+        ss << "recomputed in the backward: a view, saved as its base (" << g.node(id).qualified_op() << " of";
+        ir::for_each_value(g.node(id).args, [&](ValueId u) { ss << " %" << u; });
+        ss << ")";
+        r.decisions.push_back({v, ValueDecision::Kind::Recomputed, ss.str()});
+        return;
+      }
       ss << "recomputed in the backward: " << g.node(id).qualified_op() << " is cheap, from";
       ir::for_each_value(g.node(id).args, [&](ValueId u) { ss << " %" << u; });
       r.decisions.push_back({v, ValueDecision::Kind::Recomputed, ss.str()});

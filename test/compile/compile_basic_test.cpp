@@ -9,6 +9,8 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
+
 using tcap::testing::close;
 using Tensors = std::vector<at::Tensor>;
 
@@ -127,6 +129,46 @@ TEST(Compile, MatmulIsSavedNotRecomputed) {
     if (d.kind != tcap::ValueDecision::Kind::Recomputed) continue;
     const auto& g = es[0].joint.graph;
     EXPECT_NE(g.node(g.value(d.value).producer).op, "aten::mm") << es[0].partition.explain();
+  }
+}
+
+// Note [Views are saved as their base]: what the backward reads through views (a
+// Linear's t(weight) alike) is saved as the viewed tensor under both partitioners; the
+// backward makes the views again, and the gradients stay eager's.
+TEST(Compile, ViewsAreSavedAsTheirBase) {
+  // mm(h, view(view(w))) saves w; mm(view(sin(x)), v) saves sin(x), which the backward
+  // does not read otherwise (sin's backward reads x).
+  auto fn = [](const Tensors& in) {
+    auto h = torch::relu(torch::addmm(in[2], in[0], in[1].t()));
+    return Tensors{torch::mm(h, in[1].view({3, 14}).view({6, 7})) +
+                   torch::mm(torch::sin(in[0]).view({7, 5}), in[3]).sum()};
+  };
+  for (auto which : {tcap::Partitioner::Default, tcap::Partitioner::MinCut}) {
+    SCOPED_TRACE(tcap::to_string(which));
+    tcap::CompileOptions options;
+    options.partitioner = which;
+    auto f = tcap::compile(fn, options);
+    for (int call = 0; call < 3; ++call) {
+      Tensors in{torch::randn({5, 7}).requires_grad_(true), torch::randn({6, 7}).requires_grad_(true),
+                 torch::randn({6}).requires_grad_(true), torch::randn({5, 4}).requires_grad_(true)};
+      Tensors ref;
+      for (const auto& t : in) ref.push_back(t.detach().clone().requires_grad_(true));
+      auto out = (*f)(in);
+      out[0].sum().backward();
+      auto want = fn(ref);
+      want[0].sum().backward();
+      ASSERT_EQ(f->eager_reason(), "");
+      EXPECT_TRUE(close(out[0], want[0], 1e-5, 1e-6));
+      for (size_t k = 0; k < in.size(); ++k) EXPECT_TRUE(close(in[k].grad(), ref[k].grad(), 1e-5, 1e-6)) << "grad " << k;
+    }
+    auto es = f->entries();
+    ASSERT_EQ(es.size(), 1u);
+    const auto& p = es[0].partition;
+    const auto& g = es[0].joint.graph;
+    // No saved value is a view: the weight is saved, t(weight) and the chain of views are
+    // made again in the backward.
+    for (auto v : p.saved) EXPECT_EQ(g.value(v).view_of, tcap::ir::kNoValue) << p.explain();
+    EXPECT_NE(p.explain().find("a view, saved as its base (aten::view"), std::string::npos) << p.explain();
   }
 }
 
