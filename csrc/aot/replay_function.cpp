@@ -95,8 +95,9 @@ struct SavedCapsule : torch::CustomClassHolder {
     own_refs.release();
   }
   // The saved values in order, checked as SavedVariable::unpack checks; moved out when
-  // `take` (the backward frees them), else copied.
-  std::vector<at::Tensor> unpack(const AutogradContext& ctx, const std::string& fn_name, bool take) {
+  // `take` (the backward frees them), else copied. `from_context`: the values kept as
+  // SavedVariables (in_context's), unpacked.
+  std::vector<at::Tensor> unpack(const std::vector<at::Tensor>& from_context, const std::string& fn_name, bool take) {
     TORCH_CHECK(!released, torch::autograd::ERR_BACKWARD_TWICE);
     for (size_t k = 0; k < saved.size(); ++k) {
       if (!saved[k].defined()) continue;
@@ -109,10 +110,7 @@ struct SavedCapsule : torch::CustomClassHolder {
     std::vector<at::Tensor> out;
     if (take) out.swap(saved);
     else out = saved;
-    if (!in_context.empty()) {
-      const auto from_ctx = ctx.get_saved_variables();
-      for (size_t j = 0; j < in_context.size(); ++j) out[in_context[j]] = from_ctx[j];
-    }
+    for (size_t j = 0; j < in_context.size(); ++j) out[in_context[j]] = from_context.at(j);
     if (take) release();
     return out;
   }
@@ -146,55 +144,120 @@ variable_list recompute_backward(const Entry& e, const std::vector<at::Tensor>& 
   } restore{current};
   variable_list result =
       recompute_gradients(e.part.forward, e.recompute_clones, primals, grads, e.part.num_user_outputs, create_graph);
-  result.emplace_back();  // the entry argument's
   return result;
 }
 
+// Runs the compiled forward of `e` on `ins` (grad mode off) and splits what it returns:
+// the user outputs (returned), the saved values into a new capsule (Note [Saved tensors
+// of a compiled region]), and the saved values that are also outputs into `in_context`,
+// to be kept as SavedVariables by the node. The capsule keeps `ins` as the primals.
+variable_list run_forward(const Entry& e, std::vector<at::Tensor> ins, c10::intrusive_ptr<SavedCapsule>* capsule_out,
+                          variable_list* in_context) {
+  std::vector<at::Tensor> outs;
+  {
+    at::AutoGradMode grad_off(false);
+    outs = e.fw(ins);
+  }
+  for (size_t j : e.mutated_primals) torch::autograd::impl::bump_version(ins[j]);
+  const size_t n = e.part.num_user_outputs;
+  TORCH_CHECK(outs.size() == n + e.part.saved.size(), "tcap: the compiled forward of '", e.fn_name, "' returned ",
+              outs.size(), " tensors, expected ", n + e.part.saved.size());
+  variable_list user(outs.begin(), outs.begin() + static_cast<std::ptrdiff_t>(n));
+  auto capsule = c10::make_intrusive<SavedCapsule>();
+  capsule->saved.assign(std::make_move_iterator(outs.begin() + static_cast<std::ptrdiff_t>(n)),
+                        std::make_move_iterator(outs.end()));
+  capsule->versions.resize(capsule->saved.size());
+  for (size_t k = 0; k < capsule->saved.size(); ++k) {
+    at::Tensor& t = capsule->saved[k];
+    if (!t.defined()) continue;
+    const bool is_output = std::any_of(user.begin(), user.end(), [&](const at::Tensor& u) {
+      return u.unsafeGetTensorImpl() == t.unsafeGetTensorImpl();
+    });
+    if (is_output) {
+      capsule->in_context.push_back(k);
+      in_context->push_back(std::move(t));
+      t = at::Tensor();
+    } else {
+      capsule->versions[k] = t._version();
+    }
+  }
+  capsule->primals = std::move(ins);
+  if (e.guards.held.size() > 0) {
+    std::vector<at::Tensor> held_refs = capsule->primals;
+    held_refs.insert(held_refs.end(), capsule->saved.begin(), capsule->saved.end());
+    capsule->own_refs = cache::OwnRefsLease(e.guards.held, held_refs);
+  }
+  *capsule_out = std::move(capsule);
+  return user;
+}
+
+// The backward of a region (both node kinds): the compiled backward on the saved values
+// and the incoming gradients, or the recompute when it cannot serve (double backward, a
+// gradient the capture never saw). One gradient per primal. `grads` is the engine's own
+// list: each gradient is moved into the executable, which frees it at its last use.
+// `from_context`: the in-context saved values, unpacked (called only when needed).
+template <class Grads, class FromContext>
+variable_list region_backward(const Entry& e, SavedCapsule& capsule, const RngStates* rng, Grads&& grads,
+                              FromContext&& from_context) {
+  const bool create_graph = at::GradMode::is_enabled();
+  std::string why;
+  if (create_graph) why = "create_graph=true (double backward)";
+  else if (!e.has_backward) why = "no compiled backward (the capture saw no backward)";
+  for (size_t k = 0; k < grads.size() && why.empty(); ++k) {
+    if (grads[k].defined() && !e.tangent_present[k]) {
+      why = "a gradient arrived for output " + std::to_string(k) + ", which had none when captured";
+    }
+  }
+  if (!why.empty()) {
+    cache::report_fallback("'" + e.fn_name + "' entry " + std::to_string(e.id) + "'s backward",
+                           "it recomputes eagerly: " + why);
+    e.stats->count(&CompileStats::backward_fallbacks);
+    TORCH_CHECK(!capsule.released, torch::autograd::ERR_BACKWARD_TWICE);
+    std::vector<at::Tensor> primals = capsule.primals;
+    if (!torch::autograd::get_current_graph_task_keep_graph()) capsule.release();
+    return recompute_backward(e, primals, grads, rng, create_graph);
+  }
+  // Without retain_graph the executable gets the only references to the saved values
+  // that are not outputs, and frees each at its last use.
+  std::vector<at::Tensor> ins =
+      capsule.unpack(capsule.in_context.empty() ? std::vector<at::Tensor>() : from_context(), e.fn_name,
+                     /*take=*/!torch::autograd::get_current_graph_task_keep_graph());
+  ins.reserve(ins.size() + e.part.tangent_of.size());
+  for (int k : e.part.tangent_of) {
+    auto& g = grads.at(static_cast<size_t>(k));
+    if (g.defined()) {
+      ins.push_back(std::move(g));
+    } else {
+      // An output that got no gradient this time: a zero tangent (it had one at capture).
+      const auto& m = e.joint.graph.value(e.joint.graph.output_values().at(static_cast<size_t>(k))).meta;
+      ins.push_back(at::zeros(c10::IntArrayRef(m.sizes), at::TensorOptions().dtype(m.dtype).device(m.device)));
+    }
+  }
+  auto outs = e.bw(std::move(ins));
+  TORCH_CHECK(outs.size() == e.part.grad_of.size(), "tcap: the compiled backward of '", e.fn_name, "' returned ",
+              outs.size(), " gradients, expected ", e.part.grad_of.size());
+  variable_list result(e.joint.num_primals);
+  for (size_t k = 0; k < outs.size(); ++k) result[static_cast<size_t>(e.part.grad_of[k])] = std::move(outs[k]);
+  return result;
+}
+
+// The general replay: a torch::autograd::Function, for the calls ReplayNode does not take
+// (Note [The replay node]).
 struct ReplayFunction : torch::autograd::Function<ReplayFunction> {
   static variable_list forward(AutogradContext* ctx, at::TensorList primals, std::shared_ptr<const Entry> e) {
-    std::vector<at::Tensor> ins(primals.begin(), primals.end());
     if (e->has_rng) {
       auto cap = c10::make_intrusive<RngCapsule>();
       cap->rng = RngStates::save(devices_of(e->part.forward));
       ctx->saved_data["rng"] = c10::IValue::make_capsule(cap);
     }
-    auto outs = e->fw(ins);
-    for (size_t j : e->mutated_primals) torch::autograd::impl::bump_version(ins[j]);
-    const size_t n = e->part.num_user_outputs;
-    TORCH_CHECK(outs.size() == n + e->part.saved.size(), "tcap: the compiled forward of '", e->fn_name,
-                "' returned ", outs.size(), " tensors, expected ", n + e->part.saved.size());
-    variable_list user(outs.begin(), outs.begin() + static_cast<std::ptrdiff_t>(n));
-    // Note [Saved tensors of a compiled region]
-    auto capsule = c10::make_intrusive<SavedCapsule>();
-    capsule->saved.assign(std::make_move_iterator(outs.begin() + static_cast<std::ptrdiff_t>(n)),
-                          std::make_move_iterator(outs.end()));
-    capsule->versions.resize(capsule->saved.size());
+    c10::intrusive_ptr<SavedCapsule> capsule;
     variable_list in_context;
-    for (size_t k = 0; k < capsule->saved.size(); ++k) {
-      at::Tensor& t = capsule->saved[k];
-      if (!t.defined()) continue;
-      const bool is_output = std::any_of(user.begin(), user.end(), [&](const at::Tensor& u) {
-        return u.unsafeGetTensorImpl() == t.unsafeGetTensorImpl();
-      });
-      if (is_output) {
-        capsule->in_context.push_back(k);
-        in_context.push_back(std::move(t));
-        t = at::Tensor();
-      } else {
-        capsule->versions[k] = t._version();
-      }
-    }
+    variable_list user = run_forward(*e, std::vector<at::Tensor>(primals.begin(), primals.end()), &capsule, &in_context);
     ctx->save_for_backward(in_context);
-    capsule->primals = std::move(ins);
-    if (e->guards.held.size() > 0) {
-      std::vector<at::Tensor> held_refs = capsule->primals;
-      held_refs.insert(held_refs.end(), capsule->saved.begin(), capsule->saved.end());
-      capsule->own_refs = cache::OwnRefsLease(e->guards.held, held_refs);
-    }
     ctx->saved_data["saved"] = c10::IValue::make_capsule(std::move(capsule));
     ctx->saved_data["entry"] = c10::IValue::make_capsule(c10::make_intrusive<EntryHolder>(e));
     variable_list nondiff;
-    for (size_t k = 0; k < n; ++k) {
+    for (size_t k = 0; k < user.size(); ++k) {
       if (!e->output_differentiable[k]) nondiff.push_back(user[k]);
     }
     if (!nondiff.empty()) ctx->mark_non_differentiable(nondiff);
@@ -210,56 +273,84 @@ struct ReplayFunction : torch::autograd::Function<ReplayFunction> {
   template <class Grads>
   static variable_list backward(AutogradContext* ctx, Grads&& grads) {
     auto holder = c10::static_intrusive_pointer_cast<EntryHolder>(ctx->saved_data["entry"].toCapsule());
-    const Entry& e = *holder->entry;
-    const bool create_graph = at::GradMode::is_enabled();
-    std::string why;
-    if (create_graph) why = "create_graph=true (double backward)";
-    else if (!e.has_backward) why = "no compiled backward (the capture saw no backward)";
-    for (size_t k = 0; k < grads.size() && why.empty(); ++k) {
-      if (grads[k].defined() && !e.tangent_present[k]) {
-        why = "a gradient arrived for output " + std::to_string(k) + ", which had none when captured";
-      }
-    }
-    if (!why.empty()) {
-      cache::report_fallback("'" + e.fn_name + "' entry " + std::to_string(e.id) + "'s backward",
-                             "it recomputes eagerly: " + why);
-      e.stats->count(&CompileStats::backward_fallbacks);
-      auto capsule = saved_capsule(*ctx);
-      TORCH_CHECK(!capsule->released, torch::autograd::ERR_BACKWARD_TWICE);
-      std::vector<at::Tensor> primals = capsule->primals;
-      if (!torch::autograd::get_current_graph_task_keep_graph()) capsule->release();
-      const RngStates* rng = nullptr;
-      c10::intrusive_ptr<RngCapsule> cap;
-      if (ctx->saved_data.count("rng")) {
-        cap = c10::static_intrusive_pointer_cast<RngCapsule>(ctx->saved_data["rng"].toCapsule());
-        rng = &cap->rng;
-      }
-      return recompute_backward(e, primals, grads, rng, create_graph);
-    }
-    // Without retain_graph the executable gets the only references to the saved values
-    // that are not outputs, and frees each at its last use.
-    std::vector<at::Tensor> ins =
-        saved_capsule(*ctx)->unpack(*ctx, e.fn_name, /*take=*/!torch::autograd::get_current_graph_task_keep_graph());
-    ins.reserve(ins.size() + e.part.tangent_of.size());
-    for (int k : e.part.tangent_of) {
-      auto& g = grads.at(static_cast<size_t>(k));
-      if (g.defined()) {
-        ins.push_back(std::move(g));
-      } else {
-        // An output that got no gradient this time: a zero tangent (it had one at capture).
-        const auto& m = e.joint.graph.value(e.joint.graph.output_values().at(static_cast<size_t>(k))).meta;
-        ins.push_back(at::zeros(c10::IntArrayRef(m.sizes), at::TensorOptions().dtype(m.dtype).device(m.device)));
-      }
-    }
-    auto outs = e.bw(std::move(ins));
-    TORCH_CHECK(outs.size() == e.part.grad_of.size(), "tcap: the compiled backward of '", e.fn_name,
-                "' returned ", outs.size(), " gradients, expected ", e.part.grad_of.size());
-    const size_t num_primals = e.joint.num_primals;
-    variable_list result(num_primals + 1);
-    for (size_t k = 0; k < outs.size(); ++k) result[static_cast<size_t>(e.part.grad_of[k])] = outs[k];
+    c10::intrusive_ptr<RngCapsule> cap;
+    if (ctx->saved_data.count("rng")) cap = c10::static_intrusive_pointer_cast<RngCapsule>(ctx->saved_data["rng"].toCapsule());
+    variable_list result = region_backward(*holder->entry, *saved_capsule(*ctx), cap ? &cap->rng : nullptr,
+                                           std::forward<Grads>(grads), [&] { return ctx->get_saved_variables(); });
+    result.emplace_back();  // the entry argument's
     return result;
   }
 };
+
+// Note [The replay node]
+// A replay that needs a gradient used to go through ReplayFunction::apply. Most of what
+// torch::autograd::Function adds there is for arbitrary user functions: the context's
+// saved_data map (three capsules by string key), a VariableInfo per input and output, a
+// demangled name per backward call, the is-a-tensor mask of the arguments. A region's
+// primals are all tensors, its outputs fresh, and its backward handles undefined
+// gradients itself, so ReplayNode, an autograd Node of tcap's own, keeps just the entry,
+// the capsule, the RNG state and the saved outputs (as SavedVariables, which knows they
+// are outputs of this node and holds no reference cycle), and wraps the outputs with
+// LibTorch's own _wrap_outputs (an output that is an input, or a view, is treated exactly as
+// Function::apply treats it). Calls under functorch keep ReplayFunction, whose check
+// refuses them as before. Compiled autograd and the double backward recognise both node
+// types (is_replay_node_type, describe_replay_node).
+struct ReplayNode final : torch::autograd::Node {
+  std::shared_ptr<const Entry> entry;
+  c10::intrusive_ptr<SavedCapsule> capsule;
+  std::vector<torch::autograd::SavedVariable> saved_outputs;  // capsule->in_context's, in order
+  std::optional<RngStates> rng;
+  std::mutex mu;  // as CppNode: apply and release_variables may race (Note [Thread Safety on Autograd Node])
+
+  std::string name() const override { return "tcap::CompiledRegionBackward"; }
+
+  std::vector<at::Tensor> unpack_outputs() {
+    std::vector<at::Tensor> out;
+    out.reserve(saved_outputs.size());
+    const auto self = shared_from_this();
+    for (const auto& sv : saved_outputs) out.push_back(sv.unpack(self));
+    return out;
+  }
+
+  variable_list apply(variable_list&& grads) override {
+    std::lock_guard<std::mutex> lock(mu);
+    return region_backward(*entry, *capsule, rng ? &*rng : nullptr, grads, [&] { return unpack_outputs(); });
+  }
+
+  void release_variables() override {
+    std::lock_guard<std::mutex> lock(mu);
+    saved_outputs.clear();
+  }
+};
+
+variable_list replay_through_node(const std::shared_ptr<const Entry>& e, const std::vector<at::Tensor>& primals) {
+  std::shared_ptr<ReplayNode> node(new ReplayNode(), torch::autograd::deleteNode);
+  node->entry = e;
+  node->set_next_edges(torch::autograd::collect_next_edges(primals));
+  if (e->has_rng) node->rng = RngStates::save(devices_of(e->part.forward));
+  variable_list in_context;
+  variable_list user = run_forward(*e, primals, &node->capsule, &in_context);
+  std::unordered_set<at::TensorImpl*> nondiff;
+  for (size_t k = 0; k < user.size(); ++k) {
+    if (!e->output_differentiable[k] && user[k].defined()) nondiff.insert(user[k].unsafeGetTensorImpl());
+  }
+  std::vector<std::optional<at::Tensor>> raw(user.begin(), user.end());
+  auto wrapped = torch::autograd::_wrap_outputs(
+      primals, nondiff, /*dirty_inputs=*/{}, raw, node,
+      [](const variable_list&, const variable_list&) -> variable_list {
+        TORCH_CHECK(false, "tcap: forward-mode AD through a compiled region is not supported");
+      },
+      /*to_save_if_setup_context=*/{}, [](const at::Tensor& x) { return x.view_as(x); }, /*pure_view=*/false);
+  node->saved_outputs.reserve(in_context.size());
+  for (const auto& t : in_context) {
+    const bool is_output = t.grad_fn().get() == node.get();
+    node->saved_outputs.emplace_back(t, is_output);
+  }
+  variable_list out;
+  out.reserve(wrapped.size());
+  for (auto& w : wrapped) out.push_back(w.has_value() ? std::move(*w) : at::Tensor());
+  return out;
+}
 
 }  // namespace
 
@@ -308,7 +399,9 @@ std::vector<at::Tensor> replay_region(const std::shared_ptr<const RegionEntry>& 
   try {
     std::vector<at::Tensor> outs;
     if (e->use_function) {
-      outs = ReplayFunction::apply(at::TensorList(primals), e);
+      const bool node_takes_it = at::GradMode::is_enabled() && !at::functorch::functorchTLSAccessor() &&
+                                 torch::autograd::any_variable_requires_grad(primals);
+      outs = node_takes_it ? replay_through_node(e, primals) : ReplayFunction::apply(at::TensorList(primals), e);
     } else {
       outs = e->fw(primals);
       for (size_t j : e->mutated_primals) torch::autograd::impl::bump_version(primals[j]);
@@ -322,29 +415,52 @@ std::vector<at::Tensor> replay_region(const std::shared_ptr<const RegionEntry>& 
   }
 }
 
-const std::type_info& replay_node_type() { return typeid(torch::autograd::CppNode<ReplayFunction>); }
+bool is_replay_node_type(const std::type_info& t) {
+  return t == typeid(ReplayNode) || t == typeid(torch::autograd::CppNode<ReplayFunction>);
+}
 
 bool describe_replay_node(const torch::autograd::Node& node, std::string& key, std::vector<at::Tensor>& tensors,
                           std::vector<c10::IValue>& keep_alive) {
-  if (typeid(node) != typeid(torch::autograd::CppNode<ReplayFunction>)) return false;
-  const auto* cpp = static_cast<const torch::autograd::CppNode<ReplayFunction>*>(&node);
-  // NOLINTNEXTLINE(cppcoreguidelines-pro-type-const-cast): reading the context only.
-  auto& ctx = const_cast<torch::autograd::AutogradContext&>(cpp->ctx_);
-  const c10::IValue& entry = ctx.saved_data.at("entry");
-  const auto* holder = static_cast<const EntryHolder*>(entry.toCapsule().get());
-  const auto address = reinterpret_cast<std::uintptr_t>(holder->entry.get());
+  const Entry* e = nullptr;
+  SavedCapsule* capsule = nullptr;
+  std::vector<at::Tensor> from_context;
+  if (typeid(node) == typeid(ReplayNode)) {
+    // NOLINTNEXTLINE(cppcoreguidelines-pro-type-const-cast): reading the saved state only.
+    auto& rn = const_cast<ReplayNode&>(static_cast<const ReplayNode&>(node));
+    std::lock_guard<std::mutex> lock(rn.mu);
+    e = rn.entry.get();
+    capsule = rn.capsule.get();
+    if (!capsule->in_context.empty()) from_context = rn.unpack_outputs();
+    // The entry, by address: kept alive through a capsule holding it.
+    keep_alive.push_back(c10::IValue::make_capsule(c10::make_intrusive<EntryHolder>(rn.entry)));
+  } else if (typeid(node) == typeid(torch::autograd::CppNode<ReplayFunction>)) {
+    const auto* cpp = static_cast<const torch::autograd::CppNode<ReplayFunction>*>(&node);
+    // NOLINTNEXTLINE(cppcoreguidelines-pro-type-const-cast): reading the context only.
+    auto& ctx = const_cast<torch::autograd::AutogradContext&>(cpp->ctx_);
+    const c10::IValue& entry = ctx.saved_data.at("entry");
+    e = static_cast<const EntryHolder*>(entry.toCapsule().get())->entry.get();
+    keep_alive.push_back(entry);
+    capsule = saved_capsule(ctx).get();
+    if (!capsule->in_context.empty()) from_context = ctx.get_saved_variables();
+  } else {
+    return false;
+  }
+  const auto address = reinterpret_cast<std::uintptr_t>(e);
   key.append(reinterpret_cast<const char*>(&address), sizeof(address));
-  keep_alive.push_back(entry);
-  const auto capsule = saved_capsule(ctx);
-  for (auto& t : capsule->unpack(ctx, holder->entry->fn_name, /*take=*/false)) tensors.push_back(std::move(t));
+  for (auto& t : capsule->unpack(from_context, e->fn_name, /*take=*/false)) tensors.push_back(std::move(t));
   for (const auto& t : capsule->primals) tensors.push_back(t);
   return true;
 }
 
 void release_replay_node(torch::autograd::Node& node) {
-  if (typeid(node) != typeid(torch::autograd::CppNode<ReplayFunction>)) return;
-  auto& cpp = static_cast<torch::autograd::CppNode<ReplayFunction>&>(node);
-  saved_capsule(cpp.ctx_)->release();
+  if (typeid(node) == typeid(ReplayNode)) {
+    auto& rn = static_cast<ReplayNode&>(node);
+    std::lock_guard<std::mutex> lock(rn.mu);
+    rn.capsule->release();
+  } else if (typeid(node) == typeid(torch::autograd::CppNode<ReplayFunction>)) {
+    auto& cpp = static_cast<torch::autograd::CppNode<ReplayFunction>&>(node);
+    saved_capsule(cpp.ctx_)->release();
+  }
 }
 
 }  // namespace tcap::aot

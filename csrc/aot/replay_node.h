@@ -1,5 +1,6 @@
 // What compiled autograd needs to know about the backward node of a tcap::compile region
-// (a CppNode<ReplayFunction>, whose saved state Node::compiled_args cannot describe).
+// (a ReplayNode or CppNode<ReplayFunction>, whose saved state Node::compiled_args cannot
+// describe).
 #pragma once
 
 #include <torch/csrc/autograd/function.h>
@@ -12,9 +13,10 @@
 
 namespace tcap::aot {
 
-// The type of that node (CppNode<ReplayFunction>): describe_replay_node describes exactly
-// the nodes of this type.
-const std::type_info& replay_node_type();
+// Whether nodes of type `t` are such nodes (ReplayNode, or CppNode<ReplayFunction> for the
+// calls it does not take: Note [The replay node]): describe_replay_node describes exactly
+// the nodes of these types.
+bool is_replay_node_type(const std::type_info& t);
 
 // If `node` is the backward of a tcap::compile region: appends what fixes its backward
 // computation (the compiled entry, by address, kept alive through `keep_alive`) to `key`

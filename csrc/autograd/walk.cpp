@@ -70,7 +70,7 @@ class NodeTypes {
       NodeType::Kind kind = NodeType::Kind::Other;
       if (t == typeid(torch::autograd::GraphRoot)) kind = NodeType::Kind::Root;
       else if (t == typeid(torch::autograd::AccumulateGrad)) kind = NodeType::Kind::AccumulateGrad;
-      else if (t == aot::replay_node_type()) kind = NodeType::Kind::Replay;
+      else if (aot::is_replay_node_type(t)) kind = NodeType::Kind::Replay;
       types_.push_back({n.name(), kind, kind == NodeType::Kind::Other ? generated_visitor(t) : nullptr});
       i = static_cast<uint32_t>(types_.size() - 1);
       index_.insert(&t, i);
