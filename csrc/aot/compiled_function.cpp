@@ -103,6 +103,7 @@ struct CompiledFunction::Impl {
     s->stats = e->stats;
     s->guards.global = e->guards.global;
     s->guards.held = e->guards.held;
+    s->aliased_tangents = e->aliased_tangents;
     JointGraph j = e->joint;
     j.graph = cache::specialize(e->joint.graph, e->guards.dyn, key);
     aot::compile_region(*s, std::move(j), e->has_backward, primals, options);

@@ -38,6 +38,7 @@ void PendingCapture::on_backward(RegionCapture& c) {
   try {
     replaces = compile_region(*entry_, c.joint_with_backward(), /*has_backward=*/true, c.primal_tensors(), options_,
                               host_miss_of.get());
+    entry_->aliased_tangents = c.aliased_tangents();
     ready = entry_;
   } catch (const c10::Error& err) {
     failure = err.what_without_backtrace();

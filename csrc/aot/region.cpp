@@ -189,6 +189,7 @@ std::string RegionCapture::check_forward(const std::vector<at::Tensor>& outputs)
 std::string RegionCapture::watch_backward(const std::vector<at::Tensor>& outputs, Done done) {
   on_done_ = std::move(done);
   tangent_value_.assign(outputs.size(), ir::kNoValue);
+  tangent_tensor_.assign(outputs.size(), at::Tensor());
   contributions_.assign(primal_values_.size(), {});
   auto in_region = [&](const Node* n) {
     const uint64_t seq = n->sequence_nr();
@@ -324,6 +325,34 @@ void RegionCapture::on_tangent(size_t output, const at::Tensor& grad) {
   session_->set_recording(true);
   started_ = true;
   tangent_value_[output] = session_->tangent_for(grad, "tangent_" + output_names_.at(output));
+  // Note [Tangents that alias]
+  // The backward is recorded by tensor identity. Two outputs' gradients can be one tensor,
+  // or views of one tensor alike in every way ((a.sum() + b.sum()).backward() hands both
+  // sums' backwards the same ones, expanded twice), and then which of the two a backward
+  // op read cannot be told: the recording reads one for both. It is right for every later
+  // call whose gradients alias the same way, so that is what the entry checks before its
+  // compiled backward runs; gradients that do not alias any more take the recompute,
+  // which is exact (a backward like (2 * a.sum() + b.sum()) after the capture's).
+  for (size_t j = 0; j < tangent_tensor_.size(); ++j) {
+    const at::Tensor& o = tangent_tensor_[j];
+    if (o.defined() && tangents_alias(o, grad)) {
+      aliased_tangents_.emplace_back(static_cast<int>(j), static_cast<int>(output));
+    }
+  }
+  tangent_tensor_[output] = grad;
+}
+
+bool tangents_alias(const at::Tensor& a, const at::Tensor& b) {
+  if (a.unsafeGetTensorImpl() == b.unsafeGetTensorImpl()) return true;
+  return a.has_storage() && b.has_storage() && a.layout() == c10::kStrided && b.layout() == c10::kStrided &&
+         a.storage().unsafeGetStorageImpl() == b.storage().unsafeGetStorageImpl() &&
+         a.storage_offset() == b.storage_offset() && a.sizes() == b.sizes() && a.strides() == b.strides() &&
+         a.scalar_type() == b.scalar_type();
+}
+
+std::vector<std::pair<int, int>> RegionCapture::aliased_tangents() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return aliased_tangents_;
 }
 
 void RegionCapture::on_contribution(size_t primal, const at::Tensor& grad) {
@@ -346,6 +375,7 @@ void RegionCapture::backward_finished(bool ok) {
     if (done_ || !started_) return;  // this backward did not reach the region
     done_ = true;
     session_->set_recording(false);
+    tangent_tensor_.clear();  // only compared while recording
     if (!ok && failure_.empty()) failure_ = "the backward that reached the function failed";
     cb = std::move(on_done_);
   }

@@ -27,6 +27,10 @@ bool data_dependent_shape(const ir::Graph& g, const ir::Node& n, const c10::Oper
 // have, a data-dependent output shape, an argument that cannot be rebuilt (a generator).
 std::string unreplayable(const ir::Graph& g, const ir::Node& n);
 
+// Whether two gradients alias: one tensor, or one storage seen with the same offset,
+// sizes, strides and dtype (Note [Tangents that alias] in region.cpp).
+bool tangents_alias(const at::Tensor& a, const at::Tensor& b);
+
 class RegionCapture : public capture::BackwardWatcher,
                       public std::enable_shared_from_this<RegionCapture> {
  public:
@@ -63,6 +67,9 @@ class RegionCapture : public capture::BackwardWatcher,
 
   // The tensors of the forward's Input nodes (primals), in order.
   std::vector<at::Tensor> primal_tensors() const;
+  // Pairs of outputs whose gradients aliased (one storage, one geometry) when the backward
+  // was recorded (Note [Tangents that alias]).
+  std::vector<std::pair<int, int>> aliased_tangents() const;
 
   // Observer callbacks (autograd engine thread).
   void on_tangent(size_t output, const at::Tensor& grad);
@@ -86,6 +93,8 @@ class RegionCapture : public capture::BackwardWatcher,
   bool done_ = false;
   std::string failure_;
   std::vector<ir::ValueId> tangent_value_;                // per output
+  std::vector<at::Tensor> tangent_tensor_;                // per output, while recording
+  std::vector<std::pair<int, int>> aliased_tangents_;
   std::vector<std::vector<ir::ValueId>> contributions_;   // per primal
   std::mutex observed_mutex_;
   std::vector<std::weak_ptr<torch::autograd::Node>> observed_nodes_;

@@ -38,6 +38,9 @@ struct RegionEntry : cache::Entry {
   // Replay facts.
   std::vector<bool> output_differentiable;  // per user output
   std::vector<bool> tangent_present;        // per user output: it had a gradient at capture
+  // Outputs whose gradients aliased when the backward was recorded: the compiled backward
+  // serves a call only if they still do (Note [Tangents that alias] in region.cpp).
+  std::vector<std::pair<int, int>> aliased_tangents;
   std::vector<size_t> mutated_primals;      // primals the forward writes in place
   // Primals a recompute of the forward must run on copies of: mutated_primals and those a
   // node writes without its schema saying so (Note [Writes a schema does not show]).

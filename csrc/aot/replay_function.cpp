@@ -10,6 +10,7 @@
 // and differentiate it with torch::autograd::grad, which is exact and differentiable.
 #include "aot/replay_function.h"
 
+#include "aot/region.h"
 #include "aot/replay_node.h"
 #include "support/logging.h"
 
@@ -206,6 +207,15 @@ variable_list region_backward(const Entry& e, SavedCapsule& capsule, const RngSt
   for (size_t k = 0; k < grads.size() && why.empty(); ++k) {
     if (grads[k].defined() && !e.tangent_present[k]) {
       why = "a gradient arrived for output " + std::to_string(k) + ", which had none when captured";
+    }
+  }
+  for (const auto& [a, b] : e.aliased_tangents) {  // Note [Tangents that alias]
+    if (!why.empty()) break;
+    const auto& ga = grads.at(static_cast<size_t>(a));
+    const auto& gb = grads.at(static_cast<size_t>(b));
+    if (!ga.defined() || !gb.defined() || !tangents_alias(ga, gb)) {
+      why = "the gradients of outputs " + std::to_string(a) + " and " + std::to_string(b) +
+            " were one tensor when captured and are not now";
     }
   }
   if (!why.empty()) {

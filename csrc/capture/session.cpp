@@ -621,7 +621,14 @@ ir::ValueId Session::declare_input(const at::Tensor& t, const std::string& name,
 }
 
 ir::ValueId Session::tangent_for(const at::Tensor& t, const std::string& name) {
-  if (auto v = table_.lookup(t)) return *v;
+  if (auto v = table_.lookup(t)) {
+    // Another output's gradient, or a tensor aliasing it (two gradients expanded from one
+    // tensor): each output still gets its own tangent input, since at replay the two may
+    // differ. Where they aliased, the caller guards that they still do (Note [Tangents
+    // that alias]).
+    const ir::Node& p = graph_.node(graph_.value(*v).producer);
+    if (!(p.kind == ir::NodeKind::Input && p.input_kind == ir::InputKind::Tangent)) return *v;
+  }
   return new_input(t, ir::InputKind::Tangent, name);
 }
 
