@@ -94,6 +94,7 @@ struct Scratch {
   std::vector<at::Tensor> region_tensors;
   std::string region_key;
   std::vector<uint32_t> lifted;
+  PtrMap storages;                     // StorageImpl -> first index in w.tensors
   bool busy = false;
 };
 
@@ -373,7 +374,30 @@ void walk_backward(const std::shared_ptr<torch::autograd::Node>& root, const tor
     if (!walker.describe(id)) break;
     w.node_key_end.push_back(key.len);
   }
-  if (w.why_not.empty()) walker.take_saved();
+  if (w.why_not.empty()) {
+    walker.take_saved();
+    // Note [Tensors that alias in a walk]
+    // The capture of a compiled backward tells tensors apart by identity: two of the
+    // walk's tensors that alias (root gradients passed as one tensor, a saved tensor and a
+    // view of it) are recorded as one, which is right only for calls in which they alias
+    // the same way. So the key says, per tensor, which earlier tensor shares its storage
+    // (its geometry is in the key already): a call whose tensors alias differently misses
+    // and is captured again (it once reused the capture and got another root's gradient).
+    PtrMap& first = scratch.storages;
+    first.clear();
+    for (size_t k = 0; k < w.tensors.size(); ++k) {
+      const at::Tensor& t = w.tensors[k];
+      const bool strided = t.defined() && t.has_storage() && t.layout() == c10::kStrided;
+      const c10::StorageImpl* st = strided ? t.storage().unsafeGetStorageImpl() : nullptr;
+      if (st == nullptr) {
+        put(key, int64_t{-2});
+        continue;
+      }
+      const uint32_t j = first.find(st);
+      if (j == PtrMap::kAbsent) first.insert(st, static_cast<uint32_t>(k));
+      put(key, j == PtrMap::kAbsent ? int64_t{-1} : static_cast<int64_t>(j));
+    }
+  }
   w.key_size = key.len;
 }
 

@@ -2,6 +2,7 @@
 // 002 (compiled autograd tutorial) in C++, each checked against eager LibTorch.
 #include <tcap/compiled_autograd.h>
 #include <tcap/compile.h>
+#include <tcap/stance.h>
 
 #include "support/backends.h"
 #include "support/compare.h"
@@ -69,6 +70,38 @@ TEST_F(CompiledAutograd, LinearModelCompiledBackwardMatchesEager) {
     EXPECT_TRUE(close(model->weight.grad(), ref->weight.grad()));
     EXPECT_TRUE(close(model->bias.grad(), ref->bias.grad()));
   }
+}
+
+// Note [Tensors that alias in a walk]: a backward whose two roots got one gradient tensor
+// is captured with one tangent for both; a later backward with two different gradients
+// must be captured again, not served by that graph (it once was, and got the first
+// root's gradient where the second's belonged).
+TEST_F(CompiledAutograd, RootGradientsThatAliasedAreNotReusedWhenTheyDiffer) {
+  auto a = torch::randn({4, 5}, torch::requires_grad());
+  auto b = torch::randn({4, 5}, torch::requires_grad());
+  tcap::CompiledAutogradGuard ca(opts("roots"));
+  for (double c : {1.0, 1.0, 2.0, -3.0, 1.0}) {
+    SCOPED_TRACE("c = " + std::to_string(c));
+    a.mutable_grad().reset();
+    b.mutable_grad().reset();
+    auto ones = torch::ones({4, 5});
+    auto run = [&](const at::Tensor& x, const at::Tensor& y) {
+      auto o0 = torch::tanh(x * y), o1 = torch::sin(y);
+      if (c == 1.0) torch::autograd::backward({o0, o1}, {ones, ones});  // one tensor for both roots
+      else torch::autograd::backward({o0, o1}, {ones * c, ones});
+    };
+    run(a, b);
+    auto ar = a.detach().clone().requires_grad_(true), br = b.detach().clone().requires_grad_(true);
+    {
+      tcap::StanceGuard eager(tcap::Stance::ForceEager);  // the reference: the engine itself
+      run(ar, br);
+    }
+    EXPECT_TRUE(close(a.grad(), ar.grad()));
+    EXPECT_TRUE(close(b.grad(), br.grad()));
+  }
+  const auto st = ca.stats();
+  EXPECT_EQ(st.captures, 2) << "one graph for one gradient tensor, one for two";
+  EXPECT_EQ(st.hits, 3);
 }
 
 // CompileOptions::bw_compiler compiles the backward graphs (torch's
