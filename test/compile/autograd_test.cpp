@@ -264,4 +264,79 @@ TEST(Autograd, InPlaceChangeOfASavedTensorIsAnError) {
   }
 }
 
+// Note [The replay node]: a replay's backward node is tcap's own, and it behaves as the
+// torch::autograd::Function node it replaces: a readable name, a non-differentiable output
+// (indices) beside differentiable ones, retain_graph (a second backward adds the same
+// gradients), and a second backward through a released node failing as in eager.
+TEST(Autograd, ReplayNodeBehavesLikeAFunctionNode) {
+  auto fn = [](const Tensors& in) {
+    return Tensors{torch::tanh(in[0] * in[1]), torch::argmax(in[0] + in[1], 1), torch::sin(in[1])};
+  };
+  auto f = tcap::compile(fn);
+  auto make = [] { return Tensors{torch::randn({4, 5}, torch::requires_grad()), torch::randn({4, 5}, torch::requires_grad())}; };
+  for (int i = 0; i < 3; ++i) {
+    auto in = make();
+    auto out = (*f)(in);
+    (out[0].sum() * 2 + out[2].sum()).backward();
+  }
+  ASSERT_GE(f->stats().replays, 1) << f->eager_reason();
+  auto in = make();
+  Tensors ref;
+  for (const auto& t : in) ref.push_back(t.detach().clone().requires_grad_(true));
+  auto out = (*f)(in);
+  auto want = fn(ref);
+  ASSERT_TRUE(out[0].grad_fn());
+  EXPECT_EQ(out[0].grad_fn()->name(), "tcap::CompiledRegionBackward");
+  EXPECT_EQ(out[0].grad_fn().get(), out[2].grad_fn().get());
+  EXPECT_FALSE(out[1].requires_grad());
+  EXPECT_TRUE(torch::equal(out[1], want[1]));
+  auto loss = out[0].sum() * 2 + out[2].sum();
+  auto loss_ref = want[0].sum() * 2 + want[2].sum();
+  loss.backward({}, /*retain_graph=*/true);
+  loss.backward();
+  loss_ref.backward({}, /*retain_graph=*/true);
+  loss_ref.backward();
+  for (size_t k = 0; k < in.size(); ++k) EXPECT_TRUE(close(in[k].grad(), ref[k].grad(), 1e-5, 1e-6)) << "input " << k;
+  EXPECT_EQ(f->stats().backward_fallbacks, 0) << "the compiled backward served these";
+  try {
+    loss.backward();
+    ADD_FAILURE() << "a second backward through a released node ran";
+  } catch (const c10::Error& err) {
+    EXPECT_NE(std::string(err.what()).find("backward through the graph a second time"), std::string::npos) << err.what();
+  }
+}
+
+// Note [Tangents that alias]: when the capture's backward handed two outputs one gradient
+// ((a.sum() + b.sum()) expands one ones tensor for both; a + b of one shape passes the same
+// tensor), the recording cannot tell which a backward op read. Later calls whose
+// gradients differ must not run the compiled backward (they once did, and got the other
+// output's gradient: a stale answer); they recompute, and say why.
+TEST(Autograd, GradientsThatAliasedWhenCapturedAreCheckedAtReplay) {
+  auto fn = [](const Tensors& in) { return Tensors{torch::tanh(in[0] * in[1]), torch::sin(in[1])}; };
+  auto make = [] { return Tensors{torch::randn({4, 5}, torch::requires_grad()), torch::randn({4, 5}, torch::requires_grad())}; };
+  for (int form = 0; form < 2; ++form) {
+    SCOPED_TRACE(form == 0 ? "sums added" : "outputs added");
+    // c == 1: the capture's own loss (no multiplication: the gradients alias again).
+    auto loss_of = [form](const Tensors& out, double c) {
+      if (c == 1.0) return form == 0 ? out[0].sum() + out[1].sum() : (out[0] + out[1]).sum();
+      return form == 0 ? out[0].sum() * c + out[1].sum() : (out[0] * c + out[1]).sum();
+    };
+    auto f = tcap::compile(fn);
+    for (int i = 0; i < 3; ++i) loss_of((*f)(make()), 1.0).backward();
+    ASSERT_GE(f->stats().replays, 1) << f->eager_reason();
+    for (double c : {1.0, 2.0, -0.5, 1.0}) {
+      SCOPED_TRACE("c = " + std::to_string(c));
+      auto in = make();
+      Tensors ref;
+      for (const auto& t : in) ref.push_back(t.detach().clone().requires_grad_(true));
+      const int fallbacks = f->stats().backward_fallbacks;
+      loss_of((*f)(in), c).backward();
+      loss_of(fn(ref), c).backward();
+      for (size_t k = 0; k < in.size(); ++k) EXPECT_TRUE(close(in[k].grad(), ref[k].grad(), 1e-5, 1e-6)) << "input " << k;
+      // Gradients that alias again (c = 1, both ones) take the compiled backward.
+      EXPECT_EQ(f->stats().backward_fallbacks - fallbacks, c == 1.0 ? 0 : 1);
+    }
+  }
+}
+
 }  // namespace
