@@ -129,6 +129,14 @@ class Decomposer {
     return n.kind == ir::NodeKind::Call && n.op == "aten::native_batch_norm_backward" && n.overload.empty();
   }
 
+  // Copies n unchanged, saying why it was not decomposed; returns false.
+  bool keep(const ir::Node& n, std::string* what, const std::string& why) {
+    ir::copy_node(g_, n, out_, map_);
+    like_ = nullptr;
+    *what = "kept as one ATen call: " + why;
+    return false;
+  }
+
   // --- batch norm (Note [Batch norm as kernels]) -------------------------------------
 
   // Why the tensors of a batch norm node cannot become kernels, or "".
@@ -168,22 +176,17 @@ class Decomposer {
 
   // Arguments: input, weight?, bias?, running_mean?, running_var?, training, momentum, eps.
   bool decompose_batch_norm(const ir::Node& n, std::string* what) {
-    auto copy_unchanged = [&](const std::string& why) {
-      ir::copy_node(g_, n, out_, map_);
-      *what = "kept as one ATen call: " + why;
-      return false;
-    };
     if (n.args.size() != 8 || n.outputs.size() != 3 || n.args[5].kind != ir::ArgKind::Bool ||
         n.args[6].kind != ir::ArgKind::Double || n.args[7].kind != ir::ArgKind::Double ||
         n.args[0].kind != ir::ArgKind::Value) {
-      return copy_unchanged("unexpected arguments");
+      return keep(n, what, "unexpected arguments");
     }
     for (const auto& o : n.outputs) {
-      if (o.kind != ir::ArgKind::Value) return copy_unchanged("unexpected results");
+      if (o.kind != ir::ArgKind::Value) return keep(n, what, "unexpected results");
     }
     const bool training = n.args[5].i != 0;
     const ir::ValueId x = n.args[0].values[0];
-    if (auto why = batch_norm_refusal(n, x, training); !why.empty()) return copy_unchanged(why);
+    if (auto why = batch_norm_refusal(n, x, training); !why.empty()) return keep(n, what, why);
     auto optional_value = [&](size_t i, ir::ValueId* v) {
       *v = n.args[i].kind == ir::ArgKind::Value ? n.args[i].values[0] : ir::kNoValue;
       return n.args[i].kind == ir::ArgKind::Value || n.args[i].kind == ir::ArgKind::None ||
@@ -191,7 +194,7 @@ class Decomposer {
     };
     ir::ValueId w, b, rm, rv;
     if (!optional_value(1, &w) || !optional_value(2, &b) || !optional_value(3, &rm) || !optional_value(4, &rv)) {
-      return copy_unchanged("unexpected arguments");
+      return keep(n, what, "unexpected arguments");
     }
     const auto& xm = g_.value(x).meta;
     const double momentum = n.args[6].d, eps = n.args[7].d;
@@ -242,18 +245,10 @@ class Decomposer {
     for (size_t k : {1, 2}) {
       const ir::ValueId v = n.outputs[k].values[0];
       if (!g_.users(v).empty() || std::find(outs.begin(), outs.end(), v) != outs.end()) {
-        ir::copy_node(g_, n, out_, map_);
-        like_ = nullptr;
-        *what = "kept as one ATen call: eval mode, and its (empty) statistics results are read";
-        return false;
+        return keep(n, what, "eval mode, and its (empty) statistics results are read");
       }
     }
-    if (rm == ir::kNoValue || rv == ir::kNoValue) {
-      ir::copy_node(g_, n, out_, map_);
-      like_ = nullptr;
-      *what = "kept as one ATen call: eval mode without running statistics";
-      return false;
-    }
+    if (rm == ir::kNoValue || rv == ir::kNoValue) return keep(n, what, "eval mode without running statistics");
     const auto& xm = g_.value(x).meta;
     const ir::ValueId invstd = call(n, "aten::rsqrt", "", {ir::Arg::value(add_scalar(n, view(n, map_.at(rv), kshape), eps, kshape), "self")}, kshape);
     ir::ValueId y = binary(n, "aten::mul", binary(n, "aten::sub", map_.at(x), view(n, map_.at(rm), kshape), xm.sizes), invstd, xm.sizes);
@@ -269,29 +264,24 @@ class Decomposer {
   // Arguments: grad_out, input, weight?, running_mean?, running_var?, save_mean?,
   // save_invstd?, train, eps, output_mask.
   bool decompose_batch_norm_backward(const ir::Node& n, std::string* what) {
-    auto copy_unchanged = [&](const std::string& why) {
-      ir::copy_node(g_, n, out_, map_);
-      *what = "kept as one ATen call: " + why;
-      return false;
-    };
     if (n.args.size() != 10 || n.outputs.size() != 3 || n.args[7].kind != ir::ArgKind::Bool ||
         n.args[9].kind != ir::ArgKind::BoolList || n.args[9].ints.size() != 3 ||
         n.args[0].kind != ir::ArgKind::Value || n.args[1].kind != ir::ArgKind::Value) {
-      return copy_unchanged("unexpected arguments");
+      return keep(n, what, "unexpected arguments");
     }
-    if (n.args[7].i == 0) return copy_unchanged("eval mode");
+    if (n.args[7].i == 0) return keep(n, what, "eval mode");
     if (n.args[5].kind != ir::ArgKind::Value || n.args[6].kind != ir::ArgKind::Value) {
-      return copy_unchanged("no saved statistics");
+      return keep(n, what, "no saved statistics");
     }
     const bool has_weight = n.args[2].kind == ir::ArgKind::Value;
     if (!has_weight && n.args[2].kind != ir::ArgKind::None && n.args[2].kind != ir::ArgKind::UndefinedTensor) {
-      return copy_unchanged("unexpected weight argument");
+      return keep(n, what, "unexpected weight argument");
     }
     const ir::ValueId dy = n.args[0].values[0], x = n.args[1].values[0];
-    if (auto why = batch_norm_refusal(n, x); !why.empty()) return copy_unchanged(why);
-    if (g_.value(dy).meta.sizes != g_.value(x).meta.sizes) return copy_unchanged("the gradient's shape differs from the input's");
+    if (auto why = batch_norm_refusal(n, x); !why.empty()) return keep(n, what, why);
+    if (g_.value(dy).meta.sizes != g_.value(x).meta.sizes) return keep(n, what, "the gradient's shape differs from the input's");
     auto wants = [&](size_t k) { return n.args[9].ints[k] != 0 && n.outputs[k].kind == ir::ArgKind::Value; };
-    if (!wants(0) && !wants(1) && !wants(2)) return copy_unchanged("no gradient is computed");
+    if (!wants(0) && !wants(1) && !wants(2)) return keep(n, what, "no gradient is computed");
     const auto& xm = g_.value(x).meta;
     std::vector<int64_t> R, kshape;
     channel_dims(xm, &R, &kshape);
@@ -420,27 +410,22 @@ class Decomposer {
 
   // Arguments: grad_out, input, normalized_shape, mean, rstd, weight?, bias?, output_mask.
   bool split_layer_norm_backward(const ir::Node& n, std::string* what) {
-    auto copy_unchanged = [&](const std::string& why) {
-      ir::copy_node(g_, n, out_, map_);
-      *what = "kept as one ATen call: " + why;
-      return false;
-    };
     if (n.args.size() != 8 || n.outputs.size() != 3 || n.args[7].kind != ir::ArgKind::BoolList ||
         n.args[7].ints.size() != 3 || n.args[2].kind != ir::ArgKind::IntList) {
-      return copy_unchanged("unexpected arguments");
+      return keep(n, what, "unexpected arguments");
     }
     for (int i : {0, 1, 3, 4}) {
-      if (n.args[static_cast<size_t>(i)].kind != ir::ArgKind::Value) return copy_unchanged("an undefined tensor argument");
+      if (n.args[static_cast<size_t>(i)].kind != ir::ArgKind::Value) return keep(n, what, "an undefined tensor argument");
     }
     const bool has_weight = n.args[5].kind == ir::ArgKind::Value;
     if (!has_weight && n.args[5].kind != ir::ArgKind::None && n.args[5].kind != ir::ArgKind::UndefinedTensor) {
-      return copy_unchanged("unexpected weight argument");
+      return keep(n, what, "unexpected weight argument");
     }
     auto wants = [&](size_t k) { return n.args[7].ints[k] != 0 && n.outputs[k].kind == ir::ArgKind::Value; };
-    if (!wants(0)) return copy_unchanged("no grad_input is computed");
+    if (!wants(0)) return keep(n, what, "no grad_input is computed");
     bool same_device = true;
     ir::for_each_value(n.args, [&](ir::ValueId v) { same_device = same_device && g_.value(v).meta.device == device_; });
-    if (!same_device) return copy_unchanged("a tensor is not on " + device_.str());
+    if (!same_device) return keep(n, what, "a tensor is not on " + device_.str());
 
     const ir::ValueId go = n.args[0].values[0], x = n.args[1].values[0], mean = n.args[3].values[0],
                       rstd = n.args[4].values[0];

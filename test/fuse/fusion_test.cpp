@@ -61,6 +61,15 @@ tcap::GraphCompiler spy(Seen* seen) {
   };
 }
 
+// Options whose forward and backward compilers record what the fusion pass found.
+tcap::CompileOptions spied(Seen* seen, const std::string& name) {
+  tcap::CompileOptions options;
+  options.name = name;
+  options.fw_compiler = spy(seen);
+  options.bw_compiler = spy(seen);
+  return options;
+}
+
 struct Tol {
   double rtol, atol;
 };
@@ -318,10 +327,7 @@ TEST_F(Fusion, KernelsUseTheIntraOpThreads) {
 
 TEST_F(Fusion, CosCosForwardAndBackwardAreOneKernelEach) {
   Seen seen;
-  tcap::CompileOptions options;
-  options.name = "coscos";
-  options.fw_compiler = spy(&seen);
-  options.bw_compiler = spy(&seen);
+  tcap::CompileOptions options = spied(&seen, "coscos");
   auto fn = [](const Tensors& in) { return Tensors{torch::cos(torch::cos(in[0] + in[1] + in[2] + in[3]))}; };
   auto f = tcap::compile(fn, options);
   auto make = [] {
@@ -604,10 +610,7 @@ TEST_F(Fusion, GroupsWhoseResultsAreUnreadAreDropped) {
 // graph unfused.
 TEST_F(Fusion, NoMergeAcrossAnATenOpThatReadsTheGroup) {
   Seen seen;
-  tcap::CompileOptions options;
-  options.name = "merge_cycle";
-  options.fw_compiler = spy(&seen);
-  options.bw_compiler = spy(&seen);
+  tcap::CompileOptions options = spied(&seen, "merge_cycle");
   auto fn = [](const Tensors& in) {
     auto a = torch::relu(in[0] * in[1]);
     auto b = torch::cumsum(a, 1);  // no kernel lowering: an ATen call between the groups
@@ -687,10 +690,7 @@ TEST_F(Fusion, BatchNormIsOneKernelEachWayAndKeepsRunningStatistics) {
       for (size_t i = 0; i < rp.size(); ++i) mp[i].copy_(rp[i]);
     }
     Seen seen;
-    tcap::CompileOptions options;
-    options.name = "bn_" + c.name;
-    options.fw_compiler = spy(&seen);
-    options.bw_compiler = spy(&seen);
+    tcap::CompileOptions options = spied(&seen, "bn_" + c.name);
     auto f = tcap::compile(mod, [&](const Tensors& in) { return Tensors{run(mod, in[0])}; }, options);
     for (int step = 0; step < 3; ++step) {
       SCOPED_TRACE("step " + std::to_string(step));
