@@ -1,5 +1,7 @@
 #include "fuse/decompose.h"
 
+#include "fuse/groups.h"
+
 #include "ir/op_facts.h"
 #include "ir/verify_args.h"
 
@@ -211,10 +213,7 @@ class Decomposer {
     const ir::ValueId var = mean_dims(n, binary(n, "aten::mul", xc, xc, xm.sizes), R, kshape);
     const ir::ValueId invstd =
         call(n, "aten::rsqrt", "", {ir::Arg::value(add_scalar(n, var, eps, kshape), "self")}, kshape);
-    ir::ValueId y = binary(n, "aten::mul", xc, invstd, xm.sizes);
-    if (w != ir::kNoValue) y = binary(n, "aten::mul", y, view(n, map_.at(w), kshape), xm.sizes);
-    if (b != ir::kNoValue) y = binary(n, "aten::add", y, view(n, map_.at(b), kshape), xm.sizes);
-    result(n, 0, y);
+    result(n, 0, affine(n, binary(n, "aten::mul", xc, invstd, xm.sizes), w, b, kshape));
     result(n, 1, view(n, mean, {C}));
     result(n, 2, view(n, invstd, {C}));
     // Running statistics, written back later (pending_). Each update starts from the
@@ -251,10 +250,8 @@ class Decomposer {
     if (rm == ir::kNoValue || rv == ir::kNoValue) return keep(n, what, "eval mode without running statistics");
     const auto& xm = g_.value(x).meta;
     const ir::ValueId invstd = call(n, "aten::rsqrt", "", {ir::Arg::value(add_scalar(n, view(n, map_.at(rv), kshape), eps, kshape), "self")}, kshape);
-    ir::ValueId y = binary(n, "aten::mul", binary(n, "aten::sub", map_.at(x), view(n, map_.at(rm), kshape), xm.sizes), invstd, xm.sizes);
-    if (w != ir::kNoValue) y = binary(n, "aten::mul", y, view(n, map_.at(w), kshape), xm.sizes);
-    if (b != ir::kNoValue) y = binary(n, "aten::add", y, view(n, map_.at(b), kshape), xm.sizes);
-    result(n, 0, y);
+    const ir::ValueId xc = binary(n, "aten::sub", map_.at(x), view(n, map_.at(rm), kshape), xm.sizes);
+    result(n, 0, affine(n, binary(n, "aten::mul", xc, invstd, xm.sizes), w, b, kshape));
     // Results 1 and 2 are unread: they keep the original's values (ids) unmapped.
     like_ = nullptr;
     *what = "decomposed (eval mode) into pointwise ops";
@@ -314,6 +311,14 @@ class Decomposer {
     return true;
   }
 
+  // y * w + b, with the per-channel weight and bias (either may be absent) viewed `kshape`.
+  ir::ValueId affine(const ir::Node& n, ir::ValueId y, ir::ValueId w, ir::ValueId b, const std::vector<int64_t>& kshape) {
+    const auto sizes = out_.value(y).meta.sizes;
+    if (w != ir::kNoValue) y = binary(n, "aten::mul", y, view(n, map_.at(w), kshape), sizes);
+    if (b != ir::kNoValue) y = binary(n, "aten::add", y, view(n, map_.at(b), kshape), sizes);
+    return y;
+  }
+
   // v (made here, dense, of the result's sizes and dtype) stands for result k of n; it
   // takes the result's metadata (requires_grad included).
   void result(const ir::Node& n, size_t k, ir::ValueId v) {
@@ -335,13 +340,7 @@ class Decomposer {
 
   bool must_flush_before(const ir::Node& n) const {
     if (n.kind != ir::NodeKind::Call) return true;  // the output, hook calls, inputs after nodes
-    for (const auto& o : n.outputs) {
-      if (!o.refers_to_values()) continue;
-      for (ir::ValueId v : o.values) {
-        if (v != ir::kNoValue && g_.value(v).version_of != ir::kNoValue) return true;
-      }
-    }
-    if (!ir::hidden_writes(n).empty()) return true;
+    if (is_mutation(g_, n) || !ir::hidden_writes(n).empty()) return true;
     // A batch norm backward in training takes the running statistics as arguments but
     // does not read them (it reads save_mean and save_invstd).
     const bool train_backward = is_batch_norm_backward(n) && n.args.size() == 10 &&

@@ -249,8 +249,7 @@ class Fuser {
         const auto p = g_.value(v).producer;
         if (p >= 0 && unit_of_node[static_cast<size_t>(p)] >= 0) pu.insert(unit_of_node[static_cast<size_t>(p)]);
       });
-      const bool barrier = n.kind == ir::NodeKind::CallHook || n.kind == ir::NodeKind::Output ||
-                           (n.kind == ir::NodeKind::Call && is_mutation(g_, n));
+      const bool barrier = n.kind == ir::NodeKind::Output || is_barrier(g_, n);
       if (barrier) {
         pu.insert(seen_units.begin(), seen_units.end());
         last_barrier = u;

@@ -45,6 +45,10 @@ bool is_mutation(const ir::Graph& g, const ir::Node& n) {
   return false;
 }
 
+bool is_barrier(const ir::Graph& g, const ir::Node& n) {
+  return n.kind == ir::NodeKind::CallHook || (n.kind == ir::NodeKind::Call && is_mutation(g, n));
+}
+
 bool is_effect(const ir::Graph& g, const ir::Node& n) {
   if (n.kind != ir::NodeKind::Call) return true;
   if (is_mutation(g, n)) return true;
@@ -152,7 +156,7 @@ class Grouper {
 
  private:
   void visit(const ir::Node& n) {
-    if (n.kind == ir::NodeKind::CallHook || (n.kind == ir::NodeKind::Call && is_mutation(g_, n))) {
+    if (is_barrier(g_, n)) {
       for (auto& gr : groups_) gr.closed = true;
     }
     if (n.kind != ir::NodeKind::Call) {
@@ -281,8 +285,7 @@ class Grouper {
   // in-place t_() in between would change what the kernel's fallback computes).
   bool effect_between(ir::NodeId a, ir::NodeId b) const {
     for (ir::NodeId x = a + 1; x < b; ++x) {
-      const ir::Node& n = g_.node(x);
-      if (n.kind == ir::NodeKind::CallHook || (n.kind == ir::NodeKind::Call && is_mutation(g_, n))) return true;
+      if (is_barrier(g_, g_.node(x))) return true;
     }
     return false;
   }

@@ -96,6 +96,9 @@ std::string shape_str(c10::ArrayRef<int64_t> s);
 // The shape of n's first tensor output (empty if it has none).
 std::vector<int64_t> out_sizes(const ir::Graph& g, const ir::Node& n);
 bool is_mutation(const ir::Graph& g, const ir::Node& n);
+// A hook call or a mutation: no group spans one, and the rewrite orders every unit around
+// it (Note [Fusion groups]).
+bool is_barrier(const ir::Graph& g, const ir::Node& n);
 // Nodes whose order among themselves matters beyond dataflow: mutations, hook calls, RNG,
 // host reads, the graph's inputs and output. Pure ATen calls are ordered by dataflow only.
 bool is_effect(const ir::Graph& g, const ir::Node& n);
