@@ -61,10 +61,11 @@ tcap::GraphCompiler spy(Seen* seen) {
   };
 }
 
-// Options whose forward and backward compilers record what the fusion pass found.
-tcap::CompileOptions spied(Seen* seen, const std::string& name) {
+// Options whose forward and backward compilers record what the fusion pass found (the
+// function's name left at its default unless given).
+tcap::CompileOptions spied(Seen* seen, const std::string& name = {}) {
   tcap::CompileOptions options;
-  options.name = name;
+  if (!name.empty()) options.name = name;
   options.fw_compiler = spy(seen);
   options.bw_compiler = spy(seen);
   return options;
@@ -354,9 +355,7 @@ TEST_F(Fusion, CosCosForwardAndBackwardAreOneKernelEach) {
 
 TEST_F(Fusion, SoftmaxIsOneRowKernelAndMatmulStaysATen) {
   Seen seen;
-  tcap::CompileOptions options;
-  options.fw_compiler = spy(&seen);
-  options.bw_compiler = spy(&seen);
+  tcap::CompileOptions options = spied(&seen);
   auto fn = [](const Tensors& in) { return Tensors{torch::softmax(torch::mm(in[0], in[1]) + in[2], -1)}; };
   auto f = tcap::compile(fn, options);
   // 9 * 70 * 61 multiply-adds: above the small-matmul limit (Note [Small matmuls as kernels]).
@@ -375,9 +374,7 @@ TEST_F(Fusion, SoftmaxIsOneRowKernelAndMatmulStaysATen) {
 // the same kernel; the ops after a row op or a second matmul start their own.
 TEST_F(Fusion, SmallMatmulsAreKernelsWithTheirEpilogue) {
   Seen seen;
-  tcap::CompileOptions options;
-  options.fw_compiler = spy(&seen);
-  options.bw_compiler = spy(&seen);
+  tcap::CompileOptions options = spied(&seen);
   // in: x [3, 10], w1 [5, 10], b1 [5], w2 [2, 5], b2 [2] (a 10-5-2 MLP).
   auto fn = [](const Tensors& in) {
     auto h = torch::relu(torch::nn::functional::linear(in[0], in[1], in[2]));
@@ -533,9 +530,7 @@ TEST_F(Fusion, SmallMatmulLimitFromTheEnvironment) {
 // and one column kernel writing both the weight and the bias gradient.
 TEST_F(Fusion, LayerNormBackwardIsARowKernelAndOneColumnKernel) {
   Seen seen;
-  tcap::CompileOptions options;
-  options.fw_compiler = spy(&seen);
-  options.bw_compiler = spy(&seen);
+  tcap::CompileOptions options = spied(&seen);
   auto fn = [](const Tensors& in) {
     return Tensors{torch::layer_norm(in[0], {33}, in[1], in[2], 1e-5) * 0.5};
   };
@@ -564,9 +559,7 @@ TEST_F(Fusion, LayerNormBackwardIsARowKernelAndOneColumnKernel) {
 // gradients stay one ATen call, which accumulates in float as eager does.
 TEST_F(Fusion, LayerNormBackwardInBFloat16KeepsWeightGradientsNative) {
   Seen seen;
-  tcap::CompileOptions options;
-  options.fw_compiler = spy(&seen);
-  options.bw_compiler = spy(&seen);
+  tcap::CompileOptions options = spied(&seen);
   auto fn = [](const Tensors& in) { return Tensors{torch::layer_norm(in[0], {40}, in[1], in[2], 1e-5)}; };
   auto make = [] {
     auto o = torch::TensorOptions().dtype(at::kBFloat16);
@@ -773,9 +766,7 @@ TEST_F(Fusion, BatchNormInEvalModeIsPointwise) {
   }
   {
     Seen seen;
-    tcap::CompileOptions options;
-    options.fw_compiler = spy(&seen);
-    options.bw_compiler = spy(&seen);
+    tcap::CompileOptions options = spied(&seen);
     auto f = tcap::compile(bn.ptr(), fn, options);
     for (int call = 0; call < 3; ++call) {
       auto x = torch::randn({2, 4, 5, 3});
