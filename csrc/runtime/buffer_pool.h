@@ -12,7 +12,8 @@
 // priority before it, such as tcap-bench's byte counter). Outside a PoolScope it forwards
 // to the allocator it replaced. Inside one, on the scope's thread, requests of at least
 // kMinPooledBytes (sizes rounded up to 4 KiB) are served from cached free blocks, best
-// fit, or, on a miss, by a new segment from the replaced allocator. A cached block larger
+// fit, or, on a miss, by a new segment from the replaced allocator; smaller ones by size
+// classes of their own (Note [Small blocks], buffer_pool.cpp). A cached block larger
 // than the request is split when the rest is at least kMinPooledBytes: the rest stays
 // cached, a piece of the same segment. When a pooled tensor dies its piece returns to the
 // cache and merges with free neighbours of its segment, as in PyTorch's CUDA caching
@@ -22,9 +23,9 @@
 //
 // Every DataPtr it hands out has data == context and the one deleter `release`, which is
 // also its raw_deleter (c10's contract for raw_allocate, used by ideep and others).
-// `release` tells pooled blocks from forwarded ones by a table of live pooled pointers; a
-// per-hash-bucket counter read without the lock lets the free of a forwarded block skip
-// the table. This needs the replaced allocator to hand out simple DataPtrs (data ==
+// `release` tells small blocks by their address range, pooled blocks from forwarded ones by
+// a table of live pooled pointers; a per-hash-bucket counter read without the lock lets the
+// free of a forwarded block skip the table. This needs the replaced allocator to hand out simple DataPtrs (data ==
 // context, its raw deleter); if it does not, the pool is not installed (logged).
 //
 // The pool is never uninstalled and never freed: tensors may die at static destruction.

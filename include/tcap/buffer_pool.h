@@ -2,11 +2,10 @@
 // to malloc (docs/memory.md).
 //
 // While a compiled graph runs (tcap::compile's forward and backward, compile_step,
-// compiled autograd; fused kernels' outputs), CPU allocations of 64 KiB and more on that
-// thread come from a pool; when such a tensor dies, wherever and whenever, its block goes
-// back to the pool for the next step, up to TCAP_BUFFER_POOL_MB cached megabytes
-// (default 1024; 0 turns the pool off). Eager code outside compiled graphs allocates as
-// before. As in PyTorch's CUDA caching allocator, a cached block is split to serve a
+// compiled autograd; fused kernels' outputs), CPU allocations on that thread come from a
+// pool; when such a tensor dies, wherever and whenever, its block goes back to the pool for
+// the next step, up to TCAP_BUFFER_POOL_MB cached megabytes (default 1024; 0 turns the
+// pool off). Eager code outside compiled graphs allocates as before. As in PyTorch's CUDA caching allocator, a cached block is split to serve a
 // smaller request and freed pieces merge back; cached blocks are memory the process
 // keeps: empty_buffer_pool() gives them back.
 #pragma once
@@ -23,12 +22,18 @@ struct BufferPoolStats {
   int64_t cached_blocks = 0;
   int64_t live_bytes = 0;      // pooled blocks in use by tensors
   int64_t cap_bytes = 0;       // the most cached_bytes may reach
+  // Blocks under 64 KiB (outputs and saved tensors of small graphs) come from size classes
+  // carved out of one reserved range (docs/memory.md, "Small blocks").
+  int64_t small_served = 0;       // small allocations served from the range
+  int64_t small_live_blocks = 0;  // small blocks in use by tensors
+  int64_t small_carved_bytes = 0; // bytes of the range cut into blocks so far
 };
 
 BufferPoolStats buffer_pool_stats();
 
 // Frees every cached segment that is wholly free. A free piece of a segment still partly
-// in use stays cached; it merges back into its segment as the other pieces are freed.
+// in use stays cached; it merges back into its segment as the other pieces are freed. The
+// pages of small-block spans with no block in use go back to the system.
 // Blocks in use return to the pool when their tensors die (to malloc, when the pool is
 // over its cap and their segment is then wholly free).
 void empty_buffer_pool();

@@ -116,8 +116,12 @@ TEST(BufferPool, RawAllocationAndResizeWork) {
   EXPECT_EQ(tcap::buffer_pool_stats().live_bytes, before.live_bytes + (1 << 20));
   a->raw_deallocate(p);
   EXPECT_EQ(tcap::buffer_pool_stats().live_bytes, before.live_bytes);
-  void* small = a->raw_allocate(100);  // forwarded, same deleter
+  const auto small_before = tcap::buffer_pool_stats();
+  void* small = a->raw_allocate(100);  // a small block, same deleter
+  std::memset(small, 7, 100);
+  EXPECT_EQ(tcap::buffer_pool_stats().small_live_blocks, small_before.small_live_blocks + 1);
   a->raw_deallocate(small);
+  EXPECT_EQ(tcap::buffer_pool_stats().small_live_blocks, small_before.small_live_blocks);
   // A pooled tensor grows through the storage's allocator and keeps its values.
   at::Tensor t = at::arange(1 << 17, at::kFloat);
   t.resize_({1 << 19});
@@ -194,6 +198,87 @@ TEST(BufferPool, BlocksSplitAndMergeBack) {
   tcap::empty_buffer_pool();
   EXPECT_EQ(tcap::buffer_pool_stats().cached_bytes, 0);
   EXPECT_EQ(tcap::buffer_pool_stats().cached_blocks, 0);
+}
+
+// Note [Small blocks]: inside a scope, requests under 64 KiB come from size classes; a
+// freed block serves the next request of its class, wherever the tensor died; blocks of
+// different sizes alive together never share bytes; outside a scope nothing changes.
+TEST(BufferPool, SmallBlocksAreReusedByClass) {
+  { tcap::runtime::PoolScope install; }
+  const auto start = tcap::buffer_pool_stats();
+  {
+    at::Tensor outside = at::empty({10});
+    EXPECT_EQ(tcap::buffer_pool_stats().small_served, start.small_served);
+  }
+  tcap::runtime::PoolScope scope;
+  // Sizes across the classes, odd ones included: 4 B .. 60 KiB.
+  const std::vector<int64_t> numels = {1, 16, 17, 100, 1000, 1023, 4097, 15000};
+  Tensors ts;
+  for (size_t i = 0; i < numels.size(); ++i) ts.push_back(at::full({numels[i]}, float(i + 1)));
+  const auto live = tcap::buffer_pool_stats();
+  EXPECT_EQ(live.small_served, start.small_served + int64_t(numels.size()));
+  EXPECT_EQ(live.small_live_blocks, start.small_live_blocks + int64_t(numels.size()));
+  for (size_t i = 0; i < numels.size(); ++i) {
+    EXPECT_TRUE(ts[i].eq(float(i + 1)).all().item<bool>()) << "block " << i << " was overwritten";
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(ts[i].data_ptr()) % 64, 0u) << "c10's alignment";
+  }
+  // A block freed on another thread serves the next request of its class, here.
+  void* first = ts[3].data_ptr();
+  std::thread([t = std::move(ts[3])]() mutable { t.reset(); }).join();
+  EXPECT_EQ(tcap::buffer_pool_stats().small_live_blocks, live.small_live_blocks - 1);
+  at::Tensor again = at::zeros({97});  // 388 bytes: the 512-byte class, as 400 bytes was
+  EXPECT_EQ(again.data_ptr(), first);
+  EXPECT_EQ(again.sum().item<float>(), 0.0f);
+  ts.clear();
+  again.reset();
+  const auto done = tcap::buffer_pool_stats();
+  EXPECT_EQ(done.small_live_blocks, start.small_live_blocks);
+  // Steady state: the same allocations again carve nothing new.
+  for (int round = 0; round < 3; ++round) {
+    Tensors more;
+    for (auto n : numels) more.push_back(at::ones({n}));
+  }
+  EXPECT_EQ(tcap::buffer_pool_stats().small_carved_bytes, done.small_carved_bytes);
+}
+
+// empty_buffer_pool() hands back the pages of small-block spans with no block in use; their
+// blocks are served again afterwards (fresh pages) and blocks still in use keep their values.
+TEST(BufferPool, SmallBlocksSurviveEmptyingThePool) {
+  tcap::runtime::PoolScope scope;
+  const auto start = tcap::buffer_pool_stats();
+  at::Tensor kept = at::full({300}, 3.0f);
+  const volatile float* gone_bytes = nullptr;
+  {
+    at::Tensor gone = at::full({5000}, 2.0f);  // a class of its own: its span is wholly free
+    gone_bytes = gone.data_ptr<float>();
+  }
+  tcap::empty_buffer_pool();
+  // White box: the span stays reserved, its pages were handed back (they read as zero).
+  EXPECT_EQ(gone_bytes[0], 0.0f);
+  EXPECT_EQ(kept.sum().item<float>(), 900.0f);
+  at::Tensor reused = at::full({5000}, 5.0f);
+  EXPECT_EQ(static_cast<const void*>(reused.data_ptr<float>()), const_cast<const float*>(gone_bytes));
+  EXPECT_EQ(reused.sum().item<float>(), 25000.0f);
+  EXPECT_EQ(tcap::buffer_pool_stats().small_live_blocks, start.small_live_blocks + 2);
+}
+
+// When the range is used up, small requests go to the replaced allocator; those blocks free
+// through the same deleter. The range is min(64 MiB, the cap), one class per 256 KiB span:
+// 40 KiB requests (the 64 KiB class) use it up after 1024 blocks.
+TEST(BufferPool, SmallBlocksBeyondTheRangeComeFromMalloc) {
+  tcap::runtime::PoolScope scope;
+  const auto start = tcap::buffer_pool_stats();
+  if (start.small_carved_bytes != 0) GTEST_SKIP() << "small blocks were carved by an earlier test in this process";
+  Tensors ts;
+  for (int i = 0; i < 1100; ++i) ts.push_back(at::full({10240}, float(i)));
+  const auto full = tcap::buffer_pool_stats();
+  EXPECT_EQ(full.small_carved_bytes, int64_t{64} << 20);
+  EXPECT_EQ(full.small_live_blocks, start.small_live_blocks + 1024);
+  for (int i = 0; i < 1100; i += 99) EXPECT_EQ(ts[i][10239].item<float>(), float(i));
+  ts.clear();
+  EXPECT_EQ(tcap::buffer_pool_stats().small_live_blocks, start.small_live_blocks);
+  at::Tensor after = at::ones({10240});  // served by the range again
+  EXPECT_EQ(tcap::buffer_pool_stats().small_served, full.small_served + 1);
 }
 
 // TCAP_BUFFER_POOL_MB=0 leaves LibTorch's allocator alone. The pool installs once per

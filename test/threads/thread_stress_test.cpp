@@ -9,6 +9,7 @@
 #include <tcap/compiled_autograd.h>
 #include <tcap/interpreter.h>
 
+#include "runtime/buffer_pool.h"
 #include "support/compare.h"
 
 #include <gtest/gtest.h>
@@ -19,6 +20,7 @@
 #include <cstdlib>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -85,6 +87,29 @@ std::map<std::string, at::Tensor> eager_grads(Mlp& model, const at::Tensor& x) {
   std::map<std::string, at::Tensor> out;
   for (auto& p : ref.named_parameters()) out[p.key()] = p.value().grad().clone();
   return out;
+}
+
+// The buffer pool's small blocks (Note [Small blocks]) taken and freed on every thread at
+// once, a third of them freed by another thread than the one that took them: no block is
+// handed out twice (each keeps the values written into it).
+TEST(Threads, SmallPooledBlocksOnEveryThread) {
+  std::mutex handed_mu;
+  std::vector<at::Tensor> handed;  // taken on one thread, freed on another
+  expect_no_errors(on_threads([&](int t, int round) {
+    tcap::runtime::PoolScope scope;
+    std::vector<at::Tensor> mine;
+    for (int k = 0; k < 200; ++k) {
+      const int64_t n = 1 + (k * 37 + t * 11 + round) % 3000;
+      mine.push_back(at::full({n}, float(t * 1000 + k)));
+    }
+    for (int k = 0; k < 200; ++k) {
+      const auto v = float(t * 1000 + k);
+      if (!mine[k].eq(v).all().item<bool>()) throw std::runtime_error("a small block was handed out twice");
+    }
+    std::lock_guard<std::mutex> lock(handed_mu);
+    handed.clear();  // frees the blocks another thread left
+    for (int k = 0; k < 200; k += 3) handed.push_back(std::move(mine[k]));
+  }));
 }
 
 // Capture per thread: each thread records its own forward and backward, the graph
