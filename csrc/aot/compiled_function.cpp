@@ -7,6 +7,7 @@
 // the cache's to decide and log (Note [Never wrong, never silent]).
 #include <tcap/compile.h>
 
+#include "aot/module_tables.h"
 #include "aot/pending_capture.h"
 #include "aot/region.h"
 #include "aot/region_entry.h"
@@ -18,6 +19,7 @@
 #include <c10/core/GradMode.h>
 
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 #include <optional>
 
@@ -31,6 +33,7 @@ struct CompiledFunction::Impl {
   std::shared_ptr<torch::nn::Module> module;
   std::vector<std::shared_ptr<torch::nn::Module>> submodules;
   std::vector<std::string> flag_names;  // per submodule
+  std::atomic<size_t> module_tensor_count{0};  // at the last call (a capacity hint)
   std::shared_ptr<aot::SharedStats> stats = std::make_shared<aot::SharedStats>();
   std::unique_ptr<cache::EntryCache> cache;
   std::mutex pending_mutex;
@@ -38,18 +41,12 @@ struct CompiledFunction::Impl {
 
   std::string who() const { return "'" + options.name + "'"; }
 
-  // The module's parameters then buffers, in named_parameters(true) / named_buffers(true)
-  // order (submodules is that preorder), without building the dotted names each call.
-  std::vector<at::Tensor> module_tensors() const {
-    std::vector<at::Tensor> ts;
-    if (!module) return ts;
-    for (const auto& m : submodules) {
-      for (auto& p : m->parameters(/*recurse=*/false)) ts.push_back(std::move(p));
-    }
-    for (const auto& m : submodules) {
-      for (auto& b : m->buffers(/*recurse=*/false)) ts.push_back(std::move(b));
-    }
-    return ts;
+  // Appends the module's parameters then buffers, in named_parameters(true) /
+  // named_buffers(true) order (submodules is that preorder), without building the dotted
+  // names (or copying the modules' tables) each call.
+  void append_module_tensors(std::vector<at::Tensor>& ts) const {
+    for (const auto& m : submodules) aot::append_own_tensors(*m, /*buffers=*/false, ts);
+    for (const auto& m : submodules) aot::append_own_tensors(*m, /*buffers=*/true, ts);
   }
 
   std::vector<bool> training_flags() const {
@@ -178,8 +175,11 @@ std::vector<at::Tensor> CompiledFunction::Impl::call(const std::vector<at::Tenso
   if (stance() == Stance::ForceEager) return run_eager(user_inputs);
   collect_pending();
   if (cache->fell_back()) return run_eager(user_inputs);  // for good (reported when it happened)
-  std::vector<at::Tensor> call_inputs = user_inputs;
-  for (auto& t : module_tensors()) call_inputs.push_back(std::move(t));
+  std::vector<at::Tensor> call_inputs;
+  call_inputs.reserve(user_inputs.size() + module_tensor_count.load(std::memory_order_relaxed));
+  call_inputs.insert(call_inputs.end(), user_inputs.begin(), user_inputs.end());
+  append_module_tensors(call_inputs);
+  module_tensor_count.store(call_inputs.size() - user_inputs.size(), std::memory_order_relaxed);
   const std::vector<bool> flags = training_flags();
   cache::CallView view;
   view.tensors = call_inputs;

@@ -1,5 +1,6 @@
 #include "aot/step_inputs.h"
 
+#include "aot/module_tables.h"
 #include "aot/step_history.h"
 
 #include "capture/engine_shim.h"
@@ -27,8 +28,8 @@ cache::CallView StepInputs::view() const {
 // the number of user inputs, parameters and buffers, which parameters have a .grad, each
 // optimizer state tensor's parameter and slot, hook counts, what DDP's hooks record, the
 // tensors of earlier steps' histories. Both gathers walk the same tensors in the same
-// order (module parameters through parameters(false) over modules(), the order
-// named_parameters() walks them in), so a call's key and its capture's agree.
+// order (each module's own parameters over modules(), the order named_parameters() walks
+// them in), so a call's key and its capture's agree.
 namespace {
 
 void key_int(std::string& key, int64_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof(v)); }
@@ -44,9 +45,7 @@ void module_tensors(const torch::nn::Module& model, bool buffers, std::vector<at
     }
     return;
   }
-  for (const auto& m : model.modules(/*include_self=*/true)) {
-    for (auto& t : buffers ? m->buffers(false) : m->parameters(false)) ts.push_back(std::move(t));
-  }
+  for (const auto& m : model.modules(/*include_self=*/true)) append_own_tensors(*m, buffers, ts);
 }
 
 }  // namespace

@@ -68,6 +68,40 @@ INSTANTIATE_TEST_SUITE_P(
                   [](bool on) { at::autocast::set_autocast_enabled(at::kCPU, on); }}),
     [](const auto& info) { return std::string(info.param.name); });
 
+// A compiled module gathers its submodules' own parameters and buffers on every call
+// (aot/module_tables.h): undefined ones are skipped, as parameters() skips them, and a
+// buffer registered after the capture is an input the entry did not see: one recompile,
+// and the new buffer's value is used.
+struct LateBuffer : torch::nn::Module {
+  LateBuffer() {
+    fc = register_module("fc", torch::nn::Linear(torch::nn::LinearOptions(3, 4).bias(false)));
+    register_buffer("unset", at::Tensor());
+    scale = register_buffer("scale", torch::full({4}, 2.0));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor y = fc->forward(x) * scale;
+    return shift.defined() ? y + shift : y;
+  }
+  torch::nn::Linear fc{nullptr};
+  at::Tensor scale, shift;
+};
+
+TEST(Cache, ModuleTensorsAreGatheredEveryCall) {
+  auto model = std::make_shared<LateBuffer>();
+  tcap::CompileOptions o;
+  o.name = "late_buffer";
+  std::weak_ptr<LateBuffer> weak = model;
+  auto f = tcap::compile(model, [weak](const Tensors& in) { return Tensors{weak.lock()->forward(in[0])}; }, o);
+  torch::NoGradGuard no_grad;
+  for (int i = 0; i < 6; ++i) {
+    if (i == 3) model->shift = model->register_buffer("shift", torch::randn({4}));
+    auto x = torch::randn({5, 3});
+    EXPECT_TRUE(close(f->forward(x), model->forward(x), 1e-5, 1e-6)) << "call " << i;
+  }
+  EXPECT_EQ(f->stats().captures, 2);
+  EXPECT_EQ(f->stats().replays, 4);
+}
+
 TEST(Cache, LimitFallsBackToEager) {
   tcap::CompileOptions o;
   o.cache_size_limit = 2;
