@@ -16,6 +16,7 @@
 #include "codegen/cpu_llvm/cpu_llvm.h"
 #include "codegen/cuda/cuda.h"
 #include "fuse/fusion.h"
+#include "passes/drop_detaches.h"
 #include "passes/fold_transposes.h"
 #include "passes/reuse_buffers.h"
 #include "runtime/buffer_pool.h"
@@ -201,6 +202,25 @@ Executable owning_kernels(Executable inner, std::vector<int64_t> ids) {
   };
 }
 
+// The rewrites every compiled graph gets before fusion (the interpreter that runs the
+// result runs it below autograd, which drop_detaches needs). `stages`: log each result
+// (false while a step's scalar arguments hold sentinels; the caller logs the outcome).
+ir::Graph simplify(const ir::Graph& g, const std::string& what, bool stages = true) {
+  int folded = 0;
+  ir::Graph h = passes::fold_transposes(g, &folded);
+  if (folded > 0) {
+    if (stages) stage(h, what, "fold_transposes");
+    TCAP_LOG(Perf, what << ": " << folded << " pairs of transposes that cancel dropped");
+  }
+  int detaches = 0;
+  h = passes::drop_detaches(h, &detaches);
+  if (detaches > 0) {
+    if (stages) stage(h, what, "drop_detaches");
+    TCAP_LOG(Perf, what << ": " << detaches << " detaches of tensors made in the graph dropped");
+  }
+  return h;
+}
+
 }  // namespace
 
 namespace aot {
@@ -215,12 +235,7 @@ Executable compile_graph(const ir::Graph& g, const CompileOptions& o, const std:
   } else {
     const Target target = choose_target(o.backend, g, what);
     std::vector<int64_t> kernels;
-    int folded = 0;
-    ir::Graph h = passes::fold_transposes(g, &folded);
-    if (folded > 0) {
-      stage(h, what, "fold_transposes");
-      TCAP_LOG(Perf, what << ": " << folded << " pairs of transposes that cancel dropped");
-    }
+    ir::Graph h = simplify(g, what);
     if (target.kind != Target::Eager) {
       h = stage(fuse_graph(h, what, dump_dir_of(o), target.device, kernel_maker(target), &kernels), what, "fuse");
     }
@@ -250,13 +265,14 @@ CompiledJoint compile_joint(const JointGraph& joint, bool has_backward, const Co
 // Note [Scalar arguments through fusion]
 // A training step's graph takes some host scalars as arguments that change between
 // calls (the learning rate of a schedule, Adam's bias-corrected step size), set on their
-// nodes before each run. Fusion renumbers nodes (decomposition and grouping rebuild the
-// graph) and would fold a scalar into a kernel as a constant if its node were fused. So
-// each such argument is set to a unique sentinel before fusing, the nodes holding one stay
-// ATen calls (FusionOptions::keep_unfused; Adam's division by sqrt(bias_correction2) is
-// such a node, the other ops around it still fuse), and each sentinel is found again
-// after: it must be exactly one argument of an unfused node. If one is missing or
-// repeated (a decomposition moved it), the step runs unfused, logged; the kernels made
+// nodes before each run. The rewrites before the interpreter renumber nodes (simplify()
+// and keep_nodes drop some; decomposition and grouping rebuild the graph), and fusion
+// would fold a scalar into a kernel as a constant if its node were fused. So each such
+// argument is set to a unique sentinel before rewriting, the nodes holding one stay ATen
+// calls (FusionOptions::keep_unfused; Adam's division by sqrt(bias_correction2) is such a
+// node, the other ops around it still fuse), and each sentinel is found again after: it
+// must be exactly one argument of an unfused node. If one is missing or repeated (a
+// decomposition moved it), the step runs as captured, unfused, logged; the kernels made
 // for it are released.
 namespace {
 
@@ -264,10 +280,10 @@ using ScalarArgs = std::vector<std::pair<ir::NodeId, size_t>>;
 
 bool is_scalar_arg(const ir::Arg& a) { return a.kind == ir::ArgKind::Double || a.kind == ir::ArgKind::WrappedScalar; }
 
-std::optional<std::pair<ir::Graph, ScalarArgs>> fuse_keeping_scalars(const ir::Graph& g, const ScalarArgs& args,
-                                                                     const CompileOptions& o, const Target& target,
-                                                                     const std::string& what,
-                                                                     std::vector<int64_t>* kernels) {
+std::optional<std::pair<ir::Graph, ScalarArgs>> rewrite_keeping_scalars(const ir::Graph& g, const ScalarArgs& args,
+                                                                        const CompileOptions& o, const Target& target,
+                                                                        const std::string& what,
+                                                                        std::vector<int64_t>* kernels) {
   ir::Graph marked = g;
   std::vector<double> sentinel(args.size());
   for (size_t k = 0; k < args.size(); ++k) {
@@ -283,7 +299,10 @@ std::optional<std::pair<ir::Graph, ScalarArgs>> fuse_keeping_scalars(const ir::G
     }
     return false;
   };
-  ir::Graph fused = fuse_graph(marked, what, dump_dir_of(o), target.device, kernel_maker(target), &ids, holds_sentinel);
+  ir::Graph fused = simplify(marked, what, /*stages=*/false);
+  if (target.kind != Target::Eager) {
+    fused = fuse_graph(fused, what, dump_dir_of(o), target.device, kernel_maker(target), &ids, holds_sentinel);
+  }
   ScalarArgs found(args.size(), {-1, 0});
   bool ok = true;
   for (const auto& n : fused.nodes()) {
@@ -299,8 +318,8 @@ std::optional<std::pair<ir::Graph, ScalarArgs>> fuse_keeping_scalars(const ir::G
   for (const auto& f : found) ok = ok && f.first >= 0;
   if (!ok) {
     for (int64_t id : ids) runtime::release_kernel(id);
-    TCAP_LOG(GraphBreaks, what << ": runs unfused: fusion would fold a scalar argument that changes between calls "
-                               << "(a learning rate) into a kernel");
+    TCAP_LOG(GraphBreaks, what << ": runs as captured, unfused: the rewrites would fold or lose a scalar argument "
+                               << "that changes between calls (a learning rate)");
     return std::nullopt;
   }
   for (size_t k = 0; k < args.size(); ++k) {
@@ -308,6 +327,7 @@ std::optional<std::pair<ir::Graph, ScalarArgs>> fuse_keeping_scalars(const ir::G
         g.node(args[k].first).args.at(args[k].second).d;
   }
   kernels->insert(kernels->end(), ids.begin(), ids.end());
+  stage(fused, what, target.kind != Target::Eager ? "simplify and fuse" : "simplify");
   return std::make_pair(std::move(fused), std::move(found));
 }
 
@@ -320,11 +340,9 @@ ScalarExecutable compile_graph_with_scalars(const ir::Graph& g, const std::vecto
   ScalarArgs at = args;
   std::vector<int64_t> kernels;
   const Target target = choose_target(o.backend, g, what);
-  if (target.kind != Target::Eager) {
-    if (auto fused = fuse_keeping_scalars(g, args, o, target, what, &kernels)) {
-      h = stage(std::move(fused->first), what, "fuse");
-      at = std::move(fused->second);
-    }
+  if (auto rewritten = rewrite_keeping_scalars(g, args, o, target, what, &kernels)) {
+    h = std::move(rewritten->first);
+    at = std::move(rewritten->second);
   }
   int rewritten = 0;
   // reuse_buffers rewrites nodes where they are: the scalar arguments keep their node ids.

@@ -5,6 +5,7 @@
 #include <tcap/partition.h>
 
 #include "ir/op_facts.h"
+#include "passes/drop_detaches.h"
 #include "passes/fold_transposes.h"
 #include "passes/host_graph.h"
 #include "passes/int_patches.h"
@@ -299,6 +300,91 @@ TEST(FoldTransposes, KeepsPairsSomeoneCouldTellApart) {
     b.g.value(written).version_of = back;  // an in-place write through the pair
     b.g.set_outputs({written}, {"w"}, {ir::OutputKind::User});
   }, "written in place");
+}
+
+ir::ValueId detach(Builder& b, ir::ValueId v) {
+  const auto m = b.g.value(v).meta;
+  auto out = b.call("aten::detach", "", {ir::Arg::value(v)}, {std::vector<int64_t>(m.sizes.begin(), m.sizes.end())})[0];
+  b.g.value(out).meta = m;
+  b.g.value(out).view_of = v;
+  return out;
+}
+
+// As every AccumulateGrad of a captured backward ends: the gradient a kernel (here mm)
+// made, detached, returned and read by the optimizer update.
+TEST(DropDetaches, DropsTheDetachOfATensorMadeInTheGraph) {
+  Builder b;
+  auto x = b.input("x", {4, 8});
+  auto w = b.input("w", {8, 6});
+  auto m = b.call("aten::mm", "", {ir::Arg::value(x), ir::Arg::value(w)}, {{4, 6}})[0];
+  auto tm = transpose(b, b.unary("aten::exp", x));  // a view of a tensor made here is fine too
+  auto g1 = detach(b, m);
+  auto g2 = detach(b, tm);
+  auto e = b.unary("aten::sin", g1);
+  b.g.set_outputs({e, g1, g2}, {"e", "grad1", "grad2"}, {ir::OutputKind::User, ir::OutputKind::User, ir::OutputKind::User});
+  ir::verify(b.g);
+  int dropped = 0;
+  auto h = passes::drop_detaches(b.g, &dropped);
+  ir::verify(h);
+  EXPECT_EQ(dropped, 2) << dump(h);
+  for (const auto& n : h.nodes()) EXPECT_NE(n.op, "aten::detach") << dump(h);
+  auto xt = torch::randn({4, 8}), wt = torch::randn({8, 6});
+  auto before = Interpreter(b.g).run({xt, wt});
+  auto after = Interpreter(h).run({xt, wt});
+  for (size_t k = 0; k < before.size(); ++k) {
+    EXPECT_TRUE(before[k].equal(after[k])) << k;
+    EXPECT_EQ(before[k].strides(), after[k].strides()) << k;
+    EXPECT_FALSE(after[k].requires_grad()) << k;
+  }
+}
+
+TEST(DropDetaches, KeepsDetachesSomeoneCouldTellApart) {
+  auto keeps = [](const std::function<void(Builder&, ir::ValueId, ir::ValueId)>& make, const char* what) {
+    Builder b;
+    auto x = b.input("x", {4, 8});
+    auto w = b.input("w", {8, 6});
+    make(b, x, w);
+    ir::verify(b.g);
+    int dropped = -1;
+    auto h = passes::drop_detaches(b.g, &dropped);
+    ir::verify(h);
+    EXPECT_EQ(dropped, 0) << what << "\n" << dump(h);
+  };
+  keeps([](Builder& b, ir::ValueId x, ir::ValueId) {
+    b.g.set_outputs({detach(b, x)}, {"d"}, {ir::OutputKind::User});  // an input: it may require grad
+  }, "input");
+  keeps([](Builder& b, ir::ValueId x, ir::ValueId) {
+    b.g.set_outputs({detach(b, transpose(b, x))}, {"d"}, {ir::OutputKind::User});
+  }, "view of an input");
+  keeps([](Builder& b, ir::ValueId x, ir::ValueId w) {
+    auto m = b.call("aten::mm", "", {ir::Arg::value(x), ir::Arg::value(w)}, {{4, 6}})[0];
+    b.g.set_outputs({detach(b, m), m}, {"d", "m"}, {ir::OutputKind::User, ir::OutputKind::User});  // m returned too
+  }, "other reader");
+}
+
+// A write through the dropped detach (as _fused_adam_ declares for its gradients) becomes
+// a write of the tensor itself: the same storage, and no one else reads it.
+TEST(DropDetaches, AWriteThroughTheDetachGoesToTheTensor) {
+  Builder b;
+  auto x = b.input("x", {4, 8});
+  auto w = b.input("w", {8, 6});
+  auto m = b.call("aten::mm", "", {ir::Arg::value(x), ir::Arg::value(w)}, {{4, 6}})[0];
+  auto d = detach(b, m);
+  auto written = b.call("aten::mul_", "Scalar", {ir::Arg::value(d), ir::Arg::real(2.0)}, {{4, 6}})[0];
+  b.g.value(written).version_of = d;
+  b.g.value(written).view_of = d;
+  b.g.set_outputs({d, written}, {"d", "w"}, {ir::OutputKind::User, ir::OutputKind::User});
+  ir::verify(b.g);
+  int dropped = 0;
+  auto h = passes::drop_detaches(b.g, &dropped);
+  ir::verify(h);
+  EXPECT_EQ(dropped, 1) << dump(h);
+  auto xt = torch::randn({4, 8}), wt = torch::randn({8, 6});
+  auto before = Interpreter(b.g).run({xt, wt});
+  auto after = Interpreter(h).run({xt, wt});
+  ASSERT_EQ(after.size(), 2u);
+  for (size_t k = 0; k < before.size(); ++k) EXPECT_TRUE(before[k].equal(after[k])) << k;
+  EXPECT_TRUE(after[0].equal(torch::mm(xt, wt) * 2)) << "the write shows through the returned tensor";
 }
 
 TEST(IntPatches, FollowOneSizeAndRefuseAmbiguity) {
