@@ -2,6 +2,7 @@
 
 #include "interp/direct_calls.h"
 #include "interp/hook_runner.h"
+#include "interp/unboxed_calls.h"
 #include "ir/printable.h"
 #include "ir/verify_args.h"
 #include "support/logging.h"
@@ -10,6 +11,7 @@
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/List.h>
 #include <ATen/core/stack.h>
+#include <ATen/record_function.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/version.h>
@@ -244,6 +246,17 @@ Interpreter::Interpreter(const ir::Graph& graph, bool differentiable)
       stack.push_back(n.args[i].refers_to_values() ? c10::IValue() : to_ivalue(n, i, sa[i]));
     }
   }
+  // Note [Unboxed extern calls]: below autograd only, as for fused kernels.
+  if (!differentiable) {
+    for (const auto& n : graph_.nodes()) {
+      const auto id = static_cast<size_t>(n.id);
+      if (n.kind != ir::NodeKind::Call || (id < direct_.size() && direct_[id])) continue;
+      if (auto u = interp::make_unboxed_call(n, *ops_[id], prepared_[id])) {
+        unboxed_.resize(graph_.nodes().size());
+        unboxed_[id] = std::move(u);
+      }
+    }
+  }
   input_nodes_ = graph_.input_nodes();
   output_values_ = graph_.output_values();
   // Values are freed after their last reader; an alias (a view, a newer version) holds
@@ -368,9 +381,7 @@ void Interpreter::run_call(const ir::Node& n, const c10::OperatorHandle& op, con
   for (size_t r = 0; r < n.outputs.size(); ++r) {
     const ir::Arg& out = n.outputs[r];
     if (r >= n_ret) {
-      // A mutated argument not returned by the op: same buffer as the version it replaces.
-      const auto& val = graph_.value(out.values.at(0));
-      if (val.version_of != ir::kNoValue) env_[static_cast<size_t>(out.values[0])] = env_[static_cast<size_t>(val.version_of)];
+      bind_unreturned(out);
       continue;
     }
     const c10::IValue& iv = stack[r];
@@ -394,6 +405,39 @@ void Interpreter::run_call(const ir::Node& n, const c10::OperatorHandle& op, con
       }
     }
   }
+}
+
+// A mutated argument not returned by the op: same buffer as the version it replaces.
+void Interpreter::bind_unreturned(const ir::Arg& out) {
+  const auto& val = graph_.value(out.values.at(0));
+  if (val.version_of != ir::kNoValue) env_[static_cast<size_t>(out.values[0])] = env_[static_cast<size_t>(val.version_of)];
+}
+
+// Note [Unboxed extern calls]; false (nothing run) when this run's tensors need the
+// dispatcher.
+bool Interpreter::run_unboxed(const ir::Node& n, const interp::UnboxedCall& call) {
+  if (!call.accepts(env_)) return false;
+  const auto id = static_cast<size_t>(n.id);
+  if (id < trusting_.size() && trusting_[id]) {
+    // Note [Kernels that trust their arguments]: checked on the arguments as boxed.
+    torch::jit::Stack stack = prepared_[id];
+    const auto& schema_args = schemas_[id]->arguments();
+    for (size_t i = 0; i < n.args.size(); ++i) {
+      if (n.args[i].refers_to_values()) stack[i] = to_ivalue(n, i, schema_args[i]);
+    }
+    check_trusted_arguments(n, stack);
+  }
+  std::vector<at::Tensor> results = call.run(env_, prepared_[id]);
+  TORCH_INTERNAL_ASSERT(results.size() == schemas_[id]->returns().size());
+  for (size_t r = 0; r < n.outputs.size(); ++r) {
+    const ir::Arg& out = n.outputs[r];
+    if (r >= results.size()) {
+      bind_unreturned(out);
+    } else if (out.kind == ir::ArgKind::Value) {
+      env_[static_cast<size_t>(out.values[0])] = std::move(results[r]);
+    }
+  }
+  return true;
 }
 
 void Interpreter::run_direct(const ir::Node& n, interp::DirectCall& call) {
@@ -469,8 +513,15 @@ std::vector<at::Tensor> Interpreter::run(std::vector<at::Tensor> inputs) {
   // A mode key in the thread's included set beyond LibTorch's defaults (a capture
   // recording this replay, compiled autograd's among them, or any other mode) must see
   // the call.
-  const bool direct_ok =
-      !direct_.empty() && (c10::impl::tls_local_dispatch_key_set().included_ - c10::default_included_set).empty();
+  const auto tls = c10::impl::tls_local_dispatch_key_set();
+  const bool no_mode = (tls.included_ - c10::default_included_set).empty();
+  const bool direct_ok = !direct_.empty() && no_mode;
+  // Note [Unboxed extern calls]: nor with autocast on (it takes its key out of the
+  // excluded set), nor while a RecordFunction observer (a profiler) is installed: the
+  // dispatcher is what reports each ATen op to it.
+  const bool unboxed_ok = !unboxed_.empty() && no_mode &&
+                          (c10::default_excluded_set.raw_repr() & ~tls.excluded_.raw_repr()) == 0 &&
+                          !at::hasCallbacks();
   for (const auto& n : graph_.nodes()) {
     // Every error names the node that raised it: the kernel's (or hook's) own message says
     // what. HostValueChanged passes through unchanged: it names its node already, and
@@ -480,9 +531,10 @@ std::vector<at::Tensor> Interpreter::run(std::vector<at::Tensor> inputs) {
         c10::AutoGradMode grad_mode(n.grad_mode);
         // (direct_ok implies direct_ has a slot per node.)
         interp::DirectCall* direct = direct_ok ? direct_[static_cast<size_t>(n.id)].get() : nullptr;
+        const interp::UnboxedCall* unboxed = unboxed_ok ? unboxed_[static_cast<size_t>(n.id)].get() : nullptr;
         if (direct) {
           run_direct(n, *direct);
-        } else {
+        } else if (!unboxed || !run_unboxed(n, *unboxed)) {
           run_call(n, *ops_[static_cast<size_t>(n.id)], *schemas_[static_cast<size_t>(n.id)]);
         }
       } else if (n.kind == ir::NodeKind::CallHook) {
@@ -516,7 +568,9 @@ void Interpreter::set_scalar_arg(ir::NodeId node, size_t arg, double value) {
   TORCH_CHECK(a.kind == ir::ArgKind::Double || a.kind == ir::ArgKind::WrappedScalar,
               "tcap interpreter: node %", node, " argument ", arg, " is not a floating-point scalar");
   a.d = value;
-  prepared_.at(static_cast<size_t>(node)).at(arg) = to_ivalue(n, arg, schemas_.at(static_cast<size_t>(node))->arguments().at(arg));
+  const auto id = static_cast<size_t>(node);
+  // An unboxed call reads its float and Scalar arguments from here at each call.
+  prepared_.at(id).at(arg) = to_ivalue(n, arg, schemas_.at(id)->arguments().at(arg));
 }
 
 std::vector<at::Tensor> interpret(const ir::Graph& g, const std::vector<at::Tensor>& inputs) {

@@ -22,6 +22,7 @@ namespace tcap {
 
 namespace interp {
 class DirectCall;
+class UnboxedCall;
 }
 
 // Thrown by an interpreter with check_host_values(true) when a value read on the host
@@ -65,6 +66,8 @@ class Interpreter {
   void run_call(const ir::Node& n, const c10::OperatorHandle& op, const c10::FunctionSchema& schema);
   void run_hook(const ir::Node& n);
   void run_direct(const ir::Node& n, interp::DirectCall& call);
+  bool run_unboxed(const ir::Node& n, const interp::UnboxedCall& call);
+  void bind_unreturned(const ir::Arg& out);
   c10::IValue to_ivalue(const ir::Node& n, size_t i, const c10::Argument& schema_arg) const;
   const at::Tensor& get(const ir::Node& n, ir::ValueId v) const;
 
@@ -83,6 +86,9 @@ class Interpreter {
   // Per node (empty: none): the generated kernel a tcap::fused node runs, resolved once
   // and called without the dispatcher (Note [Direct fused calls]).
   std::vector<std::shared_ptr<interp::DirectCall>> direct_;
+  // Per node (empty: none): the extern ATen op's CPU kernel, called unboxed when a run's
+  // tensors allow (Note [Unboxed extern calls], csrc/interp/unboxed_calls.cpp).
+  std::vector<std::shared_ptr<interp::UnboxedCall>> unboxed_;
   std::vector<at::Tensor> env_;
   std::vector<c10::IValue> host_values_;
   // Per node: values whose last reader it is (not outputs); freed after the node runs

@@ -205,4 +205,36 @@ TEST(ProfilerNames, RegionsAndFusedKernelsAppear) {
   EXPECT_TRUE(g_names.empty());
 }
 
+std::unique_ptr<at::ObserverContext> note_op(const at::RecordFunction& fn) {
+  std::lock_guard<std::mutex> lock(g_names_mutex);
+  g_names.emplace_back(fn.name());
+  return nullptr;
+}
+
+// The ATen ops a compiled graph calls (here a matmul too large to be generated) show in the
+// profiler inside its scope: with an observer installed they go through the dispatcher,
+// not as unboxed calls (Note [Unboxed extern calls]).
+TEST(ProfilerNames, ExternOpsOfACompiledGraphAppear) {
+  tcap::CompileOptions o;
+  o.name = "prof_mm";
+  auto fn = [](const Tensors& in) { return Tensors{torch::relu(torch::mm(in[0], in[1]))}; };
+  auto f = tcap::compile(fn, o);
+  torch::NoGradGuard no_grad;
+  Tensors in = {torch::randn({64, 64}), torch::randn({64, 64})};
+  (*f)(in);  // compiles
+  {
+    std::lock_guard<std::mutex> lock(g_names_mutex);
+    g_names.clear();
+  }
+  auto handle = at::addThreadLocalCallback(at::RecordFunctionCallback(note_op).scopes({at::RecordScope::FUNCTION}));
+  auto out = (*f)(in);
+  at::removeCallback(handle);
+  EXPECT_EQ(f->stats().replays, 1);
+  EXPECT_TRUE(close(out[0], fn(in)[0]));
+  std::lock_guard<std::mutex> lock(g_names_mutex);
+  std::string all;
+  for (const auto& n : g_names) all += n + " ";
+  EXPECT_NE(std::find(g_names.begin(), g_names.end(), "aten::mm"), g_names.end()) << all;
+}
+
 }  // namespace
