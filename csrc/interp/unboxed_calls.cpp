@@ -135,6 +135,17 @@ class Args {
     if (!v || !v->isDevice() || v->toDevice().type() != c10::DeviceType::CPU) return fail(), std::nullopt;
     return v->toDevice();
   }
+  // A factory's dtype, layout, device (the CPU's, or none) and pin_memory, from `first` on.
+  struct Factory {
+    std::optional<at::ScalarType> dtype;
+    std::optional<at::Layout> layout;
+    std::optional<at::Device> device;
+    std::optional<bool> pin;
+  };
+  Factory factory(size_t first) {
+    return {opt_enum<at::ScalarType>(first), opt_enum<at::Layout>(first + 1), cpu_device(first + 2),
+            opt_bool(first + 3)};
+  }
   std::array<bool, 3> bools3(size_t i) {
     const c10::IValue* v = constant(i);
     if (!v || !v->isBoolList() || v->toBoolList().size() != 3) return fail(), std::array<bool, 3>{};
@@ -238,12 +249,11 @@ UnboxedCall::Body body_for(const ir::Node& n, Args& a, Kernel* kernel) {
   }
   if (op == "aten::empty" && ov == "memory_format") {
     auto size = a.ints(0);
-    auto dtype = a.opt_enum<at::ScalarType>(1);
-    auto layout = a.opt_enum<at::Layout>(2);
-    auto device = a.cpu_device(3);
-    auto pin = a.opt_bool(4);
+    auto f = a.factory(1);
     auto mf = a.opt_enum<at::MemoryFormat>(5);
-    return [=](const Env&, const torch::jit::Stack&) { return std::vector<at::Tensor>{cpu::empty(size, dtype, layout, device, pin, mf)}; };
+    return [=](const Env&, const torch::jit::Stack&) {
+      return std::vector<at::Tensor>{cpu::empty(size, f.dtype, f.layout, f.device, f.pin, mf)};
+    };
   }
   if (op == "aten::_fused_adam_" && ov.empty()) {
     auto ps = a.tensors(0), g = a.tensors(1), m = a.tensors(2), v = a.tensors(3), vmax = a.tensors(4), st = a.tensors(5);
@@ -279,24 +289,18 @@ UnboxedCall::Body body_for(const ir::Node& n, Args& a, Kernel* kernel) {
   }
   if (op == "aten::ones_like" && ov.empty()) {
     auto s = a.tensor(0);
-    auto dtype = a.opt_enum<at::ScalarType>(1);
-    auto layout = a.opt_enum<at::Layout>(2);
-    auto device = a.cpu_device(3);
-    auto pin = a.opt_bool(4);
+    auto f = a.factory(1);
     auto mf = a.opt_enum<at::MemoryFormat>(5);
-    return [=](const Env& e, const torch::jit::Stack& pre) {
-      return std::vector<at::Tensor>{cea::ones_like(at_(e, s), dtype, layout, device, pin, mf)};
+    return [=](const Env& e, const torch::jit::Stack&) {
+      return std::vector<at::Tensor>{cea::ones_like(at_(e, s), f.dtype, f.layout, f.device, f.pin, mf)};
     };
   }
   if (op == "aten::full" && ov.empty()) {
     auto size = a.ints(0);
     auto value = a.scalar(1);
-    auto dtype = a.opt_enum<at::ScalarType>(2);
-    auto layout = a.opt_enum<at::Layout>(3);
-    auto device = a.cpu_device(4);
-    auto pin = a.opt_bool(5);
+    auto f = a.factory(2);
     return [=](const Env&, const torch::jit::Stack& pre) {
-      return std::vector<at::Tensor>{cea::full(size, scalar(pre, value), dtype, layout, device, pin)};
+      return std::vector<at::Tensor>{cea::full(size, scalar(pre, value), f.dtype, f.layout, f.device, f.pin)};
     };
   }
   if (op == "aten::convolution" && ov.empty()) {

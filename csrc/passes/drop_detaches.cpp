@@ -29,11 +29,7 @@ ir::Graph drop_detaches(const ir::Graph& g, int* dropped) {
     if (dropped) ++*dropped;
   }
   if (drop.empty()) return g;
-  std::vector<ir::NodeId> keep;
-  for (const auto& n : h.nodes()) {
-    if ((n.kind == ir::NodeKind::Call || n.kind == ir::NodeKind::CallHook) && !drop.count(n.id)) keep.push_back(n.id);
-  }
-  return keep_nodes(h, keep);
+  return drop_nodes(h, drop);
 }
 
 }  // namespace tcap::passes

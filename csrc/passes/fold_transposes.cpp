@@ -54,11 +54,7 @@ ir::Graph fold_transposes(const ir::Graph& g, int* folded) {
     if (folded) ++*folded;
   }
   if (drop.empty()) return g;
-  std::vector<ir::NodeId> keep;
-  for (const auto& n : h.nodes()) {
-    if ((n.kind == ir::NodeKind::Call || n.kind == ir::NodeKind::CallHook) && !drop.count(n.id)) keep.push_back(n.id);
-  }
-  return keep_nodes(h, keep);
+  return drop_nodes(h, drop);
 }
 
 }  // namespace tcap::passes

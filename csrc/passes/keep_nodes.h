@@ -5,6 +5,7 @@
 #include <tcap/graph.h>
 
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 namespace tcap::passes {
@@ -24,6 +25,15 @@ inline ir::Graph keep_nodes(const ir::Graph& g, const std::vector<ir::NodeId>& k
   return ir::extract_subgraph(g, keep, ins, kinds, names, g.output_values(),
                               out ? out->output_names : std::vector<std::string>{},
                               out ? out->output_kinds : std::vector<ir::OutputKind>{});
+}
+
+// g without the Call and CallHook nodes in `drop` (whose results nothing reads any more).
+inline ir::Graph drop_nodes(const ir::Graph& g, const std::unordered_set<ir::NodeId>& drop) {
+  std::vector<ir::NodeId> keep;
+  for (const auto& n : g.nodes()) {
+    if ((n.kind == ir::NodeKind::Call || n.kind == ir::NodeKind::CallHook) && !drop.count(n.id)) keep.push_back(n.id);
+  }
+  return keep_nodes(g, keep);
 }
 
 }  // namespace tcap::passes

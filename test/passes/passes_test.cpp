@@ -232,6 +232,35 @@ TEST(ReuseBuffers, RewritesIntoTheInPlaceTwinAndKeepsAliasInfo) {
 }
 
 // t of a value: sizes and strides swapped, a view of it.
+// A graph over inputs x [4, 8] and w [8, 6] made by `make`, which `pass` (a fold of views:
+// fold_transposes, drop_detaches) must leave as it is.
+using ViewPass = std::function<ir::Graph(const ir::Graph&, int*)>;
+void expect_kept(const ViewPass& pass, const std::function<void(Builder&, ir::ValueId, ir::ValueId)>& make,
+                 const char* what) {
+  Builder b;
+  auto x = b.input("x", {4, 8});
+  auto w = b.input("w", {8, 6});
+  make(b, x, w);
+  ir::verify(b.g);
+  int changed = -1;
+  auto h = pass(b.g, &changed);
+  ir::verify(h);
+  EXPECT_EQ(changed, 0) << what << "\n" << dump(h);
+}
+
+// g and h (a rewrite of g over inputs [4, 8] and [8, 6]) give the same values and layouts.
+void expect_same_results(const ir::Graph& g, const ir::Graph& h) {
+  auto xt = torch::randn({4, 8}), wt = torch::randn({8, 6});
+  auto before = Interpreter(g).run({xt, wt});
+  auto after = Interpreter(h).run({xt, wt});
+  ASSERT_EQ(before.size(), after.size());
+  for (size_t k = 0; k < before.size(); ++k) {
+    EXPECT_TRUE(before[k].equal(after[k])) << k;
+    EXPECT_EQ(before[k].strides(), after[k].strides()) << k;
+    EXPECT_FALSE(after[k].requires_grad()) << k;
+  }
+}
+
 ir::ValueId transpose(Builder& b, ir::ValueId v) {
   const auto m = b.g.value(v).meta;
   auto out = b.call("aten::t", "", {ir::Arg::value(v)}, {{m.sizes[1], m.sizes[0]}})[0];
@@ -255,26 +284,12 @@ TEST(FoldTransposes, DropsAPairOverAFreshTensor) {
   EXPECT_EQ(folded, 1) << dump(h);
   EXPECT_EQ(h.num_calls(), 2u) << dump(h);  // mm, exp
   for (const auto& n : h.nodes()) EXPECT_NE(n.op, "aten::t") << dump(h);
-  auto xt = torch::randn({4, 8}), wt = torch::randn({8, 6});
-  auto before = Interpreter(b.g).run({xt, wt});
-  auto after = Interpreter(h).run({xt, wt});
-  for (size_t k = 0; k < before.size(); ++k) {
-    EXPECT_TRUE(before[k].equal(after[k])) << k;
-    EXPECT_EQ(before[k].strides(), after[k].strides()) << k;
-  }
+  expect_same_results(b.g, h);
 }
 
 TEST(FoldTransposes, KeepsPairsSomeoneCouldTellApart) {
   auto keeps = [](const std::function<void(Builder&, ir::ValueId, ir::ValueId)>& make, const char* what) {
-    Builder b;
-    auto x = b.input("x", {4, 8});
-    auto w = b.input("w", {8, 6});
-    make(b, x, w);
-    ir::verify(b.g);
-    int folded = -1;
-    auto h = passes::fold_transposes(b.g, &folded);
-    ir::verify(h);
-    EXPECT_EQ(folded, 0) << what << "\n" << dump(h);
+    expect_kept(passes::fold_transposes, make, what);
   };
   keeps([](Builder& b, ir::ValueId x, ir::ValueId) {
     auto back = transpose(b, transpose(b, x));  // over an input: the result would be the input itself
@@ -328,27 +343,12 @@ TEST(DropDetaches, DropsTheDetachOfATensorMadeInTheGraph) {
   ir::verify(h);
   EXPECT_EQ(dropped, 2) << dump(h);
   for (const auto& n : h.nodes()) EXPECT_NE(n.op, "aten::detach") << dump(h);
-  auto xt = torch::randn({4, 8}), wt = torch::randn({8, 6});
-  auto before = Interpreter(b.g).run({xt, wt});
-  auto after = Interpreter(h).run({xt, wt});
-  for (size_t k = 0; k < before.size(); ++k) {
-    EXPECT_TRUE(before[k].equal(after[k])) << k;
-    EXPECT_EQ(before[k].strides(), after[k].strides()) << k;
-    EXPECT_FALSE(after[k].requires_grad()) << k;
-  }
+  expect_same_results(b.g, h);
 }
 
 TEST(DropDetaches, KeepsDetachesSomeoneCouldTellApart) {
   auto keeps = [](const std::function<void(Builder&, ir::ValueId, ir::ValueId)>& make, const char* what) {
-    Builder b;
-    auto x = b.input("x", {4, 8});
-    auto w = b.input("w", {8, 6});
-    make(b, x, w);
-    ir::verify(b.g);
-    int dropped = -1;
-    auto h = passes::drop_detaches(b.g, &dropped);
-    ir::verify(h);
-    EXPECT_EQ(dropped, 0) << what << "\n" << dump(h);
+    expect_kept(passes::drop_detaches, make, what);
   };
   keeps([](Builder& b, ir::ValueId x, ir::ValueId) {
     b.g.set_outputs({detach(b, x)}, {"d"}, {ir::OutputKind::User});  // an input: it may require grad
@@ -379,11 +379,10 @@ TEST(DropDetaches, AWriteThroughTheDetachGoesToTheTensor) {
   auto h = passes::drop_detaches(b.g, &dropped);
   ir::verify(h);
   EXPECT_EQ(dropped, 1) << dump(h);
+  expect_same_results(b.g, h);
   auto xt = torch::randn({4, 8}), wt = torch::randn({8, 6});
-  auto before = Interpreter(b.g).run({xt, wt});
   auto after = Interpreter(h).run({xt, wt});
   ASSERT_EQ(after.size(), 2u);
-  for (size_t k = 0; k < before.size(); ++k) EXPECT_TRUE(before[k].equal(after[k])) << k;
   EXPECT_TRUE(after[0].equal(torch::mm(xt, wt) * 2)) << "the write shows through the returned tensor";
 }
 
