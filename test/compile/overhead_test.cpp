@@ -151,11 +151,11 @@ TEST(StepHostScalars, AdamWithTwoParamGroupsMatchesEager) {
   for (size_t k = 0; k < ps.size(); ++k) EXPECT_TRUE(close(ps[k], qs[k], 1e-5, 1e-6)) << "parameter " << k;
 }
 
-// The names user scopes start with while the observer below is installed.
+// The names of the scopes (or ops) that start while an observer below is installed.
 std::mutex g_names_mutex;
 std::vector<std::string> g_names;
 
-std::unique_ptr<at::ObserverContext> note_scope(const at::RecordFunction& fn) {
+std::unique_ptr<at::ObserverContext> note_name(const at::RecordFunction& fn) {
   std::lock_guard<std::mutex> lock(g_names_mutex);
   g_names.emplace_back(fn.name());
   return nullptr;
@@ -178,7 +178,7 @@ TEST(ProfilerNames, RegionsAndFusedKernelsAppear) {
     std::lock_guard<std::mutex> lock(g_names_mutex);
     g_names.clear();
   }
-  auto handle = at::addThreadLocalCallback(at::RecordFunctionCallback(note_scope).scopes({at::RecordScope::USER_SCOPE}));
+  auto handle = at::addThreadLocalCallback(at::RecordFunctionCallback(note_name).scopes({at::RecordScope::USER_SCOPE}));
   run();
   at::removeCallback(handle);
   std::vector<std::string> names;
@@ -205,12 +205,6 @@ TEST(ProfilerNames, RegionsAndFusedKernelsAppear) {
   EXPECT_TRUE(g_names.empty());
 }
 
-std::unique_ptr<at::ObserverContext> note_op(const at::RecordFunction& fn) {
-  std::lock_guard<std::mutex> lock(g_names_mutex);
-  g_names.emplace_back(fn.name());
-  return nullptr;
-}
-
 // The ATen ops a compiled graph calls (here a matmul too large to be generated) show in the
 // profiler inside its scope: with an observer installed they go through the dispatcher,
 // not as unboxed calls (Note [Unboxed extern calls]).
@@ -226,7 +220,7 @@ TEST(ProfilerNames, ExternOpsOfACompiledGraphAppear) {
     std::lock_guard<std::mutex> lock(g_names_mutex);
     g_names.clear();
   }
-  auto handle = at::addThreadLocalCallback(at::RecordFunctionCallback(note_op).scopes({at::RecordScope::FUNCTION}));
+  auto handle = at::addThreadLocalCallback(at::RecordFunctionCallback(note_name).scopes({at::RecordScope::FUNCTION}));
   auto out = (*f)(in);
   at::removeCallback(handle);
   EXPECT_EQ(f->stats().replays, 1);
