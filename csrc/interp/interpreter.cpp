@@ -365,13 +365,19 @@ c10::IValue Interpreter::to_ivalue(const ir::Node& n, size_t i, const c10::Argum
   fail(n, "argument " + std::to_string(i) + " cannot be replayed");
 }
 
-void Interpreter::run_call(const ir::Node& n, const c10::OperatorHandle& op, const c10::FunctionSchema& schema) {
-  const auto& schema_args = schema.arguments();
-  // Note [Prepared argument stacks]
-  torch::jit::Stack stack = prepared_[static_cast<size_t>(n.id)];
+// Note [Prepared argument stacks]: node n's prepared stack with this run's tensors.
+torch::jit::Stack Interpreter::filled_stack(const ir::Node& n) const {
+  const auto id = static_cast<size_t>(n.id);
+  const auto& schema_args = schemas_[id]->arguments();
+  torch::jit::Stack stack = prepared_[id];
   for (size_t i = 0; i < n.args.size(); ++i) {
     if (n.args[i].refers_to_values()) stack[i] = to_ivalue(n, i, schema_args[i]);
   }
+  return stack;
+}
+
+void Interpreter::run_call(const ir::Node& n, const c10::OperatorHandle& op, const c10::FunctionSchema& schema) {
+  torch::jit::Stack stack = filled_stack(n);
   if (static_cast<size_t>(n.id) < trusting_.size() && trusting_[static_cast<size_t>(n.id)]) {
     check_trusted_arguments(n, stack);  // Note [Kernels that trust their arguments]
   }
@@ -419,13 +425,7 @@ bool Interpreter::run_unboxed(const ir::Node& n, const interp::UnboxedCall& call
   if (!call.accepts(env_)) return false;
   const auto id = static_cast<size_t>(n.id);
   if (id < trusting_.size() && trusting_[id]) {
-    // Note [Kernels that trust their arguments]: checked on the arguments as boxed.
-    torch::jit::Stack stack = prepared_[id];
-    const auto& schema_args = schemas_[id]->arguments();
-    for (size_t i = 0; i < n.args.size(); ++i) {
-      if (n.args[i].refers_to_values()) stack[i] = to_ivalue(n, i, schema_args[i]);
-    }
-    check_trusted_arguments(n, stack);
+    check_trusted_arguments(n, filled_stack(n));  // Note [Kernels that trust their arguments]
   }
   std::vector<at::Tensor> results = call.run(env_, prepared_[id]);
   TORCH_INTERNAL_ASSERT(results.size() == schemas_[id]->returns().size());

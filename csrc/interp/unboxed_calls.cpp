@@ -28,14 +28,14 @@
 // the node boxed.
 #include "interp/unboxed_calls.h"
 
+#include "support/logging.h"
+
 #include <ATen/CPUFunctions.h>
 #include <ATen/CompositeExplicitAutogradFunctions.h>
 #include <c10/core/DispatchKeySet.h>
 
 #include <array>
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 #include <optional>
 
 namespace tcap::interp {
@@ -368,23 +368,11 @@ std::vector<at::Tensor> UnboxedCall::run(const Env& env, const torch::jit::Stack
   return body_(env, prepared);
 }
 
-namespace {
-
-// TCAP_UNBOXED_CALLS=0: every extern op through the dispatcher (to rule them out, and to
-// measure them).
-bool enabled_by_env() {
-  static const bool on = [] {
-    const char* v = std::getenv("TCAP_UNBOXED_CALLS");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
-  return on;
-}
-
-}  // namespace
-
 std::unique_ptr<UnboxedCall> make_unboxed_call(const ir::Node& n, const c10::OperatorHandle& op,
                                                const torch::jit::Stack& prepared) {
-  if (g_off.load(std::memory_order_relaxed) || !enabled_by_env() || n.kind != ir::NodeKind::Call) return nullptr;
+  if (g_off.load(std::memory_order_relaxed) || !Config::get().unboxed_calls || n.kind != ir::NodeKind::Call) {
+    return nullptr;  // TCAP_UNBOXED_CALLS=0: every extern op through the dispatcher
+  }
   Args a(n, prepared);
   Kernel kernel = Kernel::Cpu;
   UnboxedCall::Body body = body_for(n, a, &kernel);

@@ -10,8 +10,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 #include <mutex>
 #include <set>
 #include <unordered_map>
@@ -24,6 +22,7 @@ namespace {
 thread_local int tls_depth = 0;
 
 constexpr size_t kPage = size_t{4} << 10;
+constexpr size_t kCpuAlign = 64;  // c10's CPU alignment: planned slots and small blocks keep it
 constexpr int kBucketBits = 14;
 
 // A piece of a segment (one block the replaced allocator handed out). Pieces of a segment
@@ -49,7 +48,7 @@ struct BySize {
 struct Layout {
   struct Slot {
     size_t offset = 0;
-    size_t size = 0;       // rounded up to kPlanAlign
+    size_t size = 0;       // rounded up to kCpuAlign
     bool planned = false;  // false: it escaped when recorded (an output, a saved tensor)
   };
   std::vector<Slot> slots;  // by allocation index within a run
@@ -114,9 +113,10 @@ struct Recording {
 // min(64 MiB, the pool's cap), reserved without being committed: the memory it holds is the
 // most small blocks alive at once, rounded up to their classes and spans.
 struct SmallBlocks {
-  static constexpr int kMinShift = 6;  // 64 bytes
+  static constexpr int kMinShift = 6;  // 64 bytes, kCpuAlign
   static constexpr int kClasses = 11;  // 64 bytes .. 64 KiB
   static constexpr size_t kSpan = size_t{256} << 10;
+  static_assert((size_t{1} << kMinShift) == kCpuAlign, "the smallest class keeps c10's alignment");
   static_assert((size_t{1} << (kMinShift + kClasses - 1)) == kMinPooledBytes, "classes end at the pool's minimum");
 
   char* base = nullptr;  // the reserved range; null when the reservation failed (then unused)
@@ -200,8 +200,8 @@ struct SmallBlocks {
     }
   }
 
-  int64_t live_blocks() {
-    std::lock_guard<std::mutex> lock(mu);
+  // Blocks in use (mu held).
+  int64_t live_blocks() const {
     int64_t n = 0;
     for (size_t s = 0; s < carved / kSpan; ++s) n += span_live[s];
     return n;
@@ -497,16 +497,6 @@ struct MemoryPlan::Impl {
 
 namespace {
 
-constexpr size_t kPlanAlign = 64;  // c10's CPU alignment
-
-bool plans_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("TCAP_MEMORY_PLAN");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
-  return on;
-}
-
 // Offsets for the allocations a recording saw freed, greedy by size (largest first, each at
 // the lowest offset where no allocation alive at the same time already lies), as
 // Inductor's and Static Runtime's planners do.
@@ -516,7 +506,7 @@ std::shared_ptr<const Layout> lay_out(const Recording& r) {
   slots.resize(r.allocs.size());
   std::vector<int32_t> order;
   for (size_t k = 0; k < r.allocs.size(); ++k) {
-    slots[k].size = (r.allocs[k].size + kPlanAlign - 1) / kPlanAlign * kPlanAlign;
+    slots[k].size = (r.allocs[k].size + kCpuAlign - 1) / kCpuAlign * kCpuAlign;
     if (r.allocs[k].freed >= 0) order.push_back(static_cast<int32_t>(k));
   }
   std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return slots[a].size > slots[b].size; });
@@ -642,7 +632,7 @@ void borrow(Pool& p, Arena& a, std::unique_lock<std::mutex>& lock) {
 
 MemoryPlan::MemoryPlan(std::string name) : impl_(std::make_unique<Impl>()) {
   impl_->name = std::move(name);
-  impl_->stats.disabled = !plans_enabled();
+  impl_->stats.disabled = !Config::get().memory_plans;
 }
 
 MemoryPlan::~MemoryPlan() {
@@ -805,11 +795,9 @@ BufferPoolStats buffer_pool_stats() {
   s.cached_blocks = static_cast<int64_t>(p->cached.size());
   s.live_bytes = p->live_bytes;
   s.cap_bytes = p->cap;
-  {
-    std::lock_guard<std::mutex> small_lock(p->small.mu);
-    s.small_served = p->small.served;
-    s.small_carved_bytes = static_cast<int64_t>(p->small.carved);
-  }
+  std::lock_guard<std::mutex> small_lock(p->small.mu);
+  s.small_served = p->small.served;
+  s.small_carved_bytes = static_cast<int64_t>(p->small.carved);
   s.small_live_blocks = p->small.live_blocks();
   return s;
 }

@@ -62,6 +62,13 @@ std::optional<long long> env_number(const char* name, long long lo, long long hi
   return std::nullopt;
 }
 
+// An on/off setting: "0", "false" or "off" is off, any other value on, unset the default.
+bool env_switch(const char* name, bool by_default) {
+  const std::string v = env_or(name, "");
+  if (v.empty()) return by_default;
+  return v != "0" && v != "false" && v != "off";
+}
+
 Config read_config() {
   Config c;
   c.log_mask = parse_mask(env_or("TCAP_LOGS", ""));
@@ -74,8 +81,9 @@ Config read_config() {
   }
   if (auto n = env_number("TCAP_SMALL_MATMUL_MACS", 0, LLONG_MAX, "a number of multiply-adds")) c.small_matmul_macs = *n;
   c.stance = env_or("TCAP_STANCE", "");
-  const std::string fallback = env_or("TCAP_ERROR_ON_FALLBACK", "0");
-  c.error_on_fallback = fallback != "0" && fallback != "false" && fallback != "off";
+  c.error_on_fallback = env_switch("TCAP_ERROR_ON_FALLBACK", false);
+  c.memory_plans = env_switch("TCAP_MEMORY_PLAN", true);
+  c.unboxed_calls = env_switch("TCAP_UNBOXED_CALLS", true);
   return c;
 }
 

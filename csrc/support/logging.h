@@ -50,6 +50,8 @@ struct Config {
   long long small_matmul_macs = -1;  // TCAP_SMALL_MATMUL_MACS; -1: the default (fuse/fusion.h)
   std::string stance;       // TCAP_STANCE as given ("" = default)
   bool error_on_fallback = false;
+  bool memory_plans = true;   // TCAP_MEMORY_PLAN (runtime/buffer_pool.h, Note [Memory plans])
+  bool unboxed_calls = true;  // TCAP_UNBOXED_CALLS (interp/unboxed_calls.cpp)
   static const Config& get();
 };
 

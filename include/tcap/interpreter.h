@@ -69,6 +69,7 @@ class Interpreter {
   bool run_unboxed(const ir::Node& n, const interp::UnboxedCall& call);
   void bind_unreturned(const ir::Arg& out);
   c10::IValue to_ivalue(const ir::Node& n, size_t i, const c10::Argument& schema_arg) const;
+  std::vector<c10::IValue> filled_stack(const ir::Node& n) const;
   const at::Tensor& get(const ir::Node& n, ir::ValueId v) const;
 
   ir::Graph graph_;  // a copy: replay may itself be recorded into the graph it came from

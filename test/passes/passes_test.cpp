@@ -232,20 +232,26 @@ TEST(ReuseBuffers, RewritesIntoTheInPlaceTwinAndKeepsAliasInfo) {
 }
 
 // t of a value: sizes and strides swapped, a view of it.
+// `pass` on g (both verified), which it must change `expected` times.
+using ViewPass = std::function<ir::Graph(const ir::Graph&, int*)>;
+ir::Graph applied(const ViewPass& pass, const ir::Graph& g, int expected, const char* what = "") {
+  ir::verify(g);
+  int changed = -1;
+  ir::Graph h = pass(g, &changed);
+  ir::verify(h);
+  EXPECT_EQ(changed, expected) << what << "\n" << dump(h);
+  return h;
+}
+
 // A graph over inputs x [4, 8] and w [8, 6] made by `make`, which `pass` (a fold of views:
 // fold_transposes, drop_detaches) must leave as it is.
-using ViewPass = std::function<ir::Graph(const ir::Graph&, int*)>;
 void expect_kept(const ViewPass& pass, const std::function<void(Builder&, ir::ValueId, ir::ValueId)>& make,
                  const char* what) {
   Builder b;
   auto x = b.input("x", {4, 8});
   auto w = b.input("w", {8, 6});
   make(b, x, w);
-  ir::verify(b.g);
-  int changed = -1;
-  auto h = pass(b.g, &changed);
-  ir::verify(h);
-  EXPECT_EQ(changed, 0) << what << "\n" << dump(h);
+  applied(pass, b.g, 0, what);
 }
 
 // g and h (a rewrite of g over inputs [4, 8] and [8, 6]) give the same values and layouts.
@@ -277,11 +283,7 @@ TEST(FoldTransposes, DropsAPairOverAFreshTensor) {
   auto back = transpose(b, transpose(b, m));  // as a Linear's weight gradient comes out
   auto e = b.unary("aten::exp", back);
   b.g.set_outputs({e, back}, {"e", "grad"}, {ir::OutputKind::User, ir::OutputKind::User});
-  ir::verify(b.g);
-  int folded = 0;
-  auto h = passes::fold_transposes(b.g, &folded);
-  ir::verify(h);
-  EXPECT_EQ(folded, 1) << dump(h);
+  auto h = applied(passes::fold_transposes, b.g, 1);
   EXPECT_EQ(h.num_calls(), 2u) << dump(h);  // mm, exp
   for (const auto& n : h.nodes()) EXPECT_NE(n.op, "aten::t") << dump(h);
   expect_same_results(b.g, h);
@@ -337,11 +339,7 @@ TEST(DropDetaches, DropsTheDetachOfATensorMadeInTheGraph) {
   auto g2 = detach(b, tm);
   auto e = b.unary("aten::sin", g1);
   b.g.set_outputs({e, g1, g2}, {"e", "grad1", "grad2"}, {ir::OutputKind::User, ir::OutputKind::User, ir::OutputKind::User});
-  ir::verify(b.g);
-  int dropped = 0;
-  auto h = passes::drop_detaches(b.g, &dropped);
-  ir::verify(h);
-  EXPECT_EQ(dropped, 2) << dump(h);
+  auto h = applied(passes::drop_detaches, b.g, 2);
   for (const auto& n : h.nodes()) EXPECT_NE(n.op, "aten::detach") << dump(h);
   expect_same_results(b.g, h);
 }
@@ -374,11 +372,7 @@ TEST(DropDetaches, AWriteThroughTheDetachGoesToTheTensor) {
   b.g.value(written).version_of = d;
   b.g.value(written).view_of = d;
   b.g.set_outputs({d, written}, {"d", "w"}, {ir::OutputKind::User, ir::OutputKind::User});
-  ir::verify(b.g);
-  int dropped = 0;
-  auto h = passes::drop_detaches(b.g, &dropped);
-  ir::verify(h);
-  EXPECT_EQ(dropped, 1) << dump(h);
+  auto h = applied(passes::drop_detaches, b.g, 1);
   expect_same_results(b.g, h);
   auto xt = torch::randn({4, 8}), wt = torch::randn({8, 6});
   auto after = Interpreter(h).run({xt, wt});
