@@ -13,7 +13,6 @@ namespace {
 
 #if TCAP_HAVE_LLVM
 
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 // Sums are reassociated (Note [CPU summation order]): compare with a tolerance that
 // scales with sqrt(reduce size) ulps.

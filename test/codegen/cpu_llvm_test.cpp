@@ -15,8 +15,6 @@ namespace {
 
 using codegen::cpu_llvm::CpuKernel;
 
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-constexpr double kInf = std::numeric_limits<double>::infinity();
 
 #if !TCAP_HAVE_LLVM
 TEST(CpuLlvm, UnavailableWithoutLlvm) {

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -23,6 +24,9 @@ namespace tcap::test {
 
 using kir::DType;
 using kir::OpCode;
+
+inline constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+inline constexpr double kInf = std::numeric_limits<double>::infinity();
 
 inline DType kir_dtype(at::ScalarType t) {
   switch (t) {

@@ -25,8 +25,8 @@ namespace nn = torch::nn;
 
 namespace {
 
-constexpr double kRtol = 1e-4;
-constexpr double kAtol = 1e-5;
+constexpr double kFusedRtol = 1e-4;
+constexpr double kFusedAtol = 1e-5;
 
 using tcap::testing::copy_params;
 
@@ -42,8 +42,8 @@ void expect_same_state(nn::Module& a, nn::Module& b, torch::optim::Optimizer& oa
   auto pa = a.parameters(), pb = b.parameters();
   ASSERT_EQ(pa.size(), pb.size());
   for (size_t j = 0; j < pa.size(); ++j) {
-    EXPECT_TRUE(close(pa[j], pb[j], kRtol, kAtol)) << what << ": parameter " << j;
-    EXPECT_TRUE(close(pa[j].grad(), pb[j].grad(), kRtol, kAtol)) << what << ": .grad of parameter " << j;
+    EXPECT_TRUE(close(pa[j], pb[j], kFusedRtol, kFusedAtol)) << what << ": parameter " << j;
+    EXPECT_TRUE(close(pa[j].grad(), pb[j].grad(), kFusedRtol, kFusedAtol)) << what << ": .grad of parameter " << j;
     auto ia = oa.state().find(pa[j].unsafeGetTensorImpl());
     auto ib = ob.state().find(pb[j].unsafeGetTensorImpl());
     ASSERT_EQ(ia == oa.state().end(), ib == ob.state().end()) << what << ": state of parameter " << j;
@@ -51,16 +51,16 @@ void expect_same_state(nn::Module& a, nn::Module& b, torch::optim::Optimizer& oa
     if (auto* sa = dynamic_cast<torch::optim::AdamParamState*>(ia->second.get())) {
       auto& sb = static_cast<torch::optim::AdamParamState&>(*ib->second);
       EXPECT_EQ(sa->step(), sb.step()) << what << ": step of parameter " << j;
-      EXPECT_TRUE(close(sa->exp_avg(), sb.exp_avg(), kRtol, kAtol)) << what << ": exp_avg " << j;
-      EXPECT_TRUE(close(sa->exp_avg_sq(), sb.exp_avg_sq(), kRtol, kAtol)) << what << ": exp_avg_sq " << j;
+      EXPECT_TRUE(close(sa->exp_avg(), sb.exp_avg(), kFusedRtol, kFusedAtol)) << what << ": exp_avg " << j;
+      EXPECT_TRUE(close(sa->exp_avg_sq(), sb.exp_avg_sq(), kFusedRtol, kFusedAtol)) << what << ": exp_avg_sq " << j;
     } else if (auto* wa = dynamic_cast<torch::optim::AdamWParamState*>(ia->second.get())) {
       auto& wb = static_cast<torch::optim::AdamWParamState&>(*ib->second);
       EXPECT_EQ(wa->step(), wb.step()) << what << ": step of parameter " << j;
-      EXPECT_TRUE(close(wa->exp_avg(), wb.exp_avg(), kRtol, kAtol)) << what << ": exp_avg " << j;
-      EXPECT_TRUE(close(wa->exp_avg_sq(), wb.exp_avg_sq(), kRtol, kAtol)) << what << ": exp_avg_sq " << j;
+      EXPECT_TRUE(close(wa->exp_avg(), wb.exp_avg(), kFusedRtol, kFusedAtol)) << what << ": exp_avg " << j;
+      EXPECT_TRUE(close(wa->exp_avg_sq(), wb.exp_avg_sq(), kFusedRtol, kFusedAtol)) << what << ": exp_avg_sq " << j;
     } else if (auto* ga = dynamic_cast<torch::optim::SGDParamState*>(ia->second.get())) {
       auto& gb = static_cast<torch::optim::SGDParamState&>(*ib->second);
-      EXPECT_TRUE(close(ga->momentum_buffer(), gb.momentum_buffer(), kRtol, kAtol)) << what << ": buffer " << j;
+      EXPECT_TRUE(close(ga->momentum_buffer(), gb.momentum_buffer(), kFusedRtol, kFusedAtol)) << what << ": buffer " << j;
     }
   }
 }
@@ -103,7 +103,7 @@ Trained train(nn::Sequential& model, nn::Sequential& twin, Opt& opt, Opt& opt_tw
     auto x = torch::randn({5, 13});
     auto y = torch::randn({5, 3});
     auto loss = (*step)({x, y})[0];
-    EXPECT_TRUE(close(loss, body(twin, opt_twin, x, y), kRtol, kAtol)) << what << " step " << i;
+    EXPECT_TRUE(close(loss, body(twin, opt_twin, x, y), kFusedRtol, kFusedAtol)) << what << " step " << i;
   }
   EXPECT_GE(step->stats().replays, steps - 3) << what;
   return Trained{step, logs.text()};
@@ -216,7 +216,7 @@ TEST(FusedOptimizer, ParameterGroupsAndASchedule) {
     auto x = torch::randn({5, 13});
     auto y = torch::randn({5, 3});
     auto loss = (*step)({x, y})[0];
-    EXPECT_TRUE(close(loss, body(twin, opt_twin, x, y), kRtol, kAtol)) << "step " << i;
+    EXPECT_TRUE(close(loss, body(twin, opt_twin, x, y), kFusedRtol, kFusedAtol)) << "step " << i;
   }
   expect_same_state(*model, *twin, opt, opt_twin, "groups");
   EXPECT_GE(step->stats().replays, 9);
@@ -241,7 +241,7 @@ TEST(FusedOptimizer, StepCountsThatDifferRunEagerly) {
     auto x = torch::randn({5, 13});
     auto y = torch::randn({5, 3});
     auto loss = (*step)({x, y})[0];
-    EXPECT_TRUE(close(loss, body(twin, opt_twin, x, y), kRtol, kAtol)) << "step " << i;
+    EXPECT_TRUE(close(loss, body(twin, opt_twin, x, y), kFusedRtol, kFusedAtol)) << "step " << i;
   };
   for (int i = 0; i < 5; ++i) run(i);
   ASSERT_GE(step->stats().replays, 2);
@@ -321,8 +321,8 @@ TEST(FusedOptimizer, TwoOptimizersOneCallEach) {
     auto z = torch::randn({6, 13});
     auto out = (*step)({z});
     auto ref = body(g2, d2, og2, od2, z);
-    EXPECT_TRUE(close(out[0], ref[0], kRtol, kAtol)) << "d_loss step " << i;
-    EXPECT_TRUE(close(out[1], ref[1], kRtol, kAtol)) << "g_loss step " << i;
+    EXPECT_TRUE(close(out[0], ref[0], kFusedRtol, kFusedAtol)) << "d_loss step " << i;
+    EXPECT_TRUE(close(out[1], ref[1], kFusedRtol, kFusedAtol)) << "g_loss step " << i;
   }
   expect_same_state(*g, *g2, og, og2, "generator");
   expect_same_state(*d, *d2, od, od2, "discriminator");

@@ -19,7 +19,7 @@ using Tensors = std::vector<at::Tensor>;
 namespace {
 
 // Branches on a value read on the host: each branch is right, on every call.
-Tensors branchy(const Tensors& in) {
+Tensors branch_on_sum(const Tensors& in) {
   if (in[0].sum().item<double>() > 0) return {in[0] * 2};
   return {in[0] - 1};
 }
@@ -27,12 +27,12 @@ Tensors branchy(const Tensors& in) {
 TEST(HostValues, ControlFlowOnAHostValueStaysRight) {
   tcap::CompileOptions o;
   o.observe_host_values = false;  // a branch seen both ways must never be observed away
-  auto f = tcap::compile(branchy, o);
+  auto f = tcap::compile(branch_on_sum, o);
   for (int call = 0; call < 12; ++call) {
     auto x = torch::randn({9});
     if (call % 3 == 0) x = x.abs();
     if (call % 3 == 1) x = -x.abs();
-    EXPECT_TRUE(close((*f)({x})[0], branchy({x})[0])) << "call " << call;
+    EXPECT_TRUE(close((*f)({x})[0], branch_on_sum({x})[0])) << "call " << call;
   }
 }
 
@@ -42,10 +42,10 @@ TEST(HostValues, ChangingValueStaysAGuardByDefault) {
   tcap::testing::LogCapture log("recompiles");
   tcap::CompileOptions o;
   o.cache_size_limit = 3;
-  auto f = tcap::compile(branchy, o);
+  auto f = tcap::compile(branch_on_sum, o);
   for (int call = 0; call < 10; ++call) {
     auto x = torch::randn({9});
-    EXPECT_TRUE(close((*f)({x})[0], branchy({x})[0])) << "call " << call;
+    EXPECT_TRUE(close((*f)({x})[0], branch_on_sum({x})[0])) << "call " << call;
   }
   EXPECT_GE(log.count("observe_host_values"), 1) << log.text();
 }

@@ -19,8 +19,8 @@ namespace nn = torch::nn;
 
 namespace {
 
-constexpr double kRtol = 1e-4;
-constexpr double kAtol = 1e-5;
+constexpr double kModelRtol = 1e-4;
+constexpr double kModelAtol = 1e-5;
 
 using tcap::testing::SeedMlp;
 using tcap::testing::SmallCnn;
@@ -60,14 +60,14 @@ void train_and_compare(M model, M twin, const std::function<std::pair<at::Tensor
     auto loss_twin = torch::mse_loss(twin->forward(x), y);
     loss_twin.backward();
     opt_twin.step();
-    EXPECT_TRUE(close(loss, loss_twin, kRtol, kAtol)) << "step " << step;
+    EXPECT_TRUE(close(loss, loss_twin, kModelRtol, kModelAtol)) << "step " << step;
   }
   EXPECT_EQ(compiled->eager_reason(), "");
   EXPECT_GE(compiled->stats().replays, steps - 2) << "the compiled path was not used";
   auto a = model->named_parameters(), b = twin->named_parameters();
-  for (const auto& item : a) EXPECT_TRUE(close(item.value(), b[item.key()], kRtol, kAtol)) << item.key();
+  for (const auto& item : a) EXPECT_TRUE(close(item.value(), b[item.key()], kModelRtol, kModelAtol)) << item.key();
   auto ab = model->named_buffers(), bb = twin->named_buffers();
-  for (const auto& item : ab) EXPECT_TRUE(close(item.value(), bb[item.key()], kRtol, kAtol)) << item.key();
+  for (const auto& item : ab) EXPECT_TRUE(close(item.value(), bb[item.key()], kModelRtol, kModelAtol)) << item.key();
 }
 
 TEST(Models, SeedMlpAdam) {

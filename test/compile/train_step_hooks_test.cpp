@@ -20,8 +20,8 @@ namespace nn = torch::nn;
 
 namespace {
 
-constexpr double kRtol = 1e-5;
-constexpr double kAtol = 1e-6;
+constexpr double kHookRtol = 1e-5;
+constexpr double kHookAtol = 1e-6;
 
 struct Net : nn::Module {
   Net() {
@@ -55,8 +55,8 @@ std::shared_ptr<tcap::CompiledStep> compile(Trainer& t) {
 void expect_same_model(Trainer& a, Trainer& b) {
   auto pa = a.net->named_parameters(), pb = b.net->named_parameters();
   for (const auto& item : pa) {
-    EXPECT_TRUE(close(item.value(), pb[item.key()], kRtol, kAtol)) << item.key();
-    EXPECT_TRUE(close(item.value().grad(), pb[item.key()].grad(), kRtol, kAtol)) << item.key() << ".grad";
+    EXPECT_TRUE(close(item.value(), pb[item.key()], kHookRtol, kHookAtol)) << item.key();
+    EXPECT_TRUE(close(item.value().grad(), pb[item.key()].grad(), kHookRtol, kHookAtol)) << item.key() << ".grad";
   }
 }
 
@@ -76,7 +76,7 @@ void expect_same_log(std::vector<double> a, std::vector<double> b) {
   ASSERT_EQ(a.size(), b.size());
   std::sort(a.begin(), a.end());
   std::sort(b.begin(), b.end());
-  for (size_t k = 0; k < a.size(); ++k) EXPECT_NEAR(a[k], b[k], kAtol + kRtol * std::abs(b[k])) << "entry " << k;
+  for (size_t k = 0; k < a.size(); ++k) EXPECT_NEAR(a[k], b[k], kHookAtol + kHookRtol * std::abs(b[k])) << "entry " << k;
 }
 
 // A model and its eager twin from the same weights, each with add_logging_hooks.
@@ -102,7 +102,7 @@ TEST(TrainStepHooks, ParameterHooksRunOnEveryReplay) {
     const size_t before = log.size();
     auto loss = (*step)({x, y})[0];
     auto loss_twin = twin.step(x, y);
-    EXPECT_TRUE(close(loss, loss_twin, kRtol, kAtol)) << "step " << i;
+    EXPECT_TRUE(close(loss, loss_twin, kHookRtol, kHookAtol)) << "step " << i;
     EXPECT_EQ(log.size() - before, 4u) << "step " << i << ": every parameter's hook runs once";
   }
   EXPECT_EQ(step->eager_reason(), "");
@@ -139,7 +139,7 @@ TEST(TrainStepHooks, HookAddedToAnotherParameterRecaptures) {
       });
     }
     auto x = torch::randn({5, 6}), y = torch::randn({5, 3});
-    EXPECT_TRUE(close((*step)({x, y})[0], twin.step(x, y), kRtol, kAtol)) << "step " << i;
+    EXPECT_TRUE(close((*step)({x, y})[0], twin.step(x, y), kHookRtol, kHookAtol)) << "step " << i;
   }
   EXPECT_EQ(calls, 6);
   EXPECT_EQ(twin_calls, 6);
@@ -165,7 +165,7 @@ TEST(TrainStepHooks, SecondHookOnTheSameParameterRuns) {
       twin.net->fc1->bias.register_hook([](const at::Tensor& g) { return g + 1; });
     }
     auto x = torch::randn({5, 6}), y = torch::randn({5, 3});
-    EXPECT_TRUE(close((*step)({x, y})[0], twin.step(x, y), kRtol, kAtol)) << "step " << i;
+    EXPECT_TRUE(close((*step)({x, y})[0], twin.step(x, y), kHookRtol, kHookAtol)) << "step " << i;
   }
   EXPECT_EQ(second, 5);
   EXPECT_GE(step->stats().replays, 6);
@@ -215,8 +215,8 @@ TEST(TrainStepHooks, HookRegisteredInsideTheStepIsReplayed) {
     auto x = torch::randn({5, 6}), y = torch::randn({5, 3});
     auto outs = (*step)({x, y});
     auto want = body(twin, x, y);
-    EXPECT_TRUE(close(outs[0], want[0], kRtol, kAtol)) << "step " << i;
-    EXPECT_TRUE(close(outs[1], want[1], kRtol, kAtol)) << "x.grad, step " << i;
+    EXPECT_TRUE(close(outs[0], want[0], kHookRtol, kHookAtol)) << "step " << i;
+    EXPECT_TRUE(close(outs[1], want[1], kHookRtol, kHookAtol)) << "x.grad, step " << i;
   }
   EXPECT_GE(step->stats().replays, 5);
   expect_same_model(model, twin);

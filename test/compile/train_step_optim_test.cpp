@@ -22,16 +22,16 @@ namespace nn = torch::nn;
 
 namespace {
 
-constexpr double kRtol = 1e-4;
-constexpr double kAtol = 1e-5;
+constexpr double kOptimRtol = 1e-4;
+constexpr double kOptimAtol = 1e-5;
 
 using tcap::testing::copy_params;
 
 void expect_same_params(nn::Module& a, nn::Module& b, const std::string& what) {
   auto pb = b.named_parameters();
   for (const auto& item : a.named_parameters()) {
-    EXPECT_TRUE(close(item.value(), pb[item.key()], kRtol, kAtol)) << what << ": " << item.key();
-    EXPECT_TRUE(close(item.value().grad(), pb[item.key()].grad(), kRtol, kAtol)) << what << ": " << item.key() << ".grad";
+    EXPECT_TRUE(close(item.value(), pb[item.key()], kOptimRtol, kOptimAtol)) << what << ": " << item.key();
+    EXPECT_TRUE(close(item.value().grad(), pb[item.key()].grad(), kOptimRtol, kOptimAtol)) << what << ": " << item.key() << ".grad";
   }
 }
 
@@ -57,7 +57,7 @@ void train_with(Options options, const std::string& name) {
     auto x = torch::randn({9, 5});
     auto y = torch::randn({9, 3});
     auto loss = (*step)({x, y})[0];
-    EXPECT_TRUE(close(loss, body(twin, opt_twin, x, y), kRtol, kAtol)) << name << " step " << i;
+    EXPECT_TRUE(close(loss, body(twin, opt_twin, x, y), kOptimRtol, kOptimAtol)) << name << " step " << i;
   }
   expect_same_params(*model, *twin, name);
   EXPECT_GE(step->stats().replays, 12) << name;
@@ -129,7 +129,7 @@ TEST(TrainStepOptim, LearningRateScheduleIsAnInput) {
       auto x = torch::randn({9, 5});
       auto y = torch::randn({9, 3});
       auto loss = (*step)({x, y})[0];
-      EXPECT_TRUE(close(loss, body(twin, *opt_twin, x, y), kRtol, kAtol)) << "adam " << adam << " step " << i;
+      EXPECT_TRUE(close(loss, body(twin, *opt_twin, x, y), kOptimRtol, kOptimAtol)) << "adam " << adam << " step " << i;
     }
     expect_same_params(*model, *twin, adam ? "adam schedule" : "sgd schedule");
     EXPECT_GE(step->stats().replays, 11) << "adam " << adam;
@@ -193,12 +193,12 @@ TEST(TrainStepOptim, GanStepWithTwoOptimizers) {
     auto noise = torch::randn({8, 4});
     auto out = (*step)({real, noise});
     auto ref = body(b, gb, db, real, noise);
-    EXPECT_TRUE(close(out[0], ref[0], kRtol, kAtol)) << "d_loss step " << i;
-    EXPECT_TRUE(close(out[1], ref[1], kRtol, kAtol)) << "g_loss step " << i;
+    EXPECT_TRUE(close(out[0], ref[0], kOptimRtol, kOptimAtol)) << "d_loss step " << i;
+    EXPECT_TRUE(close(out[1], ref[1], kOptimRtol, kOptimAtol)) << "g_loss step " << i;
   }
   t.expect_same_params_match();
   auto bn_a = a.gen->named_buffers(), bn_b = b.gen->named_buffers();
-  for (const auto& item : bn_a) EXPECT_TRUE(close(item.value(), bn_b[item.key()], kRtol, kAtol)) << item.key();
+  for (const auto& item : bn_a) EXPECT_TRUE(close(item.value(), bn_b[item.key()], kOptimRtol, kOptimAtol)) << item.key();
   EXPECT_GE(step->stats().replays, 9);
 }
 
@@ -232,7 +232,7 @@ void expect_same_gen_grads(Gan& a, Gan& b, int step) {
     const at::Tensor& gb = pb[item.key()].grad();
     ASSERT_EQ(ga.defined(), gb.defined()) << item.key() << " step " << step;
     if (ga.defined()) {
-      EXPECT_TRUE(close(ga, gb, kRtol, kAtol)) << item.key() << ".grad step " << step;
+      EXPECT_TRUE(close(ga, gb, kOptimRtol, kOptimAtol)) << item.key() << ".grad step " << step;
     }
   }
 }
@@ -258,14 +258,14 @@ TEST(TrainStepOptim, StepReturningHistoryKeepsItOnReplays) {
     auto g_loss = TwoStepGan::g_update(a, ga, out[1]);
     auto ref = TwoStepGan::d_step(b, db, real, noise);
     auto g_ref = TwoStepGan::g_update(b, gb, ref[1]);
-    EXPECT_TRUE(close(out[0], ref[0], kRtol, kAtol)) << "d_loss step " << i;
-    EXPECT_TRUE(close(out[1], ref[1], kRtol, kAtol)) << "images step " << i;
-    EXPECT_TRUE(close(g_loss, g_ref, kRtol, kAtol)) << "g_loss step " << i;
+    EXPECT_TRUE(close(out[0], ref[0], kOptimRtol, kOptimAtol)) << "d_loss step " << i;
+    EXPECT_TRUE(close(out[1], ref[1], kOptimRtol, kOptimAtol)) << "images step " << i;
+    EXPECT_TRUE(close(g_loss, g_ref, kOptimRtol, kOptimAtol)) << "g_loss step " << i;
     expect_same_gen_grads(a, b, i);
   }
   t.expect_same_params_match();
   auto bn_a = a.gen->named_buffers(), bn_b = b.gen->named_buffers();
-  for (const auto& item : bn_a) EXPECT_TRUE(close(item.value(), bn_b[item.key()], kRtol, kAtol)) << item.key();
+  for (const auto& item : bn_a) EXPECT_TRUE(close(item.value(), bn_b[item.key()], kOptimRtol, kOptimAtol)) << item.key();
   EXPECT_GE(step->stats().replays, 5);
   EXPECT_EQ(step->eager_reason(), "");
 }
@@ -289,8 +289,8 @@ TEST(TrainStepOptim, StepBackpropagatingIntoAnEarlierStepsOutput) {
     auto g_loss = (*g)({out[1]})[0];
     auto ref = TwoStepGan::d_step(b, db, real, noise);
     auto g_ref = TwoStepGan::g_update(b, gb, ref[1]);
-    EXPECT_TRUE(close(out[0], ref[0], kRtol, kAtol)) << "d_loss step " << i;
-    EXPECT_TRUE(close(g_loss, g_ref, kRtol, kAtol)) << "g_loss step " << i;
+    EXPECT_TRUE(close(out[0], ref[0], kOptimRtol, kOptimAtol)) << "d_loss step " << i;
+    EXPECT_TRUE(close(g_loss, g_ref, kOptimRtol, kOptimAtol)) << "g_loss step " << i;
     expect_same_gen_grads(a, b, i);
     if (i == 9) {  // the generator's step used the images' history up, in both
       EXPECT_THROW(out[1].sum().backward(), c10::Error);
@@ -322,7 +322,7 @@ TEST(TrainStepOptim, StepBackpropagatingIntoAnEagerHistoryRunsEagerlyWithReason)
     auto g_loss = (*g)({out[1]})[0];
     auto ref = TwoStepGan::d_step(b, db, real, noise);
     auto g_ref = TwoStepGan::g_update(b, gb, ref[1]);
-    EXPECT_TRUE(close(g_loss, g_ref, kRtol, kAtol)) << "g_loss step " << i;
+    EXPECT_TRUE(close(g_loss, g_ref, kOptimRtol, kOptimAtol)) << "g_loss step " << i;
     expect_same_gen_grads(a, b, i);
   }
   t.expect_same_params_match();
@@ -358,8 +358,8 @@ TEST(TrainStepOptim, StepReturningHistoryOfWeightsItUpdates) {
     return Tensors{loss, h};
   };
   auto expect_same_grads = [&](int i) {
-    EXPECT_TRUE(close(lin->weight.grad(), twin->weight.grad(), kRtol, kAtol)) << "weight.grad step " << i;
-    EXPECT_TRUE(close(lin->bias.grad(), twin->bias.grad(), kRtol, kAtol)) << "bias.grad step " << i;
+    EXPECT_TRUE(close(lin->weight.grad(), twin->weight.grad(), kOptimRtol, kOptimAtol)) << "weight.grad step " << i;
+    EXPECT_TRUE(close(lin->bias.grad(), twin->bias.grad(), kOptimRtol, kOptimAtol)) << "bias.grad step " << i;
   };
   {
     tcap::StanceGuard strict(tcap::Stance::Default, /*error_on_fallback=*/true);
@@ -417,7 +417,7 @@ TEST(TrainStepOptim, TransformerLayerStep) {
   for (int i = 0; i < 10; ++i) {
     auto x = torch::randn({7, 3, 16});
     auto loss = (*step)({x})[0];
-    EXPECT_TRUE(close(loss, body(twin, opt_twin, x), kRtol, kAtol)) << "step " << i;
+    EXPECT_TRUE(close(loss, body(twin, opt_twin, x), kOptimRtol, kOptimAtol)) << "step " << i;
   }
   expect_same_params(*layer, *twin, "transformer layer");
   EXPECT_GE(step->stats().replays, 7);
@@ -443,7 +443,7 @@ TEST(TrainStepOptim, ChangingBatchIsDynamic) {
     auto x = torch::randn({n, 5});
     auto y = torch::randn({n, 3});
     auto loss = (*step)({x, y})[0];
-    EXPECT_TRUE(close(loss, body(twin, opt_twin, x, y), kRtol, kAtol)) << "batch " << n;
+    EXPECT_TRUE(close(loss, body(twin, opt_twin, x, y), kOptimRtol, kOptimAtol)) << "batch " << n;
   }
   expect_same_params(*model, *twin, "dynamic batch");
   EXPECT_EQ(step->stats().captures, 5) << "three captures at 8 (the first creates state), two at 12";

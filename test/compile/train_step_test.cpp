@@ -20,8 +20,8 @@ namespace nn = torch::nn;
 
 namespace {
 
-constexpr double kRtol = 1e-4;
-constexpr double kAtol = 1e-5;
+constexpr double kStepRtol = 1e-4;
+constexpr double kStepAtol = 1e-5;
 
 using Cnn = tcap::testing::SmallCnn;
 
@@ -34,7 +34,7 @@ void compare_state(torch::optim::SGD& a, torch::optim::SGD& b, const std::vector
   for (size_t j = 0; j < pa.size(); ++j) {
     auto& sa = static_cast<torch::optim::SGDParamState&>(*a.state().at(pa[j].unsafeGetTensorImpl()));
     auto& sb = static_cast<torch::optim::SGDParamState&>(*b.state().at(pb[j].unsafeGetTensorImpl()));
-    EXPECT_TRUE(close(sa.momentum_buffer(), sb.momentum_buffer(), kRtol, kAtol)) << "momentum of param " << j;
+    EXPECT_TRUE(close(sa.momentum_buffer(), sb.momentum_buffer(), kStepRtol, kStepAtol)) << "momentum of param " << j;
   }
 }
 
@@ -45,8 +45,8 @@ void compare_state(torch::optim::Adam& a, torch::optim::Adam& b, const std::vect
     auto& sa = static_cast<torch::optim::AdamParamState&>(*a.state().at(pa[j].unsafeGetTensorImpl()));
     auto& sb = static_cast<torch::optim::AdamParamState&>(*b.state().at(pb[j].unsafeGetTensorImpl()));
     EXPECT_EQ(sa.step(), sb.step());
-    EXPECT_TRUE(close(sa.exp_avg(), sb.exp_avg(), kRtol, kAtol)) << "exp_avg of param " << j;
-    EXPECT_TRUE(close(sa.exp_avg_sq(), sb.exp_avg_sq(), kRtol, kAtol)) << "exp_avg_sq of param " << j;
+    EXPECT_TRUE(close(sa.exp_avg(), sb.exp_avg(), kStepRtol, kStepAtol)) << "exp_avg of param " << j;
+    EXPECT_TRUE(close(sa.exp_avg_sq(), sb.exp_avg_sq(), kStepRtol, kStepAtol)) << "exp_avg_sq of param " << j;
   }
 }
 
@@ -71,18 +71,18 @@ void train(Options opts, bool zero_to_none) {
     auto y = torch::randn({6, 5});
     auto loss = (*step)({x, y})[0];
     auto loss_twin = body(twin, opt_twin, x, y);
-    EXPECT_TRUE(close(loss, loss_twin, kRtol, kAtol)) << "step " << i;
+    EXPECT_TRUE(close(loss, loss_twin, kStepRtol, kStepAtol)) << "step " << i;
   }
   EXPECT_EQ(step->eager_reason(), "");
   EXPECT_GE(step->stats().replays, 16) << "the compiled step was not used";
   ASSERT_NE(step->graph(), nullptr);
   auto a = model->named_parameters(), b = twin->named_parameters();
   for (const auto& item : a) {
-    EXPECT_TRUE(close(item.value(), b[item.key()], kRtol, kAtol)) << item.key();
-    EXPECT_TRUE(close(item.value().grad(), b[item.key()].grad(), kRtol, kAtol)) << item.key() << ".grad";
+    EXPECT_TRUE(close(item.value(), b[item.key()], kStepRtol, kStepAtol)) << item.key();
+    EXPECT_TRUE(close(item.value().grad(), b[item.key()].grad(), kStepRtol, kStepAtol)) << item.key() << ".grad";
   }
   auto ab = model->named_buffers(), bb = twin->named_buffers();
-  for (const auto& item : ab) EXPECT_TRUE(close(item.value(), bb[item.key()], kRtol, kAtol)) << item.key();
+  for (const auto& item : ab) EXPECT_TRUE(close(item.value(), bb[item.key()], kStepRtol, kStepAtol)) << item.key();
   compare_state(opt, opt_twin, model->parameters(), twin->parameters());
 }
 
@@ -124,7 +124,7 @@ TEST(TrainStep, ReturnsASumOfLosses) {
   for (int i = 0; i < 8; ++i) {
     auto a = torch::randn({7, 5});
     auto b = torch::randn({7, 5});
-    EXPECT_TRUE(close((*step)({a, b})[0], body(twin, opt_twin, a, b), kRtol, kAtol)) << "step " << i;
+    EXPECT_TRUE(close((*step)({a, b})[0], body(twin, opt_twin, a, b), kStepRtol, kStepAtol)) << "step " << i;
   }
   EXPECT_GE(step->stats().replays, 5);
 }

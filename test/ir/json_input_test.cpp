@@ -17,9 +17,9 @@ namespace tcap::ir {
 namespace {
 
 using tcap::ir::testing::contiguous_meta;
-TensorMeta meta(std::vector<int64_t> sizes, c10::ScalarType dtype = c10::kFloat) {
-  return contiguous_meta(std::move(sizes), dtype);
-}
+using tcap::ir::testing::edit;
+using tcap::ir::testing::error_of;
+using tcap::ir::testing::meta;
 
 // relu(x), with one hook called by slot (as compiled autograd records it).
 Graph small_graph(int slot = 0) {
@@ -37,23 +37,6 @@ Graph small_graph(int slot = 0) {
   g.add_node(n);
   g.set_outputs({y}, {"y"}, {OutputKind::User});
   return g;
-}
-
-std::string error_of(const std::string& text, const JsonReadOptions& options = {}) {
-  try {
-    from_json_string(text, options);
-  } catch (const GraphFormatError& e) {
-    return e.what();
-  }
-  return "";
-}
-
-// Replaces the first `from` in `text` (which must be there) with `to`.
-std::string edit(std::string text, const std::string& from, const std::string& to) {
-  const size_t at = text.find(from);
-  EXPECT_NE(at, std::string::npos) << "test bug: " << from << " not in the base JSON";
-  if (at != std::string::npos) text.replace(at, from.size(), to);
-  return text;
 }
 
 bool has_control_characters(const std::string& s) {

@@ -31,9 +31,9 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 // --- building graphs by hand -----------------------------------------------------
 
 using tcap::ir::testing::contiguous_meta;
-TensorMeta meta(std::vector<int64_t> sizes, c10::ScalarType dtype = c10::kFloat) {
-  return contiguous_meta(std::move(sizes), dtype);
-}
+using tcap::ir::testing::edit;
+using tcap::ir::testing::error_of;
+using tcap::ir::testing::meta;
 
 // Appends `n` with one Value result per entry of `results`; returns the result ids.
 std::vector<ValueId> add_call(Graph& g, Node n, std::vector<TensorMeta> results) {
@@ -455,23 +455,6 @@ TEST(GraphJsonGolden, BackwardWithHooks) {
 
 // --- malformed input -----------------------------------------------------------------
 
-// Replaces the first `from` in `text` (which must be there) with `to`.
-std::string edit(std::string text, const std::string& from, const std::string& to) {
-  const size_t at = text.find(from);
-  EXPECT_NE(at, std::string::npos) << "test bug: " << from << " not in the base JSON";
-  if (at != std::string::npos) text.replace(at, from.size(), to);
-  return text;
-}
-
-// The message of the GraphFormatError that parsing `text` throws ("" if none).
-std::string error_of(const std::string& text) {
-  try {
-    from_json_string(text);
-  } catch (const GraphFormatError& e) {
-    return e.what();
-  }
-  return "";
-}
 
 #define EXPECT_FORMAT_ERROR(text, substring)                                      \
   do {                                                                            \

@@ -20,9 +20,9 @@ namespace tcap::ir {
 namespace {
 
 using tcap::ir::testing::contiguous_meta;
-TensorMeta meta(std::vector<int64_t> sizes, c10::ScalarType dtype = c10::kFloat) {
-  return contiguous_meta(std::move(sizes), dtype);
-}
+using tcap::ir::testing::edit;
+using tcap::ir::testing::error_of;
+using tcap::ir::testing::meta;
 
 Arg make(ArgKind kind, std::string name, int64_t i = 0) {
   Arg a;

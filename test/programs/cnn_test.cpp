@@ -16,8 +16,6 @@ namespace {
 
 using namespace cnn;
 const ProgramFactory kCnn = [] { return std::make_unique<Cnn>(); };
-constexpr int kSteps = 20;
-const Tolerance kTol{1e-4, 1e-5};
 
 TCAP_PROGRAM_TEST(ProgramCnn, Capture, kCnn, kSteps, kTol, Mode::Capture)
 TCAP_PROGRAM_TEST(ProgramCnn, Compile, kCnn, kSteps, kTol, Mode::Compile)

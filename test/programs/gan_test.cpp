@@ -16,8 +16,6 @@ namespace {
 
 using namespace gan;
 const ProgramFactory kGan = [] { return std::make_unique<Gan>(); };
-constexpr int kSteps = 20;
-const Tolerance kTol{1e-4, 1e-5};
 
 TCAP_PROGRAM_TEST(ProgramGan, Capture, kGan, kSteps, kTol, Mode::Capture)
 TCAP_PROGRAM_TEST(ProgramGan, Compile, kGan, kSteps, kTol, Mode::Compile)

@@ -61,6 +61,10 @@ struct Tolerance {
 RunResult run_program(const ProgramFactory& make, const ModeSpec& mode, int steps);
 
 // Runs eager and `mode`, compares everything, checks the 80% bar and prints the timing line.
+// What every program file runs (each file's header says why its tolerance holds for it).
+inline constexpr int kSteps = 20;
+inline const Tolerance kTol{1e-4, 1e-5};
+
 void check_program(const ProgramFactory& make, const ModeSpec& mode, int steps, Tolerance tol);
 
 

@@ -14,8 +14,6 @@ namespace {
 
 using namespace lstm;
 const ProgramFactory kLstm = [] { return std::make_unique<LstmProgram>(); };
-constexpr int kSteps = 20;
-const Tolerance kTol{1e-4, 1e-5};
 
 TCAP_PROGRAM_TEST(ProgramLstm, Capture, kLstm, kSteps, kTol, Mode::Capture)
 TCAP_PROGRAM_TEST(ProgramLstm, Compile, kLstm, kSteps, kTol, Mode::Compile)

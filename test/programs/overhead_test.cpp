@@ -13,8 +13,6 @@ namespace {
 
 using namespace overhead;
 
-constexpr int kSteps = 20;
-const Tolerance kTol{1e-4, 1e-5};
 const ProgramFactory kMlpAdam = [] { return mlp_small_adam(); };
 const ProgramFactory kAdam100 = [] { return std::make_unique<Adam100>(); };
 

@@ -17,8 +17,6 @@ namespace {
 using namespace regression;
 const ProgramFactory kRegression = [] { return std::make_unique<RegressionMlp>(/*log_norm=*/true); };
 const ProgramFactory kRegressionNoLog = [] { return std::make_unique<RegressionMlp>(/*log_norm=*/false); };
-constexpr int kSteps = 20;
-const Tolerance kTol{1e-4, 1e-5};
 
 TCAP_PROGRAM_TEST(ProgramRegression, Capture, kRegression, kSteps, kTol, Mode::Capture)
 TCAP_PROGRAM_TEST(ProgramRegression, Compile, kRegression, kSteps, kTol, Mode::Compile)

@@ -23,8 +23,6 @@ namespace {
 
 using namespace transformer;
 const ProgramFactory kTransformer = [] { return std::make_unique<TransformerProgram>(); };
-constexpr int kSteps = 20;
-const Tolerance kTol{1e-4, 1e-5};
 
 TCAP_PROGRAM_TEST(ProgramTransformer, Capture, kTransformer, kSteps, kTol, Mode::Capture)
 TCAP_PROGRAM_TEST(ProgramTransformer, Compile, kTransformer, kSteps, kTol, Mode::Compile)

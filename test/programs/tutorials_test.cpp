@@ -17,8 +17,6 @@ namespace {
 
 using namespace tutorials;
 
-constexpr int kSteps = 20;
-const Tolerance kTol{1e-4, 1e-5};
 const ProgramFactory kMlp = [] { return std::make_unique<TutorialMlp>(); };
 const ProgramFactory kCosCos = [] { return std::make_unique<TutorialCosCos>(); };
 const ProgramFactory kHook = [] { return std::make_unique<TutorialHook>(); };
