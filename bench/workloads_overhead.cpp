@@ -96,7 +96,7 @@ std::vector<Variant> make_overhead_empty(const Options& opts) {
   cache::CallView view;
   view.tensors = *inputs;
   entry->guards.capture_call(view, names, std::vector<bool>(kInputs, false));
-  entry->guards.aliases = cache::alias_classes(*inputs);
+  entry->guards.aliases = cache::AliasGeometry::of(*inputs);
   // kCalls hits of `hit` (one call's view of the inputs) per iteration, each checked.
   auto hits = [inputs](const char* name, std::function<bool(const cache::CallView&)> hit) {
     return Variant(

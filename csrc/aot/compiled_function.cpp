@@ -7,11 +7,12 @@
 // the cache's to decide and log (Note [Never wrong, never silent]).
 #include <tcap/compile.h>
 
-#include "aot/module_tables.h"
 #include "aot/pending_capture.h"
 #include "aot/region.h"
 #include "aot/region_entry.h"
 #include "aot/replay_function.h"
+#include "aot/verify_region.h"
+#include "cache/verify.h"
 #include "support/logging.h"
 
 #include <tcap/interpreter.h>
@@ -22,6 +23,7 @@
 #include <atomic>
 #include <mutex>
 #include <optional>
+#include <sstream>
 
 namespace tcap {
 
@@ -30,30 +32,19 @@ using aot::RegionEntry;
 struct CompiledFunction::Impl {
   Fn fn;
   CompileOptions options;
-  std::shared_ptr<torch::nn::Module> module;
-  std::vector<std::shared_ptr<torch::nn::Module>> submodules;
-  std::vector<std::string> flag_names;  // per submodule
+  // The modules given (compile(module), CompileOptions::modules): their parameters and
+  // buffers are inputs of every graph, their state is guarded (Note [Module state guards]).
+  std::vector<std::shared_ptr<torch::nn::Module>> modules;
   std::atomic<size_t> module_tensor_count{0};  // at the last call (a capacity hint)
   std::shared_ptr<aot::SharedStats> stats = std::make_shared<aot::SharedStats>();
   std::unique_ptr<cache::EntryCache> cache;
+  cache::VerifyCounter verifier;  // verify mode: which replays to check
+  std::atomic<bool> contract_logged{false};
   std::mutex pending_mutex;
   std::shared_ptr<aot::PendingCapture> pending;  // the capture waiting for its backward
 
   std::string who() const { return "'" + options.name + "'"; }
 
-  // Appends the module's parameters then buffers, in named_parameters(true) /
-  // named_buffers(true) order (submodules is that preorder), without building the dotted
-  // names (or copying the modules' tables) each call.
-  void append_module_tensors(std::vector<at::Tensor>& ts) const {
-    for (const auto& m : submodules) aot::append_own_tensors(*m, /*buffers=*/false, ts);
-    for (const auto& m : submodules) aot::append_own_tensors(*m, /*buffers=*/true, ts);
-  }
-
-  std::vector<bool> training_flags() const {
-    std::vector<bool> f;
-    for (const auto& m : submodules) f.push_back(m->is_training());
-    return f;
-  }
 
   std::vector<at::Tensor> run_eager(const std::vector<at::Tensor>& inputs) {
     stats->count(&CompileStats::eager_calls);
@@ -68,6 +59,45 @@ struct CompiledFunction::Impl {
     if (size_miss_of && !replaces) generalize(static_cast<const RegionEntry&>(*size_miss_of), *e, changed);
     cache->add(e, std::const_pointer_cast<RegionEntry>(replaces));
     stats->count(&CompileStats::compiles);
+    if (!contract_logged.exchange(true)) log_contract(*e);
+  }
+
+  // Note [The contract of a compiled function]
+  // What a replay re-reads and what it freezes (docs/compile.md): it re-reads its inputs,
+  // the modules it was given (their parameters, buffers, tree, flags and options), and the
+  // tensors it read from outside its inputs (held: their current contents; a replaced one
+  // recaptures once the old one is let go), and guards every value it read on the host;
+  // whatever else the function reached through its closure (a number, a flag, a module's
+  // own member) was read once, at capture, and is frozen. At its first compile each
+  // function says, under TCAP_LOGS=guards, what it reads from outside its inputs and where.
+  void log_contract(const RegionEntry& e) const {
+    if (!log_enabled(LogChannel::Guards)) return;
+    const ir::Graph& g = e.joint.graph;
+    const auto inputs = g.input_nodes();
+    const size_t declared = e.guards.tensors.size();
+    std::ostringstream s;
+    s << who() << " reads " << e.guards.held.size() << " tensor(s) and " << e.guards.host.size()
+      << " host value(s) from outside its inputs";
+    for (size_t j = declared; j < inputs.size() && j < e.joint.num_primals; ++j) {
+      const ir::ValueId v = g.node(inputs[j]).outputs.at(0).values.at(0);
+      std::string first = "no op";
+      for (const auto& n : g.nodes()) {
+        bool reads = false;
+        ir::for_each_value(n.args, [&](ir::ValueId a) { reads = reads || a == v; });
+        if (reads) {
+          first = n.qualified_op() + " (node %" + std::to_string(n.id) + ")";
+          break;
+        }
+      }
+      s << "\n  tensor '" << g.node(inputs[j]).name << "', first read by " << first
+        << ": held, its current contents read by every replay";
+    }
+    for (const auto& w : e.guards.host.what()) s << "\n  host value read by " << w << ": a guard";
+    for (ir::NodeId id : e.observed_reads) s << "\n  host value read by node %" << id << ": observed, not a guard";
+    s << "\n  anything else it reaches through its closure (numbers, flags, members of modules it was not given) is "
+         "frozen as captured; TCAP_VERIFY checks replays against eager";
+    TCAP_LOG(Guards, s.str());
+    for (const auto& d : e.guards.describe()) TCAP_LOG(Guards, who() << " entry " << e.id << " guard: " << d);
   }
 
   void generalize(const RegionEntry& a, RegionEntry& b, const std::vector<size_t>& changed) const {
@@ -112,8 +142,7 @@ struct CompiledFunction::Impl {
 
   std::vector<at::Tensor> call(const std::vector<at::Tensor>& user_inputs);
   std::vector<at::Tensor> capture_call(const std::vector<at::Tensor>& user_inputs,
-                                       const std::vector<at::Tensor>& call_inputs, const std::vector<bool>& flags,
-                                       const cache::Lookup& miss);
+                                       const std::vector<at::Tensor>& call_inputs, const cache::Lookup& miss);
   // While a capture waits for its backward; nullopt when there is none (or it finished).
   std::optional<std::vector<at::Tensor>> while_pending(const std::vector<at::Tensor>& user_inputs);
   void collect_pending();
@@ -172,18 +201,22 @@ std::optional<std::vector<at::Tensor>> CompiledFunction::Impl::while_pending(con
 }
 
 std::vector<at::Tensor> CompiledFunction::Impl::call(const std::vector<at::Tensor>& user_inputs) {
-  if (stance() == Stance::ForceEager) return run_eager(user_inputs);
+  if (stance() == Stance::ForceEager || cache->eager_by_design()) return run_eager(user_inputs);
   collect_pending();
   if (cache->fell_back()) return run_eager(user_inputs);  // for good (reported when it happened)
+  // The modules as they are now (Note [Module state guards]): their parameters then
+  // buffers, in named_parameters(true) / named_buffers(true) order, read in place.
+  thread_local cache::ModuleView live;
+  cache::read_modules(modules, live, /*with_names=*/false);
   std::vector<at::Tensor> call_inputs;
   call_inputs.reserve(user_inputs.size() + module_tensor_count.load(std::memory_order_relaxed));
   call_inputs.insert(call_inputs.end(), user_inputs.begin(), user_inputs.end());
-  append_module_tensors(call_inputs);
+  live.append_tensors(/*buffers=*/false, call_inputs);
+  live.append_tensors(/*buffers=*/true, call_inputs);
   module_tensor_count.store(call_inputs.size() - user_inputs.size(), std::memory_order_relaxed);
-  const std::vector<bool> flags = training_flags();
   cache::CallView view;
   view.tensors = call_inputs;
-  view.flags = module ? &flags : nullptr;
+  view.modules = modules.empty() ? nullptr : &live;
   cache::Lookup l;
   for (size_t start = 0;;) {
     size_t pos = 0;
@@ -197,7 +230,12 @@ std::vector<at::Tensor> CompiledFunction::Impl::call(const std::vector<at::Tenso
     if (!found.hit) break;
     auto e = std::static_pointer_cast<const RegionEntry>(found.hit);
     try {
-      return aot::replay_region(specialize(e, found.key, found.primals), found.primals);
+      auto served = specialize(e, found.key, found.primals);
+      const VerifyOptions v = cache::verify_options_for(options);
+      if (verifier.next(v)) {
+        return aot::verified_call(served, *e, found.primals, [&] { return fn(user_inputs); }, options, v);
+      }
+      return aot::replay_region(served, found.primals);
     } catch (const HostValueChanged& err) {
       // An inline host-value guard failed before the replay changed anything visible.
       cache::EntryCache::note_replay_miss(l, found.hit, err.what_without_backtrace());
@@ -221,12 +259,12 @@ std::vector<at::Tensor> CompiledFunction::Impl::call(const std::vector<at::Tenso
   }
   if (cache->admit(l, note) == cache::Admission::RunEager) return run_eager(user_inputs);
   if (cache->size() > 0) stats->count(&CompileStats::recompiles);
-  return capture_call(user_inputs, call_inputs, flags, l);
+  return capture_call(user_inputs, call_inputs, l);
 }
 
 std::vector<at::Tensor> CompiledFunction::Impl::capture_call(const std::vector<at::Tensor>& user_inputs,
                                                              const std::vector<at::Tensor>& call_inputs,
-                                                             const std::vector<bool>& flags, const cache::Lookup& miss) {
+                                                             const cache::Lookup& miss) {
   stats->count(&CompileStats::captures);
   std::vector<std::string> names;
   std::vector<bool> identity;
@@ -237,27 +275,26 @@ std::vector<at::Tensor> CompiledFunction::Impl::capture_call(const std::vector<a
     TORCH_CHECK(user_inputs[k].defined(), "tcap::compile('", options.name, "'): input ", k, " is undefined");
     decl.push_back({user_inputs[k], {ir::InputKind::UserInput, names.back()}});
   }
-  if (module) {
-    for (const auto& item : module->named_parameters(true)) {
-      names.push_back(item.key());
+  auto entry = std::make_shared<RegionEntry>();
+  cache::ModuleView& named = entry->guards.modules;
+  cache::read_modules(modules, named, /*with_names=*/true);
+  for (const bool buffers : {false, true}) {
+    std::vector<at::Tensor> ts;
+    std::vector<std::string> tn;
+    named.append_named_tensors(buffers, ts, tn);
+    for (size_t j = 0; j < ts.size(); ++j) {
+      names.push_back(tn[j]);
       identity.push_back(true);
-      decl.push_back({item.value(), {ir::InputKind::Parameter, item.key()}});
-    }
-    for (const auto& item : module->named_buffers(true)) {
-      names.push_back(item.key());
-      identity.push_back(true);
-      decl.push_back({item.value(), {ir::InputKind::Buffer, item.key()}});
+      decl.push_back({ts[j], {buffers ? ir::InputKind::Buffer : ir::InputKind::Parameter, tn[j]}});
     }
   }
-  auto entry = std::make_shared<RegionEntry>();
+  TORCH_INTERNAL_ASSERT(decl.size() == call_inputs.size(), "tcap: the module tensors of a call changed under it");
   entry->id = cache->next_id();
   entry->fn_name = options.name;
   entry->stats = stats;
   cache::CallView view;
   view.tensors = call_inputs;
-  view.flags = module ? &flags : nullptr;
   entry->guards.capture_call(view, names, identity);
-  entry->guards.flag_names = flag_names;
 
   auto cap = std::make_shared<aot::RegionCapture>();
   const bool grad_mode = at::GradMode::is_enabled();
@@ -345,8 +382,10 @@ std::string CompiledFunction::eager_reason() const {
 std::shared_ptr<CompiledFunction> compile_function(CompiledFunction::Fn fn, CompileOptions options) {
   TORCH_CHECK(fn, "tcap::compile: the function is empty");
   TORCH_CHECK(options.cache_size_limit >= 1, "tcap::compile: cache_size_limit must be at least 1");
+  for (const auto& m : options.modules) TORCH_CHECK(m, "tcap::compile: CompileOptions::modules holds a null module");
   auto impl = std::make_unique<CompiledFunction::Impl>();
   impl->fn = std::move(fn);
+  impl->modules = options.modules;
   impl->cache = std::make_unique<cache::EntryCache>("'" + options.name + "'", options.cache_size_limit, options.dynamic);
   impl->options = std::move(options);
   return std::make_shared<CompiledFunction>(std::move(impl));
@@ -355,15 +394,8 @@ std::shared_ptr<CompiledFunction> compile_function(CompiledFunction::Fn fn, Comp
 std::shared_ptr<CompiledFunction> compile(std::shared_ptr<torch::nn::Module> module, CompiledFunction::Fn fn,
                                           CompileOptions options) {
   TORCH_CHECK(module, "tcap::compile: the module is null");
-  auto f = compile_function(std::move(fn), std::move(options));
-  auto& impl = *f->impl_;
-  impl.module = module;
-  impl.submodules.push_back(module);
-  for (const auto& m : module->modules(/*include_self=*/false)) impl.submodules.push_back(m);
-  for (size_t i = 0; i < impl.submodules.size(); ++i) {
-    impl.flag_names.push_back("training mode of submodule " + std::to_string(i) + " (" + impl.submodules[i]->name() + ")");
-  }
-  return f;
+  options.modules.insert(options.modules.begin(), std::move(module));
+  return compile_function(std::move(fn), std::move(options));
 }
 
 }  // namespace tcap

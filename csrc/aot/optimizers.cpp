@@ -77,6 +77,20 @@ torch::optim::OptimizerParamState* OptimizerAdapter::state_of(const at::Tensor& 
   return it == opt_->state().end() ? nullptr : it->second.get();
 }
 
+OptimizerAdapter::StateCopy OptimizerAdapter::copy_state() const {
+  StateCopy out;
+  for (const auto& [key, st] : opt_->state()) {
+    if (st) out.emplace_back(key, st->clone());
+  }
+  return out;
+}
+
+void OptimizerAdapter::restore_state(const StateCopy& copy) const {
+  auto& state = opt_->state();
+  state.clear();
+  for (const auto& [key, st] : copy) state[key] = st->clone();
+}
+
 torch::optim::OptimizerOptions& OptimizerAdapter::group_options_of(size_t j) const {
   size_t k = 0;
   for (auto& g : opt_->param_groups()) {
@@ -99,6 +113,7 @@ size_t OptimizerAdapter::group_of(size_t j) const {
 void StateSink::add(const at::Tensor& t, size_t j, const char* what) {
   if (!t.defined()) return;
   ts.push_back(t);
+  if (params) params->push_back(j);
   if (names) names->push_back(prefix + "p" + std::to_string(j) + "." + what);
   if (key) {
     const auto k = static_cast<uint32_t>(j);

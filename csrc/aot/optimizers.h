@@ -74,6 +74,7 @@ struct StateSink {
   std::vector<std::string>* names = nullptr;
   std::string prefix;
   std::string* key = nullptr;
+  std::vector<size_t>* params = nullptr;  // when set: the parameter index j of each tensor
   void add(const at::Tensor& t, size_t j, const char* what);
 };
 
@@ -104,6 +105,13 @@ class OptimizerAdapter {
   virtual void advance() {}
   // The fused op that can run parameter j's update (Kind::None: none).
   virtual FusedForm fused_form(size_t j) const { (void)j; return {}; }
+
+  // A copy of every parameter's state object (its step counter and the handles of its
+  // state tensors, not their values), to put back with restore_state(): a verified step
+  // undoes a replay's host effects (Note [Verifying a compiled step]).
+  using StateCopy = std::vector<std::pair<void*, std::unique_ptr<torch::optim::OptimizerParamState>>>;
+  StateCopy copy_state() const;
+  void restore_state(const StateCopy& copy) const;
 
  protected:
   explicit OptimizerAdapter(torch::optim::Optimizer& opt) : opt_(&opt) {}

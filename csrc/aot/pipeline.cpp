@@ -71,19 +71,73 @@ const ir::Graph& stage(const ir::Graph& g, const std::string& what, const char* 
 // observer installed a scope costs one check of the callback lists, no string.
 std::string profiler_name(const std::string& what) { return "tcap::" + what; }
 
+// Note [One executable on several threads]
+// An Interpreter runs one call at a time: its value slots, prepared stacks and host values
+// belong to the call, as a memory plan's arena does. An executable called from several
+// threads at once (one compiled model served by a thread pool, compiled backwards on
+// several threads) used to run its calls one after the other behind a mutex, so N threads
+// went no faster than one. Each call now takes an idle instance (an interpreter and its
+// memory plan) from the executable's pool, or copies the prototype when every instance is
+// busy: the pool grows to the number of calls that ever ran at once, and no call waits for
+// another (the pool's lock is held for a pop or a push, never for a run). Copies share the
+// generated kernels and unboxed calls, which keep nothing of a call.
+class InterpreterPool {
+ public:
+  struct Instance {
+    Instance(const Interpreter& prototype, const std::string& what) : interp(prototype), plan(what) {}
+    Interpreter interp;
+    runtime::MemoryPlan plan;
+  };
+  InterpreterPool(Interpreter prototype, std::string what) : prototype_(std::move(prototype)), what_(std::move(what)) {}
+
+  // An instance for one call, back in the pool when the handle dies.
+  struct Handle {
+    InterpreterPool* pool;
+    std::unique_ptr<Instance> instance;
+    ~Handle() {
+      if (instance) pool->put(std::move(instance));
+    }
+    Instance* operator->() const { return instance.get(); }
+  };
+  Handle take() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!idle_.empty()) {
+        std::unique_ptr<Instance> i = std::move(idle_.back());
+        idle_.pop_back();
+        return Handle{this, std::move(i)};
+      }
+    }
+    return Handle{this, std::make_unique<Instance>(prototype_, what_)};
+  }
+
+ private:
+  void put(std::unique_ptr<Instance> i) {
+    std::lock_guard<std::mutex> lock(mu_);
+    idle_.push_back(std::move(i));
+  }
+  const Interpreter prototype_;
+  const std::string what_;
+  std::mutex mu_;
+  std::vector<std::unique_ptr<Instance>> idle_;
+};
+
+std::shared_ptr<InterpreterPool> interpreter_pool(const ir::Graph& g, const std::string& what, bool check_host_values) {
+  Interpreter interp(g);
+  interp.keep_values(false);
+  interp.check_host_values(check_host_values);
+  return std::make_shared<InterpreterPool>(std::move(interp), what);
+}
+
 // The interpreter over a graph, as an Executable (runs under the CPU buffer pool), named
 // `what` in the profiler.
 Executable interpreter_executable(const ir::Graph& g, const std::string& what, bool check_host_values = false) {
-  auto interp = std::make_shared<Interpreter>(g);
-  interp->keep_values(false);
-  interp->check_host_values(check_host_values);
-  auto mu = std::make_shared<std::mutex>();
-  auto plan = std::make_shared<runtime::MemoryPlan>(what);
-  return [interp, mu, plan, name = profiler_name(what)](std::vector<at::Tensor> in) {
+  auto pool = interpreter_pool(g, what, check_host_values);
+  return [pool, name = profiler_name(what)](std::vector<at::Tensor> in) {
     RECORD_USER_SCOPE(std::string_view(name));  // Note [Profiler names]
-    std::lock_guard<std::mutex> lock(*mu);
-    runtime::PoolScope pool(plan.get());  // Note [CPU buffer pool], Note [Memory plans]
-    return interp->run(std::move(in));
+    auto instance = pool->take();               // Note [One executable on several threads]
+    runtime::PoolScope scope(&instance->plan);  // Note [CPU buffer pool], Note [Memory plans]
+    return instance->interp.run(std::move(in));
   };
 }
 
@@ -349,20 +403,16 @@ ScalarExecutable compile_graph_with_scalars(const ir::Graph& g, const std::vecto
   h = passes::reuse_buffers(h, &rewritten);
   stage(h, what, "reuse_buffers");
   TCAP_LOG(Perf, what << ": " << rewritten << " ops run in place on a dying intermediate");
-  auto interp = std::make_shared<Interpreter>(h);
-  interp->keep_values(false);
-  interp->check_host_values(check_host_values);
-  auto mu = std::make_shared<std::mutex>();
-  auto plan = std::make_shared<runtime::MemoryPlan>(what);
-  return [interp, mu, at, plan, owner = kernel_owner(std::move(kernels)), name = profiler_name(what)](
+  auto pool = interpreter_pool(h, what, check_host_values);
+  return [pool, at, owner = kernel_owner(std::move(kernels)), name = profiler_name(what)](
              std::vector<at::Tensor> in, const std::vector<double>& scalars, std::vector<c10::IValue>* host_values) {
     RECORD_USER_SCOPE(std::string_view(name));  // Note [Profiler names]
     TORCH_CHECK(scalars.size() == at.size(), "tcap: ", at.size(), " scalars expected, got ", scalars.size());
-    std::lock_guard<std::mutex> lock(*mu);
-    for (size_t k = 0; k < at.size(); ++k) interp->set_scalar_arg(at[k].first, at[k].second, scalars[k]);
-    runtime::PoolScope pool(plan.get());  // Note [CPU buffer pool], Note [Memory plans]
-    auto outs = interp->run(std::move(in));
-    if (host_values) *host_values = interp->host_values();
+    auto instance = pool->take();  // Note [One executable on several threads]
+    for (size_t k = 0; k < at.size(); ++k) instance->interp.set_scalar_arg(at[k].first, at[k].second, scalars[k]);
+    runtime::PoolScope scope(&instance->plan);  // Note [CPU buffer pool], Note [Memory plans]
+    auto outs = instance->interp.run(std::move(in));
+    if (host_values) *host_values = instance->interp.host_values();
     return outs;
   };
 }

@@ -104,7 +104,7 @@ bool compile_region(RegionEntry& e, JointGraph joint, bool has_backward, const s
   if (inline_checks) e.guards.host.set_inline(fw);
   else if (reads) e.guards.host.build_precheck(fw);
   else e.guards.host = cache::HostReads();
-  e.guards.aliases = cache::alias_classes(primals);
+  e.guards.aliases = cache::AliasGeometry::of(primals);
   // An autograd node per call only where a backward can reach it: grad mode on, a primal
   // requiring grad, and an output that is differentiable. With no differentiable output
   // the node would be built and dropped on every call (no backward can run through it;

@@ -40,27 +40,6 @@ struct EntryHolder : torch::CustomClassHolder {
   std::shared_ptr<const Entry> entry;
 };
 
-// RNG state of the default generators of the devices a graph runs on.
-struct RngStates {
-  std::vector<std::pair<at::Generator, at::Tensor>> states;
-  static RngStates save(const std::vector<c10::Device>& devices) {
-    RngStates r;
-    for (const auto& d : devices) {
-      at::Generator g = at::globalContext().defaultGenerator(d);
-      std::lock_guard<std::mutex> lock(g.mutex());
-      r.states.emplace_back(g, g.get_state());
-    }
-    return r;
-  }
-  void restore() const {
-    for (const auto& [g, s] : states) {
-      at::Generator gen = g;
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      gen.set_state(s);
-    }
-  }
-};
-
 struct RngCapsule : torch::CustomClassHolder {
   RngStates rng;
 };
@@ -119,15 +98,6 @@ struct SavedCapsule : torch::CustomClassHolder {
 
 c10::intrusive_ptr<SavedCapsule> saved_capsule(const AutogradContext& ctx) {
   return c10::static_intrusive_pointer_cast<SavedCapsule>(ctx.saved_data.at("saved").toCapsule());
-}
-
-std::vector<c10::Device> devices_of(const ir::Graph& g) {
-  std::vector<c10::Device> ds;
-  for (const auto& v : g.values()) {
-    if (std::find(ds.begin(), ds.end(), v.meta.device) == ds.end()) ds.push_back(v.meta.device);
-  }
-  if (ds.empty()) ds.push_back(c10::kCPU);
-  return ds;
 }
 
 variable_list recompute_backward(const Entry& e, const std::vector<at::Tensor>& primals,
@@ -292,6 +262,52 @@ struct ReplayFunction : torch::autograd::Function<ReplayFunction> {
   }
 };
 
+// Note [Verifying a compiled region]
+// A verified call (verify mode, include/tcap/stance.h) of a tcap::compile function runs the
+// compiled forward, then the function's own code eagerly on the same inputs, with the same
+// random numbers and the buffers the forward writes as they were before it, and compares
+// the outputs and the written buffers (aot/verify_region.cpp). Its outputs are the compiled
+// ones, whose node keeps eager's outputs: when the user's backward reaches it, it runs the
+// compiled backward, then eager's (torch::autograd::grad of eager's outputs with respect
+// to the same primals and with the same incoming gradients), compares each primal's
+// gradient, and hands eager's on. A double backward recomputes anyway and is not compared.
+variable_list verified_gradients(RegionVerify& v, const variable_list& incoming, variable_list compiled) {
+  std::vector<at::Tensor> outs, grads, inputs;
+  std::vector<size_t> which;
+  for (size_t k = 0; k < v.eager_outputs.size() && k < incoming.size(); ++k) {
+    if (!incoming[k].defined() || !v.eager_outputs[k].requires_grad()) continue;
+    outs.push_back(v.eager_outputs[k]);
+    grads.push_back(incoming[k]);
+  }
+  for (size_t j = 0; j < v.primals.size(); ++j) {
+    if (!v.primals[j].requires_grad()) continue;
+    inputs.push_back(v.primals[j]);
+    which.push_back(j);
+  }
+  variable_list eager(compiled.size());
+  if (!outs.empty() && !inputs.empty()) {
+    const auto g = torch::autograd::grad(outs, inputs, grads, torch::autograd::get_current_graph_task_keep_graph(),
+                                         /*create_graph=*/false, /*allow_unused=*/true);
+    for (size_t i = 0; i < which.size(); ++i) {
+      if (which[i] < eager.size()) eager[which[i]] = g[i];
+    }
+  }
+  for (size_t j = 0; j < compiled.size() && j < eager.size(); ++j) {
+    // A primal that gets no gradient from eager's graph gets none (or zeros) from the
+    // compiled one: both mean nothing reached it.
+    const at::Tensor c = compiled[j].defined() || !eager[j].defined() ? compiled[j] : at::zeros_like(eager[j]);
+    const at::Tensor e = eager[j].defined() || !c.defined() ? eager[j] : at::zeros_like(c);
+    std::string how = cache::compare_tensors(c, e, v.tolerances);
+    if (how.empty()) continue;
+    cache::VerifyReport r = v.report;
+    r.what = "the gradient of " + (j < v.names.size() ? "'" + v.names[j] + "'" : "primal " + std::to_string(j));
+    r.how = std::move(how);
+    cache::report_mismatch(v.options, r);
+  }
+  cache::report_match(v.report.who + "'s backward", compiled.size());
+  return eager;
+}
+
 // Note [The replay node]
 // A replay that needs a gradient used to go through ReplayFunction::apply. Most of what
 // torch::autograd::Function adds there is for arbitrary user functions: the context's
@@ -310,6 +326,7 @@ struct ReplayNode final : torch::autograd::Node {
   c10::intrusive_ptr<SavedCapsule> capsule;
   std::vector<torch::autograd::SavedVariable> saved_outputs;  // capsule->in_context's, in order
   std::optional<RngStates> rng;
+  std::shared_ptr<RegionVerify> verify;  // a verified replay's (Note [Verifying a compiled region])
   std::mutex mu;  // as CppNode: apply and release_variables may race (Note [Thread Safety on Autograd Node])
 
   std::string name() const override { return "tcap::CompiledRegionBackward"; }
@@ -324,18 +341,28 @@ struct ReplayNode final : torch::autograd::Node {
 
   variable_list apply(variable_list&& grads) override {
     std::lock_guard<std::mutex> lock(mu);
+    if (verify && !at::GradMode::is_enabled()) {
+      std::shared_ptr<RegionVerify> v = verify;
+      if (!torch::autograd::get_current_graph_task_keep_graph()) verify.reset();
+      const variable_list incoming = grads;  // the compiled backward takes grads' tensors
+      variable_list compiled = region_backward(*entry, *capsule, rng ? &*rng : nullptr, grads, [&] { return unpack_outputs(); });
+      return verified_gradients(*v, incoming, std::move(compiled));
+    }
     return region_backward(*entry, *capsule, rng ? &*rng : nullptr, grads, [&] { return unpack_outputs(); });
   }
 
   void release_variables() override {
     std::lock_guard<std::mutex> lock(mu);
     saved_outputs.clear();
+    verify.reset();
   }
 };
 
-variable_list replay_through_node(const std::shared_ptr<const Entry>& e, const std::vector<at::Tensor>& primals) {
+variable_list replay_through_node(const std::shared_ptr<const Entry>& e, const std::vector<at::Tensor>& primals,
+                                  std::shared_ptr<RegionVerify> verify) {
   std::shared_ptr<ReplayNode> node(new ReplayNode(), torch::autograd::deleteNode);
   node->entry = e;
+  node->verify = std::move(verify);
   node->set_next_edges(torch::autograd::collect_next_edges(primals));
   if (e->has_rng) node->rng = RngStates::save(devices_of(e->part.forward));
   variable_list in_context;
@@ -363,6 +390,33 @@ variable_list replay_through_node(const std::shared_ptr<const Entry>& e, const s
 }
 
 }  // namespace
+
+RngStates RngStates::save(const std::vector<c10::Device>& devices) {
+  RngStates r;
+  for (const auto& d : devices) {
+    at::Generator g = at::globalContext().defaultGenerator(d);
+    std::lock_guard<std::mutex> lock(g.mutex());
+    r.states_.emplace_back(g, g.get_state());
+  }
+  return r;
+}
+
+void RngStates::restore() const {
+  for (const auto& [g, s] : states_) {
+    at::Generator gen = g;
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(s);
+  }
+}
+
+std::vector<c10::Device> devices_of(const ir::Graph& g) {
+  std::vector<c10::Device> ds;
+  for (const auto& v : g.values()) {
+    if (std::find(ds.begin(), ds.end(), v.meta.device) == ds.end()) ds.push_back(v.meta.device);
+  }
+  if (ds.empty()) ds.push_back(c10::kCPU);
+  return ds;
+}
 
 variable_list recompute_gradients(const ir::Graph& forward, const std::vector<size_t>& written,
                                   const std::vector<at::Tensor>& primals, const variable_list& grads, size_t num_outputs,
@@ -401,7 +455,8 @@ variable_list recompute_gradients(const ir::Graph& forward, const std::vector<si
   return result;
 }
 
-std::vector<at::Tensor> replay_region(const std::shared_ptr<const RegionEntry>& e, const std::vector<at::Tensor>& primals) {
+std::vector<at::Tensor> replay_region(const std::shared_ptr<const RegionEntry>& e, const std::vector<at::Tensor>& primals,
+                                      std::shared_ptr<RegionVerify> verify) {
   // A replay that stops at a changed host value (an inline guard, cache::HostReads) must
   // leave the random number generators as it found them: the call then runs another way.
   std::optional<RngStates> rng;
@@ -411,7 +466,8 @@ std::vector<at::Tensor> replay_region(const std::shared_ptr<const RegionEntry>& 
     if (e->use_function) {
       const bool node_takes_it = at::GradMode::is_enabled() && !at::functorch::functorchTLSAccessor() &&
                                  torch::autograd::any_variable_requires_grad(primals);
-      outs = node_takes_it ? replay_through_node(e, primals) : ReplayFunction::apply(at::TensorList(primals), e);
+      outs = node_takes_it ? replay_through_node(e, primals, std::move(verify))
+                           : ReplayFunction::apply(at::TensorList(primals), e);
     } else {
       outs = e->fw(primals);
       for (size_t j : e->mutated_primals) torch::autograd::impl::bump_version(primals[j]);

@@ -24,6 +24,21 @@ bool update_op(const std::string& op) {
 
 }  // namespace
 
+namespace {
+
+// Whether host read n reads a norm (LibTorch's clip_grad_norm_ ends with
+// total_norm.item(): a norm of the gradients' norms, stacked).
+bool reads_a_norm(const ir::Graph& g, const ir::Node& n) {
+  bool norm = false;
+  ir::for_each_value(n.args, [&](ir::ValueId v) {
+    const ir::Node& p = g.node(g.value(v).producer);
+    norm = norm || p.op == "aten::linalg_vector_norm" || p.op == "aten::norm" || p.op == "aten::max";
+  });
+  return norm;
+}
+
+}  // namespace
+
 StepComparison compare_step_captures(const ir::Graph& first, const ir::Graph& second,
                                      const std::vector<std::vector<HostState>>& host1,
                                      const std::vector<std::vector<HostState>>& host2,
@@ -88,6 +103,12 @@ StepComparison compare_step_captures(const ir::Graph& first, const ir::Graph& se
       if (a.outputs[k] == b.outputs[k]) continue;
       if (ir::is_host_value(b.outputs[k]) && a.outputs[k].kind == b.outputs[k].kind) {
         if (!observe_host_values) {
+          if (reads_a_norm(second, b)) {
+            return fail("the value read on the host by " + where + " changed between two steps: it is a norm, "
+                        "as torch::nn::utils::clip_grad_norm_ reads and returns on every call; use "
+                        "tcap::clip_grad_norm_ (<tcap/clip_grad.h>), which returns it as a tensor and reads nothing on "
+                        "the host, or, if no code branches on the value, CompileOptions::observe_host_values = true");
+          }
           return fail("the value read on the host by " + where + " changed between two steps; it is a guard, so "
                       "these guards never fit twice (if host code only logs or returns it, "
                       "CompileOptions::observe_host_values = true makes it an observation)");

@@ -1,6 +1,5 @@
 #include "aot/step_inputs.h"
 
-#include "aot/module_tables.h"
 #include "aot/step_history.h"
 
 #include "capture/engine_shim.h"
@@ -11,10 +10,20 @@
 
 namespace tcap::aot {
 
+const at::Tensor& StepInputs::leaf(size_t j) const {
+  return j < params.size() ? params[j].tensor : ts.at(input_leaves.at(j - params.size()));
+}
+
+std::string StepInputs::leaf_name(size_t j) const {
+  if (j < params.size()) return params[j].name;
+  const size_t k = input_leaves.at(j - params.size());
+  return k < names.size() ? names[k] : "in" + std::to_string(k);
+}
+
 cache::CallView StepInputs::view() const {
   cache::CallView v;
   v.tensors = ts;
-  v.flags = &flags;
+  v.modules = &modules;
   v.scalars = &scalars;
   v.structure = structure;
   return v;
@@ -33,20 +42,6 @@ cache::CallView StepInputs::view() const {
 namespace {
 
 void key_int(std::string& key, int64_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof(v)); }
-
-// The parameters (or buffers) of a model in named_parameters(true) order, with their
-// dotted names when asked.
-void module_tensors(const torch::nn::Module& model, bool buffers, std::vector<at::Tensor>& ts,
-                    std::vector<std::string>* names) {
-  if (names) {
-    for (const auto& item : buffers ? model.named_buffers(true) : model.named_parameters(true)) {
-      ts.push_back(item.value());
-      names->push_back(item.key());
-    }
-    return;
-  }
-  for (const auto& m : model.modules(/*include_self=*/true)) append_own_tensors(*m, buffers, ts);
-}
 
 }  // namespace
 
@@ -72,16 +67,20 @@ StepInputs gather_step_inputs(const StepParts& parts, const std::vector<at::Tens
     if (it != index.end() && it->first == t.unsafeGetTensorImpl()) return it->second;
     return std::nullopt;
   };
-  for (size_t m = 0; m < models.size(); ++m) {
+  // The models as they are now (Note [Module state guards]), each module's own tensors
+  // in the order named_parameters(true) walks them; with several models their names start
+  // with "m<i>.".
+  cache::read_modules(models, g.modules, with_names);
+  {
     std::vector<at::Tensor> ps;
     std::vector<std::string> pn;
-    module_tensors(*models[m], /*buffers=*/false, ps, with_names ? &pn : nullptr);
-    const std::string prefix = with_names && models.size() > 1 ? "m" + std::to_string(m) + "." : "";
+    if (with_names) g.modules.append_named_tensors(/*buffers=*/false, ps, pn);
+    else g.modules.append_tensors(/*buffers=*/false, ps);
     for (size_t j = 0; j < ps.size(); ++j) {
       if (find(ps[j])) continue;  // tied weights: once
       const std::pair<const c10::TensorImpl*, size_t> entry{ps[j].unsafeGetTensorImpl(), g.params.size()};
       index.insert(std::upper_bound(index.begin(), index.end(), entry), entry);
-      g.params.push_back({ps[j], with_names ? prefix + pn[j] : std::string()});
+      g.params.push_back({ps[j], with_names ? pn[j] : std::string()});
     }
   }
   const size_t model_params = g.params.size();
@@ -108,29 +107,41 @@ StepInputs gather_step_inputs(const StepParts& parts, const std::vector<at::Tens
     g.param_input.push_back(static_cast<int>(g.ts.size()));
     add(p.tensor, ir::InputKind::Parameter, [&p] { return p.name; });
   }
-  for (size_t m = 0; m < models.size(); ++m) {
+  {
     std::vector<at::Tensor> bs;
     std::vector<std::string> bn;
-    module_tensors(*models[m], /*buffers=*/true, bs, with_names ? &bn : nullptr);
+    if (with_names) g.modules.append_named_tensors(/*buffers=*/true, bs, bn);
+    else g.modules.append_tensors(/*buffers=*/true, bs);
     key_int(key, static_cast<int64_t>(bs.size()));
-    for (size_t j = 0; j < bs.size(); ++j) {
-      add(bs[j], ir::InputKind::Buffer, [&] { return (models.size() > 1 ? "m" + std::to_string(m) + "." : "") + bn[j]; });
-    }
+    for (size_t j = 0; j < bs.size(); ++j) add(bs[j], ir::InputKind::Buffer, [&] { return bn[j]; });
   }
-  for (const auto& p : g.params) {
-    const at::Tensor& gr = p.tensor.grad();
+  // Note [Leaves of a step]: the user inputs that are leaves requiring grad get a .grad
+  // from the step's backward, as parameters do (a parameter passed as an input counts once).
+  for (size_t k = 0; k < user.size(); ++k) {
+    const at::Tensor& t = user[k];
+    if (t.defined() && t.requires_grad() && t.is_leaf() && !find(t)) g.input_leaves.push_back(k);
+  }
+  key_int(key, static_cast<int64_t>(g.input_leaves.size()));
+  for (size_t j = 0; j < g.num_leaves(); ++j) {
+    const at::Tensor& gr = g.leaf(j).grad();
     g.grad_input.push_back(gr.defined() ? static_cast<int>(g.ts.size()) : -1);
     key.push_back(gr.defined() ? 'g' : '-');
-    if (gr.defined()) add(gr, ir::InputKind::Buffer, [&p] { return p.name + ".grad"; });
+    if (gr.defined()) add(gr, ir::InputKind::Buffer, [&] { return g.leaf_name(j) + ".grad"; });
   }
   for (size_t o = 0; o < opts.size(); ++o) {
     std::vector<at::Tensor> st;
     std::vector<std::string> sn;
-    StateSink sink{st, with_names ? &sn : nullptr, with_names ? "opt" + std::to_string(o) + "." : "", &key};
+    std::vector<size_t> sj;
+    StateSink sink{st, with_names ? &sn : nullptr, with_names ? "opt" + std::to_string(o) + "." : "", &key, &sj};
     key.push_back('s');
     opts[o]->state_tensors(sink);
     for (size_t k = 0; k < st.size(); ++k) {
       g.state_input.push_back(g.ts.size());
+      int param = -1;
+      for (size_t q = 0; q < g.params.size() && param < 0; ++q) {
+        if (g.params[q].opt == static_cast<int>(o) && g.params[q].index == sj[k]) param = static_cast<int>(q);
+      }
+      g.state_param.push_back(param);
       add(st[k], ir::InputKind::Buffer, [&] { return sn[k]; });
     }
   }
@@ -151,7 +162,6 @@ StepInputs gather_step_inputs(const StepParts& parts, const std::vector<at::Tens
       }
     }
   }
-  for (const auto& m : parts.submodules) g.flags.push_back(m->is_training());
   for (size_t o = 0; o < opts.size(); ++o) {
     const std::string prefix = with_names ? "opt" + std::to_string(o) + "." : "";
     opts[o]->guarded_options(prefix, g.scalars, with_names ? &g.scalar_names : nullptr);

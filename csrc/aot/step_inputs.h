@@ -36,13 +36,26 @@ struct StepInputs {
   std::vector<std::string> names;  // with_names only
   std::vector<ir::InputKind> kinds;
   std::vector<StepParam> params;
-  std::vector<int> grad_input;   // per parameter: index of its .grad input, or -1
+  // Note [Leaves of a step]
+  // The tensors whose .grad the step's backward may set, as eager's AccumulateGrad would:
+  // the parameters, then the user inputs that are leaves requiring grad (an adversarial
+  // example's input, a latent code being optimized). A replay runs no AccumulateGrad, so
+  // it sets, keeps or clears each one's .grad as the captured step did; whether each has a
+  // .grad, and which inputs are such leaves (requires_grad is guarded per input), are
+  // part of the structure key. A tensor the step reads from outside its inputs that gets a
+  // gradient runs the step eagerly, with the reason (pass it as an input).
+  std::vector<size_t> input_leaves;  // positions of those user inputs
+  std::vector<int> grad_input;       // per leaf: index of its .grad input, or -1
+  size_t num_leaves() const { return params.size() + input_leaves.size(); }
+  const at::Tensor& leaf(size_t j) const;
+  std::string leaf_name(size_t j) const;  // "fc.weight", "in0"
   std::vector<int> param_input;  // per parameter: index of the parameter input
-  std::vector<bool> flags;       // per submodule: is_training()
+  cache::ModuleView modules;     // the models' state (Note [Module state guards]); paths with_names
   std::vector<double> scalars;
   std::vector<std::string> scalar_names;  // with_names only
   std::vector<bool> scalar_is_lr;
   std::vector<size_t> state_input;                // positions of the optimizers' state tensors
+  std::vector<int> state_param;                   // per state tensor: its parameter (index in params), or -1
   std::vector<std::pair<size_t, size_t>> hooked;  // (tensor, number of leaf hooks) of hooked inputs, parameters
   std::string structure;  // the structure key (Note [A structure key without names])
   // The history nodes of earlier replayed steps behind user inputs, whose tensors are
@@ -53,11 +66,10 @@ struct StepInputs {
   cache::CallView view() const;
 };
 
-// The models, their submodules (whose training flags are guarded) and the optimizers of a
-// step, as compile_step was given them.
+// The models and the optimizers of a step, as compile_step was given them (the models'
+// trees are read on every call: Note [Module state guards]).
 struct StepParts {
   std::vector<std::shared_ptr<torch::nn::Module>> models;
-  std::vector<std::shared_ptr<torch::nn::Module>> submodules;
   std::vector<const OptimizerAdapter*> opts;
 };
 

@@ -38,10 +38,12 @@
 #include "aot/step_captures.h"
 #include "aot/step_history.h"
 #include "aot/step_inputs.h"
+#include "aot/verify_step.h"
 #include "aot/pipeline.h"
 #include "aot/region.h"
 #include "aot/region_entry.h"
 #include "cache/entry_cache.h"
+#include "cache/verify.h"
 #include "interp/hook_runner.h"
 #include "capture/engine_shim.h"
 #include "capture/hooks.h"
@@ -116,11 +118,11 @@ struct CompiledStep::Impl {
   aot::StepParts parts;  // the models, their submodules and opts (as the aot helpers take them)
   CompiledFunction::Fn fn;
   CompileOptions options;
-  std::vector<std::string> flag_names;
   aot::SharedStats stats;
   std::unique_ptr<cache::EntryCache> cache;
   std::mutex call_mutex;
   CompiledStep::Call last;  // written under call_mutex
+  cache::VerifyCounter verifier;  // verify mode: which replays to check
 
   std::string who() const { return "step '" + options.name + "'"; }
 
@@ -163,6 +165,11 @@ struct CompiledStep::Impl {
   std::vector<at::Tensor> replay(const StepEntry& e, const aot::StepInputs& g, const std::vector<at::Tensor>& primals,
                                  const std::vector<at::Tensor>& user);
   std::vector<at::Tensor> call(const std::vector<at::Tensor>& user);
+  // A verified replay (Note [Verifying a compiled step]), or nullopt where the entry cannot
+  // be verified (logged): its outputs have a history node of their own.
+  std::optional<std::vector<at::Tensor>> verified(const StepEntry& served, const StepEntry& guarded, const aot::StepInputs& g,
+                                                  const std::vector<at::Tensor>& primals,
+                                                  const std::vector<at::Tensor>& user, const VerifyOptions& v);
   std::shared_ptr<const StepEntry> specialize(const std::shared_ptr<const StepEntry>& e, const std::vector<int64_t>& key);
   void generalize(const StepEntry& a, StepEntry& b);
   std::string build_history(StepEntry& e);
@@ -175,7 +182,7 @@ std::vector<at::Tensor> CompiledStep::Impl::capture(StepEntry& e, const std::vec
   // Guards of an entry that goes eager before the end of the capture (no held tensors):
   // without its alias classes it would miss every later call and recapture each time.
   e.guards.held.hold({}, {});
-  e.guards.aliases = cache::alias_classes(g.ts);
+  e.guards.aliases = cache::AliasGeometry::of(g.ts);
   CaptureOptions co;
   capture::Session s(co);
   s.set_records_collectives(true);
@@ -278,10 +285,11 @@ std::vector<at::Tensor> CompiledStep::Impl::capture(StepEntry& e, const std::vec
   e.num_user_outputs = outs.size();
   e.uses_history.clear();
   for (const auto& h : g.histories) e.uses_history.push_back(s.used_up_by_backward(h.get()));
-  e.grad_effect.assign(g.params.size(), GradEffect::Keep);
-  e.grad_output.assign(g.params.size(), -1);
-  for (size_t j = 0; j < g.params.size(); ++j) {
-    const at::Tensor& gr = g.params[j].tensor.grad();
+  // Note [Leaves of a step]: what the step did to each leaf's .grad.
+  e.grad_effect.assign(g.num_leaves(), GradEffect::Keep);
+  e.grad_output.assign(g.num_leaves(), -1);
+  for (size_t j = 0; j < g.num_leaves(); ++j) {
+    const at::Tensor& gr = g.leaf(j).grad();
     if (!gr.defined()) {
       e.grad_effect[j] = g.grad_input[j] >= 0 ? GradEffect::Clear : GradEffect::Keep;
       continue;
@@ -289,12 +297,13 @@ std::vector<at::Tensor> CompiledStep::Impl::capture(StepEntry& e, const std::vec
     if (g.grad_input[j] >= 0 && gr.is_same(g.ts[static_cast<size_t>(g.grad_input[j])])) continue;  // Keep
     auto v = s.lookup(gr);
     if (!v || graph.node(graph.value(*v).producer).kind == ir::NodeKind::Input) {
-      return fail("the .grad of parameter '" + g.params[j].name + "' was set to a tensor the step did not compute");
+      return fail(std::string("the .grad of ") + (j < g.params.size() ? "parameter '" : "input '") + g.leaf_name(j) +
+                  "' was set to a tensor the step did not compute");
     }
     e.grad_effect[j] = GradEffect::Set;
     e.grad_output[j] = static_cast<int>(vals.size());
     vals.push_back(*v);
-    names.push_back(g.params[j].name);
+    names.push_back(g.leaf_name(j));
     kinds.push_back(ir::OutputKind::Grad);
   }
   graph.set_outputs(vals, names, kinds);
@@ -309,10 +318,22 @@ std::vector<at::Tensor> CompiledStep::Impl::capture(StepEntry& e, const std::vec
   std::vector<at::Tensor> held(all.begin() + static_cast<std::ptrdiff_t>(std::min(g.ts.size(), all.size())), all.end());
   std::vector<std::string> held_names;
   for (size_t j = g.ts.size(); j < inputs.size(); ++j) held_names.push_back(graph.node(inputs[j]).name);
+  // A tensor read from outside whose .grad the step's backward set or accumulated into: a
+  // replay would not (Note [Leaves of a step]).
+  for (size_t j = 0; j < held.size(); ++j) {
+    const at::Tensor& h = held[j];
+    if (!h.requires_grad() || !h.is_leaf() || !h.grad().defined()) continue;
+    auto v = s.lookup(h.grad());
+    if (v) {
+      return fail("the step's backward gives a gradient to '" + held_names.at(j) + "', a tensor it reads from " +
+                  "outside its inputs (a replay would not set its .grad): pass it to the step as an input, or " +
+                  "register it as a parameter of a model");
+    }
+  }
   e.guards.held.hold(held, held_names);
   std::vector<at::Tensor> primals = g.ts;
   primals.insert(primals.end(), held.begin(), held.end());
-  e.guards.aliases = cache::alias_classes(primals);
+  e.guards.aliases = cache::AliasGeometry::of(primals);
   e.graph = std::move(graph);
   return outs;
 }
@@ -548,8 +569,8 @@ std::vector<at::Tensor> CompiledStep::Impl::replay(const StepEntry& e, const aot
   last.kind = CompiledStep::Call::Kind::Replayed;
   stats.count(&CompileStats::replays);
   for (size_t k : e.mutated_inputs) torch::autograd::impl::bump_version(g.ts[k]);
-  for (size_t j = 0; j < g.params.size(); ++j) {
-    at::Tensor p = g.params[j].tensor;
+  for (size_t j = 0; j < g.num_leaves(); ++j) {
+    at::Tensor p = g.leaf(j);
     switch (e.grad_effect[j]) {
       case GradEffect::Keep: break;
       case GradEffect::Clear: p.mutable_grad().reset(); break;
@@ -565,8 +586,48 @@ std::vector<at::Tensor> CompiledStep::Impl::replay(const StepEntry& e, const aot
   return outs;
 }
 
+std::optional<std::vector<at::Tensor>> CompiledStep::Impl::verified(const StepEntry& served, const StepEntry& guarded,
+                                                                     const aot::StepInputs& g,
+                                                                     const std::vector<at::Tensor>& primals,
+                                                                     const std::vector<at::Tensor>& user,
+                                                                     const VerifyOptions& v) {
+  if (served.history || std::any_of(served.uses_history.begin(), served.uses_history.end(), [](bool b) { return b; })) {
+    TCAP_LOG(Verify, who() << " entry " << guarded.id << " is not verified: its outputs carry a history of their own");
+    return std::nullopt;
+  }
+  const aot::StepInputs named = gather_named(user, g);
+  aot::StepCheck check;
+  check.g = &named;
+  check.primals = primals;
+  const auto inputs = served.graph.input_nodes();
+  for (size_t k = 0; k < primals.size(); ++k) {
+    check.names.push_back(k < inputs.size() ? served.graph.node(inputs[k]).name : "input " + std::to_string(k));
+  }
+  check.opts = parts.opts;
+  check.replay = [&] { return replay(served, g, primals, user); };
+  check.eager = [&] { return fn(user); };
+  check.tolerances = cache::Tolerances::for_options(options);
+  check.options = v;
+  check.report.who = who() + " entry " + std::to_string(guarded.id);
+  check.report.likely =
+      "something the step reads that no guard covers changed since the entry was captured: a host value in the "
+      "step's code (a flag or number its closure captures, an argument such as zero_grad's set_to_none), a tensor "
+      "it reads through its closure that was replaced while the old one is still alive, or state of an object "
+      "tcap was not given (a module or optimizer the step uses but compile_step does not know)";
+  if (!check.tolerances.exact) {
+    check.report.likely += "; or a rounding difference of backend '" + options.backend +
+                           (options.fused_optimizers ? "' with fused optimizer updates" : "'") + " beyond its tolerance";
+  }
+  check.report.likely += " (docs/compile.md, \"What a replay re-reads and what it freezes\")";
+  std::vector<at::Tensor> outs = aot::verified_step(check);
+  stats.count(&CompileStats::verified);
+  last.kind = CompiledStep::Call::Kind::Eager;  // the step's own code ran last, and its results are kept
+  last.host_values.clear();
+  return outs;
+}
+
 std::vector<at::Tensor> CompiledStep::Impl::call(const std::vector<at::Tensor>& user) {
-  if (stance() == Stance::ForceEager || cache->fell_back()) return run_eager(user);
+  if (stance() == Stance::ForceEager || cache->fell_back() || cache->eager_by_design()) return run_eager(user);
   // One call at a time: a step updates shared state (parameters, optimizer state, entries).
   std::lock_guard<std::mutex> serial(call_mutex);
   const aot::StepInputs g = gather(user, /*with_names=*/false);
@@ -597,7 +658,12 @@ std::vector<at::Tensor> CompiledStep::Impl::call(const std::vector<at::Tensor>& 
           return run_eager(user);
         }
         try {
-          return replay(*specialize(e, found.key), g, found.primals, user);
+          auto served = specialize(e, found.key);
+          const VerifyOptions v = cache::verify_options_for(options);
+          if (verifier.next(v)) {
+            if (auto outs = verified(*served, *e, g, found.primals, user, v)) return std::move(*outs);
+          }
+          return replay(*served, g, found.primals, user);
         } catch (const HostValueChanged& err) {
           // An inline host-value guard failed before the replay wrote anything.
           cache::EntryCache::note_replay_miss(l, found.hit, err.what_without_backtrace());
@@ -631,7 +697,7 @@ std::vector<at::Tensor> CompiledStep::Impl::call(const std::vector<at::Tensor>& 
   auto e = std::make_shared<StepEntry>();
   const aot::StepInputs named = gather_named(user, g);
   e->guards.capture_call(named.view(), named.names, {});
-  e->guards.flag_names = flag_names;
+  e->guards.modules = named.modules;
   e->guards.scalar_names = named.scalar_names;
   // The learning rate is not a guard of a candidate: a schedule changes it every step, and
   // verification decides whether the compiled graph takes it as an input.
@@ -690,13 +756,6 @@ std::shared_ptr<CompiledStep> compile_step(std::vector<std::shared_ptr<torch::nn
   impl->cache = std::make_unique<cache::EntryCache>("step '" + options.name + "'", options.cache_size_limit,
                                                     options.dynamic);
   impl->options = std::move(options);
-  for (const auto& model : impl->parts.models) {
-    impl->parts.submodules.push_back(model);
-    for (const auto& m : model->modules(false)) impl->parts.submodules.push_back(m);
-  }
-  for (size_t i = 0; i < impl->parts.submodules.size(); ++i) {
-    impl->flag_names.push_back("training mode of submodule " + std::to_string(i) + " (" + impl->parts.submodules[i]->name() + ")");
-  }
   std::string why;
   for (auto& o : optimizers) {
     auto a = aot::OptimizerAdapter::make(o.get(), &why);

@@ -33,6 +33,7 @@
 #include "passes/int_patches.h"
 #include "aot/replay_node.h"
 #include "cache/entry_cache.h"
+#include "cache/verify.h"
 #include "interp/hook_runner.h"
 #include "support/logging.h"
 
@@ -40,6 +41,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/anomaly_mode.h>
 #include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/functions/basic_ops.h>
 #include <torch/csrc/autograd/variable.h>
 
@@ -81,6 +83,7 @@ struct Entry : cache::Entry {
   // Opaque hook slots from here on are AccumulateGrad calls inside the graph (Note [Leaves
   // accumulated where the engine would]): slot num_hooks + i is AccumulateGrad i.
   size_t num_hooks = 0;
+  bool accumulates_in_graph = false;  // some leaf is accumulated by a CallHook of the graph
   std::vector<int> grad_output;  // per grad() output edge: output position or -1
   std::vector<c10::IValue> keep_alive;
   std::shared_ptr<cache::Specializations<Entry>> specialized = std::make_shared<cache::Specializations<Entry>>();
@@ -94,6 +97,7 @@ struct Cache {
   std::mutex mutex;  // eager_keys, stats
   std::set<std::string, std::less<>> eager_keys;  // structures that cannot be compiled (reason logged once)
   CompiledAutogradStats stats;
+  cache::VerifyCounter verifier;  // verify mode: which hits to check
 };
 
 std::string fingerprint(const CompiledAutogradOptions& o) {
@@ -157,6 +161,8 @@ class Runtime : public capture::BackwardHandler {
   // `by_design` (the stance, anomaly mode).
   variable_list eager(const Request& r, const std::string& why, bool by_design = false);
   variable_list replay(const Request& r, const Entry& e, ca::BackwardWalk& w);
+  variable_list verified_replay(const Request& r, const Entry& e, ca::BackwardWalk& w, const VerifyOptions& v);
+  interp::HookRunner hook_runner(const Entry& e, ca::BackwardWalk& w, c10::impl::LocalDispatchKeySet outer) const;
   variable_list capture(const Request& r, const ca::BackwardWalk& w, const std::shared_ptr<const Entry>& size_miss_of,
                         const std::vector<size_t>& changed);
   std::shared_ptr<const Entry> specialize(const std::shared_ptr<const Entry>& e, const std::vector<int64_t>& key);
@@ -207,10 +213,13 @@ std::string Runtime::miss_reason(const ca::BackwardWalk& w, const cache::Lookup&
 }
 
 variable_list Runtime::serve(const Request& r) {
+  // Note [Backwards and graph edits on several threads]: the walk reads the nodes' hook
+  // lists and the engine runs them, which a capture on another thread may be editing.
+  capture::GraphLock read(capture::GraphLock::Mode::Read);
   count(&CompiledAutogradStats::calls);
   if (stance() == Stance::ForceEager) return eager(r, "stance force_eager", /*by_design=*/true);
   if (r.create_graph) return eager(r, "create_graph=true (double backward needs the engine's graph)");
-  if (torch::autograd::AnomalyMode::is_enabled()) {
+  if (cache_->entries.eager_by_design()) {
     // The engine checks every node's outputs for NaN and records forward traces: run it.
     return eager(r, "anomaly mode is on (the engine checks each node's gradients)", /*by_design=*/true);
   }
@@ -239,28 +248,34 @@ variable_list Runtime::serve(const Request& r) {
   }
   if (l.hit) {
     auto hit = specialize(std::static_pointer_cast<const Entry>(l.hit), l.key);
-    if (hit) return replay(r, *hit, w);
+    if (hit) {
+      const VerifyOptions v = cache::verify_options_for(opts());
+      if (cache_->verifier.next(v)) return verified_replay(r, *hit, w, v);
+      return replay(r, *hit, w);
+    }
   }
   l.first_miss = miss_reason(w, l);
   if (cache_->entries.admit(l) == cache::Admission::RunEager) {
     count(&CompiledAutogradStats::eager_calls);
     return r.run();
   }
+  // The capture adds observers to the AccumulateGrad nodes, which other threads' graphs
+  // may share: it runs alone. Another thread may have compiled this graph meanwhile.
+  capture::GraphLock edit(capture::GraphLock::Mode::Edit);
+  if (cache::Lookup again = cache_->entries.lookup(view, {}); again.hit) {
+    if (auto hit = specialize(std::static_pointer_cast<const Entry>(again.hit), again.key)) return replay(r, *hit, w);
+  }
   if (cache_->entries.size() > 0) count(&CompiledAutogradStats::recompiles);
   TCAP_LOG(CompiledAutogradVerbose, l.first_miss);
   return capture(r, w, std::static_pointer_cast<const Entry>(l.size_miss_of), l.changed);
 }
 
-variable_list Runtime::replay(const Request& r, const Entry& e, ca::BackwardWalk& w) {
-  count(&CompiledAutogradStats::hits);
-  const auto outer_keys = c10::impl::tls_local_dispatch_key_set();
+interp::HookRunner Runtime::hook_runner(const Entry& e, ca::BackwardWalk& w, c10::impl::LocalDispatchKeySet outer) const {
   TORCH_CHECK(w.hooks.size() == e.num_hooks, "compiled autograd: the backward has ", w.hooks.size(),
               " hooks, its compiled graph ", e.num_hooks);
-  interp::HookRunner runner = [&](int slot, const std::vector<at::Tensor>& in,
-                                  const std::vector<at::Tensor>& node_in) {
-    // As the engine runs hooks: default dispatch; grad mode is off for the whole replay
-    // (below).
-    c10::impl::ForceDispatchKeyGuard keys(outer_keys);
+  return [&e, &w, outer](int slot, const std::vector<at::Tensor>& in, const std::vector<at::Tensor>& node_in) {
+    // As the engine runs hooks: default dispatch; grad mode is off for the whole replay.
+    c10::impl::ForceDispatchKeyGuard keys(outer);
     const auto k = static_cast<size_t>(slot);
     if (k >= e.num_hooks) {
       // Note [Leaves accumulated where the engine would]
@@ -269,6 +284,80 @@ variable_list Runtime::replay(const Request& r, const Entry& e, ca::BackwardWalk
     }
     return ca::call_hook(w.hooks.at(k), in, node_in);
   };
+}
+
+// Note [Verifying a compiled backward]
+// A verified hit (verify mode) runs the compiled graph on the walk's tensors without
+// releasing them and without accumulating, then the engine on the same backward, as eager
+// runs it (it accumulates into .grad, runs the hooks, frees the graph). Each gradient the
+// compiled graph would have handed a leaf is compared with what the engine added to that
+// leaf's .grad (its value before, plus the gradient, as AccumulateGrad adds them), and
+// grad()'s results with the engine's. The engine's results are kept. Hooks run twice (in
+// the compiled graph, then in the engine), so a hook with side effects on the host sees
+// both calls. A graph that accumulates leaves inside itself (Note [Leaves accumulated where
+// the engine would]) is not verified: it would accumulate twice.
+variable_list Runtime::verified_replay(const Request& r, const Entry& e, ca::BackwardWalk& w, const VerifyOptions& v) {
+  if (e.accumulates_in_graph) {
+    TCAP_LOG(Verify, "compiled autograd entry " << e.id << " is not verified: it accumulates leaves inside its graph");
+    return replay(r, e, w);
+  }
+  count(&CompiledAutogradStats::hits);
+  count(&CompiledAutogradStats::verified);
+  std::vector<at::Tensor> before(w.accumulate.size());
+  for (size_t i = 0; i < w.accumulate.size() && r.accumulate_grad; ++i) {
+    if (e.acc_output.at(i) < 0) continue;
+    const auto* acc = static_cast<const torch::autograd::AccumulateGrad*>(w.nodes[w.accumulate[i]]);
+    const at::Tensor& g = acc->variable.grad();
+    if (g.defined()) before[i] = g.detach().clone();
+  }
+  std::vector<at::Tensor> outs;
+  {
+    at::AutoGradMode grad_mode(false);
+    interp::HookRunner runner = hook_runner(e, w, c10::impl::tls_local_dispatch_key_set());
+    interp::HookRunnerScope scope(&runner);
+    outs = e.exe(w.tensors);
+  }
+  variable_list eager = r.run();
+  cache::Tolerances tol = cache::Tolerances::for_options(opts());
+  cache::VerifyReport rep;
+  rep.who = "compiled autograd entry " + std::to_string(e.id);
+  rep.likely = "state the backward graph's key does not cover changed since the entry was captured: a host value a "
+               "hook or a custom autograd function's backward reads through its closure, or a tensor one of them "
+               "reads from outside the saved tensors (docs/compiled-autograd.md, \"Verify mode\")";
+  if (!tol.exact) rep.likely += "; or a rounding difference of backend '" + opts().backend + "' beyond its tolerance";
+  size_t compared = 0;
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < w.accumulate.size() && r.accumulate_grad; ++i) {
+    const int p = e.acc_output.at(i);
+    if (p < 0) continue;
+    const auto* acc = static_cast<const torch::autograd::AccumulateGrad*>(w.nodes[w.accumulate[i]]);
+    const at::Tensor& g = outs.at(static_cast<size_t>(p));
+    const at::Tensor expect = before[i].defined() && g.defined() ? before[i].add_(g) : g;
+    std::string how = cache::compare_tensors(expect, acc->variable.grad(), tol);
+    ++compared;
+    if (how.empty()) continue;
+    rep.what = "the gradient accumulated into the leaf of " + w.label(w.accumulate[i]);
+    rep.how = std::move(how);
+    cache::report_mismatch(v, rep);
+    return eager;
+  }
+  for (size_t j = 0; j < e.grad_output.size() && j < eager.size(); ++j) {
+    const int p = e.grad_output[j];
+    std::string how = cache::compare_tensors(p < 0 ? at::Tensor() : outs.at(static_cast<size_t>(p)), eager[j], tol);
+    ++compared;
+    if (how.empty()) continue;
+    rep.what = "grad() result " + std::to_string(j);
+    rep.how = std::move(how);
+    cache::report_mismatch(v, rep);
+    return eager;
+  }
+  cache::report_match(rep.who, compared);
+  return eager;
+}
+
+variable_list Runtime::replay(const Request& r, const Entry& e, ca::BackwardWalk& w) {
+  count(&CompiledAutogradStats::hits);
+  interp::HookRunner runner = hook_runner(e, w, c10::impl::tls_local_dispatch_key_set());
   // Note [Saved tensors freed as the backward runs]: without retain_graph, the engine
   // frees each node's saved tensors once the node has run. The compiled backward gets the
   // same peak memory by releasing the graph's saved variables up front and moving the
@@ -397,6 +486,7 @@ variable_list Runtime::capture(const Request& r, const ca::BackwardWalk& w,
   entry->node_key_end = w.node_key_end;
   entry->keep_alive = w.keep_alive;
   entry->num_hooks = w.hooks.size();
+  entry->accumulates_in_graph = std::any_of(in_graph.begin(), in_graph.end(), [](char c) { return c != 0; });
   std::vector<ir::ValueId> outs;
   std::vector<std::string> out_names;
   std::string why;
@@ -523,6 +613,7 @@ std::shared_ptr<const Entry> Runtime::specialize(const std::shared_ptr<const Ent
   s->node_key_end = e->node_key_end;
   s->acc_output = e->acc_output;
   s->num_hooks = e->num_hooks;
+  s->accumulates_in_graph = e->accumulates_in_graph;
   s->grad_output = e->grad_output;
   s->keep_alive = e->keep_alive;
   s->graph = cache::specialize(e->graph, e->guards.dyn, key);

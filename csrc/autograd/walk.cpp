@@ -136,7 +136,7 @@ struct Walker {
     if (t.layout() != c10::kStrided) return;
     for (int64_t s : t.sizes()) size(node, s);
     for (int64_t s : t.strides()) size(node, s);
-    size(node, t.storage_offset());
+    // Not the storage offset: see Note [Tensors that alias in a walk].
   }
 
   bool fail(uint32_t node, const std::string& why) {
@@ -380,9 +380,15 @@ void walk_backward(const std::shared_ptr<torch::autograd::Node>& root, const tor
     // The capture of a compiled backward tells tensors apart by identity: two of the
     // walk's tensors that alias (root gradients passed as one tensor, a saved tensor and a
     // view of it) are recorded as one, which is right only for calls in which they alias
-    // the same way. So the key says, per tensor, which earlier tensor shares its storage
-    // (its geometry is in the key already): a call whose tensors alias differently misses
-    // and is captured again (it once reused the capture and got another root's gradient).
+    // the same way. So the key says, per tensor, which earlier tensor shares its storage,
+    // whether it is that very tensor, and where its data starts relative to it, in bytes
+    // (sizes and strides are in the key already): a call whose tensors alias differently
+    // misses and is captured again (it once reused the capture and got another root's
+    // gradient). A tensor's own storage offset is not in the key: no op of a backward
+    // graph reads it (an as_strided node's offsets are node fields, keyed with the node),
+    // and a language model that walks a long token tensor with narrow() saves views at a
+    // new offset every step (truncated backpropagation through time), which recaptured
+    // every step when the offset was a size.
     PtrMap& first = scratch.storages;
     first.clear();
     for (size_t k = 0; k < w.tensors.size(); ++k) {
@@ -396,6 +402,12 @@ void walk_backward(const std::shared_ptr<torch::autograd::Node>& root, const tor
       const uint32_t j = first.find(st);
       if (j == PtrMap::kAbsent) first.insert(st, static_cast<uint32_t>(k));
       put(key, j == PtrMap::kAbsent ? int64_t{-1} : static_cast<int64_t>(j));
+      if (j != PtrMap::kAbsent) {
+        const at::Tensor& f = w.tensors[j];
+        put(key, t.unsafeGetTensorImpl() == f.unsafeGetTensorImpl());
+        put(key, t.storage_offset() * static_cast<int64_t>(t.itemsize()) -
+                     f.storage_offset() * static_cast<int64_t>(f.itemsize()));
+      }
     }
   }
   w.key_size = key.len;

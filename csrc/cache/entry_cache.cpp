@@ -2,6 +2,8 @@
 
 #include "support/logging.h"
 
+#include <torch/csrc/autograd/anomaly_mode.h>
+
 #include <algorithm>
 
 namespace tcap::cache {
@@ -104,6 +106,15 @@ void EntryCache::add(const std::shared_ptr<Entry>& e, const std::shared_ptr<Entr
     next->push_back(e);
   }
   entries_ = std::move(next);
+}
+
+bool EntryCache::eager_by_design() {
+  const bool anomaly = torch::autograd::AnomalyMode::is_enabled();
+  if (in_anomaly_mode_.exchange(anomaly, std::memory_order_relaxed) != anomaly && anomaly) {
+    TCAP_LOG(GraphBreaks, who_ << " runs eagerly while anomaly mode is on (the engine's per-node checks and forward "
+                                  "traces need the eager graph)");
+  }
+  return anomaly;
 }
 
 void EntryCache::fall_back(const std::string& why) {

@@ -72,6 +72,11 @@ class EntryCache {
   void add(const std::shared_ptr<Entry>& e, const std::shared_ptr<Entry>& replaces = nullptr);
   int next_id() const { return static_cast<int>(size()); }
 
+  // Whether this call runs eagerly by design, whatever the entries (not a fallback): while
+  // anomaly mode is on, a user wants the engine's per-node checks and forward traces, which
+  // only the eager graph has (the reason is logged under graph_breaks once per episode).
+  bool eager_by_design();
+
   // The eager fallback of the whole front door (Note [Never wrong, never silent]):
   // from now on every call runs eagerly; `why` is logged under graph_breaks, and thrown
   // as FallbackError when error_on_fallback is on.
@@ -91,6 +96,7 @@ class EntryCache {
   std::string eager_reason_;
   std::atomic<bool> fell_back_{false};
   bool warned_limit_ = false;
+  std::atomic<bool> in_anomaly_mode_{false};
 };
 
 // Note [Never wrong, never silent]

@@ -2,9 +2,12 @@
 
 #include "passes/host_graph.h"
 
+#include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/autograd/anomaly_mode.h>
 
 #include <algorithm>
 #include <cmath>
@@ -90,28 +93,82 @@ bool tensors_match_exactly(const std::vector<TensorGuard>& guards, const std::ve
 
 }  // namespace
 
-// --- GlobalState ---------------------------------------------------------------------
+// --- GlobalState (Note [Global state guards]) -------------------------------------------
+
+namespace {
+
+// The device types autocast knows (get_autocast_dispatch_key_from_device_type).
+constexpr c10::DeviceType kAutocastDevices[] = {
+    c10::DeviceType::CPU, c10::DeviceType::CUDA, c10::DeviceType::XPU, c10::DeviceType::MPS,
+    c10::DeviceType::HPU, c10::DeviceType::XLA,  c10::DeviceType::IPU, c10::DeviceType::MTIA,
+    c10::DeviceType::MAIA, c10::DeviceType::PrivateUse1};
+
+bool autocast_on(uint64_t excluded, c10::DeviceType t) {
+  return !c10::DispatchKeySet(c10::DispatchKeySet::RAW, excluded)
+              .has(at::autocast::get_autocast_dispatch_key_from_device_type(t));
+}
+
+std::string key_names(uint64_t raw) {
+  std::ostringstream s;
+  s << c10::DispatchKeySet(c10::DispatchKeySet::RAW, raw);
+  return s.str();
+}
+
+}  // namespace
 
 GlobalState GlobalState::now() {
   GlobalState g;
   g.grad_mode = at::GradMode::is_enabled();
-  g.inference_mode = c10::InferenceMode::is_enabled();
-  g.autocast_cpu = at::autocast::is_autocast_enabled(at::kCPU);
-  g.autocast_cuda = at::autocast::is_autocast_enabled(at::kCUDA);
-  if (g.autocast_cpu) g.autocast_cpu_dtype = at::autocast::get_autocast_dtype(at::kCPU);
-  if (g.autocast_cuda) g.autocast_cuda_dtype = at::autocast::get_autocast_dtype(at::kCUDA);
+  const c10::impl::LocalDispatchKeySet keys = c10::impl::tls_local_dispatch_key_set();
+  g.included_keys = keys.included_.raw_repr();
+  g.excluded_keys = keys.excluded_.raw_repr();
+  for (c10::DeviceType t : kAutocastDevices) {
+    if (autocast_on(g.excluded_keys, t)) g.autocast_dtypes.emplace_back(t, at::autocast::get_autocast_dtype(t));
+  }
+  const auto& ctx = at::globalContext();
+  g.deterministic = ctx.deterministicAlgorithms();
+  g.deterministic_warn_only = g.deterministic && ctx.deterministicAlgorithmsWarnOnly();
+  g.anomaly = torch::autograd::AnomalyMode::is_enabled();
+  g.anomaly_check_nan = g.anomaly && torch::autograd::AnomalyMode::should_check_nan();
   return g;
 }
 
+bool GlobalState::operator==(const GlobalState& o) const {
+  return grad_mode == o.grad_mode && included_keys == o.included_keys && excluded_keys == o.excluded_keys &&
+         deterministic == o.deterministic && deterministic_warn_only == o.deterministic_warn_only &&
+         anomaly == o.anomaly && anomaly_check_nan == o.anomaly_check_nan && autocast_dtypes == o.autocast_dtypes;
+}
+
+bool GlobalState::inference_mode() const {
+  // InferenceMode excludes the autograd keys and includes none of ADInplaceOrView.
+  return c10::DispatchKeySet(c10::DispatchKeySet::RAW, excluded_keys).has(c10::DispatchKey::AutogradCPU) &&
+         !c10::DispatchKeySet(c10::DispatchKeySet::RAW, included_keys).has(c10::DispatchKey::ADInplaceOrView);
+}
+
+bool GlobalState::autocast(c10::DeviceType t) const { return autocast_on(excluded_keys, t); }
+
 std::string GlobalState::mismatch(const GlobalState& now) const {
+  if (*this == now) return "";
   if (now.grad_mode != grad_mode) return std::string("grad mode changed: ") + (grad_mode ? "on -> off" : "off -> on");
-  if (now.inference_mode != inference_mode) return "inference mode changed";
-  if (now.autocast_cpu != autocast_cpu || now.autocast_cuda != autocast_cuda ||
-      (autocast_cpu && now.autocast_cpu_dtype != autocast_cpu_dtype) ||
-      (autocast_cuda && now.autocast_cuda_dtype != autocast_cuda_dtype)) {
-    return "autocast state changed";
+  if (now.inference_mode() != inference_mode()) {
+    return std::string("inference mode changed: ") + (inference_mode() ? "on -> off" : "off -> on");
   }
-  return "";
+  for (c10::DeviceType t : kAutocastDevices) {
+    if (autocast(t) != now.autocast(t)) {
+      return "autocast state changed: " + c10::DeviceTypeName(t, /*lower_case=*/true) + " autocast " +
+             (autocast(t) ? "on -> off" : "off -> on");
+    }
+  }
+  if (autocast_dtypes != now.autocast_dtypes) return "autocast state changed: another autocast dtype";
+  if (now.deterministic != deterministic || now.deterministic_warn_only != deterministic_warn_only) {
+    return std::string("deterministic algorithms changed: ") + (deterministic ? "on" : "off") + " -> " +
+           (now.deterministic ? (now.deterministic_warn_only ? "on (warn only)" : "on") : "off");
+  }
+  if (now.anomaly != anomaly || now.anomaly_check_nan != anomaly_check_nan) {
+    return std::string("anomaly mode changed: ") + (anomaly ? "on" : "off") + " -> " + (now.anomaly ? "on" : "off");
+  }
+  return "the thread's dispatch keys changed: included " + key_names(included_keys) + " -> " +
+         key_names(now.included_keys) + ", excluded " + key_names(excluded_keys) + " -> " + key_names(now.excluded_keys);
 }
 
 // --- TensorGuard ---------------------------------------------------------------------
@@ -302,6 +359,19 @@ bool same_alias_classes(c10::ArrayRef<at::Tensor> ts, const std::vector<int>& cl
   return std::adjacent_find(reps.begin(), reps.end()) == reps.end();
 }
 
+// Where t's data starts relative to `first`'s, in bytes (both in one storage), or
+// kSameTensor.
+int64_t relative_start(const at::Tensor& t, const at::Tensor& first) {
+  if (t.unsafeGetTensorImpl() == first.unsafeGetTensorImpl()) return AliasGeometry::kSameTensor;
+  if (!t.has_storage() || !first.has_storage()) return 0;
+  return t.storage_offset() * static_cast<int64_t>(t.itemsize()) -
+         first.storage_offset() * static_cast<int64_t>(first.itemsize());
+}
+
+std::string relation(int64_t r) {
+  return r == AliasGeometry::kSameTensor ? "the same tensor" : "a view " + std::to_string(r) + " bytes from its start";
+}
+
 }  // namespace
 
 std::vector<int> alias_classes(c10::ArrayRef<at::Tensor> ts) {
@@ -321,6 +391,50 @@ std::vector<int> alias_classes(c10::ArrayRef<at::Tensor> ts) {
   return out;
 }
 
+AliasGeometry AliasGeometry::of(c10::ArrayRef<at::Tensor> ts) {
+  AliasGeometry a;
+  a.classes = alias_classes(ts);
+  a.relative.assign(ts.size(), 0);
+  for (size_t k = 0; k < ts.size(); ++k) {
+    const auto f = static_cast<size_t>(a.classes[k]);
+    if (f != k) a.relative[k] = relative_start(ts[k], ts[f]);
+  }
+  return a;
+}
+
+bool AliasGeometry::matches(c10::ArrayRef<at::Tensor> ts) const {
+  if (!same_alias_classes(ts, classes)) return false;
+  for (size_t k = 0; k < ts.size(); ++k) {
+    const auto f = static_cast<size_t>(classes[k]);
+    if (f != k && relative_start(ts[k], ts[f]) != relative[k]) return false;
+  }
+  return true;
+}
+
+std::string AliasGeometry::mismatch(c10::ArrayRef<at::Tensor> ts, const std::function<std::string(size_t)>& name) const {
+  if (matches(ts)) return "";
+  if (!same_alias_classes(ts, classes)) {
+    const std::vector<int> now = alias_classes(ts);
+    for (size_t k = 0; k < ts.size() && k < classes.size(); ++k) {
+      if (now[k] == classes[k]) continue;
+      const auto was = static_cast<size_t>(classes[k]), is = static_cast<size_t>(now[k]);
+      if (was != k) return "inputs that shared memory changed: " + name(k) + " no longer shares memory with " + name(was);
+      return "inputs that shared memory changed: " + name(k) + " shares memory with " + name(is) + " now";
+    }
+    return "inputs that shared memory changed";
+  }
+  for (size_t k = 0; k < ts.size(); ++k) {
+    const auto f = static_cast<size_t>(classes[k]);
+    if (f == k) continue;
+    const int64_t r = relative_start(ts[k], ts[f]);
+    if (r != relative[k]) {
+      return "inputs that share memory share it another way: " + name(k) + " was " + relation(relative[k]) + " of " +
+             name(f) + ", now " + relation(r);
+    }
+  }
+  return "";
+}
+
 void Guards::capture_call(const CallView& call, const std::vector<std::string>& names,
                           const std::vector<bool>& guard_identity) {
   global = GlobalState::now();
@@ -331,7 +445,6 @@ void Guards::capture_call(const CallView& call, const std::vector<std::string>& 
     tensors.push_back(TensorGuard::of(call.tensors[k], k < names.size() ? names[k] : "in" + std::to_string(k), id));
     for (int64_t s : tensors.back().sizes) sizes.push_back(s);
   }
-  if (call.flags) flags = *call.flags;
   if (call.scalars) scalars = *call.scalars;
   structure = std::string(call.structure);
   if (call.sizes) sizes.insert(sizes.end(), call.sizes->begin(), call.sizes->end());
@@ -352,6 +465,15 @@ Miss Guards::check(const CallView& call, std::vector<int64_t>* key) const {
   if (check_global) {
     std::string g = global.mismatch(GlobalState::now());
     if (!g.empty()) hard(std::move(g));
+  }
+  if (call.modules) {
+    // Note [Module state guards]: a tree that changed also changes the tensors gathered
+    // from it, so it is named first.
+    std::string why = modules.mismatch(*call.modules);
+    if (!why.empty()) {
+      hard(std::move(why));
+      return m;
+    }
   }
   if (call.tensors.size() != tensors.size()) {
     hard("number of inputs changed: " + std::to_string(tensors.size()) + " -> " + std::to_string(call.tensors.size()));
@@ -411,16 +533,6 @@ Miss Guards::check(const CallView& call, std::vector<int64_t>* key) const {
     }
     if (!m.changed.empty() && m.reason.empty()) m.reason = "sizes changed";
   }
-  if (call.flags && *call.flags != flags) {
-    for (size_t i = 0; i < flags.size() && i < call.flags->size(); ++i) {
-      if ((*call.flags)[i] != flags[i]) {
-        hard((i < flag_names.size() ? flag_names[i] : "flag " + std::to_string(i)) + " changed: " +
-             (flags[i] ? "true -> false" : "false -> true"));
-        break;
-      }
-    }
-    if (call.flags->size() != flags.size()) hard("the number of flags changed");
-  }
   if (call.scalars && *call.scalars != scalars) {
     for (size_t i = 0; i < scalars.size() && i < call.scalars->size(); ++i) {
       if (i < scalar_is_input.size() && scalar_is_input[i]) continue;
@@ -440,7 +552,12 @@ Miss Guards::check(const CallView& call, std::vector<int64_t>* key) const {
 
 std::string Guards::check_primals(const std::vector<at::Tensor>& primals, bool* host_only) const {
   if (host_only) *host_only = false;
-  if (!same_alias_classes(primals, aliases)) return "inputs that shared memory changed";
+  // Note [Alias geometry guards]
+  if (!aliases.matches(primals)) {
+    return aliases.mismatch(primals, [&](size_t k) {
+      return "'" + (k < tensors.size() ? tensors[k].name : held.name(k - tensors.size())) + "'";
+    });
+  }
   std::string why = host.check(primals);
   if (host_only) *host_only = !why.empty();
   return why;
@@ -455,12 +572,14 @@ std::vector<std::string> Guards::describe() const {
   }
   if (check_global) {
     out.push_back(std::string("grad mode ") + (global.grad_mode ? "on" : "off"));
-    if (global.inference_mode) out.push_back("inference mode on");
-    if (global.autocast_cpu || global.autocast_cuda) out.push_back("autocast on");
+    if (global.inference_mode()) out.push_back("inference mode on");
+    for (const auto& [t, dtype] : global.autocast_dtypes) {
+      out.push_back("autocast on for " + c10::DeviceTypeName(t, true) + " (" + ir::dtype_name(dtype) + ")");
+    }
+    if (global.deterministic) out.push_back("deterministic algorithms on");
+    out.push_back("the thread's dispatch keys as captured");
   }
-  for (size_t i = 0; i < flags.size(); ++i) {
-    out.push_back((i < flag_names.size() ? flag_names[i] : "flag " + std::to_string(i)) + (flags[i] ? " true" : " false"));
-  }
+  for (auto& d : modules.describe()) out.push_back(std::move(d));
   for (size_t i = 0; i < scalars.size(); ++i) {
     std::ostringstream s;
     s << (i < scalar_names.size() ? scalar_names[i] : "host scalar " + std::to_string(i));

@@ -2,14 +2,17 @@
 // by an entry captured earlier. One set of guard kinds for tcap::compile, compile_step and
 // compiled autograd; each front door fills the ones that apply to it.
 //
-//   * global state: grad mode, inference mode, autocast (CPU and CUDA, with dtypes);
+//   * global state (Note [Global state guards]): grad mode, the thread's dispatch keys
+//     (inference mode, autocast per device, and every other mode key), autocast dtypes,
+//     deterministic algorithms, anomaly mode;
 //   * tensors: per declared tensor (user inputs, module parameters and buffers, .grads,
 //     optimizer state): defined, dtype, device, sizes (dynamic ones per class, Note
 //     [Dynamic sizes]), strides, requires_grad, and optionally identity (the same
 //     TensorImpl: module tensors);
-//   * flags (submodules' training flags) and host scalars (optimizer options), by name;
+//   * the modules given (Note [Module state guards]): tree, training flags, options;
+//   * host scalars (optimizer options), by name;
 //   * a structure key (compiled autograd: the autograd graph's shape) and plain sizes;
-//   * which tensors share memory (alias classes);
+//   * which tensors share memory, and how (Note [Alias geometry guards]);
 //   * held tensors: tensors the capture read that were not declared (Note [Held tensors]);
 //   * host reads: values the function read on the host (item(), equal(), is_nonzero()),
 //     re-computed from the call's tensors by a small guard graph and compared.
@@ -20,6 +23,7 @@
 #pragma once
 
 #include "cache/dynamic_sizes.h"
+#include "cache/module_state.h"
 
 #include <tcap/graph.h>
 #include <tcap/interpreter.h>
@@ -29,6 +33,7 @@
 #include <c10/util/ArrayRef.h>
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -36,13 +41,31 @@
 
 namespace tcap::cache {
 
-// Thread state a graph's meaning depends on.
+// Note [Global state guards]
+// Thread and process state a graph's meaning depends on, all of it read on every call:
+//   * grad mode (each recorded op carries its own; a graph captured with it off has no
+//     backward);
+//   * the thread's local dispatch key sets, whole: inference mode, autocast on each device
+//     type (an excluded Autocast key is autocast off), functorch's and any other mode
+//     key change which kernels run and which casts are recorded, so any difference
+//     recaptures; the set is two words to compare;
+//   * the autocast dtype of each device type whose autocast is on;
+//   * deterministic algorithms (and warn-only): composite ops decompose differently under
+//     them, and replayed ATen kernels read the flag when they run anyway;
+//   * anomaly mode (and its NaN check): the front doors run eagerly while it is on (the
+//     engine's per-node checks are what a user turns it on for); kept here so that an
+//     entry never serves a call made under another setting.
 struct GlobalState {
   bool grad_mode = true;
-  bool inference_mode = false;
-  bool autocast_cpu = false, autocast_cuda = false;
-  c10::ScalarType autocast_cpu_dtype = c10::kBFloat16, autocast_cuda_dtype = c10::kHalf;
+  bool deterministic = false, deterministic_warn_only = false;
+  bool anomaly = false, anomaly_check_nan = false;
+  uint64_t included_keys = 0, excluded_keys = 0;  // the thread's local dispatch key sets, raw
+  // Per autocast device type that is on: (device type, dtype).
+  c10::SmallVector<std::pair<c10::DeviceType, c10::ScalarType>, 2> autocast_dtypes;
   static GlobalState now();
+  bool operator==(const GlobalState& o) const;
+  bool inference_mode() const;
+  bool autocast(c10::DeviceType t) const;
   // "" if `now` matches, else what changed.
   std::string mismatch(const GlobalState& now) const;
 };
@@ -91,6 +114,7 @@ class HeldTensors {
   // The counter of references tcap keeps to held tensor k.
   const OwnRefs& own_refs(size_t k) const { return held_[k].own; }
   const c10::TensorImpl* impl(size_t k) const { return held_[k].impl; }
+  const std::string& name(size_t k) const { return held_[k].meta.name; }
   std::vector<std::string> describe() const;
 
  private:
@@ -157,7 +181,7 @@ bool has_host_reads(const ir::Graph& g);
 // One call as the guards see it.
 struct CallView {
   c10::ArrayRef<at::Tensor> tensors;          // declared tensors, in guard order
-  const std::vector<bool>* flags = nullptr;   // e.g. submodules' training flags
+  const ModuleView* modules = nullptr;        // the modules given (compile, compile_step)
   const std::vector<double>* scalars = nullptr;
   std::string_view structure;                 // compiled autograd's graph key
   const std::vector<int64_t>* sizes = nullptr;  // plain sizes (compiled autograd)
@@ -171,12 +195,33 @@ struct Miss {
   bool hit() const { return reason.empty(); }
 };
 
+// Note [Alias geometry guards]
+// Which tensors of a call share memory, and exactly how. A graph records what it saw: one
+// tensor passed twice (f(x, x)) is one value read twice; two views of one storage are
+// two values whose writes may or may not reach each other. Three cases are three
+// different guards, and a graph captured under one never serves another: the same
+// tensor; views of one storage that overlap; views of one storage that do not. Each
+// tensor that shares a storage with an earlier one records which (its alias class, as
+// before), whether it is that very tensor, and where its data starts, in bytes, relative
+// to the first tensor of its class. With sizes and strides guarded per tensor, equal
+// offsets mean the same overlap. Tensors alone in their storage guard no offset (a
+// view's position in a storage it does not share is nobody's business: a language model
+// walking a long token tensor with narrow() passes a new offset every step).
+struct AliasGeometry {
+  static constexpr int64_t kSameTensor = INT64_MIN;
+  std::vector<int> classes;        // per tensor: the first tensor sharing its storage
+  std::vector<int64_t> relative;   // per tensor with classes[k] != k: kSameTensor or its byte offset from it
+  static AliasGeometry of(c10::ArrayRef<at::Tensor> ts);
+  // "" when ts alias exactly so, else how they differ (`name(k)` names tensor k).
+  std::string mismatch(c10::ArrayRef<at::Tensor> ts, const std::function<std::string(size_t)>& name) const;
+  bool matches(c10::ArrayRef<at::Tensor> ts) const;
+};
+
 struct Guards {
   bool check_global = true;
   GlobalState global;
   std::vector<TensorGuard> tensors;
-  std::vector<bool> flags;
-  std::vector<std::string> flag_names;
+  ModuleView modules;  // read with names; empty when the front door has no modules
   std::vector<double> scalars;
   std::vector<std::string> scalar_names;
   std::vector<bool> scalar_is_input;  // per scalar: an input of the graph, not a guard
@@ -186,7 +231,7 @@ struct Guards {
   std::vector<int64_t> sizes;
   std::vector<std::string> size_labels;  // plain sizes only (names for messages)
   DynamicSizes dyn;
-  std::vector<int> aliases;  // alias classes of the primals (declared tensors, then held)
+  AliasGeometry aliases;  // of the primals (declared tensors, then held)
   HeldTensors held;
   HostReads host;
 

@@ -10,7 +10,10 @@
 
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
+#include <torch/csrc/autograd/graph_task.h>
+
 #include <atomic>
+#include <condition_variable>
 #include <mutex>
 #include <optional>
 
@@ -65,10 +68,110 @@ void install_forwarding_engine() {
 
 }  // namespace
 
+namespace {
+
+// See Note [Backwards and graph edits on several threads]: a readers-writer lock in which
+// a waiting writer keeps new readers out.
+class EditLock {
+ public:
+  void lock_read() {
+    std::unique_lock<std::mutex> l(m_);
+    cv_.wait(l, [&] { return !writer_ && writers_waiting_ == 0; });
+    ++readers_;
+  }
+  void unlock_read() {
+    std::lock_guard<std::mutex> l(m_);
+    if (--readers_ == 0 && writers_waiting_ > 0) cv_.notify_all();
+  }
+  void lock_edit() {
+    std::unique_lock<std::mutex> l(m_);
+    ++writers_waiting_;
+    cv_.wait(l, [&] { return !writer_ && readers_ == 0; });
+    --writers_waiting_;
+    writer_ = true;
+  }
+  void unlock_edit() {
+    std::lock_guard<std::mutex> l(m_);
+    writer_ = false;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  int readers_ = 0;
+  int writers_waiting_ = 0;
+  bool writer_ = false;
+};
+
+EditLock& edit_lock() {
+  static auto* l = new EditLock();  // leaked: backwards may run during static destruction
+  return *l;
+}
+
+thread_local int tls_read_depth = 0;
+thread_local int tls_edit_depth = 0;
+
+}  // namespace
+
+GraphLock::GraphLock(Mode mode) {
+  if (tls_edit_depth > 0) {  // this thread edits: everything it does is covered
+    ++tls_edit_depth;
+    held_ = Held::Edit;
+    return;
+  }
+  if (mode == Mode::Read) {
+    // Nested in a backward of this thread, or reentrant on a device thread: the outer
+    // backward's hold covers it.
+    if (tls_read_depth > 0 || torch::autograd::get_current_graph_task_id() != -1) return;
+    edit_lock().lock_read();
+    ++tls_read_depth;
+    held_ = Held::Read;
+    return;
+  }
+  if (tls_read_depth == 0 && torch::autograd::get_current_graph_task_id() != -1) {
+    // An edit from inside a backward whose hold is on another thread (a device thread):
+    // waiting here could wait for that backward, which waits for this one.
+    return;
+  }
+  if (tls_read_depth > 0) {
+    // This thread holds it to read (an edit from inside its own backward, or a lookup
+    // that missed): give the read up while it edits, and take it again after.
+    edit_lock().unlock_read();
+    held_ = Held::ReadGivenUpForEdit;
+  } else {
+    held_ = Held::Edit;
+  }
+  edit_lock().lock_edit();
+  ++tls_edit_depth;
+}
+
+GraphLock::~GraphLock() {
+  switch (held_) {
+    case Held::None: return;
+    case Held::Read:
+      --tls_read_depth;
+      edit_lock().unlock_read();
+      return;
+    case Held::Edit:
+      if (--tls_edit_depth == 0) edit_lock().unlock_edit();
+      return;
+    case Held::ReadGivenUpForEdit:
+      if (--tls_edit_depth == 0) edit_lock().unlock_edit();
+      edit_lock().lock_read();
+      return;
+  }
+}
+
 variable_list ForwardingEngine::execute(const edge_list& roots, const variable_list& inputs, bool keep_graph,
                                         bool create_graph, bool accumulate_grad, const edge_list& outputs) {
+  // Note [Backwards and graph edits on several threads]: a plain backward reads the graph;
+  // the driver takes what it needs itself.
   BackwardDriver driver = g_driver.load(std::memory_order_acquire);
-  if (driver == nullptr) return next_.execute(roots, inputs, keep_graph, create_graph, accumulate_grad, outputs);
+  if (driver == nullptr) {
+    GraphLock read(GraphLock::Mode::Read);
+    return next_.execute(roots, inputs, keep_graph, create_graph, accumulate_grad, outputs);
+  }
   // The checks (and casts) Engine::execute makes first, so the driver sees the gradients
   // the engine would run with; the engine repeats them on the checked list (no-ops).
   variable_list grads = inputs;

@@ -65,6 +65,36 @@ struct BackwardCall {
 
 using BackwardDriver = torch::autograd::variable_list (*)(const BackwardCall&);
 
+// Note [Backwards and graph edits on several threads]
+// To observe a backward, tcap edits the hook lists of autograd nodes: a capture wraps every
+// hook reachable from the roots (HookWrapScope) and compiled autograd's capture adds an
+// observer to every AccumulateGrad node it reaches (ca::Markers). Nodes can be shared by
+// backwards on several threads: two models' graphs that share leaf parameters share their
+// AccumulateGrad nodes (Hogwild training, one model served by a thread pool). The engine
+// reads those lists without a lock while it runs a node, and compiled autograd's walk reads
+// them to describe the graph, so an edit made while another thread's backward or walk reads
+// the same list could free a hook under it (this crashed about one run in fifty).
+// GraphLock makes the two exclusive: every backward that reaches tcap's forwarding engine
+// holds it to read (any number at once, no wait between them), and an edit holds it alone.
+// Edits are captures: the first calls of a compiled function, a compiled backward's first
+// run, a CaptureGuard's backward; replays never edit, so steady-state backwards on many
+// threads never wait for each other. A waiting edit goes first: backwards that start after
+// it wait for it (a lock that let readers in ahead would starve a capture behind threads
+// that are always in a backward). A backward started from inside another (a hook calling
+// backward(), or a reentrant backward on a device thread) runs under its outer one's hold
+// and takes none of its own: it could not wait for an edit its outer backward blocks.
+class GraphLock {
+ public:
+  enum class Mode { Read, Edit };
+  explicit GraphLock(Mode mode);
+  ~GraphLock();
+  GraphLock(const GraphLock&) = delete;
+  GraphLock& operator=(const GraphLock&) = delete;
+
+ private:
+  enum class Held { None, Read, Edit, ReadGivenUpForEdit } held_ = Held::None;
+};
+
 // While at least one lease is alive, every backward()/grad() in the process goes through
 // `driver` (which must call BackwardCall::run()).
 class EngineHookLease {

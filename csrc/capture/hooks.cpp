@@ -275,13 +275,17 @@ variable_list capture_backward_driver(const BackwardCall& call) {
   if (sessions.empty() && watchers.empty()) {
     if (BackwardHandler* h = tls_handler) {
       BackwardHandlerScope not_reentrant(nullptr);  // a backward inside a hook runs plainly
-      return h->handle(call);
+      return h->handle(call);  // takes the graph lock as it needs it
     }
+    GraphLock read(GraphLock::Mode::Read);
     return call.run();
   }
   if (tls_handler) {
     TCAP_LOG(CompiledAutograd, "compiled autograd: this backward runs eagerly: a capture on this thread is recording it");
   }
+  // Hooks of every node reachable from the roots are wrapped below (Note [Backwards and
+  // graph edits on several threads]).
+  GraphLock edit(GraphLock::Mode::Edit);
   ArmedScope armed_scope(call, std::move(watchers));
   const auto root_grads = call.root_grads();
   // The innermost recording session that asked for opaque hooks decides which hooks stay

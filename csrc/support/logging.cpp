@@ -13,7 +13,8 @@ namespace {
 
 constexpr const char* kNames[] = {"capture",    "graphs", "graph_breaks",
                                   "recompiles", "fusion", "compiled_autograd",
-                                  "compiled_autograd_verbose", "perf", "aot_graphs", "pipeline", "ddp"};
+                                  "compiled_autograd_verbose", "perf", "aot_graphs", "pipeline", "ddp",
+                                  "guards", "verify"};
 static_assert(sizeof(kNames) / sizeof(kNames[0]) == static_cast<size_t>(LogChannel::kCount));
 
 std::string env_or(const char* name, std::string fallback) {
@@ -82,6 +83,7 @@ Config read_config() {
   if (auto n = env_number("TCAP_SMALL_MATMUL_MACS", 0, LLONG_MAX, "a number of multiply-adds")) c.small_matmul_macs = *n;
   c.stance = env_or("TCAP_STANCE", "");
   c.error_on_fallback = env_switch("TCAP_ERROR_ON_FALLBACK", false);
+  c.verify = env_or("TCAP_VERIFY", "");
   c.memory_plans = env_switch("TCAP_MEMORY_PLAN", true);
   c.unboxed_calls = env_switch("TCAP_UNBOXED_CALLS", true);
   return c;

@@ -14,6 +14,8 @@
 //   TCAP_STANCE      default | force_eager | eager_on_recompile | fail_on_recompile: the
 //                    process's stance (include/tcap/stance.h; tcap::set_stance overrides).
 //   TCAP_ERROR_ON_FALLBACK  1: every eager fallback throws tcap::FallbackError.
+//   TCAP_VERIFY      1 | N | log | log,N: check every (Nth) replay against eager
+//                    (include/tcap/stance.h, VerifyOptions; docs/compile.md, "Verify mode").
 //   TCAP_MAX_GRAPH_MB  largest graph JSON input read by load_json, from_json_string
 //                    and tcap-inspect, in MiB (default 64); JsonReadOptions::max_bytes
 //                    overrides it per call. Read once by ir::default_max_graph_bytes()
@@ -37,6 +39,8 @@ enum class LogChannel : unsigned {
   AotGraphs,        // tcap::compile: joint, forward and backward graphs, partition decisions
   Pipeline,         // every stage of the compile pipeline: the graph after it (aot/pipeline.cpp)
   Ddp,              // DistributedDataParallel: buckets, when each all-reduce starts, waits, unused parameters
+  Guards,           // each entry's guards, and what a graph reads from outside its inputs (its contract)
+  Verify,           // verify mode: each verified replay and what it compared
   kCount
 };
 
@@ -50,6 +54,7 @@ struct Config {
   long long small_matmul_macs = -1;  // TCAP_SMALL_MATMUL_MACS; -1: the default (fuse/fusion.h)
   std::string stance;       // TCAP_STANCE as given ("" = default)
   bool error_on_fallback = false;
+  std::string verify;       // TCAP_VERIFY as given ("" = off)
   bool memory_plans = true;   // TCAP_MEMORY_PLAN (runtime/buffer_pool.h, Note [Memory plans])
   bool unboxed_calls = true;  // TCAP_UNBOXED_CALLS (interp/unboxed_calls.cpp)
   static const Config& get();

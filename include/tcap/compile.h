@@ -17,6 +17,7 @@
 
 #include <tcap/graph.h>
 #include <tcap/partition.h>
+#include <tcap/stance.h>
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
@@ -24,6 +25,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -78,6 +80,16 @@ struct CompileOptions {
   // gradient is near zero (a bias before BatchNorm), so a run drifts from eager's; off,
   // the recorded ops replay eager's bits (Note [Fused optimizer steps]).
   bool fused_optimizers = false;
+  // tcap::compile(fn, options): the modules fn uses. Their parameters and buffers become
+  // inputs of every graph (an optimizer's in-place update needs no recompile), and their
+  // tree, training flags and options are guarded, as tcap::compile(module) does for its
+  // module (Note [Module state guards]). A module fn reaches without being named here is
+  // part of its closure: its tensors are held and watched, its flags and options frozen
+  // (docs/compile.md, "What a replay re-reads and what it freezes").
+  std::vector<std::shared_ptr<torch::nn::Module>> modules;
+  // Verify mode for this function, step or backward (include/tcap/stance.h); unset: the
+  // thread's (StanceGuard), else the process's (TCAP_VERIFY).
+  std::optional<VerifyOptions> verify;
 };
 
 struct CompileStats {
@@ -87,6 +99,7 @@ struct CompileStats {
   int eager_calls = 0;     // calls run eagerly (pending backward, fallback, cache limit)
   int recompiles = 0;      // guard misses that led to a new capture
   int backward_fallbacks = 0;  // compiled backwards that ran the eager recompute instead
+  int verified = 0;    // replays checked against eager (verify mode)
 };
 
 // One compiled entry, for inspection (tests, benchmarks, tools).

@@ -35,6 +35,7 @@ struct CompiledAutogradStats {
   int hits = 0;          // calls served by a compiled backward
   int recompiles = 0;    // captures after the first
   int eager_calls = 0;   // calls run by the plain engine (create_graph, not compilable, limit)
+  int verified = 0;      // hits checked against the engine (verify mode)
   double lookup_us = 0;  // total time spent walking the graph and looking up the cache
 };
 

@@ -5,6 +5,7 @@
 
 #include <tcap/buffer_pool.h>
 #include <tcap/capture.h>
+#include <tcap/clip_grad.h>
 #include <tcap/compile.h>
 #include <tcap/compiled_autograd.h>
 #include <tcap/graph.h>

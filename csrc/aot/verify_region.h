@@ -1,0 +1,31 @@
+// Verified calls of tcap::compile functions (verify mode; Note [Verifying a compiled
+// region] in replay_function.cpp).
+#pragma once
+
+#include "aot/region_entry.h"
+
+#include <tcap/compile.h>
+#include <tcap/stance.h>
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+namespace tcap::aot {
+
+// Replays `served` (the entry serving this call; `guarded` is the entry whose guards hit,
+// the same one unless `served` is a specialization of it) on `primals`, runs `run_eager`
+// (the function's own code on the same inputs) with the same random numbers and written
+// buffers, compares outputs and written buffers, and returns the compiled outputs, whose
+// backward compares gradients too. A difference is reported per `v` (VerifyError, or a
+// warning and eager's outputs).
+std::vector<at::Tensor> verified_call(const std::shared_ptr<const RegionEntry>& served, const RegionEntry& guarded,
+                                      const std::vector<at::Tensor>& primals,
+                                      const std::function<std::vector<at::Tensor>()>& run_eager,
+                                      const CompileOptions& options, const VerifyOptions& v);
+
+// What a mismatch of `e` is most likely due to (its contract: docs/compile.md, "What a
+// replay re-reads and what it freezes").
+std::string likely_cause(const RegionEntry& e, const CompileOptions& options);
+
+}  // namespace tcap::aot

@@ -1,0 +1,91 @@
+#include "cache/verify.h"
+
+#include "support/logging.h"
+
+#include <ATen/ATen.h>
+
+#include <sstream>
+
+namespace tcap::cache {
+
+Tolerance Tolerances::of(c10::ScalarType t) const {
+  if (exact || !(c10::isFloatingType(t) || c10::isComplexType(t))) return Tolerance{};
+  if (t == c10::kDouble || t == c10::kComplexDouble) return Tolerance{false, 1e-9, 1e-12};
+  if (t == c10::kHalf || t == c10::kBFloat16) return Tolerance{false, 1e-2, 1e-3};
+  return Tolerance{false, 1e-4, 1e-5};
+}
+
+Tolerances Tolerances::for_options(const CompileOptions& o) {
+  Tolerances t;
+  t.exact = o.backend == "eager" && !o.fw_compiler && !o.bw_compiler && !o.fused_optimizers;
+  return t;
+}
+
+std::string compare_tensors(const at::Tensor& compiled, const at::Tensor& eager, const Tolerances& tols) {
+  if (compiled.defined() != eager.defined()) {
+    return compiled.defined() ? "defined where eager's is undefined" : "undefined where eager's is defined";
+  }
+  if (!compiled.defined()) return "";
+  std::ostringstream s;
+  if (compiled.sizes() != eager.sizes()) {
+    s << "shape " << compiled.sizes() << " where eager's is " << eager.sizes();
+    return s.str();
+  }
+  if (compiled.scalar_type() != eager.scalar_type()) {
+    s << "dtype " << compiled.scalar_type() << " where eager's is " << eager.scalar_type();
+    return s.str();
+  }
+  if (compiled.device() != eager.device()) {
+    s << "on " << compiled.device() << " where eager's is on " << eager.device();
+    return s.str();
+  }
+  if (compiled.numel() == 0) return "";
+  const Tolerance tol = tols.of(compiled.scalar_type());
+  at::NoGradGuard no_grad;
+  const at::Tensor c = compiled.detach(), e = eager.detach();
+  bool same = false;
+  if (tol.exact) {
+    at::Tensor eq = at::eq(c, e);
+    if (c.is_floating_point() || c.is_complex()) eq = eq.logical_or(at::isnan(c).logical_and(at::isnan(e)));
+    same = eq.all().item<bool>();
+  } else {
+    same = at::allclose(c, e, tol.rtol, tol.atol, /*equal_nan=*/true);
+  }
+  if (same) return "";
+  // Where: the element that differs most (NaN where the other is not counts as infinite).
+  const bool fp = c.is_floating_point() || c.is_complex();
+  at::Tensor diff = fp ? (c.to(at::kDouble) - e.to(at::kDouble)).abs() : c.ne(e).to(at::kDouble);
+  if (fp) diff = diff.nan_to_num(std::numeric_limits<double>::infinity(), std::numeric_limits<double>::infinity());
+  const int64_t flat = diff.reshape(-1).argmax().item<int64_t>();
+  std::vector<int64_t> index(static_cast<size_t>(c.dim()));
+  int64_t rest = flat;
+  for (int64_t d = c.dim() - 1; d >= 0; --d) {
+    index[static_cast<size_t>(d)] = rest % c.size(d);
+    rest /= c.size(d);
+  }
+  const at::Tensor cf = c.reshape(-1)[flat].to(at::kDouble), ef = e.reshape(-1)[flat].to(at::kDouble);
+  s << "max abs difference " << diff.reshape(-1)[flat].item<double>() << " at " << c10::IntArrayRef(index)
+    << " (compiled " << cf.item<double>() << ", eager " << ef.item<double>() << "; ";
+  if (tol.exact) s << "compared exactly";
+  else s << "rtol " << tol.rtol << ", atol " << tol.atol;
+  s << ")";
+  return s.str();
+}
+
+VerifyOptions verify_options_for(const CompileOptions& options) {
+  return options.verify ? *options.verify : verify_options();
+}
+
+void report_mismatch(const VerifyOptions& v, const VerifyReport& r) {
+  const std::string msg = "tcap verify: " + r.who + " replayed differently from eager: " + r.what + " has " + r.how +
+                          ". Likely cause: " + r.likely;
+  TCAP_LOG(Verify, msg);
+  if (!v.log_only) throw VerifyError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, msg);
+  TORCH_WARN(msg);
+}
+
+void report_match(const std::string& who, size_t compared) {
+  TCAP_LOG(Verify, who << " matched eager (" << compared << " tensors compared)");
+}
+
+}  // namespace tcap::cache
