@@ -6,6 +6,8 @@
 #                            targets' short runs, in build-asan/
 #   tools/sanitize.sh tsan   ThreadSanitizer: the thread stress suite and the capture
 #                            suite's threaded tests, in build-tsan/
+# Both also run the many-threads-one-model stress tests (SharedModel.*) long:
+# TCAP_SANITIZE_STRESS iterations per thread (default 1000; CTest runs 25).
 #
 # Builds with the system compiler and -DTCAP_SANITIZE (cmake/TcapSanitizers.cmake), only
 # the targets it runs. LibTorch is a prebuilt wheel and is not instrumented: reports
@@ -32,6 +34,7 @@ if [ ! -f "$build/build.ninja" ]; then
 fi
 
 # suite NAME COMMAND...: what runs, by kind.
+stress=${TCAP_SANITIZE_STRESS:-1000}
 suites=()
 if [ "$kind" = asan ]; then
   targets=(tcap_ir_tests tcap_capture_tests tcap_interp_tests tcap_compile_tests tcap_thread_tests tcap_fuzz_json
@@ -43,6 +46,7 @@ if [ "$kind" = asan ]; then
     "tcap_interp_tests|test/tcap_interp_tests"
     "tcap_compile_tests|test/tcap_compile_tests"
     "tcap_thread_tests|test/tcap_thread_tests"
+    "SharedModel stress ($stress iterations)|TCAP_STRESS_ITERATIONS=$stress test/tcap_thread_tests --gtest_filter=SharedModel.*"
     "tcap_fuzz_json (5000 mutants)|test/fuzz/tcap_fuzz_json -runs=5000 -seed=1 $corpus"
     "tcap_fuzz_interp (3000 mutants)|test/fuzz/tcap_fuzz_interp -runs=3000 -seed=1 $corpus"
   )
@@ -54,6 +58,7 @@ else
   targets=(tcap_thread_tests tcap_capture_tests)
   suites=(
     "tcap_thread_tests|test/tcap_thread_tests"
+    "SharedModel stress ($stress iterations)|TCAP_STRESS_ITERATIONS=$stress test/tcap_thread_tests --gtest_filter=SharedModel.*"
     "tcap_capture_tests (threads)|test/tcap_capture_tests --gtest_filter=Guard.*"
   )
   export TSAN_OPTIONS="halt_on_error=0:second_deadlock_stack=1:report_signal_unsafe=0:suppressions=$supp/tsan.supp"

@@ -40,6 +40,7 @@ struct CompiledFunction::Impl {
   std::unique_ptr<cache::EntryCache> cache;
   cache::VerifyCounter verifier;  // verify mode: which replays to check
   std::atomic<bool> contract_logged{false};
+  std::mutex capture_mutex;  // Note [One capture at a time]
   std::mutex pending_mutex;
   std::shared_ptr<aot::PendingCapture> pending;  // the capture waiting for its backward
 
@@ -218,6 +219,7 @@ std::vector<at::Tensor> CompiledFunction::Impl::call(const std::vector<at::Tenso
   view.tensors = call_inputs;
   view.modules = modules.empty() ? nullptr : &live;
   cache::Lookup l;
+  const size_t seen = cache->size();  // entries this call has looked at (Note [One capture at a time])
   for (size_t start = 0;;) {
     size_t pos = 0;
     cache::Lookup found = cache->lookup(view, call_inputs, start, &pos);
@@ -256,6 +258,23 @@ std::vector<at::Tensor> CompiledFunction::Impl::call(const std::vector<at::Tenso
   if (l.host_miss_of && !options.observe_host_values) {
     note += " (if host code only logs or returns this value, CompileOptions::observe_host_values = true makes it an "
             "observation instead of a guard)";
+  }
+  // Note [One capture at a time]: threads that miss together (the first calls of a served
+  // model) would each capture, and fill the cache with copies of one entry. One captures;
+  // a call that misses meanwhile runs eagerly (by design, not a fallback), and the capturer
+  // looks again first, in case another thread published what it needs.
+  std::unique_lock<std::mutex> slot(capture_mutex, std::try_to_lock);
+  if (!slot.owns_lock()) return run_eager(user_inputs);
+  if (cache->size() > seen) {
+    if (cache::Lookup again = cache->lookup(view, call_inputs, seen); again.hit) {
+      slot.unlock();
+      try {
+        auto e = std::static_pointer_cast<const RegionEntry>(again.hit);
+        return aot::replay_region(specialize(e, again.key, again.primals), again.primals);
+      } catch (const HostValueChanged&) {
+        slot.lock();  // not this one either: capture
+      }
+    }
   }
   if (cache->admit(l, note) == cache::Admission::RunEager) return run_eager(user_inputs);
   if (cache->size() > 0) stats->count(&CompileStats::recompiles);

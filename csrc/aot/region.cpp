@@ -174,7 +174,6 @@ std::string RegionCapture::check_forward(const std::vector<at::Tensor>& outputs)
     const at::Tensor& o = outputs[k];
     const std::string name = "out" + std::to_string(k);
     if (!o.defined()) return "output " + std::to_string(k) + " is an undefined tensor";
-    if (o.is_inference()) return "output " + std::to_string(k) + " is an inference tensor";
     auto v = s.lookup(o);
     if (!v) return "output " + std::to_string(k) + " was not computed by recorded ops";
     if (primal_set.count(*v)) return "output " + std::to_string(k) + " is an input returned unchanged";

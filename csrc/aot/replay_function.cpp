@@ -327,7 +327,9 @@ struct ReplayNode final : torch::autograd::Node {
   std::vector<torch::autograd::SavedVariable> saved_outputs;  // capsule->in_context's, in order
   std::optional<RngStates> rng;
   std::shared_ptr<RegionVerify> verify;  // a verified replay's (Note [Verifying a compiled region])
-  std::mutex mu;  // as CppNode: apply and release_variables may race (Note [Thread Safety on Autograd Node])
+  // As CppNode: apply and release_variables may race (LibTorch's Note [Thread Safety on
+  // Autograd Node], torch/csrc/autograd/function.h).
+  std::mutex mu;
 
   std::string name() const override { return "tcap::CompiledRegionBackward"; }
 

@@ -83,7 +83,10 @@ std::string make_history_slice(const ir::Graph& g, const std::vector<size_t>& ou
     if (!live) continue;
     if (n.kind == ir::NodeKind::CallHook) return what + " runs a hook";
     const std::string op = n.qualified_op();
-    if (n.draws_random_numbers()) return what + " draws random numbers (" + op + "): a recompute would draw others";
+    if (n.draws_random_numbers()) {
+      return what + " draws random numbers (" + op + "): a recompute would draw others; make and consume it in one "
+             "compile_step (docs/compile.md, \"Outputs with autograd history\")";
+    }
     if (ir::op_has(n.op, ir::OpFact::Collective)) return what + " issues a collective (" + op + ")";
     if (std::find(patched.begin(), patched.end(), n.id) != patched.end()) {
       return what + " uses a scalar the optimizer recomputes every step (" + op + ")";

@@ -32,8 +32,10 @@ std::vector<at::Tensor> verified_call(const std::shared_ptr<const RegionEntry>& 
                                       const std::function<std::vector<at::Tensor>()>& run_eager,
                                       const CompileOptions& options, const VerifyOptions& v) {
   const RngStates rng = RngStates::save(devices_of(served->part.forward));
-  std::vector<at::Tensor> before;  // what the forward writes, as it was
-  for (size_t j : served->mutated_primals) before.push_back(primals.at(j).detach().clone());
+  // What the forward writes, as it was: in place, or without its schema saying so (batch
+  // norm's running statistics; Note [Writes a schema does not show]).
+  std::vector<at::Tensor> before;
+  for (size_t j : served->recompute_clones) before.push_back(primals.at(j).detach().clone());
 
   auto check = std::make_shared<RegionVerify>();
   check->primals = primals;
@@ -50,8 +52,8 @@ std::vector<at::Tensor> verified_call(const std::shared_ptr<const RegionEntry>& 
   // The compiled forward's writes, kept; then undone (without moving the version counters
   // a saved tensor is checked against) so that eager runs on the same state.
   std::vector<at::Tensor> written;
-  for (size_t k = 0; k < served->mutated_primals.size(); ++k) {
-    const at::Tensor& t = primals.at(served->mutated_primals[k]);
+  for (size_t k = 0; k < served->recompute_clones.size(); ++k) {
+    const at::Tensor& t = primals.at(served->recompute_clones[k]);
     written.push_back(t.detach().clone());
     at::NoGradGuard no_grad;
     t.variable_data().copy_(before[k]);
@@ -82,7 +84,7 @@ std::vector<at::Tensor> verified_call(const std::shared_ptr<const RegionEntry>& 
     if (!how.empty()) mismatch = differ("output " + std::to_string(k), how);
   }
   for (size_t k = 0; k < written.size() && !mismatch; ++k, ++compared) {
-    const size_t j = served->mutated_primals[k];
+    const size_t j = served->recompute_clones[k];
     std::string how = cache::compare_tensors(written[k], primals.at(j), check->tolerances);
     if (!how.empty()) mismatch = differ("'" + check->names[j] + "' (written by the function)", how);
   }

@@ -15,7 +15,7 @@
 //    slice that computes those values and calls the hooks (AccumulateGrad's own ops are
 //    left out), compiled with the guard's backend.
 // A miss on sizes alone marks the changed sizes dynamic: when the graphs recorded at the
-// two sizes differ only by integers that follow the changed sizes (Note [Dynamic dims]),
+// two sizes differ only by integers that follow the changed sizes (Note [Dynamic sizes] in cache/dynamic_sizes.h),
 // later sizes are served by patching those integers, without running the engine.
 // create_graph=true, graphs the walk cannot describe, and the cache-size limit run the
 // plain engine, with the reason in the log.

@@ -119,6 +119,7 @@ std::string key_names(uint64_t raw) {
 GlobalState GlobalState::now() {
   GlobalState g;
   g.grad_mode = at::GradMode::is_enabled();
+  g.inference_mode = c10::InferenceMode::is_enabled();
   const c10::impl::LocalDispatchKeySet keys = c10::impl::tls_local_dispatch_key_set();
   g.included_keys = keys.included_.raw_repr();
   g.excluded_keys = keys.excluded_.raw_repr();
@@ -134,15 +135,10 @@ GlobalState GlobalState::now() {
 }
 
 bool GlobalState::operator==(const GlobalState& o) const {
-  return grad_mode == o.grad_mode && included_keys == o.included_keys && excluded_keys == o.excluded_keys &&
+  return grad_mode == o.grad_mode && inference_mode == o.inference_mode && included_keys == o.included_keys &&
+         excluded_keys == o.excluded_keys &&
          deterministic == o.deterministic && deterministic_warn_only == o.deterministic_warn_only &&
          anomaly == o.anomaly && anomaly_check_nan == o.anomaly_check_nan && autocast_dtypes == o.autocast_dtypes;
-}
-
-bool GlobalState::inference_mode() const {
-  // InferenceMode excludes the autograd keys and includes none of ADInplaceOrView.
-  return c10::DispatchKeySet(c10::DispatchKeySet::RAW, excluded_keys).has(c10::DispatchKey::AutogradCPU) &&
-         !c10::DispatchKeySet(c10::DispatchKeySet::RAW, included_keys).has(c10::DispatchKey::ADInplaceOrView);
 }
 
 bool GlobalState::autocast(c10::DeviceType t) const { return autocast_on(excluded_keys, t); }
@@ -150,8 +146,8 @@ bool GlobalState::autocast(c10::DeviceType t) const { return autocast_on(exclude
 std::string GlobalState::mismatch(const GlobalState& now) const {
   if (*this == now) return "";
   if (now.grad_mode != grad_mode) return std::string("grad mode changed: ") + (grad_mode ? "on -> off" : "off -> on");
-  if (now.inference_mode() != inference_mode()) {
-    return std::string("inference mode changed: ") + (inference_mode() ? "on -> off" : "off -> on");
+  if (now.inference_mode != inference_mode) {
+    return std::string("inference mode changed: ") + (inference_mode ? "on -> off" : "off -> on");
   }
   for (c10::DeviceType t : kAutocastDevices) {
     if (autocast(t) != now.autocast(t)) {
@@ -572,7 +568,7 @@ std::vector<std::string> Guards::describe() const {
   }
   if (check_global) {
     out.push_back(std::string("grad mode ") + (global.grad_mode ? "on" : "off"));
-    if (global.inference_mode()) out.push_back("inference mode on");
+    if (global.inference_mode) out.push_back("inference mode on");
     for (const auto& [t, dtype] : global.autocast_dtypes) {
       out.push_back("autocast on for " + c10::DeviceTypeName(t, true) + " (" + ir::dtype_name(dtype) + ")");
     }

@@ -57,6 +57,7 @@ namespace tcap::cache {
 //     entry never serves a call made under another setting.
 struct GlobalState {
   bool grad_mode = true;
+  bool inference_mode = false;
   bool deterministic = false, deterministic_warn_only = false;
   bool anomaly = false, anomaly_check_nan = false;
   uint64_t included_keys = 0, excluded_keys = 0;  // the thread's local dispatch key sets, raw
@@ -64,7 +65,6 @@ struct GlobalState {
   c10::SmallVector<std::pair<c10::DeviceType, c10::ScalarType>, 2> autocast_dtypes;
   static GlobalState now();
   bool operator==(const GlobalState& o) const;
-  bool inference_mode() const;
   bool autocast(c10::DeviceType t) const;
   // "" if `now` matches, else what changed.
   std::string mismatch(const GlobalState& now) const;

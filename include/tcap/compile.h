@@ -13,6 +13,14 @@
 //
 // What cannot be compiled runs eagerly and says why (TCAP_LOGS=graph_breaks); each
 // recompile says why (TCAP_LOGS=recompiles). See docs/compile.md.
+//
+// The contract (docs/compile.md, "What a replay re-reads and what it freezes"): a replay
+// re-reads the inputs, the modules it was given (parameters, buffers, tree, training
+// flags, options), the tensors it read from outside its inputs (their current contents)
+// and global autograd/ATen state, and guards every value read on the host. Host values and
+// tensor variables the function reaches through its closure, a module's own members, and
+// the flags and options of modules it was not given are frozen at capture, as JAX's jit
+// freezes Python state. TCAP_VERIFY=1 checks every replay against eager.
 #pragma once
 
 #include <tcap/graph.h>

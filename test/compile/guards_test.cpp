@@ -120,7 +120,7 @@ TEST(Cache, LimitFallsBackToEager) {
   EXPECT_TRUE(close((*f)({x})[0], fn({x})[0]));
 }
 
-// Note [Dynamic dims] in compiled_function.cpp.
+// Note [Dynamic sizes] in cache/dynamic_sizes.h.
 TEST(Dynamic, ChangedBatchDimIsMadeDynamic) {
   auto flat = [](const Tensors& in) {
     auto x = in[0];

@@ -1,0 +1,153 @@
+// Inputs that share memory (Note [Alias geometry guards]): the same tensor passed twice,
+// two views of one storage that overlap, two that do not. A graph captured under one of
+// these never serves another: every call is eager's, whatever the order, with and without
+// gradients, in tcap::compile and compile_step, with both backends.
+#include "soundness/soundness.h"
+
+namespace tcap::soundness {
+namespace {
+
+enum class Alias { Same, Coincident, Disjoint, Overlapping, Separate };
+const char* alias_name(Alias a) {
+  switch (a) {
+    case Alias::Same: return "same tensor";
+    case Alias::Coincident: return "two views of the same elements";
+    case Alias::Disjoint: return "disjoint views";
+    case Alias::Overlapping: return "overlapping views";
+    case Alias::Separate: return "separate tensors";
+  }
+  return "?";
+}
+
+// Two [4, 3] inputs related as `a` says, over a fresh copy of `data` ([8, 3]).
+std::pair<at::Tensor, at::Tensor> inputs(Alias a, const at::Tensor& data) {
+  at::Tensor base = data.clone();
+  switch (a) {
+    case Alias::Same: {
+      at::Tensor v = base.slice(0, 0, 4);
+      return {v, v};
+    }
+    case Alias::Coincident: return {base.slice(0, 0, 4), base.slice(0, 0, 4)};
+    case Alias::Disjoint: return {base.slice(0, 0, 4), base.slice(0, 4, 8)};
+    case Alias::Overlapping: return {base.slice(0, 0, 4), base.slice(0, 2, 6)};
+    case Alias::Separate: return {base.slice(0, 0, 4).clone(), base.slice(0, 4, 8).clone()};
+  }
+  return {};
+}
+
+// Writes its first input, then reads both: the answer depends on how they alias.
+Tensors writes_then_reads(const Tensors& in) {
+  in[0].mul_(2);
+  return {in[0] + in[1] * 3};
+}
+
+const Alias kOrder[] = {Alias::Same,       Alias::Same,     Alias::Disjoint,   Alias::Disjoint, Alias::Overlapping,
+                        Alias::Coincident, Alias::Same,     Alias::Overlapping, Alias::Separate, Alias::Coincident,
+                        Alias::Disjoint,   Alias::Same};
+
+class Aliasing : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Aliasing, InPlaceWriteSeesEagersAliasing) {
+  const std::string backend = GetParam();
+  TCAP_SKIP_WITHOUT_BACKEND(backend);
+  CompileOptions o;
+  o.backend = backend;
+  auto f = tcap::compile(writes_then_reads, o);
+  const Tol tol = tolerance(backend);
+  tcap::StanceGuard strict(tcap::Stance::Default, /*error_on_fallback=*/true);
+  for (size_t i = 0; i < std::size(kOrder); ++i) {
+    auto data = torch::randn({8, 3});
+    auto [a, b] = inputs(kOrder[i], data);
+    auto got = (*f)({a, b})[0];
+    auto [ea, eb] = inputs(kOrder[i], data);
+    auto ref = writes_then_reads({ea, eb})[0];
+    ASSERT_TRUE(tcap::testing::close(got, ref, tol.rtol, tol.atol)) << alias_name(kOrder[i]) << ", call " << i;
+    ASSERT_TRUE(tcap::testing::close(a, ea, tol.rtol, tol.atol)) << alias_name(kOrder[i]) << " (the written input), call " << i;
+  }
+  EXPECT_GE(f->stats().replays, 4);
+}
+
+// Gradients: a leaf viewed twice. f(x, x) sums both paths into one gradient; two views of
+// a base send each its part.
+TEST_P(Aliasing, GradientsSeeEagersAliasing) {
+  const std::string backend = GetParam();
+  TCAP_SKIP_WITHOUT_BACKEND(backend);
+  CompileOptions o;
+  o.backend = backend;
+  auto fn = [](const Tensors& in) { return Tensors{(in[0].sin() * in[1]).sum(1)}; };
+  auto f = tcap::compile(fn, o);
+  const Tol tol = tolerance(backend);
+  tcap::StanceGuard strict(tcap::Stance::Default, /*error_on_fallback=*/true);
+  for (size_t i = 0; i < std::size(kOrder); ++i) {
+    auto data = torch::randn({8, 3});
+    auto leaf = data.clone().requires_grad_(true);
+    auto eager_leaf = data.clone().requires_grad_(true);
+    auto views = [&](const at::Tensor& l) -> std::pair<at::Tensor, at::Tensor> {
+      switch (kOrder[i]) {
+        case Alias::Same: {
+          at::Tensor v = l.slice(0, 0, 4);
+          return {v, v};
+        }
+        case Alias::Coincident: return {l.slice(0, 0, 4), l.slice(0, 0, 4)};
+        case Alias::Disjoint: return {l.slice(0, 0, 4), l.slice(0, 4, 8)};
+        case Alias::Overlapping: return {l.slice(0, 0, 4), l.slice(0, 2, 6)};
+        case Alias::Separate: return {l.slice(0, 0, 4) * 1, l.slice(0, 4, 8) * 1};
+      }
+      return {};
+    };
+    auto [a, b] = views(leaf);
+    auto [ea, eb] = views(eager_leaf);
+    auto got = (*f)({a, b})[0];
+    auto ref = fn({ea, eb})[0];
+    ASSERT_TRUE(tcap::testing::close(got, ref, tol.rtol, tol.atol)) << alias_name(kOrder[i]) << ", call " << i;
+    auto w = torch::randn({4});
+    (got * w).sum().backward();
+    (ref * w).sum().backward();
+    ASSERT_TRUE(tcap::testing::close(leaf.grad(), eager_leaf.grad(), tol.rtol, tol.atol))
+        << alias_name(kOrder[i]) << " gradient, call " << i;
+  }
+}
+
+// compile_step: a step that normalizes its first input in place, then reads both.
+TEST_P(Aliasing, StepInputsSeeEagersAliasing) {
+  const std::string backend = GetParam();
+  TCAP_SKIP_WITHOUT_BACKEND(backend);
+  torch::manual_seed(0);
+  nn::Linear lin(3, 2), twin(3, 2);
+  tcap::testing::copy_parameters(*lin, *twin);
+  torch::optim::SGD opt(lin->parameters(), 0.1), opt_twin(twin->parameters(), 0.1);
+  auto body = [](nn::Linear& m, torch::optim::SGD& o, const at::Tensor& a, const at::Tensor& b) {
+    o.zero_grad();
+    a.mul_(0.5);
+    auto loss = (m(a) - m(b)).pow(2).mean() + m(a).mean();
+    loss.backward();
+    o.step();
+    return loss;
+  };
+  CompileOptions co;
+  co.backend = backend;
+  auto step = tcap::compile_step(lin.ptr(), opt, [&](const Tensors& in) { return Tensors{body(lin, opt, in[0], in[1])}; }, co);
+  const Tol tol = tolerance(backend);
+  tcap::StanceGuard strict(tcap::Stance::Default, /*error_on_fallback=*/true);
+  const Alias order[] = {Alias::Same,        Alias::Same,        Alias::Same,        Alias::Same,
+                         Alias::Disjoint,    Alias::Disjoint,    Alias::Disjoint,    Alias::Disjoint,
+                         Alias::Same,        Alias::Overlapping, Alias::Overlapping, Alias::Overlapping,
+                         Alias::Overlapping, Alias::Coincident,  Alias::Coincident,  Alias::Coincident,
+                         Alias::Same,        Alias::Disjoint};
+  for (size_t i = 0; i < std::size(order); ++i) {
+    auto data = torch::randn({8, 3});
+    auto [a, b] = inputs(order[i], data);
+    auto loss = (*step)({a, b})[0];
+    auto [ea, eb] = inputs(order[i], data);
+    auto ref = body(twin, opt_twin, ea, eb);
+    ASSERT_TRUE(tcap::testing::close(loss, ref, tol.rtol, tol.atol)) << alias_name(order[i]) << ", step " << i;
+    ASSERT_TRUE(tcap::testing::close(lin->weight, twin->weight, tol.rtol, tol.atol)) << alias_name(order[i]) << ", step " << i;
+    ASSERT_TRUE(tcap::testing::close(a, ea, tol.rtol, tol.atol)) << alias_name(order[i]) << ", step " << i;
+  }
+  EXPECT_GE(step->stats().replays, 3);
+}
+
+INSTANTIATE_TEST_SUITE_P(Soundness, Aliasing, ::testing::Values(std::string("eager"), std::string("llvm")));
+
+}  // namespace
+}  // namespace tcap::soundness
