@@ -65,6 +65,9 @@ struct GlobalState {
   c10::SmallVector<std::pair<c10::DeviceType, c10::ScalarType>, 2> autocast_dtypes;
   static GlobalState now();
   bool operator==(const GlobalState& o) const;
+  // Whether the calling thread's state is this one, without building a GlobalState (the
+  // check every hit pays; mismatch(now()) says what changed when it is not).
+  bool matches_now() const;
   bool autocast(c10::DeviceType t) const;
   // "" if `now` matches, else what changed.
   std::string mismatch(const GlobalState& now) const;
