@@ -220,41 +220,20 @@ std::vector<at::Tensor> CompiledFunction::Impl::call(const std::vector<at::Tenso
   view.modules = modules.empty() ? nullptr : &live;
   cache::Lookup l;
   const size_t seen = cache->size();  // entries this call has looked at (Note [One capture at a time])
-  for (size_t start = 0;;) {
-    size_t pos = 0;
-    cache::Lookup found = cache->lookup(view, call_inputs, start, &pos);
-    if (l.first_miss.empty()) l.first_miss = found.first_miss;
-    if (!l.size_miss_of) {
-      l.size_miss_of = found.size_miss_of;
-      l.changed = found.changed;
-    }
-    if (!l.host_miss_of) l.host_miss_of = found.host_miss_of;
-    if (!found.hit) break;
+  using Out = std::vector<at::Tensor>;
+  auto served = cache->serve<Out>(view, call_inputs, l, [&](const cache::Lookup& found) -> std::optional<Out> {
     auto e = std::static_pointer_cast<const RegionEntry>(found.hit);
-    try {
-      auto served = specialize(e, found.key, found.primals);
-      const VerifyOptions v = cache::verify_options_for(options);
-      if (verifier.next(v)) {
-        return aot::verified_call(served, *e, found.primals, [&] { return fn(user_inputs); }, options, v);
-      }
-      return aot::replay_region(served, found.primals);
-    } catch (const HostValueChanged& err) {
-      // An inline host-value guard failed before the replay changed anything visible.
-      cache::EntryCache::note_replay_miss(l, found.hit, err.what_without_backtrace());
-      start = pos + 1;
+    auto entry = specialize(e, found.key, found.primals);
+    const VerifyOptions v = cache::verify_options_for(options);
+    if (verifier.next(v)) {
+      return aot::verified_call(entry, *e, found.primals, [&] { return fn(user_inputs); }, options, v);
     }
-  }
+    return aot::replay_region(entry, found.primals);
+  });
+  if (served) return std::move(*served);
   if (auto out = while_pending(user_inputs)) return std::move(*out);
   if (cache->fell_back()) return run_eager(user_inputs);
-  std::string note;
-  if (l.size_miss_of) {
-    const auto& tensors = l.size_miss_of->guards.tensors;
-    for (size_t i : l.changed) {
-      size_t pos = 0, k = 0;
-      while (k < tensors.size() && pos + tensors[k].sizes.size() <= i) pos += tensors[k++].sizes.size();
-      if (k < tensors.size()) note += "; marking dim " + std::to_string(i - pos) + " of '" + tensors[k].name + "' dynamic";
-    }
-  }
+  std::string note = cache::EntryCache::dynamic_note(l);
   if (l.host_miss_of && !options.observe_host_values) {
     note += " (if host code only logs or returns this value, CompileOptions::observe_host_values = true makes it an "
             "observation instead of a guard)";
@@ -262,19 +241,26 @@ std::vector<at::Tensor> CompiledFunction::Impl::call(const std::vector<at::Tenso
   // Note [One capture at a time]: threads that miss together (the first calls of a served
   // model) would each capture, and fill the cache with copies of one entry. One captures;
   // a call that misses meanwhile runs eagerly (by design, not a fallback), and the capturer
-  // looks again first, in case another thread published what it needs.
+  // looks again first, at the entries other threads published since its lookup.
   std::unique_lock<std::mutex> slot(capture_mutex, std::try_to_lock);
   if (!slot.owns_lock()) return run_eager(user_inputs);
   if (cache->size() > seen) {
-    if (cache::Lookup again = cache->lookup(view, call_inputs, seen); again.hit) {
-      slot.unlock();
-      try {
-        auto e = std::static_pointer_cast<const RegionEntry>(again.hit);
-        return aot::replay_region(specialize(e, again.key, again.primals), again.primals);
-      } catch (const HostValueChanged&) {
-        slot.lock();  // not this one either: capture
-      }
-    }
+    cache::Lookup again;
+    served = cache->serve<Out>(
+        view, call_inputs, again,
+        [&](const cache::Lookup& found) -> std::optional<Out> {
+          slot.unlock();
+          try {
+            return aot::replay_region(specialize(std::static_pointer_cast<const RegionEntry>(found.hit), found.key,
+                                                 found.primals),
+                                      found.primals);
+          } catch (const HostValueChanged&) {
+            slot.lock();  // not this one: look on, or capture
+            throw;
+          }
+        },
+        seen);
+    if (served) return std::move(*served);
   }
   if (cache->admit(l, note) == cache::Admission::RunEager) return run_eager(user_inputs);
   if (cache->size() > 0) stats->count(&CompileStats::recompiles);

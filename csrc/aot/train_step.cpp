@@ -633,15 +633,8 @@ std::vector<at::Tensor> CompiledStep::Impl::call(const std::vector<at::Tensor>& 
   const aot::StepInputs g = gather(user, /*with_names=*/false);
   const cache::CallView view = g.view();
   cache::Lookup l;
-  for (size_t start = 0;;) {
-    size_t pos = 0;
-    cache::Lookup found = cache->lookup(view, g.ts, start, &pos);
-    if (l.first_miss.empty()) l.first_miss = found.first_miss;
-    if (!l.size_miss_of) {
-      l.size_miss_of = found.size_miss_of;
-      l.changed = found.changed;
-    }
-    if (!found.hit) break;
+  using Out = std::vector<at::Tensor>;
+  auto served = cache->serve<Out>(view, g.ts, l, [&](const cache::Lookup& found) -> std::optional<Out> {
     auto e = std::static_pointer_cast<StepEntry>(found.hit);
     StepEntry::State state;
     {
@@ -649,7 +642,7 @@ std::vector<at::Tensor> CompiledStep::Impl::call(const std::vector<at::Tensor>& 
       state = e->state;
     }
     switch (state) {
-      case StepEntry::State::Compiled:
+      case StepEntry::State::Compiled: {
         if (!e->fused_groups.empty() && !aot::fused_steps_agree(e->fused_groups, parts.opts)) {
           // Note [Fused optimizer steps]: one step count per fused call. A fallback like
           // any other: error_on_fallback turns it into an error.
@@ -657,19 +650,13 @@ std::vector<at::Tensor> CompiledStep::Impl::call(const std::vector<at::Tensor>& 
                                         "differ (some had no gradient in an earlier step)");
           return run_eager(user);
         }
-        try {
-          auto served = specialize(e, found.key);
-          const VerifyOptions v = cache::verify_options_for(options);
-          if (verifier.next(v)) {
-            if (auto outs = verified(*served, *e, g, found.primals, user, v)) return std::move(*outs);
-          }
-          return replay(*served, g, found.primals, user);
-        } catch (const HostValueChanged& err) {
-          // An inline host-value guard failed before the replay wrote anything.
-          cache::EntryCache::note_replay_miss(l, found.hit, err.what_without_backtrace());
-          start = pos + 1;
-          continue;
+        auto entry = specialize(e, found.key);  // an inline host-value check may throw: see serve()
+        const VerifyOptions v = cache::verify_options_for(options);
+        if (verifier.next(v)) {
+          if (auto outs = verified(*entry, *e, g, found.primals, user, v)) return outs;
         }
+        return replay(*entry, g, found.primals, user);
+      }
       case StepEntry::State::Eager:
         if (!e->by_design) cache::report_fallback(who() + " (for these guards)", e->eager_reason);
         return run_eager(user);
@@ -682,16 +669,10 @@ std::vector<at::Tensor> CompiledStep::Impl::call(const std::vector<at::Tensor>& 
         return outs;
       }
     }
-  }
-  std::string note;
-  if (l.size_miss_of) {
-    const auto& tensors = l.size_miss_of->guards.tensors;
-    for (size_t i : l.changed) {
-      size_t pos = 0, k = 0;
-      while (k < tensors.size() && pos + tensors[k].sizes.size() <= i) pos += tensors[k++].sizes.size();
-      if (k < tensors.size()) note += "; marking dim " + std::to_string(i - pos) + " of '" + tensors[k].name + "' dynamic";
-    }
-  }
+    return std::nullopt;
+  });
+  if (served) return std::move(*served);
+  const std::string note = cache::EntryCache::dynamic_note(l);
   if (cache->admit(l, note) == cache::Admission::RunEager) return run_eager(user);
   if (cache->size() > 0) stats.count(&CompileStats::recompiles);
   auto e = std::make_shared<StepEntry>();

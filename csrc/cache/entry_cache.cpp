@@ -59,6 +59,18 @@ void EntryCache::note_replay_miss(Lookup& l, const std::shared_ptr<Entry>& e, co
   if (!l.host_miss_of) l.host_miss_of = e;
 }
 
+std::string EntryCache::dynamic_note(const Lookup& miss) {
+  std::string note;
+  if (!miss.size_miss_of) return note;
+  const auto& tensors = miss.size_miss_of->guards.tensors;
+  for (size_t i : miss.changed) {
+    size_t pos = 0, k = 0;
+    while (k < tensors.size() && pos + tensors[k].sizes.size() <= i) pos += tensors[k++].sizes.size();
+    if (k < tensors.size()) note += "; marking dim " + std::to_string(i - pos) + " of '" + tensors[k].name + "' dynamic";
+  }
+  return note;
+}
+
 Admission EntryCache::admit(const Lookup& miss, const std::string& dynamic_note) {
   const size_t n = size();
   if (n == 0) return Admission::Capture;

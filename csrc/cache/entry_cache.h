@@ -12,11 +12,13 @@
 
 #include "cache/guards.h"
 
+#include <tcap/interpreter.h>
 #include <tcap/stance.h>
 
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -61,6 +63,38 @@ class EntryCache {
                 size_t* pos = nullptr) const;
   // Notes a miss found while replaying `e` (an inline host-value check) into `l`.
   static void note_replay_miss(Lookup& l, const std::shared_ptr<Entry>& e, const std::string& why);
+  // Note [Serving a call]: the lookup loop of the front doors whose replays can miss late.
+  // From position `start`, every entry whose guards fit is handed to serve(found), which
+  // replays it and returns the call's result, or returns nullopt to stop looking (the
+  // call is not served from the cache), or throws HostValueChanged when an inline
+  // host-value check fails before the replay changed anything visible: the lookup then
+  // goes on after that entry. Without a result, `miss` holds what the call's lookups found
+  // (the first entry's reason, an entry that missed on sizes alone, one that missed on a
+  // host value alone), for admit() and the recompile's log line.
+  template <class R, class Serve>
+  std::optional<R> serve(const CallView& call, const std::vector<at::Tensor>& primals, Lookup& miss, Serve&& serve,
+                         size_t start = 0) const {
+    for (;;) {
+      size_t pos = 0;
+      Lookup found = lookup(call, primals, start, &pos);
+      if (miss.first_miss.empty()) miss.first_miss = found.first_miss;
+      if (!miss.size_miss_of) {
+        miss.size_miss_of = found.size_miss_of;
+        miss.changed = found.changed;
+      }
+      if (!miss.host_miss_of) miss.host_miss_of = found.host_miss_of;
+      if (!found.hit) return std::nullopt;
+      try {
+        return serve(found);
+      } catch (const HostValueChanged& err) {
+        note_replay_miss(miss, found.hit, err.what_without_backtrace());
+        start = pos + 1;
+      }
+    }
+  }
+  // The note admit() logs for a miss on sizes alone: "; marking dim 0 of 'x' dynamic" for
+  // each size that changed ("" for any other miss).
+  static std::string dynamic_note(const Lookup& miss);
 
   // After a miss: whether to capture a new entry, per the stance and the cache limit.
   // Logs the recompile with its reason (and the sizes marked dynamic), or why the call
