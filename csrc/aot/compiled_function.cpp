@@ -219,7 +219,6 @@ std::vector<at::Tensor> CompiledFunction::Impl::call(const std::vector<at::Tenso
   view.tensors = call_inputs;
   view.modules = modules.empty() ? nullptr : &live;
   cache::Lookup l;
-  const size_t seen = cache->size();  // entries this call has looked at (Note [One capture at a time])
   using Out = std::vector<at::Tensor>;
   auto served = cache->serve<Out>(view, call_inputs, l, [&](const cache::Lookup& found) -> std::optional<Out> {
     auto e = std::static_pointer_cast<const RegionEntry>(found.hit);
@@ -231,6 +230,7 @@ std::vector<at::Tensor> CompiledFunction::Impl::call(const std::vector<at::Tenso
     return aot::replay_region(entry, found.primals);
   });
   if (served) return std::move(*served);
+  const size_t seen = l.entries_seen;  // entries this call has looked at (Note [One capture at a time])
   if (auto out = while_pending(user_inputs)) return std::move(*out);
   if (cache->fell_back()) return run_eager(user_inputs);
   std::string note = cache::EntryCache::dynamic_note(l);

@@ -7,6 +7,8 @@
 
 #include <tcap/compile.h>
 
+#include <atomic>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -14,18 +16,29 @@
 
 namespace tcap::aot {
 
-// The statistics of one compiled function, counted from any thread.
+// The statistics of one compiled function, counted from any thread without a lock (every
+// replay counts one).
 struct SharedStats {
-  std::mutex mutex;
-  CompileStats stats;
-  void count(int CompileStats::*field) {
-    std::lock_guard<std::mutex> lock(mutex);
-    ++(stats.*field);
-  }
+  void count(int CompileStats::*field) { slot(field).fetch_add(1, std::memory_order_relaxed); }
   CompileStats read() {
-    std::lock_guard<std::mutex> lock(mutex);
-    return stats;
+    CompileStats s;
+    for (int CompileStats::*f : kFields) s.*f = slot(f).load(std::memory_order_relaxed);
+    return s;
   }
+
+ private:
+  static constexpr int CompileStats::*kFields[] = {
+      &CompileStats::captures,   &CompileStats::compiles,           &CompileStats::replays, &CompileStats::eager_calls,
+      &CompileStats::recompiles, &CompileStats::backward_fallbacks, &CompileStats::verified};
+  static_assert(sizeof(CompileStats) == sizeof(kFields) / sizeof(kFields[0]) * sizeof(int),
+                "a field of CompileStats is missing from SharedStats::kFields");
+  std::atomic<int>& slot(int CompileStats::*field) {
+    size_t i = 0;
+    while (i < std::size(kFields) && kFields[i] != field) ++i;
+    TORCH_CHECK(i < std::size(kFields), "tcap: SharedStats: a field of CompileStats it does not count");
+    return counts_[i];
+  }
+  std::atomic<int> counts_[std::size(kFields)] = {};
 };
 
 struct RegionEntry : cache::Entry {

@@ -20,6 +20,7 @@ Lookup EntryCache::lookup(const CallView& call, const std::vector<at::Tensor>& p
                           size_t* pos) const {
   Lookup out;
   const auto snapshot = entries();
+  out.entries_seen = snapshot->size();
   for (size_t i = start; i < snapshot->size(); ++i) {
     const auto& e = (*snapshot)[i];
     std::vector<int64_t> key;
@@ -122,6 +123,9 @@ void EntryCache::add(const std::shared_ptr<Entry>& e, const std::shared_ptr<Entr
 
 bool EntryCache::eager_by_design() {
   const bool anomaly = torch::autograd::AnomalyMode::is_enabled();
+  // Read first: every call passes here, from every thread, and a write would move the
+  // cache line between them.
+  if (in_anomaly_mode_.load(std::memory_order_relaxed) == anomaly) return anomaly;
   if (in_anomaly_mode_.exchange(anomaly, std::memory_order_relaxed) != anomaly && anomaly) {
     TCAP_LOG(GraphBreaks, who_ << " runs eagerly while anomaly mode is on (the engine's per-node checks and forward "
                                   "traces need the eager graph)");

@@ -42,6 +42,7 @@ struct Lookup {
   std::shared_ptr<Entry> size_miss_of;  // an entry that missed on sizes only
   std::vector<size_t> changed;          // ... and the sizes that changed
   std::shared_ptr<Entry> host_miss_of;  // an entry that missed on a host value only
+  size_t entries_seen = 0;              // how many entries the cache held when it looked
 };
 
 // What to do about a call no entry fits.
@@ -74,9 +75,10 @@ class EntryCache {
   template <class R, class Serve>
   std::optional<R> serve(const CallView& call, const std::vector<at::Tensor>& primals, Lookup& miss, Serve&& serve,
                          size_t start = 0) const {
-    for (;;) {
+    for (bool first = true;; first = false) {
       size_t pos = 0;
       Lookup found = lookup(call, primals, start, &pos);
+      if (first) miss.entries_seen = found.entries_seen;
       if (miss.first_miss.empty()) miss.first_miss = found.first_miss;
       if (!miss.size_miss_of) {
         miss.size_miss_of = found.size_miss_of;
