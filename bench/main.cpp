@@ -29,7 +29,8 @@ constexpr const char* kUsage =
     "                  py_eager, inductor,\n"
     "                  record, record_read, replay; the program workloads' compile,\n"
     "                  compile_llvm, step, step_llvm, step_fused, step_fused_llvm, ca, ca_llvm; overhead_empty's call,\n"
-    "                  lookup, guard_check)\n"
+    "                  lookup, guard_check;\n"
+    "                  the serving workloads' eager_Nt, tcap_eager_Nt, tcap_llvm_Nt for N = 1, 2, 4)\n"
     "  --json FILE     also write the records to FILE (a JSON list, one object per variant)\n"
     "  --repeats N     rounds per workload (default 15; 3 with --quick)\n"
     "  --quick         few rounds and iterations: a smoke test, not a measurement (no\n"
@@ -47,7 +48,9 @@ const char* const kVariants[] = {"eager",     "record",    "record_read",      "
                                  "tcap_eager_default",     "tcap_llvm", "tcap_cuda", "tcap_cuda_graphs",
                                  "ca_eager",  "ca_llvm",   "ca_cuda",     "py_eager", "inductor",
                                  "compile",   "compile_llvm", "step",     "step_llvm", "step_fused", "step_fused_llvm", "ca",
-                                 "call",      "lookup",    "guard_check"};
+                                 "call",      "lookup",    "guard_check",
+                                 "eager_1t",  "eager_2t",  "eager_4t",   "tcap_eager_1t", "tcap_eager_2t", "tcap_eager_4t",
+                                 "tcap_llvm_1t", "tcap_llvm_2t", "tcap_llvm_4t"};
 
 [[noreturn]] void usage_error(const std::string& message) {
   std::cerr << "tcap-bench: " << message << "\n" << kUsage;
@@ -117,6 +120,7 @@ int main(int argc, char** argv) {
   tcap::bench::add_compile_workloads(registry);
   tcap::bench::add_program_workloads(registry);
   tcap::bench::add_overhead_workloads(registry);
+  tcap::bench::add_serving_workloads(registry);
 
   if (options.device == "cuda") {
     if (!torch::cuda::is_available()) {

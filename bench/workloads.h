@@ -17,5 +17,8 @@ void add_program_workloads(Registry& registry);
 // overhead_empty: the cost of a compiled call whose graph is empty, of the entry lookup
 // and of the guard check alone (workloads_overhead.cpp).
 void add_overhead_workloads(Registry& registry);
+// serving_mlp_b1, serving_mlp_b8, serving_block_b1, serving_block_b8: one model in
+// inference served by 1, 2 and 4 request threads, eager vs compiled (workloads_serving.cpp).
+void add_serving_workloads(Registry& registry);
 
 }  // namespace tcap::bench

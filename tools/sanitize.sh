@@ -8,6 +8,8 @@
 #                            suite's threaded tests, in build-tsan/
 # Both also run the many-threads-one-model stress tests (SharedModel.*) long:
 # TCAP_SANITIZE_STRESS iterations per thread (default 1000; CTest runs 25).
+#   tools/sanitize.sh asan|tsan threads   the thread suites only (tcap_thread_tests and the
+#                                         long stress run): builds the library and one test
 #
 # Builds with the system compiler and -DTCAP_SANITIZE (cmake/TcapSanitizers.cmake), only
 # the targets it runs. LibTorch is a prebuilt wheel and is not instrumented: reports
@@ -17,6 +19,11 @@
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 kind=${1:-}
+only=${2:-}
+case "$only" in
+  ""|threads) ;;
+  *) echo "usage: tools/sanitize.sh asan|tsan [threads]" >&2; exit 2 ;;
+esac
 case "$kind" in
   asan) san=address ;;
   tsan) san=thread ;;
@@ -66,6 +73,15 @@ else
   export OMP_NUM_THREADS=1
 fi
 
+if [ "$only" = threads ]; then
+  targets=(tcap_thread_tests)
+  kept=()
+  for entry in "${suites[@]}"; do
+    case "$entry" in tcap_thread_tests*|SharedModel*) kept+=("$entry") ;; esac
+  done
+  suites=("${kept[@]}")
+fi
+
 cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" >&2 || { echo "sanitize: build failed" >&2; exit 2; }
 
 logs="$build/sanitize-logs"
@@ -73,7 +89,7 @@ mkdir -p "$logs"
 status=0
 summary="$build/sanitize-result.txt"
 {
-  echo "tools/sanitize.sh $kind, $(date -u +%Y-%m-%dT%H:%MZ), $(git -C "$root" rev-parse --short HEAD)$(git -C "$root" diff --quiet || echo ' (with local changes)')"
+  echo "tools/sanitize.sh $kind${only:+ $only}, $(date -u +%Y-%m-%dT%H:%MZ), $(git -C "$root" rev-parse --short HEAD)$(git -C "$root" diff --quiet || echo ' (with local changes)')"
 } >"$summary"
 for entry in "${suites[@]}"; do
   name=${entry%%|*}
