@@ -53,7 +53,7 @@ if [ "$kind" = asan ]; then
     "tcap_interp_tests|test/tcap_interp_tests"
     "tcap_compile_tests|test/tcap_compile_tests"
     "tcap_thread_tests|test/tcap_thread_tests"
-    "SharedModel stress ($stress iterations)|TCAP_STRESS_ITERATIONS=$stress test/tcap_thread_tests --gtest_filter=SharedModel.*"
+    "SharedModel stress ($stress iterations)|TCAP_STRESS_ITERATIONS=$stress test/tcap_thread_tests --gtest_filter='*SharedModel*'"
     "tcap_fuzz_json (5000 mutants)|test/fuzz/tcap_fuzz_json -runs=5000 -seed=1 $corpus"
     "tcap_fuzz_interp (3000 mutants)|test/fuzz/tcap_fuzz_interp -runs=3000 -seed=1 $corpus"
   )
@@ -65,7 +65,7 @@ else
   targets=(tcap_thread_tests tcap_capture_tests)
   suites=(
     "tcap_thread_tests|test/tcap_thread_tests"
-    "SharedModel stress ($stress iterations)|TCAP_STRESS_ITERATIONS=$stress test/tcap_thread_tests --gtest_filter=SharedModel.*"
+    "SharedModel stress ($stress iterations)|TCAP_STRESS_ITERATIONS=$stress test/tcap_thread_tests --gtest_filter='*SharedModel*'"
     "tcap_capture_tests (threads)|test/tcap_capture_tests --gtest_filter=Guard.*"
   )
   export TSAN_OPTIONS="halt_on_error=0:second_deadlock_stack=1:report_signal_unsafe=0:suppressions=$supp/tsan.supp"

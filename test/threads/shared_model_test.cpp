@@ -8,13 +8,14 @@
 //
 // The iterations per thread come from TCAP_STRESS_ITERATIONS (default 25, what CTest runs);
 // the long form, under the sanitizers too (tools/sanitize.sh):
-//   TCAP_STRESS_ITERATIONS=2000 build/test/tcap_thread_tests --gtest_filter='SharedModel*'
+//   TCAP_STRESS_ITERATIONS=2000 build/test/tcap_thread_tests --gtest_filter='*SharedModel*'
 #include <tcap/compile.h>
 #include <tcap/compiled_autograd.h>
 #include <tcap/train_step.h>
 
 #include "support/backends.h"
 #include "support/compare.h"
+#include "support/models.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -173,11 +174,7 @@ TEST_P(SharedModel, TrainedByThreadsThatShareItsParameters) {
   if (backend == "llvm" && !tcap::testing::backend_built("llvm", &why)) GTEST_SKIP() << why;
   torch::manual_seed(0);
   Served model, twin;
-  {
-    torch::NoGradGuard no_grad;
-    auto dst = twin->named_parameters();
-    for (const auto& p : model->named_parameters()) dst[p.key()].copy_(p.value());
-  }
+  tcap::testing::copy_parameters(*model, *twin);
   tcap::CompileOptions o;
   o.backend = backend;
   auto f = tcap::compile(model, o);
@@ -210,11 +207,7 @@ TEST_P(SharedModel, CompiledAutogradWhoseGraphsShareLeaves) {
   if (backend == "llvm" && !tcap::testing::backend_built("llvm", &why)) GTEST_SKIP() << why;
   torch::manual_seed(0);
   Served model, twin;
-  {
-    torch::NoGradGuard no_grad;
-    auto dst = twin->named_parameters();
-    for (const auto& p : model->named_parameters()) dst[p.key()].copy_(p.value());
-  }
+  tcap::testing::copy_parameters(*model, *twin);
   const int n = iterations();
   const int per_round = 3;  // backwards per thread in each cache: one capture, then hits
   Rounds rounds(kWorkers);
@@ -253,11 +246,7 @@ TEST_P(SharedModel, CompileStepFromTwoThreadsIsSerialized) {
   if (backend == "llvm" && !tcap::testing::backend_built("llvm", &why)) GTEST_SKIP() << why;
   torch::manual_seed(0);
   Served model, twin;
-  {
-    torch::NoGradGuard no_grad;
-    auto dst = twin->named_parameters();
-    for (const auto& p : model->named_parameters()) dst[p.key()].copy_(p.value());
-  }
+  tcap::testing::copy_parameters(*model, *twin);
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   torch::optim::SGD opt_twin(twin->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   const at::Tensor x = batch(0, 0, 6);
