@@ -1,7 +1,7 @@
 // Kernel IR: the target-neutral description of one fused loop nest (D7).
 //
 // The fusion pass (csrc/fuse) lowers groups of ATen nodes into a kir::Kernel; each
-// renderer (codegen/cpu_llvm, later codegen/cuda) turns a Kernel into machine code. The
+// renderer (codegen/cpu_llvm, codegen/cuda) turns a Kernel into machine code. The
 // IR is deliberately small and fully specialised: sizes and strides are constants (tcap
 // compiles per guarded shape), so a renderer can emit straight-line index arithmetic.
 //

@@ -3,7 +3,7 @@
 // Note [CPU buffer pool]
 // Why: on these VMs freed memory goes back to the host in 8 MiB blocks, so with stock glibc
 // malloc an eager step that frees and re-allocates its large tensors page-faults them in
-// again every step (shared/notes/benchmarking-here.md). mlp_big's eager backward runs 25 ms
+// again every step (docs/memory.md). mlp_big's eager backward runs 25 ms
 // in a process of its own against 18 ms with tuned malloc settings. A compiled graph knows
 // its allocations repeat every step, so its runtime keeps the blocks.
 //

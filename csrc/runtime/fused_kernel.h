@@ -5,9 +5,8 @@
 // A kernel's outputs are allocated with the recorded sizes and strides (so they look
 // exactly like eager's), through LibTorch's CPU allocator inside a PoolScope: a
 // steady-state step takes its blocks from the CPU buffer pool and allocates no new ones
-// (Note [CPU buffer pool]; shared/notes/benchmarking-here.md on why that matters here).
-// (Before commit 25dffde each output slot kept its last buffer instead: memory held per slot
-// between calls, and no reuse across kernels.)
+// (Note [CPU buffer pool]; docs/memory.md on why that matters: fresh pages are faulted in
+// on every call otherwise).
 //
 // On CUDA (a kernel with `cuda` set) outputs come from LibTorch's caching allocator
 // instead (it already reuses blocks per stream) and the kernel is launched on the

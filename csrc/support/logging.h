@@ -4,7 +4,7 @@
 //   TCAP_LOGS        comma-separated channels; "all" turns on every channel,
 //                    "-name" turns one off again ("all,-capture").
 //   TCAP_LOG_FILE    append log lines there instead of stderr.
-//   TCAP_DUMP_DIR    folder where graphs (and later kernels) are dumped.
+//   TCAP_DUMP_DIR    folder where graphs and fused kernels (kernels/) are dumped.
 //   TCAP_CACHE_DIR   on-disk cache folder (default ~/.cache/tcap).
 //   TCAP_BUFFER_POOL_MB  cap of the CPU buffer pool's cached blocks (default 1024; 0: no
 //                    pool). Note [CPU buffer pool].
