@@ -121,6 +121,7 @@ int main(int argc, char** argv) {
   tcap::bench::add_program_workloads(registry);
   tcap::bench::add_overhead_workloads(registry);
   tcap::bench::add_serving_workloads(registry);
+  tcap::bench::add_ir_workloads(registry);
 
   if (options.device == "cuda") {
     if (!torch::cuda::is_available()) {

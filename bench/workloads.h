@@ -20,5 +20,7 @@ void add_overhead_workloads(Registry& registry);
 // serving_mlp_b1, serving_mlp_b8, serving_block_b1, serving_block_b8: one model in
 // inference served by 1, 2 and 4 request threads, eager vs compiled (workloads_serving.cpp).
 void add_serving_workloads(Registry& registry);
+// ir_passes_20k: graph passes over a captured graph of ~20,000 nodes (workloads_ir.cpp).
+void add_ir_workloads(Registry& registry);
 
 }  // namespace tcap::bench

@@ -341,10 +341,11 @@ std::optional<std::pair<ir::Graph, ScalarArgs>> rewrite_keeping_scalars(const ir
   ir::Graph marked = g;
   std::vector<double> sentinel(args.size());
   for (size_t k = 0; k < args.size(); ++k) {
-    ir::Arg& a = marked.mutable_nodes().at(static_cast<size_t>(args[k].first)).args.at(args[k].second);
-    TORCH_INTERNAL_ASSERT(is_scalar_arg(a), "tcap: scalar argument ", k, " is not a floating-point scalar");
     sentinel[k] = std::ldexp(1.0 + static_cast<double>(k + 1) * 0x1p-32, -1000);  // no graph holds these
-    a.d = sentinel[k];
+    marked.edit_constant(args[k].first, args[k].second, [&](ir::Arg& a) {
+      TORCH_INTERNAL_ASSERT(is_scalar_arg(a), "tcap: scalar argument ", k, " is not a floating-point scalar");
+      a.d = sentinel[k];
+    });
   }
   std::vector<int64_t> ids;
   auto holds_sentinel = [sentinel](const ir::Node& n) {
@@ -377,8 +378,8 @@ std::optional<std::pair<ir::Graph, ScalarArgs>> rewrite_keeping_scalars(const ir
     return std::nullopt;
   }
   for (size_t k = 0; k < args.size(); ++k) {
-    fused.mutable_nodes().at(static_cast<size_t>(found[k].first)).args.at(found[k].second).d =
-        g.node(args[k].first).args.at(args[k].second).d;
+    const double d = g.node(args[k].first).args.at(args[k].second).d;
+    fused.edit_constant(found[k].first, found[k].second, [d](ir::Arg& a) { a.d = d; });
   }
   kernels->insert(kernels->end(), ids.begin(), ids.end());
   stage(fused, what, target.kind != Target::Eager ? "simplify and fuse" : "simplify");

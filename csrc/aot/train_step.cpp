@@ -480,7 +480,7 @@ void CompiledStep::Impl::generalize(const StepEntry& a, StepEntry& b) {
         why = "the steps at the two sizes recompute different host scalars";
         break;
       }
-      bg.mutable_nodes()[static_cast<size_t>(pb.node)].args[pb.arg] = a.graph.node(pa.node).args[pa.arg];
+      bg.edit_constant(pb.node, pb.arg, [&](ir::Arg& arg) { arg = a.graph.node(pa.node).args[pa.arg]; });
     }
     if (why.empty()) why = cache::generalize(a.graph, a.guards.sizes, bg, b.guards.sizes, b.changed, &b.guards.dyn);
   }

@@ -507,22 +507,22 @@ void Session::after_op(const OpInfo& info, c10::ArrayRef<c10::IValue> rets, Pend
 }
 
 void Session::materialize_calls(ir::Graph& g) const {
-  auto& nodes = g.mutable_nodes();
   for (const DeferredCall& d : deferred_) {
-    ir::Node& n = nodes[static_cast<size_t>(d.node)];
-    const OpInfo& info = *d.info;
-    n.op = info.op;
-    n.overload = info.overload;
-    if (d.autograd_node) n.autograd_node = *d.autograd_node;
-    n.args.resize(info.num_arguments);
-    for (size_t i = 0; i < info.num_arguments; ++i) {
-      ir::Arg& a = n.args[i];
-      materialize(raw_args_[d.args_begin + i], a);
-      // Tensor arguments print positionally; constants keep their schema name.
-      if (!a.refers_to_values()) a.name = info.arg_name[i];
-    }
-    n.outputs.resize(d.num_outputs);
-    for (uint32_t r = 0; r < d.num_outputs; ++r) materialize(raw_args_[d.outputs_begin + r], n.outputs[r]);
+    g.edit_node(d.node, [&](ir::Node& n) {
+      const OpInfo& info = *d.info;
+      n.op = info.op;
+      n.overload = info.overload;
+      if (d.autograd_node) n.autograd_node = *d.autograd_node;
+      n.args.resize(info.num_arguments);
+      for (size_t i = 0; i < info.num_arguments; ++i) {
+        ir::Arg& a = n.args[i];
+        materialize(raw_args_[d.args_begin + i], a);
+        // Tensor arguments print positionally; constants keep their schema name.
+        if (!a.refers_to_values()) a.name = info.arg_name[i];
+      }
+      n.outputs.resize(d.num_outputs);
+      for (uint32_t r = 0; r < d.num_outputs; ++r) materialize(raw_args_[d.outputs_begin + r], n.outputs[r]);
+    });
   }
 }
 
@@ -544,8 +544,9 @@ void Session::begin_backward(const std::vector<at::Tensor>& root_grads) {
     if (auto v = table_.lookup(g)) {
       // The implicit ones_like(loss) made by backward() is the seed of the backward.
       const ir::NodeId producer = graph_.value(*v).producer;
-      auto& node = graph_.mutable_nodes()[static_cast<size_t>(producer)];
-      if (node.kind == ir::NodeKind::Call) node.phase = ir::Phase::Backward;
+      if (graph_.node(producer).kind == ir::NodeKind::Call) {
+        graph_.edit_node(producer, [](ir::Node& node) { node.phase = ir::Phase::Backward; });
+      }
     } else {
       new_input(g, ir::InputKind::Tangent, "tangent" + std::to_string(tangents_++));
     }

@@ -563,11 +563,12 @@ std::vector<at::Tensor> Interpreter::run(std::vector<at::Tensor> inputs) {
 }
 
 void Interpreter::set_scalar_arg(ir::NodeId node, size_t arg, double value) {
-  auto& n = graph_.mutable_nodes().at(static_cast<size_t>(node));
-  auto& a = n.args.at(arg);
-  TORCH_CHECK(a.kind == ir::ArgKind::Double || a.kind == ir::ArgKind::WrappedScalar,
-              "tcap interpreter: node %", node, " argument ", arg, " is not a floating-point scalar");
-  a.d = value;
+  graph_.edit_constant(node, arg, [&](ir::Arg& a) {
+    TORCH_CHECK(a.kind == ir::ArgKind::Double || a.kind == ir::ArgKind::WrappedScalar,
+                "tcap interpreter: node %", node, " argument ", arg, " is not a floating-point scalar");
+    a.d = value;
+  });
+  const ir::Node& n = graph_.node(node);
   const auto id = static_cast<size_t>(node);
   // An unboxed call reads its float and Scalar arguments from here at each call.
   prepared_.at(id).at(arg) = to_ivalue(n, arg, schemas_.at(id)->arguments().at(arg));

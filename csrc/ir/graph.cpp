@@ -131,6 +131,7 @@ ValueId Graph::new_value(NodeId producer, int output_index, int list_index, Tens
 }
 
 Value& Graph::emplace_value(NodeId producer, int output_index, int list_index) {
+  uses_.emplace_back();
   Value& v = values_.emplace_back();
   v.id = static_cast<ValueId>(values_.size() - 1);
   v.producer = producer;
@@ -161,6 +162,7 @@ ValueId Graph::add_input(InputKind kind, std::string name, TensorMeta meta) {
 NodeId Graph::add_node(Node node) {
   node.id = static_cast<NodeId>(nodes_.size());
   nodes_.push_back(std::move(node));
+  note_reads(nodes_.back().id, nodes_.back().args);
   return nodes_.back().id;
 }
 
@@ -168,7 +170,10 @@ void Graph::set_outputs(std::vector<ValueId> values, std::vector<std::string> na
                         std::vector<OutputKind> kinds) {
   TORCH_CHECK(values.size() == names.size() && values.size() == kinds.size(),
               "tcap: set_outputs needs one name and one kind per value");
-  if (!nodes_.empty() && nodes_.back().kind == NodeKind::Output) nodes_.pop_back();
+  if (!nodes_.empty() && nodes_.back().kind == NodeKind::Output) {
+    forget_reads(nodes_.back().id, nodes_.back().args);
+    nodes_.pop_back();
+  }
   Node n;
   n.kind = NodeKind::Output;
   n.args.reserve(values.size());
@@ -188,19 +193,66 @@ int Graph::add_hook(HookKind kind, std::string autograd_node, int slot) {
   return hooks_.back().id;
 }
 
-void Graph::replace_all_uses_with(ValueId from, ValueId to) {
-  const NodeId start = value(from).producer;
-  for (auto& n : nodes_) {
-    if (n.id <= start) continue;
-    for (auto& a : n.args) {
-      for (auto& v : a.values) {
-        if (v == from) v = to;
-      }
+void Graph::note_reads(NodeId n, const std::vector<Arg>& args) {
+  for_each_value(args, [&](ValueId v) {
+    if (v < 0 || static_cast<size_t>(v) >= uses_.size()) return;  // malformed: verify() says so
+    auto& u = uses_[static_cast<size_t>(v)];
+    if (u.empty() || u.back() < n) {
+      u.push_back(n);  // the common case: a node added after every other reader
+    } else {
+      auto at = std::lower_bound(u.begin(), u.end(), n);
+      if (at == u.end() || *at != n) u.insert(at, n);
+    }
+  });
+}
+
+void Graph::forget_reads(NodeId n, const std::vector<Arg>& args) {
+  for_each_value(args, [&](ValueId v) {
+    if (v < 0 || static_cast<size_t>(v) >= uses_.size()) return;
+    auto& u = uses_[static_cast<size_t>(v)];
+    auto at = std::lower_bound(u.begin(), u.end(), n);
+    if (at != u.end() && *at == n) u.erase(at);
+  });
+}
+
+void Graph::check_constant(NodeId n, size_t i, const Arg& a) {
+  TORCH_CHECK(!a.refers_to_values(), "tcap: argument ", i, " of node %", n,
+              " refers to values: edit it with Graph::edit_node, which keeps the use lists");
+}
+
+void Graph::replace_all_uses_with(ValueId from, ValueId to) { replace_uses({{from, to}}); }
+
+void Graph::replace_uses(const std::unordered_map<ValueId, ValueId>& renames) {
+  if (renames.empty()) return;
+  auto last_name = [&](ValueId v) {
+    for (size_t hops = 0; hops <= renames.size(); ++hops) {
+      auto it = renames.find(v);
+      if (it == renames.end() || it->second == v) return v;
+      v = it->second;
+    }
+    TORCH_CHECK(false, "tcap: replace_uses: the renames form a cycle through %", v);
+  };
+  std::vector<NodeId> readers;
+  for (const auto& [from, to] : renames) {
+    const NodeId start = value(from).producer;
+    for (NodeId u : users(from)) {
+      if (u > start) readers.push_back(u);
     }
   }
+  std::sort(readers.begin(), readers.end());
+  readers.erase(std::unique(readers.begin(), readers.end()), readers.end());
+  for (NodeId u : readers) {
+    edit_node(u, [&](Node& n) {
+      for (auto& a : n.args) {
+        for (auto& v : a.values) {
+          if (v != kNoValue && renames.count(v) && u > value(v).producer) v = last_name(v);
+        }
+      }
+    });
+  }
   for (auto& v : values_) {
-    if (v.version_of == from) v.version_of = to;
-    if (v.view_of == from) v.view_of = to;
+    if (v.version_of != kNoValue && renames.count(v.version_of)) v.version_of = last_name(v.version_of);
+    if (v.view_of != kNoValue && renames.count(v.view_of)) v.view_of = last_name(v.view_of);
   }
 }
 
@@ -225,15 +277,9 @@ std::vector<ValueId> Graph::output_values() const {
   return out;
 }
 
-std::vector<NodeId> Graph::users(ValueId v) const {
-  std::vector<NodeId> out;
-  for (const auto& n : nodes_) {
-    const bool uses = std::any_of(n.args.begin(), n.args.end(), [&](const Arg& a) {
-      return std::find(a.values.begin(), a.values.end(), v) != a.values.end();
-    });
-    if (uses) out.push_back(n.id);
-  }
-  return out;
+c10::ArrayRef<NodeId> Graph::users(ValueId v) const {
+  if (v < 0 || static_cast<size_t>(v) >= uses_.size()) return {};
+  return uses_[static_cast<size_t>(v)];
 }
 
 std::vector<NodeId> Graph::last_readers() const {

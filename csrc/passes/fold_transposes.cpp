@@ -3,6 +3,7 @@
 
 #include "passes/keep_nodes.h"
 
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -29,7 +30,11 @@ ir::Graph fold_transposes(const ir::Graph& g, int* folded) {
   for (const auto& v : g.values()) {
     if (v.version_of != ir::kNoValue) written.insert(v.version_of);
   }
-  ir::Graph h = g;
+  std::unordered_set<ir::ValueId> views_written;  // bases of a view written in place
+  for (const auto& v : g.values()) {
+    if (v.view_of != ir::kNoValue && written.count(v.id)) views_written.insert(v.view_of);
+  }
+  std::unordered_map<ir::ValueId, ir::ValueId> renames;
   std::unordered_set<ir::NodeId> drop;
   for (const auto& outer : g.nodes()) {
     if (!is_t(outer)) continue;
@@ -43,17 +48,15 @@ ir::Graph fold_transposes(const ir::Graph& g, int* folded) {
     if (!made_here || reads[static_cast<size_t>(y)] != 1 || reads[static_cast<size_t>(x)] != 1) continue;
     if (written.count(y) || written.count(x) || written.count(out)) continue;
     if (!same_layout(yv.meta, g.value(out).meta)) continue;
-    bool views_written = false;  // a view of the pair's results written in place
-    for (const auto& v : g.values()) {
-      if ((v.view_of == out || v.view_of == x) && written.count(v.id)) views_written = true;
-    }
-    if (views_written) continue;
-    h.replace_all_uses_with(out, y);
+    if (views_written.count(out) || views_written.count(x)) continue;  // a view of the pair written in place
+    renames.emplace(out, y);
     drop.insert(inner.id);
     drop.insert(outer.id);
     if (folded) ++*folded;
   }
   if (drop.empty()) return g;
+  ir::Graph h = g;
+  h.replace_uses(renames);
   return drop_nodes(h, drop);
 }
 

@@ -109,10 +109,12 @@ bool same_but_host_values(const ir::Graph& ga, const ir::Graph& gb, std::vector<
 ir::Graph forget_host_reads(const ir::Graph& g, const std::vector<ir::NodeId>& nodes) {
   ir::Graph h = g;
   for (ir::NodeId id : nodes) {
-    ir::Node& n = h.mutable_nodes().at(static_cast<size_t>(id));
+    const ir::Node& n = h.node(id);
     TORCH_CHECK(n.kind == ir::NodeKind::Call && std::all_of(n.outputs.begin(), n.outputs.end(), ir::is_host_value),
                 "tcap: node %", id, " (", n.qualified_op(), ") is not a pure host read");
-    for (auto& a : n.outputs) a = ir::Arg::none();
+    h.edit_node(id, [](ir::Node& m) {
+      for (auto& a : m.outputs) a = ir::Arg::none();
+    });
   }
   return h;
 }

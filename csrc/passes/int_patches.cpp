@@ -85,8 +85,10 @@ void apply_int_patches(ir::Graph& g, const std::vector<IntPatch>& patches, const
   for (const auto& p : patches) {
     const int64_t v = p.mul * sizes.at(p.size) + p.add;
     switch (p.kind) {
-      case IntPatch::Arg: g.mutable_nodes()[static_cast<size_t>(p.where)].args[p.index].i = v; break;
-      case IntPatch::ArgList: g.mutable_nodes()[static_cast<size_t>(p.where)].args[p.index].ints[p.element] = v; break;
+      case IntPatch::Arg: g.edit_constant(p.where, p.index, [v](ir::Arg& a) { a.i = v; }); break;
+      case IntPatch::ArgList:
+        g.edit_constant(p.where, p.index, [v, &p](ir::Arg& a) { a.ints.at(p.element) = v; });
+        break;
       case IntPatch::Size: g.value(p.where).meta.sizes[p.index] = v; break;
       case IntPatch::Stride: g.value(p.where).meta.strides[p.index] = v; break;
       case IntPatch::Offset: g.value(p.where).meta.storage_offset = v; break;

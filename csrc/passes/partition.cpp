@@ -149,11 +149,13 @@ Graph backward_graph(const Graph& g, const JointPhases& ph, const std::vector<Va
   Graph b = ir::extract_subgraph(g, nodes, ins, kinds, names, ph.grads, onames,
                                  std::vector<ir::OutputKind>(ph.grads.size(), ir::OutputKind::Grad));
   // Recomputed forward ops run in the backward: mark them so printouts say so.
-  for (auto& n : b.mutable_nodes()) {
+  for (const auto& n : b.nodes()) {
     if ((n.kind == ir::NodeKind::Call || n.kind == ir::NodeKind::CallHook) && n.phase == ir::Phase::Forward) {
-      n.phase = ir::Phase::Backward;
-      n.autograd_node = "recomputed";
-      n.grad_mode = false;
+      b.edit_node(n.id, [](ir::Node& m) {
+        m.phase = ir::Phase::Backward;
+        m.autograd_node = "recomputed";
+        m.grad_mode = false;
+      });
     }
   }
   return b;

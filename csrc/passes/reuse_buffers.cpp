@@ -90,22 +90,24 @@ ir::Graph reuse_buffers(const ir::Graph& g, int* rewritten) {
     if (schema.empty()) schema = ir::schema_string(n.op, n.overload);
     ++count;
   };
-  for (auto& n : h.mutable_nodes()) {
+  for (const ir::Node& n : g.nodes()) {
     if (!rewritable(n) || n.outputs.size() != 1 || n.outputs[0].kind != ir::ArgKind::Value) continue;
     if (n.args[0].kind != ir::ArgKind::Value) continue;
     const ir::ValueId a = n.args[0].values[0];
     const ir::ValueId b = n.args.size() >= 2 && n.args[1].kind == ir::ArgKind::Value ? n.args[1].values[0] : ir::kNoValue;
     if (reusable(n, a, b)) {
-      to_twin(n, a);
+      h.edit_node(n.id, [&](ir::Node& m) { to_twin(m, a); });
       continue;
     }
     // mul and add (alpha 1) commute: write into the second argument if it dies here.
     const bool commutes = n.op == "aten::mul" || (n.op == "aten::add" && n.args.size() == 3 &&
                                                   n.args[2].kind == ir::ArgKind::Int && n.args[2].i == 1);
     if (commutes && b != ir::kNoValue && reusable(n, b, a)) {
-      std::swap(n.args[0], n.args[1]);
-      std::swap(n.args[0].name, n.args[1].name);
-      to_twin(n, b);
+      h.edit_node(n.id, [&](ir::Node& m) {
+        std::swap(m.args[0], m.args[1]);
+        std::swap(m.args[0].name, m.args[1].name);
+        to_twin(m, b);
+      });
     }
   }
   if (rewritten) *rewritten = count;

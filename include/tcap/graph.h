@@ -13,6 +13,7 @@
 
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
+#include <c10/util/ArrayRef.h>
 #include <c10/util/SmallVector.h>
 
 #include <cstdint>
@@ -20,6 +21,7 @@
 #include <map>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace tcap::ir {
@@ -168,6 +170,16 @@ struct Hook {
   bool operator==(const Hook& o) const;
 };
 
+// Note [Use lists]
+// The graph keeps, per value, the nodes that read it (fx's Node.users), so users(v) is a
+// lookup and a pass that asks it per node stays linear. The lists are kept true by making
+// every edit of a node's arguments go through the graph: add_node and set_outputs register
+// a new node's reads, replace_all_uses_with and replace_uses move them, edit_node(n, f)
+// lets f change anything in node n and then registers n's reads again, and
+// edit_constant(n, i, f) changes an argument that refers to no value (the lists stay as
+// they are). emplace_node's node has no arguments yet: fill them through edit_node. A
+// value id out of range (a malformed graph a test builds for verify()) is not listed.
+// Graph equality ignores the lists (they follow from the nodes).
 class Graph {
  public:
   // --- construction ------------------------------------------------------
@@ -177,7 +189,8 @@ class Graph {
   ValueId new_value(NodeId producer, int output_index, int list_index, TensorMeta meta);
   // In-place forms of add_node and new_value for builders that make one node per call
   // (the recorder): the new element, id set and everything else default, to be filled
-  // by the caller. The reference is valid until the next node (or value) is added.
+  // by the caller (a node's arguments through edit_node: Note [Use lists]). The reference
+  // is valid until the next node (or value) is added.
   Node& emplace_node(NodeKind kind);
   Value& emplace_value(NodeId producer, int output_index, int list_index);
   void set_outputs(std::vector<ValueId> values, std::vector<std::string> names,
@@ -186,14 +199,41 @@ class Graph {
   void reserve(size_t nodes, size_t values) {
     nodes_.reserve(nodes);
     values_.reserve(values);
+    uses_.reserve(values);
   }
   int add_hook(HookKind kind, std::string autograd_node, int slot = -1);
-  // Rewires every use of `from` to `to` (arguments and outputs of later nodes).
+
+  // --- editing (Note [Use lists]) ------------------------------------------
+  // Rewires every use of `from` to `to` (arguments of later nodes, and the view_of /
+  // version_of links of values). Costs the uses of `from` plus one pass over the values:
+  // a pass renaming many values calls replace_uses once instead.
   void replace_all_uses_with(ValueId from, ValueId to);
+  // Every rename of `renames` at once, as if each renamed value were gone: chains resolve
+  // to their last value (a -> b, b -> c renames a to c); a cycle throws. Nodes are rewired
+  // only after the producer of the value they read, as replace_all_uses_with does.
+  void replace_uses(const std::unordered_map<ValueId, ValueId>& renames);
+  // Calls f(node) on node n, which may change anything in it, then re-registers the
+  // values n reads.
+  template <class F>
+  void edit_node(NodeId n, F&& f) {
+    Node& node = nodes_.at(static_cast<size_t>(n));
+    forget_reads(n, node.args);
+    std::forward<F>(f)(node);
+    note_reads(n, node.args);
+  }
+  // Calls f(arg) on argument i of node n, an argument that refers to no value before
+  // and after (a constant: a scalar, a size list, a dtype). Cheaper than edit_node: the
+  // use lists are untouched. Throws if the argument refers to values.
+  template <class F>
+  void edit_constant(NodeId n, size_t i, F&& f) {
+    Arg& a = nodes_.at(static_cast<size_t>(n)).args.at(i);
+    check_constant(n, i, a);
+    std::forward<F>(f)(a);
+    check_constant(n, i, a);
+  }
 
   // --- access ----------------------------------------------------------------
   const std::vector<Node>& nodes() const { return nodes_; }
-  std::vector<Node>& mutable_nodes() { return nodes_; }
   const std::vector<Value>& values() const { return values_; }
   Value& value(ValueId v) { return values_.at(static_cast<size_t>(v)); }
   const Value& value(ValueId v) const { return values_.at(static_cast<size_t>(v)); }
@@ -202,8 +242,9 @@ class Graph {
   std::vector<NodeId> input_nodes() const;   // in order
   const Node* output_node() const;           // nullptr if none
   std::vector<ValueId> output_values() const;
-  // Nodes (by id) that read value v, in order.
-  std::vector<NodeId> users(ValueId v) const;
+  // Nodes (by id) that read value v, in order, each once. A lookup (Note [Use lists]); the
+  // view is valid until the graph is next edited.
+  c10::ArrayRef<NodeId> users(ValueId v) const;
   // Per value: the last node that reads it (the Output node included), -1 if none.
   std::vector<NodeId> last_readers() const;
   // The value v aliases at the bottom of its view_of / version_of chain.
@@ -224,8 +265,15 @@ class Graph {
   bool operator!=(const Graph& o) const { return !(*this == o); }
 
  private:
+  // The reading node n registered with (or removed from) the use list of each value args
+  // refer to.
+  void note_reads(NodeId n, const std::vector<Arg>& args);
+  void forget_reads(NodeId n, const std::vector<Arg>& args);
+  static void check_constant(NodeId n, size_t i, const Arg& a);
+
   std::vector<Node> nodes_;
   std::vector<Value> values_;
+  std::vector<c10::SmallVector<NodeId, 2>> uses_;  // per value, sorted node ids
   std::vector<Hook> hooks_;
   std::map<std::string, std::string> schemas_;
   std::map<std::string, std::string> meta_;

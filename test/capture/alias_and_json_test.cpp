@@ -124,8 +124,8 @@ TEST(Json, UnknownOperatorFailsClearlyAtReplay) {
   cap.output(y);
   cap.stop();
   auto g = cap.graph();
-  for (auto& n : g.mutable_nodes()) {
-    if (n.kind == ir::NodeKind::Call) n.op = "aten::no_such_op";
+  for (const auto& n : g.nodes()) {
+    if (n.kind == ir::NodeKind::Call) g.edit_node(n.id, [](ir::Node& m) { m.op = "aten::no_such_op"; });
   }
   try {
     tcap::Interpreter interp(g);

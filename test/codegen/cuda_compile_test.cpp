@@ -229,13 +229,13 @@ TEST(CudaGraphs, RefusalsNameTheReason) {
   tcap::ir::Graph with_generator =
       forward_graph_on_cuda([](const Tensors& in) { return Tensors{torch::dropout(in[0], 0.5, true)}; }, xy);
   bool found = false;
-  for (auto& n : with_generator.mutable_nodes()) {
+  for (const auto& n : with_generator.nodes()) {
     if (!n.draws_random_numbers()) continue;
     tcap::ir::Arg gen;
     gen.kind = tcap::ir::ArgKind::Opaque;
     gen.name = "generator";
     gen.s = "Generator";
-    n.args.push_back(gen);
+    with_generator.edit_node(n.id, [&](tcap::ir::Node& m) { m.args.push_back(gen); });
     found = true;
   }
   ASSERT_TRUE(found) << "no random op in the dropout graph";

@@ -130,7 +130,7 @@ TEST(Interpreter, KernelErrorsNameTheNode) {
 
 TEST(Interpreter, InputErrorsNameTheInputNode) {
   Graph g = one_call({meta({2, 3})}, "aten::relu", "", {Arg::value(0, "self")}, meta({2, 3}));
-  g.mutable_nodes()[0].name = "x\x1b[2J";
+  g.edit_node(0, [&](auto& n) { n.name = "x\x1b[2J"; });
   EXPECT_RUN_FAILS(g, {torch::randn({3})}, "tcap interpreter: node %0 (input 'x\\x1b[2J'): ",
                    "input 0 should be f32[2, 3] but is f32[3]");
   EXPECT_RUN_FAILS(g, {at::Tensor()}, "tcap interpreter: node %0 (input 'x\\x1b[2J'): ", "input 0 is undefined");

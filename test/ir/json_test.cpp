@@ -400,12 +400,12 @@ TEST(GraphJson, RoundTripsEveryNodeAndInputKindAndHooks) {
 TEST(GraphJson, RoundTripsFieldsUnusualForTheNodeKind) {
   Graph g;
   g.add_input(InputKind::Tangent, "grad", meta({2}));
-  g.mutable_nodes()[0].phase = Phase::Backward;
-  g.mutable_nodes()[0].grad_mode = false;
-  g.mutable_nodes()[0].autograd_node = "MulBackward0";
+  g.edit_node(0, [&](auto& n) { n.phase = Phase::Backward; });
+  g.edit_node(0, [&](auto& n) { n.grad_mode = false; });
+  g.edit_node(0, [&](auto& n) { n.autograd_node = "MulBackward0"; });
   g.set_outputs({0}, {"g"}, {OutputKind::Grad});
-  g.mutable_nodes()[1].phase = Phase::Backward;
-  g.mutable_nodes()[1].name = "outputs";
+  g.edit_node(1, [&](auto& n) { n.phase = Phase::Backward; });
+  g.edit_node(1, [&](auto& n) { n.name = "outputs"; });
   expect_round_trip(g);
 }
 

@@ -156,13 +156,13 @@ Graph sample_graph() {
                               {Arg::value(rm, "self"), wrapped(1.0), Arg::integer(1, "alpha")},
                               meta(kF32, {5}));
   g.value(rm2).version_of = rm;
-  g.mutable_nodes().back().grad_mode = false;
+  g.edit_node(static_cast<NodeId>(g.nodes().size() - 1), [&](auto& n) { n.grad_mode = false; });
   const ValueId loss = b.call1("aten::sum", "",
                                {Arg::value(parts[0], "self"), Arg::none("dtype")},
                                meta(kF32, {}, true));
   // Backward.
   const ValueId gl = g.add_input(InputKind::Tangent, "grad_loss", meta(kF32, {}));
-  g.mutable_nodes().back().phase = Phase::Backward;
+  g.edit_node(static_cast<NodeId>(g.nodes().size() - 1), [&](auto& n) { n.phase = Phase::Backward; });
   Arg size = typed(ArgKind::IntList, "size");
   size.ints = {2, 5};
   const ValueId ge = b.call1("aten::expand", "",
@@ -172,7 +172,7 @@ Graph sample_graph() {
   const int hook = g.add_hook(HookKind::TensorPreHook, "SplitBackward0");
   const ValueId gh = b.call1("aten::mul", "Tensor", {Arg::value(ge, "self"), wrapped(2.0)},
                              meta(kF32, {2, 5}), Phase::Backward);
-  g.mutable_nodes().back().hook = hook;
+  g.edit_node(static_cast<NodeId>(g.nodes().size() - 1), [&](auto& n) { n.hook = hook; });
   const ValueId hooked = b.call_hook(hook, {ge}, {gh}, meta(kF32, {2, 5}));
   const ValueId gcat = b.call1("aten::cat", "",
                                {Arg::value_list({hooked, hooked}, false, "tensors"),
@@ -231,7 +231,7 @@ TEST(Printer, ShortHeaderFitsOnOneLine) {
   const ValueId y = b.g.add_input(InputKind::Constant, "", cuda);
   const ValueId z = b.call1("aten::relu", "", {Arg::value(x, "self")}, meta(kF32, {3}));
   // The first node is already backward, and ran with grad mode on (create_graph).
-  b.g.mutable_nodes().back().phase = Phase::Backward;
+  b.g.edit_node(static_cast<NodeId>(b.g.nodes().size() - 1), [&](auto& n) { n.phase = Phase::Backward; });
   b.g.set_outputs({z, y}, {"", "y"}, {OutputKind::User, OutputKind::User});
   EXPECT_EQ(to_string(b.g),
             "graph(%0 : f32[3] x [user_input], %1 : f16[3, 7]{1, 3}+2@cuda:1 [constant]):\n"
@@ -293,8 +293,8 @@ TEST(Printer, ConstantsPrintPythonStyle) {
 
 TEST(Printer, NeverThrowsOnBrokenGraph) {
   Graph g = sample_graph();
-  g.mutable_nodes()[5].args[0].values[0] = 999;
-  g.mutable_nodes()[6].hook = 42;
+  g.edit_node(5, [&](auto& n) { n.args[0].values[0] = 999; });
+  g.edit_node(6, [&](auto& n) { n.hook = 42; });
   g.value(3).producer = -5;
   std::string s;
   EXPECT_NO_THROW(s = to_string(g));
@@ -394,7 +394,7 @@ TEST(Verify, AcceptsSampleAndEmptyGraphs) {
 
 TEST(Verify, NodeIdNotPosition) {
   Graph g = sample_graph();
-  g.mutable_nodes()[5].id = 9;
+  g.edit_node(5, [&](auto& n) { n.id = 9; });
   expect_verify_fails(g, "node at position 5 has id 9");
 }
 
@@ -418,20 +418,20 @@ TEST(Verify, ProducerDoesNotListValue) {
 
 TEST(Verify, OutputsPointBackAtTheirNode) {
   Graph g = sample_graph();
-  g.mutable_nodes()[4].outputs.push_back(Arg::value(5));  // aten::t also claims addmm's result
+  g.edit_node(4, [&](auto& n) { n.outputs.push_back(Arg::value(5)); });  // aten::t also claims addmm's result
   expect_verify_fails(g, "node 4 (call aten::t) output 1 names %5");
 }
 
 TEST(Verify, ArgUsesLaterValue) {
   Graph g = sample_graph();
-  g.mutable_nodes()[5].args[0] = Arg::value(12, "self");  // addmm reads the loss
+  g.edit_node(5, [&](auto& n) { n.args[0] = Arg::value(12, "self"); });  // addmm reads the loss
   expect_verify_fails(g, "node 5 (call aten::addmm) arg 0 (self) uses %12, which is produced by "
                          "node 10, not an earlier node");
 }
 
 TEST(Verify, ArgUsesMissingValue) {
   Graph g = sample_graph();
-  g.mutable_nodes()[15].args[0].values[1] = 123;  // inside cat's Tensor[]
+  g.edit_node(15, [&](auto& n) { n.args[0].values[1] = 123; });  // inside cat's Tensor[]
   expect_verify_fails(g, "node 15 (call aten::cat) arg 0 (tensors) uses %123, which does not exist");
 }
 
@@ -463,7 +463,7 @@ TEST(Verify, OutputNodeMustBeLastAndUnique) {
 
 TEST(Verify, OutputNamesAndKindsMatchArgs) {
   Graph g = sample_graph();
-  g.mutable_nodes().back().output_names.pop_back();
+  g.edit_node(static_cast<NodeId>(g.nodes().size() - 1), [&](auto& n) { n.output_names.pop_back(); });
   expect_verify_fails(g, "node 18 (output) has 2 args but 1 output_names and 2 output_kinds");
 }
 
@@ -471,32 +471,32 @@ TEST(Verify, OutputNamesAndKindsMatchArgs) {
 // read a value id that is not there.
 TEST(Verify, OutputArgsAreValues) {
   Graph g = sample_graph();
-  g.mutable_nodes().back().args[0] = Arg::integer(1);
+  g.edit_node(static_cast<NodeId>(g.nodes().size() - 1), [&](auto& n) { n.args[0] = Arg::integer(1); });
   expect_verify_fails(g, "node 18 (output) output 0 is not a value");
   Graph g2 = sample_graph();
-  g2.mutable_nodes().back().args[1] = Arg::value_list({3, 4}, false);
+  g2.edit_node(static_cast<NodeId>(g2.nodes().size() - 1), [&](auto& n) { n.args[1] = Arg::value_list({3, 4}, false); });
   expect_verify_fails(g2, "node 18 (output) output 1 is not a value");
 }
 
 TEST(Verify, InputHasOneValueOutput) {
   Graph g = sample_graph();
-  g.mutable_nodes()[1].outputs.push_back(Arg::none());
+  g.edit_node(1, [&](auto& n) { n.outputs.push_back(Arg::none()); });
   expect_verify_fails(g, "node 1 (input fc1.weight) must have exactly one Value output");
 }
 
 TEST(Verify, CallHookNamesExistingHook) {
   Graph g = sample_graph();
-  g.mutable_nodes()[14].hook = 3;
+  g.edit_node(14, [&](auto& n) { n.hook = 3; });
   expect_verify_fails(g, "node 14 (call_hook #3) calls hook #3, which does not exist");
   Graph g2 = sample_graph();
-  g2.mutable_nodes()[13].hook = 2;
+  g2.edit_node(13, [&](auto& n) { n.hook = 2; });
   expect_verify_fails(g2, "node 13 (call aten::mul.Tensor) ran inside hook #2");
 }
 
 TEST(Verify, CallNeedsOpAndSchema) {
   Graph g = sample_graph();
-  g.mutable_nodes()[4].op = "";
-  g.mutable_nodes()[4].overload = "";
+  g.edit_node(4, [&](auto& n) { n.op = ""; });
+  g.edit_node(4, [&](auto& n) { n.overload = ""; });
   expect_verify_fails(g, "node 4 (call ) has an empty op");
   Graph g2 = sample_graph();
   g2.schemas().erase("aten::addmm");

@@ -123,7 +123,7 @@ TEST(VerifyArgs, KindsThatDoNotFitTheDeclaredType) {
   // aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1): a Scalar takes numbers.
   Graph add = one_call("aten::add", "Tensor", {Arg::value(0, "other"), Arg::real(0.5, "alpha")}, {2, 3});
   EXPECT_EQ(verify_error(add), "");
-  add.mutable_nodes()[1].args[2] = Arg::value(0, "alpha");
+  add.edit_node(1, [&](auto& n) { n.args[2] = Arg::value(0, "alpha"); });
   EXPECT_VERIFY_FAILS(add, "arg 2 (alpha) is value, which cannot be passed as Scalar");
 }
 
@@ -152,7 +152,7 @@ TEST(VerifyArgs, Lists) {
   n.outputs = {Arg::value(cat.new_value(1, 0, -1, meta({4})))};
   cat.add_node(n);
   EXPECT_VERIFY_FAILS(cat, "arg 0 (tensors) has a None entry, but Tensor[] holds tensors");
-  cat.mutable_nodes()[1].args[0] = Arg::value_list({x, x}, true, "tensors");
+  cat.edit_node(1, [&](auto& n) { n.args[0] = Arg::value_list({x, x}, true, "tensors"); });
   EXPECT_EQ(verify_error(cat), "");
 }
 
@@ -173,18 +173,18 @@ TEST(VerifyArgs, FixedLengthBoolLists) {
   for (int r = 0; r < 3; ++r) n.outputs.push_back(Arg::value(g.new_value(5, r, -1, meta({2, 3}))));
   g.add_node(n);
   EXPECT_VERIFY_FAILS(g, "arg 7 (output_mask) has 2 entries, but bool[3] needs 3");
-  g.mutable_nodes()[5].args[7].ints = {1, 0, 1};
+  g.edit_node(5, [&](auto& n) { n.args[7].ints = {1, 0, 1}; });
   EXPECT_EQ(verify_error(g), "");
 }
 
 TEST(VerifyArgs, Results) {
   Graph g = one_call("aten::relu", "", {}, {2, 3});
-  g.mutable_nodes()[1].outputs[0].kind = ArgKind::ValueList;
+  g.edit_node(1, [&](auto& n) { n.outputs[0].kind = ArgKind::ValueList; });
   g.value(1).list_index = 0;
   EXPECT_VERIFY_FAILS(g, "output 0 is value_list, which cannot be passed as Tensor");
   // A result past the schema's: only the new version of a mutated argument.
   Graph extra = one_call("aten::relu", "", {}, {2, 3});
-  extra.mutable_nodes()[1].outputs.push_back(Arg::value(extra.new_value(1, 1, -1, meta({2, 3}))));
+  extra.edit_node(1, [&](auto& n) { n.outputs.push_back(Arg::value(extra.new_value(1, 1, -1, meta({2, 3})))); });
   EXPECT_VERIFY_FAILS(extra, "output 1 is past the schema's 1 results but is not the new version");
   extra.value(2).version_of = 0;
   EXPECT_EQ(verify_error(extra), "");
@@ -245,15 +245,15 @@ TEST(VerifyArgs, CallHookShapes) {
   h.outputs = {Arg::value_list({g.new_value(1, 0, 0, meta({3}))}, true)};
   g.add_node(h);
   EXPECT_VERIFY_FAILS(g, "node 1 (call_hook #0) passes its recorded hook body on and must have two args");
-  g.mutable_nodes()[1].args = {Arg::value_list({x}, true, "inputs"), Arg::value_list({}, true, "results")};
+  g.edit_node(1, [&](auto& n) { n.args = {Arg::value_list({x}, true, "inputs"), Arg::value_list({}, true, "results")}; });
   EXPECT_VERIFY_FAILS(g, "node 1 (call_hook #0) has 0 results but 1 outputs");
-  g.mutable_nodes()[1].args[1] = Arg::value_list({kNoValue}, true, "results");
+  g.edit_node(1, [&](auto& n) { n.args[1] = Arg::value_list({kNoValue}, true, "results"); });
   EXPECT_VERIFY_FAILS(g, "node 1 (call_hook #0) output 0 is a value but its result is None");
-  g.mutable_nodes()[1].args[1] = Arg::value_list({x}, true, "results");
+  g.edit_node(1, [&](auto& n) { n.args[1] = Arg::value_list({x}, true, "results"); });
   EXPECT_EQ(verify_error(g), "");
-  g.mutable_nodes()[1].hook = by_slot;  // called by slot: inputs (and node inputs) only
+  g.edit_node(1, [&](auto& n) { n.hook = by_slot; });  // called by slot: inputs (and node inputs) only
   EXPECT_EQ(verify_error(g), "");
-  g.mutable_nodes()[1].args.push_back(Arg::value_list({x}, true));
+  g.edit_node(1, [&](auto& n) { n.args.push_back(Arg::value_list({x}, true)); });
   EXPECT_VERIFY_FAILS(g, "node 1 (call_hook #1) calls hook slot 0 and must have one or two args");
 }
 

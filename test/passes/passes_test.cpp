@@ -385,8 +385,8 @@ TEST(IntPatches, FollowOneSizeAndRefuseAmbiguity) {
     Builder b;
     auto x = b.input("x", {n, m});
     auto v = b.call("aten::view", "", {ir::Arg::value(x), ir::Arg()}, {{n * m}})[0];
-    b.g.mutable_nodes().back().args[1].kind = ir::ArgKind::IntList;
-    b.g.mutable_nodes().back().args[1].ints = {n * m};
+    b.g.edit_node(static_cast<ir::NodeId>(b.g.nodes().size() - 1), [&](auto& n) { n.args[1].kind = ir::ArgKind::IntList; });
+    b.g.edit_node(static_cast<ir::NodeId>(b.g.nodes().size() - 1), [&](auto& node) { node.args[1].ints = {n * m}; });
     b.g.set_outputs({v}, {"v"}, {ir::OutputKind::User});
     return b.g;
   };
@@ -418,7 +418,7 @@ TEST(HostGraph, ReadsBeforeWritesAndObservations) {
     }
     auto s = b.call("aten::sum", "", {ir::Arg::value(summed), ir::Arg()}, {{}})[0];
     b.call("aten::_local_scalar_dense", "", {ir::Arg::value(s)}, {});
-    b.g.mutable_nodes().back().outputs = {ir::Arg::real(value)};
+    b.g.edit_node(static_cast<ir::NodeId>(b.g.nodes().size() - 1), [&](auto& n) { n.outputs = {ir::Arg::real(value)}; });
     auto y = b.unary("aten::exp", x);
     b.g.set_outputs({y}, {"y"}, {ir::OutputKind::User});
     return b.g;
@@ -447,7 +447,7 @@ TEST(HostGraph, CollectivesAreNeitherPassedNorRunAhead) {
     auto reduced = b.call("tcap_dist::ddp_all_reduce", "", {ir::Arg::value(x), ir::Arg::integer(1)}, {{5}})[0];
     auto s = b.call("aten::sum", "", {ir::Arg::value(read_depends_on_collective ? reduced : x), ir::Arg()}, {{}})[0];
     b.call("aten::_local_scalar_dense", "", {ir::Arg::value(s)}, {});
-    b.g.mutable_nodes().back().outputs = {ir::Arg::real(1.5)};
+    b.g.edit_node(static_cast<ir::NodeId>(b.g.nodes().size() - 1), [&](auto& n) { n.outputs = {ir::Arg::real(1.5)}; });
     b.g.set_outputs({reduced}, {"r"}, {ir::OutputKind::User});
     return b.g;
   };
