@@ -241,19 +241,28 @@ variable_list Runtime::serve(const Request& r) {
     known_eager = cache_->eager_keys.count(w.key()) > 0;
   }
   if (known_eager) return eager(r, "this graph could not be compiled before (see the earlier log line)");
-  cache::Lookup l = cache_->entries.lookup(view, {});
-  {
+  auto note_lookup_time = [&] {
     std::lock_guard<std::mutex> lock(cache_->mutex);
     cache_->stats.lookup_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-  }
-  if (l.hit) {
-    auto hit = specialize(std::static_pointer_cast<const Entry>(l.hit), l.key);
-    if (hit) {
-      const VerifyOptions v = cache::verify_options_for(opts());
-      if (cache_->verifier.next(v)) return verified_replay(r, *hit, w, v);
-      return replay(r, *hit, w);
-    }
-  }
+  };
+  // Note [Serving a call]: the lookup loop tcap::compile and compile_step use too. A hit
+  // whose specialization to new sizes fails is not served (it is recaptured).
+  auto serve_hit = [&](const cache::Lookup& found, bool verify) -> std::optional<variable_list> {
+    auto hit = specialize(std::static_pointer_cast<const Entry>(found.hit), found.key);
+    if (!hit) return std::nullopt;
+    const VerifyOptions v = cache::verify_options_for(opts());
+    if (verify && cache_->verifier.next(v)) return verified_replay(r, *hit, w, v);
+    return replay(r, *hit, w);
+  };
+  cache::Lookup l;
+  bool timed = false;
+  auto served = cache_->entries.serve<variable_list>(view, {}, l, [&](const cache::Lookup& found) {
+    note_lookup_time();
+    timed = true;
+    return serve_hit(found, /*verify=*/true);
+  });
+  if (served) return std::move(*served);
+  if (!timed) note_lookup_time();
   l.first_miss = miss_reason(w, l);
   if (cache_->entries.admit(l) == cache::Admission::RunEager) {
     count(&CompiledAutogradStats::eager_calls);
@@ -262,9 +271,11 @@ variable_list Runtime::serve(const Request& r) {
   // The capture adds observers to the AccumulateGrad nodes, which other threads' graphs
   // may share: it runs alone. Another thread may have compiled this graph meanwhile.
   capture::GraphLock edit(capture::GraphLock::Mode::Edit);
-  if (cache::Lookup again = cache_->entries.lookup(view, {}); again.hit) {
-    if (auto hit = specialize(std::static_pointer_cast<const Entry>(again.hit), again.key)) return replay(r, *hit, w);
-  }
+  cache::Lookup again;
+  served = cache_->entries.serve<variable_list>(view, {}, again, [&](const cache::Lookup& found) {
+    return serve_hit(found, /*verify=*/false);
+  });
+  if (served) return std::move(*served);
   if (cache_->entries.size() > 0) count(&CompiledAutogradStats::recompiles);
   TCAP_LOG(CompiledAutogradVerbose, l.first_miss);
   return capture(r, w, std::static_pointer_cast<const Entry>(l.size_miss_of), l.changed);

@@ -64,7 +64,8 @@ class EntryCache {
                 size_t* pos = nullptr) const;
   // Notes a miss found while replaying `e` (an inline host-value check) into `l`.
   static void note_replay_miss(Lookup& l, const std::shared_ptr<Entry>& e, const std::string& why);
-  // Note [Serving a call]: the lookup loop of the front doors whose replays can miss late.
+  // Note [Serving a call]: the lookup loop of all three front doors (tcap::compile,
+  // compile_step, compiled autograd; the last has no host values, so it never retries).
   // From position `start`, every entry whose guards fit is handed to serve(found), which
   // replays it and returns the call's result, or returns nullopt to stop looking (the
   // call is not served from the cache), or throws HostValueChanged when an inline
