@@ -1,5 +1,7 @@
 #include "aot/step_captures.h"
 
+#include "ir/op_facts.h"
+
 #include <algorithm>
 #include <cmath>
 #include <optional>
@@ -17,10 +19,7 @@ bool is_scalar_arg(const ir::Arg& a) { return a.kind == ir::ArgKind::Double || a
 
 // Ops an optimizer's update is made of: a constant scalar argument of one of them that
 // writes into a parameter may be the learning rate.
-bool update_op(const std::string& op) {
-  return op == "aten::add_" || op == "aten::sub_" || op == "aten::mul_" || op == "aten::addcdiv_" ||
-         op == "aten::addcmul_";
-}
+bool update_op(const std::string& op) { return ir::op_has(op, ir::OpFact::UpdateStep); }
 
 }  // namespace
 
@@ -32,7 +31,7 @@ bool reads_a_norm(const ir::Graph& g, const ir::Node& n) {
   bool norm = false;
   ir::for_each_value(n.args, [&](ir::ValueId v) {
     const ir::Node& p = g.node(g.value(v).producer);
-    norm = norm || p.op == "aten::linalg_vector_norm" || p.op == "aten::norm" || p.op == "aten::max";
+    norm = norm || ir::op_has(p.op, ir::OpFact::Norm);
   });
   return norm;
 }

@@ -261,11 +261,7 @@ class Grouper {
   // Note [Views read through their base] (groups.h): views that keep their base's first
   // element, with their base and result.
   bool offset_keeping_view(const ir::Node& n, ir::ValueId* base, ir::ValueId* result) const {
-    static const std::set<std::string> kOps = {"aten::t",         "aten::transpose.int", "aten::permute",
-                                               "aten::view",      "aten::unsqueeze",     "aten::squeeze",
-                                               "aten::squeeze.dim", "aten::squeeze.dims", "aten::expand",
-                                               "aten::alias"};
-    if (n.kind != ir::NodeKind::Call || !kOps.count(n.qualified_op()) || n.args.empty() ||
+    if (n.kind != ir::NodeKind::Call || !ir::op_has(n.op, ir::OpFact::KeepsOffset) || n.args.empty() ||
         n.args[0].kind != ir::ArgKind::Value || n.outputs.size() != 1 || n.outputs[0].kind != ir::ArgKind::Value) {
       return false;
     }

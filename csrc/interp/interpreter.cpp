@@ -3,6 +3,7 @@
 #include "interp/direct_calls.h"
 #include "interp/hook_runner.h"
 #include "interp/unboxed_calls.h"
+#include "ir/op_facts.h"
 #include "ir/printable.h"
 #include "ir/verify_args.h"
 #include "support/logging.h"
@@ -104,9 +105,7 @@ bool is_fused_optimizer(const ir::Node& n) {
   return n.op == "aten::_fused_adam_" || n.op == "aten::_fused_adamw_" || n.op == "aten::_fused_sgd_";
 }
 
-bool trusts_its_arguments(const ir::Node& n) {
-  return n.op == "aten::native_layer_norm_backward" || is_fused_optimizer(n);
-}
+bool trusts_its_arguments(const ir::Node& n) { return ir::op_has(n.op, ir::OpFact::TrustsArguments); }
 
 void check_trusted_arguments(const ir::Node& n, const torch::jit::Stack& stack) {
   if (is_fused_optimizer(n)) {

@@ -1,9 +1,12 @@
 #include "ir/op_facts.h"
 
+#include <ATen/core/dispatch/Dispatcher.h>
+
 #include <algorithm>
 
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace tcap::ir {
 namespace {
@@ -15,6 +18,14 @@ constexpr uint32_t N = static_cast<uint32_t>(OpFact::FreshResult);
 constexpr uint32_t F = static_cast<uint32_t>(OpFact::FloatOnly);
 constexpr uint32_t D = static_cast<uint32_t>(OpFact::Reduction);
 constexpr uint32_t C = static_cast<uint32_t>(OpFact::Collective);
+constexpr uint32_t K = static_cast<uint32_t>(OpFact::KeepsOffset);
+constexpr uint32_t S = static_cast<uint32_t>(OpFact::UpdateStep);
+constexpr uint32_t M = static_cast<uint32_t>(OpFact::Norm);
+constexpr uint32_t T = static_cast<uint32_t>(OpFact::TrustsArguments);
+constexpr uint32_t A = static_cast<uint32_t>(OpFact::Arithmetic);
+constexpr uint32_t X = static_cast<uint32_t>(OpFact::Commutative);
+// Pointwise although LibTorch does not tag it so (Note [Pointwise from the schema tags]).
+constexpr uint32_t U = static_cast<uint32_t>(OpFact::Pointwise);
 
 struct Row {
   const char* op;
@@ -24,115 +35,117 @@ struct Row {
 
 // One row per operator. Pointwise math is recomputable and returns a fresh tensor; views
 // are recomputable (they cost nothing). Matmuls return fresh tensors but are never
-// recomputed (they are the expensive ops the min-cut partitioner saves).
+// recomputed (they are the expensive ops the min-cut partitioner saves). Pointwise comes
+// from LibTorch's tags (Note [Pointwise from the schema tags]); U marks the rows LibTorch
+// does not tag.
 constexpr Row kRows[] = {
     // unary pointwise
-    {"aten::neg", P | R | N, "aten::neg_"},
-    {"aten::abs", P | R | N, "aten::abs_"},
-    {"aten::sign", P | R | N, "aten::sign_"},
-    {"aten::exp", P | R | N | F, "aten::exp_"},
-    {"aten::exp2", P | R | N | F, "aten::exp2_"},
-    {"aten::expm1", P | R | N | F, "aten::expm1_"},
-    {"aten::log", P | R | N | F, "aten::log_"},
-    {"aten::log1p", P | R | N | F, "aten::log1p_"},
-    {"aten::log2", P | R | N | F, "aten::log2_"},
-    {"aten::sin", P | R | N | F, "aten::sin_"},
-    {"aten::cos", P | R | N | F, "aten::cos_"},
-    {"aten::tan", P | R | N | F, "aten::tan_"},
-    {"aten::tanh", P | R | N | F, "aten::tanh_"},
-    {"aten::atan", P | R | N | F, ""},
-    {"aten::asin", P | R | N | F, ""},
-    {"aten::acos", P | R | N | F, ""},
-    {"aten::sinh", P | R | N | F, ""},
-    {"aten::cosh", P | R | N | F, ""},
-    {"aten::asinh", P | R | N | F, ""},
-    {"aten::acosh", P | R | N | F, ""},
-    {"aten::atanh", P | R | N | F, ""},
-    {"aten::erf", P | R | N | F, "aten::erf_"},
-    {"aten::erfc", P | R | N | F, ""},
-    {"aten::sqrt", P | R | N | F, "aten::sqrt_"},
-    {"aten::rsqrt", P | R | N | F, "aten::rsqrt_"},
-    {"aten::reciprocal", P | R | N | F, "aten::reciprocal_"},
-    {"aten::square", P | R | N, "aten::square_"},
-    {"aten::floor", P | R | N | F, ""},
-    {"aten::ceil", P | R | N | F, ""},
-    {"aten::round", P | R | N | F, ""},
-    {"aten::trunc", P | R | N | F, ""},
-    {"aten::frac", P | R | N, ""},
-    {"aten::sigmoid", P | R | N | F, "aten::sigmoid_"},
-    {"aten::relu", P | R | N, "aten::relu_"},
-    {"aten::silu", P | R | N | F, ""},
-    {"aten::gelu", P | R | N | F, ""},
-    {"aten::mish", P | N | F, ""},
-    {"aten::hardtanh", P | R | N, ""},
-    {"aten::hardsigmoid", P | N | F, ""},
-    {"aten::hardswish", P | N | F, ""},
-    {"aten::leaky_relu", P | R | N, ""},
-    {"aten::elu", P | R | N | F, ""},
-    {"aten::softplus", P | R | N | F, ""},
-    {"aten::threshold", P | R | N, ""},
-    {"aten::clamp", P | R | N, ""},
-    {"aten::clamp_min", P | R | N, ""},
-    {"aten::clamp_max", P | R | N, ""},
-    {"aten::logical_not", P | R | N, ""},
-    {"aten::logical_and", P | N, ""},
-    {"aten::logical_or", P | N, ""},
-    {"aten::isnan", P | N, ""},
+    {"aten::neg", R | N, "aten::neg_"},
+    {"aten::abs", R | N, "aten::abs_"},
+    {"aten::sign", R | N, "aten::sign_"},
+    {"aten::exp", R | N | F, "aten::exp_"},
+    {"aten::exp2", R | N | F, "aten::exp2_"},
+    {"aten::expm1", R | N | F, "aten::expm1_"},
+    {"aten::log", R | N | F, "aten::log_"},
+    {"aten::log1p", R | N | F, "aten::log1p_"},
+    {"aten::log2", R | N | F, "aten::log2_"},
+    {"aten::sin", R | N | F, "aten::sin_"},
+    {"aten::cos", R | N | F, "aten::cos_"},
+    {"aten::tan", R | N | F, "aten::tan_"},
+    {"aten::tanh", R | N | F, "aten::tanh_"},
+    {"aten::atan", R | N | F, ""},
+    {"aten::asin", R | N | F, ""},
+    {"aten::acos", R | N | F, ""},
+    {"aten::sinh", R | N | F, ""},
+    {"aten::cosh", R | N | F, ""},
+    {"aten::asinh", R | N | F, ""},
+    {"aten::acosh", R | N | F, ""},
+    {"aten::atanh", R | N | F, ""},
+    {"aten::erf", R | N | F, "aten::erf_"},
+    {"aten::erfc", R | N | F, ""},
+    {"aten::sqrt", R | N | F, "aten::sqrt_"},
+    {"aten::rsqrt", R | N | F, "aten::rsqrt_"},
+    {"aten::reciprocal", R | N | F, "aten::reciprocal_"},
+    {"aten::square", R | N, "aten::square_"},
+    {"aten::floor", R | N | F, ""},
+    {"aten::ceil", R | N | F, ""},
+    {"aten::round", R | N | F, ""},
+    {"aten::trunc", R | N | F, ""},
+    {"aten::frac", R | N, ""},
+    {"aten::sigmoid", R | N | F, "aten::sigmoid_"},
+    {"aten::relu", R | N, "aten::relu_"},
+    {"aten::silu", R | N | F, ""},
+    {"aten::gelu", R | N | F, ""},
+    {"aten::mish", N | F, ""},
+    {"aten::hardtanh", R | N, ""},
+    {"aten::hardsigmoid", N | F, ""},
+    {"aten::hardswish", U | N | F, ""},
+    {"aten::leaky_relu", U | R | N, ""},
+    {"aten::elu", R | N | F, ""},
+    {"aten::softplus", R | N | F, ""},
+    {"aten::threshold", R | N, ""},
+    {"aten::clamp", R | N, ""},
+    {"aten::clamp_min", R | N, ""},
+    {"aten::clamp_max", R | N, ""},
+    {"aten::logical_not", R | N, ""},
+    {"aten::logical_and", N, ""},
+    {"aten::logical_or", N, ""},
+    {"aten::isnan", N, ""},
     // binary / ternary pointwise
-    {"aten::add", P | R | N, "aten::add_"},
-    {"aten::sub", P | R | N, "aten::sub_"},
-    {"aten::rsub", P | R | N, ""},
-    {"aten::mul", P | R | N, "aten::mul_"},
-    {"aten::div", P | R | N | F, "aten::div_"},
-    {"aten::pow", P | R | N | F, ""},
-    {"aten::maximum", P | R | N, ""},
-    {"aten::minimum", P | R | N, ""},
-    {"aten::eq", P | R | N, ""},
-    {"aten::ne", P | R | N, ""},
-    {"aten::lt", P | R | N, ""},
-    {"aten::le", P | R | N, ""},
-    {"aten::gt", P | R | N, ""},
-    {"aten::ge", P | R | N, ""},
-    {"aten::where", P | R | N, ""},
-    {"aten::masked_fill", P | R | N, ""},
-    {"aten::addcmul", P | R | N, ""},
-    {"aten::addcdiv", P | R | N | F, ""},
-    {"aten::lerp", P | R | N | F, ""},
+    {"aten::add", R | N | A | X, "aten::add_"},
+    {"aten::sub", R | N | A, "aten::sub_"},
+    {"aten::rsub", R | N, ""},
+    {"aten::mul", R | N | A | X, "aten::mul_"},
+    {"aten::div", R | N | F | A, "aten::div_"},
+    {"aten::pow", R | N | F, ""},
+    {"aten::maximum", R | N, ""},
+    {"aten::minimum", R | N, ""},
+    {"aten::eq", R | N, ""},
+    {"aten::ne", R | N, ""},
+    {"aten::lt", R | N, ""},
+    {"aten::le", R | N, ""},
+    {"aten::gt", R | N, ""},
+    {"aten::ge", R | N, ""},
+    {"aten::where", R | N, ""},
+    {"aten::masked_fill", R | N, ""},
+    {"aten::addcmul", R | N, ""},
+    {"aten::addcdiv", R | N | F, ""},
+    {"aten::lerp", R | N | F, ""},
     // pointwise backward formulas
-    {"aten::threshold_backward", P | N, ""},
-    {"aten::sigmoid_backward", P | N, ""},
-    {"aten::tanh_backward", P | N, ""},
-    {"aten::gelu_backward", P | N, ""},
-    {"aten::silu_backward", P | N, ""},
-    {"aten::hardtanh_backward", P | N, ""},
-    {"aten::leaky_relu_backward", P | N, ""},
-    {"aten::elu_backward", P | N, ""},
-    {"aten::hardsigmoid_backward", P | N, ""},
-    {"aten::hardswish_backward", P | N, ""},
-    {"aten::softplus_backward", P | N, ""},
-    {"aten::mse_loss_backward", P | N, ""},
+    {"aten::threshold_backward", N, ""},
+    {"aten::sigmoid_backward", N, ""},
+    {"aten::tanh_backward", N, ""},
+    {"aten::gelu_backward", N, ""},
+    {"aten::silu_backward", N, ""},
+    {"aten::hardtanh_backward", U | N, ""},
+    {"aten::leaky_relu_backward", U | N, ""},
+    {"aten::elu_backward", U | N, ""},
+    {"aten::hardsigmoid_backward", U | N, ""},
+    {"aten::hardswish_backward", U | N, ""},
+    {"aten::softplus_backward", U | N, ""},
+    {"aten::mse_loss_backward", U | N, ""},
     // copies, casts and fills
-    {"aten::_to_copy", P | R | N, ""},
+    {"aten::_to_copy", U | R | N, ""},
     {"aten::to", R, ""},
-    {"aten::clone", P | R | N, ""},
+    {"aten::clone", R | N, ""},
     {"aten::zeros_like", R | N, ""},
     {"aten::ones_like", R | N, ""},
     {"aten::full_like", R | N, ""},
     {"aten::fill", R | N, ""},
     {"aten::lift_fresh", R, ""},
     // views
-    {"aten::view", V | R, ""},
+    {"aten::view", V | R | K, ""},
     {"aten::_unsafe_view", V | R, ""},
     {"aten::reshape", V | R, ""},
-    {"aten::expand", V | R, ""},
-    {"aten::permute", V | R, ""},
-    {"aten::t", V | R, ""},
-    {"aten::transpose", V | R, ""},
-    {"aten::unsqueeze", V | R, ""},
-    {"aten::squeeze", V | R, ""},
+    {"aten::expand", V | R | K, ""},
+    {"aten::permute", V | R | K, ""},
+    {"aten::t", V | R | K, ""},
+    {"aten::transpose", V | R | K, ""},
+    {"aten::unsqueeze", V | R | K, ""},
+    {"aten::squeeze", V | R | K, ""},
     {"aten::slice", V | R, ""},
     {"aten::select", V | R, ""},
-    {"aten::alias", V | R, ""},
+    {"aten::alias", V | R | K, ""},
     {"aten::detach", V | R, ""},
     {"aten::as_strided", V, ""},
     {"aten::unbind", V, ""},
@@ -151,7 +164,20 @@ constexpr Row kRows[] = {
     {"aten::_softmax_backward_data", D | N, ""},
     {"aten::_log_softmax_backward_data", D | N, ""},
     {"aten::native_layer_norm", D | N | F, ""},
-    {"aten::native_layer_norm_backward", D | N | F, ""},
+    {"aten::native_layer_norm_backward", D | N | F | T, ""},
+    {"aten::linalg_vector_norm", M, ""},
+    {"aten::norm", M, ""},
+    {"aten::max", M, ""},
+    // the in-place ops an optimizer's update is made of (Note [Learning rates in a step])
+    {"aten::add_", S, ""},
+    {"aten::sub_", S, ""},
+    {"aten::mul_", S, ""},
+    {"aten::addcdiv_", S, ""},
+    {"aten::addcmul_", S, ""},
+    // fused optimizer steps (multi-tensor kernels that index their lists by the first)
+    {"aten::_fused_adam_", T, ""},
+    {"aten::_fused_adamw_", T, ""},
+    {"aten::_fused_sgd_", T, ""},
     // matmuls: fresh results, never recomputed
     {"aten::mm", N, ""},
     {"aten::addmm", N, ""},
@@ -162,10 +188,24 @@ constexpr Row kRows[] = {
     {"tcap_dist::ddp_broadcast", C, ""},
 };
 
+// Operator names ("aten::mul") with an overload LibTorch tags pointwise.
+std::unordered_set<std::string> tagged_pointwise() {
+  std::unordered_set<std::string> out;
+  for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
+    auto schema = c10::Dispatcher::singleton().findSchema(name);
+    if (schema && schema->hasTag(at::Tag::pointwise)) out.insert(name.name);
+  }
+  return out;
+}
+
 const std::unordered_map<std::string_view, OpFacts>& table() {
   static const auto* t = [] {
+    const auto pointwise = tagged_pointwise();
     auto* m = new std::unordered_map<std::string_view, OpFacts>();
-    for (const Row& r : kRows) m->emplace(r.op, OpFacts{r.flags, r.twin});
+    for (const Row& r : kRows) {
+      const uint32_t tag = pointwise.count(r.op) ? static_cast<uint32_t>(OpFact::Pointwise) : 0u;
+      m->emplace(r.op, OpFacts{r.flags | tag, r.twin});
+    }
     return m;
   }();
   return *t;
@@ -183,6 +223,14 @@ const OpFacts& op_facts(std::string_view op) {
 std::vector<std::string> ops_with_facts() {
   std::vector<std::string> out;
   for (const Row& r : kRows) out.emplace_back(r.op);
+  return out;
+}
+
+std::vector<std::string> pointwise_without_tag() {
+  std::vector<std::string> out;
+  for (const Row& r : kRows) {
+    if (r.flags & static_cast<uint32_t>(OpFact::Pointwise)) out.emplace_back(r.op);
+  }
   return out;
 }
 

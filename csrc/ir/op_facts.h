@@ -3,14 +3,17 @@
 // returns a fresh tensor, only makes sense on floating results, and its in-place twin.
 //
 // Passes ask this table instead of keeping their own string sets: the min-cut
-// partitioner (what may be recomputed), buffer reuse (in-place twins, fresh producers),
-// the fusion pass (views, float-only ops). How an op lowers to kernel IR lives in
+// partitioner (what may be recomputed), buffer reuse (in-place twins, fresh producers,
+// arithmetic that commutes), the fusion pass (views, views that keep their base's first
+// element, float-only ops), compile_step's capture comparison (update ops, norms), the
+// interpreter (kernels that trust their arguments). How an op lowers to kernel IR lives in
 // fuse/lowering.cpp, because kernel IR is a later stage than ir/; a test checks that every
 // op the lowering table calls pointwise is Pointwise here.
 //
 // Facts from the operator's schema (random ops: the nondeterministic_seeded tag; aliasing
 // and in-place writes: alias annotations) are read from the schema, not listed here
-// (ir::Node::draws_random_numbers, Value::view_of / version_of).
+// (ir::Node::draws_random_numbers, Value::view_of / version_of); so is Pointwise where
+// LibTorch tags it (Note [Pointwise from the schema tags]).
 #pragma once
 
 #include <tcap/graph.h>
@@ -33,6 +36,23 @@ enum class OpFact : uint32_t {
   // after everything it reads and in graph order, never recomputed, never run ahead to
   // compute a host guard (every rank must issue the same collectives in the same order).
   Collective = 1u << 6,
+  // A view whose first element is its base's (t, transpose, permute, view, unsqueeze,
+  // squeeze, expand, alias): fusion reads it through its base (Note [Views read through
+  // their base], fuse/groups.h).
+  KeepsOffset = 1u << 7,
+  // An in-place op an optimizer's update is made of (add_, sub_, mul_, addcdiv_,
+  // addcmul_): a constant scalar argument of one that writes a parameter may be the
+  // learning rate (compile_step's capture comparison).
+  UpdateStep = 1u << 8,
+  // Reduces to a norm (or a max, the inf-norm): what clip_grad_norm_'s item() reads.
+  Norm = 1u << 9,
+  // Its CPU kernel indexes its inputs by sizes it assumes agree, unchecked: the
+  // interpreter checks them first (Note [Kernels that trust their arguments]).
+  TrustsArguments = 1u << 10,
+  // Binary arithmetic with Tensor and Scalar overloads (add, sub, mul, div).
+  Arithmetic = 1u << 11,
+  // Its two tensor operands may swap (mul; add when alpha is 1).
+  Commutative = 1u << 12,
 };
 
 struct OpFacts {
@@ -49,6 +69,15 @@ inline bool op_has(std::string_view op, OpFact f) { return op_facts(op).has(f); 
 
 // Every operator name the table lists (tests check it against the lowering table).
 std::vector<std::string> ops_with_facts();
+
+// Note [Pointwise from the schema tags]
+// Whether an op is pointwise comes from LibTorch: an operator with an overload tagged
+// `pointwise` in native_functions.yaml is Pointwise here (read from the dispatcher's
+// schemas when the table is first used). The table says so itself only for the ops this
+// LibTorch does not tag (some activations, the pointwise backward formulas, _to_copy);
+// a test checks that they are still untagged, so that a LibTorch that tags them shows
+// the row can drop its own flag.
+std::vector<std::string> pointwise_without_tag();
 
 // Note [Writes a schema does not show]
 // native_batch_norm (and its cuDNN and MIOpen twins) update their running statistics in

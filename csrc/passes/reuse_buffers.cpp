@@ -33,9 +33,7 @@ bool binary_tensor_overload(const ir::Node& n) {
          (n.args[1].kind == ir::ArgKind::Value || n.args[1].kind == ir::ArgKind::WrappedScalar);
 }
 
-bool is_binary(const std::string& op) {
-  return op == "aten::add" || op == "aten::sub" || op == "aten::mul" || op == "aten::div";
-}
+bool is_binary(const std::string& op) { return ir::op_has(op, ir::OpFact::Arithmetic); }
 
 bool rewritable(const ir::Node& n) {
   if (n.kind != ir::NodeKind::Call) return false;
@@ -100,8 +98,8 @@ ir::Graph reuse_buffers(const ir::Graph& g, int* rewritten) {
       continue;
     }
     // mul and add (alpha 1) commute: write into the second argument if it dies here.
-    const bool commutes = n.op == "aten::mul" || (n.op == "aten::add" && n.args.size() == 3 &&
-                                                  n.args[2].kind == ir::ArgKind::Int && n.args[2].i == 1);
+    const bool alpha_one = n.args.size() < 3 || (n.args[2].kind == ir::ArgKind::Int && n.args[2].i == 1);
+    const bool commutes = ir::op_has(n.op, ir::OpFact::Commutative) && binary_tensor_overload(n) && alpha_one;
     if (commutes && b != ir::kNoValue && reusable(n, b, a)) {
       h.edit_node(n.id, [&](ir::Node& m) {
         std::swap(m.args[0], m.args[1]);

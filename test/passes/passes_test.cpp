@@ -483,4 +483,65 @@ TEST(OpFacts, OneTableForEveryPass) {
   }
 }
 
+// Note [Pointwise from the schema tags]: the table's own Pointwise rows are exactly the
+// ops this LibTorch leaves untagged; every other Pointwise op carries the tag.
+bool tagged_pointwise(const std::string& op) {
+  for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
+    if (name.name != op) continue;
+    auto schema = c10::Dispatcher::singleton().findSchema(name);
+    if (schema && schema->hasTag(at::Tag::pointwise)) return true;
+  }
+  return false;
+}
+
+TEST(OpFacts, PointwiseFromTheSchemaTags) {
+  const auto untagged = ir::pointwise_without_tag();
+  EXPECT_FALSE(untagged.empty());
+  for (const auto& op : untagged) {
+    EXPECT_FALSE(tagged_pointwise(op)) << op << " is tagged pointwise now: drop its own flag in op_facts.cpp";
+    EXPECT_TRUE(ir::op_has(op, ir::OpFact::Pointwise)) << op;
+  }
+  for (const auto& op : ir::ops_with_facts()) {
+    const bool own = std::find(untagged.begin(), untagged.end(), op) != untagged.end();
+    EXPECT_EQ(ir::op_has(op, ir::OpFact::Pointwise), own || tagged_pointwise(op)) << op;
+  }
+  // Read from the tags: the table no longer says so itself.
+  for (const char* op : {"aten::mul", "aten::exp", "aten::where", "aten::clamp", "aten::relu"}) {
+    EXPECT_TRUE(ir::op_has(op, ir::OpFact::Pointwise)) << op;
+    EXPECT_TRUE(std::find(untagged.begin(), untagged.end(), op) == untagged.end()) << op;
+  }
+  EXPECT_FALSE(ir::op_has("aten::mm", ir::OpFact::Pointwise));
+  EXPECT_FALSE(ir::op_has("aten::sum", ir::OpFact::Pointwise));
+  EXPECT_FALSE(ir::op_has("aten::view", ir::OpFact::Pointwise));
+}
+
+// The op knowledge passes used to keep in their own string sets.
+TEST(OpFacts, FactsPassesAskFor) {
+  for (const char* op : {"aten::t", "aten::transpose", "aten::permute", "aten::view", "aten::unsqueeze",
+                         "aten::squeeze", "aten::expand", "aten::alias"}) {
+    EXPECT_TRUE(ir::op_has(op, ir::OpFact::KeepsOffset)) << op;
+    EXPECT_TRUE(ir::op_has(op, ir::OpFact::View)) << op;
+  }
+  EXPECT_FALSE(ir::op_has("aten::slice", ir::OpFact::KeepsOffset));
+  EXPECT_FALSE(ir::op_has("aten::select", ir::OpFact::KeepsOffset));
+  for (const char* op : {"aten::add_", "aten::sub_", "aten::mul_", "aten::addcdiv_", "aten::addcmul_"}) {
+    EXPECT_TRUE(ir::op_has(op, ir::OpFact::UpdateStep)) << op;
+    EXPECT_TRUE(ir::op_has(op, ir::OpFact::Pointwise)) << op;  // tagged so: in place, yet pointwise
+  }
+  for (const char* op : {"aten::linalg_vector_norm", "aten::norm", "aten::max"}) {
+    EXPECT_TRUE(ir::op_has(op, ir::OpFact::Norm)) << op;
+  }
+  for (const char* op : {"aten::native_layer_norm_backward", "aten::_fused_adam_", "aten::_fused_adamw_",
+                         "aten::_fused_sgd_"}) {
+    EXPECT_TRUE(ir::op_has(op, ir::OpFact::TrustsArguments)) << op;
+  }
+  for (const char* op : {"aten::add", "aten::sub", "aten::mul", "aten::div"}) {
+    EXPECT_TRUE(ir::op_has(op, ir::OpFact::Arithmetic)) << op;
+  }
+  EXPECT_TRUE(ir::op_has("aten::mul", ir::OpFact::Commutative));
+  EXPECT_TRUE(ir::op_has("aten::add", ir::OpFact::Commutative));
+  EXPECT_FALSE(ir::op_has("aten::sub", ir::OpFact::Commutative));
+  EXPECT_FALSE(ir::op_has("aten::div", ir::OpFact::Commutative));
+}
+
 }  // namespace
