@@ -1,6 +1,6 @@
 #include "aot/region_entry.h"
 
-#include "aot/pipeline.h"
+#include "compiler/pipeline.h"
 #include "ir/op_facts.h"
 #include "passes/host_graph.h"
 #include "support/logging.h"

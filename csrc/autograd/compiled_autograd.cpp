@@ -29,7 +29,7 @@
 #include "capture/hooks.h"
 #include "capture/recorder.h"
 #include "capture/session.h"
-#include "aot/pipeline.h"
+#include "compiler/pipeline.h"
 #include "passes/int_patches.h"
 #include "aot/replay_node.h"
 #include "cache/entry_cache.h"

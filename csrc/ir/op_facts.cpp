@@ -168,7 +168,7 @@ constexpr Row kRows[] = {
     {"aten::linalg_vector_norm", M, ""},
     {"aten::norm", M, ""},
     {"aten::max", M, ""},
-    // the in-place ops an optimizer's update is made of (compile_step's capture comparison, aot/step_captures.h)
+    // the in-place ops an optimizer's update is made of (compile_step's capture comparison, step/step_captures.h)
     {"aten::add_", S, ""},
     {"aten::sub_", S, ""},
     {"aten::mul_", S, ""},

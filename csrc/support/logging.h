@@ -37,7 +37,7 @@ enum class LogChannel : unsigned {
   CompiledAutogradVerbose,
   Perf,             // timing of compile stages
   AotGraphs,        // tcap::compile: joint, forward and backward graphs, partition decisions
-  Pipeline,         // every stage of the compile pipeline: the graph after it (aot/pipeline.cpp)
+  Pipeline,         // every stage of the compile pipeline: the graph after it (compiler/pipeline.cpp)
   Ddp,              // DistributedDataParallel: buckets, when each all-reduce starts, waits, unused parameters
   Guards,           // each entry's guards, and what a graph reads from outside its inputs (its contract)
   Verify,           // verify mode: each verified replay and what it compared

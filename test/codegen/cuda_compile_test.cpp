@@ -2,7 +2,7 @@
 // broadcast and non-contiguous inputs, float32/float16/bfloat16, on a device (skipped
 // without one, saying why) and in the host emulator; CUDA-graph replay and its refusals.
 #include "codegen/cuda/cuda.h"
-#include "aot/cuda_graphs.h"
+#include "runtime/cuda_graphs.h"
 #include "cuda_test_util.h"
 #include "support/compare.h"
 #include "support/cuda_emu.h"

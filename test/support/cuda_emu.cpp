@@ -6,7 +6,7 @@
 #include "codegen/cuda/driver.h"
 #include "codegen/cuda/render.h"
 #include "codegen/kernel_cache.h"
-#include "aot/pipeline.h"
+#include "compiler/pipeline.h"
 #include "fuse/fusion.h"
 #include "runtime/fused_kernel.h"
 #include "support/logging.h"

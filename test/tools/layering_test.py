@@ -13,6 +13,10 @@ exactly the include path the stage's own sources are compiled with. Two checks:
 2. A real upward include: the fuse stage compiling `#include "<its header>"` followed by
    a header of a stage above it must fail with "No such file or directory", and the
    same file without the upward include must compile.
+3. Rules of the architecture, beyond "no upward include": compiled autograd cannot reach
+   compile_step (`step/`), and tcap::compile (`aot/`) cannot either; the compile pipeline
+   (`compiler/`) sees no front door. Checked the same way as 2, on those stages' real
+   compile commands.
 """
 import json
 import os
@@ -103,6 +107,23 @@ def main():
                                     f"{'compiled' if ok else 'failed for another reason'}:\n{log}")
                 else:
                     print(f"{name}: #include \"{header[upper[1]]}\" fails: No such file or directory")
+        # 3. Named rules: (stage, folder it must not see).
+        by_name = {s[0]: s for s in stages}
+        for stage, forbidden in (("tcap_autograd", "step"), ("tcap_aot", "step"), ("tcap_compiler", "aot"),
+                                 ("tcap_compiler", "step"), ("tcap_compiler", "autograd")):
+            if stage not in by_name or forbidden not in header:
+                failures.append(f"rule {stage} -/-> {forbidden}/: the stage or the folder does not exist")
+                continue
+            name, folder, allowed, source = by_name[stage]
+            command, cwd = stage_command(commands, source)
+            own = f'#include "{header[folder]}"\n'
+            ok, log = compiles(command, cwd, own + f'#include "{header[forbidden]}"\n', scratch)
+            checked += 1
+            if ok or f"{header[forbidden]}: No such file or directory" not in log:
+                failures.append(f"rule {stage} -/-> {forbidden}/: the include "
+                                f"{'compiled' if ok else 'failed for another reason'}:\n{log}")
+            else:
+                print(f"{name}: cannot include {header[forbidden]} (rule)")
     for f in failures:
         print("FAIL", f)
     print(f"layering_test: {len(stages)} stages, {checked} probes, {len(failures)} failures")

@@ -1,6 +1,6 @@
 // CUDA-graph replay of compiled graphs: Note [CUDA graphs of compiled regions] in
 // cuda_graphs.h.
-#include "aot/cuda_graphs.h"
+#include "runtime/cuda_graphs.h"
 
 #include "support/logging.h"
 

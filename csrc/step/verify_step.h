@@ -1,8 +1,8 @@
 // Verified calls of compile_step (verify mode; Note [Verifying a compiled step]).
 #pragma once
 
-#include "aot/optimizers.h"
-#include "aot/step_inputs.h"
+#include "step/optimizers.h"
+#include "step/step_inputs.h"
 #include "cache/verify.h"
 
 #include <tcap/stance.h>

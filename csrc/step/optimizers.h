@@ -50,7 +50,7 @@ struct HostState {
 double evaluate(HostScalar x, const HostState& s);
 
 // Which multi-tensor ATen op runs an optimizer's update of a parameter, with the options
-// of its parameter group (Note [Fused optimizer steps] in aot/fused_optimizers.cpp).
+// of its parameter group (Note [Fused optimizer steps] in step/fused_optimizers.cpp).
 struct FusedForm {
   enum class Kind { None, Adam, AdamW, Sgd } kind = Kind::None;
   double beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0;  // Adam, AdamW (and SGD's weight_decay)

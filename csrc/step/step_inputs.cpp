@@ -1,6 +1,6 @@
-#include "aot/step_inputs.h"
+#include "step/step_inputs.h"
 
-#include "aot/step_history.h"
+#include "step/step_history.h"
 
 #include "capture/engine_shim.h"
 #include "capture/hooks.h"

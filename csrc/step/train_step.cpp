@@ -33,13 +33,13 @@
 // (cache/entry_cache.h), as for tcap::compile and compiled autograd.
 #include <tcap/train_step.h>
 
-#include "aot/fused_optimizers.h"
-#include "aot/optimizers.h"
-#include "aot/step_captures.h"
-#include "aot/step_history.h"
-#include "aot/step_inputs.h"
-#include "aot/verify_step.h"
-#include "aot/pipeline.h"
+#include "step/fused_optimizers.h"
+#include "step/optimizers.h"
+#include "step/step_captures.h"
+#include "step/step_history.h"
+#include "step/step_inputs.h"
+#include "step/verify_step.h"
+#include "compiler/pipeline.h"
 #include "aot/region.h"
 #include "aot/region_entry.h"
 #include "cache/entry_cache.h"

@@ -17,7 +17,7 @@
 // either sign. So where the two runs' gradients of a parameter differ by more than 1%
 // relatively, that parameter's elements, and its optimizer state's, are left out of the
 // comparison (Note [Verify tolerances]); the gradients themselves are compared as usual.
-#include "aot/verify_step.h"
+#include "step/verify_step.h"
 
 #include "aot/replay_function.h"
 

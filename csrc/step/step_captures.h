@@ -10,7 +10,7 @@
 // Anything else is a reason the step cannot be compiled.
 #pragma once
 
-#include "aot/optimizers.h"
+#include "step/optimizers.h"
 
 #include <tcap/graph.h>
 

@@ -7,7 +7,7 @@
 // names only when asked (Note [A structure key without names]).
 #pragma once
 
-#include "aot/optimizers.h"
+#include "step/optimizers.h"
 #include "cache/entry_cache.h"
 
 #include <tcap/graph.h>

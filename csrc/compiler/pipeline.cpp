@@ -10,9 +10,9 @@
 //     the user's fw/bw_compiler, or
 //     target (eager | cpu_llvm | cuda) ─ fuse (decompose, group, lower, generate kernels)
 //     ─ reuse buffers ─ executable (interpreter over the fused graph) ─ CUDA graphs
-#include "aot/pipeline.h"
+#include "compiler/pipeline.h"
 
-#include "aot/cuda_graphs.h"
+#include "runtime/cuda_graphs.h"
 #include "codegen/cpu_llvm/cpu_llvm.h"
 #include "codegen/cuda/cuda.h"
 #include "fuse/fusion.h"

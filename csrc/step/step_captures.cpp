@@ -1,4 +1,4 @@
-#include "aot/step_captures.h"
+#include "step/step_captures.h"
 
 #include "ir/op_facts.h"
 

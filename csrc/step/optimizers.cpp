@@ -1,4 +1,4 @@
-#include "aot/optimizers.h"
+#include "step/optimizers.h"
 
 #include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>

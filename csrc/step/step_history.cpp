@@ -1,4 +1,4 @@
-#include "aot/step_history.h"
+#include "step/step_history.h"
 
 #include "aot/replay_function.h"
 #include "ir/op_facts.h"

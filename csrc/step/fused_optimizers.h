@@ -4,8 +4,8 @@
 // (_fused_adam_, _fused_adamw_, _fused_sgd_), as Python's fused=True optimizers run.
 #pragma once
 
-#include "aot/optimizers.h"
-#include "aot/step_captures.h"
+#include "step/optimizers.h"
+#include "step/step_captures.h"
 
 #include <tcap/graph.h>
 

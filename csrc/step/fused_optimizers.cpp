@@ -1,4 +1,4 @@
-#include "aot/fused_optimizers.h"
+#include "step/fused_optimizers.h"
 
 #include "ir/verify_args.h"
 
