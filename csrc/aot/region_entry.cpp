@@ -73,7 +73,7 @@ bool compile_region(RegionEntry& e, JointGraph joint, bool has_backward, const s
   // a changed value without having changed anything, else a pre-check guard graph.
   const bool reads = cache::has_host_reads(e.joint.graph);
   const bool inline_checks = reads && !o.fw_compiler && passes::host_reads_precede_input_writes(e.joint.graph);
-  CompiledJoint c = compile_joint(e.joint, has_backward, o, o.name + "." + std::to_string(e.id), inline_checks);
+  compiler::CompiledJoint c = compiler::compile_joint(e.joint, has_backward, o, o.name + "." + std::to_string(e.id), inline_checks);
   e.part = std::move(c.part);
   e.fw = std::move(c.forward);
   e.bw = std::move(c.backward);

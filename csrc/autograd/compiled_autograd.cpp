@@ -151,7 +151,7 @@ class Runtime : public capture::BackwardHandler {
   // The options' bw_compiler when set (torch's compiled_autograd.enable(compiler_fn)),
   // else the backend.
   Executable compile_backward(const ir::Graph& g, const std::string& what) const {
-    return aot::compile_graph(g, opts(), what, opts().bw_compiler);
+    return compiler::compile_graph(g, opts(), what, opts().bw_compiler);
   }
   void count(int CompiledAutogradStats::*f) {
     std::lock_guard<std::mutex> lock(cache_->mutex);

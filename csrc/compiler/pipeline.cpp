@@ -277,7 +277,7 @@ ir::Graph simplify(const ir::Graph& g, const std::string& what, bool stages = tr
 
 }  // namespace
 
-namespace aot {
+namespace compiler {
 
 Executable compile_graph(const ir::Graph& g, const CompileOptions& o, const std::string& what,
                          const GraphCompiler& user, bool check_host_values) {
@@ -418,7 +418,7 @@ ScalarExecutable compile_graph_with_scalars(const ir::Graph& g, const std::vecto
   };
 }
 
-}  // namespace aot
+}  // namespace compiler
 
 Executable eager_backend(const ir::Graph& g) {
   int rewritten = 0;
@@ -430,7 +430,7 @@ Executable eager_backend(const ir::Graph& g) {
 Executable llvm_backend(const ir::Graph& g) {
   CompileOptions o;
   o.backend = "llvm";
-  return aot::compile_graph(g, o, "graph");
+  return compiler::compile_graph(g, o, "graph");
 }
 
 Executable fused_backend(const ir::Graph& g, const std::string& what, const std::string& dump_dir,

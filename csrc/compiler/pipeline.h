@@ -28,7 +28,7 @@ namespace runtime {
 struct FusedKernel;
 }
 
-namespace aot {
+namespace compiler {
 
 struct CompiledJoint {
   PartitionResult part;
@@ -60,7 +60,7 @@ ScalarExecutable compile_graph_with_scalars(const ir::Graph& g, const std::vecto
                                             const CompileOptions& options, const std::string& what,
                                             bool check_host_values = false);
 
-}  // namespace aot
+}  // namespace compiler
 
 // Makes a fused group's kernel: fills `fk.cpu` or `fk.cuda`; throws c10::Error to leave
 // the group's ops to ATen (the fusion pass logs why).

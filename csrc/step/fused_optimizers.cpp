@@ -10,7 +10,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
-namespace tcap::aot {
+namespace tcap::step {
 
 // Note [Fused optimizer steps]
 // torch::optim's step() updates one parameter at a time: Adam records eight ATen ops per
@@ -529,4 +529,4 @@ bool fused_steps_agree(const std::vector<FusedGroup>& groups, const std::vector<
   return true;
 }
 
-}  // namespace tcap::aot
+}  // namespace tcap::step

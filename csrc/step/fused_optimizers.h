@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-namespace tcap::aot {
+namespace tcap::step {
 
 // Parameters one fused call updates with one step count: a replay is exact only while
 // their optimizer's step counters agree (fused_steps_agree).
@@ -42,4 +42,4 @@ FusedOptimizerSteps fuse_optimizer_steps(const ir::Graph& g, const std::vector<S
 // Whether the step counters of every group agree (see FusedGroup).
 bool fused_steps_agree(const std::vector<FusedGroup>& groups, const std::vector<const OptimizerAdapter*>& opts);
 
-}  // namespace tcap::aot
+}  // namespace tcap::step

@@ -9,7 +9,7 @@
 
 #include <cmath>
 
-namespace tcap::aot {
+namespace tcap::step {
 
 bool depends_on_lr(HostScalar x) {
   switch (x) {
@@ -372,4 +372,4 @@ std::unique_ptr<OptimizerAdapter> OptimizerAdapter::make(torch::optim::Optimizer
   return nullptr;
 }
 
-}  // namespace tcap::aot
+}  // namespace tcap::step

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-namespace tcap::aot {
+namespace tcap::step {
 
 // Note [Host scalars of optimizers]
 // An optimizer's step computes some scalars on the host and hands them to ATen ops: the
@@ -123,4 +123,4 @@ class OptimizerAdapter {
   torch::optim::Optimizer* opt_;
 };
 
-}  // namespace tcap::aot
+}  // namespace tcap::step

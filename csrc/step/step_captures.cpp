@@ -7,7 +7,7 @@
 #include <optional>
 #include <sstream>
 
-namespace tcap::aot {
+namespace tcap::step {
 namespace {
 
 bool same_double(double a, double b) {
@@ -82,9 +82,9 @@ StepComparison compare_step_captures(const ir::Graph& first, const ir::Graph& se
   // The expression explaining (d1, d2) for parameter p, if any.
   auto explain = [&](double d1, double d2, std::pair<size_t, size_t> p, bool lr_only) -> std::optional<HostScalar> {
     for (HostScalar h : opts[p.first]->host_scalars()) {
-      if (lr_only && !aot::depends_on_lr(h)) continue;
-      if (same_double(aot::evaluate(h, host1[p.first][p.second]), d1) &&
-          same_double(aot::evaluate(h, host2[p.first][p.second]), d2)) {
+      if (lr_only && !step::depends_on_lr(h)) continue;
+      if (same_double(step::evaluate(h, host1[p.first][p.second]), d1) &&
+          same_double(step::evaluate(h, host2[p.first][p.second]), d2)) {
         return h;
       }
     }
@@ -167,4 +167,4 @@ StepComparison compare_step_captures(const ir::Graph& first, const ir::Graph& se
   return out;
 }
 
-}  // namespace tcap::aot
+}  // namespace tcap::step

@@ -19,7 +19,7 @@
 #include <utility>
 #include <vector>
 
-namespace tcap::aot {
+namespace tcap::step {
 
 // A scalar argument of the step graph recomputed from an optimizer's host state.
 struct ScalarPatch {
@@ -45,4 +45,4 @@ StepComparison compare_step_captures(const ir::Graph& first, const ir::Graph& se
                                      const std::unordered_map<ir::NodeId, std::pair<size_t, size_t>>& input_param,
                                      bool observe_host_values);
 
-}  // namespace tcap::aot
+}  // namespace tcap::step

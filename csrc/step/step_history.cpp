@@ -11,7 +11,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
-namespace tcap::aot {
+namespace tcap::step {
 
 std::string make_history_slice(const ir::Graph& g, const std::vector<size_t>& outputs, const std::vector<bool>& buffer,
                                const std::vector<ir::NodeId>& patched, HistorySlice* out) {
@@ -217,7 +217,7 @@ struct StepHistory : torch::autograd::Function<StepHistory> {
     const bool create_graph = at::GradMode::is_enabled();
     std::vector<at::Tensor> primals = c.primals;
     if (!torch::autograd::get_current_graph_task_keep_graph()) c.release();
-    variable_list all = recompute_gradients(c.slice->graph, w, primals, grads, c.slice->outputs.size(), create_graph);
+    variable_list all = aot::recompute_gradients(c.slice->graph, w, primals, grads, c.slice->outputs.size(), create_graph);
     variable_list result;
     result.reserve(c.diff.size() + 1);
     for (size_t j : c.diff) result.push_back(std::move(all[j]));
@@ -276,4 +276,4 @@ void attach_history(const std::shared_ptr<HistoryCall>& call, std::vector<at::Te
   for (size_t j = 0; j < ks.size(); ++j) outs[ks[j]] = std::move(with[j]);
 }
 
-}  // namespace tcap::aot
+}  // namespace tcap::step

@@ -39,7 +39,7 @@
 #include <string>
 #include <vector>
 
-namespace tcap::aot {
+namespace tcap::step {
 
 struct HistorySlice {
   ir::Graph graph;              // inputs: the step inputs it reads; outputs: the outputs' values
@@ -85,4 +85,4 @@ bool is_history_node(const torch::autograd::Node& n);
 // own backward would have (a second backward through it is an error).
 void release_history(torch::autograd::Node& node);
 
-}  // namespace tcap::aot
+}  // namespace tcap::step

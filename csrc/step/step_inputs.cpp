@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <optional>
 
-namespace tcap::aot {
+namespace tcap::step {
 
 const at::Tensor& StepInputs::leaf(size_t j) const {
   return j < params.size() ? params[j].tensor : ts.at(input_leaves.at(j - params.size()));
@@ -204,4 +204,4 @@ std::vector<std::vector<HostState>> host_states(const std::vector<const Optimize
   return out;
 }
 
-}  // namespace tcap::aot
+}  // namespace tcap::step

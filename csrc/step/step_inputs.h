@@ -19,7 +19,7 @@
 #include <utility>
 #include <vector>
 
-namespace tcap::aot {
+namespace tcap::step {
 
 // A parameter of the step: the models' (named_parameters order), then optimizer
 // parameters that are in no model.
@@ -80,4 +80,4 @@ StepInputs gather_step_inputs(const StepParts& parts, const std::vector<at::Tens
 // Per optimizer, per parameter: the host state (step counts, learning rates) now.
 std::vector<std::vector<HostState>> host_states(const std::vector<const OptimizerAdapter*>& opts);
 
-}  // namespace tcap::aot
+}  // namespace tcap::step

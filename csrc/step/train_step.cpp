@@ -72,10 +72,10 @@
 namespace tcap {
 namespace {
 
-using aot::HostScalar;
-using aot::HostState;
-using aot::OptimizerAdapter;
-using aot::ScalarPatch;
+using step::HostScalar;
+using step::HostState;
+using step::OptimizerAdapter;
+using step::ScalarPatch;
 
 enum class GradEffect { Keep, Clear, Set };
 
@@ -86,7 +86,7 @@ struct StepEntry : cache::Entry {
   std::vector<std::vector<HostState>> host;  // per optimizer, per parameter: at the latest capture
   std::string eager_reason;
   bool by_design = false;   // runs eagerly by design (it creates optimizer state), not a fallback
-  aot::ScalarExecutable exe;
+  compiler::ScalarExecutable exe;
   std::vector<ScalarPatch> patches;
   std::vector<GradEffect> grad_effect;  // per parameter
   std::vector<int> grad_output;         // per parameter: output index (Set)
@@ -97,12 +97,12 @@ struct StepEntry : cache::Entry {
   std::vector<std::pair<size_t, size_t>> hook_slots;
   // Parameters whose updates run as one fused call with one step count (Note [Fused
   // optimizer steps]).
-  std::vector<aot::FusedGroup> fused_groups;
+  std::vector<step::FusedGroup> fused_groups;
   // Outputs returned with autograd history a later backward may use, and the slice that
   // gives them one on a replay (Note [Outputs with history from a replayed step]).
   std::vector<size_t> with_history;
   std::vector<bool> buffer_inputs;  // per input: a module buffer (the only inputs the slice may write)
-  std::shared_ptr<const aot::HistorySlice> history;
+  std::shared_ptr<const step::HistorySlice> history;
   // Per history node behind an input (StepInputs::histories): the step's backward ran it
   // without retain_graph, so a replay frees it as that backward did.
   std::vector<bool> uses_history;
@@ -115,7 +115,7 @@ struct StepEntry : cache::Entry {
 
 struct CompiledStep::Impl {
   std::vector<std::unique_ptr<OptimizerAdapter>> opts;
-  aot::StepParts parts;  // the models, their submodules and opts (as the aot helpers take them)
+  step::StepParts parts;  // the models, their submodules and opts (as the aot helpers take them)
   CompiledFunction::Fn fn;
   CompileOptions options;
   aot::SharedStats stats;
@@ -127,11 +127,11 @@ struct CompiledStep::Impl {
   std::string who() const { return "step '" + options.name + "'"; }
 
   // Note [A structure key without names]: a replay gathers without names; a capture with.
-  aot::StepInputs gather(const std::vector<at::Tensor>& user, bool with_names) const {
-    return aot::gather_step_inputs(parts, user, with_names);
+  step::StepInputs gather(const std::vector<at::Tensor>& user, bool with_names) const {
+    return step::gather_step_inputs(parts, user, with_names);
   }
-  aot::StepInputs gather_named(const std::vector<at::Tensor>& user, const aot::StepInputs& unnamed) const {
-    aot::StepInputs g = gather(user, true);
+  step::StepInputs gather_named(const std::vector<at::Tensor>& user, const step::StepInputs& unnamed) const {
+    step::StepInputs g = gather(user, true);
     TORCH_INTERNAL_ASSERT(g.structure == unnamed.structure && g.ts.size() == unnamed.ts.size(),
                           "tcap: compile_step's gathers with and without names disagree");
     return g;
@@ -159,15 +159,15 @@ struct CompiledStep::Impl {
     }
   }
 
-  std::vector<at::Tensor> capture(StepEntry& e, const std::vector<at::Tensor>& user, const aot::StepInputs& g);
+  std::vector<at::Tensor> capture(StepEntry& e, const std::vector<at::Tensor>& user, const step::StepInputs& g);
   void verify_and_compile(StepEntry& e, const ir::Graph& first, const std::vector<std::vector<HostState>>& host1,
-                          const aot::StepInputs& g);
-  std::vector<at::Tensor> replay(const StepEntry& e, const aot::StepInputs& g, const std::vector<at::Tensor>& primals,
+                          const step::StepInputs& g);
+  std::vector<at::Tensor> replay(const StepEntry& e, const step::StepInputs& g, const std::vector<at::Tensor>& primals,
                                  const std::vector<at::Tensor>& user);
   std::vector<at::Tensor> call(const std::vector<at::Tensor>& user);
   // A verified replay (Note [Verifying a compiled step]), or nullopt where the entry cannot
   // be verified (logged): its outputs have a history node of their own.
-  std::optional<std::vector<at::Tensor>> verified(const StepEntry& served, const StepEntry& guarded, const aot::StepInputs& g,
+  std::optional<std::vector<at::Tensor>> verified(const StepEntry& served, const StepEntry& guarded, const step::StepInputs& g,
                                                   const std::vector<at::Tensor>& primals,
                                                   const std::vector<at::Tensor>& user, const VerifyOptions& v);
   std::shared_ptr<const StepEntry> specialize(const std::shared_ptr<const StepEntry>& e, const std::vector<int64_t>& key);
@@ -176,9 +176,9 @@ struct CompiledStep::Impl {
 };
 
 std::vector<at::Tensor> CompiledStep::Impl::capture(StepEntry& e, const std::vector<at::Tensor>& user,
-                                                     const aot::StepInputs& g) {
+                                                     const step::StepInputs& g) {
   stats.count(&CompileStats::captures);
-  e.host = aot::host_states(parts.opts);
+  e.host = step::host_states(parts.opts);
   // Guards of an entry that goes eager before the end of the capture (no held tensors):
   // without its alias classes it would miss every later call and recapture each time.
   e.guards.held.hold({}, {});
@@ -218,7 +218,7 @@ std::vector<at::Tensor> CompiledStep::Impl::capture(StepEntry& e, const std::vec
   // Note [Backpropagating into an earlier step's outputs]
   for (size_t k = 0; k < user.size(); ++k) {
     const auto& fn = user[k].defined() ? user[k].grad_fn() : nullptr;
-    if (fn && !aot::is_history_node(*fn) && s.reached_by_backward(fn.get())) {
+    if (fn && !step::is_history_node(*fn) && s.reached_by_backward(fn.get())) {
       return fail("the step's backward runs into the autograd history of input " + std::to_string(k) + " (" +
                   fn->name() + "), which eager code made (outside a compiled step, or a step's eager call): its saved "
                   "tensors would be constants of the graph; compile the step that makes input " + std::to_string(k) +
@@ -237,7 +237,7 @@ std::vector<at::Tensor> CompiledStep::Impl::capture(StepEntry& e, const std::vec
   {
     std::vector<at::Tensor> after;
     for (size_t o = 0; o < opts.size(); ++o) {
-      aot::StateSink sink{after, nullptr, "", nullptr};
+      step::StateSink sink{after, nullptr, "", nullptr};
       opts[o]->state_tensors(sink);
     }
     if (after.size() > g.state_input.size()) {
@@ -339,7 +339,7 @@ std::vector<at::Tensor> CompiledStep::Impl::capture(StepEntry& e, const std::vec
 }
 
 void CompiledStep::Impl::verify_and_compile(StepEntry& e, const ir::Graph& first,
-                                            const std::vector<std::vector<HostState>>& host1, const aot::StepInputs& g) {
+                                            const std::vector<std::vector<HostState>>& host1, const step::StepInputs& g) {
   // Which parameter (optimizer, index) each input node is.
   const auto inputs = e.graph.input_nodes();
   std::unordered_map<ir::NodeId, std::pair<size_t, size_t>> param_inputs;
@@ -347,8 +347,8 @@ void CompiledStep::Impl::verify_and_compile(StepEntry& e, const ir::Graph& first
     if (g.params[j].opt < 0) continue;
     param_inputs[inputs.at(static_cast<size_t>(g.param_input[j]))] = {static_cast<size_t>(g.params[j].opt), g.params[j].index};
   }
-  aot::StepComparison cmp =
-      aot::compare_step_captures(first, e.graph, host1, e.host, parts.opts, param_inputs, options.observe_host_values);
+  step::StepComparison cmp =
+      step::compare_step_captures(first, e.graph, host1, e.host, parts.opts, param_inputs, options.observe_host_values);
   if (!cmp.why_not.empty()) return go_eager(e, cmp.why_not);
   e.patches = std::move(cmp.patches);
   const std::vector<ir::NodeId>& observed = cmp.observed;
@@ -364,7 +364,7 @@ void CompiledStep::Impl::verify_and_compile(StepEntry& e, const ir::Graph& first
   // make found its learning-rate arguments (Note [Host scalars of optimizers]).
   std::map<std::pair<size_t, size_t>, int> lr_found;
   for (const auto& p : e.patches) {
-    if (aot::depends_on_lr(p.expr)) ++lr_found[{p.opt, p.param}];
+    if (step::depends_on_lr(p.expr)) ++lr_found[{p.opt, p.param}];
   }
   bool lr_input = true;
   std::string lr_why;
@@ -388,7 +388,7 @@ void CompiledStep::Impl::verify_and_compile(StepEntry& e, const ir::Graph& first
   if (options.fused_optimizers && lr_input) {
     std::map<std::pair<size_t, size_t>, ir::ValueId> param_values;
     for (const auto& [node, key] : param_inputs) param_values[key] = e.graph.node(node).outputs.at(0).values.at(0);
-    aot::FusedOptimizerSteps f = aot::fuse_optimizer_steps(e.graph, e.patches, parts.opts, param_values);
+    step::FusedOptimizerSteps f = step::fuse_optimizer_steps(e.graph, e.patches, parts.opts, param_values);
     for (const auto& why : f.kept) TCAP_LOG(Perf, who() << ": an update keeps its recorded ops: " << why);
     if (!f.groups.empty()) {
       TCAP_LOG(Perf, who() << ": the updates of " << f.fused_params << " parameters run as " << f.groups.size()
@@ -418,7 +418,7 @@ void CompiledStep::Impl::verify_and_compile(StepEntry& e, const ir::Graph& first
   std::vector<std::pair<ir::NodeId, size_t>> args;
   for (const auto& p : e.patches) args.emplace_back(p.node, p.arg);
   try {
-    e.exe = aot::compile_graph_with_scalars(e.graph, args, options, options.name + ".step" + std::to_string(e.id),
+    e.exe = compiler::compile_graph_with_scalars(e.graph, args, options, options.name + ".step" + std::to_string(e.id),
                                             inline_checks);
   } catch (const c10::Error& err) {
     return go_eager(e, err.what_without_backtrace());
@@ -437,7 +437,7 @@ void CompiledStep::Impl::verify_and_compile(StepEntry& e, const ir::Graph& first
   if (log_enabled(LogChannel::AotGraphs)) {
     std::ostringstream ps;
     for (const auto& p : e.patches) {
-      ps << "\n  node %" << p.node << " argument " << p.arg << " = " << aot::to_string(p.expr) << " of optimizer "
+      ps << "\n  node %" << p.node << " argument " << p.arg << " = " << step::to_string(p.expr) << " of optimizer "
          << p.opt << " parameter " << p.param;
     }
     TCAP_LOG(AotGraphs, who() << " compiled (" << e.graph.num_calls() << " ops, " << e.patches.size()
@@ -455,8 +455,8 @@ std::string CompiledStep::Impl::build_history(StepEntry& e) {
   if (e.with_history.empty()) return "";
   std::vector<ir::NodeId> patched;
   for (const auto& p : e.patches) patched.push_back(p.node);
-  auto slice = std::make_shared<aot::HistorySlice>();
-  std::string why = aot::make_history_slice(e.graph, e.with_history, e.buffer_inputs, patched, slice.get());
+  auto slice = std::make_shared<step::HistorySlice>();
+  std::string why = step::make_history_slice(e.graph, e.with_history, e.buffer_inputs, patched, slice.get());
   if (!why.empty()) return why + "; a replayed output has no history of its own";
   TCAP_LOG(AotGraphs, who() << ": output(s) " << c10::IntArrayRef(std::vector<int64_t>(e.with_history.begin(), e.with_history.end()))
                             << " keep their autograd history on a replay (a node that recomputes "
@@ -516,20 +516,20 @@ std::shared_ptr<const StepEntry> CompiledStep::Impl::specialize(const std::share
   }
   std::vector<std::pair<ir::NodeId, size_t>> args;
   for (const auto& p : s->patches) args.emplace_back(p.node, p.arg);
-  s->exe = aot::compile_graph_with_scalars(s->graph, args, options, options.name + ".step" + std::to_string(e->id) + ".sizes");
+  s->exe = compiler::compile_graph_with_scalars(s->graph, args, options, options.name + ".step" + std::to_string(e->id) + ".sizes");
   stats.count(&CompileStats::compiles);
   TCAP_LOG(Recompiles, who() << " entry " << e->id << " specialized to sizes " << c10::IntArrayRef(key)
                              << " of its dynamic dims (no recapture)");
   return e->specialized->insert(key, std::move(s));
 }
 
-std::vector<at::Tensor> CompiledStep::Impl::replay(const StepEntry& e, const aot::StepInputs& g,
+std::vector<at::Tensor> CompiledStep::Impl::replay(const StepEntry& e, const step::StepInputs& g,
                                                    const std::vector<at::Tensor>& primals,
                                                    const std::vector<at::Tensor>& user) {
   auto name_of = [&](size_t k) { return gather(user, true).names.at(k); };  // for errors only
   std::vector<double> scalars;
   scalars.reserve(e.patches.size());
-  for (const auto& p : e.patches) scalars.push_back(aot::evaluate(p.expr, opts[p.opt]->host_state(p.param)));
+  for (const auto& p : e.patches) scalars.push_back(step::evaluate(p.expr, opts[p.opt]->host_state(p.param)));
   // Note [Hooks in a compiled step]: an opaque CallHook calls the hook object on this
   // call's tensor, as the engine would: default dispatch, grad mode off.
   const auto outer_keys = c10::impl::tls_local_dispatch_key_set();
@@ -556,8 +556,8 @@ std::vector<at::Tensor> CompiledStep::Impl::replay(const StepEntry& e, const aot
     }
     return out;
   };
-  std::shared_ptr<aot::HistoryCall> history;
-  if (e.history) history = aot::before_step(e.history, primals, who());
+  std::shared_ptr<step::HistoryCall> history;
+  if (e.history) history = step::before_step(e.history, primals, who());
   std::vector<at::Tensor> outs;
   {
     interp::HookRunnerScope scope(&runner);
@@ -578,16 +578,16 @@ std::vector<at::Tensor> CompiledStep::Impl::replay(const StepEntry& e, const aot
     }
   }
   for (auto& o : opts) o->advance();
-  if (history) aot::attach_history(history, outs);
+  if (history) step::attach_history(history, outs);
   for (size_t k = 0; k < g.histories.size() && k < e.uses_history.size(); ++k) {
-    if (e.uses_history[k]) aot::release_history(*g.histories[k]);
+    if (e.uses_history[k]) step::release_history(*g.histories[k]);
   }
   outs.resize(e.num_user_outputs);
   return outs;
 }
 
 std::optional<std::vector<at::Tensor>> CompiledStep::Impl::verified(const StepEntry& served, const StepEntry& guarded,
-                                                                     const aot::StepInputs& g,
+                                                                     const step::StepInputs& g,
                                                                      const std::vector<at::Tensor>& primals,
                                                                      const std::vector<at::Tensor>& user,
                                                                      const VerifyOptions& v) {
@@ -595,8 +595,8 @@ std::optional<std::vector<at::Tensor>> CompiledStep::Impl::verified(const StepEn
     TCAP_LOG(Verify, who() << " entry " << guarded.id << " is not verified: its outputs carry a history of their own");
     return std::nullopt;
   }
-  const aot::StepInputs named = gather_named(user, g);
-  aot::StepCheck check;
+  const step::StepInputs named = gather_named(user, g);
+  step::StepCheck check;
   check.g = &named;
   check.primals = primals;
   const auto inputs = served.graph.input_nodes();
@@ -619,7 +619,7 @@ std::optional<std::vector<at::Tensor>> CompiledStep::Impl::verified(const StepEn
                            (options.fused_optimizers ? "' with fused optimizer updates" : "'") + " beyond its tolerance";
   }
   check.report.likely += " (docs/compile.md, \"What a replay re-reads and what it freezes\")";
-  std::vector<at::Tensor> outs = aot::verified_step(check);
+  std::vector<at::Tensor> outs = step::verified_step(check);
   stats.count(&CompileStats::verified);
   last.kind = CompiledStep::Call::Kind::Eager;  // the step's own code ran last, and its results are kept
   last.host_values.clear();
@@ -630,7 +630,7 @@ std::vector<at::Tensor> CompiledStep::Impl::call(const std::vector<at::Tensor>& 
   if (stance() == Stance::ForceEager || cache->fell_back() || cache->eager_by_design()) return run_eager(user);
   // One call at a time: a step updates shared state (parameters, optimizer state, entries).
   std::lock_guard<std::mutex> serial(call_mutex);
-  const aot::StepInputs g = gather(user, /*with_names=*/false);
+  const step::StepInputs g = gather(user, /*with_names=*/false);
   const cache::CallView view = g.view();
   cache::Lookup l;
   using Out = std::vector<at::Tensor>;
@@ -643,7 +643,7 @@ std::vector<at::Tensor> CompiledStep::Impl::call(const std::vector<at::Tensor>& 
     }
     switch (state) {
       case StepEntry::State::Compiled: {
-        if (!e->fused_groups.empty() && !aot::fused_steps_agree(e->fused_groups, parts.opts)) {
+        if (!e->fused_groups.empty() && !step::fused_steps_agree(e->fused_groups, parts.opts)) {
           // Note [Fused optimizer steps]: one step count per fused call. A fallback like
           // any other: error_on_fallback turns it into an error.
           cache::report_fallback(who(), "the step counters of parameters updated by one fused optimizer call "
@@ -663,7 +663,7 @@ std::vector<at::Tensor> CompiledStep::Impl::call(const std::vector<at::Tensor>& 
       case StepEntry::State::Candidate: {
         ir::Graph first = e->graph;
         auto host1 = e->host;
-        const aot::StepInputs named = gather_named(user, g);
+        const step::StepInputs named = gather_named(user, g);
         auto outs = capture(*e, user, named);
         if (e->state == StepEntry::State::Candidate) verify_and_compile(*e, first, host1, named);
         return outs;
@@ -676,7 +676,7 @@ std::vector<at::Tensor> CompiledStep::Impl::call(const std::vector<at::Tensor>& 
   if (cache->admit(l, note) == cache::Admission::RunEager) return run_eager(user);
   if (cache->size() > 0) stats.count(&CompileStats::recompiles);
   auto e = std::make_shared<StepEntry>();
-  const aot::StepInputs named = gather_named(user, g);
+  const step::StepInputs named = gather_named(user, g);
   e->guards.capture_call(named.view(), named.names, {});
   e->guards.modules = named.modules;
   e->guards.scalar_names = named.scalar_names;
@@ -739,7 +739,7 @@ std::shared_ptr<CompiledStep> compile_step(std::vector<std::shared_ptr<torch::nn
   impl->options = std::move(options);
   std::string why;
   for (auto& o : optimizers) {
-    auto a = aot::OptimizerAdapter::make(o.get(), &why);
+    auto a = step::OptimizerAdapter::make(o.get(), &why);
     if (!a) break;
     impl->opts.push_back(std::move(a));
     impl->parts.opts.push_back(impl->opts.back().get());

@@ -25,7 +25,7 @@
 
 #include <map>
 
-namespace tcap::aot {
+namespace tcap::step {
 namespace {
 
 // The elements of a parameter whose update the two runs may take in different directions
@@ -62,7 +62,7 @@ std::vector<at::Tensor> verified_step(const StepCheck& check) {
   for (const auto& t : check.primals) {
     if (t.defined() && std::find(devices.begin(), devices.end(), t.device()) == devices.end()) devices.push_back(t.device());
   }
-  const RngStates rng = RngStates::save(devices);
+  const aot::RngStates rng = aot::RngStates::save(devices);
 
   // The compiled step, and what it produced.
   std::vector<at::Tensor> compiled_out;
@@ -169,4 +169,4 @@ std::vector<at::Tensor> verified_step(const StepCheck& check) {
   return eager_out;
 }
 
-}  // namespace tcap::aot
+}  // namespace tcap::step

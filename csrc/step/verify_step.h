@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-namespace tcap::aot {
+namespace tcap::step {
 
 // One verified step: what it reads and how to run it both ways.
 struct StepCheck {
@@ -31,4 +31,4 @@ struct StepCheck {
 // is reported per check.options.
 std::vector<at::Tensor> verified_step(const StepCheck& check);
 
-}  // namespace tcap::aot
+}  // namespace tcap::step
