@@ -284,7 +284,9 @@ c10::ArrayRef<NodeId> Graph::users(ValueId v) const {
 
 std::vector<NodeId> Graph::last_readers() const {
   std::vector<NodeId> last(values_.size(), -1);
-  for (const auto& n : nodes_) for_each_value(n.args, [&](ValueId v) { last[static_cast<size_t>(v)] = n.id; });
+  for (size_t v = 0; v < uses_.size(); ++v) {
+    if (!uses_[v].empty()) last[v] = uses_[v].back();  // the lists are sorted (Note [Use lists])
+  }
   return last;
 }
 

@@ -234,22 +234,6 @@ std::string args_str(const std::vector<Arg>& args) {
   return join_strings(parts, ", ");
 }
 
-// Number of distinct nodes reading each value (Graph::users(v).size(), in one pass).
-std::vector<int> use_counts(const Graph& g) {
-  std::vector<int> counts(g.values().size(), 0);
-  std::vector<NodeId> last_user(g.values().size(), -1);
-  for (const Node& n : g.nodes()) {
-    for (const Arg& a : n.args) {
-      for (ValueId v : a.values) {
-        if (!find_value(g, v) || last_user[static_cast<size_t>(v)] == n.id) continue;
-        last_user[static_cast<size_t>(v)] = n.id;
-        ++counts[static_cast<size_t>(v)];
-      }
-    }
-  }
-  return counts;
-}
-
 std::vector<ValueId> output_value_ids(const Node& n) {
   std::vector<ValueId> out;
   for (const Arg& a : n.outputs) {
@@ -330,7 +314,7 @@ std::string rhs_str(const Graph& g, const Node& n) {
 }
 
 // Comment parts of a Call / CallHook node (see the format note).
-std::vector<std::string> notes(const Graph& g, const Node& n, const std::vector<int>& uses) {
+std::vector<std::string> notes(const Graph& g, const Node& n) {
   std::vector<std::string> out;
   if (n.phase == Phase::Backward) {
     out.push_back(n.autograd_node.empty() ? "backward" : "backward " + n.autograd_node);
@@ -354,7 +338,7 @@ std::vector<std::string> notes(const Graph& g, const Node& n, const std::vector<
     if (val && val->view_of != kNoValue) add_once("view of " + ref(val->view_of));
   }
   auto count = [&](ValueId v) {
-    return std::to_string(find_value(g, v) ? uses[static_cast<size_t>(v)] : 0);
+    return std::to_string(g.users(v).size());  // 0 for an id the graph lacks
   };
   if (results.size() == 1) out.push_back("users=" + count(results[0]));
   if (results.size() > 1) out.push_back("users=[" + join(results, ", ", count) + "]");
@@ -401,13 +385,13 @@ std::string table_args(const Graph& g, const Node& n) {
   return "?";
 }
 
-std::string table_meta(const Graph& g, const Node& n, const std::vector<int>& uses) {
+std::string table_meta(const Graph& g, const Node& n) {
   std::string s = join(output_value_ids(n), ", ", [&](ValueId v) {
     const Value* val = find_value(g, v);
     return val ? type_str(val->meta) : std::string("?");
   });
   if (n.kind == NodeKind::Call || n.kind == NodeKind::CallHook) {
-    const auto parts = notes(g, n, uses);
+    const auto parts = notes(g, n);
     if (!parts.empty()) s += (s.empty() ? "# " : "  # ") + join_strings(parts, ", ");
   }
   return s;
@@ -460,7 +444,7 @@ DotStyle dot_style(const Node& n) {
   return {"box", "#ffffff", ""};
 }
 
-std::string dot_label(const Graph& g, const Node& n, const std::vector<int>& uses) {
+std::string dot_label(const Graph& g, const Node& n) {
   std::vector<std::string> lines;
   switch (n.kind) {
     case NodeKind::Input:
@@ -479,7 +463,7 @@ std::string dot_label(const Graph& g, const Node& n, const std::vector<int>& use
         if (space != std::string::npos) lines.push_back(clip(h.substr(space + 1)));
       }
       if (!n.outputs.empty()) lines.push_back(clip(lhs_str(g, n, true)));
-      for (const auto& note : notes(g, n, uses)) {
+      for (const auto& note : notes(g, n)) {
         if (note.rfind("users=", 0) != 0) lines.push_back(clip(note));
       }
       break;
@@ -495,7 +479,6 @@ std::string dot_label(const Graph& g, const Node& n, const std::vector<int>& use
 
 std::string to_string(const Graph& g) {
   const auto& nodes = g.nodes();
-  const std::vector<int> uses = use_counts(g);
   size_t leading = 0;
   while (leading < nodes.size() && nodes[leading].kind == NodeKind::Input) ++leading;
   std::string out = header(g, leading);
@@ -514,7 +497,7 @@ std::string to_string(const Graph& g) {
     if (!n.outputs.empty()) line += lhs_str(g, n, true) + " = ";
     line += rhs_str(g, n);
     if (n.kind != NodeKind::Input) {
-      const auto parts = notes(g, n, uses);
+      const auto parts = notes(g, n);
       if (!parts.empty()) line += "  # " + join_strings(parts, ", ");
     }
     out += line + "\n";
@@ -523,11 +506,10 @@ std::string to_string(const Graph& g) {
 }
 
 std::string to_table(const Graph& g) {
-  const std::vector<int> uses = use_counts(g);
   std::vector<std::vector<std::string>> rows = {{"opcode", "name", "target", "args", "meta"}};
   for (const Node& n : g.nodes()) {
     rows.push_back({to_string(n.kind), n.outputs.empty() ? "_" : lhs_str(g, n, false),
-                    target_str(g, n), table_args(g, n), table_meta(g, n, uses)});
+                    target_str(g, n), table_args(g, n), table_meta(g, n)});
   }
   std::vector<size_t> width(rows[0].size(), 0);
   for (const auto& r : rows) {
@@ -549,7 +531,6 @@ std::string to_table(const Graph& g) {
 }
 
 std::string to_dot(const Graph& g) {
-  const std::vector<int> uses = use_counts(g);
   std::ostringstream os;
   os << "digraph tcap {\n"
      << "  rankdir=TB;\n"
@@ -557,7 +538,7 @@ std::string to_dot(const Graph& g) {
      << "  edge [fontname=\"Courier\", fontsize=9];\n";
   for (const Node& n : g.nodes()) {
     const DotStyle st = dot_style(n);
-    os << "  n" << n.id << " [label=\"" << dot_escape(dot_label(g, n, uses)) << "\", shape="
+    os << "  n" << n.id << " [label=\"" << dot_escape(dot_label(g, n)) << "\", shape="
        << st.shape << ", fillcolor=\"" << st.fill << "\"" << st.extra << "];\n";
   }
   // One edge per (value, reading node), labelled with the value id.
