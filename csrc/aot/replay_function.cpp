@@ -292,6 +292,19 @@ variable_list verified_gradients(RegionVerify& v, const variable_list& incoming,
       if (which[i] < eager.size()) eager[which[i]] = g[i];
     }
   }
+  // One tensor passed at several positions: autograd::grad gives each position the whole
+  // gradient of that tensor, the compiled backward splits it among them. Compare the sum
+  // of the compiled positions with eager's whole gradient, and hand eager's on once (at
+  // the first position), or the tensor would receive it once per position.
+  for (size_t j = 0; j < compiled.size() && j < eager.size(); ++j) {
+    if (!v.primals[j].defined()) continue;
+    for (size_t k = j + 1; k < compiled.size() && k < eager.size(); ++k) {
+      if (!v.primals[k].is_same(v.primals[j])) continue;
+      if (compiled[k].defined()) compiled[j] = compiled[j].defined() ? compiled[j] + compiled[k] : compiled[k];
+      compiled[k] = at::Tensor();
+      eager[k] = at::Tensor();
+    }
+  }
   for (size_t j = 0; j < compiled.size() && j < eager.size(); ++j) {
     // A primal that gets no gradient from eager's graph gets none (or zeros) from the
     // compiled one: both mean nothing reached it.
