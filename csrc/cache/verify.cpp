@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <sstream>
 
 namespace tcap::cache {
@@ -20,6 +21,17 @@ Tolerances Tolerances::for_options(const CompileOptions& o) {
   t.exact = o.backend == "eager" && !o.fw_compiler && !o.bw_compiler && !o.fused_optimizers;
   return t;
 }
+
+namespace {
+
+// Note [Verify tolerances]: atol times eager's largest finite magnitude when that is above 1.
+double scaled_atol(const Tolerance& tol, const at::Tensor& eager) {
+  if (!(eager.is_floating_point() || eager.is_complex())) return tol.atol;
+  const double scale = eager.abs().nan_to_num(0, 0, 0).max().item<double>();
+  return tol.atol * std::max(1.0, scale);
+}
+
+}  // namespace
 
 std::string compare_tensors(const at::Tensor& compiled, const at::Tensor& eager, const Tolerances& tols) {
   if (compiled.defined() != eager.defined()) {
@@ -49,14 +61,18 @@ std::string compare_tensors(const at::Tensor& compiled, const at::Tensor& eager,
     if (c.is_floating_point() || c.is_complex()) eq = eq.logical_or(at::isnan(c).logical_and(at::isnan(e)));
     same = eq.all().item<bool>();
   } else {
-    same = at::allclose(c, e, tol.rtol, tol.atol, /*equal_nan=*/true);
+    same = at::allclose(c, e, tol.rtol, scaled_atol(tol, e), /*equal_nan=*/true);
   }
   if (same) return "";
-  // Where: the element that differs most (NaN where the other is not counts as infinite).
+  // Where: the element furthest outside the tolerance, measured as |c - e| / (atol + rtol |e|)
+  // (NaN where the other is not counts as infinite); the element with the largest absolute
+  // difference can be well inside it when its value is large.
   const bool fp = c.is_floating_point() || c.is_complex();
   at::Tensor diff = fp ? (c.to(at::kDouble) - e.to(at::kDouble)).abs() : c.ne(e).to(at::kDouble);
   if (fp) diff = diff.nan_to_num(std::numeric_limits<double>::infinity(), std::numeric_limits<double>::infinity());
-  const int64_t flat = diff.reshape(-1).argmax().item<int64_t>();
+  at::Tensor excess = diff;
+  if (fp && !tol.exact) excess = diff / (e.to(at::kDouble).abs().nan_to_num(0, 0, 0) * tol.rtol + scaled_atol(tol, e));
+  const int64_t flat = excess.reshape(-1).argmax().item<int64_t>();
   std::vector<int64_t> index(static_cast<size_t>(c.dim()));
   int64_t rest = flat;
   for (int64_t d = c.dim() - 1; d >= 0; --d) {
@@ -64,10 +80,11 @@ std::string compare_tensors(const at::Tensor& compiled, const at::Tensor& eager,
     rest /= c.size(d);
   }
   const at::Tensor cf = c.reshape(-1)[flat].to(at::kDouble), ef = e.reshape(-1)[flat].to(at::kDouble);
-  s << "max abs difference " << diff.reshape(-1)[flat].item<double>() << " at " << c10::IntArrayRef(index)
+  s << "a difference of " << diff.reshape(-1)[flat].item<double>()
+    << " at " << c10::IntArrayRef(index)
     << " (compiled " << cf.item<double>() << ", eager " << ef.item<double>() << "; ";
   if (tol.exact) s << "compared exactly";
-  else s << "rtol " << tol.rtol << ", atol " << tol.atol;
+  else s << "rtol " << tol.rtol << ", atol " << scaled_atol(tol, e) << "; the element furthest outside them";
   s << ")";
   return s.str();
 }

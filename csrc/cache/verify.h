@@ -10,8 +10,13 @@
 // ulp), reductions split and summed in another order, bfloat16/float16 chains computed in
 // float32 and rounded once. They are compared with allclose: float64 rtol 1e-9 atol 1e-12,
 // float32 rtol 1e-4 atol 1e-5, bfloat16/float16 rtol 1e-2 atol 1e-3; integers and bools
-// exactly. compile_step's fused optimizer updates (CompileOptions::fused_optimizers) are
-// compared the same way.
+// exactly. The atol is scaled by the tensor's largest magnitude (eager's max |e|, when above
+// 1): a sum reordered errs by about eps times the sum of its terms' magnitudes, not of its
+// result, so an element near zero of a gradient whose entries reach 28 differs by ~2e-5 when
+// the two sums cancel differently (seen: a compile_step .grad of a Linear after a submodule
+// swap), while a value that is really wrong differs by the order of the values themselves.
+// compile_step's fused optimizer updates (CompileOptions::fused_optimizers) are compared the
+// same way.
 #pragma once
 
 #include <tcap/compile.h>
@@ -38,7 +43,8 @@ struct Tolerances {
 };
 
 // "" when `compiled` matches `eager` (both undefined, or same shape, dtype and device, and
-// values within `tol`), else how they differ ("max abs difference 0.25 at [3, 1] ...").
+// values within `tol`), else how they differ ("a difference of 0.25 at [3, 1] ...": the
+// element furthest outside the tolerance).
 std::string compare_tensors(const at::Tensor& compiled, const at::Tensor& eager, const Tolerances& tol);
 
 // The verify options a front door with `options` runs under now: CompileOptions::verify

@@ -7,6 +7,7 @@
 // backends and in every mode.
 #include "soundness/soundness.h"
 
+#include "cache/verify.h"
 #include "support/log_capture.h"
 
 #include <torch/csrc/autograd/custom_function.h>
@@ -244,6 +245,35 @@ TEST(ContractVerify, EveryNthReplay) {
   for (int i = 0; i < 14; ++i) (*f)({torch::randn({4, 3})});
   const auto s = f->stats();
   EXPECT_EQ(s.verified, (s.replays + 2) / 3) << s.replays << " replays";
+}
+
+// Note [Verify tolerances]: for a fused backend the atol scales with the tensor's largest
+// magnitude. A reordered sum's error near zero in a tensor whose entries reach 28 (the case
+// seen: a compile_step .grad, 1.8e-5 at an element of -0.031) is no mismatch; a wrong value
+// of that size, or a small error in a small tensor, still is; the eager backend stays exact.
+TEST(ContractVerify, ToleranceScalesWithTheTensorsMagnitude) {
+  cache::Tolerances fused;
+  fused.exact = false;
+  auto eager = torch::tensor({28.8f, -0.0314462f, 3.0f, 0.5f});
+  auto rounded = eager.clone();
+  rounded[1] = -0.0314641f;
+  EXPECT_EQ(cache::compare_tensors(rounded, eager, fused), "");
+  auto wrong = eager.clone();
+  wrong[3] = 0.6f;
+  const std::string why = cache::compare_tensors(wrong, eager, fused);
+  EXPECT_NE(why.find("at [3]"), std::string::npos) << why;
+  auto small = torch::tensor({0.9f, -0.0314462f});
+  auto small_rounded = small.clone();
+  small_rounded[1] = -0.0314641f;
+  EXPECT_NE(cache::compare_tensors(small_rounded, small, fused), "");
+  const cache::Tolerances exact;
+  EXPECT_NE(cache::compare_tensors(rounded, eager, exact), "");
+  // The report names the element furthest outside the tolerance, not the largest difference.
+  auto both = eager.clone();
+  both[0] = 28.8f + 2e-3f;  // inside rtol at 28.8
+  both[3] = 0.55f;          // outside
+  const std::string where = cache::compare_tensors(both, eager, fused);
+  EXPECT_NE(where.find("at [3]"), std::string::npos) << where;
 }
 
 INSTANTIATE_TEST_SUITE_P(Soundness, Contract, ::testing::Values(std::string("eager"), std::string("llvm")));
