@@ -14,7 +14,7 @@ namespace {
 constexpr const char* kNames[] = {"capture",    "graphs", "graph_breaks",
                                   "recompiles", "fusion", "compiled_autograd",
                                   "compiled_autograd_verbose", "perf", "aot_graphs", "pipeline", "ddp",
-                                  "guards", "verify"};
+                                  "guards", "verify", "export"};
 static_assert(sizeof(kNames) / sizeof(kNames[0]) == static_cast<size_t>(LogChannel::kCount));
 
 std::string env_or(const char* name, std::string fallback) {

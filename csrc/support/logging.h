@@ -41,6 +41,7 @@ enum class LogChannel : unsigned {
   Ddp,              // DistributedDataParallel: buckets, when each all-reduce starts, waits, unused parameters
   Guards,           // each entry's guards, and what a graph reads from outside its inputs (its contract)
   Verify,           // verify mode: each verified replay and what it compared
+  Export,           // export_program / load_program: what was written or read, and why not
   kCount
 };
 

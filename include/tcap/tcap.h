@@ -8,6 +8,7 @@
 #include <tcap/clip_grad.h>
 #include <tcap/compile.h>
 #include <tcap/compiled_autograd.h>
+#include <tcap/export.h>
 #include <tcap/graph.h>
 #include <tcap/graph_json.h>
 #include <tcap/interpreter.h>

@@ -1,0 +1,96 @@
+// torch.export both ways: a LibTorch C++ model written to a PT2 archive that PyTorch reads
+// (torch.export.load, AOTInductor, nativert), and a PT2 archive PyTorch wrote loaded into
+// C++ as a torch::nn::Module that trains with tcap.
+//
+//   tcap::export_program(model, {torch::randn({8, 16})}, "mlp.pt2");   // C++ -> PyTorch
+//   // python: ep = torch.export.load("mlp.pt2"); ep.module()(x)
+//
+//   auto m = tcap::load_program("resnet.pt2");                       // PyTorch -> C++
+//   torch::optim::SGD opt(m->parameters(), 0.1);
+//   auto loss = torch::mse_loss(m->forward({x})[0], y);
+//   loss.backward();
+//   opt.step();
+//
+// See docs/export.md for what is written (the archive, the IR level, dynamic dims) and the
+// limits of each direction.
+#pragma once
+
+#include <tcap/compile.h>
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace tcap {
+
+// A size of an example input that the exported program accepts in a range, as
+// torch.export.Dim does: dim `dim` of user input `input`, named `name` (default "s<k>").
+struct DynamicDim {
+  size_t input = 0;
+  int64_t dim = 0;
+  int64_t min = 2;
+  int64_t max = std::numeric_limits<int32_t>::max() - 1;
+  std::string name;
+};
+
+struct ExportOptions {
+  std::string model_name = "model";  // models/<model_name>.json in the archive
+  // Names of the user inputs as Python sees them (forward_arg_names); default x0, x1, ...
+  std::vector<std::string> input_names;
+  std::vector<DynamicDim> dynamic_dims;
+};
+
+// What export_program wrote, for logs and tests.
+struct ExportReport {
+  std::string path;
+  int64_t nodes = 0;
+  int64_t parameters = 0;
+  int64_t buffers = 0;
+  int64_t constants = 0;
+  std::vector<std::string> ops;  // "aten.addmm.default", in first-use order
+};
+
+using ExportFn = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;
+
+// Runs `forward` once on `example_inputs` in eval mode with grad off (the module's training
+// flags are restored after), records the ATen calls, lowers them to core ATen IR (functional
+// ops only) and writes a PT2 archive at `path`. The module's parameters and buffers become
+// the program's parameters and buffers, under their names; tensors the function reads from
+// elsewhere become lifted constants. Throws c10::Error with the reason when the function
+// cannot be exported (an op with no functional form, a value read on the host, ...).
+ExportReport export_program(const std::shared_ptr<torch::nn::Module>& module, const ExportFn& forward,
+                            const std::vector<at::Tensor>& example_inputs, const std::string& path,
+                            const ExportOptions& options = {});
+// A function over tensors (no module): every tensor it reads besides its inputs is a
+// constant of the program.
+ExportReport export_function(const ExportFn& fn, const std::vector<at::Tensor>& example_inputs,
+                             const std::string& path, const ExportOptions& options = {});
+template <class F,
+          std::enable_if_t<std::conjunction_v<
+                               std::negation<std::is_base_of<torch::detail::ModuleHolderIndicator, std::decay_t<F>>>,
+                               std::is_constructible<ExportFn, F>>,
+                           int> = 0>
+ExportReport export_program(F&& fn, const std::vector<at::Tensor>& example_inputs, const std::string& path,
+                            const ExportOptions& options = {}) {
+  return export_function(ExportFn(std::forward<F>(fn)), example_inputs, path, options);
+}
+// A module holder whose forward takes one tensor and returns one.
+template <class M>
+ExportReport export_program(const torch::nn::ModuleHolder<M>& holder, const std::vector<at::Tensor>& example_inputs,
+                            const std::string& path, const ExportOptions& options = {}) {
+  std::shared_ptr<M> impl = holder.ptr();
+  return export_program(
+      std::static_pointer_cast<torch::nn::Module>(impl),
+      [impl](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{impl->forward(in.at(0))}; },
+      example_inputs, path, options);
+}
+
+}  // namespace tcap
