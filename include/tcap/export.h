@@ -93,4 +93,38 @@ ExportReport export_program(const torch::nn::ModuleHolder<M>& holder, const std:
       example_inputs, path, options);
 }
 
+// A program loaded from a PT2 archive: its parameters and buffers are registered under
+// their original names ("layer1.0.conv1.weight"), so parameters(), named_parameters(),
+// optimizers, to(), train()/eval() and torch::save work. forward() runs the graph through
+// tcap::compile (captured on the first call, then compiled replays with autograd).
+class ExportedProgramModule : public torch::nn::Module {
+ public:
+  ~ExportedProgramModule() override;
+  // The program's outputs for its user inputs, in order.
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& inputs);
+  // Runs the graph eagerly, op by op through the dispatcher (what forward compiles).
+  std::vector<at::Tensor> run_eager(const std::vector<at::Tensor>& inputs);
+  // The graph in readable form, one op per line.
+  std::string graph_string() const;
+  const std::vector<std::string>& input_names() const;
+  // The compiled forward's counters (all zero before the first forward).
+  CompileStats stats() const;
+  CompileOptions& compile_options() { return compile_options_; }  // read at the first forward
+
+  struct Program;  // the parsed graph (export/load_program.cpp)
+
+ private:
+  friend std::shared_ptr<ExportedProgramModule> load_program(const std::string&, const std::string&);
+  ExportedProgramModule() = default;
+  std::shared_ptr<Program> program_;
+  CompileOptions compile_options_;
+  std::shared_ptr<CompiledFunction> compiled_;  // the tcap::compile'd forward, made on first use
+};
+
+// Reads models/<model_name>.json of the archive at `path` (any model when it holds one).
+// Throws c10::Error naming what it cannot read: not a zip, a schema major version it does
+// not know, an op this LibTorch lacks, a higher-order op, weights that disagree with the
+// graph.
+std::shared_ptr<ExportedProgramModule> load_program(const std::string& path, const std::string& model_name = "");
+
 }  // namespace tcap

@@ -65,11 +65,11 @@ struct PythonResult {
 };
 
 // Runs the wheel's Python (the interpreter of the virtualenv LibTorch came from) on
-// test/export/pt2_check.py with `args`.
-inline PythonResult run_python(const std::string& args) {
+// test/export/<script> with `args`.
+inline PythonResult run_python_script(const std::string& script, const std::string& args) {
   const std::string log = scratch("python.log");
   const std::string cmd = std::string("OMP_NUM_THREADS=1 '") + TCAP_TORCH_PYTHON + "' '" + TCAP_EXPORT_TEST_DIR +
-                          "/pt2_check.py' " + args + " > '" + log + "' 2>&1";
+                          "/" + script + "' " + args + " > '" + log + "' 2>&1";
   PythonResult r;
   r.status = std::system(cmd.c_str());
   std::ifstream f(log);
@@ -78,6 +78,8 @@ inline PythonResult run_python(const std::string& args) {
   r.output = s.str();
   return r;
 }
+
+inline PythonResult run_python(const std::string& args) { return run_python_script("pt2_check.py", args); }
 
 inline bool have_python() { return std::filesystem::exists(TCAP_TORCH_PYTHON); }
 
