@@ -11,7 +11,6 @@
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <caffe2/serialize/inline_container.h>
-#include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/nn/module.h>
 #include <torch/version.h>
 
@@ -181,7 +180,9 @@ SymbolicInts fit_dynamic_dims(const std::shared_ptr<torch::nn::Module>& module, 
     TORCH_CHECK(n >= 2 && n >= d.min && n <= d.max, "tcap export: input ", d.input, " has size ", n, " at dim ",
                 d.dim, ", outside the dynamic range [", d.min, ", ", d.max, "] or below 2 (sizes 0 and 1 are "
                 "special-cased by ATen, as torch.export's Dim does)");
-    sym.symbols.push_back(d.name.empty() ? "s" + std::to_string(j) : d.name);
+    // Symbols are s0, s1, ... whatever the user calls the dim: AOTInductor's code generator
+    // takes only names of that form for sizes (a symbol "batch" is left undeclared in its C++).
+    sym.symbols.push_back("s" + std::to_string(j));
     sym.base.push_back(n);
     std::vector<int64_t> growth(dims.size(), 0);
     growth[j] = 1;
@@ -378,8 +379,10 @@ bool is_sym_int_type(const c10::TypePtr& t) {
 //   gave the written result a new value, so later readers read the functional result.
 //   Writing into an input, a parameter, a buffer or a view (or into a value whose other
 //   views are read later) is refused: the program would lose that write.
-// - t becomes permute; detach, alias and lift_fresh become their input (no op in a
-//   program without autograd).
+// - t and transpose become permute, _unsafe_view view, zeros full, split and unsafe_split
+//   one slice per result (a static size), unbind one select per result, stack unsqueeze + cat
+//   (static sizes), native_batch_norm in eval _native_batch_norm_legit_no_training;
+//   detach, alias and lift_fresh become their input (no op in a program without autograd).
 // Every other op is written as recorded; those LibTorch does not tag core are named in
 // the export log line and the ExportReport (AOTInductor and torch.export.load accept them).
 struct Lowered {
@@ -642,7 +645,135 @@ Lowered lower(const ir::Graph& g, const std::vector<at::Tensor>& tensors, const 
     }
     Json node;
     Json inputs_json = Json::array();
-    if (op == "aten::native_batch_norm" && n.args.size() == 8 && n.args[5].kind == ir::ArgKind::Bool &&
+    auto tensor_arg = [&](ValueId v) { return Json{{"as_tensor", {{"name", w.value_name(v)}}}}; };
+    auto named = [](const std::string& name, Json arg) { return Json{{"name", name}, {"arg", std::move(arg)}, {"kind", 1}}; };
+    auto static_size = [&](ValueId v, int64_t d) {
+      return !w.sym_.slots.count("v" + std::to_string(v) + ".size" + std::to_string(d)) &&
+             !w.sym_.slots.count("v" + std::to_string(v) + ".stride" + std::to_string(d));
+    };
+    auto switch_to = [&](const std::string& new_op, const std::string& new_overload) {
+      op = new_op;
+      overload = new_overload;
+      handle = handle_of(op, overload);
+      schema = &handle.schema();
+    };
+    // A node written now, outside the generic path below (a rewrite into several nodes).
+    auto emit = [&](const std::string& emit_op, const std::string& emit_overload, Json in, Json outs) {
+      Json e;
+      e["target"] = target_of(emit_op, emit_overload);
+      e["inputs"] = std::move(in);
+      e["outputs"] = std::move(outs);
+      e["metadata"] = Json::object();
+      e["is_hop_single_tensor_return"] = nullptr;
+      w.nodes_.push_back(std::move(e));
+      const std::string short_target = target_of(emit_op, emit_overload).substr(std::string("torch.ops.").size());
+      if (ops_seen.insert(short_target).second) {
+        out.report.ops.push_back(short_target);
+        if (!handle_of(emit_op, emit_overload).hasTag(at::Tag::core)) non_core.push_back(short_target);
+      }
+      ++out.report.nodes;
+    };
+    if (op == "aten::_unsafe_view") switch_to("aten::view", "");  // the same arguments
+    if ((op == "aten::unbind" && overload == "int") && n.outputs.size() == 1 &&
+        n.outputs[0].kind == ir::ArgKind::ValueList) {
+      // unbind(x, d) -> select(x, d, i) per result.
+      const ValueId self = n.args.at(0).values.at(0);
+      for (size_t i = 0; i < n.outputs[0].values.size(); ++i) {
+        const ValueId v = n.outputs[0].values[i];
+        const std::string name = w.fresh("select");
+        w.name_value(v, name);
+        emit("aten::select", "int",
+             Json::array({named("self", tensor_arg(self)), named("dim", {{"as_int", n.args.at(1).i}}),
+                          named("index", {{"as_int", static_cast<int64_t>(i)}})}),
+             Json::array({Json{{"as_tensor", {{"name", name}}}}}));
+      }
+      continue;
+    }
+    if (op == "aten::stack" && n.args.size() == 2 && n.args[0].kind == ir::ArgKind::ValueList && result != ir::kNoValue) {
+      // stack(ts, d) -> cat([unsqueeze(t, d) for t in ts], d), when every size is static.
+      bool all_static = true;
+      for (ValueId v : n.args[0].values) {
+        for (size_t d = 0; d < g.value(v).meta.sizes.size(); ++d) all_static = all_static && static_size(v, static_cast<int64_t>(d));
+      }
+      if (all_static) {
+        const int64_t rank = static_cast<int64_t>(g.value(n.args[0].values.at(0)).meta.sizes.size());
+        const int64_t dim = n.args[1].i < 0 ? n.args[1].i + rank + 1 : n.args[1].i;
+        Json parts = Json::array();
+        for (ValueId v : n.args[0].values) {
+          const ir::TensorMeta& m = g.value(v).meta;
+          const std::string name = w.fresh("unsqueeze");
+          Json meta = w.meta_json(v);
+          const int64_t stride = dim < rank ? m.sizes[static_cast<size_t>(dim)] * m.strides[static_cast<size_t>(dim)] : 1;
+          meta["sizes"].insert(meta["sizes"].begin() + dim, Json{{"as_int", 1}});
+          meta["strides"].insert(meta["strides"].begin() + dim, Json{{"as_int", stride}});
+          w.tensor_values_[name] = std::move(meta);
+          emit("aten::unsqueeze", "", Json::array({named("self", tensor_arg(v)), named("dim", {{"as_int", dim}})}),
+               Json::array({Json{{"as_tensor", {{"name", name}}}}}));
+          parts.push_back(Json{{"name", name}});
+        }
+        const std::string name = w.fresh("cat");
+        w.name_value(result, name);
+        emit("aten::cat", "", Json::array({named("tensors", {{"as_tensors", parts}}), named("dim", {{"as_int", dim}})}),
+             Json::array({Json{{"as_tensor", {{"name", name}}}}}));
+        continue;
+      }
+    }
+    if ((op == "aten::split" || op == "aten::unsafe_split") && overload == "Tensor" && n.args.size() == 3 &&
+        n.args[1].kind == ir::ArgKind::Int && n.outputs.size() == 1 && n.outputs[0].kind == ir::ArgKind::ValueList) {
+      // split(x, k, d) -> slice(x, d, i*k, min((i+1)*k, n)) per result, when x's size at d is
+      // static: one single-result node per piece.
+      const ValueId self = n.args[0].values.at(0);
+      const auto& sizes = g.value(self).meta.sizes;
+      const int64_t rank = static_cast<int64_t>(sizes.size());
+      const int64_t dim = n.args[2].i < 0 ? n.args[2].i + rank : n.args[2].i;
+      if (dim >= 0 && dim < rank && static_size(self, dim) && n.args[1].i > 0 &&
+          !w.sym_.slots.count("n" + std::to_string(n.id) + ".a1.0")) {
+        const int64_t total = sizes[static_cast<size_t>(dim)], k = n.args[1].i;
+        for (size_t i = 0; i < n.outputs[0].values.size(); ++i) {
+          const ValueId v = n.outputs[0].values[i];
+          const std::string name = w.fresh("slice");
+          w.name_value(v, name);
+          const int64_t start = static_cast<int64_t>(i) * k;
+          emit("aten::slice", "Tensor",
+               Json::array({named("self", tensor_arg(self)), named("dim", {{"as_int", dim}}),
+                            named("start", {{"as_int", start}}), named("end", {{"as_int", std::min(start + k, total)}}),
+                            named("step", {{"as_int", 1}})}),
+               Json::array({Json{{"as_tensor", {{"name", name}}}}}));
+        }
+        continue;
+      }
+    }
+    if (op == "aten::transpose" && overload == "int" && result != ir::kNoValue) {
+      const ValueId self = n.args.at(0).values.at(0);
+      const int64_t rank = static_cast<int64_t>(g.value(self).meta.sizes.size());
+      std::vector<int64_t> perm(static_cast<size_t>(std::max<int64_t>(rank, 1)));
+      for (size_t i = 0; i < perm.size(); ++i) perm[i] = static_cast<int64_t>(i);
+      if (rank > 0) {
+        auto wrap = [&](int64_t d) { return static_cast<size_t>(d < 0 ? d + rank : d); };
+        std::swap(perm.at(wrap(n.args.at(1).i)), perm.at(wrap(n.args.at(2).i)));
+        switch_to("aten::permute", "");
+        inputs_json.push_back(named("self", tensor_arg(self)));
+        inputs_json.push_back(named("dims", {{"as_ints", perm}}));
+      }
+    }
+    if (op == "aten::zeros" && overload.empty() && result != ir::kNoValue && n.args.size() == 5) {
+      // zeros(size, ...) -> full(size, 0, dtype=<the result's>, ...).
+      const c10::ScalarType dtype = g.value(result).meta.dtype;
+      const c10::OperatorHandle zeros = handle;
+      switch_to("aten::full", "");
+      const auto& zargs = zeros.schema().arguments();
+      inputs_json.push_back(named("size", arg_json(w, n, 0, zargs.at(0))));
+      inputs_json.push_back(named("fill_value", c10::isFloatingType(dtype) || c10::isComplexType(dtype)
+                                                    ? Json{{"as_float", 0.0}}
+                                                    : Json{{"as_int", 0}}));
+      inputs_json.push_back(Json{{"name", "dtype"}, {"arg", {{"as_scalar_type", pt2::dtype_code(dtype)}}}, {"kind", 2}});
+      for (size_t i = 2; i < 5; ++i) {
+        inputs_json.push_back(Json{{"name", zargs.at(i).name()}, {"arg", arg_json(w, n, i, zargs.at(i))}, {"kind", 2}});
+      }
+    }
+    if (!inputs_json.empty()) {
+      // rewritten above
+    } else if (op == "aten::native_batch_norm" && n.args.size() == 8 && n.args[5].kind == ir::ArgKind::Bool &&
         n.args[5].i == 0) {
       // In eval: core ATen's _native_batch_norm_legit_no_training, the same arguments but
       // `training`, the same three results.
@@ -724,6 +855,7 @@ Lowered lower(const ir::Graph& g, const std::vector<at::Tensor>& tensors, const 
     outputs.push_back(arg);
     output_specs.push_back(Json{{"user_output", {{"arg", arg}}}});
   }
+  out.report.non_core = non_core;
   if (!non_core.empty()) {
     std::ostringstream s;
     for (const auto& o : non_core) s << " " << o;
@@ -847,8 +979,7 @@ ExportReport export_impl(const std::shared_ptr<torch::nn::Module>& module, const
   const c10::IValue sample = c10::ivalue::Tuple::create(
       {c10::ivalue::Tuple::create(std::vector<c10::IValue>(args.begin(), args.end())),
        c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get())});
-  const std::vector<char> pickled = torch::jit::pickle_save(sample);
-  put(pt2::sample_inputs_record(options.model_name), std::string(pickled.begin(), pickled.end()));
+  put(pt2::sample_inputs_record(options.model_name), pt2::torch_save_bytes(sample));
   zip.writeEndOfFile();
   low.report.path = path;
   TCAP_LOG(Export, "wrote " << path << ": " << low.report.nodes << " ops, " << low.report.parameters

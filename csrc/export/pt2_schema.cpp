@@ -2,7 +2,10 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/export/pt2_archive_constants.h>
+#include <torch/csrc/jit/serialization/export.h>
+#include <torch/csrc/jit/serialization/pickler.h>
 
 namespace tcap::pt2 {
 namespace spec = torch::_export::archive_spec;
@@ -126,6 +129,25 @@ Json tensor_meta(const at::Tensor& t, bool requires_grad) {
 std::string tensor_bytes(const at::Tensor& t) {
   at::Tensor c = t.detach().to(at::kCPU).contiguous();
   return std::string(static_cast<const char*>(c.data_ptr()), c.nbytes());
+}
+
+std::string torch_save_bytes(const c10::IValue& v) {
+  std::vector<char> pickle;
+  // Untagged: a tagged dict or list is rebuilt through torch.jit._pickle.restore_type_tag,
+  // which torch.load(weights_only=True) refuses.
+  torch::jit::Pickler pickler([&](const char* b, size_t n) { pickle.insert(pickle.end(), b, b + n); }, nullptr,
+                              nullptr, nullptr, nullptr, /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(v);
+  pickler.stop();
+  std::string out;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t n) {
+    out.append(static_cast<const char*>(data), n);
+    return n;
+  });
+  torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(), writer);
+  writer.writeEndOfFile();
+  return out;
 }
 
 }  // namespace tcap::pt2

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
 #include <c10/core/Device.h>
 #include <c10/core/Layout.h>
 #include <c10/core/MemoryFormat.h>
@@ -54,6 +55,9 @@ c10::Device device_from_json(const Json& j);
 
 // A concrete TensorMeta (sizes and strides as_int).
 Json tensor_meta(const at::Tensor& t, bool requires_grad);
+// What torch.save(v) writes, readable by torch.load(weights_only=True) (tuples, dicts and
+// lists of tensors and numbers).
+std::string torch_save_bytes(const c10::IValue& v);
 // Raw bytes of a contiguous copy of t on the CPU (the archive's weight files).
 std::string tensor_bytes(const at::Tensor& t);
 

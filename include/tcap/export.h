@@ -32,7 +32,8 @@
 namespace tcap {
 
 // A size of an example input that the exported program accepts in a range, as
-// torch.export.Dim does: dim `dim` of user input `input`, named `name` (default "s<k>").
+// torch.export.Dim does: dim `dim` of user input `input`. `name` is for messages; the
+// program calls the k-th dynamic size s<k>, as torch.export does.
 struct DynamicDim {
   size_t input = 0;
   int64_t dim = 0;
@@ -56,6 +57,9 @@ struct ExportReport {
   int64_t buffers = 0;
   int64_t constants = 0;
   std::vector<std::string> ops;  // "aten.addmm.default", in first-use order
+  // The ops of `ops` LibTorch does not tag core ATen (written as recorded: torch.export.load
+  // and AOTInductor accept them; Note [Export lowering] lists the rewrites to core).
+  std::vector<std::string> non_core;
 };
 
 using ExportFn = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;

@@ -101,6 +101,7 @@ TEST(ExportProgram, CnnWithBatchNormInEval) {
   const auto path = scratch("cnn.pt2");
   const ExportReport report = export_program(m, {torch::randn({2, 3, 5, 5})}, path);
   EXPECT_EQ(report.buffers, 3);  // running_mean, running_var, num_batches_tracked
+  EXPECT_EQ(report.non_core, std::vector<std::string>{});
   // Core ATen's eval-mode batch norm, as run_decompositions() writes it.
   EXPECT_NE(std::find(report.ops.begin(), report.ops.end(), "aten._native_batch_norm_legit_no_training.default"),
             report.ops.end());
@@ -114,9 +115,13 @@ TEST(ExportProgram, TransformerEncoderLayer) {
   TCAP_SKIP_WITHOUT_TORCH_PYTHON();
   Encoder m;
   const auto path = scratch("encoder.pt2");
-  export_program(m, {torch::randn({5, 2, 8})}, path);
+  const ExportReport report = export_program(m, {torch::randn({5, 2, 8})}, path);
+  EXPECT_EQ(report.non_core, std::vector<std::string>{}) << "core ATen only, as run_decompositions() gives";
   const auto x = torch::randn({5, 2, 8});
   EXPECT_TRUE(python_runs(path, {x}, {eager_answer(m, x)}, "--rtol 1e-4 --atol 1e-5"));
+  // Not nativert: LibTorch 2.11's nativert computes a pointwise op on a strided slice
+  // wrongly (q = in_proj(x).split(8)[0] * scaling here; a program Python exports from
+  // x[:, :, 8:16] * 0.5 gets the same wrong values), docs/export.md.
 }
 
 TEST(ExportProgram, Lstm) {
@@ -125,8 +130,10 @@ TEST(ExportProgram, Lstm) {
   const auto path = scratch("lstm.pt2");
   const ExportReport report = export_program(m, {torch::randn({3, 4, 5})}, path);
   for (const auto& op : report.ops) EXPECT_EQ(op.find("mkldnn"), std::string::npos) << op << ": not portable";
+  EXPECT_EQ(report.non_core, std::vector<std::string>{}) << "core ATen only, as run_decompositions() gives";
   const auto x = torch::randn({3, 4, 5});
   EXPECT_TRUE(python_runs(path, {x}, {eager_answer(m, x)}, "--rtol 1e-4 --atol 1e-5"));
+  EXPECT_TRUE(torch::allclose(nativert_answer(path, x), eager_answer(m, x), 1e-4, 1e-5));
 }
 
 // A dynamic batch dim: one archive, run by Python at batch sizes it was not recorded at.
@@ -139,7 +146,10 @@ TEST(ExportProgram, DynamicBatchDim) {
   export_program(m, {torch::randn({3, 3, 5, 5})}, path, o);
   for (int64_t batch : {1, 7, 13}) {
     const auto x = torch::randn({batch, 3, 5, 5});
-    EXPECT_TRUE(python_runs(path, {x}, {eager_answer(m, x)}, "--rtol 1e-4 --atol 1e-5")) << "batch " << batch;
+    // AOTInductor once, at a batch size it was not compiled for.
+    EXPECT_TRUE(python_runs(path, {x}, {eager_answer(m, x)}, std::string("--rtol 1e-4 --atol 1e-5") +
+                                                                  (batch == 7 ? " --aoti" : "")))
+        << "batch " << batch;
     EXPECT_TRUE(torch::allclose(nativert_answer(path, x), eager_answer(m, x), 1e-4, 1e-5)) << "batch " << batch;
   }
 }
