@@ -7,6 +7,7 @@
 #include "support/logging.h"
 
 #include <ATen/ATen.h>
+#include <ATen/ScalarOps.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <caffe2/serialize/inline_container.h>
 
@@ -320,7 +321,16 @@ void run_node(const OpNode& n, Env& env) {
   torch::jit::Stack stack;
   stack.reserve(schema.arguments().size());
   for (size_t i = 0; i < n.args.size(); ++i) {
-    stack.push_back(n.args[i] ? value_of(*n.args[i], env, n.target) : *schema.arguments()[i].default_value());
+    c10::IValue v = n.args[i] ? value_of(*n.args[i], env, n.target) : *schema.arguments()[i].default_value();
+    // A number where the schema takes a Tensor (add_(buffer, 1)): Python's argument parser
+    // wraps it in a 0-dim tensor marked as a wrapped number, which type promotion ignores.
+    if ((v.isInt() || v.isDouble() || v.isBool() || v.isComplexDouble()) &&
+        schema.arguments()[i].type()->kind() == c10::TypeKind::TensorType) {
+      at::Tensor t = c10::scalar_to_tensor(v.toScalar());
+      t.unsafeGetTensorImpl()->set_wrapped_number(true);
+      v = std::move(t);
+    }
+    stack.push_back(std::move(v));
   }
   n.op->callBoxed(stack);
   TORCH_CHECK(stack.size() >= n.outputs.size(), "tcap load_program: ", n.target, " returned ", stack.size(),

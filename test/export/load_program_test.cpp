@@ -1,6 +1,6 @@
 // load_program: models written only in Python (test/export/zoo.py: an MLP, a small ResNet
 // with BatchNorm frozen, a Transformer encoder, an embedding + LSTM tagger) exported with
-// torch.export, loaded in C++ and trained with tcap: the forward equals Python's, then
+// torch.export (batch dim dynamic), loaded in C++ and trained with tcap: the forward equals Python's, then
 // five optimizer steps (Adam for the MLP, SGD with or without momentum for the others) give Python's losses and weights, and the
 // weights C++ trained load back into the Python model. Tolerances: forward rtol 1e-5
 // atol 1e-5 with the eager backend (the same ATen kernels), 1e-4/1e-5 with llvm (fused
@@ -19,6 +19,8 @@ struct Trained {
   at::Tensor x, y, out, losses;
   std::vector<std::string> names;
   std::vector<at::Tensor> params;
+  std::vector<std::string> buffer_names;
+  std::vector<at::Tensor> buffers;
 };
 
 Trained python_side(const std::string& dir, const std::string& name) {
@@ -30,6 +32,8 @@ Trained python_side(const std::string& dir, const std::string& name) {
   Trained out{t[0].toTensor(), t[1].toTensor(), t[2].toTensor(), t[3].toTensor(), {}, {}};
   for (const auto& n : t[4].toListRef()) out.names.push_back(n.toStringRef());
   for (const auto& p : t[5].toListRef()) out.params.push_back(p.toTensor());
+  for (const auto& n : t[6].toListRef()) out.buffer_names.push_back(n.toStringRef());
+  for (const auto& b : t[7].toListRef()) out.buffers.push_back(b.toTensor());
   return out;
 }
 
@@ -69,7 +73,8 @@ TEST_P(LoadProgram, ForwardAndTrainingMatchPython) {
   for (int64_t step = 0; step < py.losses.size(0); ++step) {
     opt->zero_grad();
     const auto out = m->forward({py.x}).at(0);
-    const auto loss = model == "resnet" ? torch::nn::functional::cross_entropy(out, py.y) : torch::mse_loss(out, py.y);
+    const auto loss = model.rfind("resnet", 0) == 0 ? torch::nn::functional::cross_entropy(out, py.y)
+                                                    : torch::mse_loss(out, py.y);
     loss.backward();
     opt->step();
     EXPECT_NEAR(loss.item<double>(), py.losses[step].item<double>(), 1e-4 * std::abs(py.losses[step].item<double>()) + 1e-6)
@@ -80,6 +85,22 @@ TEST_P(LoadProgram, ForwardAndTrainingMatchPython) {
     const auto& p = params[py.names[k]];
     EXPECT_TRUE(torch::allclose(p, py.params[k], 1e-4, 1e-5))
         << py.names[k] << " differs by " << (p - py.params[k]).abs().max().item<double>();
+  }
+  // Buffers too: the running statistics BatchNorm updates in training mode.
+  const auto buffers = m->named_buffers();
+  for (size_t k = 0; k < py.buffer_names.size(); ++k) {
+    ASSERT_TRUE(buffers.contains(py.buffer_names[k])) << py.buffer_names[k];
+    const auto& b = buffers[py.buffer_names[k]];
+    EXPECT_TRUE(torch::allclose(b.to(torch::kDouble), py.buffers[k].to(torch::kDouble), 1e-4, 1e-5))
+        << py.buffer_names[k] << " differs by " << (b.to(torch::kDouble) - py.buffers[k].to(torch::kDouble)).abs().max().item<double>();
+  }
+  // Other batch sizes: the program's batch dim is dynamic.
+  {
+    torch::NoGradGuard no_grad;
+    for (int64_t batch : {3, 9}) {
+      auto x = torch::cat(std::vector<at::Tensor>(5, py.x)).narrow(0, 0, batch);
+      EXPECT_EQ(m->forward({x}).at(0).size(0), batch);
+    }
   }
   EXPECT_GT(m->stats().replays, 0) << "the forward ran compiled";
   EXPECT_EQ(m->stats().eager_calls, 0);
@@ -103,6 +124,7 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) { return info.
 
 INSTANTIATE_TEST_SUITE_P(Export, LoadProgram,
                          ::testing::Values(Case{"mlp", "eager"}, Case{"mlp", "llvm"}, Case{"resnet", "eager"},
+                                           Case{"resnet_train", "eager"}, Case{"resnet_train", "llvm"},
                                            Case{"encoder", "eager"}, Case{"encoder", "llvm"}, Case{"tagger", "eager"}),
                          case_name);
 

@@ -1,8 +1,9 @@
 """Models written only in Python, exported for tcap::load_program (test/export/load_program_test.cpp).
 
-  zoo.py make DIR NAME       DIR/NAME.pt2 (torch.export.export + torch.export.save) and
+  zoo.py make DIR NAME       DIR/NAME.pt2 (torch.export.export, batch dim dynamic, + torch.export.save) and
                              DIR/NAME.train.pt: (inputs, targets, forward output, losses of
-                             STEPS training steps, parameter names, final parameters)
+                             STEPS training steps, parameter names, final parameters,
+                             buffer names, final buffers)
                              computed here from the exported weights.
   zoo.py check DIR NAME FILE the parameters C++ trained (FILE: (names, tensors)) loaded
                              into the Python model: they must be Python's final ones, and
@@ -83,6 +84,11 @@ def zoo(name):
         # Fine-tuning with BatchNorm frozen (eval): the running statistics are weights.
         return m, torch.randn(4, 3, 8, 8), torch.tensor([0, 3, 1, 4]), F.cross_entropy, \
             lambda p: torch.optim.SGD(p, 0.05, momentum=0.9), False
+    if name == "resnet_train":
+        # BatchNorm in training mode: batch statistics, and the running statistics (buffers)
+        # updated by every forward.
+        return ResNet(), torch.randn(4, 3, 8, 8), torch.tensor([0, 3, 1, 4]), F.cross_entropy, \
+            lambda p: torch.optim.SGD(p, 0.05, momentum=0.9), True
     if name == "encoder":
         # SGD: the key projection's bias has a zero gradient up to rounding (softmax ignores
         # a shift), which Adam would scale up to full steps of rounding noise.
@@ -97,7 +103,8 @@ def zoo(name):
 def make(d, name):
     m, x, y, loss_fn, make_opt, train = zoo(name)
     m.train(train)
-    ep = torch.export.export(m, (x,))
+    # The batch dim dynamic, as a served model's is.
+    ep = torch.export.export(m, (x,), dynamic_shapes=({0: torch.export.Dim("batch", min=2, max=64)},))
     torch.export.save(ep, f"{d}/{name}.pt2")
     with torch.no_grad():
         out = m(x)
@@ -111,11 +118,14 @@ def make(d, name):
         losses.append(loss.item())
     names = [n for n, _ in m.named_parameters()]
     params = [p.detach().clone() for _, p in m.named_parameters()]
-    torch.save((x, y, out, torch.tensor(losses, dtype=torch.float64), names, params), f"{d}/{name}.train.pt")
+    buffer_names = [n for n, _ in m.named_buffers()]
+    buffers = [b.detach().clone() for _, b in m.named_buffers()]
+    torch.save((x, y, out, torch.tensor(losses, dtype=torch.float64), names, params, buffer_names, buffers),
+               f"{d}/{name}.train.pt")
 
 
 def check(d, name, path):
-    _, _, _, _, names, params = torch.load(f"{d}/{name}.train.pt", weights_only=True)
+    _, _, _, _, names, params, _, _ = torch.load(f"{d}/{name}.train.pt", weights_only=True)
     got_names, got = torch.load(path, weights_only=False)  # written by the test, with a list of names
     m, x, _, _, _, train = zoo(name)
     state = dict(zip(got_names, got))
