@@ -9,6 +9,7 @@
 // (64 MiB by default) and files that are not regular files (FIFOs, devices) are refused.
 // Names in a graph are raw input: the output escapes control characters (\xNN), so a
 // file cannot send escape sequences to the terminal.
+#include <tcap/export.h>
 #include <tcap/graph.h>
 #include <tcap/graph_json.h>
 
@@ -37,8 +38,12 @@ namespace {
 
 using namespace tcap::ir;
 
-constexpr const char* kUsage = R"(usage: tcap-inspect COMMAND [-o OUT] FILE.json
-       tcap-inspect diff [-o OUT] A.json B.json
+constexpr const char* kUsage = R"(usage: tcap-inspect COMMAND [-o OUT] FILE.json|FILE.pt2
+       tcap-inspect diff [-o OUT] A.json|A.pt2 B.json|B.pt2
+
+A .pt2 (a torch.export archive, tcap::export_program's or torch.export.save's) is loaded
+with tcap::load_program and run once under capture on zeros of its input sizes: the
+graph shown is what LibTorch runs for it.
 
 Commands:
   code      readable printout, one line per node (the format of tcap::ir::to_string)
@@ -315,6 +320,11 @@ void emit(const std::string& raw, const std::string& out_path) {
   if (!f) throw ToolError("cannot write " + out_path);
 }
 
+Graph load_graph(const std::string& path) {
+  if (path.size() > 4 && path.substr(path.size() - 4) == ".pt2") return tcap::load_program(path)->graph();
+  return load_json(path);
+}
+
 int run(int argc, char** argv) {
   std::vector<std::string> pos;
   std::string out_path;
@@ -338,7 +348,7 @@ int run(int argc, char** argv) {
   const std::set<std::string> one_file = {"code", "table", "dot", "svg", "summary"};
   if (cmd == "diff") {
     if (pos.size() != 3) throw ToolError("diff needs two graph files (see --help)");
-    const Graph a = load_json(pos[1]), b = load_json(pos[2]);
+    const Graph a = load_graph(pos[1]), b = load_graph(pos[2]);
     std::ostringstream os;
     const bool differ = diff(a, b, os);
     emit(os.str(), out_path);
@@ -346,7 +356,7 @@ int run(int argc, char** argv) {
   }
   if (one_file.count(cmd) == 0) throw ToolError("unknown command '" + cmd + "' (see --help)");
   if (pos.size() != 2) throw ToolError(cmd + " needs exactly one graph file (see --help)");
-  const Graph g = load_json(pos[1]);
+  const Graph g = load_graph(pos[1]);
   std::string text;
   if (cmd == "code") text = to_string(g);
   if (cmd == "table") text = to_table(g);

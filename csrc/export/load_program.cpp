@@ -1,6 +1,7 @@
 // tcap::load_program (include/tcap/export.h): a PT2 archive that torch.export.save (or
 // export_program) wrote, read into a torch::nn::Module whose forward runs the graph's ATen
 // ops through the dispatcher, served by tcap::compile (docs/export.md, "Loading").
+#include <tcap/capture.h>
 #include <tcap/export.h>
 
 #include "export/pt2_schema.h"
@@ -47,6 +48,7 @@ struct ExportedProgramModule::Program {
   std::string path;
   std::vector<std::string> input_names;    // graph input names, in order
   std::vector<std::string> user_inputs;    // names of user inputs, in order
+  std::vector<at::Tensor> example_inputs;  // zeros shaped as each user input (sizes at their hints)
   std::vector<std::string> forward_names;  // as Python called them
   // Graph inputs that are state: graph name -> fqn (parameters and buffers) or a constant.
   std::map<std::string, std::string> state;
@@ -484,7 +486,19 @@ std::shared_ptr<ExportedProgramModule> load_program(const std::string& path, con
         const Json& a = v.at("arg");
         TORCH_CHECK(a.contains("as_tensor"), "tcap load_program: ", path, ": a user input is not a tensor (",
                     a.dump(), "): only tensor inputs are supported");
-        program->user_inputs.push_back(a.at("as_tensor").at("name").get<std::string>());
+        const std::string in_name = a.at("as_tensor").at("name").get<std::string>();
+        program->user_inputs.push_back(in_name);
+        if (tensor_values.contains(in_name)) {
+          const Json& meta = tensor_values.at(in_name);
+          std::vector<int64_t> sizes;
+          for (const auto& sz : meta.at("sizes")) {
+            sizes.push_back(sz.contains("as_int") ? sz.at("as_int").get<int64_t>()
+                                                  : sz.at("as_expr").at("hint").at("as_int").get<int64_t>());
+          }
+          program->example_inputs.push_back(at::zeros(sizes, at::TensorOptions()
+                                                                  .dtype(pt2::dtype_from_code(meta.at("dtype").get<int64_t>()))
+                                                                  .device(pt2::device_from_json(meta.at("device")))));
+        }
       } else {
         bad(path, "input kind '" + kind + "' is not supported (custom objects, tokens and constant inputs)");
       }
@@ -565,6 +579,29 @@ std::string ExportedProgramModule::graph_string() const {
 }
 
 const std::vector<std::string>& ExportedProgramModule::input_names() const { return program_->forward_names; }
+
+ir::Graph ExportedProgramModule::graph() {
+  const Program& p = *program_;
+  TORCH_CHECK(p.example_inputs.size() == p.user_inputs.size(), "tcap: the program loaded from ", p.path,
+              " does not describe its inputs (tensor_values), so it cannot be run to record its graph");
+  std::vector<std::pair<at::Tensor, at::Tensor>> saved;  // a training-mode forward updates buffers
+  for (const auto& b : buffers()) saved.emplace_back(b, b.clone());
+  at::NoGradGuard no_grad;
+  CaptureOptions co;
+  co.record_backward = false;
+  CaptureGuard capture(co);
+  capture.register_module(*this);
+  std::vector<at::Tensor> in;
+  for (size_t i = 0; i < p.example_inputs.size(); ++i) in.push_back(capture.input(p.example_inputs[i], p.forward_names[i]));
+  const auto out = run_eager(in);
+  for (size_t k = 0; k < out.size(); ++k) {
+    if (out[k].defined()) capture.output(out[k], "out" + std::to_string(k));
+  }
+  capture.stop();
+  ir::Graph g = capture.graph();
+  for (auto& [b, copy] : saved) b.copy_(copy);
+  return g;
+}
 
 CompileStats ExportedProgramModule::stats() const { return compiled_ ? compiled_->stats() : CompileStats{}; }
 

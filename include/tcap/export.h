@@ -16,6 +16,7 @@
 #pragma once
 
 #include <tcap/compile.h>
+#include <tcap/graph.h>
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
@@ -108,8 +109,12 @@ class ExportedProgramModule : public torch::nn::Module {
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& inputs);
   // Runs the graph eagerly, op by op through the dispatcher (what forward compiles).
   std::vector<at::Tensor> run_eager(const std::vector<at::Tensor>& inputs);
-  // The graph in readable form, one op per line.
+  // The graph in readable form, one op per line, as the archive writes it.
   std::string graph_string() const;
+  // The program as a tcap graph: one run recorded by capture, with grad off, on inputs of
+  // the sizes and dtypes the program was exported with (zeros; a dynamic size at its
+  // hint). What tcap-inspect prints for a .pt2. The module's buffers are left as they were.
+  ir::Graph graph();
   const std::vector<std::string>& input_names() const;
   // The compiled forward's counters (all zero before the first forward).
   CompileStats stats() const;
