@@ -122,6 +122,7 @@ int main(int argc, char** argv) {
   tcap::bench::add_overhead_workloads(registry);
   tcap::bench::add_serving_workloads(registry);
   tcap::bench::add_ir_workloads(registry);
+  tcap::bench::add_export_workloads(registry);
 
   if (options.device == "cuda") {
     if (!torch::cuda::is_available()) {

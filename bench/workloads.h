@@ -22,5 +22,7 @@ void add_overhead_workloads(Registry& registry);
 void add_serving_workloads(Registry& registry);
 // ir_passes_20k: graph passes over a captured graph of ~20,000 nodes (workloads_ir.cpp).
 void add_ir_workloads(Registry& registry);
+// export_cnn, import_train_mlp (bench/workloads_export.cpp).
+void add_export_workloads(Registry& registry);
 
 }  // namespace tcap::bench
