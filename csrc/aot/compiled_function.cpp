@@ -12,6 +12,7 @@
 #include "aot/region_entry.h"
 #include "aot/replay_function.h"
 #include "aot/verify_region.h"
+#include "cache/unused_options.h"
 #include "cache/verify.h"
 #include "support/logging.h"
 
@@ -388,6 +389,7 @@ std::shared_ptr<CompiledFunction> compile_function(CompiledFunction::Fn fn, Comp
   TORCH_CHECK(fn, "tcap::compile: the function is empty");
   TORCH_CHECK(options.cache_size_limit >= 1, "tcap::compile: cache_size_limit must be at least 1");
   for (const auto& m : options.modules) TORCH_CHECK(m, "tcap::compile: CompileOptions::modules holds a null module");
+  cache::refuse_unused_options(options, cache::FrontDoor::Compile);
   auto impl = std::make_unique<CompiledFunction::Impl>();
   impl->fn = std::move(fn);
   impl->modules = options.modules;

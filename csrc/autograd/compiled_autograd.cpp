@@ -33,6 +33,7 @@
 #include "passes/int_patches.h"
 #include "aot/replay_node.h"
 #include "cache/entry_cache.h"
+#include "cache/unused_options.h"
 #include "cache/verify.h"
 #include "interp/hook_runner.h"
 #include "support/logging.h"
@@ -700,8 +701,16 @@ struct CompiledAutogradGuard::Impl {
 CompiledAutogradGuard::CompiledAutogradGuard(CompileOptions options)
     : CompiledAutogradGuard(CompiledAutogradOptions{std::move(options), true}) {}
 
+namespace {
+// Note [Options a front door does not use].
+CompiledAutogradOptions checked(CompiledAutogradOptions o) {
+  cache::refuse_unused_options(o.compile, cache::FrontDoor::CompiledAutograd);
+  return o;
+}
+}  // namespace
+
 CompiledAutogradGuard::CompiledAutogradGuard(CompiledAutogradOptions options)
-    : impl_(std::make_unique<Impl>(std::move(options))) {}
+    : impl_(std::make_unique<Impl>(checked(std::move(options)))) {}
 
 CompiledAutogradGuard::~CompiledAutogradGuard() = default;
 

@@ -43,6 +43,7 @@
 #include "aot/region.h"
 #include "aot/region_entry.h"
 #include "cache/entry_cache.h"
+#include "cache/unused_options.h"
 #include "cache/verify.h"
 #include "interp/hook_runner.h"
 #include "capture/engine_shim.h"
@@ -730,6 +731,7 @@ std::shared_ptr<CompiledStep> compile_step(std::vector<std::shared_ptr<torch::nn
   for (const auto& m : models) TORCH_CHECK(m, "tcap::compile_step: a model is null");
   TORCH_CHECK(step, "tcap::compile_step: the step function is empty");
   TORCH_CHECK(options.cache_size_limit >= 1, "tcap::compile_step: cache_size_limit must be at least 1");
+  cache::refuse_unused_options(options, cache::FrontDoor::CompileStep);
   auto impl = std::make_unique<CompiledStep::Impl>();
   impl->parts.models = std::move(models);
   impl->fn = std::move(step);
