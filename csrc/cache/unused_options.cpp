@@ -5,6 +5,13 @@
 namespace tcap::cache {
 
 void refuse_unused_options(const CompileOptions& o, FrontDoor door) {
+  const char* who = door == FrontDoor::Compile       ? "tcap::compile"
+                    : door == FrontDoor::CompileStep ? "tcap::compile_step"
+                                                     : "tcap compiled autograd";
+  // Checked here, not at the first compile: a misspelt backend would otherwise surface
+  // only after a capture, as a compile error.
+  TORCH_CHECK(o.backend == "eager" || o.backend == "llvm" || o.backend == "cuda" || o.backend == "auto", who,
+              ": unknown backend '", o.backend, "' (eager, llvm, cuda or auto)");
   switch (door) {
     case FrontDoor::Compile:
       TORCH_CHECK(!o.fused_optimizers, "tcap::compile: CompileOptions::fused_optimizers is an option of "

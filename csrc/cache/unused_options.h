@@ -9,6 +9,7 @@
 //   argument);
 // - compiled autograd: fw_compiler (there is no forward), fused_optimizers, modules (the
 //   backward's leaves are whatever the graph reaches).
+// The backend's name is checked here too (eager, llvm, cuda or auto).
 // The partitioner cannot be told apart from its default and is documented instead: only
 // tcap::compile partitions (docs/compile.md).
 #pragma once
@@ -19,7 +20,8 @@ namespace tcap::cache {
 
 enum class FrontDoor { Compile, CompileStep, CompiledAutograd };
 
-// Throws c10::Error for the first field of `o` that `door` does not use.
+// Throws c10::Error for the first field of `o` that `door` does not use, or an unknown
+// backend.
 void refuse_unused_options(const CompileOptions& o, FrontDoor door);
 
 }  // namespace tcap::cache

@@ -71,4 +71,20 @@ TEST(UnusedOptions, CompiledAutogradRefusesForwardOptions) {
   EXPECT_NO_THROW(tcap::CompiledAutogradGuard guard(used));
 }
 
+// A misspelt backend is refused when the front door is made, not after a capture.
+TEST(UnusedOptions, UnknownBackendIsRefusedByEveryFrontDoor) {
+  tcap::CompileOptions o;
+  o.backend = "llvmm";
+  expect_refused([&] { tcap::compile([](const Tensors& in) { return Tensors{in[0] * 2}; }, o); }, "'llvmm'");
+  auto model = torch::nn::Linear(3, 2);
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  expect_refused(
+      [&] {
+        tcap::compile_step(model.ptr(), opt, [model](const Tensors& in) mutable { return Tensors{model->forward(in[0]).sum()}; },
+                           o);
+      },
+      "'llvmm'");
+  expect_refused([&] { tcap::CompiledAutogradGuard guard(o); }, "'llvmm'");
+}
+
 }  // namespace
