@@ -70,6 +70,14 @@ std::string temp_path(const std::string& name) {
   return p;
 }
 
+// The archive at `path` loaded, its forward to be compiled with `backend`.
+std::shared_ptr<ExportedProgramModule> loaded(const std::string& path, const char* backend, const std::string& name) {
+  auto m = load_program(path);
+  m->compile_options().backend = backend;
+  m->compile_options().name = name;
+  return m;
+}
+
 void check_close(const at::Tensor& a, const at::Tensor& b, const char* what) {
   if (!torch::allclose(a, b, 1e-4, 1e-5)) {
     throw std::runtime_error(std::string(what) + " differs from the C++ model by " +
@@ -117,9 +125,7 @@ std::vector<Variant> make_export_cnn(const Options& opts) {
   for (const char* backend : {"eager", "llvm"}) {
     const std::string name = std::string("loaded_") + backend;
     if (!opts.wants(name)) continue;
-    auto m = load_program(path);
-    m->compile_options().backend = backend;
-    m->compile_options().name = name;
+    auto m = loaded(path, backend, name);
     try {
       torch::NoGradGuard no_grad;
       for (int i = 0; i < 3; ++i) check_close(m->forward({x})[0], expected, name.c_str());
@@ -184,9 +190,7 @@ std::vector<Variant> make_import_train(const Options& opts) {
   for (const char* backend : {"eager", "llvm"}) {
     const std::string name = std::string("loaded_") + backend;
     if (!opts.wants(name)) continue;
-    auto m = load_program(path);
-    m->compile_options().backend = backend;
-    m->compile_options().name = name;
+    auto m = loaded(path, backend, name);
     v.push_back(step_variant(name, m, [raw = m.get()](const at::Tensor& in) { return raw->forward({in})[0]; }));
   }
   return v;

@@ -528,21 +528,19 @@ Lowered lower(const ir::Graph& g, const std::vector<at::Tensor>& tensors, const 
     const ir::Node& n = g.node(input_nodes[k]);
     const ValueId v = n.outputs.at(0).values.at(0);
     const at::Tensor& t = tensors.at(k);
+    // A module's own parameter or buffer gets its value; one capture named otherwise is added.
+    auto bind = [&](std::vector<In>& list, std::map<std::string, size_t>& at) {
+      auto it = at.find(n.name);
+      if (it != at.end()) {
+        list[it->second].v = v;
+        return;
+      }
+      at[n.name] = list.size();
+      list.push_back({v, t, n.name});
+    };
     switch (n.input_kind) {
-      case ir::InputKind::Parameter:
-        if (param_at.count(n.name)) params[param_at[n.name]].v = v;
-        else {
-          param_at[n.name] = params.size();
-          params.push_back({v, t, n.name});
-        }
-        break;
-      case ir::InputKind::Buffer:
-        if (buffer_at.count(n.name)) buffers[buffer_at[n.name]].v = v;
-        else {
-          buffer_at[n.name] = buffers.size();
-          buffers.push_back({v, t, n.name});
-        }
-        break;
+      case ir::InputKind::Parameter: bind(params, param_at); break;
+      case ir::InputKind::Buffer: bind(buffers, buffer_at); break;
       case ir::InputKind::UserInput: users.push_back({v, t, n.name}); break;
       case ir::InputKind::Constant: constants.push_back({v, t, n.name}); break;
       default: TORCH_CHECK(false, "tcap export: input '", n.name, "' is a ", ir::to_string(n.input_kind));
