@@ -49,6 +49,8 @@ struct Options {
   std::string python;     // the peer's interpreter ("" = search, see find_peer_python)
   // Where the compile workloads run (Note [Benchmarks on a CUDA device]): "cpu" or "cuda".
   std::string device = "cpu";
+  // export_cnn writes its archive here and keeps it ("" = a temporary file).
+  std::string archive_dir;
 
   bool wants(const std::string& variant) const;
 };

@@ -1,4 +1,4 @@
-// tcap-bench [--filter SUBSTRING,...] [--variants A,B] [--json FILE] [--repeats N]
+// tcap-bench [--filter SUBSTRING,...] [--variants A,B] [--json FILE] [--repeats N] [--keep-archives DIR]
 //            [--quick] [--inductor | --no-inductor] [--python PATH] [--device cpu|cuda]
 //
 // Runs the registered workloads (see workloads.h), prints one table per workload and,
@@ -30,7 +30,11 @@ constexpr const char* kUsage =
     "                  record, record_read, replay; the program workloads' compile,\n"
     "                  compile_llvm, step, step_llvm, step_fused, step_fused_llvm, ca, ca_llvm; overhead_empty's call,\n"
     "                  lookup, guard_check;\n"
-    "                  the serving workloads' eager_Nt, tcap_eager_Nt, tcap_llvm_Nt for N = 1, 2, 4)\n"
+    "                  the serving workloads' eager_Nt, tcap_eager_Nt, tcap_llvm_Nt for N = 1, 2, 4;\n"
+    "                  the export workloads' export, load_first_call, cpp_eager, cpp_tcap_llvm,\n"
+    "                  loaded_eager, loaded_llvm, nativert)\n"
+    "  --keep-archives DIR  export_cnn writes its PT2 archive there and keeps it (for\n"
+    "                  bench/export_py_bench.py)\n"
     "  --json FILE     also write the records to FILE (a JSON list, one object per variant)\n"
     "  --repeats N     rounds per workload (default 15; 3 with --quick)\n"
     "  --quick         few rounds and iterations: a smoke test, not a measurement (no\n"
@@ -50,7 +54,9 @@ const char* const kVariants[] = {"eager",     "record",    "record_read",      "
                                  "compile",   "compile_llvm", "step",     "step_llvm", "step_fused", "step_fused_llvm", "ca",
                                  "call",      "lookup",    "guard_check",
                                  "eager_1t",  "eager_2t",  "eager_4t",   "tcap_eager_1t", "tcap_eager_2t", "tcap_eager_4t",
-                                 "tcap_llvm_1t", "tcap_llvm_2t", "tcap_llvm_4t"};
+                                 "tcap_llvm_1t", "tcap_llvm_2t", "tcap_llvm_4t",
+                                 "export", "load_first_call", "cpp_eager", "cpp_tcap_llvm", "loaded_eager", "loaded_llvm",
+                                 "nativert"};
 
 [[noreturn]] void usage_error(const std::string& message) {
   std::cerr << "tcap-bench: " << message << "\n" << kUsage;
@@ -84,6 +90,8 @@ tcap::bench::Options parse(int argc, char** argv) {
         o.variants.push_back(v);
       }
       if (o.variants.empty()) usage_error("--variants needs at least one name");
+    } else if (arg == "--keep-archives") {
+      o.archive_dir = value();
     } else if (arg == "--inductor") {
       o.inductor = 1;
     } else if (arg == "--no-inductor") {

@@ -10,6 +10,8 @@
 //   loaded_eager      the loaded program's forward through tcap (backend eager), steady;
 //   loaded_llvm       the same with backend llvm (fused kernels);
 //   nativert          LibTorch's own runner of the archive (torch::nativert::ModelRunnerHandle).
+// Python's torch.export.load + eager on the same archive: bench/export_py_bench.py, on the
+// archive `--keep-archives DIR` keeps.
 // import_train_mlp: an MLP 256 -> 512 -> 512 -> 10 (GELU) exported from C++ and loaded back
 // as an imported model would be; one SGD step on a batch of 64 (forward, MSE loss,
 // backward, optimizer step). Variants: cpp_eager (the model written in C++, eager),
@@ -89,7 +91,7 @@ std::vector<Variant> make_export_cnn(const Options& opts) {
   Cnn model;
   model->eval();
   const at::Tensor x = torch::randn({32, 3, 32, 32});
-  const std::string path = temp_path("cnn.pt2");
+  const std::string path = opts.archive_dir.empty() ? temp_path("cnn.pt2") : opts.archive_dir + "/export_cnn.pt2";
   export_program(model, {x}, path);
   at::Tensor expected;
   {

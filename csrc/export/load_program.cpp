@@ -12,6 +12,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <caffe2/serialize/inline_container.h>
 
+#include <limits>
 #include <map>
 #include <sstream>
 #include <unordered_map>
@@ -113,6 +114,17 @@ std::optional<std::pair<std::string, std::string>> aten_name(const std::string& 
                         overload == "default" ? std::string() : overload);
 }
 
+// A float of the schema: a JSON number, or "Infinity", "-Infinity", "NaN" (how Python's
+// serializer writes the values JSON lacks).
+double number(const Json& v) {
+  if (v.is_number()) return v.get<double>();
+  const std::string s = v.get<std::string>();
+  if (s == "Infinity") return std::numeric_limits<double>::infinity();
+  if (s == "-Infinity") return -std::numeric_limits<double>::infinity();
+  if (s == "NaN") return std::numeric_limits<double>::quiet_NaN();
+  TORCH_CHECK(false, "tcap load_program: '", s, "' is not a number");
+}
+
 c10::IValue int_list(const Json& l) {
   c10::List<int64_t> out;
   for (const auto& v : l) out.push_back(v.get<int64_t>());
@@ -148,8 +160,12 @@ Source source_of(const std::string& path, const std::string& target, const std::
   }
   if (kind == "as_int") s.literal = v.get<int64_t>();
   else if (kind == "as_ints") s.literal = int_list(v);
-  else if (kind == "as_float") s.literal = v.get<double>();
-  else if (kind == "as_floats") s.literal = c10::List<double>(v.get<std::vector<double>>());
+  else if (kind == "as_float") s.literal = number(v);
+  else if (kind == "as_floats") {
+    c10::List<double> l;
+    for (const auto& e : v) l.push_back(number(e));
+    s.literal = l;
+  }
   else if (kind == "as_string") s.literal = v.get<std::string>();
   else if (kind == "as_strings") {
     c10::List<std::string> l;
@@ -165,13 +181,13 @@ Source source_of(const std::string& path, const std::string& target, const std::
   else if (kind == "as_memory_format") s.literal = static_cast<int64_t>(pt2::memory_format_from_code(v.get<int64_t>()));
   else if (kind == "as_layout") s.literal = static_cast<int64_t>(pt2::layout_from_code(v.get<int64_t>()));
   else if (kind == "as_device") s.literal = pt2::device_from_json(v);
-  else if (kind == "as_complex") s.literal = c10::complex<double>(v.at("real").get<double>(), v.at("imag").get<double>());
+  else if (kind == "as_complex") s.literal = c10::complex<double>(number(v.at("real")), number(v.at("imag")));
   else if (kind == "as_sym_int" || kind == "as_sym_float" || kind == "as_sym_bool") {
     if (v.contains("as_name")) {
       s.kind = Source::Sym;
       s.names.push_back(v.at("as_name").get<std::string>());
     } else if (v.contains("as_int")) s.literal = v.at("as_int").get<int64_t>();
-    else if (v.contains("as_float")) s.literal = v.at("as_float").get<double>();
+    else if (v.contains("as_float")) s.literal = number(v.at("as_float"));
     else if (v.contains("as_bool")) s.literal = v.at("as_bool").get<bool>();
     else fail("a symbolic value with neither a name nor a value");
   } else if (kind == "as_sym_ints") {
@@ -531,7 +547,9 @@ std::shared_ptr<ExportedProgramModule> load_program(const std::string& path, con
   }
 }
 
-std::vector<at::Tensor> ExportedProgramModule::run_eager(const std::vector<at::Tensor>& inputs) {
+// The user outputs, then the new value of each mutated buffer (core ATen IR's functional
+// BatchNorm returns its running statistics).
+std::vector<at::Tensor> ExportedProgramModule::run_graph(const std::vector<at::Tensor>& inputs) {
   const Program& p = *program_;
   TORCH_CHECK(inputs.size() == p.user_inputs.size(), "tcap: the program loaded from ", p.path, " takes ",
               p.user_inputs.size(), " inputs (", c10::Join(", ", p.forward_names), "), not ", inputs.size());
@@ -545,13 +563,36 @@ std::vector<at::Tensor> ExportedProgramModule::run_eager(const std::vector<at::T
   for (const auto& [graph_name, t] : p.constants) env[graph_name] = t;
   for (size_t i = 0; i < inputs.size(); ++i) env[p.user_inputs[i]] = inputs[i];
   for (const OpNode& n : p.nodes) run_node(n, env);
-  for (const auto& [value, fqn] : p.buffer_mutations) {
-    at::NoGradGuard no_grad;
-    bufs[fqn].copy_(lookup(env, value, "a buffer update").toTensor());
-  }
   std::vector<at::Tensor> out;
   for (const auto& o : p.outputs) out.push_back(o.empty() ? at::Tensor() : lookup(env, o, "the output").toTensor());
+  for (const auto& m : p.buffer_mutations) out.push_back(lookup(env, m.first, "a buffer update").toTensor());
   return out;
+}
+
+// Note [Buffer updates of a loaded program]
+// A buffer the program updates (an output of kind buffer_mutation) takes its new value
+// after the graph has run, outside the compiled region, by pointing the buffer at the new
+// value's storage (set_data): the buffer's identity stays (so tcap::compile's guards hold)
+// and the old storage, which the forward may have saved for the backward, is left as it
+// was (an in-place copy would bump the version autograd checks, or, through .data(),
+// change what the backward reads).
+std::vector<at::Tensor> ExportedProgramModule::apply_buffer_updates(std::vector<at::Tensor> all) {
+  const Program& p = *program_;
+  const size_t n_out = all.size() - p.buffer_mutations.size();
+  if (!p.buffer_mutations.empty()) {
+    at::NoGradGuard no_grad;
+    const auto bufs = named_buffers(/*recurse=*/true);
+    for (size_t k = 0; k < p.buffer_mutations.size(); ++k) {
+      at::Tensor buffer = bufs[p.buffer_mutations[k].second];
+      buffer.set_data(all[n_out + k].detach().clone());
+    }
+  }
+  all.resize(n_out);
+  return all;
+}
+
+std::vector<at::Tensor> ExportedProgramModule::run_eager(const std::vector<at::Tensor>& inputs) {
+  return apply_buffer_updates(run_graph(inputs));
 }
 
 std::vector<at::Tensor> ExportedProgramModule::forward(const std::vector<at::Tensor>& inputs) {
@@ -561,9 +602,9 @@ std::vector<at::Tensor> ExportedProgramModule::forward(const std::vector<at::Ten
     // A non-owning pointer: this module owns the compiled function, which must not own it
     // back.
     std::shared_ptr<torch::nn::Module> self(std::shared_ptr<torch::nn::Module>(), this);
-    compiled_ = compile(self, [this](const std::vector<at::Tensor>& in) { return run_eager(in); }, std::move(o));
+    compiled_ = compile(self, [this](const std::vector<at::Tensor>& in) { return run_graph(in); }, std::move(o));
   }
-  return (*compiled_)(inputs);
+  return apply_buffer_updates((*compiled_)(inputs));
 }
 
 std::string ExportedProgramModule::graph_string() const {
@@ -593,7 +634,7 @@ ir::Graph ExportedProgramModule::graph() {
   capture.register_module(*this);
   std::vector<at::Tensor> in;
   for (size_t i = 0; i < p.example_inputs.size(); ++i) in.push_back(capture.input(p.example_inputs[i], p.forward_names[i]));
-  const auto out = run_eager(in);
+  const auto out = run_graph(in);  // buffer updates are outputs of the graph too
   for (size_t k = 0; k < out.size(); ++k) {
     if (out[k].defined()) capture.output(out[k], "out" + std::to_string(k));
   }

@@ -125,6 +125,8 @@ class ExportedProgramModule : public torch::nn::Module {
  private:
   friend std::shared_ptr<ExportedProgramModule> load_program(const std::string&, const std::string&);
   ExportedProgramModule() = default;
+  std::vector<at::Tensor> run_graph(const std::vector<at::Tensor>& inputs);
+  std::vector<at::Tensor> apply_buffer_updates(std::vector<at::Tensor> all);
   std::shared_ptr<Program> program_;
   CompileOptions compile_options_;
   std::shared_ptr<CompiledFunction> compiled_;  // the tcap::compile'd forward, made on first use

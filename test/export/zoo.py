@@ -70,7 +70,10 @@ class Tagger(nn.Module):
 
 
 def zoo(name):
-    """(model, inputs, targets, loss function, optimizer factory, train mode)"""
+    """(model, inputs, targets, loss function, optimizer factory, train mode); NAME_core is
+    NAME's program in core ATen IR (run_decompositions())."""
+    if name.endswith("_core"):
+        return zoo(name[: -len("_core")])
     if name == "mlp":
         m = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
         return m, torch.randn(8, 6), torch.randn(8, 3), F.mse_loss, lambda p: torch.optim.Adam(p, 1e-2), True
@@ -105,6 +108,8 @@ def make(d, name):
     m.train(train)
     # The batch dim dynamic, as a served model's is.
     ep = torch.export.export(m, (x,), dynamic_shapes=({0: torch.export.Dim("batch", min=2, max=64)},))
+    if name.endswith("_core"):
+        ep = ep.run_decompositions()  # functional: BatchNorm's buffer updates become outputs
     torch.export.save(ep, f"{d}/{name}.pt2")
     with torch.no_grad():
         out = m(x)
