@@ -217,41 +217,41 @@ SymbolicInts fit_dynamic_dims(const std::shared_ptr<torch::nn::Module>& module, 
   return sym;
 }
 
-// The serialized graph being built.
-class Writer {
- public:
-  Writer(const ir::Graph& g, const SymbolicInts& sym) : g_(g), sym_(sym) {}
+// The serialized graph being built: value names, tensor metadata, symbolic integers and
+// nodes, filled by lower() and the rewrites of Note [Export lowering].
+struct Writer {
+  Writer(const ir::Graph& graph, const SymbolicInts& ints) : g(graph), sym(ints) {}
 
   std::string value_name(ValueId v) const {
-    auto it = names_.find(v);
-    TORCH_INTERNAL_ASSERT(it != names_.end(), "tcap export: value %", v, " has no name");
+    auto it = names.find(v);
+    TORCH_INTERNAL_ASSERT(it != names.end(), "tcap export: value %", v, " has no name");
     return it->second;
   }
   void name_value(ValueId v, const std::string& name) {
-    names_[v] = name;
-    tensor_values_[name] = meta_json(v);
+    names[v] = name;
+    tensor_values[name] = meta_json(v);
   }
-  void alias(ValueId v, ValueId to) { names_[v] = value_name(to); }
+  void alias(ValueId v, ValueId to) { names[v] = value_name(to); }
   std::string fresh(const std::string& base) {
     std::string clean;
     for (char c : base) clean += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
     if (clean.empty() || std::isdigit(static_cast<unsigned char>(clean[0]))) clean = "v_" + clean;
-    int& k = used_[clean];
+    int& k = used[clean];
     std::string name = k == 0 ? clean : clean + "_" + std::to_string(k);
     ++k;
-    while (used_.count(name) && name != clean) name += "_";
-    used_[name];
+    while (used.count(name) && name != clean) name += "_";
+    used[name];
     return name;
   }
 
   Json sym_or_int(const std::string& slot, int64_t v) const {
-    auto it = sym_.slots.find(slot);
-    if (it == sym_.slots.end()) return Json{{"as_int", v}};
-    return Json{{"as_expr", {{"expr_str", SymbolicInts::render(it->second, sym_.symbols)}, {"hint", {{"as_int", v}}}}}};
+    auto it = sym.slots.find(slot);
+    if (it == sym.slots.end()) return Json{{"as_int", v}};
+    return Json{{"as_expr", {{"expr_str", SymbolicInts::render(it->second, sym.symbols)}, {"hint", {{"as_int", v}}}}}};
   }
 
   Json meta_json(ValueId v) const {
-    const ir::Value& val = g_.value(v);
+    const ir::Value& val = g.value(v);
     const ir::TensorMeta& m = val.meta;
     const std::string p = "v" + std::to_string(v) + ".";
     Json j;
@@ -272,17 +272,17 @@ class Writer {
 
   // A symbolic integer argument: the name of a sym value holding expression `slot`.
   Json sym_int_arg(const SymbolicInts::Affine& a, int64_t hint) {
-    const std::string expr = SymbolicInts::render(a, sym_.symbols);
-    auto it = sym_names_.find(expr);
-    if (it != sym_names_.end()) return Json{{"as_name", it->second}};
+    const std::string expr = SymbolicInts::render(a, sym.symbols);
+    auto it = sym_names.find(expr);
+    if (it != sym_names.end()) return Json{{"as_name", it->second}};
     // c + sum k_j s_j from the sizes read with sym_size (made once per symbol), then
     // operator.mul / operator.add nodes, as torch.export writes symbolic arithmetic.
     std::string acc;
     int64_t acc_hint = 0;
     for (size_t j = 0; j < a.k.size(); ++j) {
       if (a.k[j] == 0) continue;
-      std::string term = symbol_names_.at(j);
-      int64_t term_hint = sym_.base[j];
+      std::string term = symbol_names.at(j);
+      int64_t term_hint = sym.base[j];
       if (a.k[j] != 1) {
         term_hint *= a.k[j];
         term = sym_node("_operator.mul", Json{{"as_sym_int", {{"as_name", term}}}}, Json{{"as_int", a.k[j]}},
@@ -302,7 +302,7 @@ class Writer {
       acc = sym_node("_operator.add", Json{{"as_sym_int", {{"as_name", acc}}}}, Json{{"as_int", a.c}}, expr, acc_hint);
     }
     TORCH_INTERNAL_ASSERT(acc_hint == hint, "tcap export: symbolic integer ", expr, " hints ", acc_hint, ", not ", hint);
-    sym_names_[expr] = acc;
+    sym_names[expr] = acc;
     return Json{{"as_name", acc}};
   }
 
@@ -311,12 +311,12 @@ class Writer {
     SymbolicInts::Affine p;
     p.k.assign(a.k.size(), 0);
     for (size_t i = only_term ? j : 0; i <= j; ++i) p.k[i] = a.k[i];
-    return SymbolicInts::render(p, sym_.symbols);
+    return SymbolicInts::render(p, sym.symbols);
   }
 
   std::string sym_node(const std::string& target, Json a, Json b, const std::string& expr, int64_t hint) {
-    auto it = sym_names_.find(expr);
-    if (it != sym_names_.end()) return it->second;
+    auto it = sym_names.find(expr);
+    if (it != sym_names.end()) return it->second;
     const std::string name = fresh(target == "_operator.mul" ? "mul" : "add");
     Json n;
     n["target"] = target;
@@ -326,9 +326,9 @@ class Writer {
     n["metadata"] = Json::object();
     n["is_hop_single_tensor_return"] = nullptr;
     n["name"] = name;
-    nodes_.push_back(std::move(n));
-    sym_int_values_[name] = Json{{"as_expr", {{"expr_str", expr}, {"hint", {{"as_int", hint}}}}}};
-    sym_names_[expr] = name;
+    nodes.push_back(std::move(n));
+    sym_int_values[name] = Json{{"as_expr", {{"expr_str", expr}, {"hint", {{"as_int", hint}}}}}};
+    sym_names[expr] = name;
     return name;
   }
 
@@ -344,22 +344,22 @@ class Writer {
       n["metadata"] = Json::object();
       n["is_hop_single_tensor_return"] = nullptr;
       n["name"] = name;
-      nodes_.push_back(std::move(n));
-      sym_int_values_[name] = Json{{"as_expr", {{"expr_str", sym_.symbols[j]}, {"hint", {{"as_int", sym_.base[j]}}}}}};
-      symbol_names_.push_back(name);
-      sym_names_[sym_.symbols[j]] = name;
+      nodes.push_back(std::move(n));
+      sym_int_values[name] = Json{{"as_expr", {{"expr_str", sym.symbols[j]}, {"hint", {{"as_int", sym.base[j]}}}}}};
+      symbol_names.push_back(name);
+      sym_names[sym.symbols[j]] = name;
     }
   }
 
-  const ir::Graph& g_;
-  const SymbolicInts& sym_;
-  std::unordered_map<ValueId, std::string> names_;
-  std::map<std::string, int> used_;
-  Json tensor_values_ = Json::object();
-  Json sym_int_values_ = Json::object();
-  Json nodes_ = Json::array();
-  std::vector<std::string> symbol_names_;
-  std::map<std::string, std::string> sym_names_;  // expression -> sym value name
+  const ir::Graph& g;
+  const SymbolicInts& sym;
+  std::unordered_map<ValueId, std::string> names;
+  std::map<std::string, int> used;
+  Json tensor_values = Json::object();
+  Json sym_int_values = Json::object();
+  Json nodes = Json::array();
+  std::vector<std::string> symbol_names;
+  std::map<std::string, std::string> sym_names;  // expression -> sym value name
 };
 
 bool is_sym_int_type(const c10::TypePtr& t) {
@@ -414,8 +414,8 @@ Json arg_json(Writer& w, const ir::Node& n, size_t i, const c10::Argument& schem
   auto tensor = [&](ValueId v) { return Json{{"as_tensor", {{"name", w.value_name(v)}}}}; };
   const bool sym_type = is_sym_int_type(schema_arg.real_type());
   auto int_or_sym = [&](const std::string& s, int64_t v, bool& symbolic) -> Json {
-    auto it = w.sym_.slots.find(s);
-    if (it == w.sym_.slots.end()) return Json{{"as_int", v}};
+    auto it = w.sym.slots.find(s);
+    if (it == w.sym.slots.end()) return Json{{"as_int", v}};
     TORCH_CHECK(sym_type, "tcap export: argument '", schema_arg.name(), "' of ", n.qualified_op(),
                 " depends on a dynamic size but the op takes a static int there: export with that size static");
     symbolic = true;
@@ -499,8 +499,7 @@ int written_arg(const c10::FunctionSchema& s) {
 }
 
 Lowered lower(const ir::Graph& g, const std::vector<at::Tensor>& tensors, const SymbolicInts& sym,
-              const std::vector<DynamicDim>& dims, const std::shared_ptr<torch::nn::Module>& module,
-              const ExportOptions& options) {
+              const std::vector<DynamicDim>& dims, const std::shared_ptr<torch::nn::Module>& module) {
   Lowered out;
   Writer w(g, sym);
   const std::vector<ir::NodeId> input_nodes = g.input_nodes();
@@ -553,7 +552,7 @@ Lowered lower(const ir::Graph& g, const std::vector<at::Tensor>& tensors, const 
     std::replace(clean.begin(), clean.end(), '.', '_');
     const std::string name = w.fresh(prefix + clean);
     if (in.v != ir::kNoValue) w.name_value(in.v, name);
-    else w.tensor_values_[name] = pt2::tensor_meta(in.t, false);
+    else w.tensor_values[name] = pt2::tensor_meta(in.t, false);
     inputs.push_back(Json{{"as_tensor", {{"name", name}}}});
     return name;
   };
@@ -646,8 +645,8 @@ Lowered lower(const ir::Graph& g, const std::vector<at::Tensor>& tensors, const 
     auto tensor_arg = [&](ValueId v) { return Json{{"as_tensor", {{"name", w.value_name(v)}}}}; };
     auto named = [](const std::string& name, Json arg) { return Json{{"name", name}, {"arg", std::move(arg)}, {"kind", 1}}; };
     auto static_size = [&](ValueId v, int64_t d) {
-      return !w.sym_.slots.count("v" + std::to_string(v) + ".size" + std::to_string(d)) &&
-             !w.sym_.slots.count("v" + std::to_string(v) + ".stride" + std::to_string(d));
+      return !w.sym.slots.count("v" + std::to_string(v) + ".size" + std::to_string(d)) &&
+             !w.sym.slots.count("v" + std::to_string(v) + ".stride" + std::to_string(d));
     };
     auto switch_to = [&](const std::string& new_op, const std::string& new_overload) {
       op = new_op;
@@ -663,7 +662,7 @@ Lowered lower(const ir::Graph& g, const std::vector<at::Tensor>& tensors, const 
       e["outputs"] = std::move(outs);
       e["metadata"] = Json::object();
       e["is_hop_single_tensor_return"] = nullptr;
-      w.nodes_.push_back(std::move(e));
+      w.nodes.push_back(std::move(e));
       const std::string short_target = target_of(emit_op, emit_overload).substr(std::string("torch.ops.").size());
       if (ops_seen.insert(short_target).second) {
         out.report.ops.push_back(short_target);
@@ -704,7 +703,7 @@ Lowered lower(const ir::Graph& g, const std::vector<at::Tensor>& tensors, const 
           const int64_t stride = dim < rank ? m.sizes[static_cast<size_t>(dim)] * m.strides[static_cast<size_t>(dim)] : 1;
           meta["sizes"].insert(meta["sizes"].begin() + dim, Json{{"as_int", 1}});
           meta["strides"].insert(meta["strides"].begin() + dim, Json{{"as_int", stride}});
-          w.tensor_values_[name] = std::move(meta);
+          w.tensor_values[name] = std::move(meta);
           emit("aten::unsqueeze", "", Json::array({named("self", tensor_arg(v)), named("dim", {{"as_int", dim}})}),
                Json::array({Json{{"as_tensor", {{"name", name}}}}}));
           parts.push_back(Json{{"name", name}});
@@ -725,7 +724,7 @@ Lowered lower(const ir::Graph& g, const std::vector<at::Tensor>& tensors, const 
       const int64_t rank = static_cast<int64_t>(sizes.size());
       const int64_t dim = n.args[2].i < 0 ? n.args[2].i + rank : n.args[2].i;
       if (dim >= 0 && dim < rank && static_size(self, dim) && n.args[1].i > 0 &&
-          !w.sym_.slots.count("n" + std::to_string(n.id) + ".a1.0")) {
+          !w.sym.slots.count("n" + std::to_string(n.id) + ".a1.0")) {
         const int64_t total = sizes[static_cast<size_t>(dim)], k = n.args[1].i;
         for (size_t i = 0; i < n.outputs[0].values.size(); ++i) {
           const ValueId v = n.outputs[0].values[i];
@@ -835,7 +834,7 @@ Lowered lower(const ir::Graph& g, const std::vector<at::Tensor>& tensors, const 
     node["outputs"] = std::move(outputs);
     node["metadata"] = Json::object();
     node["is_hop_single_tensor_return"] = nullptr;
-    w.nodes_.push_back(std::move(node));
+    w.nodes.push_back(std::move(node));
     const std::string short_target = target.substr(std::string("torch.ops.").size());
     if (ops_seen.insert(short_target).second) {
       out.report.ops.push_back(short_target);
@@ -862,9 +861,9 @@ Lowered lower(const ir::Graph& g, const std::vector<at::Tensor>& tensors, const 
   }
   out.graph["inputs"] = std::move(inputs);
   out.graph["outputs"] = std::move(outputs);
-  out.graph["nodes"] = std::move(w.nodes_);
-  out.graph["tensor_values"] = std::move(w.tensor_values_);
-  out.graph["sym_int_values"] = std::move(w.sym_int_values_);
+  out.graph["nodes"] = std::move(w.nodes);
+  out.graph["tensor_values"] = std::move(w.tensor_values);
+  out.graph["sym_int_values"] = std::move(w.sym_int_values);
   out.graph["sym_bool_values"] = Json::object();
   out.graph["is_single_tensor_return"] = false;
   out.graph["custom_obj_values"] = Json::object();
@@ -880,7 +879,6 @@ Lowered lower(const ir::Graph& g, const std::vector<at::Tensor>& tensors, const 
   out.report.parameters = static_cast<int64_t>(params.size());
   out.report.buffers = static_cast<int64_t>(buffers.size());
   out.report.constants = static_cast<int64_t>(constants.size());
-  (void)options;
   return out;
 }
 
@@ -942,7 +940,7 @@ ExportReport export_impl(const std::shared_ptr<torch::nn::Module>& module, const
   if (!options.dynamic_dims.empty()) {
     sym = fit_dynamic_dims(module, fn, example_inputs, names, options.dynamic_dims, base);
   }
-  Lowered low = lower(base.graph, base.tensors, sym, options.dynamic_dims, module, options);
+  Lowered low = lower(base.graph, base.tensors, sym, options.dynamic_dims, module);
 
   Json model;
   model["graph_module"] = Json{{"graph", std::move(low.graph)},
