@@ -33,8 +33,9 @@
 namespace tcap {
 
 // A size of an example input that the exported program accepts in a range, as
-// torch.export.Dim does: dim `dim` of user input `input`. `name` is for messages; the
-// program calls the k-th dynamic size s<k>, as torch.export does.
+// torch.export.Dim does: dim `dim` of user input `input`. `name` is the caller's label
+// only: the program calls the k-th dynamic size s<k> (AOTInductor takes no other names),
+// and errors name the input and dim.
 struct DynamicDim {
   size_t input = 0;
   int64_t dim = 0;
