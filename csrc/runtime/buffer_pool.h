@@ -13,7 +13,7 @@
 // to the allocator it replaced. Inside one, on the scope's thread, requests of at least
 // kMinPooledBytes (sizes rounded up to 4 KiB) are served from cached free blocks, best
 // fit, or, on a miss, by a new segment from the replaced allocator; smaller ones by size
-// classes of their own (Note [Small blocks], buffer_pool.cpp). A cached block larger
+// classes of their own (Note [Small blocks], pool_internal.h). A cached block larger
 // than the request is split when the rest is at least kMinPooledBytes: the rest stays
 // cached, a piece of the same segment. When a pooled tensor dies its piece returns to the
 // cache and merges with free neighbours of its segment, as in PyTorch's CUDA caching
