@@ -200,7 +200,7 @@ void run_timed(const Step& s, Sample& sample) {
   sample.stop("bwd_us");
   if (s.ca) {
     const auto st = ca_stats(s);
-    if (st.hits != ca_before.hits + 1) fail(s, "a timed backward was not served by the compiled backward");
+    if (st.replays != ca_before.replays + 1) fail(s, "a timed backward was not served by the compiled backward");
     sample.add("lookup_us", (st.lookup_us - ca_before.lookup_us) * 1e-6);
     return;
   }

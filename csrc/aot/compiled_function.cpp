@@ -37,7 +37,6 @@ struct CompiledFunction::Impl {
   // buffers are inputs of every graph, their state is guarded (Note [Module state guards]).
   std::vector<std::shared_ptr<torch::nn::Module>> modules;
   std::atomic<size_t> module_tensor_count{0};  // at the last call (a capacity hint)
-  std::shared_ptr<aot::SharedStats> stats = std::make_shared<aot::SharedStats>();
   std::unique_ptr<cache::EntryCache> cache;
   cache::VerifyCounter verifier;  // verify mode: which replays to check
   std::atomic<bool> contract_logged{false};
@@ -48,8 +47,10 @@ struct CompiledFunction::Impl {
   std::string who() const { return "'" + options.name + "'"; }
 
 
+  // A call run eagerly outside the serving loop's own decisions (a capture waiting for
+  // its backward).
   std::vector<at::Tensor> run_eager(const std::vector<at::Tensor>& inputs) {
-    stats->count(&CompileStats::eager_calls);
+    cache->stats().count(&CompileStats::eager_calls);
     return fn(inputs);
   }
 
@@ -60,7 +61,7 @@ struct CompiledFunction::Impl {
                const std::vector<size_t>& changed, const std::shared_ptr<const RegionEntry>& replaces = nullptr) {
     if (size_miss_of && !replaces) generalize(static_cast<const RegionEntry&>(*size_miss_of), *e, changed);
     cache->add(e, std::const_pointer_cast<RegionEntry>(replaces));
-    stats->count(&CompileStats::compiles);
+    cache->stats().count(&CompileStats::compiles);
     if (!contract_logged.exchange(true)) log_contract(*e);
   }
 
@@ -136,17 +137,19 @@ struct CompiledFunction::Impl {
     JointGraph j = e->joint;
     j.graph = cache::specialize(e->joint.graph, e->guards.dyn, key);
     aot::compile_region(*s, std::move(j), e->has_backward, primals, options);
-    stats->count(&CompileStats::compiles);
+    cache->stats().count(&CompileStats::compiles);
     TCAP_LOG(Recompiles, who() << " entry " << e->id << " specialized to sizes " << c10::IntArrayRef(key)
                                << " of its dynamic dims (no recapture)");
     return e->specialized->insert(key, std::move(s));
   }
 
+  struct Call;
   std::vector<at::Tensor> call(const std::vector<at::Tensor>& user_inputs);
   std::vector<at::Tensor> capture_call(const std::vector<at::Tensor>& user_inputs,
                                        const std::vector<at::Tensor>& call_inputs, const cache::Lookup& miss);
   // While a capture waits for its backward; nullopt when there is none (or it finished).
-  std::optional<std::vector<at::Tensor>> while_pending(const std::vector<at::Tensor>& user_inputs);
+  // `published`: an entry was compiled from it just now.
+  std::optional<std::vector<at::Tensor>> while_pending(const std::vector<at::Tensor>& user_inputs, bool* published);
   void collect_pending();
 };
 
@@ -168,7 +171,8 @@ void CompiledFunction::Impl::collect_pending() {
   }
 }
 
-std::optional<std::vector<at::Tensor>> CompiledFunction::Impl::while_pending(const std::vector<at::Tensor>& user_inputs) {
+std::optional<std::vector<at::Tensor>> CompiledFunction::Impl::while_pending(const std::vector<at::Tensor>& user_inputs,
+                                                                          bool* published) {
   std::shared_ptr<aot::PendingCapture> p;
   {
     std::unique_lock<std::mutex> lock(pending_mutex);
@@ -194,84 +198,102 @@ std::optional<std::vector<at::Tensor>> CompiledFunction::Impl::while_pending(con
       return run_eager(user_inputs);
     }
     publish(e, p->size_miss_of, p->changed, replaces ? p->host_miss_of : nullptr);
+    *published = true;
     TCAP_LOG(GraphBreaks, who() << ": no backward reached the first call; compiled its forward alone "
                                    "(a backward will recompute)");
   } catch (const c10::Error& err) {
     cache->fall_back(err.what_without_backtrace());
   }
-  return call(user_inputs);  // served by the entry just compiled (or eagerly)
+  return std::nullopt;  // the serving loop looks again (Note [The serving loop])
 }
 
-std::vector<at::Tensor> CompiledFunction::Impl::call(const std::vector<at::Tensor>& user_inputs) {
-  if (stance() == Stance::ForceEager || cache->eager_by_design()) return run_eager(user_inputs);
-  collect_pending();
-  if (cache->fell_back()) return run_eager(user_inputs);  // for good (reported when it happened)
-  // The modules as they are now (Note [Module state guards]): their parameters then
-  // buffers, in named_parameters(true) / named_buffers(true) order, read in place.
-  thread_local cache::ModuleView live;
-  cache::read_modules(modules, live, /*with_names=*/false);
-  std::vector<at::Tensor> call_inputs;
-  call_inputs.reserve(user_inputs.size() + module_tensor_count.load(std::memory_order_relaxed));
-  call_inputs.insert(call_inputs.end(), user_inputs.begin(), user_inputs.end());
-  live.append_tensors(/*buffers=*/false, call_inputs);
-  live.append_tensors(/*buffers=*/true, call_inputs);
-  module_tensor_count.store(call_inputs.size() - user_inputs.size(), std::memory_order_relaxed);
-  cache::CallView view;
-  view.tensors = call_inputs;
-  view.modules = modules.empty() ? nullptr : &live;
-  cache::Lookup l;
+// A call of tcap::compile through the serving loop (Note [The serving loop]).
+struct CompiledFunction::Impl::Call {
   using Out = std::vector<at::Tensor>;
-  auto served = cache->serve<Out>(view, call_inputs, l, [&](const cache::Lookup& found) -> std::optional<Out> {
+  Impl& f;
+  const std::vector<at::Tensor>& user_inputs;
+  std::vector<at::Tensor> call_inputs;
+  cache::CallView call_view;
+  std::unique_lock<std::mutex> slot;  // Note [One capture at a time]
+
+  std::optional<Out> before() {
+    f.collect_pending();
+    // The modules as they are now (Note [Module state guards]): their parameters then
+    // buffers, in named_parameters(true) / named_buffers(true) order, read in place.
+    thread_local cache::ModuleView live;
+    cache::read_modules(f.modules, live, /*with_names=*/false);
+    call_inputs.reserve(user_inputs.size() + f.module_tensor_count.load(std::memory_order_relaxed));
+    call_inputs.insert(call_inputs.end(), user_inputs.begin(), user_inputs.end());
+    live.append_tensors(/*buffers=*/false, call_inputs);
+    live.append_tensors(/*buffers=*/true, call_inputs);
+    f.module_tensor_count.store(call_inputs.size() - user_inputs.size(), std::memory_order_relaxed);
+    call_view.tensors = call_inputs;
+    call_view.modules = f.modules.empty() ? nullptr : &live;
+    return std::nullopt;
+  }
+  const cache::CallView& view() const { return call_view; }
+  const std::vector<at::Tensor>& primals() const { return call_inputs; }
+
+  std::optional<Out> replay(const cache::Lookup& found, bool first) {
     auto e = std::static_pointer_cast<const RegionEntry>(found.hit);
-    auto entry = specialize(e, found.key, found.primals);
-    const VerifyOptions v = cache::verify_options_for(options);
-    if (verifier.next(v)) {
-      return aot::verified_call(entry, *e, found.primals, [&] { return fn(user_inputs); }, options, v);
+    if (!first) {
+      // Published by another call while this one waited for the capture slot: let the
+      // next capture start while this call replays.
+      slot.unlock();
+      try {
+        return aot::replay_region(f.specialize(e, found.key, found.primals), found.primals);
+      } catch (const HostValueChanged&) {
+        slot.lock();  // not this one: look on, or capture
+        throw;
+      }
+    }
+    auto entry = f.specialize(e, found.key, found.primals);
+    const VerifyOptions v = cache::verify_options_for(f.options);
+    if (f.verifier.next(v)) {
+      return aot::verified_call(entry, *e, found.primals, [&] { return f.fn(user_inputs); }, f.options, v);
     }
     return aot::replay_region(entry, found.primals);
-  });
-  if (served) return std::move(*served);
-  const size_t seen = l.entries_seen;  // entries this call has looked at (Note [One capture at a time])
-  if (auto out = while_pending(user_inputs)) return std::move(*out);
-  if (cache->fell_back()) return run_eager(user_inputs);
-  std::string note = cache::EntryCache::dynamic_note(l);
-  if (l.host_miss_of && !options.observe_host_values) {
-    note += " (if host code only logs or returns this value, CompileOptions::observe_host_values = true makes it an "
-            "observation instead of a guard)";
   }
+
+  std::optional<Out> after_miss() {
+    bool published = false;
+    if (auto out = f.while_pending(user_inputs, &published)) return out;
+    if (!published) return std::nullopt;
+    // The capture that waited was compiled just now: serve from it.
+    cache::Lookup again;
+    return f.cache->serve<Out>(call_view, call_inputs, again,
+                               [&](const cache::Lookup& found) { return replay(found, /*first=*/true); });
+  }
+
+  void explain(cache::Lookup& miss, std::string& note) const {
+    if (miss.host_miss_of && !f.options.observe_host_values) {
+      note += " (if host code only logs or returns this value, CompileOptions::observe_host_values = true makes it "
+              "an observation instead of a guard)";
+    }
+  }
+
   // Note [One capture at a time]: threads that miss together (the first calls of a served
   // model) would each capture, and fill the cache with copies of one entry. One captures;
   // a call that misses meanwhile runs eagerly (by design, not a fallback), and the capturer
   // looks again first, at the entries other threads published since its lookup.
-  std::unique_lock<std::mutex> slot(capture_mutex, std::try_to_lock);
-  if (!slot.owns_lock()) return run_eager(user_inputs);
-  if (cache->size() > seen) {
-    cache::Lookup again;
-    served = cache->serve<Out>(
-        view, call_inputs, again,
-        [&](const cache::Lookup& found) -> std::optional<Out> {
-          slot.unlock();
-          try {
-            return aot::replay_region(specialize(std::static_pointer_cast<const RegionEntry>(found.hit), found.key,
-                                                 found.primals),
-                                      found.primals);
-          } catch (const HostValueChanged&) {
-            slot.lock();  // not this one: look on, or capture
-            throw;
-          }
-        },
-        seen);
-    if (served) return std::move(*served);
+  bool exclusive() {
+    slot = std::unique_lock<std::mutex>(f.capture_mutex, std::try_to_lock);
+    return slot.owns_lock();
   }
-  if (cache->admit(l, note) == cache::Admission::RunEager) return run_eager(user_inputs);
-  if (cache->size() > 0) stats->count(&CompileStats::recompiles);
-  return capture_call(user_inputs, call_inputs, l);
+
+  Out capture(const cache::Lookup& miss) { return f.capture_call(user_inputs, call_inputs, miss); }
+  Out eager(const std::string&) { return f.fn(user_inputs); }
+};
+
+std::vector<at::Tensor> CompiledFunction::Impl::call(const std::vector<at::Tensor>& user_inputs) {
+  Call c{*this, user_inputs, {}, {}, {}};
+  return cache->serve_call(c);
 }
 
 std::vector<at::Tensor> CompiledFunction::Impl::capture_call(const std::vector<at::Tensor>& user_inputs,
                                                              const std::vector<at::Tensor>& call_inputs,
                                                              const cache::Lookup& miss) {
-  stats->count(&CompileStats::captures);
+  cache->stats().count(&CompileStats::captures);
   std::vector<std::string> names;
   std::vector<bool> identity;
   std::vector<std::pair<at::Tensor, std::pair<ir::InputKind, std::string>>> decl;
@@ -297,7 +319,7 @@ std::vector<at::Tensor> CompiledFunction::Impl::capture_call(const std::vector<a
   TORCH_INTERNAL_ASSERT(decl.size() == call_inputs.size(), "tcap: the module tensors of a call changed under it");
   entry->id = cache->next_id();
   entry->fn_name = options.name;
-  entry->stats = stats;
+  entry->stats = cache->shared_stats();
   cache::CallView view;
   view.tensors = call_inputs;
   entry->guards.capture_call(view, names, identity);
@@ -362,7 +384,7 @@ at::Tensor CompiledFunction::forward(const at::Tensor& x) {
 
 CompileStats CompiledFunction::stats() const {
   impl_->collect_pending();
-  return impl_->stats->read();
+  return impl_->cache->stats().read();
 }
 
 std::vector<CompiledEntryInfo> CompiledFunction::entries() const {
@@ -385,7 +407,7 @@ std::string CompiledFunction::eager_reason() const {
   return impl_->cache->eager_reason();
 }
 
-std::shared_ptr<CompiledFunction> compile_function(CompiledFunction::Fn fn, CompileOptions options) {
+CompiledFn compile_function(CompiledFunction::Fn fn, CompileOptions options) {
   TORCH_CHECK(fn, "tcap::compile: the function is empty");
   TORCH_CHECK(options.cache_size_limit >= 1, "tcap::compile: cache_size_limit must be at least 1");
   for (const auto& m : options.modules) TORCH_CHECK(m, "tcap::compile: CompileOptions::modules holds a null module");
@@ -395,11 +417,10 @@ std::shared_ptr<CompiledFunction> compile_function(CompiledFunction::Fn fn, Comp
   impl->modules = options.modules;
   impl->cache = std::make_unique<cache::EntryCache>("'" + options.name + "'", options.cache_size_limit, options.dynamic);
   impl->options = std::move(options);
-  return std::make_shared<CompiledFunction>(std::move(impl));
+  return CompiledFn(std::make_shared<CompiledFunction>(std::move(impl)));
 }
 
-std::shared_ptr<CompiledFunction> compile(std::shared_ptr<torch::nn::Module> module, CompiledFunction::Fn fn,
-                                          CompileOptions options) {
+CompiledFn compile(std::shared_ptr<torch::nn::Module> module, CompiledFunction::Fn fn, CompileOptions options) {
   TORCH_CHECK(module, "tcap::compile: the module is null");
   options.modules.insert(options.modules.begin(), std::move(module));
   return compile_function(std::move(fn), std::move(options));

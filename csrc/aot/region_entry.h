@@ -16,31 +16,6 @@
 
 namespace tcap::aot {
 
-// The statistics of one compiled function, counted from any thread without a lock (every
-// replay counts one).
-struct SharedStats {
-  void count(int CompileStats::*field) { slot(field).fetch_add(1, std::memory_order_relaxed); }
-  CompileStats read() {
-    CompileStats s;
-    for (int CompileStats::*f : kFields) s.*f = slot(f).load(std::memory_order_relaxed);
-    return s;
-  }
-
- private:
-  static constexpr int CompileStats::*kFields[] = {
-      &CompileStats::captures,   &CompileStats::compiles,           &CompileStats::replays, &CompileStats::eager_calls,
-      &CompileStats::recompiles, &CompileStats::backward_fallbacks, &CompileStats::verified};
-  static_assert(sizeof(CompileStats) == sizeof(kFields) / sizeof(kFields[0]) * sizeof(int),
-                "a field of CompileStats is missing from SharedStats::kFields");
-  std::atomic<int>& slot(int CompileStats::*field) {
-    size_t i = 0;
-    while (i < std::size(kFields) && kFields[i] != field) ++i;
-    TORCH_CHECK(i < std::size(kFields), "tcap: SharedStats: a field of CompileStats it does not count");
-    return counts_[i];
-  }
-  std::atomic<int> counts_[std::size(kFields)] = {};
-};
-
 struct RegionEntry : cache::Entry {
   std::string fn_name;
   JointGraph joint;
@@ -63,7 +38,7 @@ struct RegionEntry : cache::Entry {
   // Host reads of the joint graph that are observations, not guards (Note [Observed host
   // values]): forgotten in `joint` (passes::forget_host_reads).
   std::vector<ir::NodeId> observed_reads;
-  std::shared_ptr<SharedStats> stats;
+  std::shared_ptr<cache::Stats> stats;  // its front door's
   // A dynamic entry's specializations, by class values (Note [Dynamic sizes]).
   std::shared_ptr<cache::Specializations<RegionEntry>> specialized =
       std::make_shared<cache::Specializations<RegionEntry>>();

@@ -22,7 +22,7 @@ std::string likely_cause(const RegionEntry& e, const CompileOptions& o) {
   }
   if (!e.observed_reads.empty()) s += ", or a value read on the host that observe_host_values made an observation";
   if (!cache::Tolerances::for_options(o).exact) {
-    s += "; or a rounding difference of backend '" + o.backend + "' beyond its tolerance (Note [Verify tolerances])";
+    s += "; or a rounding difference of backend '" + std::string(o.backend.name()) + "' beyond its tolerance (Note [Verify tolerances])";
   }
   return s + " (docs/compile.md, \"What a replay re-reads and what it freezes\")";
 }

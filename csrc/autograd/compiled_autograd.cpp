@@ -95,9 +95,8 @@ struct Cache {
       : options(o), entries("compiled autograd", o.compile.cache_size_limit, o.compile.dynamic) {}
   CompiledAutogradOptions options;
   cache::EntryCache entries;
-  std::mutex mutex;  // eager_keys, stats
+  std::mutex mutex;  // eager_keys
   std::set<std::string, std::less<>> eager_keys;  // structures that cannot be compiled (reason logged once)
-  CompiledAutogradStats stats;
   cache::VerifyCounter verifier;  // verify mode: which hits to check
 };
 
@@ -148,19 +147,17 @@ class Runtime : public capture::BackwardHandler {
   Cache& cache() { return *cache_; }
 
  private:
+  struct Call;
   const CompileOptions& opts() const { return cache_->options.compile; }
   // The options' bw_compiler when set (torch's compiled_autograd.enable(compiler_fn)),
   // else the backend.
   Executable compile_backward(const ir::Graph& g, const std::string& what) const {
     return compiler::compile_graph(g, opts(), what, opts().bw_compiler);
   }
-  void count(int CompiledAutogradStats::*f) {
-    std::lock_guard<std::mutex> lock(cache_->mutex);
-    ++(cache_->stats.*f);
-  }
-  // Runs the plain engine: a fallback (logged, thrown under error_on_fallback) unless
-  // `by_design` (the stance, anomaly mode).
-  variable_list eager(const Request& r, const std::string& why, bool by_design = false);
+  void count(int CompileStats::*f) { cache_->entries.stats().count(f); }
+  // Runs the plain engine for a backward tcap cannot compile: a fallback (logged, thrown
+  // under error_on_fallback).
+  variable_list eager(const Request& r, const std::string& why);
   variable_list replay(const Request& r, const Entry& e, ca::BackwardWalk& w);
   variable_list verified_replay(const Request& r, const Entry& e, ca::BackwardWalk& w, const VerifyOptions& v);
   interp::HookRunner hook_runner(const Entry& e, ca::BackwardWalk& w, c10::impl::LocalDispatchKeySet outer) const;
@@ -172,10 +169,10 @@ class Runtime : public capture::BackwardHandler {
   std::shared_ptr<Cache> cache_;
 };
 
-variable_list Runtime::eager(const Request& r, const std::string& why, bool by_design) {
-  count(&CompiledAutogradStats::eager_calls);
+variable_list Runtime::eager(const Request& r, const std::string& why) {
+  count(&CompileStats::eager_calls);
   TCAP_LOG(CompiledAutograd, "compiled autograd: this backward runs eagerly: " << why);
-  if (!by_design) cache::report_fallback("compiled autograd", "this backward: " + why);
+  cache::report_fallback("compiled autograd", "this backward: " + why);
   return r.run();
 }
 
@@ -213,73 +210,73 @@ std::string Runtime::miss_reason(const ca::BackwardWalk& w, const cache::Lookup&
   return s.str();
 }
 
+// A backward through the serving loop (Note [The serving loop]).
+struct Runtime::Call {
+  using Out = variable_list;
+  Runtime& rt;
+  const Request& r;
+  ca::PooledWalk pooled;
+  ca::BackwardWalk* w = nullptr;
+  cache::CallView call_view;
+  std::optional<capture::GraphLock> edit;
+
+  std::optional<Out> before() {
+    if (r.create_graph) return rt.eager(r, "create_graph=true (double backward needs the engine's graph)");
+    const edge_list none;
+    w = &pooled.walk();
+    ca::walk_backward(r.root, r.outputs ? *r.outputs : none, r.accumulate_grad, *w);
+    if (!w->why_not.empty()) return rt.eager(r, "cannot compile this backward: " + w->why_not);
+    thread_local std::vector<int64_t> sizes;
+    sizes.clear();
+    for (const auto& sz : w->sizes) sizes.push_back(sz.value);
+    call_view.structure = w->key();
+    call_view.sizes = &sizes;
+    bool known_eager = false;
+    {
+      std::lock_guard<std::mutex> lock(rt.cache_->mutex);
+      known_eager = rt.cache_->eager_keys.count(w->key()) > 0;
+    }
+    if (known_eager) return rt.eager(r, "this graph could not be compiled before (see the earlier log line)");
+    return std::nullopt;
+  }
+  const cache::CallView& view() const { return call_view; }
+  const std::vector<at::Tensor>& primals() const {
+    static const std::vector<at::Tensor> none;  // a backward's guards are its structure and sizes
+    return none;
+  }
+
+  // A hit whose specialization to new sizes fails is not served (it is recaptured).
+  std::optional<Out> replay(const cache::Lookup& found, bool first) {
+    auto hit = rt.specialize(std::static_pointer_cast<const Entry>(found.hit), found.key);
+    if (!hit) return std::nullopt;
+    const VerifyOptions v = cache::verify_options_for(rt.opts());
+    if (first && rt.cache_->verifier.next(v)) return rt.verified_replay(r, *hit, *w, v);
+    return rt.replay(r, *hit, *w);
+  }
+  std::optional<Out> after_miss() { return std::nullopt; }
+  void explain(cache::Lookup& miss, std::string&) const { miss.first_miss = rt.miss_reason(*w, miss); }
+  // The capture adds observers to the AccumulateGrad nodes, which other threads' graphs
+  // may share: it runs alone.
+  bool exclusive() {
+    edit.emplace(capture::GraphLock::Mode::Edit);
+    return true;
+  }
+  Out capture(const cache::Lookup& miss) {
+    TCAP_LOG(CompiledAutogradVerbose, miss.first_miss);
+    return rt.capture(r, *w, std::static_pointer_cast<const Entry>(miss.size_miss_of), miss.changed);
+  }
+  Out eager(const std::string& why) {
+    TCAP_LOG(CompiledAutograd, "compiled autograd: this backward runs eagerly: " << why);
+    return r.run();
+  }
+};
+
 variable_list Runtime::serve(const Request& r) {
   // Note [Backwards and graph edits on several threads]: the walk reads the nodes' hook
   // lists and the engine runs them, which a capture on another thread may be editing.
   capture::GraphLock read(capture::GraphLock::Mode::Read);
-  count(&CompiledAutogradStats::calls);
-  if (stance() == Stance::ForceEager) return eager(r, "stance force_eager", /*by_design=*/true);
-  if (r.create_graph) return eager(r, "create_graph=true (double backward needs the engine's graph)");
-  if (cache_->entries.eager_by_design()) {
-    // The engine checks every node's outputs for NaN and records forward traces: run it.
-    return eager(r, "anomaly mode is on (the engine checks each node's gradients)", /*by_design=*/true);
-  }
-  const auto t0 = std::chrono::steady_clock::now();
-  const edge_list none;
-  ca::PooledWalk pooled;
-  ca::BackwardWalk& w = pooled.walk();
-  ca::walk_backward(r.root, r.outputs ? *r.outputs : none, r.accumulate_grad, w);
-  if (!w.why_not.empty()) return eager(r, "cannot compile this backward: " + w.why_not);
-  thread_local std::vector<int64_t> sizes;
-  sizes.clear();
-  for (const auto& sz : w.sizes) sizes.push_back(sz.value);
-  cache::CallView view;
-  view.structure = w.key();
-  view.sizes = &sizes;
-  bool known_eager = false;
-  {
-    std::lock_guard<std::mutex> lock(cache_->mutex);
-    known_eager = cache_->eager_keys.count(w.key()) > 0;
-  }
-  if (known_eager) return eager(r, "this graph could not be compiled before (see the earlier log line)");
-  auto note_lookup_time = [&] {
-    std::lock_guard<std::mutex> lock(cache_->mutex);
-    cache_->stats.lookup_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-  };
-  // Note [Serving a call]: the lookup loop tcap::compile and compile_step use too. A hit
-  // whose specialization to new sizes fails is not served (it is recaptured).
-  auto serve_hit = [&](const cache::Lookup& found, bool verify) -> std::optional<variable_list> {
-    auto hit = specialize(std::static_pointer_cast<const Entry>(found.hit), found.key);
-    if (!hit) return std::nullopt;
-    const VerifyOptions v = cache::verify_options_for(opts());
-    if (verify && cache_->verifier.next(v)) return verified_replay(r, *hit, w, v);
-    return replay(r, *hit, w);
-  };
-  cache::Lookup l;
-  bool timed = false;
-  auto served = cache_->entries.serve<variable_list>(view, {}, l, [&](const cache::Lookup& found) {
-    note_lookup_time();
-    timed = true;
-    return serve_hit(found, /*verify=*/true);
-  });
-  if (served) return std::move(*served);
-  if (!timed) note_lookup_time();
-  l.first_miss = miss_reason(w, l);
-  if (cache_->entries.admit(l) == cache::Admission::RunEager) {
-    count(&CompiledAutogradStats::eager_calls);
-    return r.run();
-  }
-  // The capture adds observers to the AccumulateGrad nodes, which other threads' graphs
-  // may share: it runs alone. Another thread may have compiled this graph meanwhile.
-  capture::GraphLock edit(capture::GraphLock::Mode::Edit);
-  cache::Lookup again;
-  served = cache_->entries.serve<variable_list>(view, {}, again, [&](const cache::Lookup& found) {
-    return serve_hit(found, /*verify=*/false);
-  });
-  if (served) return std::move(*served);
-  if (cache_->entries.size() > 0) count(&CompiledAutogradStats::recompiles);
-  TCAP_LOG(CompiledAutogradVerbose, l.first_miss);
-  return capture(r, w, std::static_pointer_cast<const Entry>(l.size_miss_of), l.changed);
+  Call c{*this, r, {}, nullptr, {}, {}};
+  return cache_->entries.serve_call(c);
 }
 
 interp::HookRunner Runtime::hook_runner(const Entry& e, ca::BackwardWalk& w, c10::impl::LocalDispatchKeySet outer) const {
@@ -313,8 +310,8 @@ variable_list Runtime::verified_replay(const Request& r, const Entry& e, ca::Bac
     TCAP_LOG(Verify, "compiled autograd entry " << e.id << " is not verified: it accumulates leaves inside its graph");
     return replay(r, e, w);
   }
-  count(&CompiledAutogradStats::hits);
-  count(&CompiledAutogradStats::verified);
+  count(&CompileStats::replays);
+  count(&CompileStats::verified);
   std::vector<at::Tensor> before(w.accumulate.size());
   for (size_t i = 0; i < w.accumulate.size() && r.accumulate_grad; ++i) {
     if (e.acc_output.at(i) < 0) continue;
@@ -336,7 +333,7 @@ variable_list Runtime::verified_replay(const Request& r, const Entry& e, ca::Bac
   rep.likely = "state the backward graph's key does not cover changed since the entry was captured: a host value a "
                "hook or a custom autograd function's backward reads through its closure, or a tensor one of them "
                "reads from outside the saved tensors (docs/compiled-autograd.md, \"Verify mode\")";
-  if (!tol.exact) rep.likely += "; or a rounding difference of backend '" + opts().backend + "' beyond its tolerance";
+  if (!tol.exact) rep.likely += "; or a rounding difference of backend '" + std::string(opts().backend.name()) + "' beyond its tolerance";
   size_t compared = 0;
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < w.accumulate.size() && r.accumulate_grad; ++i) {
@@ -368,7 +365,7 @@ variable_list Runtime::verified_replay(const Request& r, const Entry& e, ca::Bac
 }
 
 variable_list Runtime::replay(const Request& r, const Entry& e, ca::BackwardWalk& w) {
-  count(&CompiledAutogradStats::hits);
+  count(&CompileStats::replays);
   interp::HookRunner runner = hook_runner(e, w, c10::impl::tls_local_dispatch_key_set());
   // Note [Saved tensors freed as the backward runs]: without retain_graph, the engine
   // frees each node's saved tensors once the node has run. The compiled backward gets the
@@ -443,7 +440,7 @@ std::vector<ir::NodeId> live_nodes(const ir::Graph& g, const std::vector<ir::Val
 
 variable_list Runtime::capture(const Request& r, const ca::BackwardWalk& w,
                                const std::shared_ptr<const Entry>& size_miss_of, const std::vector<size_t>& changed) {
-  count(&CompiledAutogradStats::captures);
+  count(&CompileStats::captures);
   const auto t0 = std::chrono::steady_clock::now();
   capture::Session s(CaptureOptions{});
   std::unordered_map<const Node*, std::string> labels;
@@ -603,7 +600,7 @@ variable_list Runtime::capture(const Request& r, const ca::BackwardWalk& w,
     }
   }
   cache_->entries.add(entry);
-  count(&CompiledAutogradStats::compiles);
+  count(&CompileStats::compiles);
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   TCAP_LOG(Perf, "compiled autograd: " << what << " captured and compiled in " << ms << " ms");
   return results;
@@ -637,7 +634,7 @@ std::shared_ptr<const Entry> Runtime::specialize(const std::shared_ptr<const Ent
                                                                  << first_line(err.what_without_backtrace()) << "); recapturing");
     return nullptr;
   }
-  count(&CompiledAutogradStats::compiles);
+  count(&CompileStats::compiles);
   TCAP_LOG(Recompiles, "compiled autograd: entry " << e->id << " specialized to sizes " << c10::IntArrayRef(key)
                                                   << " of its dynamic sizes (no recapture)");
   return e->specialized->insert(key, std::move(s));
@@ -740,11 +737,7 @@ std::vector<at::Tensor> CompiledAutogradGuard::grad(const std::vector<at::Tensor
   return res;
 }
 
-CompiledAutogradStats CompiledAutogradGuard::stats() const {
-  auto& c = impl_->runtime.cache();
-  std::lock_guard<std::mutex> lock(c.mutex);
-  return c.stats;
-}
+CompiledAutogradStats CompiledAutogradGuard::stats() const { return impl_->runtime.cache().entries.stats().read(); }
 
 std::vector<ir::Graph> CompiledAutogradGuard::graphs() const {
   std::vector<ir::Graph> out;

@@ -1,9 +1,11 @@
 // The cache of compiled entries shared by tcap::compile, tcap::compile_step and compiled
-// autograd (DESIGN.md D10): lookup over the entries' guards, the cache-size limit, the
-// stance (include/tcap/stance.h), recompile reasons, and the eager fallback with its
-// reason. Each front door keeps its own entry type (derived from Entry) and its own way
-// of capturing and replaying; what a guard is, when to recompile, when to give up and how
-// that is logged are decided here, once.
+// autograd (DESIGN.md D10), and the one loop that serves their calls (Note [The serving
+// loop]): the stance (include/tcap/stance.h), lookup over the entries' guards, the retry
+// after a host value changed, the cache-size limit, recompile reasons, the eager fallback
+// with its reason, and the stats. Each front door keeps its own entry type (derived from
+// Entry) and says what differs: what a call is, how a hit is replayed, how a miss is
+// captured, how the call runs eagerly. What a guard is, when to recompile, when to give up
+// and how that is logged are decided here, once.
 //
 // Thread safety: lookup() reads an immutable snapshot of the entries (copy on write), so
 // calls on several threads never block each other on a hit; add() and the fallback
@@ -11,11 +13,13 @@
 #pragma once
 
 #include "cache/guards.h"
+#include "cache/stats.h"
 
 #include <tcap/interpreter.h>
 #include <tcap/stance.h>
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -95,6 +99,77 @@ class EntryCache {
       }
     }
   }
+  // Note [The serving loop]
+  // Every call of every front door goes through here, in this order:
+  //   1. the stance and anomaly mode: run eagerly by design (Stance::ForceEager; anomaly
+  //      mode wants the engine's per-node checks);
+  //   2. door.before(): what the front door checks and reads before a lookup (the modules'
+  //      tensors, the backward's walk); it may run the call eagerly itself;
+  //   3. a front door that fell back for good runs eagerly (reported when it fell back);
+  //   4. serve(): the entries whose guards fit, each replayed by door.replay(found, true)
+  //      until one serves the call (a host-value miss inside a replay looks on);
+  //   5. door.after_miss(): a front door's own way to serve a miss (tcap::compile's
+  //      capture that waits for its backward);
+  //   6. door.explain(miss, note): the front door's words for the miss;
+  //   7. door.exclusive(): the right to capture (one capture at a time); without it the call
+  //      runs eagerly, by design; with it, the entries other calls published since step 4
+  //      are tried first (door.replay(found, false));
+  //   8. admit(): the stance, the cache limit, the recompile log line; recompiles counted;
+  //   9. door.capture(miss): the call runs eagerly while recording a new entry.
+  // A Door has `using Out = ...` (what a call returns) and these members:
+  //   std::optional<Out> before();           const CallView& view();
+  //   const std::vector<at::Tensor>& primals();
+  //   std::optional<Out> replay(const Lookup& found, bool first);   (nullopt: not served)
+  //   std::optional<Out> after_miss();       void explain(Lookup& miss, std::string& note);
+  //   bool exclusive();                      Out capture(const Lookup& miss);
+  //   Out eager(const std::string& why);     (runs the call eagerly; the loop counted it)
+  template <class Door>
+  typename Door::Out serve_call(Door& door) {
+    using Out = typename Door::Out;
+    stats_->count(&CompileStats::calls);
+    if (stance() == Stance::ForceEager) return run_eagerly(door, "stance force_eager");
+    if (eager_by_design()) return run_eagerly(door, "anomaly mode is on");
+    const auto t0 = std::chrono::steady_clock::now();
+    if (std::optional<Out> out = door.before()) return std::move(*out);
+    if (fell_back()) return run_eagerly(door, eager_reason());
+    bool timed = false;
+    auto note_time = [&] {
+      if (timed) return;
+      timed = true;
+      stats_->add_lookup_ns(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+    };
+    Lookup miss;
+    std::optional<Out> served = serve<Out>(door.view(), door.primals(), miss, [&](const Lookup& found) {
+      note_time();
+      return door.replay(found, /*first=*/true);
+    });
+    if (served) return std::move(*served);
+    note_time();
+    const size_t seen = miss.entries_seen;
+    if (std::optional<Out> out = door.after_miss()) return std::move(*out);
+    if (fell_back()) return run_eagerly(door, eager_reason());
+    std::string note = dynamic_note(miss);
+    door.explain(miss, note);
+    if (!door.exclusive()) return run_eagerly(door, "another call is capturing");
+    if (size() > seen) {
+      Lookup again;
+      served = serve<Out>(door.view(), door.primals(), again,
+                          [&](const Lookup& found) { return door.replay(found, /*first=*/false); }, seen);
+      if (served) return std::move(*served);
+    }
+    if (admit(miss, note) == Admission::RunEager) return run_eagerly(door, "no recompile (see the recompiles log)");
+    if (size() > 0) stats_->count(&CompileStats::recompiles);
+    return door.capture(miss);
+  }
+  template <class Door>
+  typename Door::Out run_eagerly(Door& door, const std::string& why) {
+    stats_->count(&CompileStats::eager_calls);
+    return door.eager(why);
+  }
+
+  Stats& stats() { return *stats_; }
+  const std::shared_ptr<Stats>& shared_stats() const { return stats_; }
+
   // The note admit() logs for a miss on sizes alone: "; marking dim 0 of 'x' dynamic" for
   // each size that changed ("" for any other miss).
   static std::string dynamic_note(const Lookup& miss);
@@ -134,6 +209,7 @@ class EntryCache {
   std::atomic<bool> fell_back_{false};
   bool warned_limit_ = false;
   std::atomic<bool> in_anomaly_mode_{false};
+  std::shared_ptr<Stats> stats_ = std::make_shared<Stats>();
 };
 
 // Note [Never wrong, never silent]

@@ -5,25 +5,16 @@
 namespace tcap::cache {
 
 void refuse_unused_options(const CompileOptions& o, FrontDoor door) {
-  const char* who = door == FrontDoor::Compile       ? "tcap::compile"
-                    : door == FrontDoor::CompileStep ? "tcap::compile_step"
-                                                     : "tcap compiled autograd";
-  // Checked here, not at the first compile: a misspelt backend would otherwise surface
-  // only after a capture, as a compile error.
-  TORCH_CHECK(o.backend == "eager" || o.backend == "llvm" || o.backend == "cuda" || o.backend == "auto", who,
-              ": unknown backend '", o.backend, "' (eager, llvm, cuda or auto)");
+  // A misspelt backend name is refused where it is written (tcap::Backend).
   switch (door) {
     case FrontDoor::Compile:
       TORCH_CHECK(!o.fused_optimizers, "tcap::compile: CompileOptions::fused_optimizers is an option of "
                   "tcap::compile_step (tcap::compile runs no optimizer); unset it");
       return;
     case FrontDoor::CompileStep:
-      TORCH_CHECK(!o.fw_compiler && !o.bw_compiler, "tcap::compile_step: CompileOptions::",
-                  o.fw_compiler ? "fw_compiler" : "bw_compiler", " is not supported: the step is one graph whose "
-                  "per-call scalars are patched in, which a user's compiler cannot take yet; choose a backend, or "
-                  "compile the forward with tcap::compile");
-      TORCH_CHECK(!o.cuda_graphs, "tcap::compile_step: CompileOptions::cuda_graphs is not supported yet; "
-                  "tcap::compile replays compiled regions as CUDA graphs");
+      TORCH_CHECK(!o.bw_compiler, "tcap::compile_step: CompileOptions::bw_compiler is not used: the step is one "
+                  "graph (forward, backward and optimizer update together), run without autograd; set fw_compiler "
+                  "to compile it");
       TORCH_CHECK(o.modules.empty(), "tcap::compile_step: CompileOptions::modules is not used; the step's models "
                   "are compile_step's first argument");
       return;

@@ -3,13 +3,12 @@
 // each. A field a front door would ignore is refused when the front door is made (a
 // c10::Error naming the field and what to do instead), never silently dropped:
 // - tcap::compile: fused_optimizers (it runs no optimizer; compile_step does);
-// - tcap::compile_step: fw_compiler and bw_compiler (its step is one graph whose per-call
-//   scalars are patched in, which a user's compiler cannot take yet), cuda_graphs (not
-//   yet: tcap::compile replays regions as CUDA graphs), modules (its models are its first
+// - tcap::compile_step: bw_compiler (its step is one graph, forward, backward and update
+//   together, compiled by fw_compiler when set), modules (its models are its first
 //   argument);
 // - compiled autograd: fw_compiler (there is no forward), fused_optimizers, modules (the
 //   backward's leaves are whatever the graph reaches).
-// The backend's name is checked here too (eager, llvm, cuda or auto).
+// A misspelt backend name is refused where it is written (tcap::Backend).
 // The partitioner cannot be told apart from its default and is documented instead: only
 // tcap::compile partitions (docs/compile.md).
 #pragma once
@@ -20,8 +19,7 @@ namespace tcap::cache {
 
 enum class FrontDoor { Compile, CompileStep, CompiledAutograd };
 
-// Throws c10::Error for the first field of `o` that `door` does not use, or an unknown
-// backend.
+// Throws c10::Error for the first field of `o` that `door` does not use.
 void refuse_unused_options(const CompileOptions& o, FrontDoor door);
 
 }  // namespace tcap::cache

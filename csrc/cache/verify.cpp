@@ -18,7 +18,7 @@ Tolerance Tolerances::of(c10::ScalarType t) const {
 
 Tolerances Tolerances::for_options(const CompileOptions& o) {
   Tolerances t;
-  t.exact = o.backend == "eager" && !o.fw_compiler && !o.bw_compiler && !o.fused_optimizers;
+  t.exact = o.backend == Backend::Eager && !o.fw_compiler && !o.bw_compiler && !o.fused_optimizers;
   return t;
 }
 

@@ -12,13 +12,14 @@
 //     ─ reuse buffers ─ executable (interpreter over the fused graph) ─ CUDA graphs
 #include "compiler/pipeline.h"
 
+#include "compiler/backends.h"
 #include "runtime/cuda_graphs.h"
-#include "codegen/cpu_llvm/cpu_llvm.h"
-#include "codegen/cuda/cuda.h"
 #include "fuse/fusion.h"
 #include "passes/drop_detaches.h"
 #include "passes/fold_transposes.h"
 #include "passes/reuse_buffers.h"
+#include "passes/scalar_inputs.h"
+#include "interp/hook_runner.h"
 #include "runtime/buffer_pool.h"
 #include "runtime/fused_kernel.h"
 #include "support/logging.h"
@@ -38,20 +39,15 @@
 
 namespace tcap {
 
+using compiler::choose_target;
+using compiler::kernel_maker;
+using compiler::Target;
+
 namespace {
 
 void write_file(const std::string& path, const std::string& text) {
   std::ofstream f(path);
   f << text;
-}
-
-// The devices of the graph's tensors (CPU scalars next to CUDA tensors count).
-std::vector<c10::Device> devices_of(const ir::Graph& g) {
-  std::vector<c10::Device> out;
-  for (const auto& v : g.values()) {
-    if (std::find(out.begin(), out.end(), v.meta.device) == out.end()) out.push_back(v.meta.device);
-  }
-  return out;
 }
 
 std::string dump_dir_of(const CompileOptions& o) { return o.dump_dir.empty() ? Config::get().dump_dir : o.dump_dir; }
@@ -137,60 +133,9 @@ Executable interpreter_executable(const ir::Graph& g, const std::string& what, b
     RECORD_USER_SCOPE(std::string_view(name));  // Note [Profiler names]
     auto instance = pool->take();               // Note [One executable on several threads]
     runtime::PoolScope scope(&instance->plan);  // Note [CPU buffer pool], Note [Memory plans]
-    return instance->interp.run(std::move(in));
-  };
-}
-
-// Where a graph's kernels run, with backend "auto" resolved.
-struct Target {
-  enum Kind { Eager, CpuLlvm, Cuda } kind = Eager;
-  c10::Device device = c10::kCPU;
-};
-
-Target choose_target(const std::string& backend, const ir::Graph& g, const std::string& what) {
-  if (backend == "eager") return {};
-  TORCH_CHECK(backend == "llvm" || backend == "cuda" || backend == "auto", "tcap::compile: unknown backend '", backend,
-              "' (available: eager, llvm, cuda, auto)");
-  // The device the kernels run on: the one device of the graph's tensors, ignoring CPU
-  // tensors next to CUDA ones (scalars; they stay ATen inputs).
-  const std::vector<c10::Device> devices = devices_of(g);
-  std::optional<c10::Device> cuda_device;
-  bool several = false;
-  for (const auto& d : devices) {
-    if (!d.is_cuda()) continue;
-    several = several || (cuda_device && *cuda_device != d);
-    cuda_device = d;
-  }
-  std::string why;
-  if (backend == "llvm" || (backend == "auto" && !cuda_device)) {
-    if (cuda_device) {
-      why = "the graph has tensors on " + cuda_device->str() + " (backend 'llvm' compiles CPU graphs)";
-    } else if (std::any_of(devices.begin(), devices.end(), [](const c10::Device& d) { return !d.is_cpu(); })) {
-      why = "the graph has tensors that are neither on the CPU nor on a CUDA device";
-    } else if (codegen::cpu_llvm::cpu_llvm_available(&why)) {
-      return {Target::CpuLlvm, c10::Device(c10::kCPU)};
-    }
-  } else {
-    if (!cuda_device) {
-      why = "the graph has no CUDA tensors (backend 'cuda' compiles CUDA graphs)";
-    } else if (several) {
-      why = "the graph's tensors are on more than one CUDA device";
-    } else if (codegen::cuda::cuda_available(&why)) {
-      return {Target::Cuda, *cuda_device};
-    }
-  }
-  TORCH_CHECK(backend == "auto", "tcap::compile: backend '", backend, "' cannot compile ", what, ": ", why);
-  TCAP_LOG(GraphBreaks, what << ": backend 'auto' runs the eager backend: " << why);
-  return {};
-}
-
-KernelMaker kernel_maker(const Target& t) {
-  if (t.kind == Target::CpuLlvm) {
-    return [](const fuse::FusedGroup& fg, runtime::FusedKernel& fk) { fk.cpu = codegen::cpu_llvm::compile_cpu_kernel(fg.kernel); };
-  }
-  const codegen::cuda::Target target = codegen::cuda::target_for(t.device.index());
-  return [target](const fuse::FusedGroup& fg, runtime::FusedKernel& fk) {
-    fk.cuda = codegen::cuda::compile_cuda_kernel(fg.kernel, target);
+    auto outs = instance->interp.run(std::move(in));
+    if (auto* sink = interp::host_values_sink()) *sink = instance->interp.host_values();
+    return outs;
   };
 }
 
@@ -198,7 +143,7 @@ KernelMaker kernel_maker(const Target& t) {
 // tcap::fused; the kernels' ids go to `ids` (released with the executable).
 ir::Graph fuse_graph(const ir::Graph& g, const std::string& what, const std::string& dump_dir,
                      const c10::Device& device, const KernelMaker& make, std::vector<int64_t>* ids,
-                     std::function<bool(const ir::Node&)> keep_unfused = {}) {
+                     std::function<bool(const ir::Graph&, const ir::Node&)> keep_unfused = {}) {
   const auto t0 = std::chrono::steady_clock::now();
   std::mutex ids_mu;  // compile runs on several threads (Note [Parallel kernel compilation])
   fuse::FusionOptions opts;
@@ -257,19 +202,18 @@ Executable owning_kernels(Executable inner, std::vector<int64_t> ids) {
 }
 
 // The rewrites every compiled graph gets before fusion (the interpreter that runs the
-// result runs it below autograd, which drop_detaches needs). `stages`: log each result
-// (false while a step's scalar arguments hold sentinels; the caller logs the outcome).
-ir::Graph simplify(const ir::Graph& g, const std::string& what, bool stages = true) {
+// result runs it below autograd, which drop_detaches needs); each result is a stage.
+ir::Graph simplify(const ir::Graph& g, const std::string& what) {
   int folded = 0;
   ir::Graph h = passes::fold_transposes(g, &folded);
   if (folded > 0) {
-    if (stages) stage(h, what, "fold_transposes");
+    stage(h, what, "fold_transposes");
     TCAP_LOG(Perf, what << ": " << folded << " pairs of transposes that cancel dropped");
   }
   int detaches = 0;
   h = passes::drop_detaches(h, &detaches);
   if (detaches > 0) {
-    if (stages) stage(h, what, "drop_detaches");
+    stage(h, what, "drop_detaches");
     TCAP_LOG(Perf, what << ": " << detaches << " detaches of tensors made in the graph dropped");
   }
   return h;
@@ -290,8 +234,11 @@ Executable compile_graph(const ir::Graph& g, const CompileOptions& o, const std:
     const Target target = choose_target(o.backend, g, what);
     std::vector<int64_t> kernels;
     ir::Graph h = simplify(g, what);
-    if (target.kind != Target::Eager) {
-      h = stage(fuse_graph(h, what, dump_dir_of(o), target.device, kernel_maker(target), &kernels), what, "fuse");
+    if (target.fuses()) {
+      // Note [Host scalars as graph inputs]: an op that reads one stays an ATen call.
+      auto reads_scalar = [](const ir::Graph& g, const ir::Node& n) { return passes::reads_host_scalar(g, n); };
+      h = stage(fuse_graph(h, what, dump_dir_of(o), target.device, kernel_maker(target), &kernels, reads_scalar), what,
+                "fuse");
     }
     int rewritten = 0;
     h = stage(passes::reuse_buffers(h, &rewritten), what, "reuse_buffers");
@@ -316,108 +263,6 @@ CompiledJoint compile_joint(const JointGraph& joint, bool has_backward, const Co
   return c;
 }
 
-// Note [Scalar arguments through fusion]
-// A training step's graph takes some host scalars as arguments that change between
-// calls (the learning rate of a schedule, Adam's bias-corrected step size), set on their
-// nodes before each run. The rewrites before the interpreter renumber nodes (simplify()
-// and keep_nodes drop some; decomposition and grouping rebuild the graph), and fusion
-// would fold a scalar into a kernel as a constant if its node were fused. So each such
-// argument is set to a unique sentinel before rewriting, the nodes holding one stay ATen
-// calls (FusionOptions::keep_unfused; Adam's division by sqrt(bias_correction2) is such a
-// node, the other ops around it still fuse), and each sentinel is found again after: it
-// must be exactly one argument of an unfused node. If one is missing or repeated (a
-// decomposition moved it), the step runs as captured, unfused, logged; the kernels made
-// for it are released.
-namespace {
-
-using ScalarArgs = std::vector<std::pair<ir::NodeId, size_t>>;
-
-bool is_scalar_arg(const ir::Arg& a) { return a.kind == ir::ArgKind::Double || a.kind == ir::ArgKind::WrappedScalar; }
-
-std::optional<std::pair<ir::Graph, ScalarArgs>> rewrite_keeping_scalars(const ir::Graph& g, const ScalarArgs& args,
-                                                                        const CompileOptions& o, const Target& target,
-                                                                        const std::string& what,
-                                                                        std::vector<int64_t>* kernels) {
-  ir::Graph marked = g;
-  std::vector<double> sentinel(args.size());
-  for (size_t k = 0; k < args.size(); ++k) {
-    sentinel[k] = std::ldexp(1.0 + static_cast<double>(k + 1) * 0x1p-32, -1000);  // no graph holds these
-    marked.edit_constant(args[k].first, args[k].second, [&](ir::Arg& a) {
-      TORCH_INTERNAL_ASSERT(is_scalar_arg(a), "tcap: scalar argument ", k, " is not a floating-point scalar");
-      a.d = sentinel[k];
-    });
-  }
-  std::vector<int64_t> ids;
-  auto holds_sentinel = [sentinel](const ir::Node& n) {
-    for (const auto& a : n.args) {
-      if (is_scalar_arg(a) && std::find(sentinel.begin(), sentinel.end(), a.d) != sentinel.end()) return true;
-    }
-    return false;
-  };
-  ir::Graph fused = simplify(marked, what, /*stages=*/false);
-  if (target.kind != Target::Eager) {
-    fused = fuse_graph(fused, what, dump_dir_of(o), target.device, kernel_maker(target), &ids, holds_sentinel);
-  }
-  ScalarArgs found(args.size(), {-1, 0});
-  bool ok = true;
-  for (const auto& n : fused.nodes()) {
-    for (size_t i = 0; i < n.args.size(); ++i) {
-      if (!is_scalar_arg(n.args[i])) continue;
-      for (size_t k = 0; k < args.size(); ++k) {
-        if (n.args[i].d != sentinel[k]) continue;
-        ok = ok && found[k].first < 0;
-        found[k] = {n.id, i};
-      }
-    }
-  }
-  for (const auto& f : found) ok = ok && f.first >= 0;
-  if (!ok) {
-    for (int64_t id : ids) runtime::release_kernel(id);
-    TCAP_LOG(GraphBreaks, what << ": runs as captured, unfused: the rewrites would fold or lose a scalar argument "
-                               << "that changes between calls (a learning rate)");
-    return std::nullopt;
-  }
-  for (size_t k = 0; k < args.size(); ++k) {
-    const double d = g.node(args[k].first).args.at(args[k].second).d;
-    fused.edit_constant(found[k].first, found[k].second, [d](ir::Arg& a) { a.d = d; });
-  }
-  kernels->insert(kernels->end(), ids.begin(), ids.end());
-  stage(fused, what, target.kind != Target::Eager ? "simplify and fuse" : "simplify");
-  return std::make_pair(std::move(fused), std::move(found));
-}
-
-}  // namespace
-
-ScalarExecutable compile_graph_with_scalars(const ir::Graph& g, const std::vector<std::pair<ir::NodeId, size_t>>& args,
-                                            const CompileOptions& o, const std::string& what, bool check_host_values) {
-  stage(g, what, "capture");
-  ir::Graph h = g;
-  ScalarArgs at = args;
-  std::vector<int64_t> kernels;
-  const Target target = choose_target(o.backend, g, what);
-  if (auto rewritten = rewrite_keeping_scalars(g, args, o, target, what, &kernels)) {
-    h = std::move(rewritten->first);
-    at = std::move(rewritten->second);
-  }
-  int rewritten = 0;
-  // reuse_buffers rewrites nodes where they are: the scalar arguments keep their node ids.
-  h = passes::reuse_buffers(h, &rewritten);
-  stage(h, what, "reuse_buffers");
-  TCAP_LOG(Perf, what << ": " << rewritten << " ops run in place on a dying intermediate");
-  auto pool = interpreter_pool(h, what, check_host_values);
-  return [pool, at, owner = kernel_owner(std::move(kernels)), name = profiler_name(what)](
-             std::vector<at::Tensor> in, const std::vector<double>& scalars, std::vector<c10::IValue>* host_values) {
-    RECORD_USER_SCOPE(std::string_view(name));  // Note [Profiler names]
-    TORCH_CHECK(scalars.size() == at.size(), "tcap: ", at.size(), " scalars expected, got ", scalars.size());
-    auto instance = pool->take();  // Note [One executable on several threads]
-    for (size_t k = 0; k < at.size(); ++k) instance->interp.set_scalar_arg(at[k].first, at[k].second, scalars[k]);
-    runtime::PoolScope scope(&instance->plan);  // Note [CPU buffer pool], Note [Memory plans]
-    auto outs = instance->interp.run(std::move(in));
-    if (host_values) *host_values = instance->interp.host_values();
-    return outs;
-  };
-}
-
 }  // namespace compiler
 
 Executable eager_backend(const ir::Graph& g) {
@@ -429,7 +274,7 @@ Executable eager_backend(const ir::Graph& g) {
 
 Executable llvm_backend(const ir::Graph& g) {
   CompileOptions o;
-  o.backend = "llvm";
+  o.backend = Backend::Llvm;
   return compiler::compile_graph(g, o, "graph");
 }
 

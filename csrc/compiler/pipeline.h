@@ -7,27 +7,19 @@
 //                   lower to kernel IR, generate kernels) -> reuse buffers -> executable
 //                   -> CUDA graphs
 //
-// Backends (CompileOptions::backend): "eager" (the interpreter, no kernels), "llvm"
-// (fused CPU kernels, cpu_llvm), "cuda" (fused CUDA kernels, NVRTC), "auto" (cuda for
-// CUDA graphs, llvm for CPU graphs where available, else eager, logged).
+// Backends (CompileOptions::backend, Note [The backend table] in backends.cpp): Eager (the
+// interpreter, no kernels), Llvm (fused CPU kernels, cpu_llvm), Cuda (fused CUDA kernels,
+// NVRTC), Auto (cuda for CUDA graphs, llvm for CPU graphs where available, else eager,
+// logged).
 #pragma once
+
+#include "compiler/backends.h"  // KernelMaker, Target
 
 #include <tcap/compile.h>
 
-#include <c10/core/Device.h>
-
-#include <functional>
 #include <string>
 
 namespace tcap {
-
-namespace fuse {
-struct FusedGroup;
-}
-namespace runtime {
-struct FusedKernel;
-}
-
 namespace compiler {
 
 struct CompiledJoint {
@@ -49,22 +41,7 @@ CompiledJoint compile_joint(const JointGraph& joint, bool has_backward, const Co
 Executable compile_graph(const ir::Graph& g, const CompileOptions& options, const std::string& what,
                          const GraphCompiler& user = nullptr, bool check_host_values = false);
 
-// A graph some of whose scalar arguments are set per call (compile_step's host scalars,
-// Note [Host scalars of optimizers]): `scalars[k]` is the value of argument
-// `args[k].second` of node `args[k].first`. Interpreted, since fused kernels would bake
-// the scalars in; buffers are reused as in compile_graph. `host_values`, when given,
-// receives the values the run read on the host, in node order (Interpreter::host_values).
-using ScalarExecutable = std::function<std::vector<at::Tensor>(std::vector<at::Tensor>, const std::vector<double>& scalars,
-                                                               std::vector<c10::IValue>* host_values)>;
-ScalarExecutable compile_graph_with_scalars(const ir::Graph& g, const std::vector<std::pair<ir::NodeId, size_t>>& args,
-                                            const CompileOptions& options, const std::string& what,
-                                            bool check_host_values = false);
-
 }  // namespace compiler
-
-// Makes a fused group's kernel: fills `fk.cpu` or `fk.cuda`; throws c10::Error to leave
-// the group's ops to ATen (the fusion pass logs why).
-using KernelMaker = std::function<void(const fuse::FusedGroup& fg, runtime::FusedKernel& fk)>;
 
 // The fusion pass for the tensors on `device`, each group's kernel made by `make_kernel`
 // and registered for `tcap::fused` for the executable's lifetime; the other ops run as in

@@ -78,12 +78,18 @@ ir::TensorMeta dense_meta(c10::ScalarType dtype, c10::ArrayRef<int64_t> sizes, c
 
 class Decomposer {
  public:
-  Decomposer(const ir::Graph& g, const c10::Device& device) : g_(g), device_(device) {}
+  Decomposer(const ir::Graph& g, const c10::Device& device, std::function<bool(const ir::Graph&, const ir::Node&)> keep)
+      : g_(g), device_(device), keep_(std::move(keep)) {}
+
+  // Whether node n is rewritten (not one the caller keeps as it is).
+  bool decomposes(const ir::Node& n) const {
+    return (is_layer_norm_backward(n) || is_batch_norm(n) || is_batch_norm_backward(n)) && !(keep_ && keep_(g_, n));
+  }
 
   Decomposed run() {
     Decomposed d;
     bool any = false;
-    for (const auto& n : g_.nodes()) any = any || is_layer_norm_backward(n) || is_batch_norm(n) || is_batch_norm_backward(n);
+    for (const auto& n : g_.nodes()) any = any || decomposes(n);
     if (!any) {
       d.graph = g_;
       return d;
@@ -97,7 +103,7 @@ class Decomposer {
         std::vector<ir::ValueId> vs;
         for (const auto& a : n.args) vs.push_back(map_.at(a.values.at(0)));
         out_.set_outputs(vs, n.output_names, n.output_kinds);
-      } else if (is_layer_norm_backward(n) || is_batch_norm(n) || is_batch_norm_backward(n)) {
+      } else if (decomposes(n)) {
         std::string what;
         const bool done = is_layer_norm_backward(n) ? split_layer_norm_backward(n, &what)
                           : is_batch_norm(n)        ? decompose_batch_norm(n, &what)
@@ -525,6 +531,7 @@ class Decomposer {
 
   const ir::Graph& g_;
   const c10::Device device_;
+  const std::function<bool(const ir::Graph&, const ir::Node&)> keep_;
   ir::Graph out_;
   std::unordered_map<ir::ValueId, ir::ValueId> map_;
   const ir::TensorMeta* like_ = nullptr;  // dtype and device of the nodes a decomposition makes
@@ -533,8 +540,9 @@ class Decomposer {
 
 }  // namespace
 
-Decomposed decompose_for_fusion(const ir::Graph& g, const c10::Device& device) {
-  return Decomposer(g, device).run();
+Decomposed decompose_for_fusion(const ir::Graph& g, const c10::Device& device,
+                                std::function<bool(const ir::Graph&, const ir::Node&)> keep) {
+  return Decomposer(g, device, std::move(keep)).run();
 }
 
 }  // namespace tcap::fuse

@@ -7,6 +7,7 @@
 
 #include <c10/core/Device.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,8 @@ struct Decomposed {
 // written with copy_ once the graph reaches a node that could see them. In eval mode,
 // with its statistics results unread, native_batch_norm into pointwise ops (Note [Batch
 // norm as kernels] in decompose.cpp).
-Decomposed decompose_for_fusion(const ir::Graph& g, const c10::Device& device);
+// Nodes for which `keep` returns true stay as they are (FusionOptions::keep_unfused).
+Decomposed decompose_for_fusion(const ir::Graph& g, const c10::Device& device,
+                                std::function<bool(const ir::Graph&, const ir::Node&)> keep = {});
 
 }  // namespace tcap::fuse

@@ -420,7 +420,7 @@ int64_t default_max_matmul_macs() {
 
 FusionResult fuse(const ir::Graph& g, const FusionOptions& options) {
   TORCH_CHECK(options.compile, "tcap::fuse::fuse: FusionOptions::compile is required");
-  Decomposed d = decompose_for_fusion(g, options.device);
+  Decomposed d = decompose_for_fusion(g, options.device, options.keep_unfused);
   if (d.count == 0) {
     FusionResult res = Fuser(g, options).run();
     res.decisions.insert(res.decisions.begin(), d.decisions.begin(), d.decisions.end());

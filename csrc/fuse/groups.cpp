@@ -133,7 +133,7 @@ bool same(c10::ArrayRef<int64_t> a, const std::vector<int64_t>& b) {
 
 class Grouper {
  public:
-  Grouper(const ir::Graph& g, const c10::Device& device, const std::function<bool(const ir::Node&)>& keep,
+  Grouper(const ir::Graph& g, const c10::Device& device, const std::function<bool(const ir::Graph&, const ir::Node&)>& keep,
           int64_t max_matmul_macs, Grouping& out)
       : g_(g), device_(device), keep_(keep), max_matmul_macs_(max_matmul_macs), out_(out) {}
 
@@ -162,7 +162,7 @@ class Grouper {
     if (n.kind != ir::NodeKind::Call) {
       return;
     }
-    if (keep_ && keep_(n)) {
+    if (keep_ && keep_(g_, n)) {
       decide(n, "kept as an ATen call (FusionOptions::keep_unfused)");
       return;
     }
@@ -523,7 +523,7 @@ class Grouper {
 
   const ir::Graph& g_;
   const c10::Device device_;
-  const std::function<bool(const ir::Node&)>& keep_;
+  const std::function<bool(const ir::Graph&, const ir::Node&)>& keep_;
   const int64_t max_matmul_macs_;
   Grouping& out_;
   std::vector<Group>& groups_ = out_.groups;
@@ -538,7 +538,7 @@ class Grouper {
 
 }  // namespace
 
-Grouping form_groups(const ir::Graph& g, const c10::Device& device, const std::function<bool(const ir::Node&)>& keep,
+Grouping form_groups(const ir::Graph& g, const c10::Device& device, const std::function<bool(const ir::Graph&, const ir::Node&)>& keep,
                      int64_t max_matmul_macs) {
   Grouping out;
   Grouper(g, device, keep, max_matmul_macs, out).run();

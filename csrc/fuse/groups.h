@@ -88,7 +88,7 @@ struct Grouping {
 // Groups the nodes of `g` whose tensors all live on `device`; nodes `keep` accepts stay
 // ATen calls.
 Grouping form_groups(const ir::Graph& g, const c10::Device& device,
-                     const std::function<bool(const ir::Node&)>& keep = {}, int64_t max_matmul_macs = 0);
+                     const std::function<bool(const ir::Graph&, const ir::Node&)>& keep = {}, int64_t max_matmul_macs = 0);
 
 // --- shapes and nodes, shared with the kernel builder (group_kernel.h) and the rewrite ---
 

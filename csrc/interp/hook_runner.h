@@ -1,4 +1,5 @@
-// How the interpreter calls hooks whose bodies were not recorded.
+// How the interpreter calls hooks whose bodies were not recorded, and where it reports the
+// values it read on the host.
 //
 // Note [Opaque hooks]
 // Capture records a hook's body as ordinary nodes (Hook::slot == -1): replay runs those
@@ -13,6 +14,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
 
 #include <functional>
 #include <vector>
@@ -35,5 +37,21 @@ class HookRunnerScope {
 };
 
 const HookRunner* current_hook_runner();
+
+// RAII: an executable run on this thread while the scope lives stores the values its
+// graph read on the host (Interpreter::host_values) into `sink` (compile_step's
+// last_call()). Not filled by a user's compiler.
+class HostValuesScope {
+ public:
+  explicit HostValuesScope(std::vector<c10::IValue>* sink);
+  ~HostValuesScope();
+  HostValuesScope(const HostValuesScope&) = delete;
+  HostValuesScope& operator=(const HostValuesScope&) = delete;
+
+ private:
+  std::vector<c10::IValue>* prev_;
+};
+
+std::vector<c10::IValue>* host_values_sink();
 
 }  // namespace tcap::interp

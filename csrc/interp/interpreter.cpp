@@ -89,6 +89,12 @@ void check_host_value(const ir::Node& n, const ir::Arg& recorded, const c10::IVa
 }  // namespace
 
 namespace interp {
+thread_local std::vector<c10::IValue>* tls_host_values = nullptr;
+
+HostValuesScope::HostValuesScope(std::vector<c10::IValue>* sink) : prev_(tls_host_values) { tls_host_values = sink; }
+HostValuesScope::~HostValuesScope() { tls_host_values = prev_; }
+std::vector<c10::IValue>* host_values_sink() { return tls_host_values; }
+
 HookRunnerScope::HookRunnerScope(const HookRunner* runner) : prev_(tls_hook_runner) { tls_hook_runner = runner; }
 HookRunnerScope::~HookRunnerScope() { tls_hook_runner = prev_; }
 const HookRunner* current_hook_runner() { return tls_hook_runner; }
@@ -234,14 +240,28 @@ Interpreter::Interpreter(const ir::Graph& graph, bool differentiable)
   // (a view's sizes) allocated a c10::List, a Device parsed its string, a wrapped scalar
   // allocated a tensor. Constants are built once here instead; a run copies the node's
   // stack (reference counts) and fills in its tensors. The constants are shared by all
-  // runs: kernels do not write into int lists or wrapped-number arguments.
-  // set_scalar_arg rebuilds the one it changes.
+  // runs: kernels do not write into int lists or wrapped-number arguments. An argument
+  // that reads a host scalar input (Note [Host scalars as graph inputs]) is a number in
+  // the prepared stack too, written by each run from its input.
   prepared_.assign(graph_.nodes().size(), {});
   for (const auto& n : graph_.nodes()) {
     if (n.kind != ir::NodeKind::Call) continue;
     const auto& sa = schemas_[static_cast<size_t>(n.id)]->arguments();
     auto& stack = prepared_[static_cast<size_t>(n.id)];
     for (size_t i = 0; i < n.args.size(); ++i) {
+      if (n.args[i].kind == ir::ArgKind::Value) {
+        const ir::ValueId v = n.args[i].values.at(0);
+        const ir::Node& p = graph_.node(graph_.value(v).producer);
+        if (p.kind == ir::NodeKind::Input && p.input_kind == ir::InputKind::HostScalar) {
+          ScalarUse u{n.id, i, v, scalar_use_kind(sa[i])};
+          if (u.kind == ScalarUse::Kind::None) fail(n, "argument '" + sa[i].name() + "' cannot take a host scalar");
+          scalar_uses_.push_back(u);
+          scalar_node_.resize(graph_.nodes().size(), 0);
+          scalar_node_[static_cast<size_t>(n.id)] = 1;
+          stack.push_back(scalar_ivalue(u.kind, 0.0));
+          continue;
+        }
+      }
       stack.push_back(n.args[i].refers_to_values() ? c10::IValue() : to_ivalue(n, i, sa[i]));
     }
   }
@@ -250,6 +270,7 @@ Interpreter::Interpreter(const ir::Graph& graph, bool differentiable)
     for (const auto& n : graph_.nodes()) {
       const auto id = static_cast<size_t>(n.id);
       if (n.kind != ir::NodeKind::Call || (id < direct_.size() && direct_[id])) continue;
+      if (reads_wrapped_host_scalar(n.id)) continue;  // its adapter would read the input's tensor
       if (auto u = interp::make_unboxed_call(n, *ops_[id], prepared_[id])) {
         unboxed_.resize(graph_.nodes().size());
         unboxed_[id] = std::move(u);
@@ -369,8 +390,9 @@ torch::jit::Stack Interpreter::filled_stack(const ir::Node& n) const {
   const auto id = static_cast<size_t>(n.id);
   const auto& schema_args = schemas_[id]->arguments();
   torch::jit::Stack stack = prepared_[id];
+  const bool scalars = id < scalar_node_.size() && scalar_node_[id];
   for (size_t i = 0; i < n.args.size(); ++i) {
-    if (n.args[i].refers_to_values()) stack[i] = to_ivalue(n, i, schema_args[i]);
+    if (n.args[i].refers_to_values() && !(scalars && is_scalar_use(n.id, i))) stack[i] = to_ivalue(n, i, schema_args[i]);
   }
   return stack;
 }
@@ -503,6 +525,12 @@ std::vector<at::Tensor> Interpreter::run(std::vector<at::Tensor> inputs) {
     env_[static_cast<size_t>(v)] = std::move(inputs[k]);
   }
   inputs.clear();
+  // Note [Host scalars as graph inputs]: this run's numbers into the prepared stacks.
+  for (const ScalarUse& u : scalar_uses_) {
+    const at::Tensor& t = env_[static_cast<size_t>(u.value)];
+    const double d = t.scalar_type() == at::kDouble && t.is_cpu() ? *t.const_data_ptr<double>() : t.item<double>();
+    prepared_[static_cast<size_t>(u.node)][u.arg] = scalar_ivalue(u.kind, d);
+  }
   // Below autograd: the graph already holds the backward. Each op still sees the grad
   // mode it was recorded with, since some kernels branch on it (mkldnn_rnn_layer keeps
   // its workspace only when grad mode is on).
@@ -561,16 +589,44 @@ std::vector<at::Tensor> Interpreter::run(std::vector<at::Tensor> inputs) {
   return outs;
 }
 
-void Interpreter::set_scalar_arg(ir::NodeId node, size_t arg, double value) {
-  graph_.edit_constant(node, arg, [&](ir::Arg& a) {
-    TORCH_CHECK(a.kind == ir::ArgKind::Double || a.kind == ir::ArgKind::WrappedScalar,
-                "tcap interpreter: node %", node, " argument ", arg, " is not a floating-point scalar");
-    a.d = value;
-  });
-  const ir::Node& n = graph_.node(node);
-  const auto id = static_cast<size_t>(node);
-  // An unboxed call reads its float and Scalar arguments from here at each call.
-  prepared_.at(id).at(arg) = to_ivalue(n, arg, schemas_.at(id)->arguments().at(arg));
+bool Interpreter::is_scalar_use(ir::NodeId node, size_t arg) const {
+  for (const ScalarUse& u : scalar_uses_) {
+    if (u.node == node && u.arg == arg) return true;
+  }
+  return false;
+}
+
+bool Interpreter::reads_wrapped_host_scalar(ir::NodeId node) const {
+  for (const ScalarUse& u : scalar_uses_) {
+    if (u.node == node && u.kind == ScalarUse::Kind::Tensor) return true;
+  }
+  return false;
+}
+
+Interpreter::ScalarUse::Kind Interpreter::scalar_use_kind(const c10::Argument& sa) {
+  const c10::Type* t = sa.real_type().get();
+  if (const auto* opt = t->castRaw<c10::OptionalType>()) t = opt->getElementType().get();
+  switch (t->kind()) {
+    case c10::TypeKind::TensorType: return ScalarUse::Kind::Tensor;
+    case c10::TypeKind::FloatType:
+    case c10::TypeKind::SymFloatType:
+    case c10::TypeKind::NumberType: return ScalarUse::Kind::Double;
+    case c10::TypeKind::IntType:
+    case c10::TypeKind::SymIntType: return ScalarUse::Kind::Int;
+    default: return ScalarUse::Kind::None;
+  }
+}
+
+c10::IValue Interpreter::scalar_ivalue(ScalarUse::Kind kind, double d) {
+  switch (kind) {
+    case ScalarUse::Kind::Tensor: {
+      at::Tensor t = c10::scalar_to_tensor(c10::Scalar(d));  // a wrapped number, as eager passes one
+      t.unsafeGetTensorImpl()->set_wrapped_number(true);
+      return c10::IValue(t);
+    }
+    case ScalarUse::Kind::Int: return c10::IValue(static_cast<int64_t>(d));
+    default: return c10::IValue(d);
+  }
 }
 
 std::vector<at::Tensor> interpret(const ir::Graph& g, const std::vector<at::Tensor>& inputs) {

@@ -98,10 +98,10 @@ class Args {
     if (!v || !v->isInt()) return fail(), 0;
     return v->toInt();
   }
-  // A float argument: read from the prepared stack at each call (set_scalar_arg changes
-  // some, such as Adam's bias-corrected step size, between calls).
+  // A float argument: read from the prepared stack at each call (a host scalar input,
+  // such as Adam's bias-corrected step size, changes between calls).
   size_t real(size_t i) {
-    const c10::IValue* v = constant(i);
+    const c10::IValue* v = per_call(i);
     if (!v || !v->isDouble()) fail();
     return i;
   }
@@ -112,7 +112,7 @@ class Args {
   }
   // A Scalar argument: read from the prepared stack at each call, as real() is.
   size_t scalar(size_t i) {
-    const c10::IValue* v = constant(i);
+    const c10::IValue* v = per_call(i);
     if (!v || !(v->isInt() || v->isDouble() || v->isBool() || v->isComplexDouble())) fail();
     return i;
   }
@@ -155,6 +155,14 @@ class Args {
 
  private:
   const ir::Arg* arg(size_t i) const { return i < n_.args.size() ? &n_.args[i] : nullptr; }
+  // A number the adapter reads at each call: a constant, or an argument that reads a host
+  // scalar input, which the interpreter writes into the prepared stack before each run
+  // (Note [Host scalars as graph inputs]; its placeholder there is a number, not None).
+  const c10::IValue* per_call(size_t i) {
+    const ir::Arg* a = arg(i);
+    if (a && a->kind == ir::ArgKind::Value && i < prepared_.size() && !prepared_[i].isNone()) return &prepared_[i];
+    return constant(i);
+  }
   const c10::IValue* constant(size_t i) {
     const ir::Arg* a = arg(i);
     if (!a || a->refers_to_values() || i >= prepared_.size()) return fail(), nullptr;

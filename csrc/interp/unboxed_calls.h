@@ -22,7 +22,7 @@ class UnboxedCall {
  public:
   using Env = std::vector<at::Tensor>;  // the interpreter's tensors, by value id
   // Reads the node's tensors from env and its float and Scalar constants from `prepared`
-  // (the node's prepared stack, which set_scalar_arg may change between calls).
+  // (the node's prepared stack, where the interpreter writes each run's host scalars).
   using Body = std::function<std::vector<at::Tensor>(const Env&, const torch::jit::Stack& prepared)>;
   UnboxedCall(Body body, std::vector<ir::ValueId> tensors) : body_(std::move(body)), tensors_(std::move(tensors)) {}
 

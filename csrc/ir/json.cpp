@@ -32,7 +32,8 @@ using OrderedJson = nlohmann::ordered_json;
 constexpr NodeKind kNodeKinds[] = {NodeKind::Input, NodeKind::Call, NodeKind::CallHook,
                                    NodeKind::Output};
 constexpr InputKind kInputKinds[] = {InputKind::UserInput, InputKind::Parameter, InputKind::Buffer,
-                                     InputKind::Tangent, InputKind::Constant, InputKind::Saved};
+                                     InputKind::Tangent, InputKind::Constant, InputKind::Saved,
+                                     InputKind::HostScalar};
 constexpr Phase kPhases[] = {Phase::Forward, Phase::Backward};
 constexpr OutputKind kOutputKinds[] = {OutputKind::User, OutputKind::Grad, OutputKind::Saved};
 constexpr HookKind kHookKinds[] = {HookKind::TensorPreHook, HookKind::RetainsGradHook,

@@ -118,6 +118,7 @@ std::string to_string(InputKind k) {
     case InputKind::Tangent: return "tangent";
     case InputKind::Constant: return "constant";
     case InputKind::Saved: return "saved";
+    case InputKind::HostScalar: return "host_scalar";
   }
   return "input_kind" + std::to_string(static_cast<int>(k));
 }

@@ -431,6 +431,7 @@ DotStyle dot_style(const Node& n) {
         case InputKind::Tangent: return {"ellipse", "#ffe6cc", ""};
         case InputKind::Constant: return {"ellipse", "#ffffff", ", style=\"filled,dashed\""};
         case InputKind::Saved: return {"ellipse", "#dae8fc", ""};
+        case InputKind::HostScalar: return {"diamond", "#fff2cc", ""};
       }
       break;
     case NodeKind::Call:

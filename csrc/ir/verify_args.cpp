@@ -196,10 +196,35 @@ std::string arg_mismatch(const Arg& a, const c10::Argument& s) {
   return fits ? "" : kind_mismatch(a, declared);
 }
 
+// Note [Host scalars as graph inputs]: a value of a HostScalar input fits where a number
+// (Scalar, float, int) or a Tensor goes.
+static bool reads_host_scalar_where_a_number_goes(const Graph& g, const Arg& a, const c10::Argument& s) {
+  if (a.kind != ArgKind::Value || a.values.empty() || a.values[0] < 0 ||
+      static_cast<size_t>(a.values[0]) >= g.values().size()) {
+    return false;
+  }
+  const NodeId p = g.value(a.values[0]).producer;
+  if (p < 0 || static_cast<size_t>(p) >= g.nodes().size()) return false;
+  const Node& producer = g.node(p);
+  if (producer.kind != NodeKind::Input || producer.input_kind != InputKind::HostScalar) return false;
+  c10::TypePtr t = s.real_type();
+  if (t->kind() == c10::TypeKind::OptionalType) t = t->castRaw<c10::OptionalType>()->getElementType();
+  switch (t->kind()) {
+    case c10::TypeKind::TensorType:
+    case c10::TypeKind::FloatType:
+    case c10::TypeKind::SymFloatType:
+    case c10::TypeKind::NumberType:
+    case c10::TypeKind::IntType:
+    case c10::TypeKind::SymIntType: return true;
+    default: return false;
+  }
+}
+
 std::string call_mismatch(const Graph& g, const Node& n, const c10::FunctionSchema& schema) {
   const auto& params = schema.arguments();
   if (params.size() != n.args.size()) return "";  // another LibTorch's schema
   for (size_t i = 0; i < params.size(); ++i) {
+    if (reads_host_scalar_where_a_number_goes(g, n.args[i], params[i])) continue;
     const std::string why = arg_mismatch(n.args[i], params[i]);
     if (!why.empty()) return "arg " + std::to_string(i) + " (" + params[i].name() + ") " + why;
   }

@@ -51,6 +51,7 @@
 #include "capture/recorder.h"
 #include "capture/session.h"
 #include "passes/host_graph.h"
+#include "passes/scalar_inputs.h"
 #include "support/logging.h"
 
 #include <tcap/graph_json.h>
@@ -80,14 +81,11 @@ using step::ScalarPatch;
 
 enum class GradEffect { Keep, Clear, Set };
 
-struct StepEntry : cache::Entry {
-  enum class State { Candidate, Compiled, Eager } state = State::Candidate;
-  std::mutex mutex;         // state changes (a Candidate becomes Compiled or Eager)
+// What a compiled step is: its graph and everything a replay needs to know about it,
+// fixed once the entry is compiled. A specialization to new sizes is a copy of the plan
+// with the graph specialized (and the history slice made again from it), compiled.
+struct StepPlan {
   ir::Graph graph;          // the latest capture, then the compiled graph
-  std::vector<std::vector<HostState>> host;  // per optimizer, per parameter: at the latest capture
-  std::string eager_reason;
-  bool by_design = false;   // runs eagerly by design (it creates optimizer state), not a fallback
-  compiler::ScalarExecutable exe;
   std::vector<ScalarPatch> patches;
   std::vector<GradEffect> grad_effect;  // per parameter
   std::vector<int> grad_output;         // per parameter: output index (Set)
@@ -107,6 +105,20 @@ struct StepEntry : cache::Entry {
   // Per history node behind an input (StepInputs::histories): the step's backward ran it
   // without retain_graph, so a replay frees it as that backward did.
   std::vector<bool> uses_history;
+};
+
+struct StepEntry : cache::Entry, StepPlan {
+  enum class State { Candidate, Compiled, Eager } state = State::Candidate;
+  std::mutex mutex;         // state changes (a Candidate becomes Compiled or Eager)
+  std::vector<std::vector<HostState>> host;  // per optimizer, per parameter: at the latest capture
+  std::string eager_reason;
+  bool by_design = false;   // runs eagerly by design (it creates optimizer state), not a fallback
+  // The plan's graph with its host scalars as inputs (Note [Host scalars as graph
+  // inputs]), compiled: takes the step's tensors, then one number per patch. The 0-dim
+  // tensors those numbers travel in, written in place per replay (calls are serial, and
+  // the interpreter reads them as its run starts): no allocation per scalar per step.
+  Executable exe;
+  std::vector<at::Tensor> scalar_inputs;
   std::shared_ptr<cache::Entry> size_miss_of;  // for generalizing over sizes at compile time
   std::vector<size_t> changed;
   std::shared_ptr<cache::Specializations<StepEntry>> specialized = std::make_shared<cache::Specializations<StepEntry>>();
@@ -119,7 +131,6 @@ struct CompiledStep::Impl {
   step::StepParts parts;  // the models, their submodules and opts (as the aot helpers take them)
   CompiledFunction::Fn fn;
   CompileOptions options;
-  aot::SharedStats stats;
   std::unique_ptr<cache::EntryCache> cache;
   std::mutex call_mutex;
   CompiledStep::Call last;  // written under call_mutex
@@ -138,11 +149,16 @@ struct CompiledStep::Impl {
     return g;
   }
 
-  std::vector<at::Tensor> run_eager(const std::vector<at::Tensor>& user) {
-    stats.count(&CompileStats::eager_calls);
+  // The step's own code, run eagerly (counted by the serving loop when it decided so).
+  std::vector<at::Tensor> eager_call(const std::vector<at::Tensor>& user) {
     last.kind = CompiledStep::Call::Kind::Eager;
     last.host_values.clear();
     return fn(user);
+  }
+  // ... when an entry decides so.
+  std::vector<at::Tensor> run_eager(const std::vector<at::Tensor>& user) {
+    cache->stats().count(&CompileStats::eager_calls);
+    return eager_call(user);
   }
 
   // Marks e eager for its guards; a fallback unless by design.
@@ -165,6 +181,7 @@ struct CompiledStep::Impl {
                           const step::StepInputs& g);
   std::vector<at::Tensor> replay(const StepEntry& e, const step::StepInputs& g, const std::vector<at::Tensor>& primals,
                                  const std::vector<at::Tensor>& user);
+  struct Call;
   std::vector<at::Tensor> call(const std::vector<at::Tensor>& user);
   // A verified replay (Note [Verifying a compiled step]), or nullopt where the entry cannot
   // be verified (logged): its outputs have a history node of their own.
@@ -172,13 +189,30 @@ struct CompiledStep::Impl {
                                                   const std::vector<at::Tensor>& primals,
                                                   const std::vector<at::Tensor>& user, const VerifyOptions& v);
   std::shared_ptr<const StepEntry> specialize(const std::shared_ptr<const StepEntry>& e, const std::vector<int64_t>& key);
+  // The step graph with its patched scalars as inputs, through the one pipeline (the
+  // options' fw_compiler when set: the step is one graph, run without autograd).
+  Executable compile_step_graph(const ir::Graph& g, const std::vector<ScalarPatch>& patches, const std::string& what,
+                                bool check_host_values) const {
+    std::vector<passes::ScalarArg> args;
+    for (const auto& p : patches) {
+      args.push_back({p.node, p.arg, std::string(step::to_string(p.expr)) + ".opt" + std::to_string(p.opt) + ".p" +
+                                         std::to_string(p.param)});
+    }
+    return compiler::compile_graph(passes::scalars_as_inputs(g, args), options, what, options.fw_compiler,
+                                   check_host_values);
+  }
+  static std::vector<at::Tensor> scalar_tensors(size_t n) {
+    std::vector<at::Tensor> out;
+    for (size_t k = 0; k < n; ++k) out.push_back(passes::host_scalar_input(0.0));
+    return out;
+  }
   void generalize(const StepEntry& a, StepEntry& b);
   std::string build_history(StepEntry& e);
 };
 
 std::vector<at::Tensor> CompiledStep::Impl::capture(StepEntry& e, const std::vector<at::Tensor>& user,
                                                      const step::StepInputs& g) {
-  stats.count(&CompileStats::captures);
+  cache->stats().count(&CompileStats::captures);
   e.host = step::host_states(parts.opts);
   // Guards of an entry that goes eager before the end of the capture (no held tensors):
   // without its alias classes it would miss every later call and recapture each time.
@@ -409,18 +443,17 @@ void CompiledStep::Impl::verify_and_compile(StepEntry& e, const ir::Graph& first
   // Host-value guards: inline where a replay can stop at a changed value before writing
   // anything the caller sees, else a pre-check graph.
   const bool reads = cache::has_host_reads(e.graph);
-  const bool inline_checks = reads && passes::host_reads_precede_input_writes(e.graph);
+  // (Not inside a user's compiler: its executable cannot stop at a changed value.)
+  const bool inline_checks = reads && !options.fw_compiler && passes::host_reads_precede_input_writes(e.graph);
   try {
     if (inline_checks) e.guards.host.set_inline(e.graph);
     else if (reads) e.guards.host.build_precheck(e.graph);
   } catch (const c10::Error& err) {
     return go_eager(e, err.what_without_backtrace());
   }
-  std::vector<std::pair<ir::NodeId, size_t>> args;
-  for (const auto& p : e.patches) args.emplace_back(p.node, p.arg);
   try {
-    e.exe = compiler::compile_graph_with_scalars(e.graph, args, options, options.name + ".step" + std::to_string(e.id),
-                                            inline_checks);
+    e.exe = compile_step_graph(e.graph, e.patches, options.name + ".step" + std::to_string(e.id), inline_checks);
+    e.scalar_inputs = scalar_tensors(e.patches.size());
   } catch (const c10::Error& err) {
     return go_eager(e, err.what_without_backtrace());
   }
@@ -434,7 +467,7 @@ void CompiledStep::Impl::verify_and_compile(StepEntry& e, const ir::Graph& first
     if (e.size_miss_of) generalize(static_cast<const StepEntry&>(*e.size_miss_of), e);
     e.state = StepEntry::State::Compiled;
   }
-  stats.count(&CompileStats::compiles);
+  cache->stats().count(&CompileStats::compiles);
   if (log_enabled(LogChannel::AotGraphs)) {
     std::ostringstream ps;
     for (const auto& p : e.patches) {
@@ -501,24 +534,15 @@ std::shared_ptr<const StepEntry> CompiledStep::Impl::specialize(const std::share
   auto s = std::make_shared<StepEntry>();
   s->id = e->id;
   s->state = StepEntry::State::Compiled;
+  static_cast<StepPlan&>(*s) = static_cast<const StepPlan&>(*e);
   s->graph = cache::specialize(e->graph, e->guards.dyn, key);
-  s->patches = e->patches;
-  s->grad_effect = e->grad_effect;
-  s->grad_output = e->grad_output;
-  s->num_user_outputs = e->num_user_outputs;
-  s->mutated_inputs = e->mutated_inputs;
-  s->hook_slots = e->hook_slots;
-  s->fused_groups = e->fused_groups;
-  s->with_history = e->with_history;
-  s->buffer_inputs = e->buffer_inputs;
-  s->uses_history = e->uses_history;
   if (std::string why = build_history(*s); !why.empty()) {
     TORCH_CHECK(false, "tcap: ", who(), ": specializing entry ", e->id, " to new sizes: ", why);
   }
-  std::vector<std::pair<ir::NodeId, size_t>> args;
-  for (const auto& p : s->patches) args.emplace_back(p.node, p.arg);
-  s->exe = compiler::compile_graph_with_scalars(s->graph, args, options, options.name + ".step" + std::to_string(e->id) + ".sizes");
-  stats.count(&CompileStats::compiles);
+  s->exe = compile_step_graph(s->graph, s->patches, options.name + ".step" + std::to_string(e->id) + ".sizes",
+                              /*check_host_values=*/false);
+  s->scalar_inputs = scalar_tensors(s->patches.size());
+  cache->stats().count(&CompileStats::compiles);
   TCAP_LOG(Recompiles, who() << " entry " << e->id << " specialized to sizes " << c10::IntArrayRef(key)
                              << " of its dynamic dims (no recapture)");
   return e->specialized->insert(key, std::move(s));
@@ -528,9 +552,16 @@ std::vector<at::Tensor> CompiledStep::Impl::replay(const StepEntry& e, const ste
                                                    const std::vector<at::Tensor>& primals,
                                                    const std::vector<at::Tensor>& user) {
   auto name_of = [&](size_t k) { return gather(user, true).names.at(k); };  // for errors only
-  std::vector<double> scalars;
-  scalars.reserve(e.patches.size());
-  for (const auto& p : e.patches) scalars.push_back(step::evaluate(p.expr, opts[p.opt]->host_state(p.param)));
+  // The graph's inputs: the step's tensors, then its host scalars recomputed for this call.
+  std::vector<at::Tensor> inputs;
+  inputs.reserve(primals.size() + e.patches.size());
+  inputs.insert(inputs.end(), primals.begin(), primals.end());
+  for (size_t k = 0; k < e.patches.size(); ++k) {
+    const auto& p = e.patches[k];
+    at::Tensor t = e.scalar_inputs.at(k);
+    *t.mutable_data_ptr<double>() = step::evaluate(p.expr, opts[p.opt]->host_state(p.param));
+    inputs.push_back(std::move(t));
+  }
   // Note [Hooks in a compiled step]: an opaque CallHook calls the hook object on this
   // call's tensor, as the engine would: default dispatch, grad mode off.
   const auto outer_keys = c10::impl::tls_local_dispatch_key_set();
@@ -560,15 +591,17 @@ std::vector<at::Tensor> CompiledStep::Impl::replay(const StepEntry& e, const ste
   std::shared_ptr<step::HistoryCall> history;
   if (e.history) history = step::before_step(e.history, primals, who());
   std::vector<at::Tensor> outs;
+  last.host_values.clear();
   {
     interp::HookRunnerScope scope(&runner);
-    outs = e.exe(primals, scalars, &last.host_values);
+    interp::HostValuesScope host_values(&last.host_values);
+    outs = e.exe(std::move(inputs));
   }
   auto& hv = last.host_values;  // the scalars a step's code can read (what a capture lists)
   hv.erase(std::remove_if(hv.begin(), hv.end(), [](const c10::IValue& v) { return !v.isDouble() && !v.isInt() && !v.isBool(); }),
            hv.end());
   last.kind = CompiledStep::Call::Kind::Replayed;
-  stats.count(&CompileStats::replays);
+  cache->stats().count(&CompileStats::replays);
   for (size_t k : e.mutated_inputs) torch::autograd::impl::bump_version(g.ts[k]);
   for (size_t j = 0; j < g.num_leaves(); ++j) {
     at::Tensor p = g.leaf(j);
@@ -616,26 +649,37 @@ std::optional<std::vector<at::Tensor>> CompiledStep::Impl::verified(const StepEn
       "it reads through its closure that was replaced while the old one is still alive, or state of an object "
       "tcap was not given (a module or optimizer the step uses but compile_step does not know)";
   if (!check.tolerances.exact) {
-    check.report.likely += "; or a rounding difference of backend '" + options.backend +
+    check.report.likely += "; or a rounding difference of backend '" + std::string(options.backend.name()) +
                            (options.fused_optimizers ? "' with fused optimizer updates" : "'") + " beyond its tolerance";
   }
   check.report.likely += " (docs/compile.md, \"What a replay re-reads and what it freezes\")";
   std::vector<at::Tensor> outs = step::verified_step(check);
-  stats.count(&CompileStats::verified);
+  cache->stats().count(&CompileStats::verified);
   last.kind = CompiledStep::Call::Kind::Eager;  // the step's own code ran last, and its results are kept
   last.host_values.clear();
   return outs;
 }
 
-std::vector<at::Tensor> CompiledStep::Impl::call(const std::vector<at::Tensor>& user) {
-  if (stance() == Stance::ForceEager || cache->fell_back() || cache->eager_by_design()) return run_eager(user);
-  // One call at a time: a step updates shared state (parameters, optimizer state, entries).
-  std::lock_guard<std::mutex> serial(call_mutex);
-  const step::StepInputs g = gather(user, /*with_names=*/false);
-  const cache::CallView view = g.view();
-  cache::Lookup l;
+// A call of compile_step through the serving loop (Note [The serving loop]).
+struct CompiledStep::Impl::Call {
   using Out = std::vector<at::Tensor>;
-  auto served = cache->serve<Out>(view, g.ts, l, [&](const cache::Lookup& found) -> std::optional<Out> {
+  Impl& s;
+  const std::vector<at::Tensor>& user;
+  std::unique_lock<std::mutex> serial;
+  std::optional<step::StepInputs> g;
+  cache::CallView call_view;
+
+  std::optional<Out> before() {
+    // One call at a time: a step updates shared state (parameters, optimizer state, entries).
+    serial = std::unique_lock<std::mutex>(s.call_mutex);
+    g.emplace(s.gather(user, /*with_names=*/false));
+    call_view = g->view();
+    return std::nullopt;
+  }
+  const cache::CallView& view() const { return call_view; }
+  const std::vector<at::Tensor>& primals() const { return g->ts; }
+
+  std::optional<Out> replay(const cache::Lookup& found, bool /*first*/) {
     auto e = std::static_pointer_cast<StepEntry>(found.hit);
     StepEntry::State state;
     {
@@ -644,53 +688,62 @@ std::vector<at::Tensor> CompiledStep::Impl::call(const std::vector<at::Tensor>& 
     }
     switch (state) {
       case StepEntry::State::Compiled: {
-        if (!e->fused_groups.empty() && !step::fused_steps_agree(e->fused_groups, parts.opts)) {
+        if (!e->fused_groups.empty() && !step::fused_steps_agree(e->fused_groups, s.parts.opts)) {
           // Note [Fused optimizer steps]: one step count per fused call. A fallback like
           // any other: error_on_fallback turns it into an error.
-          cache::report_fallback(who(), "the step counters of parameters updated by one fused optimizer call "
-                                        "differ (some had no gradient in an earlier step)");
-          return run_eager(user);
+          cache::report_fallback(s.who(), "the step counters of parameters updated by one fused optimizer call "
+                                          "differ (some had no gradient in an earlier step)");
+          return s.run_eager(user);
         }
-        auto entry = specialize(e, found.key);  // an inline host-value check may throw: see serve()
-        const VerifyOptions v = cache::verify_options_for(options);
-        if (verifier.next(v)) {
-          if (auto outs = verified(*entry, *e, g, found.primals, user, v)) return outs;
+        auto entry = s.specialize(e, found.key);  // an inline host-value check may throw: see serve()
+        const VerifyOptions v = cache::verify_options_for(s.options);
+        if (s.verifier.next(v)) {
+          if (auto outs = s.verified(*entry, *e, *g, found.primals, user, v)) return outs;
         }
-        return replay(*entry, g, found.primals, user);
+        return s.replay(*entry, *g, found.primals, user);
       }
       case StepEntry::State::Eager:
-        if (!e->by_design) cache::report_fallback(who() + " (for these guards)", e->eager_reason);
-        return run_eager(user);
+        if (!e->by_design) cache::report_fallback(s.who() + " (for these guards)", e->eager_reason);
+        return s.run_eager(user);
       case StepEntry::State::Candidate: {
         ir::Graph first = e->graph;
         auto host1 = e->host;
-        const step::StepInputs named = gather_named(user, g);
-        auto outs = capture(*e, user, named);
-        if (e->state == StepEntry::State::Candidate) verify_and_compile(*e, first, host1, named);
+        const step::StepInputs named = s.gather_named(user, *g);
+        auto outs = s.capture(*e, user, named);
+        if (e->state == StepEntry::State::Candidate) s.verify_and_compile(*e, first, host1, named);
         return outs;
       }
     }
     return std::nullopt;
-  });
-  if (served) return std::move(*served);
-  const std::string note = cache::EntryCache::dynamic_note(l);
-  if (cache->admit(l, note) == cache::Admission::RunEager) return run_eager(user);
-  if (cache->size() > 0) stats.count(&CompileStats::recompiles);
-  auto e = std::make_shared<StepEntry>();
-  const step::StepInputs named = gather_named(user, g);
-  e->guards.capture_call(named.view(), named.names, {});
-  e->guards.modules = named.modules;
-  e->guards.scalar_names = named.scalar_names;
-  // The learning rate is not a guard of a candidate: a schedule changes it every step, and
-  // verification decides whether the compiled graph takes it as an input.
-  e->guards.scalar_is_input = named.scalar_is_lr;
-  if (l.size_miss_of && std::static_pointer_cast<StepEntry>(l.size_miss_of)->state == StepEntry::State::Compiled) {
-    e->size_miss_of = l.size_miss_of;
-    e->changed = l.changed;
   }
-  auto outs = capture(*e, user, named);
-  cache->add(e);
-  return outs;
+
+  std::optional<Out> after_miss() { return std::nullopt; }
+  void explain(cache::Lookup&, std::string&) const {}
+  bool exclusive() { return true; }  // calls are serial already
+
+  Out capture(const cache::Lookup& l) {
+    auto e = std::make_shared<StepEntry>();
+    const step::StepInputs named = s.gather_named(user, *g);
+    e->guards.capture_call(named.view(), named.names, {});
+    e->guards.modules = named.modules;
+    e->guards.scalar_names = named.scalar_names;
+    // The learning rate is not a guard of a candidate: a schedule changes it every step, and
+    // verification decides whether the compiled graph takes it as an input.
+    e->guards.scalar_is_input = named.scalar_is_lr;
+    if (l.size_miss_of && std::static_pointer_cast<StepEntry>(l.size_miss_of)->state == StepEntry::State::Compiled) {
+      e->size_miss_of = l.size_miss_of;
+      e->changed = l.changed;
+    }
+    auto outs = s.capture(*e, user, named);
+    s.cache->add(e);
+    return outs;
+  }
+  Out eager(const std::string&) { return s.eager_call(user); }
+};
+
+std::vector<at::Tensor> CompiledStep::Impl::call(const std::vector<at::Tensor>& user) {
+  Call c{*this, user, {}, {}, {}};
+  return cache->serve_call(c);
 }
 
 CompiledStep::CompiledStep(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -698,7 +751,7 @@ CompiledStep::~CompiledStep() = default;
 
 std::vector<at::Tensor> CompiledStep::operator()(const std::vector<at::Tensor>& inputs) { return impl_->call(inputs); }
 
-CompileStats CompiledStep::stats() const { return impl_->stats.read(); }
+CompileStats CompiledStep::stats() const { return impl_->cache->stats().read(); }
 
 std::string CompiledStep::eager_reason() const {
   if (impl_->cache->fell_back()) return impl_->cache->eager_reason();

@@ -4,12 +4,12 @@
 //   auto f = tcap::compile([](const std::vector<at::Tensor>& in) {
 //     return std::vector<at::Tensor>{torch::cos(torch::cos(in[0] + in[1]))};
 //   });
-//   auto y = (*f)({a, b})[0];         // 1st call: runs eagerly and records the forward
+//   auto y = f(a, b)[0];              // 1st call: runs eagerly and records the forward
 //   y.sum().backward();               // ... and this backward; then compiles the region
-//   auto y2 = (*f)({a, b})[0];        // later calls: guards checked, compiled replay
+//   auto y2 = f(a, b)[0];             // later calls: guards checked, compiled replay
 //
-//   auto m = tcap::compile(model);    // a module: parameters and buffers are inputs
-//   auto out = m->forward(x);
+//   auto m = tcap::compile(model);    // a module holder that forwards like the model
+//   auto out = m->forward(x);         // or m(x); m->parameters(), m->eval(), m->to(...)
 //
 // What cannot be compiled runs eagerly and says why (TCAP_LOGS=graph_breaks); each
 // recompile says why (TCAP_LOGS=recompiles). See docs/compile.md.
@@ -31,11 +31,17 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include <array>
+#include <atomic>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <ostream>
 #include <string>
+#include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace tcap {
@@ -56,15 +62,43 @@ Executable eager_backend(const ir::Graph& g);
 // everything else runs as in eager_backend. Throws if LLVM is unavailable.
 Executable llvm_backend(const ir::Graph& g);
 
+// What compiles a graph when no user compiler is given (CompileOptions::backend):
+//   Backend::Eager  the interpreter (ATen kernels, buffers reused), no kernels made
+//   Backend::Llvm   fused CPU kernels generated with LLVM (docs/fusion.md)
+//   Backend::Cuda   fused CUDA kernels through NVRTC, for graphs on one CUDA device
+//   Backend::Auto   cuda for CUDA graphs, llvm for CPU graphs where available, else eager
+//                   (logged)
+// A backend may be written by name ("llvm", as the environment and tools spell it); an
+// unknown name is refused where it is written. Which backends this build has, and why one
+// is missing: compiler/backends.cpp (Note [The backend table]).
+class Backend {
+ public:
+  enum Kind { Eager, Llvm, Cuda, Auto };
+  /* implicit */ Backend(Kind kind = Eager) : kind_(kind) {}
+  /* implicit */ Backend(const std::string& name);
+  /* implicit */ Backend(const char* name) : Backend(std::string(name)) {}
+  Kind kind() const { return kind_; }
+  // "eager", "llvm", "cuda" or "auto".
+  const char* name() const;
+  // Whether this build and machine can compile with it now (`why` says why not); Auto
+  // always can (it falls back to eager, logged).
+  bool available(std::string* why = nullptr) const;
+  friend bool operator==(const Backend& a, const Backend& b) { return a.kind_ == b.kind_; }
+  friend bool operator!=(const Backend& a, const Backend& b) { return a.kind_ != b.kind_; }
+  friend std::ostream& operator<<(std::ostream& os, const Backend& b) { return os << b.name(); }
+
+ private:
+  Kind kind_;
+};
+
 struct CompileOptions {
   std::string name = "fn";                   // used in logs and dump file names
-  // "eager" (the interpreter), "llvm" (fused CPU kernels), "cuda" (fused CUDA kernels
-  // through NVRTC, for graphs on one CUDA device), "auto" (cuda for CUDA graphs and llvm
-  // for CPU graphs where available, else eager, logged).
-  std::string backend = "eager";
+  Backend backend = Backend::Eager;          // see Backend
   Partitioner partitioner = Partitioner::MinCut;
-  GraphCompiler fw_compiler;                 // overrides the backend for forward graphs
-  GraphCompiler bw_compiler;                 // overrides the backend for backward graphs
+  // Override the backend: fw_compiler for forward graphs and compile_step's step graph
+  // (one graph, its host scalars as inputs), bw_compiler for backward graphs.
+  GraphCompiler fw_compiler;
+  GraphCompiler bw_compiler;
   int cache_size_limit = 8;                  // compiled entries; then the function stays eager
   bool dynamic = true;                       // mark dims that change as dynamic (see docs)
   std::string dump_dir;                      // write joint/forward/backward graphs here (JSON)
@@ -100,14 +134,18 @@ struct CompileOptions {
   std::optional<VerifyOptions> verify;
 };
 
+// What a front door did with its calls: tcap::compile, compile_step and compiled autograd
+// count the same things (Note [The serving loop] in csrc/cache/entry_cache.h).
 struct CompileStats {
+  int calls = 0;           // calls seen
   int captures = 0;        // calls that ran eagerly while recording
-  int compiles = 0;        // entries built
+  int compiles = 0;        // entries built (captures and specializations to new sizes)
   int replays = 0;         // calls served by a compiled entry
-  int eager_calls = 0;     // calls run eagerly (pending backward, fallback, cache limit)
+  int eager_calls = 0;     // calls run eagerly (stance, pending backward, fallback, cache limit)
   int recompiles = 0;      // guard misses that led to a new capture
   int backward_fallbacks = 0;  // compiled backwards that ran the eager recompute instead
-  int verified = 0;    // replays checked against eager (verify mode)
+  int verified = 0;        // replays checked against eager (verify mode)
+  double lookup_us = 0;    // compiled autograd: time spent walking the graph and looking up
 };
 
 // One compiled entry, for inspection (tests, benchmarks, tools).
@@ -135,11 +173,40 @@ class CompiledFunction {
   std::string eager_reason() const;
 
  private:
-  friend std::shared_ptr<CompiledFunction> compile(std::shared_ptr<torch::nn::Module>, Fn, CompileOptions);
   std::unique_ptr<Impl> impl_;
 };
 
-std::shared_ptr<CompiledFunction> compile_function(CompiledFunction::Fn fn, CompileOptions options = {});
+// What tcap::compile(fn) returns: a handle to the compiled function, called as the
+// function is: f(a, b) or f({a, b}); f->stats(), f->entries(). Like a module holder it
+// shares its function when copied. The older spellings still work: (*f)({a, b}), and a
+// std::shared_ptr<CompiledFunction> initialized from it (deprecated).
+class CompiledFn {
+ public:
+  CompiledFn() = default;
+  /* implicit */ CompiledFn(std::shared_ptr<CompiledFunction> impl) : impl_(std::move(impl)) {}
+
+  template <class... T,
+            std::enable_if_t<std::conjunction_v<std::is_convertible<const T&, const at::Tensor&>...>, int> = 0>
+  std::vector<at::Tensor> operator()(const at::Tensor& first, const T&... rest) const {
+    return (*get())(std::vector<at::Tensor>{first, rest...});
+  }
+  std::vector<at::Tensor> operator()(const std::vector<at::Tensor>& inputs) const { return (*get())(inputs); }
+
+  CompiledFunction* operator->() const { return get(); }
+  CompiledFunction& operator*() const { return *get(); }
+  const std::shared_ptr<CompiledFunction>& ptr() const { return impl_; }
+  /* implicit, deprecated */ operator std::shared_ptr<CompiledFunction>() const { return impl_; }
+  explicit operator bool() const { return impl_ != nullptr; }
+
+ private:
+  CompiledFunction* get() const {
+    TORCH_CHECK(impl_, "tcap: calling an empty CompiledFn");
+    return impl_.get();
+  }
+  std::shared_ptr<CompiledFunction> impl_;
+};
+
+CompiledFn compile_function(CompiledFunction::Fn fn, CompileOptions options = {});
 
 // Any callable taking and returning std::vector<at::Tensor> (not a module holder).
 template <class F,
@@ -147,27 +214,168 @@ template <class F,
                                std::negation<std::is_base_of<torch::detail::ModuleHolderIndicator, std::decay_t<F>>>,
                                std::is_constructible<CompiledFunction::Fn, F>>,
                            int> = 0>
-std::shared_ptr<CompiledFunction> compile(F&& fn, CompileOptions options = {}) {
+CompiledFn compile(F&& fn, CompileOptions options = {}) {
   return compile_function(CompiledFunction::Fn(std::forward<F>(fn)), std::move(options));
 }
 
 // A module's parameters and buffers become inputs of every graph (so optimizer updates
 // are seen without recompiling); they are guarded by identity, and every submodule's
 // training flag is guarded too.
-std::shared_ptr<CompiledFunction> compile(std::shared_ptr<torch::nn::Module> module,
-                                          CompiledFunction::Fn fn, CompileOptions options = {});
+CompiledFn compile(std::shared_ptr<torch::nn::Module> module, CompiledFunction::Fn fn, CompileOptions options = {});
 
-// A module with a Tensor forward(Tensor): compiled->forward(x).
+namespace detail {
+// The outputs of a module's forward as a list, and back (Note [Compiled modules]).
+inline void push_outputs(const at::Tensor& t, std::vector<at::Tensor>& out) { out.push_back(t); }
+inline void push_outputs(const std::vector<at::Tensor>& ts, std::vector<at::Tensor>& out) {
+  out.insert(out.end(), ts.begin(), ts.end());
+}
+template <class... T>
+void push_outputs(const std::tuple<T...>& t, std::vector<at::Tensor>& out) {
+  std::apply([&](const auto&... e) { (push_outputs(e, out), ...); }, t);
+}
+template <class R>
+struct Outputs;
+template <>
+struct Outputs<at::Tensor> {
+  static constexpr size_t count = 1;
+  static at::Tensor take(const std::vector<at::Tensor>& v, size_t& k) { return v.at(k++); }
+};
+template <>
+struct Outputs<std::vector<at::Tensor>> {
+  static std::vector<at::Tensor> take(const std::vector<at::Tensor>& v, size_t& k) {
+    std::vector<at::Tensor> out(v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
+    k = v.size();
+    return out;
+  }
+};
+template <class... T>
+struct Outputs<std::tuple<T...>> {
+  static std::tuple<T...> take(const std::vector<at::Tensor>& v, size_t& k) {
+    return std::tuple<T...>{Outputs<T>::take(v, k)...};  // braces: in order
+  }
+};
+template <class M, size_t... I>
+auto call_forward(M& m, const std::vector<at::Tensor>& in, std::index_sequence<I...>) {
+  return m.forward(in.at(I)...);
+}
+// The compiled functions of a module, one per forward arity (made at the first call of it).
+class ArityFunctions {
+ public:
+  static constexpr size_t kMaxArity = 8;
+  CompiledFunction* get(size_t arity) const {
+    return arity < kMaxArity ? fns_[arity].load(std::memory_order_acquire) : nullptr;
+  }
+  CompiledFunction* get_or_make(size_t arity, const std::function<CompiledFn()>& make);
+  std::vector<std::shared_ptr<CompiledFunction>> all() const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::array<std::atomic<CompiledFunction*>, kMaxArity> fns_{};
+  std::vector<std::shared_ptr<CompiledFunction>> owned_;
+};
+// Sums of the functions' stats, their entries, the first eager reason.
+CompileStats sum_stats(const std::vector<std::shared_ptr<CompiledFunction>>& fns);
+std::vector<CompiledEntryInfo> all_entries(const std::vector<std::shared_ptr<CompiledFunction>>& fns);
+std::string first_eager_reason(const std::vector<std::shared_ptr<CompiledFunction>>& fns);
+}  // namespace detail
+
+// Note [Compiled modules]
+// tcap::compile(model) returns a CompiledModule: a module holder (as torch::nn::Linear is)
+// whose forward is the model's, compiled. The model is its one submodule, "module" (as
+// DistributedDataParallel holds its model), so parameters(), buffers(), train()/eval(),
+// to() and torch::save reach the model itself: an optimizer made from either sees the same
+// tensors, and a submodule replaced in the model later is seen (named_parameters() names
+// start with "module."; save model itself for its own names). forward takes tensors and
+// returns what the model's forward returns (a Tensor, a vector of them, or a tuple of
+// tensors); each number of arguments is compiled on its first call. A forward that takes
+// anything else is compiled through tcap::compile(module, fn).
 template <class M>
-std::shared_ptr<CompiledFunction> compile(const torch::nn::ModuleHolder<M>& holder,
-                                          CompileOptions options = {}) {
-  std::shared_ptr<M> impl = holder.ptr();
-  std::weak_ptr<M> weak = impl;
-  return compile(std::static_pointer_cast<torch::nn::Module>(impl),
-                 [weak](const std::vector<at::Tensor>& in) {
-                   return std::vector<at::Tensor>{weak.lock()->forward(in.at(0))};
-                 },
-                 std::move(options));
+class CompiledModuleImpl : public torch::nn::Module {
+ public:
+  CompiledModuleImpl(std::shared_ptr<M> model, CompileOptions options)
+      : model_(register_module("module", std::move(model))), options_(std::move(options)) {}
+
+  template <class... T,
+            std::enable_if_t<std::conjunction_v<std::is_convertible<const T&, const at::Tensor&>...>, int> = 0>
+  auto forward(const at::Tensor& x, const T&... rest) const {
+    using R = decltype(std::declval<M&>().forward(x, rest...));
+    constexpr size_t n = 1 + sizeof...(T);
+    CompiledFunction* f = fns_.get(n);
+    if (f == nullptr) f = fns_.get_or_make(n, [this] { return make<n>(); });
+    const std::vector<at::Tensor> outs = (*f)(std::vector<at::Tensor>{x, rest...});
+    size_t k = 0;
+    return detail::Outputs<R>::take(outs, k);
+  }
+  // The older call spelling: (*m)({x}) for a forward of one tensor.
+  std::vector<at::Tensor> operator()(const std::vector<at::Tensor>& inputs) const {
+    TORCH_CHECK(inputs.size() == 1, "tcap: (*compiled)({...}) takes one tensor; call forward(a, b, ...)");
+    std::vector<at::Tensor> out;
+    detail::push_outputs(forward(inputs[0]), out);
+    return out;
+  }
+
+  // The model compiled.
+  const std::shared_ptr<M>& module() const { return model_; }
+  // Over every forward arity called so far.
+  CompileStats stats() const { return detail::sum_stats(fns_.all()); }
+  std::vector<CompiledEntryInfo> entries() const { return detail::all_entries(fns_.all()); }
+  std::string eager_reason() const { return detail::first_eager_reason(fns_.all()); }
+  // The compiled function of forward with `arity` tensors (as compile(module, fn) makes it).
+  CompiledFn function(size_t arity = 1) const {
+    CompiledFunction* f = fns_.get(arity);
+    if (f == nullptr) {
+      TORCH_CHECK(arity == 1, "tcap: CompiledModule::function(", arity, "): forward has not been called with ", arity,
+                  " tensors yet");
+      f = fns_.get_or_make(1, [this] { return make<1>(); });
+    }
+    for (const auto& p : fns_.all()) {
+      if (p.get() == f) return p;
+    }
+    return {};
+  }
+
+  void pretty_print(std::ostream& stream) const override {
+    stream << "tcap::CompiledModule(name=" << options_.name << ", backend=" << options_.backend << ")";
+  }
+
+ private:
+  template <size_t N>
+  CompiledFn make() const {
+    std::shared_ptr<M> model = model_;
+    return compile(std::static_pointer_cast<torch::nn::Module>(model_),
+                   [model](const std::vector<at::Tensor>& in) {
+                     TORCH_CHECK(in.size() == N, "tcap: a compiled forward of ", N, " tensors got ", in.size());
+                     std::vector<at::Tensor> out;
+                     detail::push_outputs(detail::call_forward(*model, in, std::make_index_sequence<N>{}), out);
+                     return out;
+                   },
+                   options_);
+  }
+  std::shared_ptr<M> model_;
+  CompileOptions options_;
+  mutable detail::ArityFunctions fns_;  // made on first use, by any thread
+};
+
+template <class M>
+class CompiledModule : public torch::nn::ModuleHolder<CompiledModuleImpl<M>> {
+ public:
+  using torch::nn::ModuleHolder<CompiledModuleImpl<M>>::ModuleHolder;
+  // m(a, b): the compiled forward (ModuleHolder's call cannot see a template forward).
+  template <class... T>
+  auto operator()(const at::Tensor& x, const T&... rest) const {
+    return this->ptr()->forward(x, rest...);
+  }
+  // The function of forward(x), as compile(model) returned it before (deprecated).
+  /* implicit */ operator std::shared_ptr<CompiledFunction>() const {
+    return CompiledFn(this->ptr()->function(1)).ptr();
+  }
+};
+
+// A module holder (torch::nn::Linear, a TORCH_MODULE of one's own, DistributedDataParallel):
+// see Note [Compiled modules].
+template <class M>
+CompiledModule<M> compile(const torch::nn::ModuleHolder<M>& holder, CompileOptions options = {}) {
+  return CompiledModule<M>(std::make_shared<CompiledModuleImpl<M>>(holder.ptr(), std::move(options)));
 }
 
 }  // namespace tcap

@@ -28,16 +28,10 @@
 
 namespace tcap {
 
-struct CompiledAutogradStats {
-  int calls = 0;         // backward()/grad() calls the guard saw
-  int captures = 0;      // calls that ran the engine while recording
-  int compiles = 0;      // backward graphs compiled (captures + dynamic specialisations)
-  int hits = 0;          // calls served by a compiled backward
-  int recompiles = 0;    // captures after the first
-  int eager_calls = 0;   // calls run by the plain engine (create_graph, not compilable, limit)
-  int verified = 0;      // hits checked against the engine (verify mode)
-  double lookup_us = 0;  // total time spent walking the graph and looking up the cache
-};
+// The stats of every front door (include/tcap/compile.h): `calls` counts the backward()
+// and grad() calls the guard saw, `replays` those served by a compiled backward (it was
+// named `hits`), `lookup_us` the time spent walking the graph and looking up the cache.
+using CompiledAutogradStats = CompileStats;
 
 struct CompiledAutogradOptions {
   // Backend, cache_size_limit, dynamic, name and dump_dir apply to the backward graphs;

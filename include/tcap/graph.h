@@ -36,7 +36,11 @@ using Dims = c10::SmallVector<int64_t, 5>;
 
 enum class NodeKind { Input, Call, CallHook, Output };
 // Saved: an input of a compiled backward graph that the forward saved for it.
-enum class InputKind { UserInput, Parameter, Buffer, Tangent, Constant, Saved };
+// HostScalar: a number that changes between calls without changing the graph (a learning
+// rate), passed as a 0-dim float64 CPU tensor; the arguments that read it take it as the
+// Scalar, float, int or wrapped-number Tensor their schema declares (Note [Host scalars as
+// graph inputs], csrc/passes/scalar_inputs.cpp).
+enum class InputKind { UserInput, Parameter, Buffer, Tangent, Constant, Saved, HostScalar };
 enum class Phase { Forward, Backward };
 // Saved: an output of a compiled forward graph kept for the backward.
 enum class OutputKind { User, Grad, Saved };

@@ -50,9 +50,6 @@ class Interpreter {
   // keep_values(false) nothing is kept after run() returns (what compiled code wants).
   const at::Tensor& value(ir::ValueId v) const { return env_.at(static_cast<size_t>(v)); }
   void keep_values(bool keep) { keep_values_ = keep; }
-  // Replaces the value of a Double or WrappedScalar argument for later runs (scalars that
-  // tcap recomputes on the host per call, such as Adam's bias corrections).
-  void set_scalar_arg(ir::NodeId node, size_t arg, double value);
   // After run(): the non-tensor results (host reads such as item()), in node order,
   // observations (reads whose recorded value passes::forget_host_reads dropped) included.
   const std::vector<c10::IValue>& host_values() const { return host_values_; }
@@ -71,6 +68,19 @@ class Interpreter {
   c10::IValue to_ivalue(const ir::Node& n, size_t i, const c10::Argument& schema_arg) const;
   std::vector<c10::IValue> filled_stack(const ir::Node& n) const;
   const at::Tensor& get(const ir::Node& n, ir::ValueId v) const;
+  // An argument that reads a host scalar input (Note [Host scalars as graph inputs]),
+  // handed to its op in the type the schema declares.
+  struct ScalarUse {
+    enum class Kind { None, Double, Int, Tensor };
+    ir::NodeId node;
+    size_t arg;
+    ir::ValueId value;
+    Kind kind;
+  };
+  static ScalarUse::Kind scalar_use_kind(const c10::Argument& schema_arg);
+  static c10::IValue scalar_ivalue(ScalarUse::Kind kind, double d);
+  bool is_scalar_use(ir::NodeId node, size_t arg) const;
+  bool reads_wrapped_host_scalar(ir::NodeId node) const;
 
   ir::Graph graph_;  // a copy: replay may itself be recorded into the graph it came from
   std::vector<std::optional<c10::OperatorHandle>> ops_;  // per node
@@ -92,6 +102,8 @@ class Interpreter {
   std::vector<std::shared_ptr<interp::UnboxedCall>> unboxed_;
   std::vector<at::Tensor> env_;
   std::vector<c10::IValue> host_values_;
+  std::vector<ScalarUse> scalar_uses_;
+  std::vector<uint8_t> scalar_node_;  // per node (empty: none): it has a ScalarUse
   // Per node: values whose last reader it is (not outputs); freed after the node runs
   // when keep_values(false), so intermediates die as early as in eager.
   std::vector<std::vector<ir::ValueId>> last_uses_;

@@ -64,7 +64,7 @@ TEST_F(CompiledAutograd, LinearModelCompiledBackwardMatchesEager) {
       model->forward(x).sum().backward();
       auto st = ca.stats();
       EXPECT_EQ(st.captures, 1);
-      EXPECT_EQ(st.hits, step);
+      EXPECT_EQ(st.replays, step);
     }
     ref->forward(x).sum().backward();
     EXPECT_TRUE(close(model->weight.grad(), ref->weight.grad()));
@@ -101,7 +101,7 @@ TEST_F(CompiledAutograd, RootGradientsThatAliasedAreNotReusedWhenTheyDiffer) {
   }
   const auto st = ca.stats();
   EXPECT_EQ(st.captures, 2) << "one graph for one gradient tensor, one for two";
-  EXPECT_EQ(st.hits, 3);
+  EXPECT_EQ(st.replays, 3);
 }
 
 // CompileOptions::bw_compiler compiles the backward graphs (torch's
@@ -126,7 +126,7 @@ TEST_F(CompiledAutograd, BwCompilerCompilesTheBackward) {
     model->zero_grad();
     tcap::CompiledAutogradGuard ca(o);
     torch::tanh(model->forward(x)).sum().backward();
-    EXPECT_EQ(ca.stats().hits, step);
+    EXPECT_EQ(ca.stats().replays, step);
     EXPECT_TRUE(close(model->weight.grad(), want));
   }
   EXPECT_EQ(g_counting_compiles, 1);
@@ -228,7 +228,7 @@ TEST_F(CompiledAutograd, ChangedConstantRecompiles) {
   }
   tcap::CompiledAutogradGuard ca(opts("constant"));
   EXPECT_EQ(ca.stats().captures, 2);
-  EXPECT_EQ(ca.stats().hits, 3);
+  EXPECT_EQ(ca.stats().replays, 3);
 }
 
 // Seed 002: "Due to tensors changing shapes": sizes 10, 100, 10 -> one recompile, then
@@ -246,7 +246,7 @@ TEST_F(CompiledAutograd, ChangedShapesBecomeDynamic) {
   auto st = ca.stats();
   EXPECT_EQ(st.captures, 2) << log.text();
   EXPECT_EQ(st.recompiles, 1);
-  EXPECT_EQ(st.hits, 2);
+  EXPECT_EQ(st.replays, 2);
   EXPECT_GE(log.count("Cache miss due to changed shapes: marking size idx"), 1) << log.text();
   EXPECT_EQ(log.count("specialized to sizes [37]"), 1) << log.text();
 }
@@ -261,7 +261,7 @@ TEST_F(CompiledAutograd, RetainGraphTwice) {
   tcap::CompiledAutogradGuard ca(opts("retain"));
   loss.backward({}, /*retain_graph=*/true);
   loss.backward({}, /*retain_graph=*/true);
-  EXPECT_EQ(ca.stats().hits, 1);
+  EXPECT_EQ(ca.stats().replays, 1);
   loss_ref.backward({}, true);
   loss_ref.backward({}, true);
   EXPECT_TRUE(close(w.grad(), w_ref.grad()));
@@ -299,7 +299,7 @@ TEST_F(CompiledAutograd, SavedTensorsAreFreedAsTheBackwardRuns) {
         t.reset();
         auto loss = (u * u).sum();
         loss.backward({}, retain);
-        EXPECT_EQ(ca.stats().hits, step);
+        EXPECT_EQ(ca.stats().replays, step);
       }
       if (step > 0) {
         EXPECT_EQ(saved_alive_at_hook, retain) << (retain ? "retain_graph keeps the saved tensor"
@@ -386,7 +386,7 @@ TEST_F(CompiledAutograd, GradIsCompiled) {
     EXPECT_TRUE(close(gs[0], sa * (1 - sa) * b.detach()));
     EXPECT_TRUE(close(gs[1], sa.sum(0)));
     EXPECT_FALSE(a.grad().defined());
-    EXPECT_EQ(ca.stats().hits, step);
+    EXPECT_EQ(ca.stats().replays, step);
   }
 }
 
@@ -401,7 +401,7 @@ TEST_F(CompiledAutograd, GradReleasesOnlyTheNodesItRuns) {
     tcap::CompiledAutogradGuard ca(opts("grad_release"));
     auto ga = torch::autograd::grad({loss}, {a});
     EXPECT_TRUE(close(ga[0], torch::cos(a.detach())));
-    EXPECT_EQ(ca.stats().hits, step);
+    EXPECT_EQ(ca.stats().replays, step);
     // cos's node did not run: its saved tensor is still there.
     auto gb = torch::autograd::grad({loss}, {b});
     EXPECT_TRUE(close(gb[0], -torch::sin(b.detach())));
@@ -421,7 +421,7 @@ TEST_F(CompiledAutograd, LeafGradIsStolenNotCopied) {
     auto loss = (x.sin() * 3).sum();
     tcap::CompiledAutogradGuard ca(opts("steal"));
     loss.backward();
-    EXPECT_EQ(ca.stats().hits, step);
+    EXPECT_EQ(ca.stats().replays, step);
     ASSERT_TRUE(x.grad().defined());
     EXPECT_EQ(x.grad().data_ptr(), delivered) << "step " << step << ": .grad is a copy of the delivered gradient";
     EXPECT_FALSE(x.grad().requires_grad());
@@ -479,7 +479,7 @@ TEST_F(CompiledAutograd, ZeroGradDoesNotRecompile) {
   }
   tcap::CompiledAutogradGuard ca(opts("zero_grad"));
   EXPECT_EQ(ca.stats().captures, 1);
-  EXPECT_EQ(ca.stats().hits, 5);
+  EXPECT_EQ(ca.stats().replays, 5);
 }
 
 // retain_grad() on an intermediate and a hook on it: call_hook nodes, same .grad as eager.
@@ -525,7 +525,7 @@ TEST_F(CompiledAutograd, ExplicitPathWithoutEngineHook) {
     EXPECT_FALSE(ca.engine_hook_installed());
     ca.backward({loss});
     EXPECT_TRUE(close(x.grad(), torch::exp(x.detach())));
-    EXPECT_EQ(ca.stats().hits, step);
+    EXPECT_EQ(ca.stats().replays, step);
     auto y = torch::randn({2}, torch::requires_grad());
     (y * 2).sum().backward();  // not seen by the guard
     EXPECT_EQ(ca.stats().calls, step + 1);
@@ -603,7 +603,7 @@ void transformer_training(const std::string& backend, double rtol, double atol) 
   for (size_t i = 0; i < norms.size(); ++i) EXPECT_NEAR(norms[i], norms_ref[i], 1e-4 * (1 + norms_ref[i])) << i;
   tcap::CompiledAutogradGuard ca(o);
   EXPECT_EQ(ca.stats().captures, 1);
-  EXPECT_EQ(ca.stats().hits, 19);
+  EXPECT_EQ(ca.stats().replays, 19);
   EXPECT_EQ(count_call_hooks(ca.graphs().at(0)), static_cast<int>(model->parameters().size()) + 1);
 }
 
@@ -663,7 +663,7 @@ void accumulate_where_the_engine_would(const std::string& backend) {
     run(lin1, lin2, x, true);
     run(ref1, ref2, x, false);
   }
-  EXPECT_GE(last.hits, 2);
+  EXPECT_GE(last.replays, 2);
   ASSERT_EQ(graphs.size(), 1u);
   int accumulate_nodes = 0;
   for (const auto& n : graphs[0].nodes()) {

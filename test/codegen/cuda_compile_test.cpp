@@ -180,7 +180,7 @@ void compiled_autograd_backward(Where w) {
     {
       tcap::CompiledAutogradGuard ca(o);
       loss_of().backward();
-      hits = ca.stats().hits;
+      hits = ca.stats().replays;
     }
     if (step > 0) {
       EXPECT_GT(launches(w), before) << "no generated CUDA kernel ran in the compiled backward";

@@ -134,8 +134,8 @@ TEST(TrainStepOptim, LearningRateScheduleIsAnInput) {
     expect_same_params(*model, *twin, adam ? "adam schedule" : "sgd schedule");
     EXPECT_GE(step->stats().replays, 11) << "adam " << adam;
     EXPECT_EQ(step->stats().recompiles, 1) << "adam " << adam << ": only the state-creating first step differs";
-    // With the llvm backend the step's graph is fused (Note [Scalar arguments through
-    // fusion]): generated kernels ran, and the changing learning rate was not folded in.
+    // With the llvm backend the step's graph is fused (Note [Host scalars as graph
+    // inputs]): generated kernels ran, and the changing learning rate was not folded in.
     if (backend == "llvm") {
       EXPECT_GT(tcap::runtime::runtime_stats().launches, launches) << "adam " << adam;
     }

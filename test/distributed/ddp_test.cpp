@@ -246,7 +246,7 @@ int run_worker(const std::string& spec, const std::string& out) {
     if (compiled) report << "replays " << compiled->stats().replays << "\neager_reason " << compiled->eager_reason() << "\n";
     if (step_fn) report << "replays " << step_fn->stats().replays << "\neager_reason " << step_fn->eager_reason() << "\n";
     if (s.mode == "compiled_autograd") {
-      report << "replays " << ca_stats.hits << "\nca_accumulate_nodes " << ca_accumulate_nodes << "\n";
+      report << "replays " << ca_stats.replays << "\nca_accumulate_nodes " << ca_accumulate_nodes << "\n";
     }
     report << "allreduces " << ddp->stats().allreduces << "\nbuckets " << ddp->stats().buckets << "\n";
     report << "unused_marked " << ddp->stats().unused_marked << "\n";

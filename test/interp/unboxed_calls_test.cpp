@@ -7,6 +7,7 @@
 #include <tcap/interpreter.h>
 
 #include "interp/unboxed_calls.h"
+#include "passes/scalar_inputs.h"
 
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
@@ -185,9 +186,10 @@ TEST(UnboxedCalls, ModesSeeEveryCall) {
   EXPECT_EQ(tcap::interp::unboxed_calls_made(), before + 2);
 }
 
-// set_scalar_arg changes a float argument between runs (compile_step's learning rates):
-// the unboxed call reads the new value.
-TEST(UnboxedCalls, AScalarSetBetweenRunsIsRead) {
+// A float argument read from a host scalar input (compile_step's learning rates, Note
+// [Host scalars as graph inputs]): the unboxed call reads each run's value, as the
+// dispatcher's call does, and eager's result with that value.
+TEST(UnboxedCalls, AHostScalarInputIsReadPerRun) {
   torch::NoGradGuard no_grad;
   Tensors in = {torch::randn({6}), torch::randn({6}), torch::zeros({6}), torch::zeros({6}), torch::full({}, 1.0)};
   tcap::CaptureGuard cap;
@@ -202,19 +204,25 @@ TEST(UnboxedCalls, AScalarSetBetweenRunsIsRead) {
     if (n.op == "aten::_fused_adam_") adam = n.id;
   }
   ASSERT_GE(adam, 0);
-  Tensors results;
-  for (bool off : {true, false}) {
-    tcap::interp::disable_unboxed_calls_for_testing(off);
-    tcap::Interpreter interp(g);
-    interp.set_scalar_arg(adam, 6, 0.25);  // lr
-    Tensors fresh = clones(in);
-    results.push_back(interp.run(fresh)[0]);
+  const auto h = tcap::passes::scalars_as_inputs(g, {{adam, 6, "lr"}});
+  for (double lr : {0.25, 0.01}) {
+    Tensors results;
+    for (bool off : {true, false}) {
+      tcap::interp::disable_unboxed_calls_for_testing(off);
+      tcap::Interpreter interp(h);
+      Tensors fresh = clones(in);
+      fresh.push_back(tcap::passes::host_scalar_input(lr));
+      const int64_t before = tcap::interp::unboxed_calls_made();
+      results.push_back(interp.run(fresh)[0]);
+      if (!off) EXPECT_GT(tcap::interp::unboxed_calls_made(), before) << "the adam step was not called unboxed";
+    }
+    tcap::interp::disable_unboxed_calls_for_testing(false);
+    EXPECT_TRUE(results[0].equal(results[1])) << lr;
+    Tensors eager = clones(in);
+    at::_fused_adam_({eager[0]}, {eager[1]}, {eager[2]}, {eager[3]}, {}, {eager[4]}, lr, 0.9, 0.999, 0.0, 1e-8, false,
+                     false);
+    EXPECT_TRUE(results[1].equal(eager[0])) << "lr " << lr << ": not eager's result";
   }
-  tcap::interp::disable_unboxed_calls_for_testing(false);
-  EXPECT_TRUE(results[0].equal(results[1]));
-  tcap::Interpreter recorded_lr(g);
-  Tensors fresh = clones(in);
-  EXPECT_FALSE(recorded_lr.run(fresh)[0].equal(results[1])) << "the new lr was not used";
 }
 
 }  // namespace

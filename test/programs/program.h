@@ -127,7 +127,7 @@ class ModeRunner {
         }
         return {served, calls};
       case Mode::CompileStep: return {step_->stats().replays, steps_};
-      case Mode::CompiledAutograd: return {ca_stats_.hits, ca_stats_.calls};
+      case Mode::CompiledAutograd: return {ca_stats_.replays, ca_stats_.calls};
       default: return {steps_, steps_};
     }
   }

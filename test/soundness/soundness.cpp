@@ -26,7 +26,7 @@ Runner::Runner(Mode mode, std::shared_ptr<Net> net, std::string backend, bool co
       break;
     case Mode::CompiledAutograd:
       static int runners = 0;  // a cache of its own (guards share one per options)
-      options.name += "_" + options.backend + "_" + std::to_string(runners++);
+      options.name += "_" + std::string(options.backend.name()) + "_" + std::to_string(runners++);
       break;
   }
 }

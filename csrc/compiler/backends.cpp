@@ -1,0 +1,129 @@
+// Note [The backend table]
+// One row per backend: its name (CompileOptions::backend by name, the environment, the
+// tools), whether this build and machine can use it (and why not), the device its
+// kernels run on, and how a fused group's kernel is made. choose_target reads the table;
+// Auto is the one backend that is not a row: it picks the first row that can compile a
+// graph (cuda for CUDA graphs, llvm for CPU graphs), else the interpreter. A new backend
+// is a row here and a KernelMaker.
+#include "compiler/backends.h"
+
+#include "codegen/cpu_llvm/cpu_llvm.h"
+#include "codegen/cuda/cuda.h"
+#include "fuse/fusion.h"
+#include "runtime/fused_kernel.h"
+#include "support/logging.h"
+
+#include <algorithm>
+#include <optional>
+
+namespace tcap {
+
+namespace {
+
+bool always(std::string*) { return true; }
+
+struct Row {
+  Backend::Kind kind;
+  const char* name;
+  bool (*available)(std::string* why);
+  bool cuda;  // its kernels run on a CUDA device (else on the CPU)
+};
+
+// Auto last: it is not a target, only a choice among the others.
+constexpr Row kBackends[] = {
+    {Backend::Eager, "eager", always, false},
+    {Backend::Llvm, "llvm", codegen::cpu_llvm::cpu_llvm_available, false},
+    {Backend::Cuda, "cuda", codegen::cuda::cuda_available, true},
+    {Backend::Auto, "auto", always, false},
+};
+
+const Row& row(Backend::Kind k) {
+  for (const auto& r : kBackends) {
+    if (r.kind == k) return r;
+  }
+  TORCH_INTERNAL_ASSERT(false, "tcap: backend kind ", static_cast<int>(k), " has no row in the backend table");
+}
+
+std::string names() {
+  std::string s;
+  for (const auto& r : kBackends) s += (s.empty() ? "" : ", ") + std::string(r.name);
+  return s;
+}
+
+// The devices of the graph's tensors (CPU scalars next to CUDA tensors count).
+std::vector<c10::Device> devices_of(const ir::Graph& g) {
+  std::vector<c10::Device> out;
+  for (const auto& v : g.values()) {
+    if (std::find(out.begin(), out.end(), v.meta.device) == out.end()) out.push_back(v.meta.device);
+  }
+  return out;
+}
+
+}  // namespace
+
+Backend::Backend(const std::string& name) {
+  for (const auto& r : kBackends) {
+    if (name == r.name) {
+      kind_ = r.kind;
+      return;
+    }
+  }
+  TORCH_CHECK(false, "tcap: unknown backend '", name, "' (", names(), ")");
+}
+
+const char* Backend::name() const { return row(kind_).name; }
+
+bool Backend::available(std::string* why) const { return row(kind_).available(why); }
+
+namespace compiler {
+
+Target choose_target(const Backend& backend, const ir::Graph& g, const std::string& what) {
+  if (backend == Backend::Eager) return {};
+  // The device the kernels run on: the one device of the graph's tensors, ignoring CPU
+  // tensors next to CUDA ones (scalars; they stay ATen inputs).
+  const std::vector<c10::Device> devices = devices_of(g);
+  std::optional<c10::Device> cuda_device;
+  bool several = false;
+  for (const auto& d : devices) {
+    if (!d.is_cuda()) continue;
+    several = several || (cuda_device && *cuda_device != d);
+    cuda_device = d;
+  }
+  const Row& r = backend == Backend::Auto ? row(cuda_device ? Backend::Cuda : Backend::Llvm) : row(backend.kind());
+  std::string why;
+  if (!r.cuda) {
+    if (cuda_device) {
+      why = "the graph has tensors on " + cuda_device->str() + " (backend '" + r.name + "' compiles CPU graphs)";
+    } else if (std::any_of(devices.begin(), devices.end(), [](const c10::Device& d) { return !d.is_cpu(); })) {
+      why = "the graph has tensors that are neither on the CPU nor on a CUDA device";
+    } else if (r.available(&why)) {
+      return {r.kind, c10::Device(c10::kCPU)};
+    }
+  } else {
+    if (!cuda_device) {
+      why = std::string("the graph has no CUDA tensors (backend '") + r.name + "' compiles CUDA graphs)";
+    } else if (several) {
+      why = "the graph's tensors are on more than one CUDA device";
+    } else if (r.available(&why)) {
+      return {r.kind, *cuda_device};
+    }
+  }
+  TORCH_CHECK(backend == Backend::Auto, "tcap::compile: backend '", backend.name(), "' cannot compile ", what, ": ",
+              why);
+  TCAP_LOG(GraphBreaks, what << ": backend 'auto' runs the eager backend: " << why);
+  return {};
+}
+
+KernelMaker kernel_maker(const Target& t) {
+  TORCH_INTERNAL_ASSERT(t.fuses(), "tcap: the eager target makes no kernels");
+  if (t.kind == Backend::Llvm) {
+    return [](const fuse::FusedGroup& fg, runtime::FusedKernel& fk) { fk.cpu = codegen::cpu_llvm::compile_cpu_kernel(fg.kernel); };
+  }
+  const codegen::cuda::Target target = codegen::cuda::target_for(t.device.index());
+  return [target](const fuse::FusedGroup& fg, runtime::FusedKernel& fk) {
+    fk.cuda = codegen::cuda::compile_cuda_kernel(fg.kernel, target);
+  };
+}
+
+}  // namespace compiler
+}  // namespace tcap

@@ -1,0 +1,43 @@
+// The backends a graph can be compiled with, and where its kernels run (Note [The backend
+// table] in backends.cpp).
+#pragma once
+
+#include <tcap/compile.h>
+
+#include <c10/core/Device.h>
+
+#include <functional>
+#include <string>
+
+namespace tcap {
+
+namespace fuse {
+struct FusedGroup;
+}
+namespace runtime {
+struct FusedKernel;
+}
+
+// Makes a fused group's kernel: fills `fk.cpu` or `fk.cuda`; throws c10::Error to leave
+// the group's ops to ATen (the fusion pass logs why).
+using KernelMaker = std::function<void(const fuse::FusedGroup& fg, runtime::FusedKernel& fk)>;
+
+namespace compiler {
+
+// Where a graph's kernels run, with Backend::Auto resolved: no kernels (the interpreter
+// alone), or one backend's kernels on one device.
+struct Target {
+  Backend::Kind kind = Backend::Eager;  // Eager, Llvm or Cuda
+  c10::Device device = c10::kCPU;
+  bool fuses() const { return kind != Backend::Eager; }
+};
+
+// The target for graph `g` (named `what` in messages). Throws when a backend other than
+// Auto cannot compile `g` here; Auto falls back to Eager, logged under graph_breaks.
+Target choose_target(const Backend& backend, const ir::Graph& g, const std::string& what);
+
+// Makes the kernels of a fusing target.
+KernelMaker kernel_maker(const Target& t);
+
+}  // namespace compiler
+}  // namespace tcap

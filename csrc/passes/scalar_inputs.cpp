@@ -1,0 +1,76 @@
+// Note [Host scalars as graph inputs]
+// Some scalars of a graph change between calls without changing the graph: the learning
+// rate of a schedule, Adam's bias-corrected step size, the step count of a fused optimizer
+// call (compile_step recomputes them from the optimizers' host state, Note [Host scalars of
+// optimizers]). Such a scalar is a graph input of kind HostScalar, a 0-dim float64 CPU
+// tensor, and the arguments that take it refer to that input's value, in the positions the
+// schema gives a Scalar, a float, an int or a (wrapped-number) Tensor. So the graph says
+// what changes per call, every pass sees an ordinary value (renumbering nodes moves no
+// patch), and the executable takes the scalars as it takes tensors: a user's compiler, CUDA
+// graphs and the fused backends all get the same graph and the same calling convention.
+// The interpreter reads the input per run and hands the op the number in the type its
+// schema wants (a wrapped-number tensor for a Tensor position, as eager passes a Python
+// number), so a replay computes what eager computes, bit for bit. Fusion leaves the ops
+// that read one to ATen (their scalar is an argument of the call, not a kernel constant).
+#include "passes/scalar_inputs.h"
+
+#include <ATen/ops/scalar_tensor.h>
+#include <c10/util/Exception.h>
+
+namespace tcap::passes {
+
+ir::Graph scalars_as_inputs(const ir::Graph& g, const std::vector<ScalarArg>& args) {
+  if (args.empty()) return g;
+  ir::Graph h = g;
+  std::vector<ir::ValueId> inputs;
+  std::vector<ir::InputKind> kinds;
+  std::vector<std::string> names;
+  for (ir::NodeId id : h.input_nodes()) {
+    const ir::Node& n = h.node(id);
+    inputs.push_back(n.outputs.at(0).values.at(0));
+    kinds.push_back(n.input_kind);
+    names.push_back(n.name);
+  }
+  for (const auto& a : args) {
+    ir::TensorMeta meta;
+    meta.dtype = at::kDouble;
+    meta.device = c10::Device(c10::kCPU);
+    const ir::ValueId v = h.add_input(ir::InputKind::HostScalar, a.name, meta);
+    h.edit_node(a.node, [&](ir::Node& n) {
+      ir::Arg& arg = n.args.at(a.arg);
+      TORCH_CHECK(arg.kind == ir::ArgKind::Double || arg.kind == ir::ArgKind::WrappedScalar, "tcap: argument ", a.arg,
+                  " of node %", a.node, " (", n.qualified_op(), ") is not a floating-point scalar");
+      std::string name = arg.name;
+      arg = ir::Arg::value(v, std::move(name));
+    });
+    inputs.push_back(v);
+    kinds.push_back(ir::InputKind::HostScalar);
+    names.push_back(a.name);
+  }
+  // The new inputs were appended after their readers: cut the graph again, inputs first.
+  std::vector<ir::NodeId> body;
+  for (const auto& n : h.nodes()) {
+    if (n.kind != ir::NodeKind::Input && n.kind != ir::NodeKind::Output) body.push_back(n.id);
+  }
+  // (g's value ids are h's: the copy only appended values.)
+  const ir::Node* out = g.output_node();  // h's is no longer last (its new inputs are)
+  TORCH_CHECK(out != nullptr, "tcap: scalars_as_inputs: the graph has no output node");
+  std::vector<ir::ValueId> outs;
+  for (const auto& a : out->args) outs.push_back(a.values.at(0));
+  ir::Graph r = ir::extract_subgraph(h, body, inputs, kinds, names, outs, out->output_names, out->output_kinds);
+  r.schemas() = g.schemas();
+  return r;
+}
+
+bool reads_host_scalar(const ir::Graph& g, const ir::Node& n) {
+  for (const auto& a : n.args) {
+    if (a.kind != ir::ArgKind::Value) continue;
+    const ir::Node& p = g.node(g.value(a.values.at(0)).producer);
+    if (p.kind == ir::NodeKind::Input && p.input_kind == ir::InputKind::HostScalar) return true;
+  }
+  return false;
+}
+
+at::Tensor host_scalar_input(double value) { return at::scalar_tensor(value, at::kDouble); }
+
+}  // namespace tcap::passes

@@ -1,0 +1,202 @@
+// Note [Host scalars as graph inputs]: a scalar that changes between calls is a graph
+// input. The pass that makes one, the interpreter that reads it (bit for bit what eager
+// computes with the number), its JSON form, the fused backend around it, and compile_step,
+// whose per-call scalars (a learning-rate schedule) now reach a user's compiler and CUDA
+// graphs like any other input.
+#include <tcap/capture.h>
+#include <tcap/graph_json.h>
+#include <tcap/interpreter.h>
+#include <tcap/stance.h>
+#include <tcap/train_step.h>
+
+#include "compiler/pipeline.h"
+#include "passes/scalar_inputs.h"
+#include "support/backends.h"
+#include "support/compare.h"
+#include "support/modules.h"
+
+#include <torch/torch.h>
+
+using tcap::testing::close;
+using Tensors = std::vector<at::Tensor>;
+namespace ir = tcap::ir;
+namespace nn = torch::nn;
+
+namespace {
+
+// y = add(x, w, alpha=2.5) * 0.75 (a wrapped number), then addcdiv_(y, x, w, value=-0.5).
+ir::Graph scalar_graph(const at::Tensor& x, const at::Tensor& w) {
+  torch::NoGradGuard no_grad;
+  tcap::CaptureGuard cap;
+  cap.input(x, "x");
+  cap.input(w, "w");
+  auto y = at::add(x, w, 2.5) * 0.75;
+  y.addcdiv_(x, w.abs() + 1, -0.5);
+  cap.output(y, "y");
+  cap.stop();
+  return cap.graph();
+}
+
+at::Tensor eager_with_scalars(const at::Tensor& x, const at::Tensor& w, double alpha, double scale, double value) {
+  torch::NoGradGuard no_grad;
+  auto y = at::add(x, w, alpha) * scale;
+  y.addcdiv_(x, w.abs() + 1, value);
+  return y;
+}
+
+std::vector<tcap::passes::ScalarArg> scalar_args(const ir::Graph& g) {
+  std::vector<tcap::passes::ScalarArg> args;
+  for (const auto& n : g.nodes()) {
+    if (n.op == "aten::add" && n.overload == "Tensor") args.push_back({n.id, 2, "alpha"});
+    if (n.op == "aten::mul" && n.args.size() > 1 &&
+        (n.args[1].kind == ir::ArgKind::Double || n.args[1].kind == ir::ArgKind::WrappedScalar)) {
+      args.push_back({n.id, 1, "scale"});
+    }
+    if (n.op == "aten::addcdiv_") args.push_back({n.id, 3, "value"});
+  }
+  return args;
+}
+
+TEST(HostScalarInputs, ThePassMakesInputsAndTheInterpreterReadsThemBitForBit) {
+  auto x = torch::randn({5, 7}), w = torch::randn({7});  // w broadcasts
+  const ir::Graph g = scalar_graph(x, w);
+  const auto args = scalar_args(g);
+  ASSERT_EQ(args.size(), 3u) << ir::to_string(g);
+  const ir::Graph h = tcap::passes::scalars_as_inputs(g, args);
+  ir::verify(h);
+  const auto inputs = h.input_nodes();
+  ASSERT_EQ(inputs.size(), 5u);
+  for (size_t k = 2; k < 5; ++k) {
+    EXPECT_EQ(h.node(inputs[k]).input_kind, ir::InputKind::HostScalar);
+    EXPECT_EQ(h.node(inputs[k]).name, args[k - 2].name);
+  }
+  int readers = 0;
+  for (const auto& n : h.nodes()) readers += tcap::passes::reads_host_scalar(h, n);
+  EXPECT_EQ(readers, 3);
+  // The JSON form keeps the kind.
+  const ir::Graph back = ir::from_json_string(ir::to_json_string(h));
+  EXPECT_EQ(back, h);
+  EXPECT_NE(ir::to_json_string(h).find("host_scalar"), std::string::npos);
+  // Several values, one interpreter: each run computes what eager computes with them.
+  tcap::Interpreter interp(h);
+  for (const auto& [alpha, scale, value] : std::vector<std::tuple<double, double, double>>{
+           {2.5, 0.75, -0.5}, {-1.0, 3.0, 0.125}, {0.1, 1e-3, 7.0}}) {
+    auto xs = torch::randn({5, 7}), ws = torch::randn({7});
+    auto out = interp.run({xs, ws, tcap::passes::host_scalar_input(alpha), tcap::passes::host_scalar_input(scale),
+                           tcap::passes::host_scalar_input(value)})[0];
+    EXPECT_TRUE(out.equal(eager_with_scalars(xs, ws, alpha, scale, value))) << alpha << " " << scale << " " << value;
+  }
+}
+
+TEST(HostScalarInputs, NotAScalarArgumentIsRefused) {
+  auto x = torch::randn({3}), w = torch::randn({3});
+  const ir::Graph g = scalar_graph(x, w);
+  ir::NodeId add = -1;
+  for (const auto& n : g.nodes()) {
+    if (n.op == "aten::add") add = n.id;
+  }
+  ASSERT_GE(add, 0);
+  EXPECT_THROW(tcap::passes::scalars_as_inputs(g, {{add, 0, "x"}}), c10::Error);  // a tensor argument
+}
+
+TEST(HostScalarInputs, FusedBackendsKeepTheirReadersAsATenCalls) {
+  TCAP_SKIP_WITHOUT_BACKEND("llvm");
+  auto x = torch::randn({33, 17}), w = torch::randn({17});
+  const ir::Graph h = tcap::passes::scalars_as_inputs(scalar_graph(x, w), scalar_args(scalar_graph(x, w)));
+  tcap::CompileOptions o;
+  o.backend = tcap::Backend::Llvm;
+  tcap::Executable exe = tcap::compiler::compile_graph(h, o, "host_scalars");
+  for (double alpha : {2.5, -3.0}) {
+    auto xs = torch::randn({33, 17}), ws = torch::randn({17});
+    auto out = exe({xs, ws, tcap::passes::host_scalar_input(alpha), tcap::passes::host_scalar_input(0.5),
+                    tcap::passes::host_scalar_input(0.25)})[0];
+    EXPECT_TRUE(close(out, eager_with_scalars(xs, ws, alpha, 0.5, 0.25), 1e-5, 1e-6)) << alpha;
+  }
+}
+
+// BatchNorm in training: the fused backend decomposes it, so the nodes that read host
+// scalars are asked about in the decomposed graph too. (No bias before it: its gradient is
+// rounding noise around zero, which Adam amplifies; docs/compile.md.)
+nn::Sequential schedule_mlp() {
+  return nn::Sequential(nn::Linear(nn::LinearOptions(6, 10).bias(false)), nn::BatchNorm1d(10), nn::Tanh(),
+                        nn::Linear(10, 2));
+}
+
+// The step, with a learning rate that changes every call, compiled with `options`; the
+// weights and losses against an eager twin. Returns the step's stats.
+tcap::CompileStats train_with_schedule(const tcap::CompileOptions& options, bool adam) {
+  torch::manual_seed(4);
+  auto model = schedule_mlp(), twin = schedule_mlp();
+  tcap::testing::copy_params(*model, *twin);
+  std::unique_ptr<torch::optim::Optimizer> opt, opt_twin;
+  if (adam) {
+    opt = std::make_unique<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(0.01));
+    opt_twin = std::make_unique<torch::optim::Adam>(twin->parameters(), torch::optim::AdamOptions(0.01));
+  } else {
+    opt = std::make_unique<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+    opt_twin = std::make_unique<torch::optim::SGD>(twin->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  }
+  auto body = [](nn::Sequential& m, torch::optim::Optimizer& o, const at::Tensor& x, const at::Tensor& y) {
+    o.zero_grad();
+    auto loss = torch::mse_loss(m->forward(x), y);
+    loss.backward();
+    o.step();
+    return loss;
+  };
+  auto set_lr = [](torch::optim::Optimizer& o, double lr) {
+    for (auto& group : o.param_groups()) group.options().set_lr(lr);
+  };
+  tcap::StanceGuard strict(tcap::Stance::Default, /*error_on_fallback=*/true);
+  auto step = tcap::compile_step(model, *opt, [&](const Tensors& in) { return Tensors{body(model, *opt, in[0], in[1])}; },
+                                 options);
+  for (int i = 0; i < 10; ++i) {
+    const double lr = 0.02 / (1.0 + i);  // a schedule: a new learning rate every step
+    set_lr(*opt, lr);
+    set_lr(*opt_twin, lr);
+    auto x = torch::randn({7, 6}), y = torch::randn({7, 2});
+    auto loss = (*step)({x, y})[0];
+    EXPECT_TRUE(close(loss, body(twin, *opt_twin, x, y), 1e-4, 1e-5)) << "step " << i;
+  }
+  auto pt = twin->parameters();
+  for (size_t k = 0; k < pt.size(); ++k) EXPECT_TRUE(close(model->parameters()[k], pt[k], 1e-4, 1e-5)) << k;
+  return step->stats();
+}
+
+// Ten steps: the first runs eagerly and makes the optimizer's state (a new structure: the
+// one recompile), the next two are captured and compared, the other seven replay, each
+// with a learning rate of its own.
+void expect_captured_then_replayed(const tcap::CompileStats& s, const std::string& what) {
+  EXPECT_EQ(s.calls, 10) << what;
+  EXPECT_EQ(s.captures, 3) << what;
+  EXPECT_EQ(s.replays, 7) << what;
+  EXPECT_EQ(s.recompiles, 1) << what;
+}
+
+TEST(HostScalarInputs, CompileStepHandsItsScalarsToAUsersCompiler) {
+  for (bool adam : {false, true}) {
+    int compiled = 0;
+    int host_scalars = 0;
+    tcap::CompileOptions o;
+    o.fw_compiler = [&](const ir::Graph& g) {
+      ++compiled;
+      for (ir::NodeId id : g.input_nodes()) host_scalars += g.node(id).input_kind == ir::InputKind::HostScalar;
+      return tcap::eager_backend(g);
+    };
+    const tcap::CompileStats s = train_with_schedule(o, adam);
+    EXPECT_EQ(compiled, 1) << "adam " << adam << ": the schedule recompiled";
+    EXPECT_GT(host_scalars, 0) << "adam " << adam << ": the learning rate is not an input";
+    expect_captured_then_replayed(s, adam ? "adam" : "sgd");
+  }
+}
+
+TEST(HostScalarInputs, CompileStepTakesCudaGraphsAndTheFusedBackend) {
+  for (const char* backend : {"eager", "llvm"}) {
+    if (!tcap::Backend(backend).available()) continue;
+    tcap::CompileOptions o;
+    o.backend = backend;
+    o.cuda_graphs = true;  // CPU tensors: runs as usual (logged); on a GPU the graph decides
+    expect_captured_then_replayed(train_with_schedule(o, /*adam=*/true), backend);
+  }
+}
+
+}  // namespace
