@@ -590,10 +590,11 @@ std::vector<at::Tensor> Interpreter::run(std::vector<at::Tensor> inputs) {
 }
 
 bool Interpreter::is_scalar_use(ir::NodeId node, size_t arg) const {
-  for (const ScalarUse& u : scalar_uses_) {
-    if (u.node == node && u.arg == arg) return true;
-  }
-  return false;
+  // A value argument's prepared entry is None, a scalar use's its last number: no search
+  // (a step's graph has hundreds of scalar uses).
+  const auto id = static_cast<size_t>(node);
+  return id < scalar_node_.size() && scalar_node_[id] && graph_.node(node).args[arg].refers_to_values() &&
+         !prepared_[id][arg].isNone();
 }
 
 bool Interpreter::reads_wrapped_host_scalar(ir::NodeId node) const {
