@@ -128,24 +128,10 @@ tcap::CompileStats train_with_schedule(const tcap::CompileOptions& options, bool
   torch::manual_seed(4);
   auto model = schedule_mlp(), twin = schedule_mlp();
   tcap::testing::copy_params(*model, *twin);
-  std::unique_ptr<torch::optim::Optimizer> opt, opt_twin;
-  if (adam) {
-    opt = std::make_unique<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(0.01));
-    opt_twin = std::make_unique<torch::optim::Adam>(twin->parameters(), torch::optim::AdamOptions(0.01));
-  } else {
-    opt = std::make_unique<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-    opt_twin = std::make_unique<torch::optim::SGD>(twin->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-  }
-  auto body = [](nn::Sequential& m, torch::optim::Optimizer& o, const at::Tensor& x, const at::Tensor& y) {
-    o.zero_grad();
-    auto loss = torch::mse_loss(m->forward(x), y);
-    loss.backward();
-    o.step();
-    return loss;
-  };
-  auto set_lr = [](torch::optim::Optimizer& o, double lr) {
-    for (auto& group : o.param_groups()) group.options().set_lr(lr);
-  };
+  auto opt = tcap::testing::adam_or_sgd(adam, model->parameters(), 0.01);
+  auto opt_twin = tcap::testing::adam_or_sgd(adam, twin->parameters(), 0.01);
+  using tcap::testing::set_lr;
+  auto body = tcap::testing::mse_step;
   tcap::StanceGuard strict(tcap::Stance::Default, /*error_on_fallback=*/true);
   auto step = tcap::compile_step(model, *opt, [&](const Tensors& in) { return Tensors{body(model, *opt, in[0], in[1])}; },
                                  options);

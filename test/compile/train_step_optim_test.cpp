@@ -99,24 +99,10 @@ TEST(TrainStepOptim, LearningRateScheduleIsAnInput) {
     torch::manual_seed(2);
     auto model = mlp(), twin = mlp();
     copy_params(*model, *twin);
-    std::unique_ptr<torch::optim::Optimizer> opt, opt_twin;
-    if (adam) {
-      opt = std::make_unique<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(1e-3));
-      opt_twin = std::make_unique<torch::optim::Adam>(twin->parameters(), torch::optim::AdamOptions(1e-3));
-    } else {
-      opt = std::make_unique<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(1e-3).momentum(0.9));
-      opt_twin = std::make_unique<torch::optim::SGD>(twin->parameters(), torch::optim::SGDOptions(1e-3).momentum(0.9));
-    }
-    auto set_lr = [](torch::optim::Optimizer& o, double lr) {
-      for (auto& g : o.param_groups()) g.options().set_lr(lr);
-    };
-    auto body = [](nn::Sequential& m, torch::optim::Optimizer& o, const at::Tensor& x, const at::Tensor& y) {
-      o.zero_grad();
-      auto loss = torch::mse_loss(m->forward(x), y);
-      loss.backward();
-      o.step();
-      return loss;
-    };
+    auto opt = tcap::testing::adam_or_sgd(adam, model->parameters(), 1e-3);
+    auto opt_twin = tcap::testing::adam_or_sgd(adam, twin->parameters(), 1e-3);
+    using tcap::testing::set_lr;
+    auto body = tcap::testing::mse_step;
     tcap::CompileOptions o;
     o.backend = backend;
     auto step =
