@@ -18,7 +18,6 @@
 #include "passes/drop_detaches.h"
 #include "passes/fold_transposes.h"
 #include "passes/reuse_buffers.h"
-#include "passes/scalar_inputs.h"
 #include "interp/hook_runner.h"
 #include "runtime/buffer_pool.h"
 #include "runtime/fused_kernel.h"
@@ -142,13 +141,11 @@ Executable interpreter_executable(const ir::Graph& g, const std::string& what, b
 // The fusion pass with each kept group's kernel made by `make` and registered for
 // tcap::fused; the kernels' ids go to `ids` (released with the executable).
 ir::Graph fuse_graph(const ir::Graph& g, const std::string& what, const std::string& dump_dir,
-                     const c10::Device& device, const KernelMaker& make, std::vector<int64_t>* ids,
-                     std::function<bool(const ir::Graph&, const ir::Node&)> keep_unfused = {}) {
+                     const c10::Device& device, const KernelMaker& make, std::vector<int64_t>* ids) {
   const auto t0 = std::chrono::steady_clock::now();
   std::mutex ids_mu;  // compile runs on several threads (Note [Parallel kernel compilation])
   fuse::FusionOptions opts;
   opts.device = device;
-  opts.keep_unfused = std::move(keep_unfused);
   opts.compile = [&](const fuse::FusedGroup& fg, std::string* why) -> int64_t {
     try {
       auto fk = std::make_shared<runtime::FusedKernel>();
@@ -235,10 +232,7 @@ Executable compile_graph(const ir::Graph& g, const CompileOptions& o, const std:
     std::vector<int64_t> kernels;
     ir::Graph h = simplify(g, what);
     if (target.fuses()) {
-      // Note [Host scalars as graph inputs]: an op that reads one stays an ATen call.
-      auto reads_scalar = [](const ir::Graph& g, const ir::Node& n) { return passes::reads_host_scalar(g, n); };
-      h = stage(fuse_graph(h, what, dump_dir_of(o), target.device, kernel_maker(target), &kernels, reads_scalar), what,
-                "fuse");
+      h = stage(fuse_graph(h, what, dump_dir_of(o), target.device, kernel_maker(target), &kernels), what, "fuse");
     }
     int rewritten = 0;
     h = stage(passes::reuse_buffers(h, &rewritten), what, "reuse_buffers");

@@ -6,6 +6,32 @@
 
 namespace tcap::fuse {
 
+namespace {
+
+// Note [Kernel parameters] (kir/kir.h): a node that reads a host scalar joins a kernel only
+// when its lowering reads the number through Emitter::in(), as a parameter. A lowering that
+// needs it as a constant (lerp's choice of formula, pow's special exponents) throws; the
+// node is then lowered here once, into a kernel nobody keeps, to find out.
+std::optional<std::string> host_scalar_refusal(const ir::Graph& g, const ir::Node& n) {
+  kir::Kernel scratch;
+  auto load = [&](ir::ValueId v) -> Val {
+    kir::Instr in;
+    in.op = kir::OpCode::Load;
+    in.dtype = *to_kir(g.value(v).meta.dtype);
+    const kir::DType t = in.dtype;
+    return {kir::add(scratch, std::move(in)), t};
+  };
+  Emitter e(g, scratch, load, [&](ir::ValueId v, const std::vector<int>&) { return load(v); });
+  try {
+    lower(e, n);
+  } catch (const c10::Error& err) {
+    return std::string(err.what_without_backtrace());
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 std::optional<std::string> classify(const ir::Graph& g, const ir::Node& n, NodeClass* info, const c10::Device& device,
                                     int64_t max_matmul_macs) {
   if (n.kind != ir::NodeKind::Call) return std::string("not an operator call");
@@ -24,8 +50,13 @@ std::optional<std::string> classify(const ir::Graph& g, const ir::Node& n, NodeC
     if (!to_kir(m.dtype)) return "dtype " + ir::dtype_short_name(m.dtype) + " has no kernels";
     return std::nullopt;
   };
+  bool reads_host_scalar = false;
   for (const auto& a : n.args) {
     if (a.kind != ir::ArgKind::Value) continue;
+    if (ir::is_host_scalar(g, a.values[0])) {  // a kernel parameter, wherever the kernel runs
+      reads_host_scalar = true;
+      continue;
+    }
     has_tensor_arg = true;
     if (auto why = check_value(a.values[0])) return why;
   }
@@ -73,6 +104,9 @@ std::optional<std::string> classify(const ir::Graph& g, const ir::Node& n, NodeC
   }();
   if (ir::op_has(n.op, ir::OpFact::FloatOnly) && !float_out) {
     return std::string("integer result (only floating results are fused for this op)");
+  }
+  if (reads_host_scalar) {
+    if (auto why = host_scalar_refusal(g, n)) return *why + " (runs as an ATen call)";
   }
   if (row->cls == OpClass::Contraction) {
     // Note [Small matmuls as kernels]

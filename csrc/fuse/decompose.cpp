@@ -78,12 +78,11 @@ ir::TensorMeta dense_meta(c10::ScalarType dtype, c10::ArrayRef<int64_t> sizes, c
 
 class Decomposer {
  public:
-  Decomposer(const ir::Graph& g, const c10::Device& device, std::function<bool(const ir::Graph&, const ir::Node&)> keep)
-      : g_(g), device_(device), keep_(std::move(keep)) {}
+  Decomposer(const ir::Graph& g, const c10::Device& device) : g_(g), device_(device) {}
 
-  // Whether node n is rewritten (not one the caller keeps as it is).
+  // Whether node n is rewritten (a rule's constants are not host scalars).
   bool decomposes(const ir::Node& n) const {
-    return (is_layer_norm_backward(n) || is_batch_norm(n) || is_batch_norm_backward(n)) && !(keep_ && keep_(g_, n));
+    return (is_layer_norm_backward(n) || is_batch_norm(n) || is_batch_norm_backward(n)) && !ir::reads_host_scalar(g_, n);
   }
 
   Decomposed run() {
@@ -531,7 +530,6 @@ class Decomposer {
 
   const ir::Graph& g_;
   const c10::Device device_;
-  const std::function<bool(const ir::Graph&, const ir::Node&)> keep_;
   ir::Graph out_;
   std::unordered_map<ir::ValueId, ir::ValueId> map_;
   const ir::TensorMeta* like_ = nullptr;  // dtype and device of the nodes a decomposition makes
@@ -540,9 +538,8 @@ class Decomposer {
 
 }  // namespace
 
-Decomposed decompose_for_fusion(const ir::Graph& g, const c10::Device& device,
-                                std::function<bool(const ir::Graph&, const ir::Node&)> keep) {
-  return Decomposer(g, device, std::move(keep)).run();
+Decomposed decompose_for_fusion(const ir::Graph& g, const c10::Device& device) {
+  return Decomposer(g, device).run();
 }
 
 }  // namespace tcap::fuse

@@ -29,8 +29,8 @@ struct Decomposed {
 // written with copy_ once the graph reaches a node that could see them. In eval mode,
 // with its statistics results unread, native_batch_norm into pointwise ops (Note [Batch
 // norm as kernels] in decompose.cpp).
-// Nodes for which `keep` returns true stay as they are (FusionOptions::keep_unfused).
-Decomposed decompose_for_fusion(const ir::Graph& g, const c10::Device& device,
-                                std::function<bool(const ir::Graph&, const ir::Node&)> keep = {});
+// A node that reads a host scalar input stays as it is (its rules are written for
+// constant arguments).
+Decomposed decompose_for_fusion(const ir::Graph& g, const c10::Device& device);
 
 }  // namespace tcap::fuse

@@ -59,7 +59,17 @@ Val Emitter::in_mapped(const ir::Node& n, size_t i, DType want, const std::vecto
   return cast(resolve_mapped_(a.values[0], src), want);
 }
 
+namespace {
+void check_constant(const ir::Node& n, size_t i) {
+  const ir::Arg& a = n.args.at(i);
+  TORCH_CHECK(a.kind != ir::ArgKind::Value && a.kind != ir::ArgKind::ValueList && a.kind != ir::ArgKind::OptValueList,
+              "argument '", a.name, "' of ", n.qualified_op(),
+              " is a host scalar, which its kernel would need as a constant");
+}
+}  // namespace
+
 double Emitter::real(const ir::Node& n, size_t i) const {
+  check_constant(n, i);
   const ir::Arg& a = n.args.at(i);
   if (a.kind == ir::ArgKind::Double) return a.d;
   if (a.kind == ir::ArgKind::WrappedScalar) {
@@ -67,8 +77,24 @@ double Emitter::real(const ir::Node& n, size_t i) const {
   }
   return static_cast<double>(a.i);
 }
-int64_t Emitter::integer(const ir::Node& n, size_t i) const { return n.args.at(i).i; }
-std::string Emitter::str(const ir::Node& n, size_t i) const { return n.args.at(i).s; }
+int64_t Emitter::integer(const ir::Node& n, size_t i) const {
+  check_constant(n, i);
+  return n.args.at(i).i;
+}
+std::string Emitter::str(const ir::Node& n, size_t i) const {
+  check_constant(n, i);
+  return n.args.at(i).s;
+}
+bool Emitter::is_constant(const ir::Node& n, size_t i, double v) const {
+  if (i >= n.args.size()) return false;
+  switch (n.args[i].kind) {
+    case ir::ArgKind::Double:
+    case ir::ArgKind::Int:
+    case ir::ArgKind::Bool:
+    case ir::ArgKind::WrappedScalar: return real(n, i) == v;
+    default: return false;
+  }
+}
 
 Val Emitter::c(double v, DType t) {
   kir::Instr in;
@@ -157,7 +183,9 @@ DType Emitter::promoted(const ir::Node& n, std::initializer_list<size_t> args) c
   auto merge = [](std::optional<c10::ScalarType>& s, c10::ScalarType t) { s = s ? c10::promoteTypes(*s, t) : t; };
   for (size_t i : args) {
     const ir::Arg& a = n.args.at(i);
-    if (a.kind == ir::ArgKind::Value) {
+    if (a.kind == ir::ArgKind::Value && ir::is_host_scalar(g_, a.values[0])) {
+      merge(wrapped_t, c10::kDouble);  // a number in place of a Double or a wrapped double
+    } else if (a.kind == ir::ArgKind::Value) {
       const auto& m = g_.value(a.values[0]).meta;
       merge(m.sizes.empty() ? zero_t : dim_t, m.dtype);
     } else if (a.kind == ir::ArgKind::WrappedScalar) {

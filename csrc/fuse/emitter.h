@@ -40,14 +40,21 @@ class Emitter {
 
   bool is_tensor(const ir::Node& n, size_t i) const;
   bool is_none(const ir::Node& n, size_t i) const;
-  // Argument i as a value of dtype `want`: a tensor (resolved and cast) or a scalar constant.
+  // Argument i as a value of dtype `want`: a tensor (resolved and cast), a scalar constant,
+  // or a host scalar (a kernel parameter, Note [Kernel parameters]: resolved and cast, as
+  // eager converts a Scalar to the dtype it computes in).
   Val in(const ir::Node& n, size_t i, kir::DType want);
   // Tensor argument i read along the group's dims: src[d] is the argument's dim feeding
   // dim d of the group's full space, -1 where it is not read along d (contraction_src).
   Val in_mapped(const ir::Node& n, size_t i, kir::DType want, const std::vector<int>& src);
+  // A constant argument's value, for lowerings whose instructions depend on it (pow's
+  // special exponents, lerp's two formulas). Throws c10::Error for a host scalar: its number
+  // is known only at launch, so such a node stays an ATen call (classify() asks).
   double real(const ir::Node& n, size_t i) const;
   int64_t integer(const ir::Node& n, size_t i) const;
   std::string str(const ir::Node& n, size_t i) const;
+  // Whether argument i is a constant equal to v (false for a host scalar or none).
+  bool is_constant(const ir::Node& n, size_t i, double v) const;
   Val c(double v, kir::DType t);
   Val cast(Val v, kir::DType t);
   Val un(kir::OpCode op, Val a);

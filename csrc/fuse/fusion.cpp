@@ -40,7 +40,7 @@ class Fuser {
   Fuser(const ir::Graph& g, const FusionOptions& opts) : g_(g), opts_(opts) {}
 
   FusionResult run() {
-    grouping_ = form_groups(g_, opts_.device, opts_.keep_unfused, opts_.max_matmul_macs);
+    grouping_ = form_groups(g_, opts_.device, opts_.max_matmul_macs);
     build_kernels();
     return rewrite();
   }
@@ -198,9 +198,12 @@ class Fuser {
 
   // The group's nodes as a standalone graph (FusedGroup::fallback).
   ir::Graph subgraph(const FusedGroup& fg) const {
-    std::vector<ir::InputKind> kinds(fg.inputs.size(), ir::InputKind::UserInput);
+    std::vector<ir::InputKind> kinds;
     std::vector<std::string> names, out_names;
-    for (ir::ValueId v : fg.inputs) names.push_back("%" + std::to_string(v));
+    for (ir::ValueId v : fg.inputs) {
+      kinds.push_back(ir::is_host_scalar(g_, v) ? ir::InputKind::HostScalar : ir::InputKind::UserInput);
+      names.push_back("%" + std::to_string(v));
+    }
     for (ir::ValueId v : fg.outputs) out_names.push_back("%" + std::to_string(v));
     return ir::extract_subgraph(g_, fg.nodes, fg.inputs, kinds, names, fg.outputs, out_names,
                                 std::vector<ir::OutputKind>(fg.outputs.size(), ir::OutputKind::User));
@@ -420,7 +423,7 @@ int64_t default_max_matmul_macs() {
 
 FusionResult fuse(const ir::Graph& g, const FusionOptions& options) {
   TORCH_CHECK(options.compile, "tcap::fuse::fuse: FusionOptions::compile is required");
-  Decomposed d = decompose_for_fusion(g, options.device, options.keep_unfused);
+  Decomposed d = decompose_for_fusion(g, options.device);
   if (d.count == 0) {
     FusionResult res = Fuser(g, options).run();
     res.decisions.insert(res.decisions.begin(), d.decisions.begin(), d.decisions.end());

@@ -62,10 +62,6 @@ struct FusionOptions {
   // (Note [Small matmuls as kernels]); 0 keeps every matmul an ATen call. The default
   // is default_max_matmul_macs().
   int64_t max_matmul_macs = default_max_matmul_macs();
-  // Nodes that stay ATen calls whatever they compute, not decomposed either (the nodes that
-  // read a host scalar input: Note [Host scalars as graph inputs]). Asked with the graph
-  // the node is in (the input graph, or the graph after decompositions).
-  std::function<bool(const ir::Graph&, const ir::Node&)> keep_unfused;
 };
 
 struct FusionResult {

@@ -96,7 +96,9 @@ kir::Kernel lower_group(const ir::Graph& g, const Grouping& grouping, const Grou
   std::map<ir::ValueId, int32_t> buffer_of;
   for (ir::ValueId v : fg.inputs) {
     buffer_of[v] = static_cast<int32_t>(k.buffers.size());
-    k.buffers.push_back({"%" + std::to_string(v), *to_kir(g.value(v).meta.dtype), false});
+    // A host scalar is a parameter (Note [Kernel parameters]); its 0-dim meta gives its
+    // Loads all-zero strides.
+    k.buffers.push_back({"%" + std::to_string(v), *to_kir(g.value(v).meta.dtype), false, ir::is_host_scalar(g, v)});
   }
   std::map<ir::ValueId, Val> val_of;
   std::map<std::pair<ir::ValueId, std::vector<int64_t>>, Val> loads;

@@ -133,9 +133,8 @@ bool same(c10::ArrayRef<int64_t> a, const std::vector<int64_t>& b) {
 
 class Grouper {
  public:
-  Grouper(const ir::Graph& g, const c10::Device& device, const std::function<bool(const ir::Graph&, const ir::Node&)>& keep,
-          int64_t max_matmul_macs, Grouping& out)
-      : g_(g), device_(device), keep_(keep), max_matmul_macs_(max_matmul_macs), out_(out) {}
+  Grouper(const ir::Graph& g, const c10::Device& device, int64_t max_matmul_macs, Grouping& out)
+      : g_(g), device_(device), max_matmul_macs_(max_matmul_macs), out_(out) {}
 
   void run() {
     const size_t n_nodes = g_.nodes().size();
@@ -160,10 +159,6 @@ class Grouper {
       for (auto& gr : groups_) gr.closed = true;
     }
     if (n.kind != ir::NodeKind::Call) {
-      return;
-    }
-    if (keep_ && keep_(g_, n)) {
-      decide(n, "kept as an ATen call (FusionOptions::keep_unfused)");
       return;
     }
     NodeClass info;
@@ -523,7 +518,6 @@ class Grouper {
 
   const ir::Graph& g_;
   const c10::Device device_;
-  const std::function<bool(const ir::Graph&, const ir::Node&)>& keep_;
   const int64_t max_matmul_macs_;
   Grouping& out_;
   std::vector<Group>& groups_ = out_.groups;
@@ -538,10 +532,9 @@ class Grouper {
 
 }  // namespace
 
-Grouping form_groups(const ir::Graph& g, const c10::Device& device, const std::function<bool(const ir::Graph&, const ir::Node&)>& keep,
-                     int64_t max_matmul_macs) {
+Grouping form_groups(const ir::Graph& g, const c10::Device& device, int64_t max_matmul_macs) {
   Grouping out;
-  Grouper(g, device, keep, max_matmul_macs, out).run();
+  Grouper(g, device, max_matmul_macs, out).run();
   return out;
 }
 

@@ -85,10 +85,9 @@ struct Grouping {
 // unsqueeze, squeeze, expand, alias: same storage offset, recorded as such) are taken. The
 // kernel's guard checks the base's sizes and strides, which fix the view's (a view's
 // strides on dims of size 1 are never read); its fallback graph runs the view node too.
-// Groups the nodes of `g` whose tensors all live on `device`; nodes `keep` accepts stay
-// ATen calls.
-Grouping form_groups(const ir::Graph& g, const c10::Device& device,
-                     const std::function<bool(const ir::Graph&, const ir::Node&)>& keep = {}, int64_t max_matmul_macs = 0);
+// Groups the nodes of `g` whose tensors all live on `device` (host scalars read as kernel
+// parameters: Note [Kernel parameters] in kir/kir.h).
+Grouping form_groups(const ir::Graph& g, const c10::Device& device, int64_t max_matmul_macs = 0);
 
 // --- shapes and nodes, shared with the kernel builder (group_kernel.h) and the rewrite ---
 

@@ -243,7 +243,7 @@ template <OpCode op>
 std::vector<Val> add_sub(Emitter& e, const ir::Node& n) {
   const DType t = e.compute_dtype(n);
   Val a = e.in(n, 0, t), b = e.in(n, 1, t);
-  if (n.args.size() > 2 && (n.args[2].kind == ir::ArgKind::Double ? n.args[2].d != 1.0 : n.args[2].i != 1)) {
+  if (n.args.size() > 2 && !e.is_constant(n, 2, 1.0)) {
     b = e.bin(OpCode::Mul, b, e.in(n, 2, t));
   }
   return {e.bin(op, a, b)};
@@ -251,7 +251,7 @@ std::vector<Val> add_sub(Emitter& e, const ir::Node& n) {
 std::vector<Val> rsub(Emitter& e, const ir::Node& n) {  // other - alpha * self
   const DType t = e.compute_dtype(n);
   Val a = e.in(n, 0, t), b = e.in(n, 1, t);
-  if (n.args.size() > 2 && (n.args[2].kind == ir::ArgKind::Double ? n.args[2].d != 1.0 : n.args[2].i != 1)) {
+  if (n.args.size() > 2 && !e.is_constant(n, 2, 1.0)) {
     a = e.bin(OpCode::Mul, a, e.in(n, 2, t));
   }
   return {e.bin(OpCode::Sub, b, a)};
@@ -287,8 +287,7 @@ std::vector<Val> addcdiv(Emitter& e, const ir::Node& n) {  // self + value * t1 
 std::vector<Val> pow_tensor_scalar(Emitter& e, const ir::Node& n) {
   const DType t = e.compute_dtype(n);
   Val x = e.in(n, 0, t);
-  const ir::Arg& a = n.args.at(1);
-  const double p = a.kind == ir::ArgKind::Double ? a.d : static_cast<double>(a.i);
+  const double p = e.real(n, 1);
   // ATen's pow special-cases these exponents (exactly, no libm pow).
   if (p == 1) return {x};
   if (p == 2) return {e.bin(OpCode::Mul, x, x)};

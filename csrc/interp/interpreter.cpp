@@ -251,13 +251,13 @@ Interpreter::Interpreter(const ir::Graph& graph, bool differentiable)
     for (size_t i = 0; i < n.args.size(); ++i) {
       if (n.args[i].kind == ir::ArgKind::Value) {
         const ir::ValueId v = n.args[i].values.at(0);
-        const ir::Node& p = graph_.node(graph_.value(v).producer);
-        if (p.kind == ir::NodeKind::Input && p.input_kind == ir::InputKind::HostScalar) {
+        if (ir::is_host_scalar(graph_, v)) {
           ScalarUse u{n.id, i, v, scalar_use_kind(sa[i])};
           if (u.kind == ScalarUse::Kind::None) fail(n, "argument '" + sa[i].name() + "' cannot take a host scalar");
           scalar_uses_.push_back(u);
           scalar_node_.resize(graph_.nodes().size(), 0);
-          scalar_node_[static_cast<size_t>(n.id)] = 1;
+          scalar_node_[static_cast<size_t>(n.id)] |= kReadsHostScalar;
+          if (u.kind == ScalarUse::Kind::Tensor) scalar_node_[static_cast<size_t>(n.id)] |= kReadsWrappedHostScalar;
           stack.push_back(scalar_ivalue(u.kind, 0.0));
           continue;
         }
@@ -598,10 +598,8 @@ bool Interpreter::is_scalar_use(ir::NodeId node, size_t arg) const {
 }
 
 bool Interpreter::reads_wrapped_host_scalar(ir::NodeId node) const {
-  for (const ScalarUse& u : scalar_uses_) {
-    if (u.node == node && u.kind == ScalarUse::Kind::Tensor) return true;
-  }
-  return false;
+  const auto id = static_cast<size_t>(node);
+  return id < scalar_node_.size() && (scalar_node_[id] & kReadsWrappedHostScalar) != 0;
 }
 
 Interpreter::ScalarUse::Kind Interpreter::scalar_use_kind(const c10::Argument& sa) {

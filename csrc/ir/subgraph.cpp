@@ -1,4 +1,5 @@
-// Copying nodes between graphs: copy_node and extract_subgraph (tcap/graph.h).
+// Copying nodes between graphs: copy_node and extract_subgraph (tcap/graph.h); the
+// questions about one value that cutting and passes ask (describe, is_host_scalar).
 #include <tcap/graph.h>
 
 #include <c10/util/Exception.h>
@@ -17,6 +18,22 @@ std::string describe(const Graph& g, ValueId v) {
   if (p.kind == NodeKind::Input) ss << " input '" << p.name << "'";
   else ss << " " << p.qualified_op();
   return ss.str();
+}
+
+bool is_host_scalar(const Graph& g, ValueId v) {
+  // Safe on graphs verify() has not accepted yet (it asks too).
+  if (v < 0 || static_cast<size_t>(v) >= g.values().size()) return false;
+  const NodeId producer = g.value(v).producer;
+  if (producer < 0 || static_cast<size_t>(producer) >= g.nodes().size()) return false;
+  const Node& p = g.node(producer);
+  return p.kind == NodeKind::Input && p.input_kind == InputKind::HostScalar;
+}
+
+bool reads_host_scalar(const Graph& g, const Node& n) {
+  for (const auto& a : n.args) {
+    if (a.kind == ArgKind::Value && !a.values.empty() && is_host_scalar(g, a.values[0])) return true;
+  }
+  return false;
 }
 
 NodeId copy_node(const Graph& from, const Node& node, Graph& to, std::unordered_map<ValueId, ValueId>& map) {

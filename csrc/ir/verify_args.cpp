@@ -199,14 +199,7 @@ std::string arg_mismatch(const Arg& a, const c10::Argument& s) {
 // Note [Host scalars as graph inputs]: a value of a HostScalar input fits where a number
 // (Scalar, float, int) or a Tensor goes.
 static bool reads_host_scalar_where_a_number_goes(const Graph& g, const Arg& a, const c10::Argument& s) {
-  if (a.kind != ArgKind::Value || a.values.empty() || a.values[0] < 0 ||
-      static_cast<size_t>(a.values[0]) >= g.values().size()) {
-    return false;
-  }
-  const NodeId p = g.value(a.values[0]).producer;
-  if (p < 0 || static_cast<size_t>(p) >= g.nodes().size()) return false;
-  const Node& producer = g.node(p);
-  if (producer.kind != NodeKind::Input || producer.input_kind != InputKind::HostScalar) return false;
+  if (a.kind != ArgKind::Value || a.values.empty() || !is_host_scalar(g, a.values[0])) return false;
   c10::TypePtr t = s.real_type();
   if (t->kind() == c10::TypeKind::OptionalType) t = t->castRaw<c10::OptionalType>()->getElementType();
   switch (t->kind()) {

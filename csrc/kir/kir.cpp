@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 
@@ -27,7 +28,8 @@ std::string body(const Kernel& k) {
   for (size_t d = 0; d < k.sizes.size(); ++d) os << (d ? ", " : "") << k.sizes[d];
   os << "] reduce=" << k.num_reduce_dims << "\n";
   for (size_t b = 0; b < k.buffers.size(); ++b) {
-    os << "  buf" << b << (k.buffers[b].is_output ? " out " : " in ") << to_string(k.buffers[b].dtype) << " "
+    os << "  buf" << b << (k.buffers[b].is_output ? " out " : k.buffers[b].param ? " param " : " in ")
+       << to_string(k.buffers[b].dtype) << " "
        << k.buffers[b].name << "\n";
   }
   for (size_t v = 0; v < k.instrs.size(); ++v) {
@@ -311,6 +313,9 @@ void verify(const Kernel& k) {
   for (int64_t s : k.sizes) {
     if (s < 0) fail(k, "negative size");
   }
+  for (const Buffer& b : k.buffers) {
+    if (b.param && (b.is_output || b.dtype != DType::F64)) fail(k, "parameter " + b.name + " is not an f64 input");
+  }
   const auto elem = element_level(k);
   for (size_t v = 0; v < k.instrs.size(); ++v) {
     const Instr& in = k.instrs[v];
@@ -328,6 +333,10 @@ void verify(const Kernel& k) {
         if (in.buffer < 0 || static_cast<size_t>(in.buffer) >= k.buffers.size()) fail(k, at + "bad buffer");
         if (k.buffers[static_cast<size_t>(in.buffer)].dtype != in.dtype) fail(k, at + "dtype differs from the buffer's");
         if (in.strides.size() != rank) fail(k, at + "needs one stride per domain dim");
+        if (k.buffers[static_cast<size_t>(in.buffer)].param &&
+            (in.offset != 0 || std::any_of(in.strides.begin(), in.strides.end(), [](int64_t st) { return st != 0; }))) {
+          fail(k, at + "reads a parameter at an offset or along a dim");
+        }
         break;
       case OpCode::Const: arity(0); break;
       case OpCode::Cast: arity(1); break;

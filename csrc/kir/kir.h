@@ -91,10 +91,20 @@ struct Store {
   int64_t offset = 0;
 };
 
+// Note [Kernel parameters]
+// A kernel argument is a buffer (a data pointer) or a parameter: one F64 number the kernel
+// takes at launch (a host scalar input of the graph, Note [Host scalars as graph inputs]:
+// Adam's bias correction, a scheduled learning rate), so that one kernel serves every
+// value and nothing is recompiled when the number changes. The kernel reads a parameter
+// as a Load with all-zero strides and offset 0, cast to the dtype it computes in, as eager
+// converts a Scalar. The runtime hands a parameter over as the address of the number (the
+// CPU tensor's data); cpu_llvm reads it through that pointer, cuda passes the number by
+// value in the launch's arguments (a host address means nothing on the device).
 struct Buffer {
   std::string name;   // for printing: the graph value it holds ("%12")
   DType dtype = DType::F32;
   bool is_output = false;
+  bool param = false;  // a parameter (F64, an input): Note [Kernel parameters]
 };
 
 struct Kernel {
@@ -119,6 +129,7 @@ int32_t add(Kernel& k, Instr in);
 // Canonical text (stable across processes; used for printing, hashing and cache keys):
 //   kernel fused_0 sizes=[1024, 2048] reduce=0
 //     buf0 in f32 %3
+//     buf1 param f64 %5
 //     %0 = load.f32 buf0 [2048, 1]+0
 //     %1 = cos.f32 %0
 //     store buf1 [2048, 1]+0 <- %1

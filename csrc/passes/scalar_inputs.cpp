@@ -10,8 +10,9 @@
 // graphs and the fused backends all get the same graph and the same calling convention.
 // The interpreter reads the input per run and hands the op the number in the type its
 // schema wants (a wrapped-number tensor for a Tensor position, as eager passes a Python
-// number), so a replay computes what eager computes, bit for bit. Fusion leaves the ops
-// that read one to ATen (their scalar is an argument of the call, not a kernel constant).
+// number), so a replay computes what eager computes, bit for bit. A fused kernel takes
+// one as a parameter, read at launch (Note [Kernel parameters] in kir/kir.h), so no kernel
+// bakes the number in; an op whose kernel would need it as a constant stays an ATen call.
 #include "passes/scalar_inputs.h"
 
 #include <ATen/ops/scalar_tensor.h>
@@ -60,15 +61,6 @@ ir::Graph scalars_as_inputs(const ir::Graph& g, const std::vector<ScalarArg>& ar
   ir::Graph r = ir::extract_subgraph(h, body, inputs, kinds, names, outs, out->output_names, out->output_kinds);
   r.schemas() = g.schemas();
   return r;
-}
-
-bool reads_host_scalar(const ir::Graph& g, const ir::Node& n) {
-  for (const auto& a : n.args) {
-    if (a.kind != ir::ArgKind::Value) continue;
-    const ir::Node& p = g.node(g.value(a.values.at(0)).producer);
-    if (p.kind == ir::NodeKind::Input && p.input_kind == ir::InputKind::HostScalar) return true;
-  }
-  return false;
 }
 
 at::Tensor host_scalar_input(double value) { return at::scalar_tensor(value, at::kDouble); }

@@ -22,9 +22,6 @@ struct ScalarArg {
 // argument is not a floating-point scalar constant.
 ir::Graph scalars_as_inputs(const ir::Graph& g, const std::vector<ScalarArg>& args);
 
-// Whether node n of g reads a HostScalar input.
-bool reads_host_scalar(const ir::Graph& g, const ir::Node& n);
-
 // The value of a host scalar as a graph input takes it.
 at::Tensor host_scalar_input(double value);
 

@@ -286,6 +286,12 @@ class Graph {
 // One value for messages: "%7 f32[4, 5] aten::add.Tensor" or "%0 f32[4] input 'x'".
 std::string describe(const Graph& g, ValueId v);
 
+// Whether v is the value of an input of kind HostScalar (Note [Host scalars as graph
+// inputs]), and whether node n reads one. Every pass that must tell a host scalar from a
+// tensor asks these.
+bool is_host_scalar(const Graph& g, ValueId v);
+bool reads_host_scalar(const Graph& g, const Node& n);
+
 // Appends a copy of node n of `from` to `to`. `map` renames values of `from` to values of
 // `to`: every value n reads must be in it (else throws, naming the node); n's results get
 // new values in `to` (same metadata; view/version links renamed when their target is in

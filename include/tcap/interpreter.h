@@ -103,7 +103,10 @@ class Interpreter {
   std::vector<at::Tensor> env_;
   std::vector<c10::IValue> host_values_;
   std::vector<ScalarUse> scalar_uses_;
-  std::vector<uint8_t> scalar_node_;  // per node (empty: none): it has a ScalarUse
+  // Per node (empty: none): kReadsHostScalar if it has a ScalarUse, kReadsWrappedHostScalar
+  // if one of them takes a wrapped-number Tensor.
+  static constexpr uint8_t kReadsHostScalar = 1, kReadsWrappedHostScalar = 2;
+  std::vector<uint8_t> scalar_node_;
   // Per node: values whose last reader it is (not outputs); freed after the node runs
   // when keep_values(false), so intermediates die as early as in eager.
   std::vector<std::vector<ir::ValueId>> last_uses_;

@@ -2,7 +2,8 @@
 // input. The pass that makes one, the interpreter that reads it (bit for bit what eager
 // computes with the number), its JSON form, the fused backend around it, and compile_step,
 // whose per-call scalars (a learning-rate schedule) now reach a user's compiler and CUDA
-// graphs like any other input.
+// graphs like any other input, and the fused kernels' parameters (Note [Kernel
+// parameters]).
 #include <tcap/capture.h>
 #include <tcap/graph_json.h>
 #include <tcap/interpreter.h>
@@ -10,12 +11,18 @@
 #include <tcap/train_step.h>
 
 #include "compiler/pipeline.h"
+#include "fuse/fusion.h"
+#include "runtime/fused_kernel.h"
 #include "passes/scalar_inputs.h"
 #include "support/backends.h"
 #include "support/compare.h"
 #include "support/modules.h"
 
 #include <torch/torch.h>
+
+#include <atomic>
+#include <set>
+#include <tuple>
 
 using tcap::testing::close;
 using Tensors = std::vector<at::Tensor>;
@@ -57,6 +64,30 @@ std::vector<tcap::passes::ScalarArg> scalar_args(const ir::Graph& g) {
   return args;
 }
 
+// What the fusion pass makes of g: the ATen calls left, the kernels' parameters, and
+// the groups and decisions as text.
+struct FusedOps {
+  std::multiset<std::string> aten_calls;
+  int params = 0;
+  std::string text;
+};
+FusedOps fused_ops(const ir::Graph& g) {
+  tcap::fuse::FusionOptions fo;
+  std::atomic<int64_t> next{1};  // compile runs on several threads
+  fo.compile = [&](const tcap::fuse::FusedGroup&, std::string*) { return next.fetch_add(1); };
+  const tcap::fuse::FusionResult r = tcap::fuse::fuse(g, fo);
+  FusedOps f;
+  for (const auto& n : r.graph.nodes()) {
+    if (n.kind == ir::NodeKind::Call && n.op != tcap::fuse::kFusedOp) f.aten_calls.insert(n.qualified_op());
+  }
+  f.text = r.explain();
+  for (const auto& grp : r.groups) {
+    for (const auto& b : grp.kernel.buffers) f.params += b.param;
+    f.text += tcap::kir::to_string(grp.kernel);
+  }
+  return f;
+}
+
 TEST(HostScalarInputs, ThePassMakesInputsAndTheInterpreterReadsThemBitForBit) {
   auto x = torch::randn({5, 7}), w = torch::randn({7});  // w broadcasts
   const ir::Graph g = scalar_graph(x, w);
@@ -71,7 +102,7 @@ TEST(HostScalarInputs, ThePassMakesInputsAndTheInterpreterReadsThemBitForBit) {
     EXPECT_EQ(h.node(inputs[k]).name, args[k - 2].name);
   }
   int readers = 0;
-  for (const auto& n : h.nodes()) readers += tcap::passes::reads_host_scalar(h, n);
+  for (const auto& n : h.nodes()) readers += tcap::ir::reads_host_scalar(h, n);
   EXPECT_EQ(readers, 3);
   // The JSON form keeps the kind.
   const ir::Graph back = ir::from_json_string(ir::to_json_string(h));
@@ -99,18 +130,101 @@ TEST(HostScalarInputs, NotAScalarArgumentIsRefused) {
   EXPECT_THROW(tcap::passes::scalars_as_inputs(g, {{add, 0, "x"}}), c10::Error);  // a tensor argument
 }
 
-TEST(HostScalarInputs, FusedBackendsKeepTheirReadersAsATenCalls) {
+// Note [Kernel parameters]: a fused kernel takes the host scalars its ops read as
+// parameters. add's alpha and the wrapped 0.75 join the kernel; addcdiv_ writes in place
+// and stays an ATen call. One kernel serves every value: no call runs the group's ATen ops
+// instead.
+TEST(HostScalarInputs, FusedKernelsTakeThemAsParameters) {
   TCAP_SKIP_WITHOUT_BACKEND("llvm");
   auto x = torch::randn({33, 17}), w = torch::randn({17});
-  const ir::Graph h = tcap::passes::scalars_as_inputs(scalar_graph(x, w), scalar_args(scalar_graph(x, w)));
+  const ir::Graph g = scalar_graph(x, w);
+  const ir::Graph h = tcap::passes::scalars_as_inputs(g, scalar_args(g));
+  const FusedOps f = fused_ops(h);
+  EXPECT_EQ(f.params, 2) << f.text;
+  EXPECT_EQ(f.aten_calls.count("aten::add.Tensor"), 0u) << f.text;
+  EXPECT_EQ(f.aten_calls.count("aten::mul.Tensor"), 0u) << f.text;
+  EXPECT_EQ(f.aten_calls.count("aten::addcdiv_"), 1u) << f.text;
+  EXPECT_NE(f.text.find(" param f64 "), std::string::npos) << f.text;
   tcap::CompileOptions o;
   o.backend = tcap::Backend::Llvm;
   tcap::Executable exe = tcap::compiler::compile_graph(h, o, "host_scalars");
-  for (double alpha : {2.5, -3.0}) {
+  const auto before = tcap::runtime::runtime_stats();
+  for (const auto& [alpha, scale, value] : std::vector<std::tuple<double, double, double>>{
+           {2.5, 0.75, -0.5}, {-3.0, 1e-3, 0.25}, {0.1, -7.0, 4.0}}) {
     auto xs = torch::randn({33, 17}), ws = torch::randn({17});
-    auto out = exe({xs, ws, tcap::passes::host_scalar_input(alpha), tcap::passes::host_scalar_input(0.5),
-                    tcap::passes::host_scalar_input(0.25)})[0];
-    EXPECT_TRUE(close(out, eager_with_scalars(xs, ws, alpha, 0.5, 0.25), 1e-5, 1e-6)) << alpha;
+    auto out = exe({xs, ws, tcap::passes::host_scalar_input(alpha), tcap::passes::host_scalar_input(scale),
+                    tcap::passes::host_scalar_input(value)})[0];
+    EXPECT_TRUE(close(out, eager_with_scalars(xs, ws, alpha, scale, value), 1e-5, 1e-6)) << alpha;
+  }
+  const auto after = tcap::runtime::runtime_stats();
+  EXPECT_GE(after.launches - before.launches, 3);
+  EXPECT_EQ(after.fallbacks, before.fallbacks);
+}
+
+// A lowering that needs the number as a constant (lerp picks one of two formulas by the
+// weight) leaves its node to ATen, saying why; the ops around it are still fused.
+TEST(HostScalarInputs, AReaderThatNeedsAConstantStaysAnATenCall) {
+  TCAP_SKIP_WITHOUT_BACKEND("llvm");
+  auto x = torch::randn({9, 5}), w = torch::randn({9, 5});
+  ir::Graph g;
+  {
+    torch::NoGradGuard no_grad;
+    tcap::CaptureGuard cap;
+    cap.input(x, "x");
+    cap.input(w, "w");
+    cap.output(at::lerp(x.cos(), w, 0.3).sin(), "y");
+    cap.stop();
+    g = cap.graph();
+  }
+  std::vector<tcap::passes::ScalarArg> args;
+  for (const auto& n : g.nodes()) {
+    if (n.op == "aten::lerp") args.push_back({n.id, 2, "weight"});
+  }
+  ASSERT_EQ(args.size(), 1u) << ir::to_string(g);
+  const ir::Graph h = tcap::passes::scalars_as_inputs(g, args);
+  const FusedOps f = fused_ops(h);
+  EXPECT_EQ(f.aten_calls.count("aten::lerp.Scalar"), 1u) << f.text;
+  EXPECT_EQ(f.params, 0) << f.text;
+  EXPECT_NE(f.text.find("is a host scalar, which its kernel would need as a constant"), std::string::npos) << f.text;
+  tcap::CompileOptions o;
+  o.backend = tcap::Backend::Llvm;
+  tcap::Executable exe = tcap::compiler::compile_graph(h, o, "lerp");
+  for (double weight : {0.3, 0.8}) {  // both of eager's formulas
+    auto xs = torch::randn({9, 5}), ws = torch::randn({9, 5});
+    auto out = exe({xs, ws, tcap::passes::host_scalar_input(weight)})[0];
+    EXPECT_TRUE(close(out, at::lerp(xs.cos(), ws, weight).sin(), 1e-5, 1e-6)) << weight;
+  }
+}
+
+// A host scalar takes part in type promotion as the number it replaced: a 0-dim float
+// tensor compared with it compares in float (ATen's result_type), not in double.
+TEST(HostScalarInputs, AParameterPromotesAsANumber) {
+  TCAP_SKIP_WITHOUT_BACKEND("llvm");
+  auto x = torch::full({}, 0.1f);
+  ir::Graph g;
+  {
+    torch::NoGradGuard no_grad;
+    tcap::CaptureGuard cap;
+    cap.input(x, "x");
+    cap.output(x.gt(0.1), "y");
+    cap.stop();
+    g = cap.graph();
+  }
+  std::vector<tcap::passes::ScalarArg> args;
+  for (const auto& n : g.nodes()) {
+    if (n.op == "aten::gt") args.push_back({n.id, 1, "threshold"});
+  }
+  ASSERT_EQ(args.size(), 1u) << ir::to_string(g);
+  const ir::Graph h = tcap::passes::scalars_as_inputs(g, args);
+  const FusedOps f = fused_ops(h);
+  EXPECT_EQ(f.params, 1) << f.text;
+  tcap::CompileOptions o;
+  o.backend = tcap::Backend::Llvm;
+  tcap::Executable exe = tcap::compiler::compile_graph(h, o, "promotion");
+  for (float xv : {0.1f, 0.2f, 0.05f}) {
+    auto xs = torch::full({}, xv);
+    auto out = exe({xs, tcap::passes::host_scalar_input(0.1)})[0];
+    EXPECT_TRUE(out.equal(xs.gt(0.1))) << xv << ": " << out.item<bool>();  // 0.1f > 0.1 in double, not in float
   }
 }
 
@@ -173,6 +287,24 @@ TEST(HostScalarInputs, CompileStepHandsItsScalarsToAUsersCompiler) {
     EXPECT_GT(host_scalars, 0) << "adam " << adam << ": the learning rate is not an input";
     expect_captured_then_replayed(s, adam ? "adam" : "sgd");
   }
+}
+
+// Adam's bias corrections and the scheduled learning rate reach the step's kernels as
+// parameters (sqrt(v) / sqrt(1 - beta2^t) is one kernel), and every replay launches them.
+TEST(HostScalarInputs, CompileStepKernelsTakeTheStepsScalars) {
+  TCAP_SKIP_WITHOUT_BACKEND("llvm");
+  int params = 0;
+  tcap::CompileOptions o;
+  o.fw_compiler = [&](const ir::Graph& g) {
+    params += fused_ops(g).params;
+    return tcap::llvm_backend(g);
+  };
+  const auto before = tcap::runtime::runtime_stats();
+  expect_captured_then_replayed(train_with_schedule(o, /*adam=*/true), "adam llvm");
+  const auto after = tcap::runtime::runtime_stats();
+  EXPECT_GT(params, 0);
+  EXPECT_GT(after.launches, before.launches);
+  EXPECT_EQ(after.fallbacks, before.fallbacks);
 }
 
 TEST(HostScalarInputs, CompileStepTakesCudaGraphsAndTheFusedBackend) {

@@ -144,11 +144,14 @@ inline T __shfl_xor_sync(unsigned int mask, T v, int lane_mask) {
   return v;
 }
 
-// Calls a kernel `f(T0* b0, ..., int vec_ok)` with the buffer pointers of `args`.
+// Calls a kernel `f(T0* b0, ..., int vec_ok)` with the buffer pointers of `args` (a
+// parameter's number read from its address: Note [Kernel parameters]).
 template <typename P>
 inline P tcap_emu_arg(void* const* args, std::size_t i, int vec_ok) {
   if constexpr (std::is_pointer_v<P>) {
     return static_cast<P>(args[i]);
+  } else if constexpr (std::is_floating_point_v<P>) {  // a parameter: args[i] is its address
+    return *static_cast<const P*>(args[i]);
   } else {
     return vec_ok;
   }

@@ -103,6 +103,7 @@ std::shared_ptr<const CudaKernel> compile_cuda_kernel(const kir::Kernel& k, cons
   out->entry = src.entry;
   out->plan = src.plan;
   out->num_buffers = k.buffers.size();
+  for (const kir::Buffer& b : k.buffers) out->by_value.push_back(b.param);
   out->arch = target.arch;
   out->is_ptx = !target.cubin;
   out->key_hash = "cuda-" + kir::hash_hex(kir::fnv1a(key));
@@ -175,9 +176,12 @@ void launch(const CudaKernel& k, int device, void* stream, void* const* buffers,
     fn = it->second;
   }
   int vec_ok = vector_path_ok(p, buffers);
-  // cuLaunchKernel takes a pointer to each argument.
+  // cuLaunchKernel takes a pointer to each argument: a buffer's data pointer, or a
+  // parameter's number, whose address the caller passed (Note [Kernel parameters]).
   c10::SmallVector<void*, 16> params;
-  for (size_t b = 0; b < num_buffers; ++b) params.push_back(const_cast<void**>(&buffers[b]));
+  for (size_t b = 0; b < num_buffers; ++b) {
+    params.push_back(k.by_value[b] ? buffers[b] : const_cast<void**>(&buffers[b]));
+  }
   if (p.scratch_bytes > 0) {
     params.push_back(&scratch);
     cuda::memset32(device, scratch, 0, static_cast<size_t>(p.semaphore_bytes / 4), stream, k.name);  // the semaphores

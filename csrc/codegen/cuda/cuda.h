@@ -22,6 +22,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 namespace tcap::codegen::cuda {
 
@@ -34,6 +35,7 @@ struct CudaKernel {
   int arch = 0;            // 90: sm_90 (cubin) / compute_90 (PTX)
   LaunchPlan plan;
   size_t num_buffers = 0;
+  std::vector<bool> by_value;  // per buffer: a parameter, passed by value (Note [Kernel parameters])
   std::string key_hash;    // hex hash of the disk cache key
   double compile_ms = 0;   // NVRTC time (0 when the binary came from a cache)
   bool from_disk = false;
@@ -76,7 +78,8 @@ std::shared_ptr<const CudaKernel> compile_cuda_kernel(const kir::Kernel& k, cons
 std::string compile_to_ptx(const kir::Kernel& k, int arch, std::string* source = nullptr);
 
 // Launches on device `device` and `stream` (a cudaStream_t). buffers: one data pointer per
-// kernel buffer (the element the kernel's offsets are relative to). scratch: device memory
+// kernel buffer (the element the kernel's offsets are relative to); for a parameter, the
+// host address of its number (Note [Kernel parameters]). scratch: device memory
 // of k.plan.scratch_bytes (null when that is 0), usable in the stream's order; the launch
 // zeroes its semaphores there first (Note [Split column reductions]). Errors name the kernel.
 void launch(const CudaKernel& k, int device, void* stream, void* const* buffers, size_t num_buffers,

@@ -64,6 +64,10 @@ void Renderer::params(std::ostringstream& os) const {
   for (size_t b = 0; b < k_.buffers.size(); ++b) {
     const kir::Buffer& B = k_.buffers[b];
     os << (b ? ", " : "");
+    if (B.param) {  // by value; the body reads it as a one-element array (run())
+      os << "const " << mem_type(B.dtype) << " " << buf(static_cast<int32_t>(b)) << "_param";
+      continue;
+    }
     // An output that is also read would break const __restrict__; none is, but stay safe.
     if (!B.is_output) {
       os << "const " << mem_type(B.dtype) << "* __restrict__ ";
@@ -213,6 +217,12 @@ CudaSource Renderer::run() {
   os << "extern \"C\" __global__ void __launch_bounds__(" << plan_.block << ") " << out.entry << "(";
   params(os);
   os << ") {\n";
+  // Note [Kernel parameters]: every Load of a parameter is at element 0 of it.
+  for (size_t b = 0; b < k_.buffers.size(); ++b) {
+    if (!k_.buffers[b].param) continue;
+    const std::string name = buf(static_cast<int32_t>(b));
+    os << "  const " << mem_type(k_.buffers[b].dtype) << " " << name << "[1] = {" << name << "_param};\n";
+  }
   if (plan_.strategy == Strategy::Pointwise) {
     pointwise(os);
   } else if (plan_.strategy == Strategy::Column) {
