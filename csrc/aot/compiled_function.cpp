@@ -59,88 +59,10 @@ struct CompiledFunction::Impl {
   // With `replaces`, e generalizes that entry's host values (Note [Observed host values]).
   void publish(const std::shared_ptr<RegionEntry>& e, const std::shared_ptr<cache::Entry>& size_miss_of,
                const std::vector<size_t>& changed, const std::shared_ptr<const RegionEntry>& replaces = nullptr) {
-    if (size_miss_of && !replaces) generalize(static_cast<const RegionEntry&>(*size_miss_of), *e, changed);
+    if (size_miss_of && !replaces) aot::generalize(static_cast<const RegionEntry&>(*size_miss_of), *e, changed, who());
     cache->add(e, std::const_pointer_cast<RegionEntry>(replaces));
     cache->stats().count(&CompileStats::compiles);
-    if (!contract_logged.exchange(true)) log_contract(*e);
-  }
-
-  // Note [The contract of a compiled function]
-  // What a replay re-reads and what it freezes (docs/compile.md): it re-reads its inputs,
-  // the modules it was given (their parameters, buffers, tree, flags and options), and the
-  // tensors it read from outside its inputs (held: their current contents; a replaced one
-  // recaptures once the old one is let go), and guards every value it read on the host;
-  // whatever else the function reached through its closure (a number, a flag, a module's
-  // own member) was read once, at capture, and is frozen. At its first compile each
-  // function says, under TCAP_LOGS=guards, what it reads from outside its inputs and where.
-  void log_contract(const RegionEntry& e) const {
-    if (!log_enabled(LogChannel::Guards)) return;
-    const ir::Graph& g = e.joint.graph;
-    const auto inputs = g.input_nodes();
-    const size_t declared = e.guards.tensors.size();
-    std::ostringstream s;
-    s << who() << " reads " << e.guards.held.size() << " tensor(s) and " << e.guards.host.size()
-      << " host value(s) from outside its inputs";
-    for (size_t j = declared; j < inputs.size() && j < e.joint.num_primals; ++j) {
-      const ir::ValueId v = g.node(inputs[j]).outputs.at(0).values.at(0);
-      std::string first = "no op";
-      for (const auto& n : g.nodes()) {
-        bool reads = false;
-        ir::for_each_value(n.args, [&](ir::ValueId a) { reads = reads || a == v; });
-        if (reads) {
-          first = n.qualified_op() + " (node %" + std::to_string(n.id) + ")";
-          break;
-        }
-      }
-      s << "\n  tensor '" << g.node(inputs[j]).name << "', first read by " << first
-        << ": held, its current contents read by every replay";
-    }
-    for (const auto& w : e.guards.host.what()) s << "\n  host value read by " << w << ": a guard";
-    for (ir::NodeId id : e.observed_reads) s << "\n  host value read by node %" << id << ": observed, not a guard";
-    s << "\n  anything else it reaches through its closure (numbers, flags, members of modules it was not given) is "
-         "frozen as captured; TCAP_VERIFY checks replays against eager";
-    TCAP_LOG(Guards, s.str());
-    for (const auto& d : e.guards.describe()) TCAP_LOG(Guards, who() << " entry " << e.id << " guard: " << d);
-  }
-
-  void generalize(const RegionEntry& a, RegionEntry& b, const std::vector<size_t>& changed) const {
-    std::string why;
-    if (!a.guards.host.empty() || !b.guards.host.empty()) {
-      why = "the function reads values on the host";
-    } else if (a.joint.num_primals != b.joint.num_primals || a.joint.num_tangents != b.joint.num_tangents ||
-               a.joint.grad_of != b.joint.grad_of || a.guards.held.size() != b.guards.held.size()) {
-      why = "the graphs at the two sizes differ in structure";
-    } else {
-      why = cache::generalize(a.joint.graph, a.guards.sizes, b.joint.graph, b.guards.sizes, changed, &b.guards.dyn);
-    }
-    if (!why.empty()) {
-      TCAP_LOG(Recompiles, who() << " entry " << b.id << " stays static: " << why);
-      return;
-    }
-    TCAP_LOG(Recompiles, who() << " entry " << b.id << " is dynamic in " << changed.size() << " dims ("
-                               << b.guards.dyn.patches.size() << " integers follow the sizes)");
-  }
-
-  // The entry serving this call: e itself, or e specialized to the call's sizes (compiled
-  // once per distinct sizes, without running the user's code).
-  std::shared_ptr<const RegionEntry> specialize(const std::shared_ptr<const RegionEntry>& e,
-                                                const std::vector<int64_t>& key, const std::vector<at::Tensor>& primals) {
-    if (!e->guards.dyn.dynamic() || key == e->guards.dyn.own_key) return e;
-    if (auto s = e->specialized->find(key)) return s;
-    auto s = std::make_shared<RegionEntry>();
-    s->id = e->id;
-    s->fn_name = e->fn_name;
-    s->stats = e->stats;
-    s->guards.global = e->guards.global;
-    s->guards.held = e->guards.held;
-    s->aliased_tangents = e->aliased_tangents;
-    JointGraph j = e->joint;
-    j.graph = cache::specialize(e->joint.graph, e->guards.dyn, key);
-    aot::compile_region(*s, std::move(j), e->has_backward, primals, options);
-    cache->stats().count(&CompileStats::compiles);
-    TCAP_LOG(Recompiles, who() << " entry " << e->id << " specialized to sizes " << c10::IntArrayRef(key)
-                               << " of its dynamic dims (no recapture)");
-    return e->specialized->insert(key, std::move(s));
+    if (!contract_logged.exchange(true)) aot::log_contract(*e, who());
   }
 
   struct Call;
@@ -241,13 +163,13 @@ struct CompiledFunction::Impl::Call {
       // next capture start while this call replays.
       slot.unlock();
       try {
-        return aot::replay_region(f.specialize(e, found.key, found.primals), found.primals);
+        return aot::replay_region(aot::specialize(e, found.key, found.primals, f.options, f.who()), found.primals);
       } catch (const HostValueChanged&) {
         slot.lock();  // not this one: look on, or capture
         throw;
       }
     }
-    auto entry = f.specialize(e, found.key, found.primals);
+    auto entry = aot::specialize(e, found.key, found.primals, f.options, f.who());
     const VerifyOptions v = cache::verify_options_for(f.options);
     if (f.verifier.next(v)) {
       return aot::verified_call(entry, *e, found.primals, [&] { return f.fn(user_inputs); }, f.options, v);
@@ -255,15 +177,8 @@ struct CompiledFunction::Impl::Call {
     return aot::replay_region(entry, found.primals);
   }
 
-  std::optional<Out> after_miss() {
-    bool published = false;
-    if (auto out = f.while_pending(user_inputs, &published)) return out;
-    if (!published) return std::nullopt;
-    // The capture that waited was compiled just now: serve from it.
-    cache::Lookup again;
-    return f.cache->serve<Out>(call_view, call_inputs, again,
-                               [&](const cache::Lookup& found) { return replay(found, /*first=*/true); });
-  }
+  // The capture that waited, compiled just now (*look_again), may serve the call.
+  std::optional<Out> after_miss(bool* look_again) { return f.while_pending(user_inputs, look_again); }
 
   void explain(cache::Lookup& miss, std::string& note) const {
     if (miss.host_miss_of && !f.options.observe_host_values) {

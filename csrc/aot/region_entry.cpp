@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <sstream>
 
 namespace tcap::aot {
 namespace {
@@ -122,6 +123,80 @@ bool compile_region(RegionEntry& e, JointGraph joint, bool has_backward, const s
   TCAP_LOG(Perf, "'" << o.name << "' entry " << e.id << " compiled in " << e.compile_ms << " ms");
   dump(e, o);
   return replaces;
+}
+
+// Note [The contract of a compiled function]
+// What a replay re-reads and what it freezes (docs/compile.md): it re-reads its inputs,
+// the modules it was given (their parameters, buffers, tree, flags and options), and the
+// tensors it read from outside its inputs (held: their current contents; a replaced one
+// recaptures once the old one is let go), and guards every value it read on the host;
+// whatever else the function reached through its closure (a number, a flag, a module's
+// own member) was read once, at capture, and is frozen. At its first compile each
+// function says, under TCAP_LOGS=guards, what it reads from outside its inputs and where.
+void log_contract(const RegionEntry& e, const std::string& who) {
+  if (!log_enabled(LogChannel::Guards)) return;
+  const ir::Graph& g = e.joint.graph;
+  const auto inputs = g.input_nodes();
+  const size_t declared = e.guards.tensors.size();
+  std::ostringstream s;
+  s << who << " reads " << e.guards.held.size() << " tensor(s) and " << e.guards.host.size()
+    << " host value(s) from outside its inputs";
+  for (size_t j = declared; j < inputs.size() && j < e.joint.num_primals; ++j) {
+    const ir::ValueId v = g.node(inputs[j]).outputs.at(0).values.at(0);
+    const auto users = g.users(v);
+    const std::string first =
+        users.empty() ? "no op" : g.node(users[0]).qualified_op() + " (node %" + std::to_string(users[0]) + ")";
+    s << "\n  tensor '" << g.node(inputs[j]).name << "', first read by " << first
+      << ": held, its current contents read by every replay";
+  }
+  for (const auto& w : e.guards.host.what()) s << "\n  host value read by " << w << ": a guard";
+  for (ir::NodeId id : e.observed_reads) s << "\n  host value read by node %" << id << ": observed, not a guard";
+  s << "\n  anything else it reaches through its closure (numbers, flags, members of modules it was not given) is "
+       "frozen as captured; TCAP_VERIFY checks replays against eager";
+  TCAP_LOG(Guards, s.str());
+  for (const auto& d : e.guards.describe()) TCAP_LOG(Guards, who << " entry " << e.id << " guard: " << d);
+}
+
+void generalize(const RegionEntry& a, RegionEntry& b, const std::vector<size_t>& changed, const std::string& who) {
+  std::string why;
+  if (!a.guards.host.empty() || !b.guards.host.empty()) {
+    why = "the function reads values on the host";
+  } else if (a.joint.num_primals != b.joint.num_primals || a.joint.num_tangents != b.joint.num_tangents ||
+             a.joint.grad_of != b.joint.grad_of || a.guards.held.size() != b.guards.held.size()) {
+    why = "the graphs at the two sizes differ in structure";
+  } else {
+    why = cache::generalize(a.joint.graph, a.guards.sizes, b.joint.graph, b.guards.sizes, changed, &b.guards.dyn);
+  }
+  if (!why.empty()) {
+    TCAP_LOG(Recompiles, who << " entry " << b.id << " stays static: " << why);
+    return;
+  }
+  TCAP_LOG(Recompiles, who << " entry " << b.id << " is dynamic in " << changed.size() << " dims ("
+                           << b.guards.dyn.patches.size() << " integers follow the sizes)");
+}
+
+std::shared_ptr<const RegionEntry> specialize(const std::shared_ptr<const RegionEntry>& e, const std::vector<int64_t>& key,
+                                              const std::vector<at::Tensor>& primals, const CompileOptions& options,
+                                              const std::string& who) {
+  if (!e->guards.dyn.dynamic() || key == e->guards.dyn.own_key) return e;
+  if (auto s = e->specialized->find(key)) return s;
+  // What a specialization keeps of its entry: who it is, the guards that do not depend on
+  // sizes, and the one fact of the capture the graph does not tell (its tangents'
+  // aliasing); compile_region derives the rest from the specialized joint graph.
+  auto s = std::make_shared<RegionEntry>();
+  s->id = e->id;
+  s->fn_name = e->fn_name;
+  s->stats = e->stats;
+  s->guards.global = e->guards.global;
+  s->guards.held = e->guards.held;
+  s->aliased_tangents = e->aliased_tangents;
+  JointGraph j = e->joint;
+  j.graph = cache::specialize(e->joint.graph, e->guards.dyn, key);
+  compile_region(*s, std::move(j), e->has_backward, primals, options);
+  if (e->stats) e->stats->count(&CompileStats::compiles);
+  TCAP_LOG(Recompiles, who << " entry " << e->id << " specialized to sizes " << c10::IntArrayRef(key)
+                           << " of its dynamic dims (no recapture)");
+  return e->specialized->insert(key, std::move(s));
 }
 
 }  // namespace tcap::aot

@@ -55,4 +55,18 @@ struct RegionEntry : cache::Entry {
 bool compile_region(RegionEntry& e, JointGraph joint, bool has_backward, const std::vector<at::Tensor>& primals,
                     const CompileOptions& options, const RegionEntry* host_miss_of = nullptr);
 
+// Note [Dynamic sizes] for regions: b, captured at sizes `changed` away from a's, becomes
+// dynamic in those dims when the two graphs agree (logged under recompiles, `who` naming
+// the function either way).
+void generalize(const RegionEntry& a, RegionEntry& b, const std::vector<size_t>& changed, const std::string& who);
+// The entry serving a call at the class values `key`: e itself, or e specialized to them
+// (compiled once per distinct sizes, without running the user's code; counted in e's
+// stats).
+std::shared_ptr<const RegionEntry> specialize(const std::shared_ptr<const RegionEntry>& e, const std::vector<int64_t>& key,
+                                              const std::vector<at::Tensor>& primals, const CompileOptions& options,
+                                              const std::string& who);
+// Note [The contract of a compiled function]: logs under guards what e reads from outside
+// its inputs, and how (the function's first entry).
+void log_contract(const RegionEntry& e, const std::string& who);
+
 }  // namespace tcap::aot

@@ -76,10 +76,11 @@ struct Request {
 // (Note [Dynamic sizes]); grad mode and autocast are not guarded (the graph records each
 // op's own grad mode, and the engine runs backward ops under the forward's autocast
 // state, which the key holds per node).
-struct Entry : cache::Entry {
+//
+// What a replay needs to know besides the graph, fixed once the entry is captured: a
+// specialization to new sizes is a copy of this plan with the graph specialized, compiled.
+struct BackwardPlan {
   std::vector<size_t> node_key_end;
-  ir::Graph graph;
-  Executable exe;
   std::vector<int> acc_output;   // per AccumulateGrad (walk order): output position or -1
   // Opaque hook slots from here on are AccumulateGrad calls inside the graph (Note [Leaves
   // accumulated where the engine would]): slot num_hooks + i is AccumulateGrad i.
@@ -87,6 +88,11 @@ struct Entry : cache::Entry {
   bool accumulates_in_graph = false;  // some leaf is accumulated by a CallHook of the graph
   std::vector<int> grad_output;  // per grad() output edge: output position or -1
   std::vector<c10::IValue> keep_alive;
+};
+
+struct Entry : cache::Entry, BackwardPlan {
+  ir::Graph graph;
+  Executable exe;
   std::shared_ptr<cache::Specializations<Entry>> specialized = std::make_shared<cache::Specializations<Entry>>();
 };
 
@@ -253,7 +259,7 @@ struct Runtime::Call {
     if (first && rt.cache_->verifier.next(v)) return rt.verified_replay(r, *hit, *w, v);
     return rt.replay(r, *hit, *w);
   }
-  std::optional<Out> after_miss() { return std::nullopt; }
+  std::optional<Out> after_miss(bool*) { return std::nullopt; }
   void explain(cache::Lookup& miss, std::string&) const { miss.first_miss = rt.miss_reason(*w, miss); }
   // The capture adds observers to the AccumulateGrad nodes, which other threads' graphs
   // may share: it runs alone.
@@ -619,12 +625,7 @@ std::shared_ptr<const Entry> Runtime::specialize(const std::shared_ptr<const Ent
   auto s = std::make_shared<Entry>();
   s->id = e->id;
   s->guards.check_global = false;
-  s->node_key_end = e->node_key_end;
-  s->acc_output = e->acc_output;
-  s->num_hooks = e->num_hooks;
-  s->accumulates_in_graph = e->accumulates_in_graph;
-  s->grad_output = e->grad_output;
-  s->keep_alive = e->keep_alive;
+  static_cast<BackwardPlan&>(*s) = static_cast<const BackwardPlan&>(*e);
   s->graph = cache::specialize(e->graph, e->guards.dyn, key);
   const std::string what = opts().name + ".ca" + std::to_string(e->id) + ".sizes";
   try {

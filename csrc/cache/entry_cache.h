@@ -108,8 +108,9 @@ class EntryCache {
   //   3. a front door that fell back for good runs eagerly (reported when it fell back);
   //   4. serve(): the entries whose guards fit, each replayed by door.replay(found, true)
   //      until one serves the call (a host-value miss inside a replay looks on);
-  //   5. door.after_miss(): a front door's own way to serve a miss (tcap::compile's
-  //      capture that waits for its backward);
+  //   5. door.after_miss(&look_again): a front door's own way to serve a miss (tcap::
+  //      compile's capture that waits for its backward); when it published an entry
+  //      meanwhile it sets look_again, and step 4 runs again, its lookup now the miss;
   //   6. door.explain(miss, note): the front door's words for the miss;
   //   7. door.exclusive(): the right to capture (one capture at a time); without it the call
   //      runs eagerly, by design; with it, the entries other calls published since step 4
@@ -120,7 +121,8 @@ class EntryCache {
   //   std::optional<Out> before();           const CallView& view();
   //   const std::vector<at::Tensor>& primals();
   //   std::optional<Out> replay(const Lookup& found, bool first);   (nullopt: not served)
-  //   std::optional<Out> after_miss();       void explain(Lookup& miss, std::string& note);
+  //   std::optional<Out> after_miss(bool* look_again);
+  //   void explain(Lookup& miss, std::string& note);
   //   bool exclusive();                      Out capture(const Lookup& miss);
   //   Out eager(const std::string& why);     (runs the call eagerly; the loop counted it)
   template <class Door>
@@ -145,8 +147,16 @@ class EntryCache {
     });
     if (served) return std::move(*served);
     note_time();
+    bool look_again = false;
+    if (std::optional<Out> out = door.after_miss(&look_again)) return std::move(*out);
+    if (look_again) {
+      Lookup fresh;
+      served = serve<Out>(door.view(), door.primals(), fresh,
+                          [&](const Lookup& found) { return door.replay(found, /*first=*/true); });
+      if (served) return std::move(*served);
+      miss = std::move(fresh);
+    }
     const size_t seen = miss.entries_seen;
-    if (std::optional<Out> out = door.after_miss()) return std::move(*out);
     if (fell_back()) return run_eagerly(door, eager_reason());
     std::string note = dynamic_note(miss);
     door.explain(miss, note);

@@ -367,7 +367,7 @@ class CompiledModule : public torch::nn::ModuleHolder<CompiledModuleImpl<M>> {
   }
   // The function of forward(x), as compile(model) returned it before (deprecated).
   /* implicit */ operator std::shared_ptr<CompiledFunction>() const {
-    return CompiledFn(this->ptr()->function(1)).ptr();
+    return this->ptr()->function(1).ptr();
   }
 };
 
