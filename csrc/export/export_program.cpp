@@ -556,33 +556,33 @@ Lowered lower(const ir::Graph& g, const std::vector<at::Tensor>& tensors, const 
     inputs.push_back(Json{{"as_tensor", {{"name", name}}}});
     return name;
   };
+  // A parameter, buffer or constant: its input, its spec (`kind`: {arg, then `fields`}), its
+  // entry in the weights or constants table, and its file.
+  auto add_state = [&](const In& in, const std::string& prefix, const char* kind, const Json& fields, Json& table,
+                       const std::string& file, const std::string& record, bool is_param) {
+    Json spec = Json::object();
+    spec["arg"] = Json{{"name", input_json(in, prefix)}};
+    for (const auto& [key, value] : fields.items()) spec[key] = value;
+    input_specs.push_back(Json{{kind, std::move(spec)}});
+    table[in.fqn] = Json{{"path_name", file}, {"is_param", is_param}, {"use_pickle", false},
+                         {"tensor_meta", pt2::tensor_meta(in.t.contiguous(), is_param && in.t.requires_grad())}};
+    out.files.emplace_back(record, pt2::tensor_bytes(in.t));
+  };
   for (const In& p : params) {
-    const std::string name = input_json(p, "p_");
-    input_specs.push_back(Json{{"parameter", {{"arg", {{"name", name}}}, {"parameter_name", p.fqn}}}});
     const std::string file = pt2::kWeightPrefix + std::to_string(weights.size());
-    weights[p.fqn] = Json{{"path_name", file}, {"is_param", true}, {"use_pickle", false},
-                          {"tensor_meta", pt2::tensor_meta(p.t.contiguous(), p.t.requires_grad())}};
-    out.files.emplace_back(pt2::weight_record(file), pt2::tensor_bytes(p.t));
+    add_state(p, "p_", "parameter", Json{{"parameter_name", p.fqn}}, weights, file, pt2::weight_record(file), true);
   }
   for (const In& b : buffers) {
-    const std::string name = input_json(b, "b_");
-    input_specs.push_back(
-        Json{{"buffer", {{"arg", {{"name", name}}}, {"buffer_name", b.fqn}, {"persistent", true}}}});
     const std::string file = pt2::kWeightPrefix + std::to_string(weights.size());
-    weights[b.fqn] = Json{{"path_name", file}, {"is_param", false}, {"use_pickle", false},
-                          {"tensor_meta", pt2::tensor_meta(b.t.contiguous(), false)}};
-    out.files.emplace_back(pt2::weight_record(file), pt2::tensor_bytes(b.t));
+    add_state(b, "b_", "buffer", Json{{"buffer_name", b.fqn}, {"persistent", true}}, weights, file,
+              pt2::weight_record(file), false);
   }
   for (size_t k = 0; k < constants.size(); ++k) {
-    const std::string fqn = "lifted_tensor_" + std::to_string(k);
     In c = constants[k];
-    c.fqn = fqn;
-    const std::string name = input_json(c, "c_");
-    input_specs.push_back(Json{{"tensor_constant", {{"arg", {{"name", name}}}, {"tensor_constant_name", fqn}}}});
+    c.fqn = "lifted_tensor_" + std::to_string(k);
     const std::string file = pt2::kTensorConstantPrefix + std::to_string(k);
-    consts[fqn] = Json{{"path_name", file}, {"is_param", false}, {"use_pickle", false},
-                       {"tensor_meta", pt2::tensor_meta(c.t.contiguous(), false)}};
-    out.files.emplace_back(pt2::constant_record(file), pt2::tensor_bytes(c.t));
+    add_state(c, "c_", "tensor_constant", Json{{"tensor_constant_name", c.fqn}}, consts, file,
+              pt2::constant_record(file), false);
   }
   std::vector<ValueId> user_values;
   for (const In& u : users) {
@@ -592,7 +592,10 @@ Lowered lower(const ir::Graph& g, const std::vector<at::Tensor>& tensors, const 
   }
   w.add_symbol_reads(dims, user_values);
 
-  // Note [Export lowering]: which values a mutation may write.
+  // Note [Export lowering]: which values a mutation may write. The values of each alias
+  // root, made once (a graph of many in-place ops asks per op).
+  std::unordered_map<ValueId, std::vector<ValueId>> aliases_of_root;
+  for (const ir::Value& v : g.values()) aliases_of_root[g.alias_root(v.id)].push_back(v.id);
   std::set<std::string> ops_seen;
   std::vector<std::string> non_core;
   for (const ir::Node& n : g.nodes()) {
@@ -614,13 +617,12 @@ Lowered lower(const ir::Graph& g, const std::vector<at::Tensor>& tensors, const 
                   "tcap export: ", n.qualified_op(), " writes into ", ir::describe(g, old),
                   ", an input, parameter, buffer or view: the exported program is functional and would lose "
                   "that write (export in eval mode, or write out of place)");
-      const ValueId root = g.alias_root(old);
-      for (const ir::Value& other : g.values()) {
+      for (ValueId other : aliases_of_root.at(g.alias_root(old))) {
         // Values made from the new contents (at or after this node) read them as eager does.
-        if (other.id == old || other.producer >= n.id || g.alias_root(other.id) != root) continue;
-        for (ir::NodeId u : g.users(other.id)) {
+        if (other == old || g.value(other).producer >= n.id) continue;
+        for (ir::NodeId u : g.users(other)) {
           TORCH_CHECK(u <= n.id, "tcap export: ", n.qualified_op(), " writes into a value that ",
-                      ir::describe(g, other.id), " aliases and node ", u,
+                      ir::describe(g, other), " aliases and node ", u,
                       " reads afterwards: a functional program would read the old contents");
         }
       }
@@ -640,7 +642,6 @@ Lowered lower(const ir::Graph& g, const std::vector<at::Tensor>& tensors, const 
       w.alias(result, n.args.at(0).values.at(0));
       continue;
     }
-    Json node;
     Json inputs_json = Json::array();
     auto tensor_arg = [&](ValueId v) { return Json{{"as_tensor", {{"name", w.value_name(v)}}}}; };
     auto named = [](const std::string& name, Json arg) { return Json{{"name", name}, {"arg", std::move(arg)}, {"kind", 1}}; };
@@ -654,7 +655,8 @@ Lowered lower(const ir::Graph& g, const std::vector<at::Tensor>& tensors, const 
       handle = handle_of(op, overload);
       schema = &handle.schema();
     };
-    // A node written now, outside the generic path below (a rewrite into several nodes).
+    // Writes a node of the program: the one this node becomes, or each of several it is
+    // rewritten into.
     auto emit = [&](const std::string& emit_op, const std::string& emit_overload, Json in, Json outs) {
       Json e;
       e["target"] = target_of(emit_op, emit_overload);
@@ -774,10 +776,7 @@ Lowered lower(const ir::Graph& g, const std::vector<at::Tensor>& tensors, const 
         n.args[5].i == 0) {
       // In eval: core ATen's _native_batch_norm_legit_no_training, the same arguments but
       // `training`, the same three results.
-      op = "aten::_native_batch_norm_legit_no_training";
-      overload = "";
-      handle = handle_of(op, overload);
-      schema = &handle.schema();
+      switch_to("aten::_native_batch_norm_legit_no_training", "");
       const auto& sargs = schema->arguments();
       size_t k = 0;
       for (size_t i = 0; i < n.args.size(); ++i) {
@@ -791,10 +790,7 @@ Lowered lower(const ir::Graph& g, const std::vector<at::Tensor>& tensors, const 
         w.alias(result, self);
         continue;
       }
-      op = "aten::permute";
-      overload = "";
-      handle = handle_of(op, overload);
-      schema = &handle.schema();
+      switch_to("aten::permute", "");
       inputs_json.push_back(Json{{"name", "self"}, {"arg", {{"as_tensor", {{"name", w.value_name(self)}}}}}, {"kind", 1}});
       inputs_json.push_back(Json{{"name", "dims"}, {"arg", {{"as_ints", {1, 0}}}}, {"kind", 1}});
     } else {
@@ -828,19 +824,7 @@ Lowered lower(const ir::Graph& g, const std::vector<at::Tensor>& tensors, const 
         TORCH_CHECK(false, "tcap export: ", n.qualified_op(), " returns a ", ir::to_string(r.kind));
       }
     }
-    const std::string target = target_of(op, overload);
-    node["target"] = target;
-    node["inputs"] = std::move(inputs_json);
-    node["outputs"] = std::move(outputs);
-    node["metadata"] = Json::object();
-    node["is_hop_single_tensor_return"] = nullptr;
-    w.nodes.push_back(std::move(node));
-    const std::string short_target = target.substr(std::string("torch.ops.").size());
-    if (ops_seen.insert(short_target).second) {
-      out.report.ops.push_back(short_target);
-      if (!handle.hasTag(at::Tag::core)) non_core.push_back(short_target);
-    }
-    ++out.report.nodes;
+    emit(op, overload, std::move(inputs_json), std::move(outputs));
   }
 
   const ir::Node* output = g.output_node();

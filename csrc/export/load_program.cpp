@@ -26,7 +26,7 @@ using PlainJson = nlohmann::json;
 
 // Where an argument's value comes from when a node runs.
 struct Source {
-  enum Kind { Literal, Tensor, TensorList, OptTensorList, Sym, SymList, OptTensor } kind = Literal;
+  enum Kind { Literal, Tensor, TensorList, OptTensorList, Sym, SymList } kind = Literal;
   c10::IValue literal;
   std::vector<std::string> names;  // Tensor / lists / Sym: names in the environment ("" for None)
   std::vector<c10::IValue> list_literals;  // SymList: literal ints where names[i] is ""
@@ -297,7 +297,6 @@ c10::IValue value_of(const Source& s, const Env& env, const std::string& target)
   switch (s.kind) {
     case Source::Literal: return s.literal;
     case Source::Tensor:
-    case Source::OptTensor:
     case Source::Sym: return lookup(env, s.names[0], target);
     case Source::TensorList: {
       c10::List<at::Tensor> l;
@@ -382,12 +381,15 @@ torch::nn::Module& owner_of(torch::nn::Module& root, const std::string& fqn, std
   return *m;
 }
 
-std::string forward_names_of(const Json& model, std::vector<std::string>& names) {
+// The names of the root module's forward arguments, from the module call graph (empty
+// when the archive does not record them).
+std::vector<std::string> forward_names_of(const Json& model) {
+  std::vector<std::string> names;
   for (const auto& e : model.at("graph_module").value("module_call_graph", Json::array())) {
     if (e.value("fqn", "x") != "" || e.at("signature").is_null()) continue;
     for (const auto& n : e.at("signature").value("forward_arg_names", Json::array())) names.push_back(n.get<std::string>());
   }
-  return "";
+  return names;
 }
 
 }  // namespace
@@ -443,7 +445,7 @@ std::shared_ptr<ExportedProgramModule> load_program(const std::string& path, con
     }
     auto program = std::make_shared<ExportedProgramModule::Program>();
     program->path = path;
-    forward_names_of(model, program->forward_names);
+    program->forward_names = forward_names_of(model);
     const Json& gm = model.at("graph_module");
     const Json& graph = gm.at("graph");
     const Json& sig = gm.at("signature");
