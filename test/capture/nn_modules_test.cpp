@@ -154,6 +154,7 @@ void check_against_eager(M model, const Program<M>& prog, ir::Graph* graph_out =
       case ir::InputKind::Constant:
       case ir::InputKind::Tangent: replay_in.push_back(captured[k]); break;
       case ir::InputKind::Saved: FAIL() << "a capture has no saved inputs: " << n.name; break;
+      case ir::InputKind::HostScalar: FAIL() << "a capture has no host scalar inputs: " << n.name; break;
     }
   }
   std::map<std::string, at::Tensor> before;  // the twin's state before the eager run

@@ -214,7 +214,9 @@ TEST(UnboxedCalls, AHostScalarInputIsReadPerRun) {
       fresh.push_back(tcap::passes::host_scalar_input(lr));
       const int64_t before = tcap::interp::unboxed_calls_made();
       results.push_back(interp.run(fresh)[0]);
-      if (!off) EXPECT_GT(tcap::interp::unboxed_calls_made(), before) << "the adam step was not called unboxed";
+      if (!off) {
+        EXPECT_GT(tcap::interp::unboxed_calls_made(), before) << "the adam step was not called unboxed";
+      }
     }
     tcap::interp::disable_unboxed_calls_for_testing(false);
     EXPECT_TRUE(results[0].equal(results[1])) << lr;
