@@ -163,13 +163,13 @@ struct CompiledFunction::Impl::Call {
       // next capture start while this call replays.
       slot.unlock();
       try {
-        return aot::replay_region(aot::specialize(e, found.key, found.primals, f.options, f.who()), found.primals);
+        return aot::replay_region(aot::specialize(e, found.key, found.primals, f.options), found.primals);
       } catch (const HostValueChanged&) {
         slot.lock();  // not this one: look on, or capture
         throw;
       }
     }
-    auto entry = aot::specialize(e, found.key, found.primals, f.options, f.who());
+    auto entry = aot::specialize(e, found.key, found.primals, f.options);
     const VerifyOptions v = cache::verify_options_for(f.options);
     if (f.verifier.next(v)) {
       return aot::verified_call(entry, *e, found.primals, [&] { return f.fn(user_inputs); }, f.options, v);

@@ -176,8 +176,7 @@ void generalize(const RegionEntry& a, RegionEntry& b, const std::vector<size_t>&
 }
 
 std::shared_ptr<const RegionEntry> specialize(const std::shared_ptr<const RegionEntry>& e, const std::vector<int64_t>& key,
-                                              const std::vector<at::Tensor>& primals, const CompileOptions& options,
-                                              const std::string& who) {
+                                              const std::vector<at::Tensor>& primals, const CompileOptions& options) {
   if (!e->guards.dyn.dynamic() || key == e->guards.dyn.own_key) return e;
   if (auto s = e->specialized->find(key)) return s;
   // What a specialization keeps of its entry: who it is, the guards that do not depend on
@@ -194,7 +193,7 @@ std::shared_ptr<const RegionEntry> specialize(const std::shared_ptr<const Region
   j.graph = cache::specialize(e->joint.graph, e->guards.dyn, key);
   compile_region(*s, std::move(j), e->has_backward, primals, options);
   if (e->stats) e->stats->count(&CompileStats::compiles);
-  TCAP_LOG(Recompiles, who << " entry " << e->id << " specialized to sizes " << c10::IntArrayRef(key)
+  TCAP_LOG(Recompiles, "'" << options.name << "' entry " << e->id << " specialized to sizes " << c10::IntArrayRef(key)
                            << " of its dynamic dims (no recapture)");
   return e->specialized->insert(key, std::move(s));
 }

@@ -61,10 +61,9 @@ bool compile_region(RegionEntry& e, JointGraph joint, bool has_backward, const s
 void generalize(const RegionEntry& a, RegionEntry& b, const std::vector<size_t>& changed, const std::string& who);
 // The entry serving a call at the class values `key`: e itself, or e specialized to them
 // (compiled once per distinct sizes, without running the user's code; counted in e's
-// stats).
+// stats). On every replay's path: it builds nothing unless it compiles.
 std::shared_ptr<const RegionEntry> specialize(const std::shared_ptr<const RegionEntry>& e, const std::vector<int64_t>& key,
-                                              const std::vector<at::Tensor>& primals, const CompileOptions& options,
-                                              const std::string& who);
+                                              const std::vector<at::Tensor>& primals, const CompileOptions& options);
 // Note [The contract of a compiled function]: logs under guards what e reads from outside
 // its inputs, and how (the function's first entry).
 void log_contract(const RegionEntry& e, const std::string& who);
