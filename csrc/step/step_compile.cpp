@@ -20,14 +20,6 @@
 
 namespace tcap {
 
-using step::GradEffect;
-using step::HostScalar;
-using step::HostState;
-using step::OptimizerAdapter;
-using step::ScalarPatch;
-using step::StepEntry;
-using step::StepPlan;
-
 std::vector<at::Tensor> CompiledStep::Impl::capture(StepEntry& e, const std::vector<at::Tensor>& user,
                                                      const step::StepInputs& g) {
   cache->stats().count(&CompileStats::captures);

@@ -93,8 +93,17 @@ struct StepEntry : cache::Entry, StepPlan {
 
 }  // namespace step
 
+// The two files of the front door name these without their namespace.
+using step::GradEffect;
+using step::HostScalar;
+using step::HostState;
+using step::OptimizerAdapter;
+using step::ScalarPatch;
+using step::StepEntry;
+using step::StepPlan;
+
 struct CompiledStep::Impl {
-  std::vector<std::unique_ptr<step::OptimizerAdapter>> opts;
+  std::vector<std::unique_ptr<OptimizerAdapter>> opts;
   step::StepParts parts;  // the models, their submodules and opts (as the aot helpers take them)
   CompiledFunction::Fn fn;
   CompileOptions options;
@@ -129,10 +138,10 @@ struct CompiledStep::Impl {
   }
 
   // Marks e eager for its guards; a fallback unless by design.
-  void go_eager(step::StepEntry& e, const std::string& why, bool by_design = false) {
+  void go_eager(StepEntry& e, const std::string& why, bool by_design = false) {
     {
       std::lock_guard<std::mutex> lock(e.mutex);
-      e.state = step::StepEntry::State::Eager;
+      e.state = StepEntry::State::Eager;
       e.eager_reason = why;
       e.by_design = by_design;
     }
@@ -143,22 +152,22 @@ struct CompiledStep::Impl {
     }
   }
 
-  std::vector<at::Tensor> capture(step::StepEntry& e, const std::vector<at::Tensor>& user, const step::StepInputs& g);
-  void verify_and_compile(step::StepEntry& e, const ir::Graph& first, const std::vector<std::vector<step::HostState>>& host1,
+  std::vector<at::Tensor> capture(StepEntry& e, const std::vector<at::Tensor>& user, const step::StepInputs& g);
+  void verify_and_compile(StepEntry& e, const ir::Graph& first, const std::vector<std::vector<HostState>>& host1,
                           const step::StepInputs& g);
-  std::vector<at::Tensor> replay(const step::StepEntry& e, const step::StepInputs& g, const std::vector<at::Tensor>& primals,
+  std::vector<at::Tensor> replay(const StepEntry& e, const step::StepInputs& g, const std::vector<at::Tensor>& primals,
                                  const std::vector<at::Tensor>& user);
   struct Call;
   std::vector<at::Tensor> call(const std::vector<at::Tensor>& user);
   // A verified replay (Note [Verifying a compiled step]), or nullopt where the entry cannot
   // be verified (logged): its outputs have a history node of their own.
-  std::optional<std::vector<at::Tensor>> verified(const step::StepEntry& served, const step::StepEntry& guarded, const step::StepInputs& g,
+  std::optional<std::vector<at::Tensor>> verified(const StepEntry& served, const StepEntry& guarded, const step::StepInputs& g,
                                                   const std::vector<at::Tensor>& primals,
                                                   const std::vector<at::Tensor>& user, const VerifyOptions& v);
-  std::shared_ptr<const step::StepEntry> specialize(const std::shared_ptr<const step::StepEntry>& e, const std::vector<int64_t>& key);
+  std::shared_ptr<const StepEntry> specialize(const std::shared_ptr<const StepEntry>& e, const std::vector<int64_t>& key);
   // The step graph with its patched scalars as inputs, through the one pipeline (the
   // options' fw_compiler when set: the step is one graph, run without autograd).
-  Executable compile_step_graph(const ir::Graph& g, const std::vector<step::ScalarPatch>& patches, const std::string& what,
+  Executable compile_step_graph(const ir::Graph& g, const std::vector<ScalarPatch>& patches, const std::string& what,
                                 bool check_host_values) const {
     std::vector<passes::ScalarArg> args;
     for (const auto& p : patches) {
@@ -173,8 +182,8 @@ struct CompiledStep::Impl {
     for (size_t k = 0; k < n; ++k) out.push_back(passes::host_scalar_input(0.0));
     return out;
   }
-  void generalize(const step::StepEntry& a, step::StepEntry& b);
-  std::string build_history(step::StepEntry& e);
+  void generalize(const StepEntry& a, StepEntry& b);
+  std::string build_history(StepEntry& e);
 };
 
 }  // namespace tcap

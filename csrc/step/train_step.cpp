@@ -43,14 +43,6 @@
 
 namespace tcap {
 
-using step::GradEffect;
-using step::HostScalar;
-using step::HostState;
-using step::OptimizerAdapter;
-using step::ScalarPatch;
-using step::StepEntry;
-using step::StepPlan;
-
 std::vector<at::Tensor> CompiledStep::Impl::replay(const StepEntry& e, const step::StepInputs& g,
                                                    const std::vector<at::Tensor>& primals,
                                                    const std::vector<at::Tensor>& user) {

@@ -53,28 +53,20 @@ ParamCase pointwise_case() {
   return {kb.k, {1003}, {1003}, [](const at::Tensor& xs, double av, double bv) { return xs * av + bv; }};
 }
 
-// out[r] = sum_c(x[r, c] * a) + b over a [37, 300] input (a row reduction; the parameters
-// read per element and once per row).
-ParamCase row_case() {
-  KernelBuilder kb("params_row", {37, 300}, 1);
+// out = sum(x * a) + b over 37 rows of 300 (a row reduction) or 37 columns of 300 (a
+// column reduction); the parameters read per element and once per output.
+ParamCase reduction_case(bool columns) {
+  KernelBuilder kb(columns ? "params_column" : "params_row", {37, 300}, 1);
   const int32_t x = kb.input(DType::F32), a = param_buffer(kb), b = param_buffer(kb), out = kb.output(DType::F32);
-  const int32_t s = kb.reduce(OpCode::ReduceSum, kb.bin(OpCode::Mul, kb.load(x, {300, 1}), param_as(kb, a, DType::F32)));
+  const std::vector<int64_t> strides = columns ? std::vector<int64_t>{1, 37} : std::vector<int64_t>{300, 1};
+  const int32_t s = kb.reduce(OpCode::ReduceSum, kb.bin(OpCode::Mul, kb.load(x, strides), param_as(kb, a, DType::F32)));
   kb.store(kb.bin(OpCode::Add, s, param_as(kb, b, DType::F32)), out, {1, 0});
-  return {kb.k, {37, 300}, {37},
-          [](const at::Tensor& xs, double av, double bv) { return (xs * av).sum(1) + bv; }};
+  const int64_t dim = columns ? 0 : 1;
+  return {kb.k, columns ? std::vector<int64_t>{300, 37} : std::vector<int64_t>{37, 300}, {37},
+          [dim](const at::Tensor& xs, double av, double bv) { return (xs * av).sum(dim) + bv; }};
 }
 
-// out[c] = sum_r(x[r, c] * a) + b over a [300, 37] input (a column reduction).
-ParamCase column_case() {
-  KernelBuilder kb("params_column", {37, 300}, 1);
-  const int32_t x = kb.input(DType::F32), a = param_buffer(kb), b = param_buffer(kb), out = kb.output(DType::F32);
-  const int32_t s = kb.reduce(OpCode::ReduceSum, kb.bin(OpCode::Mul, kb.load(x, {1, 37}), param_as(kb, a, DType::F32)));
-  kb.store(kb.bin(OpCode::Add, s, param_as(kb, b, DType::F32)), out, {1, 0});
-  return {kb.k, {300, 37}, {37},
-          [](const at::Tensor& xs, double av, double bv) { return (xs * av).sum(0) + bv; }};
-}
-
-std::vector<ParamCase> param_cases() { return {pointwise_case(), row_case(), column_case()}; }
+std::vector<ParamCase> param_cases() { return {pointwise_case(), reduction_case(false), reduction_case(true)}; }
 
 const std::vector<std::pair<double, double>> kParamValues = {{0.5, -1.25}, {-3e-3, 7.0}, {1.0 / 3.0, 0.1}};
 

@@ -21,6 +21,7 @@
 #include <torch/torch.h>
 
 #include <atomic>
+#include <functional>
 #include <set>
 #include <tuple>
 
@@ -86,6 +87,27 @@ FusedOps fused_ops(const ir::Graph& g) {
     f.text += tcap::kir::to_string(grp.kernel);
   }
   return f;
+}
+
+// fn's graph on inputs `in` (named x0, x1, ...), with argument `arg` of its one `op` node a
+// host scalar named `name`.
+ir::Graph with_one_host_scalar(const Tensors& in, const std::function<at::Tensor(const Tensors&)>& fn,
+                               const std::string& op, size_t arg, const std::string& name) {
+  ir::Graph g;
+  {
+    torch::NoGradGuard no_grad;
+    tcap::CaptureGuard cap;
+    for (size_t k = 0; k < in.size(); ++k) cap.input(in[k], "x" + std::to_string(k));
+    cap.output(fn(in), "y");
+    cap.stop();
+    g = cap.graph();
+  }
+  std::vector<tcap::passes::ScalarArg> args;
+  for (const auto& n : g.nodes()) {
+    if (n.op == op) args.push_back({n.id, arg, name});
+  }
+  EXPECT_EQ(args.size(), 1u) << ir::to_string(g);
+  return tcap::passes::scalars_as_inputs(g, args);
 }
 
 TEST(HostScalarInputs, ThePassMakesInputsAndTheInterpreterReadsThemBitForBit) {
@@ -165,23 +187,9 @@ TEST(HostScalarInputs, FusedKernelsTakeThemAsParameters) {
 // weight) leaves its node to ATen, saying why; the ops around it are still fused.
 TEST(HostScalarInputs, AReaderThatNeedsAConstantStaysAnATenCall) {
   TCAP_SKIP_WITHOUT_BACKEND("llvm");
-  auto x = torch::randn({9, 5}), w = torch::randn({9, 5});
-  ir::Graph g;
-  {
-    torch::NoGradGuard no_grad;
-    tcap::CaptureGuard cap;
-    cap.input(x, "x");
-    cap.input(w, "w");
-    cap.output(at::lerp(x.cos(), w, 0.3).sin(), "y");
-    cap.stop();
-    g = cap.graph();
-  }
-  std::vector<tcap::passes::ScalarArg> args;
-  for (const auto& n : g.nodes()) {
-    if (n.op == "aten::lerp") args.push_back({n.id, 2, "weight"});
-  }
-  ASSERT_EQ(args.size(), 1u) << ir::to_string(g);
-  const ir::Graph h = tcap::passes::scalars_as_inputs(g, args);
+  const ir::Graph h = with_one_host_scalar(
+      {torch::randn({9, 5}), torch::randn({9, 5})}, [](const Tensors& t) { return at::lerp(t[0].cos(), t[1], 0.3).sin(); },
+      "aten::lerp", 2, "weight");
   const FusedOps f = fused_ops(h);
   EXPECT_EQ(f.aten_calls.count("aten::lerp.Scalar"), 1u) << f.text;
   EXPECT_EQ(f.params, 0) << f.text;
@@ -200,22 +208,8 @@ TEST(HostScalarInputs, AReaderThatNeedsAConstantStaysAnATenCall) {
 // tensor compared with it compares in float (ATen's result_type), not in double.
 TEST(HostScalarInputs, AParameterPromotesAsANumber) {
   TCAP_SKIP_WITHOUT_BACKEND("llvm");
-  auto x = torch::full({}, 0.1f);
-  ir::Graph g;
-  {
-    torch::NoGradGuard no_grad;
-    tcap::CaptureGuard cap;
-    cap.input(x, "x");
-    cap.output(x.gt(0.1), "y");
-    cap.stop();
-    g = cap.graph();
-  }
-  std::vector<tcap::passes::ScalarArg> args;
-  for (const auto& n : g.nodes()) {
-    if (n.op == "aten::gt") args.push_back({n.id, 1, "threshold"});
-  }
-  ASSERT_EQ(args.size(), 1u) << ir::to_string(g);
-  const ir::Graph h = tcap::passes::scalars_as_inputs(g, args);
+  const ir::Graph h = with_one_host_scalar({torch::full({}, 0.1f)}, [](const Tensors& t) { return t[0].gt(0.1); },
+                                           "aten::gt", 1, "threshold");
   const FusedOps f = fused_ops(h);
   EXPECT_EQ(f.params, 1) << f.text;
   tcap::CompileOptions o;
