@@ -30,10 +30,19 @@
 // NVRTC's log) and run by the CUDA host emulator (test/support/cuda_emu.h, Note [CUDA host
 // emulation]), so the CUDA renderer's kernels are checked against eager on every op
 // without a GPU. The emulator uses the host's libm, so the tolerances stay those above.
+//
+// The llvm build also sweeps every row (contiguous inputs) with each floating-point scalar
+// constant of its graphs made a host scalar input, as compile_step's per-call scalars are
+// (OpSweepHostScalars, one test over all rows): every kernel takes such a number as a parameter, or leaves its op to
+// ATen (Note [Kernel parameters]), and matches eager either way, forward and backward.
 #include <tcap/compile.h>
 
 #include "op_sweep.h"
 #include "support/compare.h"
+
+#ifdef TCAP_SWEEP_BACKEND
+#include "passes/scalar_inputs.h"
+#endif
 
 #ifdef TCAP_SWEEP_CUDA
 #include "codegen/cuda/cuda.h"
@@ -146,6 +155,32 @@ tcap::Executable emulating_compiler(const tcap::ir::Graph& g) {
 }
 #endif
 
+#ifdef TCAP_SWEEP_BACKEND
+// The graph with every floating-point scalar constant a host scalar input, fused by the
+// sweep's backend; the executable appends the numbers the graph had to each call's inputs.
+tcap::Executable host_scalar_compiler(const tcap::ir::Graph& g) {
+  namespace ir = tcap::ir;
+  std::vector<tcap::passes::ScalarArg> args;
+  std::vector<double> numbers;
+  for (const auto& n : g.nodes()) {
+    if (n.kind != ir::NodeKind::Call) continue;
+    for (size_t i = 0; i < n.args.size(); ++i) {
+      const ir::Arg& a = n.args[i];
+      const bool floating = a.kind == ir::ArgKind::Double || (a.kind == ir::ArgKind::WrappedScalar &&
+                                                              c10::isFloatingType(static_cast<c10::ScalarType>(a.i2)));
+      if (!floating) continue;
+      args.push_back({n.id, i, "s" + std::to_string(args.size())});
+      numbers.push_back(a.d);
+    }
+  }
+  tcap::Executable exe = tcap::llvm_backend(tcap::passes::scalars_as_inputs(g, args));
+  return [exe, numbers](std::vector<at::Tensor> in) {
+    for (double d : numbers) in.push_back(tcap::passes::host_scalar_input(d));
+    return exe(std::move(in));
+  };
+}
+#endif
+
 Tensors make_inputs(const Row& row, at::ScalarType dtype, bool noncontig) {
   Tensors in;
   for (size_t k = 0; k < row.inputs.size(); ++k) in.push_back(make_input(row.inputs[k], dtype, noncontig, k));
@@ -200,9 +235,19 @@ bool run_known_bugs() {
   return e && std::string(e) == "1";
 }
 
+// Why a case is skipped as a known bug ("" when it is not one, or when they run anyway).
+std::string known_bug(const Row& row, at::ScalarType dtype) {
+  if (run_known_bugs()) return "";
+  for (const std::string& key : {row.name, row.name + "_" + dtype_suffix(dtype)}) {
+    auto it = known_bugs().find(key);
+    if (it != known_bugs().end()) return it->second;
+  }
+  return "";
+}
+
 class OpSweep : public ::testing::TestWithParam<Param> {};
 
-void run_layout(const Row& row, at::ScalarType dtype, bool noncontig) {
+void run_layout(const Row& row, at::ScalarType dtype, bool noncontig, bool host_scalars = false) {
   const std::string where = std::string(noncontig ? "non-contiguous" : "contiguous") + " inputs";
   SCOPED_TRACE(where);
   const double rtol = (dtype == at::kFloat ? 1e-4 : 1e-7) * row.tol;
@@ -213,6 +258,12 @@ void run_layout(const Row& row, at::ScalarType dtype, bool noncontig) {
   options.name = row.name;
 #ifdef TCAP_SWEEP_BACKEND
   options.backend = TCAP_SWEEP_BACKEND;
+  if (host_scalars) {
+    options.fw_compiler = host_scalar_compiler;
+    options.bw_compiler = host_scalar_compiler;
+  }
+#else
+  (void)host_scalars;
 #endif
 #ifdef TCAP_SWEEP_CUDA
   if (on_device()) {
@@ -289,22 +340,35 @@ void run_layout(const Row& row, at::ScalarType dtype, bool noncontig) {
 TEST_P(OpSweep, MatchesEager) {
   const Row& row = rows().at(std::get<0>(GetParam()));
   const at::ScalarType dtype = std::get<1>(GetParam());
-  for (const std::string& key : {row.name, row.name + "_" + dtype_suffix(dtype)}) {
-    auto it = known_bugs().find(key);
-    if (it != known_bugs().end() && !run_known_bugs()) GTEST_SKIP() << "known tcap bug: " << it->second;
-  }
+  if (const std::string why = known_bug(row, dtype); !why.empty()) GTEST_SKIP() << "known tcap bug: " << why;
   run_layout(row, dtype, /*noncontig=*/false);
   if (HasFatalFailure()) return;
   if (row.noncontig) run_layout(row, dtype, /*noncontig=*/true);
 }
 
+std::string param_name(const ::testing::TestParamInfo<Param>& info) {
+  return rows().at(std::get<0>(info.param)).name + "_" + dtype_suffix(std::get<1>(info.param));
+}
+
 INSTANTIATE_TEST_SUITE_P(Ops, OpSweep,
                          ::testing::Combine(::testing::Range<size_t>(0, rows().size()),
                                             ::testing::Values(at::kFloat, at::kDouble)),
-                         [](const ::testing::TestParamInfo<Param>& info) {
-                           return rows().at(std::get<0>(info.param)).name + "_" +
-                                  dtype_suffix(std::get<1>(info.param));
-                         });
+                         param_name);
+
+#ifdef TCAP_SWEEP_BACKEND
+// One test, not one per row: each row takes milliseconds here, and a test process of its
+// own would cost more than the row (the failures name the row and dtype).
+TEST(OpSweepHostScalars, EveryRowMatchesEager) {
+  for (size_t r = 0; r < rows().size(); ++r) {
+    for (at::ScalarType dtype : {at::kFloat, at::kDouble}) {
+      const Row& row = rows()[r];
+      SCOPED_TRACE(row.name + "_" + dtype_suffix(dtype));
+      if (!known_bug(row, dtype).empty()) continue;
+      run_layout(row, dtype, /*noncontig=*/false, /*host_scalars=*/true);
+    }
+  }
+}
+#endif
 
 TEST(OpSweepTable, HasEnoughDistinctRows) {
   std::set<std::string> names;
