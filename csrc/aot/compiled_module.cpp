@@ -3,6 +3,8 @@
 // entries and eager reasons taken together.
 #include <tcap/compile.h>
 
+#include "cache/stats.h"
+
 #include <iterator>
 
 namespace tcap {
@@ -28,14 +30,7 @@ CompileStats sum_stats(const std::vector<std::shared_ptr<CompiledFunction>>& fns
   CompileStats sum;
   for (const auto& f : fns) {
     const CompileStats s = f->stats();
-    sum.calls += s.calls;
-    sum.captures += s.captures;
-    sum.compiles += s.compiles;
-    sum.replays += s.replays;
-    sum.eager_calls += s.eager_calls;
-    sum.recompiles += s.recompiles;
-    sum.backward_fallbacks += s.backward_fallbacks;
-    sum.verified += s.verified;
+    for (int CompileStats::*field : cache::Stats::kFields) sum.*field += s.*field;
     sum.lookup_us += s.lookup_us;
   }
   return sum;

@@ -17,6 +17,12 @@ namespace tcap::cache {
 
 class Stats {
  public:
+  // Every counter of CompileStats (lookup_us aside), checked against the struct below.
+  static constexpr int CompileStats::*kFields[] = {
+      &CompileStats::calls,       &CompileStats::captures,   &CompileStats::compiles,
+      &CompileStats::replays,     &CompileStats::eager_calls, &CompileStats::recompiles,
+      &CompileStats::backward_fallbacks, &CompileStats::verified};
+
   void count(int CompileStats::*field) { slot(field).fetch_add(1, std::memory_order_relaxed); }
   void add_lookup_ns(int64_t ns) { lookup_ns_.fetch_add(ns, std::memory_order_relaxed); }
   CompileStats read() const {
@@ -27,10 +33,6 @@ class Stats {
   }
 
  private:
-  static constexpr int CompileStats::*kFields[] = {
-      &CompileStats::calls,       &CompileStats::captures,   &CompileStats::compiles,
-      &CompileStats::replays,     &CompileStats::eager_calls, &CompileStats::recompiles,
-      &CompileStats::backward_fallbacks, &CompileStats::verified};
   static_assert(sizeof(CompileStats) == sizeof(kFields) / sizeof(kFields[0]) * sizeof(int) + sizeof(double),
                 "a field of CompileStats is missing from Stats::kFields");
   std::atomic<int>& slot(int CompileStats::*field) {
