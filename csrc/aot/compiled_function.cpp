@@ -67,6 +67,15 @@ struct CompiledFunction::Impl {
 
   struct Call;
   std::vector<at::Tensor> call(const std::vector<at::Tensor>& user_inputs);
+  // The capture's inputs: the user's, then the modules' parameters and buffers (read with
+  // names into `named`).
+  std::vector<std::pair<at::Tensor, std::pair<ir::InputKind, std::string>>> declared_inputs(
+      const std::vector<at::Tensor>& user_inputs, cache::ModuleView& named, std::vector<std::string>& names,
+      std::vector<bool>& identity) const;
+  // Note [Checking a new size]: runs the function while recording its forward, compares
+  // that with dynamic entry e's record at class values `key`, and returns its outputs.
+  std::vector<at::Tensor> check_call(const RegionEntry& e, const std::vector<int64_t>& key,
+                                     const std::vector<at::Tensor>& user_inputs, std::string* verdict);
   std::vector<at::Tensor> capture_call(const std::vector<at::Tensor>& user_inputs,
                                        const std::vector<at::Tensor>& call_inputs, const cache::Lookup& miss);
   // While a capture waits for its backward; nullopt when there is none (or it finished).
@@ -198,6 +207,10 @@ struct CompiledFunction::Impl::Call {
 
   Out capture(const cache::Lookup& miss) { return f.capture_call(user_inputs, call_inputs, miss); }
   Out eager(const std::string&) { return f.fn(user_inputs); }
+  std::optional<Out> check(const cache::Lookup& found, std::string* verdict) {
+    if (slot.owns_lock()) slot.unlock();  // a check compiles nothing: the next capture may start
+    return f.check_call(static_cast<const RegionEntry&>(*found.hit), found.key, user_inputs, verdict);
+  }
 };
 
 std::vector<at::Tensor> CompiledFunction::Impl::call(const std::vector<at::Tensor>& user_inputs) {
@@ -211,26 +224,8 @@ std::vector<at::Tensor> CompiledFunction::Impl::capture_call(const std::vector<a
   cache->stats().count(&CompileStats::captures);
   std::vector<std::string> names;
   std::vector<bool> identity;
-  std::vector<std::pair<at::Tensor, std::pair<ir::InputKind, std::string>>> decl;
-  for (size_t k = 0; k < user_inputs.size(); ++k) {
-    names.push_back("in" + std::to_string(k));
-    identity.push_back(false);
-    TORCH_CHECK(user_inputs[k].defined(), "tcap::compile('", options.name, "'): input ", k, " is undefined");
-    decl.push_back({user_inputs[k], {ir::InputKind::UserInput, names.back()}});
-  }
   auto entry = std::make_shared<RegionEntry>();
-  cache::ModuleView& named = entry->guards.modules;
-  cache::read_modules(modules, named, /*with_names=*/true);
-  for (const bool buffers : {false, true}) {
-    std::vector<at::Tensor> ts;
-    std::vector<std::string> tn;
-    named.append_named_tensors(buffers, ts, tn);
-    for (size_t j = 0; j < ts.size(); ++j) {
-      names.push_back(tn[j]);
-      identity.push_back(true);
-      decl.push_back({ts[j], {buffers ? ir::InputKind::Buffer : ir::InputKind::Parameter, tn[j]}});
-    }
-  }
+  const auto decl = declared_inputs(user_inputs, entry->guards.modules, names, identity);
   TORCH_INTERNAL_ASSERT(decl.size() == call_inputs.size(), "tcap: the module tensors of a call changed under it");
   entry->id = cache->next_id();
   entry->fn_name = options.name;
@@ -247,6 +242,7 @@ std::vector<at::Tensor> CompiledFunction::Impl::capture_call(const std::vector<a
     cache->fall_back(why);
     return outs;
   }
+  entry->forward_record = cap->joint_without_backward().graph;
   // Tensors the function read beyond its declared inputs (Note [Held tensors]).
   const auto primals = cap->primal_tensors();
   const auto& joint_inputs = cap->session().graph();
@@ -281,6 +277,50 @@ std::vector<at::Tensor> CompiledFunction::Impl::capture_call(const std::vector<a
   }
   std::lock_guard<std::mutex> lock(pending_mutex);
   pending = std::move(p);
+  return outs;
+}
+
+std::vector<std::pair<at::Tensor, std::pair<ir::InputKind, std::string>>> CompiledFunction::Impl::declared_inputs(
+    const std::vector<at::Tensor>& user_inputs, cache::ModuleView& named, std::vector<std::string>& names,
+    std::vector<bool>& identity) const {
+  std::vector<std::pair<at::Tensor, std::pair<ir::InputKind, std::string>>> decl;
+  for (size_t k = 0; k < user_inputs.size(); ++k) {
+    names.push_back("in" + std::to_string(k));
+    identity.push_back(false);
+    TORCH_CHECK(user_inputs[k].defined(), "tcap::compile('", options.name, "'): input ", k, " is undefined");
+    decl.push_back({user_inputs[k], {ir::InputKind::UserInput, names.back()}});
+  }
+  cache::read_modules(modules, named, /*with_names=*/true);
+  for (const bool buffers : {false, true}) {
+    std::vector<at::Tensor> ts;
+    std::vector<std::string> tn;
+    named.append_named_tensors(buffers, ts, tn);
+    for (size_t j = 0; j < ts.size(); ++j) {
+      names.push_back(tn[j]);
+      identity.push_back(true);
+      decl.push_back({ts[j], {buffers ? ir::InputKind::Buffer : ir::InputKind::Parameter, tn[j]}});
+    }
+  }
+  return decl;
+}
+
+std::vector<at::Tensor> CompiledFunction::Impl::check_call(const RegionEntry& e, const std::vector<int64_t>& key,
+                                                           const std::vector<at::Tensor>& user_inputs,
+                                                           std::string* verdict) {
+  std::vector<std::string> names;
+  std::vector<bool> identity;
+  cache::ModuleView named;
+  const auto decl = declared_inputs(user_inputs, named, names, identity);
+  auto cap = std::make_shared<aot::RegionCapture>();
+  auto outs = cap->record_forward([&] { return fn(user_inputs); }, decl);
+  cache::SizeLedger& ledger = *e.guards.dyn.ledger;
+  const std::string why = cap->check_forward(outs);
+  if (why.empty()) {
+    *verdict = ledger.check(key, cap->joint_without_backward().graph);
+  } else {
+    *verdict = "its forward cannot be compiled at these sizes: " + why;
+    ledger.refuse(key, *verdict);
+  }
   return outs;
 }
 
@@ -330,7 +370,8 @@ CompiledFn compile_function(CompiledFunction::Fn fn, CompileOptions options) {
   auto impl = std::make_unique<CompiledFunction::Impl>();
   impl->fn = std::move(fn);
   impl->modules = options.modules;
-  impl->cache = std::make_unique<cache::EntryCache>("'" + options.name + "'", options.cache_size_limit, options.dynamic);
+  impl->cache = std::make_unique<cache::EntryCache>("'" + options.name + "'", options.cache_size_limit, options.dynamic,
+                                                    options.check_new_sizes);
   impl->options = std::move(options);
   return CompiledFn(std::make_shared<CompiledFunction>(std::move(impl)));
 }

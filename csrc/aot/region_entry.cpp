@@ -166,6 +166,9 @@ void generalize(const RegionEntry& a, RegionEntry& b, const std::vector<size_t>&
     why = "the graphs at the two sizes differ in structure";
   } else {
     why = cache::generalize(a.joint.graph, a.guards.sizes, b.joint.graph, b.guards.sizes, changed, &b.guards.dyn);
+    // Note [Checking a new size]: a check capture records the forward alone.
+    if (why.empty()) why = cache::make_ledger(a.forward_record, a.guards.sizes, b.forward_record, b.guards.sizes, b.guards.dyn);
+    if (!why.empty()) b.guards.dyn = cache::DynamicSizes{};
   }
   if (!why.empty()) {
     TCAP_LOG(Recompiles, who << " entry " << b.id << " stays static: " << why);

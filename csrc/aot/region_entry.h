@@ -39,6 +39,9 @@ struct RegionEntry : cache::Entry {
   // values]): forgotten in `joint` (passes::forget_host_reads).
   std::vector<ir::NodeId> observed_reads;
   std::shared_ptr<cache::Stats> stats;  // its front door's
+  // The forward as recorded (RegionCapture::joint_without_backward): what a check capture
+  // at new sizes is compared with (Note [Checking a new size]).
+  ir::Graph forward_record;
   // A dynamic entry's specializations, by class values (Note [Dynamic sizes]).
   std::shared_ptr<cache::Specializations<RegionEntry>> specialized =
       std::make_shared<cache::Specializations<RegionEntry>>();

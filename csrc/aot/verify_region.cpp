@@ -21,6 +21,12 @@ std::string likely_cause(const RegionEntry& e, const CompileOptions& o) {
     s += ", or a tensor it reads through its closure";
   }
   if (!e.observed_reads.empty()) s += ", or a value read on the host that observe_host_values made an observation";
+  if (e.guards.dyn.dynamic()) {
+    s += o.check_new_sizes ? ", or a branch on a size in host code the check capture of these sizes did not run (a "
+                             "hook of the backward)"
+                           : ", or a branch on a size in host code: the entry is dynamic and check_new_sizes = false "
+                             "promised that no host code branches on its dynamic sizes (Note [Checking a new size])";
+  }
   if (!cache::Tolerances::for_options(o).exact) {
     s += "; or a rounding difference of backend '" + std::string(o.backend.name()) + "' beyond its tolerance (Note [Verify tolerances])";
   }

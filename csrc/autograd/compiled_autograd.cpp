@@ -98,7 +98,7 @@ struct Entry : cache::Entry, BackwardPlan {
 
 struct Cache {
   explicit Cache(const CompiledAutogradOptions& o)
-      : options(o), entries("compiled autograd", o.compile.cache_size_limit, o.compile.dynamic) {}
+      : options(o), entries("compiled autograd", o.compile.cache_size_limit, o.compile.dynamic, o.compile.check_new_sizes) {}
   CompiledAutogradOptions options;
   cache::EntryCache entries;
   std::mutex mutex;  // eager_keys
@@ -109,7 +109,7 @@ struct Cache {
 std::string fingerprint(const CompiledAutogradOptions& o) {
   std::ostringstream s;
   s << o.compile.backend << '|' << o.compile.cache_size_limit << '|' << o.compile.dynamic << '|' << o.compile.name
-    << '|' << o.compile.dump_dir << '|' << o.compile.cuda_graphs;
+    << '|' << o.compile.dump_dir << '|' << o.compile.cuda_graphs << '|' << o.compile.check_new_sizes;
   // A bw_compiler is told apart by its type (and its address when it is a plain function);
   // two different capturing lambdas of one type need different names.
   if (const auto& c = o.compile.bw_compiler) {
@@ -169,6 +169,19 @@ class Runtime : public capture::BackwardHandler {
   interp::HookRunner hook_runner(const Entry& e, ca::BackwardWalk& w, c10::impl::LocalDispatchKeySet outer) const;
   variable_list capture(const Request& r, const ca::BackwardWalk& w, const std::shared_ptr<const Entry>& size_miss_of,
                         const std::vector<size_t>& changed);
+  // One backward run by the engine while recording: its results, the entry's plan and
+  // guards, and its graph; `why` says why no graph could be made of it.
+  struct Recorded {
+    variable_list results;
+    std::shared_ptr<Entry> entry;
+    ir::Graph graph;
+    std::string why;
+  };
+  Recorded record(const Request& r, const ca::BackwardWalk& w);
+  // Note [Checking a new size]: the backward run while recording, compared with dynamic
+  // entry e's graph at class values `key`; returns the backward's results.
+  variable_list check(const Request& r, const ca::BackwardWalk& w, const Entry& e, const std::vector<int64_t>& key,
+                      std::string* verdict);
   std::shared_ptr<const Entry> specialize(const std::shared_ptr<const Entry>& e, const std::vector<int64_t>& key);
   std::string generalize(const Entry& a, Entry& b, const std::vector<size_t>& changed);
   std::string miss_reason(const ca::BackwardWalk& w, const cache::Lookup& l) const;
@@ -274,6 +287,10 @@ struct Runtime::Call {
   Out eager(const std::string& why) {
     TCAP_LOG(CompiledAutograd, "compiled autograd: this backward runs eagerly: " << why);
     return r.run();
+  }
+  std::optional<Out> check(const cache::Lookup& found, std::string* verdict) {
+    if (!edit) edit.emplace(capture::GraphLock::Mode::Edit);  // the recording adds observers, as a capture does
+    return rt.check(r, *w, static_cast<const Entry&>(*found.hit), found.key, verdict);
   }
 };
 
@@ -444,10 +461,8 @@ std::vector<ir::NodeId> live_nodes(const ir::Graph& g, const std::vector<ir::Val
   return out;
 }
 
-variable_list Runtime::capture(const Request& r, const ca::BackwardWalk& w,
-                               const std::shared_ptr<const Entry>& size_miss_of, const std::vector<size_t>& changed) {
-  count(&CompileStats::captures);
-  const auto t0 = std::chrono::steady_clock::now();
+Runtime::Recorded Runtime::record(const Request& r, const ca::BackwardWalk& w) {
+  Recorded out;
   capture::Session s(CaptureOptions{});
   std::unordered_map<const Node*, std::string> labels;
   for (uint32_t i = 0; i < w.nodes.size(); ++i) labels.emplace(w.nodes[i], w.label(i));
@@ -473,7 +488,7 @@ variable_list Runtime::capture(const Request& r, const ca::BackwardWalk& w,
   capture::HookWrapScope::SlotOf slots;
   for (size_t k = 0; k < w.hooks.size(); ++k) slots.emplace(w.hooks[k].object, static_cast<int>(k));
 
-  variable_list results;
+  variable_list& results = out.results;
   std::vector<ir::ValueId> delivered;
   std::vector<char> in_graph;
   {
@@ -491,7 +506,8 @@ variable_list Runtime::capture(const Request& r, const ca::BackwardWalk& w,
     in_graph = markers.in_graph;
   }
 
-  auto entry = std::make_shared<Entry>();
+  out.entry = std::make_shared<Entry>();
+  Entry* entry = out.entry.get();
   entry->guards.check_global = false;
   entry->guards.structure = std::string(w.key());
   for (const auto& sz : w.sizes) {
@@ -504,7 +520,7 @@ variable_list Runtime::capture(const Request& r, const ca::BackwardWalk& w,
   entry->accumulates_in_graph = std::any_of(in_graph.begin(), in_graph.end(), [](char c) { return c != 0; });
   std::vector<ir::ValueId> outs;
   std::vector<std::string> out_names;
-  std::string why;
+  std::string& why = out.why;
   if (r.accumulate_grad) {
     for (size_t i = 0; i < delivered.size(); ++i) {
       if (delivered[i] == ir::kNoValue || in_graph[i]) {
@@ -530,7 +546,7 @@ variable_list Runtime::capture(const Request& r, const ca::BackwardWalk& w,
     outs.push_back(*v);
     out_names.push_back("grad_output_" + std::to_string(j));
   }
-  ir::Graph graph;
+  ir::Graph& graph = out.graph;
   if (why.empty()) {
     const ir::Graph& rec = s.graph();
     auto nodes = live_nodes(rec, outs);
@@ -558,12 +574,36 @@ variable_list Runtime::capture(const Request& r, const ca::BackwardWalk& w,
       }
     }
   }
-  if (!why.empty()) {
+  return out;
+}
+
+variable_list Runtime::check(const Request& r, const ca::BackwardWalk& w, const Entry& e, const std::vector<int64_t>& key,
+                             std::string* verdict) {
+  Recorded rec = record(r, w);
+  cache::SizeLedger& ledger = *e.guards.dyn.ledger;
+  if (rec.why.empty()) {
+    *verdict = ledger.check(key, rec.graph);
+  } else {
+    *verdict = "no graph can be made of this backward at these sizes: " + rec.why;
+    ledger.refuse(key, *verdict);
+  }
+  return std::move(rec.results);
+}
+
+variable_list Runtime::capture(const Request& r, const ca::BackwardWalk& w,
+                               const std::shared_ptr<const Entry>& size_miss_of, const std::vector<size_t>& changed) {
+  count(&CompileStats::captures);
+  const auto t0 = std::chrono::steady_clock::now();
+  Recorded rec = record(r, w);
+  variable_list& results = rec.results;
+  const std::shared_ptr<Entry>& entry = rec.entry;
+  const ir::Graph& graph = rec.graph;
+  if (!rec.why.empty()) {
     {
       std::lock_guard<std::mutex> lock(cache_->mutex);
       cache_->eager_keys.emplace(w.key());
     }
-    cache::report_fallback("compiled autograd", "this backward graph, from now on: " + why);
+    cache::report_fallback("compiled autograd", "this backward graph, from now on: " + rec.why);
     return results;
   }
   entry->id = cache_->entries.next_id();
@@ -616,7 +656,11 @@ std::string Runtime::generalize(const Entry& a, Entry& b, const std::vector<size
   if (a.acc_output != b.acc_output || a.grad_output != b.grad_output) {
     return "the graphs recorded at the two sizes differ in structure";
   }
-  return cache::generalize(a.graph, a.guards.sizes, b.graph, b.guards.sizes, changed, &b.guards.dyn);
+  std::string why = cache::generalize(a.graph, a.guards.sizes, b.graph, b.guards.sizes, changed, &b.guards.dyn);
+  // Note [Checking a new size]: the record is the graph itself.
+  if (why.empty()) why = cache::make_ledger(a.graph, a.guards.sizes, b.graph, b.guards.sizes, b.guards.dyn);
+  if (!why.empty()) b.guards.dyn = cache::DynamicSizes{};
+  return why;
 }
 
 std::shared_ptr<const Entry> Runtime::specialize(const std::shared_ptr<const Entry>& e, const std::vector<int64_t>& key) {

@@ -52,6 +52,63 @@ std::string generalize(const ir::Graph& a, const std::vector<int64_t>& sizes_a, 
   return "";
 }
 
+std::vector<std::pair<int64_t, int64_t>> DynamicSizes::class_pairs(const std::vector<int64_t>& sizes_a,
+                                                                   const std::vector<int64_t>& sizes_b) const {
+  std::vector<std::pair<int64_t, int64_t>> out(num_classes, {0, 0});
+  for (size_t i = 0; i < size_class.size() && i < sizes_a.size() && i < sizes_b.size(); ++i) {
+    if (size_class[i] >= 0) out[static_cast<size_t>(size_class[i])] = {sizes_a[i], sizes_b[i]};
+  }
+  return out;
+}
+
+SizeLedger::SizeLedger(ir::Graph record, std::vector<passes::IntPatch> patches,
+                       std::vector<std::pair<ir::NodeId, size_t>> per_call)
+    : record_(std::move(record)), patches_(std::move(patches)), per_call_(std::move(per_call)) {}
+
+std::optional<std::string> SizeLedger::verdict(const std::vector<int64_t>& key) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = verdicts_.find(key);
+  if (it == verdicts_.end()) return std::nullopt;
+  return it->second;
+}
+
+std::string SizeLedger::check(const std::vector<int64_t>& key, const ir::Graph& got) {
+  ir::Graph want = record_;
+  passes::apply_int_patches(want, patches_, key);
+  for (const auto& [node, arg] : per_call_) {
+    if (node < 0 || static_cast<size_t>(node) >= got.nodes().size()) continue;
+    const ir::Node& g = got.node(node);
+    const ir::Node& w = want.node(node);
+    if (g.op != w.op || arg >= g.args.size() || arg >= w.args.size() || g.args[arg].kind != w.args[arg].kind) continue;
+    want.edit_constant(node, arg, [&](ir::Arg& a) { a = g.args[arg]; });
+  }
+  std::string why = passes::first_difference(want, got);
+  if (!why.empty()) why = "the code records another graph at these sizes: " + why;
+  refuse(key, why);
+  return why;
+}
+
+void SizeLedger::refuse(const std::vector<int64_t>& key, std::string why) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  verdicts_.emplace(key, std::move(why));
+}
+
+size_t SizeLedger::size() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return verdicts_.size();
+}
+
+std::string make_ledger(const ir::Graph& record_a, const std::vector<int64_t>& sizes_a, const ir::Graph& record_b,
+                        const std::vector<int64_t>& sizes_b, DynamicSizes& d,
+                        std::vector<std::pair<ir::NodeId, size_t>> per_call) {
+  std::vector<passes::IntPatch> patches;
+  std::string why = passes::find_int_patches(record_a, record_b, d.class_pairs(sizes_a, sizes_b), patches);
+  if (!why.empty()) return "its recorded code does not follow the sizes: " + why;
+  d.ledger = std::make_shared<SizeLedger>(record_b, std::move(patches), std::move(per_call));
+  d.ledger->admit(d.own_key);
+  return "";
+}
+
 ir::Graph specialize(const ir::Graph& g, const DynamicSizes& d, const std::vector<int64_t>& key) {
   ir::Graph s = g;
   passes::apply_int_patches(s, d.patches, key);

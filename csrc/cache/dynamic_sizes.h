@@ -12,10 +12,25 @@
 // are each m * size + c of exactly one class, the new entry becomes dynamic: it accepts
 // any size >= 2 for each class (the members of a class must stay equal), and a call at
 // new sizes is served by patching those integers into a copy of the graph and compiling
-// it again, without running the user's code (*specialize*; one specialization per
-// distinct class values, cached). Anything else keeps the entry static, with the reason
-// logged: a float computed from a size, a different op sequence, an integer two classes
-// could both explain, a size that changed to or from 0 or 1.
+// it again (*specialize*; one specialization per distinct class values, cached), once the
+// new sizes have been checked (Note [Checking a new size]). Anything else keeps the entry
+// static, with the reason logged: a float computed from a size, a different op sequence,
+// an integer two classes could both explain, a size that changed to or from 0 or 1.
+//
+// Note [Checking a new size]
+// Two captures show that the graph follows the sizes at the two sizes seen, not at a
+// third: C++ host code may branch on a size (`if (x.size(0) > 64) y = y.narrow(0, 0, 64)`),
+// and tcap cannot see the branch. So a fit is evidence, not a promise (DESIGN.md D15). The
+// first call at class values a dynamic entry has not served is a *check capture*: the
+// front door runs the user's code while recording (an eager call plus recording, no
+// compile) and compares what it recorded with the entry's record specialized to those
+// values (passes::first_difference). Agreement admits the values: later calls at them
+// replay. A difference refuses them: the check call's own result is eager's, the entry
+// misses at those values from then on (its guard says why), and the next call there
+// captures an entry of its own, logged with the first difference. Verdicts live in the
+// entry's SizeLedger, with the record they are checked against. CompileOptions::
+// check_new_sizes = false is the user's promise that no host code branches on a dynamic
+// size: values are then admitted unchecked (verify mode checks the promise).
 #pragma once
 
 #include "passes/int_patches.h"
@@ -26,20 +41,62 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace tcap::cache {
+
+// Note [Checking a new size]: what a dynamic entry's new class values are checked against,
+// and the verdicts so far (thread-safe).
+class SizeLedger {
+ public:
+  // `record`: the capture a check is compared with, at the entry's own class values;
+  // `patches`: its integers that follow the classes; `per_call`: (node, argument) of the
+  // record that differ between calls by design (a step's host scalars), taken from the
+  // check's own recording before comparing.
+  SizeLedger(ir::Graph record, std::vector<passes::IntPatch> patches,
+             std::vector<std::pair<ir::NodeId, size_t>> per_call = {});
+  // nullopt: not checked yet; "": checked, served; else why the values were refused.
+  std::optional<std::string> verdict(const std::vector<int64_t>& key) const;
+  // Compares `got`, recorded at class values `key`, with the record specialized to them;
+  // stores and returns the verdict ("" when they agree).
+  std::string check(const std::vector<int64_t>& key, const ir::Graph& got);
+  // Stores a verdict reached otherwise (the check capture could not record a graph).
+  void refuse(const std::vector<int64_t>& key, std::string why);
+  void admit(const std::vector<int64_t>& key) { refuse(key, ""); }
+  size_t size() const;
+
+ private:
+  ir::Graph record_;
+  std::vector<passes::IntPatch> patches_;
+  std::vector<std::pair<ir::NodeId, size_t>> per_call_;
+  mutable std::mutex mutex_;
+  std::map<std::vector<int64_t>, std::string> verdicts_;
+};
 
 struct DynamicSizes {
   std::vector<int> size_class;               // per size: -1 static, else its class
   std::vector<passes::IntPatch> patches;     // IntPatch::size is a class
   size_t num_classes = 0;
   std::vector<int64_t> own_key;              // the class values the entry was captured at
+  // Note [Checking a new size]: set by the front door once the entry is dynamic.
+  std::shared_ptr<SizeLedger> ledger;
 
   bool dynamic() const { return num_classes > 0; }
   bool is_dynamic(size_t i) const { return i < size_class.size() && size_class[i] >= 0; }
+  // The class values of each class at `sizes` (the flattened sizes of a capture).
+  std::vector<std::pair<int64_t, int64_t>> class_pairs(const std::vector<int64_t>& sizes_a,
+                                                       const std::vector<int64_t>& sizes_b) const;
 };
+
+// Note [Checking a new size]: builds d's ledger from the front door's records of the two
+// captures (record_a at sizes_a, record_b at sizes_b: b is the dynamic entry), with the
+// record's own integer patches, and admits b's own class values. Returns "" on success,
+// else why the records do not follow the sizes (then the entry must stay static).
+std::string make_ledger(const ir::Graph& record_a, const std::vector<int64_t>& sizes_a, const ir::Graph& record_b,
+                        const std::vector<int64_t>& sizes_b, DynamicSizes& d,
+                        std::vector<std::pair<ir::NodeId, size_t>> per_call = {});
 
 // The positions where `now` differs from `captured` (same length).
 std::vector<size_t> changed_sizes(const std::vector<int64_t>& captured, const std::vector<int64_t>& now);

@@ -8,8 +8,20 @@
 
 namespace tcap::cache {
 
-EntryCache::EntryCache(std::string who, int limit, bool dynamic)
-    : who_(std::move(who)), limit_(limit), dynamic_(dynamic) {}
+EntryCache::EntryCache(std::string who, int limit, bool dynamic, bool check_new_sizes)
+    : who_(std::move(who)), limit_(limit), dynamic_(dynamic), check_new_sizes_(check_new_sizes) {}
+
+void EntryCache::log_size_check(const Lookup& found, const std::string& verdict) const {
+  const std::string key = c10::str(c10::IntArrayRef(found.key));
+  if (verdict.empty()) {
+    TCAP_LOG(Recompiles, who_ << " entry " << found.hit->id << ": sizes " << key << " of its dynamic dims checked (the "
+                              << "call ran and recorded the entry's graph at them); they replay from now on");
+  } else {
+    TCAP_LOG(Recompiles, who_ << " entry " << found.hit->id << " does not serve sizes " << key << " of its dynamic dims: "
+                              << verdict << " (host code that branches on a size?); the call ran eagerly, and these "
+                              << "sizes get an entry of their own");
+  }
+}
 
 std::shared_ptr<const EntryList> EntryCache::entries() const {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -32,6 +44,9 @@ Lookup EntryCache::lookup(const CallView& call, const std::vector<at::Tensor>& p
       if (why.empty()) why = e->guards.check_primals(p, &host_only);
       if (why.empty()) {
         out.hit = e;
+        // Note [Checking a new size]
+        const auto& ledger = e->guards.dyn.ledger;
+        out.check_sizes = check_new_sizes_ && ledger && !ledger->verdict(key).has_value();
         out.key = std::move(key);
         out.primals = std::move(p);
         if (pos) *pos = i;
@@ -46,7 +61,10 @@ Lookup EntryCache::lookup(const CallView& call, const std::vector<at::Tensor>& p
       out.first_miss = m.reason;
       out.first_structure_miss = m.structure;
     }
-    if (dynamic_ && !out.size_miss_of && m.sizes_only && !m.changed.empty()) {
+    // The newest entry that missed on sizes alone: the capture nearest this call (after a
+    // size check refused an older dynamic entry, the entry captured at the refused sizes;
+    // Note [Checking a new size]).
+    if (dynamic_ && m.sizes_only && !m.changed.empty()) {
       out.size_miss_of = e;
       out.changed = std::move(m.changed);
     }

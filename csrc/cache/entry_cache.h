@@ -41,9 +41,12 @@ struct Lookup {
   std::shared_ptr<Entry> hit;
   std::vector<int64_t> key;           // a dynamic hit's class values (Note [Dynamic sizes])
   std::vector<at::Tensor> primals;    // a hit's primals: the call's tensors, then the held ones
+  // The hit is dynamic and its class values are not checked yet: the call is a check
+  // capture (Note [Checking a new size]).
+  bool check_sizes = false;
   std::string first_miss;             // why the first entry did not fit (see lookup)
   bool first_structure_miss = false;  // first_miss is "another structure"
-  std::shared_ptr<Entry> size_miss_of;  // an entry that missed on sizes only
+  std::shared_ptr<Entry> size_miss_of;  // the newest entry that missed on sizes only
   std::vector<size_t> changed;          // ... and the sizes that changed
   std::shared_ptr<Entry> host_miss_of;  // an entry that missed on a host value only
   size_t entries_seen = 0;              // how many entries the cache held when it looked
@@ -55,7 +58,8 @@ enum class Admission { Capture, RunEager };
 class EntryCache {
  public:
   // `who` names the front door in messages ("'fn'", "step 'train'", "compiled autograd").
-  EntryCache(std::string who, int limit, bool dynamic);
+  // `check_new_sizes`: CompileOptions::check_new_sizes (Note [Checking a new size]).
+  EntryCache(std::string who, int limit, bool dynamic, bool check_new_sizes = true);
 
   const std::string& who() const { return who_; }
   int limit() const { return limit_; }
@@ -125,6 +129,8 @@ class EntryCache {
   //   void explain(Lookup& miss, std::string& note);
   //   bool exclusive();                      Out capture(const Lookup& miss);
   //   Out eager(const std::string& why);     (runs the call eagerly; the loop counted it)
+  //   std::optional<Out> check(const Lookup& found, std::string* verdict);
+  //                                          (a check capture: Note [Checking a new size])
   template <class Door>
   typename Door::Out serve_call(Door& door) {
     using Out = typename Door::Out;
@@ -143,7 +149,7 @@ class EntryCache {
     Lookup miss;
     std::optional<Out> served = serve<Out>(door.view(), door.primals(), miss, [&](const Lookup& found) {
       note_time();
-      return door.replay(found, /*first=*/true);
+      return found.check_sizes ? check_sizes(door, found) : door.replay(found, /*first=*/true);
     });
     if (served) return std::move(*served);
     note_time();
@@ -151,8 +157,9 @@ class EntryCache {
     if (std::optional<Out> out = door.after_miss(&look_again)) return std::move(*out);
     if (look_again) {
       Lookup fresh;
-      served = serve<Out>(door.view(), door.primals(), fresh,
-                          [&](const Lookup& found) { return door.replay(found, /*first=*/true); });
+      served = serve<Out>(door.view(), door.primals(), fresh, [&](const Lookup& found) {
+        return found.check_sizes ? check_sizes(door, found) : door.replay(found, /*first=*/true);
+      });
       if (served) return std::move(*served);
       miss = std::move(fresh);
     }
@@ -163,13 +170,29 @@ class EntryCache {
     if (!door.exclusive()) return run_eagerly(door, "another call is capturing");
     if (size() > seen) {
       Lookup again;
-      served = serve<Out>(door.view(), door.primals(), again,
-                          [&](const Lookup& found) { return door.replay(found, /*first=*/false); }, seen);
+      served = serve<Out>(
+          door.view(), door.primals(), again,
+          [&](const Lookup& found) {
+            return found.check_sizes ? check_sizes(door, found) : door.replay(found, /*first=*/false);
+          },
+          seen);
       if (served) return std::move(*served);
     }
     if (admit(miss, note) == Admission::RunEager) return run_eagerly(door, "no recompile (see the recompiles log)");
     if (size() > 0) stats_->count(&CompileStats::recompiles);
     return door.capture(miss);
+  }
+  // Note [Checking a new size]: the call runs the user's code while recording
+  // (door.check(found, &verdict), which compares the recording with the entry's at the
+  // hit's class values and returns the call's eager result); the verdict is logged, and
+  // kept by the entry's ledger so that later calls at these values replay or miss.
+  template <class Door>
+  std::optional<typename Door::Out> check_sizes(Door& door, const Lookup& found) {
+    stats_->count(&CompileStats::size_checks);
+    std::string verdict;
+    std::optional<typename Door::Out> out = door.check(found, &verdict);
+    log_size_check(found, verdict);
+    return out;
   }
   template <class Door>
   typename Door::Out run_eagerly(Door& door, const std::string& why) {
@@ -208,11 +231,15 @@ class EntryCache {
   // Why calls run eagerly: the fall_back() reason, or the cache limit ("" if neither).
   std::string eager_reason() const;
   bool dynamic() const { return dynamic_; }
+  bool check_new_sizes() const { return check_new_sizes_; }
+  // Logs a check capture's verdict under recompiles ("" = the values are served).
+  void log_size_check(const Lookup& found, const std::string& verdict) const;
 
  private:
   std::string who_;
   int limit_;
   bool dynamic_;
+  bool check_new_sizes_;
   mutable std::mutex mutex_;
   std::shared_ptr<const EntryList> entries_ = std::make_shared<EntryList>();
   std::string eager_reason_;

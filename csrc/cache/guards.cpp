@@ -4,6 +4,7 @@
 
 #include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
+#include <c10/core/DefaultDtype.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -119,6 +120,7 @@ std::string key_names(uint64_t raw) {
 GlobalState GlobalState::now() {
   GlobalState g;
   g.grad_mode = at::GradMode::is_enabled();
+  g.default_dtype = c10::get_default_dtype_as_scalartype();
   g.inference_mode = c10::InferenceMode::is_enabled();
   const c10::impl::LocalDispatchKeySet keys = c10::impl::tls_local_dispatch_key_set();
   g.included_keys = keys.included_.raw_repr();
@@ -136,6 +138,7 @@ GlobalState GlobalState::now() {
 
 bool GlobalState::matches_now() const {
   if (at::GradMode::is_enabled() != grad_mode || c10::InferenceMode::is_enabled() != inference_mode) return false;
+  if (c10::get_default_dtype_as_scalartype() != default_dtype) return false;
   const c10::impl::LocalDispatchKeySet keys = c10::impl::tls_local_dispatch_key_set();
   if (keys.included_.raw_repr() != included_keys || keys.excluded_.raw_repr() != excluded_keys) return false;
   // Which devices autocast is on for follows from the excluded keys, equal here: only the
@@ -151,7 +154,8 @@ bool GlobalState::matches_now() const {
 }
 
 bool GlobalState::operator==(const GlobalState& o) const {
-  return grad_mode == o.grad_mode && inference_mode == o.inference_mode && included_keys == o.included_keys &&
+  return grad_mode == o.grad_mode && default_dtype == o.default_dtype && inference_mode == o.inference_mode &&
+         included_keys == o.included_keys &&
          excluded_keys == o.excluded_keys &&
          deterministic == o.deterministic && deterministic_warn_only == o.deterministic_warn_only &&
          anomaly == o.anomaly && anomaly_check_nan == o.anomaly_check_nan && autocast_dtypes == o.autocast_dtypes;
@@ -162,6 +166,9 @@ bool GlobalState::autocast(c10::DeviceType t) const { return autocast_on(exclude
 std::string GlobalState::mismatch(const GlobalState& now) const {
   if (*this == now) return "";
   if (now.grad_mode != grad_mode) return std::string("grad mode changed: ") + (grad_mode ? "on -> off" : "off -> on");
+  if (now.default_dtype != default_dtype) {
+    return "the default dtype changed: " + ir::dtype_name(default_dtype) + " -> " + ir::dtype_name(now.default_dtype);
+  }
   if (now.inference_mode != inference_mode) {
     return std::string("inference mode changed: ") + (inference_mode ? "on -> off" : "off -> on");
   }
@@ -558,7 +565,18 @@ Miss Guards::check(const CallView& call, std::vector<int64_t>* key) const {
     }
     if (call.scalars->size() != scalars.size()) hard("the number of host scalars changed");
   }
-  if (m.hit() && key) *key = fit.key();
+  if (m.hit() && dyn.dynamic()) {
+    std::vector<int64_t> k = fit.key();
+    // Note [Checking a new size]: values checked and refused miss, and not as a size miss
+    // (the entry is no candidate to generalize from at them).
+    if (dyn.ledger) {
+      if (std::optional<std::string> v = dyn.ledger->verdict(k); v && !v->empty()) {
+        hard("sizes " + shape_str(k) + " of its dynamic dims were checked: " + *v);
+        return m;
+      }
+    }
+    if (key) *key = std::move(k);
+  }
   return m;
 }
 

@@ -54,9 +54,12 @@ namespace tcap::cache {
 //     them, and replayed ATen kernels read the flag when they run anyway;
 //   * anomaly mode (and its NaN check): the front doors run eagerly while it is on (the
 //     engine's per-node checks are what a user turns it on for); kept here so that an
-//     entry never serves a call made under another setting.
+//     entry never serves a call made under another setting;
+//   * the default dtype (torch::set_default_dtype): factory calls and type promotion of
+//     Python-style scalars record it into the graph's dtypes.
 struct GlobalState {
   bool grad_mode = true;
+  c10::ScalarType default_dtype = c10::kFloat;
   bool inference_mode = false;
   bool deterministic = false, deterministic_warn_only = false;
   bool anomaly = false, anomaly_check_nan = false;

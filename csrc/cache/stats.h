@@ -21,7 +21,7 @@ class Stats {
   static constexpr int CompileStats::*kFields[] = {
       &CompileStats::calls,       &CompileStats::captures,   &CompileStats::compiles,
       &CompileStats::replays,     &CompileStats::eager_calls, &CompileStats::recompiles,
-      &CompileStats::backward_fallbacks, &CompileStats::verified};
+      &CompileStats::backward_fallbacks, &CompileStats::verified, &CompileStats::size_checks};
 
   void count(int CompileStats::*field) { slot(field).fetch_add(1, std::memory_order_relaxed); }
   void add_lookup_ns(int64_t ns) { lookup_ns_.fetch_add(ns, std::memory_order_relaxed); }
@@ -33,7 +33,10 @@ class Stats {
   }
 
  private:
-  static_assert(sizeof(CompileStats) == sizeof(kFields) / sizeof(kFields[0]) * sizeof(int) + sizeof(double),
+  // The ints, padded to lookup_us's alignment, then lookup_us.
+  static_assert(sizeof(CompileStats) ==
+                    (std::size(kFields) * sizeof(int) + alignof(double) - 1) / alignof(double) * alignof(double) +
+                        sizeof(double),
                 "a field of CompileStats is missing from Stats::kFields");
   std::atomic<int>& slot(int CompileStats::*field) {
     size_t i = 0;

@@ -1,6 +1,96 @@
 #include "passes/int_patches.h"
 
+#include <sstream>
+
 namespace tcap::passes {
+namespace {
+
+std::string arg_str(const ir::Arg& a) {
+  std::ostringstream s;
+  switch (a.kind) {
+    case ir::ArgKind::Int: s << a.i; break;
+    case ir::ArgKind::Bool: s << (a.i ? "true" : "false"); break;
+    case ir::ArgKind::Double: s << a.d; break;
+    case ir::ArgKind::IntList:
+    case ir::ArgKind::BoolList: {
+      s << '[';
+      for (size_t k = 0; k < a.ints.size(); ++k) s << (k ? ", " : "") << a.ints[k];
+      s << ']';
+      break;
+    }
+    case ir::ArgKind::Value: s << '%' << (a.values.empty() ? -1 : a.values[0]); break;
+    case ir::ArgKind::String:
+    case ir::ArgKind::Device: s << '"' << a.s << '"'; break;
+    default: s << ir::to_string(a.kind);
+  }
+  return s.str();
+}
+
+std::string node_str(const ir::Node& n) {
+  if (n.kind != ir::NodeKind::Call) return ir::to_string(n.kind) + (n.name.empty() ? "" : " '" + n.name + "'");
+  std::string s = n.qualified_op() + "(";
+  for (size_t k = 0; k < n.args.size(); ++k) s += (k ? ", " : "") + arg_str(n.args[k]);
+  return s + ")";
+}
+
+std::string dims_str(const ir::Dims& d) {
+  std::string s = "[";
+  for (size_t k = 0; k < d.size(); ++k) s += (k ? ", " : "") + std::to_string(d[k]);
+  return s + "]";
+}
+
+}  // namespace
+
+std::string first_difference(const ir::Graph& want, const ir::Graph& got) {
+  const size_t n = std::min(want.nodes().size(), got.nodes().size());
+  for (size_t i = 0; i < n; ++i) {
+    const ir::Node& a = want.nodes()[i];
+    const ir::Node& b = got.nodes()[i];
+    if (a == b) continue;
+    const std::string where = "node %" + std::to_string(i);
+    if (a.kind != b.kind || a.op != b.op || a.overload != b.overload || a.args.size() != b.args.size()) {
+      return where + " is " + node_str(b) + " where the entry has " + node_str(a);
+    }
+    for (size_t k = 0; k < a.args.size(); ++k) {
+      if (a.args[k] == b.args[k]) continue;
+      const std::string name = b.args[k].name.empty() ? "argument " + std::to_string(k) : "argument '" + b.args[k].name + "'";
+      return where + " (" + b.qualified_op() + ") " + name + " is " + arg_str(b.args[k]) + " where the entry has " +
+             arg_str(a.args[k]);
+    }
+    if (a.outputs.size() == b.outputs.size()) {
+      for (size_t k = 0; k < a.outputs.size(); ++k) {
+        if (!(a.outputs[k] == b.outputs[k])) {
+          return where + " (" + b.qualified_op() + ") result " + std::to_string(k) + " is " + arg_str(b.outputs[k]) +
+                 " where the entry has " + arg_str(a.outputs[k]);
+        }
+      }
+    }
+    return where + " (" + b.qualified_op() + ") differs in its results, phase, grad mode or hook";
+  }
+  if (want.nodes().size() != got.nodes().size()) {
+    const bool more = got.nodes().size() > want.nodes().size();
+    const ir::Node& extra = more ? got.nodes()[n] : want.nodes()[n];
+    return "it records " + std::to_string(got.nodes().size()) + " nodes where the entry has " +
+           std::to_string(want.nodes().size()) + "; from node %" + std::to_string(n) + " on, " +
+           (more ? "it records " : "the entry has ") + node_str(extra) + (more ? "" : " which it does not record");
+  }
+  for (size_t v = 0; v < want.values().size() && v < got.values().size(); ++v) {
+    const auto& a = want.values()[v];
+    const auto& b = got.values()[v];
+    if (a == b) continue;
+    const std::string where = "value %" + std::to_string(v);
+    if (a.meta.sizes != b.meta.sizes) {
+      return where + " has shape " + dims_str(b.meta.sizes) + " where the entry has " + dims_str(a.meta.sizes);
+    }
+    if (a.meta.strides != b.meta.strides) {
+      return where + " has strides " + dims_str(b.meta.strides) + " where the entry has " + dims_str(a.meta.strides);
+    }
+    return where + " differs in dtype, device, storage offset, requires_grad or aliasing";
+  }
+  if (want.values().size() != got.values().size()) return "the two graphs have different numbers of values";
+  if (!(want.hooks() == got.hooks())) return "the graphs differ in their hooks";
+  return "";
+}
 
 std::string find_int_patches(const ir::Graph& ga, const ir::Graph& gb,
                              const std::vector<std::pair<int64_t, int64_t>>& sizes, std::vector<IntPatch>& patches) {

@@ -31,6 +31,10 @@ struct IntPatch {
 std::string find_int_patches(const ir::Graph& ga, const ir::Graph& gb,
                              const std::vector<std::pair<int64_t, int64_t>>& sizes, std::vector<IntPatch>& patches);
 
+// "" when `got` is `want` (every node, argument, output and value's metadata), else the
+// first difference in words, naming the node and both sides (Note [Checking a new size]).
+std::string first_difference(const ir::Graph& want, const ir::Graph& got);
+
 // Rewrites g's integers for sizes[k] = the value of changed size k.
 void apply_int_patches(ir::Graph& g, const std::vector<IntPatch>& patches, const std::vector<int64_t>& sizes);
 

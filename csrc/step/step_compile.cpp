@@ -21,8 +21,8 @@
 namespace tcap {
 
 std::vector<at::Tensor> CompiledStep::Impl::capture(StepEntry& e, const std::vector<at::Tensor>& user,
-                                                     const step::StepInputs& g) {
-  cache->stats().count(&CompileStats::captures);
+                                                     const step::StepInputs& g, bool count_capture) {
+  if (count_capture) cache->stats().count(&CompileStats::captures);
   e.host = step::host_states(parts.opts);
   // Guards of an entry that goes eager before the end of the capture (no held tensors):
   // without its alias classes it would miss every later call and recapture each time.
@@ -195,6 +195,9 @@ void CompiledStep::Impl::verify_and_compile(StepEntry& e, const ir::Graph& first
   step::StepComparison cmp =
       step::compare_step_captures(first, e.graph, host1, e.host, parts.opts, param_inputs, options.observe_host_values);
   if (!cmp.why_not.empty()) return go_eager(e, cmp.why_not);
+  e.record = e.graph;
+  e.record_scalars.clear();
+  for (const auto& p : cmp.patches) e.record_scalars.emplace_back(p.node, p.arg);
   e.patches = std::move(cmp.patches);
   const std::vector<ir::NodeId>& observed = cmp.observed;
   if (!observed.empty()) {
@@ -327,6 +330,15 @@ void CompiledStep::Impl::generalize(const StepEntry& a, StepEntry& b) {
       bg.edit_constant(pb.node, pb.arg, [&](ir::Arg& arg) { arg = a.graph.node(pa.node).args[pa.arg]; });
     }
     if (why.empty()) why = cache::generalize(a.graph, a.guards.sizes, bg, b.guards.sizes, b.changed, &b.guards.dyn);
+    // Note [Checking a new size]: the records, host scalars taken as a's.
+    if (why.empty() && a.record_scalars != b.record_scalars) why = "the steps at the two sizes record different host scalars";
+    if (why.empty()) {
+      ir::Graph rb = b.record;
+      for (const auto& [node, arg] : b.record_scalars) {
+        rb.edit_constant(node, arg, [&](ir::Arg& x) { x = a.record.node(node).args.at(arg); });
+      }
+      why = cache::make_ledger(a.record, a.guards.sizes, rb, b.guards.sizes, b.guards.dyn, b.record_scalars);
+    }
   }
   if (!why.empty()) {
     b.guards.dyn = cache::DynamicSizes{};
@@ -335,6 +347,22 @@ void CompiledStep::Impl::generalize(const StepEntry& a, StepEntry& b) {
   }
   TCAP_LOG(Recompiles, who() << " entry " << b.id << " is dynamic in " << b.changed.size() << " dims ("
                              << b.guards.dyn.patches.size() << " integers follow the sizes)");
+}
+
+std::vector<at::Tensor> CompiledStep::Impl::check_call(const StepEntry& e, const std::vector<int64_t>& key,
+                                                        const std::vector<at::Tensor>& user, const step::StepInputs& g,
+                                                        std::string* verdict) {
+  StepEntry check;
+  const step::StepInputs named = gather_named(user, g);
+  auto outs = capture(check, user, named, /*count_capture=*/false);
+  cache::SizeLedger& ledger = *e.guards.dyn.ledger;
+  if (check.state == StepEntry::State::Eager) {
+    *verdict = "the step cannot be compiled at these sizes: " + check.eager_reason;
+    ledger.refuse(key, *verdict);
+  } else {
+    *verdict = ledger.check(key, check.graph);
+  }
+  return outs;
 }
 
 std::shared_ptr<const StepEntry> CompiledStep::Impl::specialize(const std::shared_ptr<const StepEntry>& e,

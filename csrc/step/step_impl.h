@@ -86,6 +86,11 @@ struct StepEntry : cache::Entry, StepPlan {
   // the interpreter reads them as its run starts): no allocation per scalar per step.
   Executable exe;
   std::vector<at::Tensor> scalar_inputs;
+  // The second capture as recorded, and its arguments that are host scalars (they differ
+  // per call by design): what a check capture at new sizes is compared with (Note
+  // [Checking a new size]).
+  ir::Graph record;
+  std::vector<std::pair<ir::NodeId, size_t>> record_scalars;
   std::shared_ptr<cache::Entry> size_miss_of;  // for generalizing over sizes at compile time
   std::vector<size_t> changed;
   std::shared_ptr<cache::Specializations<StepEntry>> specialized = std::make_shared<cache::Specializations<StepEntry>>();
@@ -152,7 +157,14 @@ struct CompiledStep::Impl {
     }
   }
 
-  std::vector<at::Tensor> capture(StepEntry& e, const std::vector<at::Tensor>& user, const step::StepInputs& g);
+  // Runs the step while recording it into e (a check capture does not count as a capture).
+  std::vector<at::Tensor> capture(StepEntry& e, const std::vector<at::Tensor>& user, const step::StepInputs& g,
+                                  bool count_capture = true);
+  // Note [Checking a new size]: the step run while recording, compared with dynamic entry
+  // e's record at class values `key`; returns the step's outputs.
+  std::vector<at::Tensor> check_call(const StepEntry& e, const std::vector<int64_t>& key,
+                                     const std::vector<at::Tensor>& user, const step::StepInputs& g,
+                                     std::string* verdict);
   void verify_and_compile(StepEntry& e, const ir::Graph& first, const std::vector<std::vector<HostState>>& host1,
                           const step::StepInputs& g);
   std::vector<at::Tensor> replay(const StepEntry& e, const step::StepInputs& g, const std::vector<at::Tensor>& primals,

@@ -143,6 +143,10 @@ std::optional<std::vector<at::Tensor>> CompiledStep::Impl::verified(const StepEn
       "step's code (a flag or number its closure captures, an argument such as zero_grad's set_to_none), a tensor "
       "it reads through its closure that was replaced while the old one is still alive, or state of an object "
       "tcap was not given (a module or optimizer the step uses but compile_step does not know)";
+  if (guarded.guards.dyn.dynamic() && !options.check_new_sizes) {
+    check.report.likely += "; or a branch on a size in the step's code: the entry is dynamic and check_new_sizes = "
+                           "false promised that no host code branches on its dynamic sizes";
+  }
   if (!check.tolerances.exact) {
     check.report.likely += "; or a rounding difference of backend '" + std::string(options.backend.name()) +
                            (options.fused_optimizers ? "' with fused optimizer updates" : "'") + " beyond its tolerance";
@@ -234,6 +238,9 @@ struct CompiledStep::Impl::Call {
     return outs;
   }
   Out eager(const std::string&) { return s.eager_call(user); }
+  std::optional<Out> check(const cache::Lookup& found, std::string* verdict) {
+    return s.check_call(static_cast<const StepEntry&>(*found.hit), found.key, user, *g, verdict);
+  }
 };
 
 std::vector<at::Tensor> CompiledStep::Impl::call(const std::vector<at::Tensor>& user) {
@@ -285,7 +292,7 @@ std::shared_ptr<CompiledStep> compile_step(std::vector<std::shared_ptr<torch::nn
   impl->fn = std::move(step);
   if (options.name == "fn") options.name = "step";
   impl->cache = std::make_unique<cache::EntryCache>("step '" + options.name + "'", options.cache_size_limit,
-                                                    options.dynamic);
+                                                    options.dynamic, options.check_new_sizes);
   impl->options = std::move(options);
   std::string why;
   for (auto& o : optimizers) {

@@ -101,6 +101,14 @@ struct CompileOptions {
   GraphCompiler bw_compiler;
   int cache_size_limit = 8;                  // compiled entries; then the function stays eager
   bool dynamic = true;                       // mark dims that change as dynamic (see docs)
+  // Note [Checking a new size]: host code may branch on a size (`if (x.size(0) > 64)`),
+  // which tcap cannot see, so the first call at sizes a dynamic entry has not served runs
+  // the function's own code while recording (an eager call, no compile) and the sizes are
+  // served by the entry only if that records the entry's graph at those sizes; otherwise
+  // they get an entry of their own. false is a promise that no host code of the function,
+  // step or backward branches on its dynamic sizes: new sizes are served without running
+  // it (docs/compile.md, "What a replay re-reads and what it freezes"; verify mode checks).
+  bool check_new_sizes = true;
   std::string dump_dir;                      // write joint/forward/backward graphs here (JSON)
   // Replay each compiled graph on a CUDA device as a CUDA graph after a warm-up call, for
   // launch-bound models (Note [CUDA graphs of compiled regions]; docs/codegen-cuda.md).
@@ -145,6 +153,7 @@ struct CompileStats {
   int recompiles = 0;      // guard misses that led to a new capture
   int backward_fallbacks = 0;  // compiled backwards that ran the eager recompute instead
   int verified = 0;        // replays checked against eager (verify mode)
+  int size_checks = 0;     // first calls at new sizes of a dynamic entry, run and recorded to check them
   double lookup_us = 0;    // compiled autograd: time spent walking the graph and looking up
 };
 

@@ -232,10 +232,10 @@ TEST_F(CompiledAutograd, ChangedConstantRecompiles) {
 }
 
 // Seed 002: "Due to tensors changing shapes": sizes 10, 100, 10 -> one recompile, then
-// the changed sizes are dynamic and a new size reuses the compiled graph.
+// the changed sizes are dynamic and a new size, once checked, reuses the compiled graph.
 TEST_F(CompiledAutograd, ChangedShapesBecomeDynamic) {
   LogCapture log("recompiles");
-  for (int n : {10, 100, 10, 37}) {
+  for (int n : {10, 100, 10, 37, 37}) {
     auto x = torch::randn({n, n}, torch::requires_grad());
     auto loss = (x * x).sum();
     tcap::CompiledAutogradGuard ca(opts("shapes"));
@@ -246,7 +246,8 @@ TEST_F(CompiledAutograd, ChangedShapesBecomeDynamic) {
   auto st = ca.stats();
   EXPECT_EQ(st.captures, 2) << log.text();
   EXPECT_EQ(st.recompiles, 1);
-  EXPECT_EQ(st.replays, 2);
+  EXPECT_EQ(st.replays, 2);     // 10, and 37 once checked (Note [Checking a new size])
+  EXPECT_EQ(st.size_checks, 1);
   EXPECT_GE(log.count("Cache miss due to changed shapes: marking size idx"), 1) << log.text();
   EXPECT_EQ(log.count("specialized to sizes [37]"), 1) << log.text();
 }

@@ -68,6 +68,26 @@ INSTANTIATE_TEST_SUITE_P(
                   [](bool on) { at::autocast::set_autocast_enabled(at::kCPU, on); }}),
     [](const auto& info) { return std::string(info.param.name); });
 
+// The default dtype is global state: torch::ones() and Python-style scalars follow it, so
+// an entry captured under float never serves a call made under double.
+TEST(Cache, DefaultDtypeIsGuarded) {
+  auto add_ones = [](const Tensors& in) { return Tensors{in[0] + torch::ones({in[0].size(0)})}; };
+  auto f = tcap::compile(add_ones);
+  torch::NoGradGuard no_grad;
+  for (int i = 0; i < 6; ++i) {
+    const bool dbl = i >= 2 && i < 4;
+    if (dbl) torch::set_default_dtype(caffe2::TypeMeta::Make<double>());
+    auto x = torch::randn({5}, torch::kFloat);
+    auto out = f->forward(x);
+    auto ref = add_ones({x})[0];
+    torch::set_default_dtype(caffe2::TypeMeta::Make<float>());
+    EXPECT_EQ(out.scalar_type(), ref.scalar_type()) << "call " << i;
+    EXPECT_TRUE(close(out, ref)) << "call " << i;
+  }
+  EXPECT_EQ(f->stats().captures, 2);  // once under float, once under double
+  EXPECT_GE(f->stats().replays, 3);
+}
+
 // A compiled module gathers its submodules' own parameters and buffers on every call
 // (aot/module_tables.h): undefined ones are skipped, as parameters() skips them, and a
 // buffer registered after the capture is an input the entry did not see: one recompile,

@@ -1,0 +1,290 @@
+// Note [Checking a new size] (csrc/cache/dynamic_sizes.h): host code that branches on a
+// size is run and its recording checked at every size a dynamic entry has not served, so
+// no front door and no backend returns another answer than eager at a new size.
+//
+// Every call is compared with an eager twin (values and gradients): eager backend rtol
+// 1e-5, atol 1e-6 (the same kernels); llvm rtol 1e-4, atol 1e-5 (reordered sums); the
+// steps' parameters after SGD with momentum at rtol 1e-4, atol 1e-5.
+#include <tcap/compile.h>
+#include <tcap/compiled_autograd.h>
+#include <tcap/train_step.h>
+
+#include "support/backends.h"
+#include "support/compare.h"
+#include "support/log_capture.h"
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace {
+
+using tcap::testing::close;
+using tcap::testing::LogCapture;
+using Tensors = std::vector<at::Tensor>;
+namespace nn = torch::nn;
+
+// Branches on a size that change the ops recorded.
+Tensors narrow_above_64(const Tensors& in) {
+  auto y = torch::tanh(in[0] * 1.5 + 0.5);
+  if (in[0].size(0) > 64) y = y.narrow(0, 0, 64);
+  return {y * in[1]};
+}
+Tensors double_if_odd(const Tensors& in) {
+  auto y = torch::sigmoid(in[0]).matmul(in[1]);
+  if (in[0].size(0) % 2) y = y * 2;
+  return {y.relu()};
+}
+// A branch that changes an integer only: the same ops, another shape.
+Tensors rows_by_size(const Tensors& in) {
+  const int64_t n = in[0].size(0);
+  auto y = (in[0] * in[1]).reshape({n > 32 ? 3 : 2, -1}).softmax(1);
+  return {y * 3};
+}
+// A float computed from a size behind a branch: the same ops and shapes, another constant.
+Tensors scale_above_20(const Tensors& in) {
+  const double s = in[0].size(0) > 20 ? 0.25 : 1.0;
+  return {torch::cos(in[0] * in[1]) * s};
+}
+// No branch: every new size is checked once, then replays.
+Tensors plain(const Tensors& in) { return {torch::tanh(in[0] * in[1] + 1).sum(1)}; }
+
+struct Case {
+  const char* name;
+  std::function<Tensors(const Tensors&)> fn;
+  std::function<at::Tensor(int64_t)> make_w;
+};
+
+std::vector<Case> cases() {
+  return {
+      {"narrow_above_64", narrow_above_64, [](int64_t) { return torch::randn({6}); }},
+      {"double_if_odd", double_if_odd, [](int64_t) { return torch::randn({6, 5}); }},
+      {"rows_by_size", rows_by_size, [](int64_t) { return torch::randn({6}); }},
+      {"scale_above_20", scale_above_20, [](int64_t) { return torch::randn({6}); }},
+      {"plain", plain, [](int64_t) { return torch::randn({6}); }},
+  };
+}
+
+double rtol_of(const std::string& backend) { return backend == "eager" ? 1e-5 : 1e-4; }
+double atol_of(const std::string& backend) { return backend == "eager" ? 1e-6 : 1e-5; }
+
+// Calls f at each size with fresh inputs (a non-contiguous x every third call at sizes
+// where the entry is static anyway), comparing outputs and gradients with eager.
+void expect_eager_at_every_size(tcap::CompiledFunction& f, const Case& c, const std::vector<int64_t>& sizes,
+                                const std::string& backend) {
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const int64_t n = sizes[i];
+    auto x = torch::randn({n, 6}, torch::requires_grad());
+    auto w = c.make_w(n).requires_grad_(true);
+    auto out = f({x, w});
+    auto xr = x.detach().clone().requires_grad_(true), wr = w.detach().clone().requires_grad_(true);
+    auto ref = c.fn({xr, wr});
+    ASSERT_TRUE(close(out[0], ref[0], rtol_of(backend), atol_of(backend)))
+        << c.name << " " << backend << " call " << i << " at size " << n;
+    auto g = torch::randn_like(ref[0]);
+    (out[0] * g).sum().backward();
+    (ref[0] * g).sum().backward();
+    EXPECT_TRUE(close(x.grad(), xr.grad(), rtol_of(backend), atol_of(backend)))
+        << c.name << " " << backend << " d/dx, call " << i << " at size " << n;
+    EXPECT_TRUE(close(w.grad(), wr.grad(), rtol_of(backend), atol_of(backend)))
+        << c.name << " " << backend << " d/dw, call " << i << " at size " << n;
+  }
+}
+
+TEST(SizeChecks, HostBranchesOnSizesGiveEagerAnswersInEveryBackend) {
+  // 8 and 16 take the same branches (the entry becomes dynamic); the rest cross them,
+  // repeat, and come back. Odd sizes, sizes 2 and 3, and sizes above every threshold.
+  const std::vector<int64_t> sizes = {8, 16, 100, 100, 200, 200, 17, 17, 33, 33, 24, 24, 64, 65, 65, 2, 3, 3, 40, 40, 8};
+  for (const char* backend : {"eager", "llvm"}) {
+    if (!tcap::testing::backend_built(backend, nullptr)) continue;
+    for (const auto& c : cases()) {
+      tcap::CompileOptions o;
+      o.name = std::string(c.name) + "_" + backend;
+      o.backend = backend;
+      o.cache_size_limit = 64;
+      auto f = tcap::compile(c.fn, o);
+      expect_eager_at_every_size(*f, c, sizes, backend);
+      const auto st = f->stats();
+      EXPECT_GE(st.size_checks, 1) << c.name;
+      EXPECT_GT(st.replays, 0) << c.name;
+      EXPECT_EQ(f->eager_reason(), "") << c.name;
+    }
+  }
+}
+
+// A size checked and admitted replays from the second call on; a refused one gets an
+// entry of its own, logged with the first difference.
+TEST(SizeChecks, AdmittedSizesReplayRefusedSizesGetTheirOwnEntry) {
+  LogCapture log("recompiles");
+  auto f = tcap::compile(narrow_above_64);
+  auto call = [&](int64_t n) {
+    auto x = torch::randn({n, 6});
+    auto w = torch::randn({6});
+    auto out = (*f)({x, w});
+    EXPECT_TRUE(close(out[0], narrow_above_64({x, w})[0])) << "size " << n;
+  };
+  call(8);
+  call(16);  // dynamic from here
+  auto st = f->stats();
+  EXPECT_EQ(st.captures, 2);
+  call(24);  // checked: the same graph
+  call(24);  // replayed
+  st = f->stats();
+  EXPECT_EQ(st.size_checks, 1);
+  EXPECT_EQ(st.captures, 2);
+  EXPECT_EQ(st.replays, 1) << log.text();
+  EXPECT_EQ(log.count("sizes [24] of its dynamic dims checked"), 1) << log.text();
+  call(100);  // checked: another graph (a narrow); eager's answer
+  EXPECT_EQ(log.count("does not serve sizes [100]"), 1) << log.text();
+  EXPECT_NE(log.text().find("is aten::slice.Tensor"), std::string::npos) << log.text();  // narrow's op
+  call(100);  // an entry of its own
+  call(100);  // which replays
+  st = f->stats();
+  EXPECT_EQ(st.captures, 3) << log.text();
+  EXPECT_EQ(st.size_checks, 2);
+  EXPECT_EQ(st.replays, 2) << log.text();
+  // 200 is checked by the first dynamic entry (refused), then captured and generalized
+  // with the entry at 100: the two sizes above 64 make a second dynamic entry.
+  call(200);
+  call(200);
+  call(300);  // checked by the second dynamic entry, and admitted
+  call(300);
+  st = f->stats();
+  EXPECT_EQ(st.captures, 4) << log.text();
+  EXPECT_EQ(log.count("sizes [300] of its dynamic dims checked"), 1) << log.text();
+  EXPECT_EQ(f->entries().size(), 4u);
+}
+
+// check_new_sizes = false: the promise that no host code branches on a size. New sizes of
+// a function that keeps it replay at once, with no check.
+TEST(SizeChecks, APromiseServesNewSizesWithoutACheck) {
+  tcap::CompileOptions o;
+  o.check_new_sizes = false;
+  auto f = tcap::compile(plain, o);
+  for (int64_t n : {8, 16, 24, 31, 24}) {
+    auto x = torch::randn({n, 6});
+    auto w = torch::randn({6});
+    EXPECT_TRUE(close((*f)({x, w})[0], plain({x, w})[0])) << "size " << n;
+  }
+  const auto st = f->stats();
+  EXPECT_EQ(st.size_checks, 0);
+  EXPECT_EQ(st.captures, 2);
+  EXPECT_EQ(st.replays, 3);
+}
+
+// A module's forward that branches on the batch size (a model that drops a regularizer for
+// small batches), compiled as a module, trained by hand.
+struct Gated : nn::Module {
+  Gated() : fc(register_module("fc", nn::Linear(6, 4))) {}
+  at::Tensor forward(const at::Tensor& x) {
+    auto y = fc->forward(x);
+    if (x.size(0) >= 32) y = y - y.mean(0, /*keepdim=*/true);
+    return torch::gelu(y);
+  }
+  nn::Linear fc;
+};
+
+TEST(SizeChecks, ModuleForwardThatBranchesOnTheBatch) {
+  for (const char* backend : {"eager", "llvm"}) {
+    if (!tcap::testing::backend_built(backend, nullptr)) continue;
+    torch::manual_seed(3);
+    auto m = std::make_shared<Gated>();
+    auto twin = std::make_shared<Gated>();
+    {
+      torch::NoGradGuard ng;
+      twin->fc->weight.copy_(m->fc->weight);
+      twin->fc->bias.copy_(m->fc->bias);
+    }
+    tcap::CompileOptions o;
+    o.backend = backend;
+    o.cache_size_limit = 32;
+    auto f = tcap::compile(m, [m](const Tensors& in) { return Tensors{m->forward(in[0])}; }, o);
+    for (int64_t n : {4, 8, 12, 12, 40, 40, 48, 33, 33, 7, 31, 32, 32}) {
+      auto x = torch::randn({n, 6});
+      auto out = (*f)({x})[0];
+      auto ref = twin->forward(x);
+      ASSERT_TRUE(close(out, ref, rtol_of(backend), atol_of(backend))) << backend << " batch " << n;
+      out.pow(2).sum().backward();
+      ref.pow(2).sum().backward();
+      EXPECT_TRUE(close(m->fc->weight.grad(), twin->fc->weight.grad(), rtol_of(backend), atol_of(backend)))
+          << backend << " batch " << n;
+      m->zero_grad();
+      twin->zero_grad();
+    }
+    EXPECT_GE(f->stats().size_checks, 2) << backend;
+  }
+}
+
+// compile_step: a step whose code scales the loss for odd batches. The parameters after
+// every step must be eager's.
+TEST(SizeChecks, StepThatBranchesOnTheBatch) {
+  torch::manual_seed(5);
+  auto make = [] { return nn::Sequential(nn::Linear(5, 8), nn::Tanh(), nn::Linear(8, 3)); };
+  auto model = make(), twin = make();
+  {
+    torch::NoGradGuard ng;
+    auto p = model->parameters(), q = twin->parameters();
+    for (size_t k = 0; k < p.size(); ++k) q[k].copy_(p[k]);
+  }
+  auto sgd = [](nn::Sequential& m) { return torch::optim::SGD(m->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9)); };
+  auto opt = sgd(model), opt_twin = sgd(twin);
+  auto body = [](nn::Sequential& m, torch::optim::SGD& o, const at::Tensor& x, const at::Tensor& y) {
+    o.zero_grad();
+    auto loss = torch::mse_loss(m->forward(x), y);
+    if (x.size(0) % 2) loss = loss * 2;
+    loss.backward();
+    o.step();
+    return loss;
+  };
+  LogCapture log("recompiles");
+  auto step = tcap::compile_step(model, opt, [&](const Tensors& in) { return Tensors{body(model, opt, in[0], in[1])}; });
+  for (int64_t n : {8, 8, 8, 8, 12, 12, 12, 17, 17, 17, 17, 16, 16, 21, 21, 21, 10, 10}) {
+    auto x = torch::randn({n, 5});
+    auto y = torch::randn({n, 3});
+    auto loss = (*step)({x, y})[0];
+    ASSERT_TRUE(close(loss, body(twin, opt_twin, x, y), 1e-4, 1e-5)) << "batch " << n << "\n" << log.text();
+  }
+  auto p = model->parameters(), q = twin->parameters();
+  for (size_t k = 0; k < p.size(); ++k) EXPECT_TRUE(close(p[k], q[k], 1e-4, 1e-5)) << "parameter " << k;
+  const auto st = step->stats();
+  EXPECT_GE(st.size_checks, 2) << log.text();
+  EXPECT_GE(log.count("does not serve sizes [17]"), 1) << log.text();
+  EXPECT_GE(st.replays, 5) << log.text();
+}
+
+// Compiled autograd: a custom Function's backward is C++ code that branches on a size.
+struct HalveLargeGrads : torch::autograd::Function<HalveLargeGrads> {
+  static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& x) { return x * 3; }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*, torch::autograd::variable_list g) {
+    auto gi = g[0] * 3;
+    if (gi.size(0) > 64) gi = gi * 0.5;
+    return {gi};
+  }
+};
+
+TEST(SizeChecks, CompiledAutogradBackwardThatBranchesOnASize) {
+  tcap::reset_compiled_autograd();
+  tcap::CompileOptions o;
+  o.name = "size_checks_ca";
+  LogCapture log("recompiles");
+  for (int64_t n : {8, 16, 100, 100, 100, 24, 24, 130, 130, 130, 200, 200, 200}) {
+    auto x = torch::randn({n, 4}, torch::requires_grad());
+    auto loss = HalveLargeGrads::apply(torch::sin(x)).pow(2).sum();
+    auto xr = x.detach().clone().requires_grad_(true);
+    auto loss_r = HalveLargeGrads::apply(torch::sin(xr)).pow(2).sum();
+    {
+      tcap::CompiledAutogradGuard ca(o);
+      loss.backward();
+    }
+    loss_r.backward();
+    EXPECT_TRUE(close(x.grad(), xr.grad())) << "size " << n;
+  }
+  tcap::CompiledAutogradGuard ca(o);
+  EXPECT_GE(ca.stats().size_checks, 3) << log.text();
+  EXPECT_GE(ca.stats().replays, 4) << log.text();
+  EXPECT_GE(log.count("does not serve sizes [100]"), 1) << log.text();
+}
+
+}  // namespace
