@@ -159,8 +159,15 @@ void log_contract(const RegionEntry& e, const std::string& who) {
 
 void generalize(const RegionEntry& a, RegionEntry& b, const std::vector<size_t>& changed, const std::string& who) {
   std::string why;
-  if (!a.guards.host.empty() || !b.guards.host.empty()) {
-    why = "the function reads values on the host";
+  // Note [Host reads of a dynamic entry]: a value read on the host stays a guard beside the
+  // dynamic sizes when each replay checks it inline (its graph compares the value as it
+  // reads it, at whatever sizes it runs); the two captures must have read the same value
+  // (compared with the rest of the graphs), and every check capture reads it again. A
+  // pre-check guard graph is built at one size, so an entry that needs one stays static.
+  using HostMode = cache::HostReads::Mode;
+  if ((!a.guards.host.empty() && a.guards.host.mode() != HostMode::Inline) ||
+      (!b.guards.host.empty() && b.guards.host.mode() != HostMode::Inline)) {
+    why = "the function reads values on the host after writing into its inputs (their guard runs at one size)";
   } else if (a.joint.num_primals != b.joint.num_primals || a.joint.num_tangents != b.joint.num_tangents ||
              a.joint.grad_of != b.joint.grad_of || a.guards.held.size() != b.guards.held.size()) {
     why = "the graphs at the two sizes differ in structure";

@@ -656,9 +656,11 @@ std::string Runtime::generalize(const Entry& a, Entry& b, const std::vector<size
   if (a.acc_output != b.acc_output || a.grad_output != b.grad_output) {
     return "the graphs recorded at the two sizes differ in structure";
   }
-  std::string why = cache::generalize(a.graph, a.guards.sizes, b.graph, b.guards.sizes, changed, &b.guards.dyn);
-  // Note [Checking a new size]: the record is the graph itself.
-  if (why.empty()) why = cache::make_ledger(a.graph, a.guards.sizes, b.graph, b.guards.sizes, b.guards.dyn);
+  // Note [Checking a new size]: the record is the graph itself, so every specialization is
+  // checked whole and an integer two sizes explain alike may take the first.
+  const bool first_fit = opts().check_new_sizes;
+  std::string why = cache::generalize(a.graph, a.guards.sizes, b.graph, b.guards.sizes, changed, &b.guards.dyn, first_fit);
+  if (why.empty()) why = cache::make_ledger(a.graph, a.guards.sizes, b.graph, b.guards.sizes, b.guards.dyn, {}, first_fit);
   if (!why.empty()) b.guards.dyn = cache::DynamicSizes{};
   return why;
 }

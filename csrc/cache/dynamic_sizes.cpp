@@ -30,7 +30,8 @@ std::vector<int64_t> SizeCheck::key() const {
 }
 
 std::string generalize(const ir::Graph& a, const std::vector<int64_t>& sizes_a, const ir::Graph& b,
-                       const std::vector<int64_t>& sizes_b, const std::vector<size_t>& changed, DynamicSizes* out) {
+                       const std::vector<int64_t>& sizes_b, const std::vector<size_t>& changed, DynamicSizes* out,
+                       bool first_fit) {
   if (changed.empty()) return "no size changed";
   if (sizes_a.size() != sizes_b.size()) return "the two captures read different numbers of sizes";
   // Classes: sizes that changed together from the same value to the same value.
@@ -44,7 +45,7 @@ std::string generalize(const ir::Graph& a, const std::vector<int64_t>& sizes_a, 
     d.size_class[i] = static_cast<int>(it - classes.begin());
     if (it == classes.end()) classes.push_back(p);
   }
-  std::string why = passes::find_int_patches(a, b, classes, d.patches);
+  std::string why = passes::find_int_patches(a, b, classes, d.patches, first_fit);
   if (!why.empty()) return why;
   d.num_classes = classes.size();
   for (const auto& c : classes) d.own_key.push_back(c.second);
@@ -100,9 +101,9 @@ size_t SizeLedger::size() const {
 
 std::string make_ledger(const ir::Graph& record_a, const std::vector<int64_t>& sizes_a, const ir::Graph& record_b,
                         const std::vector<int64_t>& sizes_b, DynamicSizes& d,
-                        std::vector<std::pair<ir::NodeId, size_t>> per_call) {
+                        std::vector<std::pair<ir::NodeId, size_t>> per_call, bool first_fit) {
   std::vector<passes::IntPatch> patches;
-  std::string why = passes::find_int_patches(record_a, record_b, d.class_pairs(sizes_a, sizes_b), patches);
+  std::string why = passes::find_int_patches(record_a, record_b, d.class_pairs(sizes_a, sizes_b), patches, first_fit);
   if (!why.empty()) return "its recorded code does not follow the sizes: " + why;
   d.ledger = std::make_shared<SizeLedger>(record_b, std::move(patches), std::move(per_call));
   d.ledger->admit(d.own_key);

@@ -96,7 +96,7 @@ struct DynamicSizes {
 // else why the records do not follow the sizes (then the entry must stay static).
 std::string make_ledger(const ir::Graph& record_a, const std::vector<int64_t>& sizes_a, const ir::Graph& record_b,
                         const std::vector<int64_t>& sizes_b, DynamicSizes& d,
-                        std::vector<std::pair<ir::NodeId, size_t>> per_call = {});
+                        std::vector<std::pair<ir::NodeId, size_t>> per_call = {}, bool first_fit = false);
 
 // The positions where `now` differs from `captured` (same length).
 std::vector<size_t> changed_sizes(const std::vector<int64_t>& captured, const std::vector<int64_t>& now);
@@ -120,8 +120,11 @@ class SizeCheck {
 
 // Generalizes b (captured at sizes_b) against a (captured at sizes_a): on success fills
 // `out` and returns "", else why b stays static. `changed` are the positions that differ.
+// `first_fit`: see passes::find_int_patches (only for a graph that check captures verify
+// whole: compile_step's and compiled autograd's).
 std::string generalize(const ir::Graph& a, const std::vector<int64_t>& sizes_a, const ir::Graph& b,
-                       const std::vector<int64_t>& sizes_b, const std::vector<size_t>& changed, DynamicSizes* out);
+                       const std::vector<int64_t>& sizes_b, const std::vector<size_t>& changed, DynamicSizes* out,
+                       bool first_fit = false);
 
 // A copy of g with its integers patched for the class values `key`.
 ir::Graph specialize(const ir::Graph& g, const DynamicSizes& d, const std::vector<int64_t>& key);

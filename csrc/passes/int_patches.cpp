@@ -93,30 +93,52 @@ std::string first_difference(const ir::Graph& want, const ir::Graph& got) {
 }
 
 std::string find_int_patches(const ir::Graph& ga, const ir::Graph& gb,
-                             const std::vector<std::pair<int64_t, int64_t>>& sizes, std::vector<IntPatch>& patches) {
+                             const std::vector<std::pair<int64_t, int64_t>>& sizes, std::vector<IntPatch>& patches,
+                             bool first_fit) {
   if (ga.nodes().size() != gb.nodes().size() || ga.values().size() != gb.values().size()) {
     return "the graphs at the two sizes differ in structure";
   }
   bool ambiguous = false;
+  // The forms, in order (see the header): within one, a second explanation is ambiguous.
   auto explain = [&](int64_t x, int64_t y, IntPatch p) {
     if (x == y) return true;
-    bool found = false;
-    for (size_t c = 0; c < sizes.size(); ++c) {
-      const int64_t da = sizes[c].first - sizes[c].second;
-      if (da == 0 || (x - y) % da != 0) continue;
-      const int64_t m = (x - y) / da;
-      if (m == 0) continue;
-      if (found) {
-        ambiguous = true;
-        return false;
+    for (int form = 0; form < 3; ++form) {
+      bool found = false;
+      IntPatch best = p;
+      auto take = [&](size_t c, int c2, int64_t m, int64_t add) {
+        if (found) {
+          if (!first_fit) ambiguous = true;
+          return;
+        }
+        found = true;
+        best.size = c;
+        best.size2 = c2;
+        best.mul = m;
+        best.add = add;
+      };
+      for (size_t c = 0; c < sizes.size() && !ambiguous; ++c) {
+        const auto [sa, sb] = sizes[c];
+        if (form == 0 || form == 2) {
+          const int64_t da = sa - sb;
+          if (da == 0 || (x - y) % da != 0) continue;
+          const int64_t m = (x - y) / da;
+          const int64_t add = y - m * sb;
+          if (m != 0 && (form == 2 || add == 0)) take(c, -1, m, add);
+          continue;
+        }
+        for (size_t c2 = c; c2 < sizes.size() && !ambiguous; ++c2) {
+          const int64_t pa = sa * sizes[c2].first, pb = sb * sizes[c2].second;
+          if (pa == 0 || pb == 0 || pa == pb || x % pa != 0 || y % pb != 0 || x / pa != y / pb || x / pa == 0) continue;
+          take(c, static_cast<int>(c2), x / pa, 0);
+        }
       }
-      found = true;
-      p.size = c;
-      p.mul = m;
-      p.add = y - m * sizes[c].second;
+      if (ambiguous) return false;
+      if (found) {
+        patches.push_back(best);
+        return true;
+      }
     }
-    if (found) patches.push_back(p);
-    return found;
+    return false;
   };
   auto fail = [&](const std::string& why) {
     return ambiguous ? why + " (it follows two of the changed sizes alike)" : why;
@@ -173,7 +195,7 @@ std::string find_int_patches(const ir::Graph& ga, const ir::Graph& gb,
 
 void apply_int_patches(ir::Graph& g, const std::vector<IntPatch>& patches, const std::vector<int64_t>& sizes) {
   for (const auto& p : patches) {
-    const int64_t v = p.mul * sizes.at(p.size) + p.add;
+    const int64_t v = p.value(sizes);
     switch (p.kind) {
       case IntPatch::Arg: g.edit_constant(p.where, p.index, [v](ir::Arg& a) { a.i = v; }); break;
       case IntPatch::ArgList:

@@ -13,7 +13,8 @@
 
 namespace tcap::passes {
 
-// One integer of a graph that is mul * size + add of one of the changed sizes.
+// One integer of a graph that follows the changed sizes: mul * size + add of one of them,
+// or mul * size * size2 (a product: the stride of a [b, t, t] tensor, flatten's b * t).
 struct IntPatch {
   enum Kind { Arg, ArgList, Size, Stride, Offset } kind;
   int64_t where;   // node id (Arg, ArgList) or value id
@@ -21,15 +22,25 @@ struct IntPatch {
   size_t element;  // ArgList: list element
   size_t size;     // which of the changed sizes it follows
   int64_t mul, add;
+  int size2 = -1;  // >= 0: the second factor of a product (then add is 0)
+  int64_t value(const std::vector<int64_t>& sizes) const {
+    const int64_t v = mul * sizes.at(size);
+    return size2 < 0 ? v + add : v * sizes.at(static_cast<size_t>(size2));
+  }
 };
 
 // ga and gb are the same graph recorded with sizes[k].first and sizes[k].second. Fills
 // `patches` with every integer (op arguments, tensor sizes, strides, offsets) that differs
-// between them, explained as an affine function of one size; returns "" on success, else
-// why the graphs are not the same up to those integers. An integer two sizes could both
-// explain is ambiguous, and refused: patching it for the wrong one would be wrong.
+// between them, explained by the first form that fits, in this order: a multiple of one
+// size (m * s), a multiple of a product of two (m * s * s'), an affine function of one
+// (m * s + c); returns "" on success, else why the graphs are not the same up to those
+// integers. An integer two sizes (or products) of one form could both explain is ambiguous, and refused: patching it for the wrong one would be wrong. With
+// `first_fit`, the first size that explains it is taken instead: for a caller that checks
+// every specialization against a recording of the user's code before serving it (Note
+// [Checking a new size]), so that a wrong guess is refused, never replayed.
 std::string find_int_patches(const ir::Graph& ga, const ir::Graph& gb,
-                             const std::vector<std::pair<int64_t, int64_t>>& sizes, std::vector<IntPatch>& patches);
+                             const std::vector<std::pair<int64_t, int64_t>>& sizes, std::vector<IntPatch>& patches,
+                             bool first_fit = false);
 
 // "" when `got` is `want` (every node, argument, output and value's metadata), else the
 // first difference in words, naming the node and both sides (Note [Checking a new size]).

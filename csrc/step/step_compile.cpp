@@ -315,7 +315,11 @@ std::string CompiledStep::Impl::build_history(StepEntry& e) {
 void CompiledStep::Impl::generalize(const StepEntry& a, StepEntry& b) {
   std::string why;
   if (a.state != StepEntry::State::Compiled) why = "the other entry is not compiled";
-  else if (!a.guards.host.empty() || !b.guards.host.empty()) why = "the step reads values on the host";
+  // Note [Host reads of a dynamic entry] (aot/region_entry.cpp): inline checks only.
+  else if ((!a.guards.host.empty() && a.guards.host.mode() != cache::HostReads::Mode::Inline) ||
+           (!b.guards.host.empty() && b.guards.host.mode() != cache::HostReads::Mode::Inline)) {
+    why = "the step reads values on the host after writing into its inputs (their guard runs at one size)";
+  }
   else if (a.patches.size() != b.patches.size()) why = "the steps at the two sizes recompute different host scalars";
   if (why.empty()) {
     // Host scalars differ between the two captures by design: compare with a's values.
@@ -329,7 +333,10 @@ void CompiledStep::Impl::generalize(const StepEntry& a, StepEntry& b) {
       }
       bg.edit_constant(pb.node, pb.arg, [&](ir::Arg& arg) { arg = a.graph.node(pa.node).args[pa.arg]; });
     }
-    if (why.empty()) why = cache::generalize(a.graph, a.guards.sizes, bg, b.guards.sizes, b.changed, &b.guards.dyn);
+    // The whole step is checked at each new size (Note [Checking a new size]): an integer two
+    // sizes explain alike may take the first.
+    const bool first_fit = options.check_new_sizes;
+    if (why.empty()) why = cache::generalize(a.graph, a.guards.sizes, bg, b.guards.sizes, b.changed, &b.guards.dyn, first_fit);
     // Note [Checking a new size]: the records, host scalars taken as a's.
     if (why.empty() && a.record_scalars != b.record_scalars) why = "the steps at the two sizes record different host scalars";
     if (why.empty()) {
@@ -337,7 +344,7 @@ void CompiledStep::Impl::generalize(const StepEntry& a, StepEntry& b) {
       for (const auto& [node, arg] : b.record_scalars) {
         rb.edit_constant(node, arg, [&](ir::Arg& x) { x = a.record.node(node).args.at(arg); });
       }
-      why = cache::make_ledger(a.record, a.guards.sizes, rb, b.guards.sizes, b.guards.dyn, b.record_scalars);
+      why = cache::make_ledger(a.record, a.guards.sizes, rb, b.guards.sizes, b.guards.dyn, b.record_scalars, first_fit);
     }
   }
   if (!why.empty()) {
@@ -378,7 +385,7 @@ std::shared_ptr<const StepEntry> CompiledStep::Impl::specialize(const std::share
     TORCH_CHECK(false, "tcap: ", who(), ": specializing entry ", e->id, " to new sizes: ", why);
   }
   s->exe = compile_step_graph(s->graph, s->patches, options.name + ".step" + std::to_string(e->id) + ".sizes",
-                              /*check_host_values=*/false);
+                              /*check_host_values=*/e->guards.host.mode() == cache::HostReads::Mode::Inline);
   s->scalar_inputs = scalar_tensors(s->patches.size());
   cache->stats().count(&CompileStats::compiles);
   TCAP_LOG(Recompiles, who() << " entry " << e->id << " specialized to sizes " << c10::IntArrayRef(key)
