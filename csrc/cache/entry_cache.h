@@ -111,7 +111,9 @@ class EntryCache {
   //      tensors, the backward's walk); it may run the call eagerly itself;
   //   3. a front door that fell back for good runs eagerly (reported when it fell back);
   //   4. serve(): the entries whose guards fit, each replayed by door.replay(found, true)
-  //      until one serves the call (a host-value miss inside a replay looks on);
+  //      until one serves the call (a host-value miss inside a replay looks on); a hit at
+  //      class values its dynamic entry has not served is a check capture instead
+  //      (door.check, Note [Checking a new size]);
   //   5. door.after_miss(&look_again): a front door's own way to serve a miss (tcap::
   //      compile's capture that waits for its backward); when it published an entry
   //      meanwhile it sets look_again, and step 4 runs again, its lookup now the miss;
@@ -149,7 +151,7 @@ class EntryCache {
     Lookup miss;
     std::optional<Out> served = serve<Out>(door.view(), door.primals(), miss, [&](const Lookup& found) {
       note_time();
-      return found.check_sizes ? check_sizes(door, found) : door.replay(found, /*first=*/true);
+      return serve_found(door, found, /*first=*/true);
     });
     if (served) return std::move(*served);
     note_time();
@@ -157,9 +159,8 @@ class EntryCache {
     if (std::optional<Out> out = door.after_miss(&look_again)) return std::move(*out);
     if (look_again) {
       Lookup fresh;
-      served = serve<Out>(door.view(), door.primals(), fresh, [&](const Lookup& found) {
-        return found.check_sizes ? check_sizes(door, found) : door.replay(found, /*first=*/true);
-      });
+      served = serve<Out>(door.view(), door.primals(), fresh,
+                          [&](const Lookup& found) { return serve_found(door, found, /*first=*/true); });
       if (served) return std::move(*served);
       miss = std::move(fresh);
     }
@@ -170,17 +171,18 @@ class EntryCache {
     if (!door.exclusive()) return run_eagerly(door, "another call is capturing");
     if (size() > seen) {
       Lookup again;
-      served = serve<Out>(
-          door.view(), door.primals(), again,
-          [&](const Lookup& found) {
-            return found.check_sizes ? check_sizes(door, found) : door.replay(found, /*first=*/false);
-          },
-          seen);
+      served = serve<Out>(door.view(), door.primals(), again,
+                          [&](const Lookup& found) { return serve_found(door, found, /*first=*/false); }, seen);
       if (served) return std::move(*served);
     }
     if (admit(miss, note) == Admission::RunEager) return run_eagerly(door, "no recompile (see the recompiles log)");
     if (size() > 0) stats_->count(&CompileStats::recompiles);
     return door.capture(miss);
+  }
+  // A hit: replayed, or at class values its entry has not served, checked (step 4).
+  template <class Door>
+  std::optional<typename Door::Out> serve_found(Door& door, const Lookup& found, bool first) {
+    return found.check_sizes ? check_sizes(door, found) : door.replay(found, first);
   }
   // Note [Checking a new size]: the call runs the user's code while recording
   // (door.check(found, &verdict), which compares the recording with the entry's at the

@@ -82,7 +82,10 @@ bool tensors_match_exactly(const std::vector<TensorGuard>& guards, const std::ve
     pos += g.sizes.size();
     if (!g.defined) continue;
     if (g.identity && t.unsafeGetTensorImpl() != g.identity) return false;
-    if (t.scalar_type() != g.dtype || t.device() != g.device || t.requires_grad() != g.requires_grad) return false;
+    if (t.scalar_type() != g.dtype || t.device() != g.device || t.requires_grad() != g.requires_grad ||
+        t.is_inference() != g.inference) {
+      return false;
+    }
     if (pos > sizes.size() || t.sizes() != c10::IntArrayRef(sizes.data() + first, g.sizes.size()) ||
         t.strides() != c10::IntArrayRef(g.strides)) {
       return false;
@@ -202,6 +205,7 @@ TensorGuard TensorGuard::of(const at::Tensor& t, std::string name, bool guard_id
   g.sizes = t.sizes().vec();
   g.strides = t.strides().vec();
   g.requires_grad = t.requires_grad();
+  g.inference = t.is_inference();
   if (guard_identity) g.identity = t.unsafeGetTensorImpl();
   return g;
 }
@@ -217,6 +221,10 @@ std::string TensorGuard::mismatch_except_shape(const at::Tensor& t) const {
   if (t.requires_grad() != requires_grad) {
     return std::string("changed requires_grad: ") + (requires_grad ? "true -> false" : "false -> true");
   }
+  if (t.is_inference() != inference) {
+    return std::string(inference ? "is no longer an inference tensor" : "became an inference tensor (made under "
+                                                                         "InferenceMode)");
+  }
   return "";
 }
 
@@ -231,7 +239,7 @@ std::string TensorGuard::str(const DynamicSizes* dyn, size_t first_size) const {
   }
   shape += "]";
   return ir::dtype_short_name(dtype) + shape + (any_dyn ? " contiguous" : " stride " + shape_str(strides)) + " " +
-         device.str() + (requires_grad ? " requires_grad" : "");
+         device.str() + (requires_grad ? " requires_grad" : "") + (inference ? " inference" : "");
 }
 
 // --- HeldTensors (Note [Held tensors]) ---------------------------------------------------

@@ -84,6 +84,10 @@ struct TensorGuard {
   c10::Device device = c10::kCPU;
   std::vector<int64_t> sizes, strides;
   bool requires_grad = false;
+  // An inference tensor (made under InferenceMode): eager refuses to save one for backward,
+  // so an entry captured with normal tensors never serves one (its capture runs eagerly and
+  // raises what eager raises).
+  bool inference = false;
   const c10::TensorImpl* identity = nullptr;  // when set, the call must pass this very tensor
   static TensorGuard of(const at::Tensor& t, std::string name, bool guard_identity = false);
   // "" if t matches everything but sizes and strides; else what changed.

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <mutex>
 #include <sstream>
+#include <string_view>
 #include <type_traits>
 #include <unordered_map>
 #include <variant>
@@ -98,11 +99,13 @@ struct Digest {
 template <class M>
 struct Fields {
   static constexpr bool kDefined = false;
+  static constexpr const char* kRead = "";
 };
 #define TCAP_OPTION_FIELDS(Impl, ...)                   \
   template <>                                           \
   struct Fields<nn::Impl> {                             \
     static constexpr bool kDefined = true;              \
+    static constexpr const char* kRead = #__VA_ARGS__;  \
     static void read(const nn::Impl& m, Digest& d) {    \
       const auto& o = m.options;                        \
       d(__VA_ARGS__);                                   \
@@ -170,7 +173,7 @@ void read_options(const nn::Module& m, std::string& out) {
   _(HingeEmbeddingLoss) _(HuberLoss) _(InstanceNorm1d) _(InstanceNorm2d) _(InstanceNorm3d) _(KLDivLoss) _(L1Loss)   \
   _(LPPool1d) _(LPPool2d) _(LPPool3d) _(LSTM) _(LSTMCell) _(LayerNorm) _(LeakyReLU) _(Linear) _(LocalResponseNorm)  \
   _(LogSoftmax) _(MSELoss) _(MarginRankingLoss) _(MaxPool1d) _(MaxPool2d) _(MaxPool3d) _(MaxUnpool1d)               \
-  _(MaxUnpool2d) _(MaxUnpool3d) _(MultiLabelMarginLoss) _(MultiLabelSoftMarginLoss) _(MultiMarginLoss)              \
+  _(MaxUnpool2d) _(MaxUnpool3d) _(Embedding) _(EmbeddingBag) _(MultiLabelMarginLoss) _(MultiLabelSoftMarginLoss) _(MultiMarginLoss)              \
   _(MultiheadAttention) _(NLLLoss) _(PReLU) _(PairwiseDistance) _(PixelShuffle) _(PixelUnshuffle) _(PoissonNLLLoss) \
   _(RNN) _(RNNCell) _(RReLU) _(ReLU) _(ReLU6) _(ReflectionPad1d) _(ReflectionPad2d) _(ReflectionPad3d)              \
   _(ReplicationPad1d) _(ReplicationPad2d) _(ReplicationPad3d) _(SELU) _(SmoothL1Loss) _(SoftMarginLoss) _(Softmax)  \
@@ -297,6 +300,38 @@ std::vector<std::string> ModuleView::describe() const {
     out.push_back("module '" + (p.empty() ? std::string("<root>") : p) + "': this very " + type_name(*modules[i]) +
                   (training[i] ? ", training" : ", eval") + (opts ? ", its options as captured" : ""));
   }
+  return out;
+}
+
+std::vector<std::string> module_types_read() {
+  std::vector<std::string> out;
+#define TCAP_NAME_OF(Name) \
+  if constexpr (HasOptions<nn::Name##Impl>::value) out.emplace_back(#Name);
+  TCAP_MODULE_TYPES(TCAP_NAME_OF)
+#undef TCAP_NAME_OF
+  return out;
+}
+
+std::vector<std::pair<std::string, std::vector<std::string>>> option_fields_read() {
+  std::vector<std::pair<std::string, std::vector<std::string>>> out;
+  // "o.eps(), o.elementwise_affine()" -> {"eps", "elementwise_affine"}; a struct read
+  // whole ("o") by a put() of its own gives no names.
+  auto names = [](std::string_view read) {
+    std::vector<std::string> v;
+    size_t at = 0;
+    while ((at = read.find("o.", at)) != std::string_view::npos) {
+      const size_t end = read.find('(', at);
+      v.emplace_back(read.substr(at + 2, end - at - 2));
+      at = end;
+    }
+    return v;
+  };
+#define TCAP_FIELDS_OF(Name)                                                 \
+  if constexpr (Fields<nn::Name##Impl>::kDefined) {                          \
+    out.emplace_back(#Name, names(Fields<nn::Name##Impl>::kRead));           \
+  }
+  TCAP_MODULE_TYPES(TCAP_FIELDS_OF)
+#undef TCAP_FIELDS_OF
   return out;
 }
 

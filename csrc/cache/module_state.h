@@ -19,7 +19,10 @@
 // per module type from a table of LibTorch's types: an options struct that is trivially
 // copyable (Dropout's, BatchNorm's, Conv's, MultiheadAttention's, most) is compared as
 // its bytes; the others (vectors, strings, tensors, functions inside) by their fields
-// where listed, else by the module's pretty_print(). What a user-defined module keeps in
+// where listed, else by the module's pretty_print(). The table is LibTorch's, not a
+// choice: a test (module_options_coverage_test.cpp) reads the pinned LibTorch's headers
+// and fails when a module type with an options struct, or a field of a struct read by
+// fields, is not covered. What a user-defined module keeps in
 // members of its own (a float, a flag) is not seen: it is the function's closure, under
 // the contract of docs/compile.md ("What a replay re-reads and what it freezes").
 // Modules are compared by address and type, and never kept alive by an entry: a module
@@ -32,6 +35,7 @@
 #include <memory>
 #include <string>
 #include <typeinfo>
+#include <utility>
 #include <vector>
 
 namespace tcap::cache {
@@ -68,5 +72,12 @@ void read_modules(const std::vector<std::shared_ptr<torch::nn::Module>>& roots, 
 // The options digest of one module (empty for types without options): what the guards
 // compare. Exposed for tests.
 std::string options_digest(const torch::nn::Module& m);
+
+// What the guards cover, for the test that compares it with the pinned LibTorch's headers
+// (every module type with an options struct, every field of the structs read by fields):
+// the module types whose options are read ("Linear", "Embedding"), and per type read by
+// fields, the fields read (empty for a struct read whole by a reader of its own).
+std::vector<std::string> module_types_read();
+std::vector<std::pair<std::string, std::vector<std::string>>> option_fields_read();
 
 }  // namespace tcap::cache

@@ -36,7 +36,13 @@ cache::CallView StepInputs::view() const {
 // (with_names false) builds none. The structure key guards what the names did, as bytes:
 // the number of user inputs, parameters and buffers, which parameters have a .grad, each
 // optimizer state tensor's parameter and slot, hook counts, what DDP's hooks record, the
-// tensors of earlier steps' histories. Both gathers walk the same tensors in the same
+// tensors of earlier steps' histories.
+//
+// Note [Optimizer state by parameter identity]
+// The key also holds, per parameter (found by identity among the models' parameters), the
+// optimizer and the position in its param groups it has, and per state tensor the
+// parameter it belongs to: a reordered param group, or a parameter moved to another
+// group, changes which state and which learning rate a recorded update reads. Both gathers walk the same tensors in the same
 // order (each module's own parameters over modules(), the order named_parameters() walks
 // them in), so a call's key and its capture's agree.
 namespace {
@@ -103,6 +109,14 @@ StepInputs gather_step_inputs(const StepParts& parts, const std::vector<at::Tens
     }
   }
   key_int(key, static_cast<int64_t>(g.params.size()));
+  // Which optimizer and position each parameter has (Note [Optimizer state by parameter
+  // identity]): LibTorch keys optimizer state by the parameter tensor, and a graph's update
+  // of one parameter reads the state and host scalars of its (optimizer, position), so a
+  // param group reordered or a parameter moved to another group recaptures.
+  for (const auto& p : g.params) {
+    key_int(key, p.opt);
+    key_int(key, static_cast<int64_t>(p.index));
+  }
   for (const auto& p : g.params) {
     g.param_input.push_back(static_cast<int>(g.ts.size()));
     add(p.tensor, ir::InputKind::Parameter, [&p] { return p.name; });
@@ -142,6 +156,7 @@ StepInputs gather_step_inputs(const StepParts& parts, const std::vector<at::Tens
         if (g.params[q].opt == static_cast<int>(o) && g.params[q].index == sj[k]) param = static_cast<int>(q);
       }
       g.state_param.push_back(param);
+      key_int(key, param);  // the parameter a state tensor belongs to, by identity
       add(st[k], ir::InputKind::Buffer, [&] { return sn[k]; });
     }
   }

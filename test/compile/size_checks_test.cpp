@@ -12,6 +12,7 @@
 #include "support/backends.h"
 #include "support/compare.h"
 #include "support/log_capture.h"
+#include "support/models.h"
 
 #include <torch/torch.h>
 
@@ -192,11 +193,7 @@ TEST(SizeChecks, ModuleForwardThatBranchesOnTheBatch) {
     torch::manual_seed(3);
     auto m = std::make_shared<Gated>();
     auto twin = std::make_shared<Gated>();
-    {
-      torch::NoGradGuard ng;
-      twin->fc->weight.copy_(m->fc->weight);
-      twin->fc->bias.copy_(m->fc->bias);
-    }
+    tcap::testing::copy_parameters(*m, *twin);
     tcap::CompileOptions o;
     o.backend = backend;
     o.cache_size_limit = 32;
@@ -223,11 +220,7 @@ TEST(SizeChecks, StepThatBranchesOnTheBatch) {
   torch::manual_seed(5);
   auto make = [] { return nn::Sequential(nn::Linear(5, 8), nn::Tanh(), nn::Linear(8, 3)); };
   auto model = make(), twin = make();
-  {
-    torch::NoGradGuard ng;
-    auto p = model->parameters(), q = twin->parameters();
-    for (size_t k = 0; k < p.size(); ++k) q[k].copy_(p[k]);
-  }
+  tcap::testing::copy_parameters(*model, *twin);
   auto sgd = [](nn::Sequential& m) { return torch::optim::SGD(m->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9)); };
   auto opt = sgd(model), opt_twin = sgd(twin);
   auto body = [](nn::Sequential& m, torch::optim::SGD& o, const at::Tensor& x, const at::Tensor& y) {
@@ -300,11 +293,7 @@ TEST(SizeChecks, TransformerLayerWithVaryingSequenceLength) {
     torch::manual_seed(11);
     auto opts = nn::TransformerEncoderLayerOptions(16, 4).dim_feedforward(32).dropout(0.0);
     nn::TransformerEncoderLayer layer(opts), twin(opts);
-    {
-      torch::NoGradGuard ng;
-      auto p = layer->parameters(), q = twin->parameters();
-      for (size_t k = 0; k < p.size(); ++k) q[k].copy_(p[k]);
-    }
+    tcap::testing::copy_parameters(*layer, *twin);
     tcap::CompileOptions o;
     o.backend = backend;
     LogCapture log("recompiles");
@@ -360,18 +349,12 @@ at::Tensor tagger_loss(Tagger& m, const at::Tensor& tokens, const at::Tensor& ta
   return torch::cross_entropy_loss(m.forward(tokens).flatten(0, 1), tags.flatten(0, 1));
 }
 
-void copy_params(nn::Module& from, nn::Module& to) {
-  torch::NoGradGuard ng;
-  auto p = from.parameters(), q = to.parameters();
-  for (size_t k = 0; k < p.size(); ++k) q[k].copy_(p[k]);
-}
-
 const std::vector<int64_t> kLengths = {12, 12, 12, 12, 17, 17, 17, 9, 9, 23, 23, 12, 30, 30, 17, 5, 5, 9};
 
 TEST(SizeChecks, TaggerStepWithVaryingLength) {
   torch::manual_seed(21);
   auto model = std::make_shared<Tagger>(), twin = std::make_shared<Tagger>();
-  copy_params(*model, *twin);
+  tcap::testing::copy_parameters(*model, *twin);
   torch::optim::Adam opt(model->parameters(), 1e-2), opt_twin(twin->parameters(), 1e-2);
   auto body = [](Tagger& m, torch::optim::Adam& o, const at::Tensor& x, const at::Tensor& y) {
     o.zero_grad();
@@ -399,7 +382,7 @@ TEST(SizeChecks, TaggerCompiledAutogradWithVaryingLength) {
   tcap::reset_compiled_autograd();
   torch::manual_seed(22);
   auto model = std::make_shared<Tagger>(), twin = std::make_shared<Tagger>();
-  copy_params(*model, *twin);
+  tcap::testing::copy_parameters(*model, *twin);
   tcap::CompileOptions o;
   o.name = "tagger_ca";
   LogCapture log("recompiles");

@@ -1,0 +1,201 @@
+// tcap-bench-dynamic: workloads whose sizes vary from call to call, timed whole (compiles,
+// check captures and replays included), as a program that feeds them would see them.
+//
+//   encoder   nn::TransformerEncoderLayer(64, 4 heads, ff 128), batch 4, sequence lengths
+//             drawn from 8..128 in buckets of 8 (lengths repeat, as bucketed batches do);
+//             tcap::compile of the layer, forward and backward
+//   tagger    Embedding(1000, 64), Linear, LayerNorm, GELU, Linear(->17), cross_entropy over
+//             flatten(0, 1); batch 8, the same lengths; compile_step with Adam
+//   mlp       Linear(64, 256) GELU Linear(256, 64), inference; batch sizes 1..64
+//
+// For each: eager, and tcap with the eager and llvm backends, with the size check on
+// (default) and off (check_new_sizes = false). Printed per row: the calls' total time and
+// its ratio to eager's, compiles, size checks, captures, replays, eager calls. The calls
+// are the same sequence for every variant (one seed). Usage: tcap-bench-dynamic [calls]
+#include <tcap/compile.h>
+#include <tcap/train_step.h>
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace nn = torch::nn;
+using Tensors = std::vector<at::Tensor>;
+using Clock = std::chrono::steady_clock;
+
+struct Row {
+  std::string variant;
+  double ms = 0;
+  tcap::CompileStats stats;
+  bool has_stats = false;
+};
+
+std::vector<int64_t> lengths(int calls, int64_t lo, int64_t hi, int64_t bucket, uint64_t seed) {
+  std::vector<int64_t> out;
+  uint64_t s = seed;
+  for (int i = 0; i < calls; ++i) {
+    s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+    const int64_t n = lo + static_cast<int64_t>((s >> 33) % static_cast<uint64_t>(hi - lo + 1));
+    out.push_back(bucket > 1 ? std::max(lo, (n + bucket - 1) / bucket * bucket) : n);
+  }
+  return out;
+}
+
+struct Variant {
+  std::string name;
+  std::string backend;  // "" = eager LibTorch
+  bool check = true;
+};
+
+const std::vector<Variant> kVariants = {
+    {"eager", "", true},         {"tcap_eager", "eager", true}, {"tcap_eager_nocheck", "eager", false},
+    {"tcap_llvm", "llvm", true}, {"tcap_llvm_nocheck", "llvm", false},
+};
+
+tcap::CompileOptions options_of(const Variant& v, const std::string& name) {
+  tcap::CompileOptions o;
+  o.name = name + "_" + v.name;
+  o.backend = v.backend;
+  o.check_new_sizes = v.check;
+  o.cache_size_limit = 64;
+  return o;
+}
+
+template <class F>
+double time_ms(F&& f) {
+  const auto t0 = Clock::now();
+  f();
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+std::vector<Row> encoder(int calls) {
+  const auto seq = lengths(calls, 8, 128, 8, 1);
+  std::vector<Row> rows;
+  for (const auto& v : kVariants) {
+    if (!v.backend.empty() && !tcap::Backend(v.backend).available()) continue;
+    torch::manual_seed(0);
+    nn::TransformerEncoderLayer layer(nn::TransformerEncoderLayerOptions(64, 4).dim_feedforward(128).dropout(0.0));
+    std::function<at::Tensor(const at::Tensor&)> fwd = [&](const at::Tensor& x) { return layer->forward(x); };
+    tcap::CompiledFn f;
+    if (!v.backend.empty()) {
+      f = tcap::compile(layer.ptr(), [&](const Tensors& in) { return Tensors{layer->forward(in[0])}; },
+                        options_of(v, "encoder"));
+      fwd = [&](const at::Tensor& x) { return f(x)[0]; };
+    }
+    Row r;
+    r.variant = v.name;
+    r.ms = time_ms([&] {
+      for (int64_t t : seq) {
+        fwd(torch::randn({t, 4, 64})).pow(2).mean().backward();
+        layer->zero_grad();
+      }
+    });
+    if (!v.backend.empty()) r.stats = f->stats(), r.has_stats = true;
+    rows.push_back(r);
+  }
+  return rows;
+}
+
+struct Tagger : nn::Module {
+  Tagger()
+      : emb(register_module("emb", nn::Embedding(1000, 64))),
+        fc1(register_module("fc1", nn::Linear(64, 128))),
+        norm(register_module("norm", nn::LayerNorm(nn::LayerNormOptions({128})))),
+        fc2(register_module("fc2", nn::Linear(128, 17))) {}
+  at::Tensor forward(const at::Tensor& t) { return fc2->forward(torch::gelu(norm->forward(fc1->forward(emb->forward(t))))); }
+  nn::Embedding emb;
+  nn::Linear fc1;
+  nn::LayerNorm norm;
+  nn::Linear fc2;
+};
+
+std::vector<Row> tagger(int calls) {
+  const auto seq = lengths(calls, 8, 128, 8, 2);
+  std::vector<Row> rows;
+  for (const auto& v : kVariants) {
+    if (!v.backend.empty() && !tcap::Backend(v.backend).available()) continue;
+    torch::manual_seed(0);
+    auto m = std::make_shared<Tagger>();
+    torch::optim::Adam opt(m->parameters(), 1e-3);
+    auto body = [&](const Tensors& in) {
+      opt.zero_grad();
+      auto loss = torch::cross_entropy_loss(m->forward(in[0]).flatten(0, 1), in[1].flatten(0, 1));
+      loss.backward();
+      opt.step();
+      return Tensors{loss};
+    };
+    std::shared_ptr<tcap::CompiledStep> step;
+    if (!v.backend.empty()) step = tcap::compile_step(m, opt, body, options_of(v, "tagger"));
+    Row r;
+    r.variant = v.name;
+    r.ms = time_ms([&] {
+      for (int64_t t : seq) {
+        const Tensors in{torch::randint(0, 1000, {8, t}), torch::randint(0, 17, {8, t})};
+        if (step) (*step)(in);
+        else body(in);
+      }
+    });
+    if (step) r.stats = step->stats(), r.has_stats = true;
+    rows.push_back(r);
+  }
+  return rows;
+}
+
+std::vector<Row> mlp(int calls) {
+  const auto seq = lengths(calls, 1, 64, 1, 3);
+  std::vector<Row> rows;
+  for (const auto& v : kVariants) {
+    if (!v.backend.empty() && !tcap::Backend(v.backend).available()) continue;
+    torch::manual_seed(0);
+    nn::Sequential net(nn::Linear(64, 256), nn::GELU(), nn::Linear(256, 64));
+    torch::NoGradGuard no_grad;
+    std::function<at::Tensor(const at::Tensor&)> fwd = [&](const at::Tensor& x) { return net->forward(x); };
+    tcap::CompiledFn f;
+    if (!v.backend.empty()) {
+      f = tcap::compile(net.ptr(), [&](const Tensors& in) { return Tensors{net->forward(in[0])}; }, options_of(v, "mlp"));
+      fwd = [&](const at::Tensor& x) { return f(x)[0]; };
+    }
+    Row r;
+    r.variant = v.name;
+    r.ms = time_ms([&] {
+      for (int64_t b : seq) fwd(torch::randn({b, 64}));
+    });
+    if (!v.backend.empty()) r.stats = f->stats(), r.has_stats = true;
+    rows.push_back(r);
+  }
+  return rows;
+}
+
+void print(const char* workload, const std::vector<Row>& rows) {
+  const double eager = rows.empty() ? 1 : rows[0].ms;
+  for (const auto& r : rows) {
+    std::printf("%-8s %-20s %10.1f ms %7.2fx", workload, r.variant.c_str(), r.ms, r.ms / eager);
+    if (r.has_stats) {
+      const auto& s = r.stats;
+      std::printf("  compiles %3d  size_checks %3d  captures %3d  replays %4d  eager %3d", s.compiles, s.size_checks,
+                  s.captures, s.replays, s.eager_calls);
+    }
+    std::printf("\n");
+    std::fflush(stdout);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int calls = argc > 1 ? std::atoi(argv[1]) : 200;
+  std::printf("tcap-bench-dynamic: %d calls per workload, %d threads; time = all calls, compiles included\n", calls,
+              at::get_num_threads());
+  print("encoder", encoder(calls));
+  print("tagger", tagger(calls));
+  print("mlp", mlp(calls));
+  return 0;
+}
