@@ -12,6 +12,7 @@
 // (default) and off (check_new_sizes = false). Printed per row: the calls' total time and
 // its ratio to eager's, compiles, size checks, captures, replays, eager calls. The calls
 // are the same sequence for every variant (one seed). Usage: tcap-bench-dynamic [calls]
+// (Note [Each variant in a process of its own]).
 #include <tcap/compile.h>
 #include <tcap/train_step.h>
 
@@ -24,6 +25,9 @@
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <stdlib.h>
+#include <unistd.h>
 
 namespace {
 
@@ -76,11 +80,11 @@ double time_ms(F&& f) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
-std::vector<Row> encoder(int calls) {
+std::vector<Row> encoder(int calls, const std::string& only) {
   const auto seq = lengths(calls, 8, 128, 8, 1);
   std::vector<Row> rows;
   for (const auto& v : kVariants) {
-    if (!v.backend.empty() && !tcap::Backend(v.backend).available()) continue;
+    if (v.name != only || (!v.backend.empty() && !tcap::Backend(v.backend).available())) continue;
     torch::manual_seed(0);
     nn::TransformerEncoderLayer layer(nn::TransformerEncoderLayerOptions(64, 4).dim_feedforward(128).dropout(0.0));
     std::function<at::Tensor(const at::Tensor&)> fwd = [&](const at::Tensor& x) { return layer->forward(x); };
@@ -117,11 +121,11 @@ struct Tagger : nn::Module {
   nn::Linear fc2;
 };
 
-std::vector<Row> tagger(int calls) {
+std::vector<Row> tagger(int calls, const std::string& only) {
   const auto seq = lengths(calls, 8, 128, 8, 2);
   std::vector<Row> rows;
   for (const auto& v : kVariants) {
-    if (!v.backend.empty() && !tcap::Backend(v.backend).available()) continue;
+    if (v.name != only || (!v.backend.empty() && !tcap::Backend(v.backend).available())) continue;
     torch::manual_seed(0);
     auto m = std::make_shared<Tagger>();
     torch::optim::Adam opt(m->parameters(), 1e-3);
@@ -149,11 +153,11 @@ std::vector<Row> tagger(int calls) {
   return rows;
 }
 
-std::vector<Row> mlp(int calls) {
+std::vector<Row> mlp(int calls, const std::string& only) {
   const auto seq = lengths(calls, 1, 64, 1, 3);
   std::vector<Row> rows;
   for (const auto& v : kVariants) {
-    if (!v.backend.empty() && !tcap::Backend(v.backend).available()) continue;
+    if (v.name != only || (!v.backend.empty() && !tcap::Backend(v.backend).available())) continue;
     torch::manual_seed(0);
     nn::Sequential net(nn::Linear(64, 256), nn::GELU(), nn::Linear(256, 64));
     torch::NoGradGuard no_grad;
@@ -190,12 +194,52 @@ void print(const char* workload, const std::vector<Row>& rows) {
 
 }  // namespace
 
+// Note [Each variant in a process of its own]: compiled kernels are cached in memory and on
+// disk by their kernel IR, so a variant run after another would find the kernels of the
+// same sizes compiled already. Without arguments past `calls`, the program runs itself
+// once per workload and variant, each with an empty kernel cache folder of its own.
+int run_one(int calls, const std::string& workload, const std::string& variant) {
+  std::vector<Row> rows;
+  if (workload == "encoder") rows = encoder(calls, variant);
+  else if (workload == "tagger") rows = tagger(calls, variant);
+  else if (workload == "mlp") rows = mlp(calls, variant);
+  else return 2;
+  for (const auto& r : rows) {
+    std::printf("%s %s %.3f %d %d %d %d %d\n", workload.c_str(), r.variant.c_str(), r.ms, r.stats.compiles,
+                r.stats.size_checks, r.stats.captures, r.stats.replays, r.stats.eager_calls);
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   const int calls = argc > 1 ? std::atoi(argv[1]) : 200;
-  std::printf("tcap-bench-dynamic: %d calls per workload, %d threads; time = all calls, compiles included\n", calls,
-              at::get_num_threads());
-  print("encoder", encoder(calls));
-  print("tagger", tagger(calls));
-  print("mlp", mlp(calls));
+  if (argc > 3) return run_one(calls, argv[2], argv[3]);
+  std::printf("tcap-bench-dynamic: %d calls per workload, %d threads; time = all calls, compiles and checks included; "
+              "each variant in a process of its own with an empty kernel cache\n",
+              calls, at::get_num_threads());
+  for (const char* workload : {"encoder", "tagger", "mlp"}) {
+    std::vector<Row> rows;
+    for (const auto& v : kVariants) {
+      char dir[] = "/tmp/tcap-bench-dynamic-XXXXXX";
+      if (!mkdtemp(dir)) return 1;
+      const std::string cmd = "TCAP_CACHE_DIR=" + std::string(dir) + " /proc/" + std::to_string(getpid()) + "/exe " +
+                              std::to_string(calls) + " " + workload + " " + v.name + "; rm -rf " + dir;
+      FILE* p = popen(cmd.c_str(), "r");
+      if (!p) return 1;
+      char line[512];
+      while (std::fgets(line, sizeof line, p)) {
+        char w[64], name[64];
+        Row r;
+        if (std::sscanf(line, "%63s %63s %lf %d %d %d %d %d", w, name, &r.ms, &r.stats.compiles, &r.stats.size_checks,
+                        &r.stats.captures, &r.stats.replays, &r.stats.eager_calls) == 8) {
+          r.variant = name;
+          r.has_stats = !v.backend.empty();
+          rows.push_back(r);
+        }
+      }
+      pclose(p);
+    }
+    print(workload, rows);
+  }
   return 0;
 }
