@@ -83,7 +83,7 @@ bool tensors_match_exactly(const std::vector<TensorGuard>& guards, const std::ve
     if (!g.defined) continue;
     if (g.identity && t.unsafeGetTensorImpl() != g.identity) return false;
     if (t.scalar_type() != g.dtype || t.device() != g.device || t.requires_grad() != g.requires_grad ||
-        t.is_inference() != g.inference) {
+        (g.check_inference && t.is_inference() != g.inference)) {
       return false;
     }
     if (pos > sizes.size() || t.sizes() != c10::IntArrayRef(sizes.data() + first, g.sizes.size()) ||
@@ -221,7 +221,7 @@ std::string TensorGuard::mismatch_except_shape(const at::Tensor& t) const {
   if (t.requires_grad() != requires_grad) {
     return std::string("changed requires_grad: ") + (requires_grad ? "true -> false" : "false -> true");
   }
-  if (t.is_inference() != inference) {
+  if (check_inference && t.is_inference() != inference) {
     return std::string(inference ? "is no longer an inference tensor" : "became an inference tensor (made under "
                                                                          "InferenceMode)");
   }
@@ -239,7 +239,7 @@ std::string TensorGuard::str(const DynamicSizes* dyn, size_t first_size) const {
   }
   shape += "]";
   return ir::dtype_short_name(dtype) + shape + (any_dyn ? " contiguous" : " stride " + shape_str(strides)) + " " +
-         device.str() + (requires_grad ? " requires_grad" : "") + (inference ? " inference" : "");
+         device.str() + (requires_grad ? " requires_grad" : "") + (check_inference && inference ? " inference" : "");
 }
 
 // --- HeldTensors (Note [Held tensors]) ---------------------------------------------------
@@ -470,6 +470,8 @@ void Guards::capture_call(const CallView& call, const std::vector<std::string>& 
   for (size_t k = 0; k < call.tensors.size(); ++k) {
     const bool id = k < guard_identity.size() && guard_identity[k];
     tensors.push_back(TensorGuard::of(call.tensors[k], k < names.size() ? names[k] : "in" + std::to_string(k), id));
+    // Only where autograd saves tensors does an inference tensor change what eager does.
+    tensors.back().check_inference = global.grad_mode && !global.inference_mode;
     for (int64_t s : tensors.back().sizes) sizes.push_back(s);
   }
   if (call.scalars) scalars = *call.scalars;

@@ -85,9 +85,11 @@ struct TensorGuard {
   std::vector<int64_t> sizes, strides;
   bool requires_grad = false;
   // An inference tensor (made under InferenceMode): eager refuses to save one for backward,
-  // so an entry captured with normal tensors never serves one (its capture runs eagerly and
-  // raises what eager raises).
+  // so an entry captured with grad mode on (outside InferenceMode) and normal tensors never
+  // serves one (its capture runs eagerly and raises what eager raises), and the other way
+  // round. Without grad mode nothing is saved: `check_inference` is off.
   bool inference = false;
+  bool check_inference = true;
   const c10::TensorImpl* identity = nullptr;  // when set, the call must pass this very tensor
   static TensorGuard of(const at::Tensor& t, std::string name, bool guard_identity = false);
   // "" if t matches everything but sizes and strides; else what changed.
