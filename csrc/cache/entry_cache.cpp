@@ -44,9 +44,7 @@ Lookup EntryCache::lookup(const CallView& call, const std::vector<at::Tensor>& p
       if (why.empty()) why = e->guards.check_primals(p, &host_only);
       if (why.empty()) {
         out.hit = e;
-        // Note [Checking a new size]
-        const auto& ledger = e->guards.dyn.ledger;
-        out.check_sizes = check_new_sizes_ && ledger && !ledger->verdict(key).has_value();
+        out.check_sizes = check_new_sizes_ && m.unchecked_sizes;  // Note [Checking a new size]
         out.key = std::move(key);
         out.primals = std::move(p);
         if (pos) *pos = i;

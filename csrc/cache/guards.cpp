@@ -580,10 +580,12 @@ Miss Guards::check(const CallView& call, std::vector<int64_t>* key) const {
     // Note [Checking a new size]: values checked and refused miss, and not as a size miss
     // (the entry is no candidate to generalize from at them).
     if (dyn.ledger) {
-      if (std::optional<std::string> v = dyn.ledger->verdict(k); v && !v->empty()) {
+      std::optional<std::string> v = dyn.ledger->verdict(k);
+      if (v && !v->empty()) {
         hard("sizes " + shape_str(k) + " of its dynamic dims were checked: " + *v);
         return m;
       }
+      m.unchecked_sizes = !v.has_value();
     }
     if (key) *key = std::move(k);
   }

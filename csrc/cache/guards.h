@@ -204,6 +204,7 @@ struct Miss {
   bool sizes_only = true;        // every failure was a changed size
   std::vector<size_t> changed;   // the flattened sizes that changed
   bool structure = false;        // the entry is for another structure (checked first)
+  bool unchecked_sizes = false;  // a hit of a dynamic entry at class values not checked yet
   bool hit() const { return reason.empty(); }
 };
 
