@@ -313,14 +313,9 @@ std::vector<at::Tensor> CompiledFunction::Impl::check_call(const RegionEntry& e,
   const auto decl = declared_inputs(user_inputs, named, names, identity);
   auto cap = std::make_shared<aot::RegionCapture>();
   auto outs = cap->record_forward([&] { return fn(user_inputs); }, decl);
-  cache::SizeLedger& ledger = *e.guards.dyn.ledger;
   const std::string why = cap->check_forward(outs);
-  if (why.empty()) {
-    *verdict = ledger.check(key, cap->joint_without_backward().graph);
-  } else {
-    *verdict = "its forward cannot be compiled at these sizes: " + why;
-    ledger.refuse(key, *verdict);
-  }
+  *verdict = e.guards.dyn.ledger->check(key, why.empty() ? cap->joint_without_backward().graph : ir::Graph(),
+                                        why.empty() ? "" : "its forward cannot be compiled at these sizes: " + why);
   return outs;
 }
 

@@ -580,13 +580,8 @@ Runtime::Recorded Runtime::record(const Request& r, const ca::BackwardWalk& w) {
 variable_list Runtime::check(const Request& r, const ca::BackwardWalk& w, const Entry& e, const std::vector<int64_t>& key,
                              std::string* verdict) {
   Recorded rec = record(r, w);
-  cache::SizeLedger& ledger = *e.guards.dyn.ledger;
-  if (rec.why.empty()) {
-    *verdict = ledger.check(key, rec.graph);
-  } else {
-    *verdict = "no graph can be made of this backward at these sizes: " + rec.why;
-    ledger.refuse(key, *verdict);
-  }
+  *verdict = e.guards.dyn.ledger->check(
+      key, rec.graph, rec.why.empty() ? "" : "no graph can be made of this backward at these sizes: " + rec.why);
   return std::move(rec.results);
 }
 

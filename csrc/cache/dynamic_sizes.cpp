@@ -73,7 +73,11 @@ std::optional<std::string> SizeLedger::verdict(const std::vector<int64_t>& key) 
   return it->second;
 }
 
-std::string SizeLedger::check(const std::vector<int64_t>& key, const ir::Graph& got) {
+std::string SizeLedger::check(const std::vector<int64_t>& key, const ir::Graph& got, const std::string& why_not) {
+  if (!why_not.empty()) {
+    store(key, why_not);
+    return why_not;
+  }
   ir::Graph want = record_;
   passes::apply_int_patches(want, patches_, key);
   for (const auto& [node, arg] : per_call_) {
@@ -85,18 +89,13 @@ std::string SizeLedger::check(const std::vector<int64_t>& key, const ir::Graph& 
   }
   std::string why = passes::first_difference(want, got);
   if (!why.empty()) why = "the code records another graph at these sizes: " + why;
-  refuse(key, why);
+  store(key, why);
   return why;
 }
 
-void SizeLedger::refuse(const std::vector<int64_t>& key, std::string why) {
+void SizeLedger::store(const std::vector<int64_t>& key, std::string verdict) {
   std::lock_guard<std::mutex> lock(mutex_);
-  verdicts_.emplace(key, std::move(why));
-}
-
-size_t SizeLedger::size() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return verdicts_.size();
+  verdicts_.emplace(key, std::move(verdict));
 }
 
 std::string make_ledger(const ir::Graph& record_a, const std::vector<int64_t>& sizes_a, const ir::Graph& record_b,

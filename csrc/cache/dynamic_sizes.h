@@ -59,15 +59,15 @@ class SizeLedger {
              std::vector<std::pair<ir::NodeId, size_t>> per_call = {});
   // nullopt: not checked yet; "": checked, served; else why the values were refused.
   std::optional<std::string> verdict(const std::vector<int64_t>& key) const;
-  // Compares `got`, recorded at class values `key`, with the record specialized to them;
-  // stores and returns the verdict ("" when they agree).
-  std::string check(const std::vector<int64_t>& key, const ir::Graph& got);
-  // Stores a verdict reached otherwise (the check capture could not record a graph).
-  void refuse(const std::vector<int64_t>& key, std::string why);
-  void admit(const std::vector<int64_t>& key) { refuse(key, ""); }
-  size_t size() const;
+  // The verdict of a check capture at class values `key`, stored and returned ("" when the
+  // sizes are served): `why_not` when the capture could not record a graph, else how `got`
+  // differs from the record specialized to those values.
+  std::string check(const std::vector<int64_t>& key, const ir::Graph& got, const std::string& why_not = "");
+  void admit(const std::vector<int64_t>& key) { store(key, ""); }
 
  private:
+  void store(const std::vector<int64_t>& key, std::string verdict);
+
   ir::Graph record_;
   std::vector<passes::IntPatch> patches_;
   std::vector<std::pair<ir::NodeId, size_t>> per_call_;

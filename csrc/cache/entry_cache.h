@@ -233,7 +233,6 @@ class EntryCache {
   // Why calls run eagerly: the fall_back() reason, or the cache limit ("" if neither).
   std::string eager_reason() const;
   bool dynamic() const { return dynamic_; }
-  bool check_new_sizes() const { return check_new_sizes_; }
   // Logs a check capture's verdict under recompiles ("" = the values are served).
   void log_size_check(const Lookup& found, const std::string& verdict) const;
 

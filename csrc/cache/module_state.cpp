@@ -173,9 +173,9 @@ void read_options(const nn::Module& m, std::string& out) {
   _(HingeEmbeddingLoss) _(HuberLoss) _(InstanceNorm1d) _(InstanceNorm2d) _(InstanceNorm3d) _(KLDivLoss) _(L1Loss)   \
   _(LPPool1d) _(LPPool2d) _(LPPool3d) _(LSTM) _(LSTMCell) _(LayerNorm) _(LeakyReLU) _(Linear) _(LocalResponseNorm)  \
   _(LogSoftmax) _(MSELoss) _(MarginRankingLoss) _(MaxPool1d) _(MaxPool2d) _(MaxPool3d) _(MaxUnpool1d)               \
-  _(MaxUnpool2d) _(MaxUnpool3d) _(Embedding) _(EmbeddingBag) _(MultiLabelMarginLoss) _(MultiLabelSoftMarginLoss) _(MultiMarginLoss)              \
-  _(MultiheadAttention) _(NLLLoss) _(PReLU) _(PairwiseDistance) _(PixelShuffle) _(PixelUnshuffle) _(PoissonNLLLoss) \
-  _(RNN) _(RNNCell) _(RReLU) _(ReLU) _(ReLU6) _(ReflectionPad1d) _(ReflectionPad2d) _(ReflectionPad3d)              \
+  _(MaxUnpool2d) _(MaxUnpool3d) _(Embedding) _(EmbeddingBag) _(MultiLabelMarginLoss) _(MultiLabelSoftMarginLoss)   \
+  _(MultiMarginLoss) _(MultiheadAttention) _(NLLLoss) _(PReLU) _(PairwiseDistance) _(PixelShuffle)                 \
+  _(PixelUnshuffle) _(PoissonNLLLoss) _(RNN) _(RNNCell) _(RReLU) _(ReLU) _(ReLU6) _(ReflectionPad1d) _(ReflectionPad2d) _(ReflectionPad3d)              \
   _(ReplicationPad1d) _(ReplicationPad2d) _(ReplicationPad3d) _(SELU) _(SmoothL1Loss) _(SoftMarginLoss) _(Softmax)  \
   _(Softmin) _(Softplus) _(Softshrink) _(Threshold) _(Transformer) _(TransformerDecoder)                            \
   _(TransformerDecoderLayer) _(TransformerEncoder) _(TransformerEncoderLayer) _(TripletMarginLoss)                  \

@@ -362,13 +362,9 @@ std::vector<at::Tensor> CompiledStep::Impl::check_call(const StepEntry& e, const
   StepEntry check;
   const step::StepInputs named = gather_named(user, g);
   auto outs = capture(check, user, named, /*count_capture=*/false);
-  cache::SizeLedger& ledger = *e.guards.dyn.ledger;
-  if (check.state == StepEntry::State::Eager) {
-    *verdict = "the step cannot be compiled at these sizes: " + check.eager_reason;
-    ledger.refuse(key, *verdict);
-  } else {
-    *verdict = ledger.check(key, check.graph);
-  }
+  const bool eager = check.state == StepEntry::State::Eager;
+  *verdict = e.guards.dyn.ledger->check(key, check.graph,
+                                        eager ? "the step cannot be compiled at these sizes: " + check.eager_reason : "");
   return outs;
 }
 

@@ -36,15 +36,15 @@ cache::CallView StepInputs::view() const {
 // (with_names false) builds none. The structure key guards what the names did, as bytes:
 // the number of user inputs, parameters and buffers, which parameters have a .grad, each
 // optimizer state tensor's parameter and slot, hook counts, what DDP's hooks record, the
-// tensors of earlier steps' histories.
+// tensors of earlier steps' histories. Both gathers walk the same tensors in the same
+// order (each module's own parameters over modules(), the order named_parameters() walks
+// them in), so a call's key and its capture's agree.
 //
 // Note [Optimizer state by parameter identity]
 // The key also holds, per parameter (found by identity among the models' parameters), the
 // optimizer and the position in its param groups it has, and per state tensor the
 // parameter it belongs to: a reordered param group, or a parameter moved to another
-// group, changes which state and which learning rate a recorded update reads. Both gathers walk the same tensors in the same
-// order (each module's own parameters over modules(), the order named_parameters() walks
-// them in), so a call's key and its capture's agree.
+// group, changes which state and which learning rate a recorded update reads.
 namespace {
 
 void key_int(std::string& key, int64_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof(v)); }
