@@ -9,12 +9,18 @@
 //   mlp       Linear(64, 256) GELU Linear(256, 64), inference; batch sizes 1..64
 //
 // For each: eager, and tcap with the eager and llvm backends, with the size check on
-// (default) and off (check_new_sizes = false). Printed per row: the calls' total time and
-// its ratio to eager's, compiles, size checks, captures, replays, eager calls. The calls
+// (default) and off (check_new_sizes = false); then, per variant, the steady state: the
+// mean of 40 calls at one fixed size (length 64, batch 32) after the varying calls, and
+// tcap_llvm_static, which makes only those calls (a static entry and its kernels: what a
+// replay of a dynamic entry is compared with). Printed per row: the calls' total time and
+// its ratio to eager's, compiles (entries built: captures compiled and specializations to
+// new sizes), LLVM kernel compiles, size checks, captures, replays, eager calls. The calls
 // are the same sequence for every variant (one seed). Usage: tcap-bench-dynamic [calls]
 // (Note [Each variant in a process of its own]).
 #include <tcap/compile.h>
 #include <tcap/train_step.h>
+
+#include "codegen/cpu_llvm/cpu_llvm.h"
 
 #include <torch/torch.h>
 
@@ -39,6 +45,8 @@ struct Row {
   std::string variant;
   double ms = 0;
   tcap::CompileStats stats;
+  int kernels = 0;  // kernel code compiled by LLVM in the variant's process (Note [Sizes at launch])
+  double steady_ms = 0;  // one call at the workload's fixed size, after the calls (kSteadyCalls, mean)
   bool has_stats = false;
 };
 
@@ -57,11 +65,12 @@ struct Variant {
   std::string name;
   std::string backend;  // "" = eager LibTorch
   bool check = true;
+  bool static_only = false;  // no varying calls: only the fixed size (a static entry's kernels)
 };
 
 const std::vector<Variant> kVariants = {
     {"eager", "", true},         {"tcap_eager", "eager", true}, {"tcap_eager_nocheck", "eager", false},
-    {"tcap_llvm", "llvm", true}, {"tcap_llvm_nocheck", "llvm", false},
+    {"tcap_llvm", "llvm", true}, {"tcap_llvm_nocheck", "llvm", false}, {"tcap_llvm_static", "llvm", true, true},
 };
 
 tcap::CompileOptions options_of(const Variant& v, const std::string& name) {
@@ -80,6 +89,26 @@ double time_ms(F&& f) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
+constexpr int kSteadyCalls = 40;
+
+// The varying calls, timed whole.
+template <class F>
+void varying_calls(Row& r, const Variant& v, const std::vector<int64_t>& seq, F&& one) {
+  if (!v.static_only) r.ms = time_ms([&] {
+    for (int64_t n : seq) one(n);
+  });
+}
+
+// The steady state at one fixed size: a few calls to warm up (a static variant captures and
+// compiles there), then kSteadyCalls timed.
+template <class F>
+void steady_calls(Row& r, int64_t fixed, F&& one) {
+  for (int i = 0; i < 4; ++i) one(fixed);
+  r.steady_ms = time_ms([&] {
+    for (int i = 0; i < kSteadyCalls; ++i) one(fixed);
+  }) / kSteadyCalls;
+}
+
 std::vector<Row> encoder(int calls, const std::string& only) {
   const auto seq = lengths(calls, 8, 128, 8, 1);
   std::vector<Row> rows;
@@ -96,13 +125,13 @@ std::vector<Row> encoder(int calls, const std::string& only) {
     }
     Row r;
     r.variant = v.name;
-    r.ms = time_ms([&] {
-      for (int64_t t : seq) {
-        fwd(torch::randn({t, 4, 64})).pow(2).mean().backward();
-        layer->zero_grad();
-      }
-    });
+    auto one = [&](int64_t t) {
+      fwd(torch::randn({t, 4, 64})).pow(2).mean().backward();
+      layer->zero_grad();
+    };
+    varying_calls(r, v, seq, one);
     if (!v.backend.empty()) r.stats = f->stats(), r.has_stats = true;
+    steady_calls(r, 64, one);
     rows.push_back(r);
   }
   return rows;
@@ -140,14 +169,14 @@ std::vector<Row> tagger(int calls, const std::string& only) {
     if (!v.backend.empty()) step = tcap::compile_step(m, opt, body, options_of(v, "tagger"));
     Row r;
     r.variant = v.name;
-    r.ms = time_ms([&] {
-      for (int64_t t : seq) {
-        const Tensors in{torch::randint(0, 1000, {8, t}), torch::randint(0, 17, {8, t})};
-        if (step) (*step)(in);
-        else body(in);
-      }
-    });
+    auto one = [&](int64_t t) {
+      const Tensors in{torch::randint(0, 1000, {8, t}), torch::randint(0, 17, {8, t})};
+      if (step) (*step)(in);
+      else body(in);
+    };
+    varying_calls(r, v, seq, one);
     if (step) r.stats = step->stats(), r.has_stats = true;
+    steady_calls(r, 64, one);
     rows.push_back(r);
   }
   return rows;
@@ -169,10 +198,10 @@ std::vector<Row> mlp(int calls, const std::string& only) {
     }
     Row r;
     r.variant = v.name;
-    r.ms = time_ms([&] {
-      for (int64_t b : seq) fwd(torch::randn({b, 64}));
-    });
+    auto one = [&](int64_t b) { fwd(torch::randn({b, 64})); };
+    varying_calls(r, v, seq, one);
     if (!v.backend.empty()) r.stats = f->stats(), r.has_stats = true;
+    steady_calls(r, 32, one);
     rows.push_back(r);
   }
   return rows;
@@ -180,12 +209,17 @@ std::vector<Row> mlp(int calls, const std::string& only) {
 
 void print(const char* workload, const std::vector<Row>& rows) {
   const double eager = rows.empty() ? 1 : rows[0].ms;
+  const double steady_eager = rows.empty() ? 1 : rows[0].steady_ms;
   for (const auto& r : rows) {
-    std::printf("%-8s %-20s %10.1f ms %7.2fx", workload, r.variant.c_str(), r.ms, r.ms / eager);
-    if (r.has_stats) {
+    if (r.ms > 0) std::printf("%-8s %-20s %10.1f ms %7.2fx", workload, r.variant.c_str(), r.ms, r.ms / eager);
+    else std::printf("%-8s %-20s %13s %8s", workload, r.variant.c_str(), "-", "-");
+    std::printf("  steady %7.3f ms %5.2fx", r.steady_ms, r.steady_ms / steady_eager);
+    if (r.has_stats && r.ms > 0) {
       const auto& s = r.stats;
-      std::printf("  compiles %3d  size_checks %3d  captures %3d  replays %4d  eager %3d", s.compiles, s.size_checks,
-                  s.captures, s.replays, s.eager_calls);
+      std::printf("  compiles %3d  kernels %4d  size_checks %3d  captures %3d  replays %4d  eager %3d", s.compiles,
+                  r.kernels, s.size_checks, s.captures, s.replays, s.eager_calls);
+    } else if (r.has_stats) {
+      std::printf("  kernels %4d", r.kernels);
     }
     std::printf("\n");
     std::fflush(stdout);
@@ -204,9 +238,10 @@ int run_one(int calls, const std::string& workload, const std::string& variant) 
   else if (workload == "tagger") rows = tagger(calls, variant);
   else if (workload == "mlp") rows = mlp(calls, variant);
   else return 2;
+  const int kernels = tcap::codegen::cpu_llvm::cpu_llvm_stats().compiled;
   for (const auto& r : rows) {
-    std::printf("%s %s %.3f %d %d %d %d %d\n", workload.c_str(), r.variant.c_str(), r.ms, r.stats.compiles,
-                r.stats.size_checks, r.stats.captures, r.stats.replays, r.stats.eager_calls);
+    std::printf("%s %s %.3f %d %d %d %d %d %d %.4f\n", workload.c_str(), r.variant.c_str(), r.ms, r.stats.compiles,
+                r.stats.size_checks, r.stats.captures, r.stats.replays, r.stats.eager_calls, kernels, r.steady_ms);
   }
   return 0;
 }
@@ -230,8 +265,9 @@ int main(int argc, char** argv) {
       while (std::fgets(line, sizeof line, p)) {
         char w[64], name[64];
         Row r;
-        if (std::sscanf(line, "%63s %63s %lf %d %d %d %d %d", w, name, &r.ms, &r.stats.compiles, &r.stats.size_checks,
-                        &r.stats.captures, &r.stats.replays, &r.stats.eager_calls) == 8) {
+        if (std::sscanf(line, "%63s %63s %lf %d %d %d %d %d %d %lf", w, name, &r.ms, &r.stats.compiles,
+                        &r.stats.size_checks, &r.stats.captures, &r.stats.replays, &r.stats.eager_calls,
+                        &r.kernels, &r.steady_ms) == 10) {
           r.variant = name;
           r.has_stats = !v.backend.empty();
           rows.push_back(r);

@@ -160,7 +160,7 @@ ir::Graph fuse_graph(const ir::Graph& g, const std::string& what, const std::str
         const std::string base = dump_dir + "/kernels/" + what + "." + fg.name;
         std::filesystem::create_directories(dump_dir + "/kernels");
         write_file(base + ".kir", kir::to_string(fg.kernel));
-        if (fk->cpu) write_file(base + ".ll", fk->cpu->llvm_ir);
+        if (fk->cpu && fk->cpu->llvm_ir) write_file(base + ".ll", *fk->cpu->llvm_ir);
         if (fk->cuda) write_file(base + ".cu", fk->cuda->source);
       }
       const int64_t id = runtime::register_kernel(std::move(fk));

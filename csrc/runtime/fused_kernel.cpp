@@ -196,7 +196,7 @@ std::vector<at::Tensor> run_fused(FusedKernel& k, const std::vector<at::Tensor>&
   c10::SmallVector<void*, 16> args;
   for (const auto& t : inputs) args.push_back(const_cast<void*>(t.const_data_ptr()));
   for (auto& t : outs) args.push_back(t.mutable_data_ptr());
-  const auto fn = k.cpu->fn;
+  const codegen::cpu_llvm::CpuKernel& ck = *k.cpu;
   void* const* a = args.data();
   const int64_t range = k.cpu->range;
   if (range > 0) {
@@ -205,7 +205,7 @@ std::vector<at::Tensor> run_fused(FusedKernel& k, const std::vector<at::Tensor>&
     std::atomic<bool> split{false};
     at::parallel_for(0, range, std::max<int64_t>(k.cpu->grain, 1), [&](int64_t b, int64_t e) {
       if (at::get_thread_num() != 0) split.store(true, std::memory_order_relaxed);
-      fn(a, b, e);
+      ck.run(a, b, e);
     });
     if (split.load(std::memory_order_relaxed)) g_split_launches.fetch_add(1, std::memory_order_relaxed);
   }

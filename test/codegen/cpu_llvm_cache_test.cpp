@@ -164,6 +164,9 @@ TEST(CpuLlvmCache, DiskRoundTripAndCorruptFiles) {
 // test machines are shared.
 TEST(CpuLlvmCache, CompileAndWarmStartTimes) {
   ScopedCacheDir cache;
+  // As a fresh process: kernels of these structures that earlier tests compiled at other
+  // sizes would be served by code that reads its sizes at launch (Note [Sizes at launch]).
+  codegen::cpu_llvm::cpu_llvm_clear_memory_cache_for_testing();
   const auto seed = fresh_seed();
   const double c = 1.0 + static_cast<double>(seed % 100000) * 1e-7;
   std::vector<KernelBuilder> kernels;
@@ -240,11 +243,15 @@ TEST(CpuLlvmCache, KernelsCompiledInParallelMatchEager) {
   if (!tcap::codegen::cpu_llvm::cpu_llvm_available(&why)) GTEST_SKIP() << why;
   tcap::codegen::cpu_llvm::cpu_llvm_clear_memory_cache_for_testing();
   const auto before = tcap::codegen::cpu_llvm::cpu_llvm_stats();
-  // Constants new to this process and to the disk cache: six kernels that must compile.
+  // Constants new to this process and to the disk cache, and six pointwise ops: six kernels
+  // of different structures that must compile (Note [Sizes at launch]: kernels of one
+  // structure would share code after the second).
   const double salt = std::uniform_real_distribution<double>(0.0, 1.0)(*std::make_unique<std::random_device>());
   auto fn = [salt](const std::vector<at::Tensor>& in) {
+    const std::vector<at::Tensor (*)(const at::Tensor&)> ops = {torch::tanh, torch::sigmoid, torch::sin,
+                                                               torch::cos,  torch::erf,     torch::exp};
     at::Tensor x = in[0];
-    for (int i = 0; i < 6; ++i) x = torch::mm(torch::tanh(x * (1.0 + i + salt)) + 0.5, in[1]).softmax(-1);
+    for (int i = 0; i < 6; ++i) x = torch::mm(ops[static_cast<size_t>(i)](x * (1.0 + i + salt)) + 0.5, in[1]).softmax(-1);
     return std::vector<at::Tensor>{x};
   };
   tcap::CompileOptions options;

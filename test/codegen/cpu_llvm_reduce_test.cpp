@@ -265,7 +265,7 @@ TEST(CpuLlvmReduce, EmptyReduceDim) {
   auto ck = compile(kb);
   at::Tensor out = at::full({3}, kNaN);
   void* args[2] = {nullptr, out.data_ptr()};
-  ck->fn(args, 0, ck->range);
+  ck->run(args, 0, ck->range);
   EXPECT_TRUE(same(out, at::zeros({3}), kb.k));
 }
 
@@ -288,8 +288,8 @@ TEST(CpuLlvmReduce, ParallelSplits) {
     at::Tensor out = at::full({m}, kNaN);
     std::vector<void*> args = args_of({in, out});
     const int64_t r = ck->range;
-    std::thread t1([&] { ck->fn(args.data(), 0, r / 2); });
-    std::thread t2([&] { ck->fn(args.data(), r / 2, r); });
+    std::thread t1([&] { ck->run(args.data(), 0, r / 2); });
+    std::thread t2([&] { ck->run(args.data(), r / 2, r); });
     t1.join();
     t2.join();
     EXPECT_TRUE(close(out, ref, 1e-5, 1e-5, kb.k));
@@ -297,7 +297,7 @@ TEST(CpuLlvmReduce, ParallelSplits) {
     for (int threads : {1, 2}) {
       at::set_num_threads(threads);
       out.fill_(kNaN);
-      at::parallel_for(0, r, ck->grain, [&](int64_t b, int64_t e) { ck->fn(args.data(), b, e); });
+      at::parallel_for(0, r, ck->grain, [&](int64_t b, int64_t e) { ck->run(args.data(), b, e); });
       EXPECT_TRUE(close(out, ref, 1e-5, 1e-5, kb.k)) << threads << " threads";
     }
     at::set_num_threads(saved);

@@ -430,7 +430,7 @@ TEST(CpuLlvmPointwise, TinyAndEmptyKernels) {
     auto ck = compile(kb);
     EXPECT_EQ(ck->range, 0);
     void* args[2] = {nullptr, nullptr};
-    ck->fn(args, 0, ck->range);
+    ck->run(args, 0, ck->range);
   }
 }
 
@@ -477,8 +477,8 @@ TEST(CpuLlvmPointwise, ParallelSplits) {
   at::Tensor out = at::full({m, n}, kNaN);
   std::vector<void*> args = args_of({x, b, out});
   const int64_t r = ck->range;
-  std::thread t1([&] { ck->fn(args.data(), 0, r / 2); });
-  std::thread t2([&] { ck->fn(args.data(), r / 2, r); });
+  std::thread t1([&] { ck->run(args.data(), 0, r / 2); });
+  std::thread t2([&] { ck->run(args.data(), r / 2, r); });
   t1.join();
   t2.join();
   EXPECT_TRUE(close(out, ref, 1e-5, 1e-6, kb.k));
@@ -486,7 +486,7 @@ TEST(CpuLlvmPointwise, ParallelSplits) {
   for (int threads : {1, 2}) {
     at::set_num_threads(threads);
     out.fill_(kNaN);
-    at::parallel_for(0, r, 1000, [&](int64_t begin, int64_t end) { ck->fn(args.data(), begin, end); });
+    at::parallel_for(0, r, 1000, [&](int64_t begin, int64_t end) { ck->run(args.data(), begin, end); });
     EXPECT_TRUE(close(out, ref, 1e-5, 1e-6, kb.k)) << threads << " threads";
   }
   at::set_num_threads(saved);

@@ -91,7 +91,7 @@ void emulated_matches_cpu(const tcap::kir::Kernel& k, int64_t pad) {
   tcap::test::run(*tcap::codegen::cpu_llvm::compile_cpu_kernel(k), a.views);
   const auto emu = cuda_emu::build(k);
   std::vector<void*> args = tcap::test::args_of(b.views);
-  emu->fn(args.data(), 0, emu->range);
+  emu->run(args.data(), 0, emu->range);
   for (size_t i = 0; i < a.whole.size(); ++i) {
     SCOPED_TRACE("buffer " + std::to_string(i));
     const at::Tensor x = a.whole[i], y = b.whole[i];
@@ -195,7 +195,7 @@ TEST(CudaEmulated, BrokenKernelsAreErrors) {
     at::Tensor out = torch::zeros({64});
     void* args[] = {out.data_ptr()};
     try {
-      k->fn(args, 0, 1);
+      k->run(args, 0, 1);
       ADD_FAILURE() << "no error";
     } catch (const std::runtime_error& e) {
       EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
@@ -230,16 +230,16 @@ TEST(CudaEmulated, BrokenKernelsAreErrors) {
            {"write_into_an_input", "((float*)b0)[i] = 0.0f; b1[i] = 1.0f;", "wrote into input buffer 0"}}) {
     SCOPED_TRACE(name);
     try {
-      guarded(name, body)->fn(io, 0, 1);
+      guarded(name, body)->run(io, 0, 1);
       ADD_FAILURE() << "no error";
     } catch (const std::runtime_error& e) {
       EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
     }
   }
-  guarded("read_past_the_end", "b1[i] = b0[i + 32];")->fn(io, 0, 1);
+  guarded("read_past_the_end", "b1[i] = b0[i + 32];")->run(io, 0, 1);
   EXPECT_TRUE(at::equal(dst.slice(0, 0, 32), src_in.slice(0, 32)));
   EXPECT_TRUE(dst.slice(0, 32).isnan().all().item<bool>()) << "a read past the end did not read poison";
-  guarded("in_bounds", "b1[i] = b0[i] * 2.0f;")->fn(io, 0, 1);
+  guarded("in_bounds", "b1[i] = b0[i] * 2.0f;")->run(io, 0, 1);
   EXPECT_TRUE(at::equal(dst, src_in * 2)) << "outputs are copied back";
 
   // And a correct kernel runs: block-wide sum through shuffles and a barrier, grid-stride.
@@ -258,7 +258,7 @@ TEST(CudaEmulated, BrokenKernelsAreErrors) {
   auto k = cuda_emu::build_source("block_sum", ok);
   at::Tensor out = torch::zeros({5 * 64});
   void* args[] = {out.data_ptr()};
-  k->fn(args, 0, 1);
+  k->run(args, 0, 1);
   EXPECT_TRUE(at::equal(out.slice(0, 0, 3 * 64), torch::full({3 * 64}, 2016.0f + 3)));
   EXPECT_TRUE(at::equal(out.slice(0, 3 * 64), torch::zeros({2 * 64}))) << "more blocks ran than the grid has";
 }

@@ -120,7 +120,7 @@ inline std::vector<void*> args_of(const std::vector<at::Tensor>& bufs) {
 // Runs the whole range on this thread.
 inline void run(const codegen::cpu_llvm::CpuKernel& ck, const std::vector<at::Tensor>& bufs) {
   std::vector<void*> args = args_of(bufs);
-  ck.fn(args.data(), 0, ck.range);
+  ck.run(args.data(), 0, ck.range);
 }
 
 inline std::shared_ptr<const codegen::cpu_llvm::CpuKernel> compile(const KernelBuilder& kb) {

@@ -70,7 +70,7 @@ std::vector<ParamCase> param_cases() { return {pointwise_case(), reduction_case(
 
 const std::vector<std::pair<double, double>> kParamValues = {{0.5, -1.25}, {-3e-3, 7.0}, {1.0 / 3.0, 0.1}};
 
-// Runs `fn(args, 0, range)` for each parameter value, the same compiled kernel every time.
+// Runs `run(args, 0, range)` for each parameter value, the same compiled kernel every time.
 void check_values(const ParamCase& c, const tcap::codegen::cpu_llvm::CpuKernel& ck) {
   for (const auto& [av, bv] : kParamValues) {
     SCOPED_TRACE(c.k.name + " a=" + std::to_string(av) + " b=" + std::to_string(bv));

@@ -541,7 +541,7 @@ std::shared_ptr<const codegen::cpu_llvm::CpuKernel> build_library(const std::str
      << "static void tcap_emu_call(void* const* args, int vec_ok) { tcap_emu_invoke(" << src.entry
      << ", args, vec_ok); }\n"
      << "extern \"C\" void tcap_emu_bind(const tcap_emu_api* api, void* slot) { tcap_emu = api; tcap_emu_slot = slot; }\n"
-     << "extern \"C\" void tcap_emu_entry(void* const* args, int64_t, int64_t) {\n"
+     << "extern \"C\" void tcap_emu_entry(void* const* args, int64_t, int64_t, const int64_t*) {\n"
      << "  tcap_emu->launch(tcap_emu_slot, tcap_emu_call, args);\n}\n";
   const std::string flags = "-std=c++17 -O1 -fPIC -w";
   const std::string key = compiler() + "\n" + flags + "\n" + device_header() + "\n" + tu.str();

@@ -67,7 +67,7 @@ std::vector<BufferExtent> buffer_extents(const kir::Kernel& k);
 bool available(std::string* why = nullptr);
 
 // The kernel as the cuda backend renders it, compiled for the host, as a CPU kernel whose
-// fn(args, 0, 1) runs the whole grid (range 1). Throws c10::Error naming the kernel when
+// run(args, 0, 1) runs the whole grid (range 1). Throws c10::Error naming the kernel when
 // the source does not compile (with the compiler's output) and std::runtime_error from a
 // launch that breaks CUDA's rules (see the Note).
 std::shared_ptr<const codegen::cpu_llvm::CpuKernel> build(const kir::Kernel& k, const Options& o = {});

@@ -11,6 +11,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <chrono>
 #include <mutex>
 #include <unordered_map>
@@ -24,11 +25,27 @@ namespace {
 // Bump whenever the renderer emits different code for the same kernel IR, so that old
 // disk cache entries stop matching (libtcap's build id in the key catches the changes
 // nobody bumped this for; see kernel_cache.h).
-constexpr int kCodegenVersion = 2;  // 2: inline f32 sin/cos (Note [CPU sin and cos])
+constexpr int kCodegenVersion = 3;  // 3: numbers read at launch (Note [Sizes at launch])
+
+// Code for every kernel of one structure whose numbers outside `at_launch` are `numbers`'
+// (planned with `varying`: make_plan).
+struct Variant {
+  std::vector<bool> varying;
+  std::vector<bool> at_launch;
+  std::vector<int64_t> numbers;
+  std::shared_ptr<const CpuKernel> code;
+};
+
+// The kernels of one structure (Note [Sizes at launch]).
+struct Family {
+  std::vector<int64_t> first;  // numbers of the first kernel, compiled with them built in
+  std::vector<Variant> variants;
+};
 
 struct Backend {
   std::mutex mu;  // the maps and stats
   std::unordered_map<std::string, std::shared_ptr<const CpuKernel>> memory;  // full key text -> kernel
+  std::unordered_map<std::string, Family> families;                          // structure key -> family
   CpuLlvmStats stats;
   KeyLocks key_locks;
 };
@@ -45,6 +62,11 @@ CpuJit& jit_or_throw() {
   return *jit;
 }
 
+std::string key_prefix(const CpuJit& jit) {
+  return "tcap cpu_llvm codegen " + std::to_string(kCodegenVersion) + "\nbuild " + library_build_id() + "\n" +
+         jit.target_key() + "\n";
+}
+
 // See Note [Kernel cache files] in kernel_cache.h.
 std::string cache_key(const kir::Kernel& k, const CpuJit& jit) {
   // Neither the kernel's name nor its buffers' names (graph value names) change the
@@ -53,51 +75,42 @@ std::string cache_key(const kir::Kernel& k, const CpuJit& jit) {
   kir::Kernel anonymous = k;
   anonymous.name.clear();
   for (kir::Buffer& b : anonymous.buffers) b.name.clear();
-  return "tcap cpu_llvm codegen " + std::to_string(kCodegenVersion) + "\nbuild " + library_build_id() + "\n" +
-         jit.target_key() + "\n" + kir::to_string(anonymous);
+  return key_prefix(jit) + kir::to_string(anonymous);
+}
+
+// The key of code planned with `varying` that reads `plan.at_launch` at launch and has
+// the other numbers built in.
+std::string variant_key(const std::string& structure, const std::vector<bool>& varying, const KernelPlan& plan,
+                        const std::vector<int64_t>& numbers) {
+  std::string s = structure + "numbers";
+  for (size_t i = 0; i < numbers.size(); ++i) {
+    s += " " + (plan.at_launch[i] ? std::string("?") : std::to_string(numbers[i])) + (varying[i] ? "*" : "");
+  }
+  return s;
 }
 
 std::string symbol_for(const std::string& key_hash) { return "tcap_k_" + key_hash; }
 
-}  // namespace
-
-bool cpu_llvm_available(std::string* why) { return CpuJit::get(why) != nullptr; }
-
-std::shared_ptr<const CpuKernel> compile_cpu_kernel(const kir::Kernel& k) {
-  const auto t0 = std::chrono::steady_clock::now();
+// Compiles `plan`'s code for k under `key` (or loads it from the disk cache) into out:
+// fn, name, key_hash, llvm_ir, from_disk.
+void build(const kir::Kernel& k, const KernelPlan& plan, const std::string& key, CpuJit& jit, CpuKernel& out) {
   Backend& be = backend();
-  CpuJit& jit = jit_or_throw();
-  const std::string key = cache_key(k, jit);
-  // Note [Parallel kernel compilation]; be.mu only guards the maps and stats.
-  std::lock_guard<std::mutex> key_lock(be.key_locks.of(key));
-  {
-    std::lock_guard<std::mutex> lock(be.mu);
-    if (auto it = be.memory.find(key); it != be.memory.end()) {
-      ++be.stats.memory_hits;
-      return it->second;
-    }
-  }
   auto count = [&be](int CpuLlvmStats::*field) {
     std::lock_guard<std::mutex> lock(be.mu);
     ++(be.stats.*field);
   };
-  const KernelPlan plan = make_plan(k, jit.target());  // throws on unsupported kernels
   TORCH_CHECK(jit.target_runnable(), "tcap cpu_llvm: kernel ", k.name,
               ": the testing vector width is wider than this CPU runs; use cpu_kernel_llvm_ir");
-  auto out = std::make_shared<CpuKernel>();
-  out->key_hash = kir::hash_hex(kir::fnv1a(key));
-  out->name = symbol_for(out->key_hash);
-  out->range = k.parallel_range();
-  out->grain = plan.grain;
-
-  const std::string path = cache_file_path(Config::get().cache_dir, out->key_hash);
+  out.key_hash = kir::hash_hex(kir::fnv1a(key));
+  out.name = symbol_for(out.key_hash);
+  const std::string path = cache_file_path(Config::get().cache_dir, out.key_hash);
   CacheEntry entry;
   std::string why;
   CacheRead read = read_cache_file(path, key, &entry, &why);
   if (read == CacheRead::Hit) {
     try {
-      out->fn = jit.load(out->name, entry.object);
-      out->from_disk = true;
+      out.fn = jit.load(out.name, entry.object);
+      out.from_disk = true;
       count(&CpuLlvmStats::disk_hits);
     } catch (const c10::Error& e) {
       read = CacheRead::Corrupt;
@@ -110,21 +123,130 @@ std::shared_ptr<const CpuKernel> compile_cpu_kernel(const kir::Kernel& k) {
                                            << "); recompiling");
     ::unlink(path.c_str());
   }
-  if (!out->fn) {
-    CompiledKernel compiled = jit.compile(k, plan, out->name, /*want_object=*/true);
+  if (!out.fn) {
+    CompiledKernel compiled = jit.compile(k, plan, out.name, /*want_object=*/true);
     entry.object = std::move(compiled.object);
     entry.ir = std::move(compiled.ir);
-    out->fn = jit.load(out->name, entry.object);
+    out.fn = jit.load(out.name, entry.object);
     count(&CpuLlvmStats::compiled);
+    if (!plan.at_launch.empty()) count(&CpuLlvmStats::compiled_at_launch);
     if (!write_cache_file(path, key, entry, &why)) {
       TCAP_LOG(Perf, "cpu_llvm: kernel " << k.name << " not written to the disk cache: " << why);
     }
   }
-  out->llvm_ir = std::move(entry.ir);
+  out.llvm_ir = std::make_shared<const std::string>(std::move(entry.ir));
+}
+
+// The numbers a new variant of `f` takes as varying so that it serves `numbers`: those
+// that differ from the first kernel's, and those earlier variants took. Empty when a
+// number that differs cannot be read at launch (or none differs).
+std::vector<bool> widen(const Family& f, const std::vector<int64_t>& numbers, const kir::Kernel& k,
+                        const NumberSlots& slots) {
+  if (f.first.size() != numbers.size()) return {};
+  std::vector<bool> m(numbers.size(), false);
+  bool any = false;
+  for (size_t i = 0; i < numbers.size(); ++i) {
+    m[i] = f.first[i] != numbers[i];
+    for (const Variant& v : f.variants) m[i] = m[i] || v.varying[i];
+    if (m[i] && !may_read_at_launch(k, slots, static_cast<int32_t>(i))) return {};
+    any = any || m[i];
+  }
+  return any ? m : std::vector<bool>{};
+}
+
+bool serves(const Variant& v, const std::vector<int64_t>& numbers) {
+  if (v.numbers.size() != numbers.size()) return false;
+  for (size_t i = 0; i < numbers.size(); ++i) {
+    if (!v.at_launch[i] && v.numbers[i] != numbers[i]) return false;
+  }
+  return true;
+}
+
+// The plan's sizes, those seen to vary as "?".
+std::string varying_sizes(const KernelPlan& p, const std::vector<bool>& varying) {
+  std::string s;
+  for (int d = 0; d < p.rank(); ++d) {
+    const bool v = varying[static_cast<size_t>(d)];
+    s += (d ? ", " : "") + (v ? std::string("?") : std::to_string(p.sizes[static_cast<size_t>(d)]));
+  }
+  return "[" + s + "]";
+}
+
+}  // namespace
+
+bool cpu_llvm_available(std::string* why) { return CpuJit::get(why) != nullptr; }
+
+std::shared_ptr<const CpuKernel> compile_cpu_kernel(const kir::Kernel& k) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Backend& be = backend();
+  CpuJit& jit = jit_or_throw();
+  const std::string key = cache_key(k, jit);
+  auto memory_hit = [&]() -> std::shared_ptr<const CpuKernel> {
+    std::lock_guard<std::mutex> lock(be.mu);
+    auto it = be.memory.find(key);
+    if (it == be.memory.end()) return nullptr;
+    ++be.stats.memory_hits;
+    return it->second;
+  };
+  if (auto hit = memory_hit()) return hit;
+  const KernelPlan plan = make_plan(k, jit.target());  // throws on unsupported kernels
+  const std::string structure = key_prefix(jit) + kernel_structure(k, plan);
+  // Note [Parallel kernel compilation]: kernels of one structure compile one at a time (a
+  // later size is then served by code an earlier one compiled); be.mu only guards the
+  // maps and stats.
+  std::lock_guard<std::mutex> structure_lock(be.key_locks.of(structure));
+  if (auto hit = memory_hit()) return hit;
+  const NumberSlots slots = number_slots(k, plan);
+  auto out = std::make_shared<CpuKernel>();
+  out->range = k.parallel_range();
+  out->grain = plan.grain;
+  out->numbers = kernel_numbers(k, plan, slots);
+
+  // Note [Sizes at launch]: code of this structure compiled for other sizes, or a reason
+  // to compile such code now.
+  std::vector<bool> varying;
+  {
+    std::lock_guard<std::mutex> lock(be.mu);
+    Family& f = be.families[structure];
+    for (const Variant& v : f.variants) {
+      if (!serves(v, out->numbers)) continue;
+      out->fn = v.code->fn;
+      out->name = v.code->name;
+      out->key_hash = v.code->key_hash;
+      out->llvm_ir = v.code->llvm_ir;
+      out->numbers_at_launch = v.code->numbers_at_launch;
+      ++be.stats.served_at_launch;
+      be.memory.emplace(key, out);
+      return out;
+    }
+    if (f.first.empty()) {
+      f.first = out->numbers;
+    } else {
+      varying = widen(f, out->numbers, k, slots);
+    }
+  }
+  const KernelPlan launch_plan = varying.empty() ? KernelPlan{} : make_plan(k, jit.target(), {}, &varying);
+  if (!varying.empty()) {
+    const std::string vkey = variant_key(structure, varying, launch_plan, out->numbers);
+    build(k, launch_plan, vkey, jit, *out);
+    out->numbers_at_launch =
+        static_cast<int>(std::count(launch_plan.at_launch.begin(), launch_plan.at_launch.end(), true));
+    out->grain = launch_plan.grain;
+    std::lock_guard<std::mutex> lock(be.mu);
+    be.families[structure].variants.push_back({varying, launch_plan.at_launch, out->numbers, out});
+  } else {
+    build(k, plan, key, jit, *out);
+  }
   out->compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const KernelPlan& used = varying.empty() ? plan : launch_plan;
   TCAP_LOG(Perf, "cpu_llvm: " << k.name << " -> " << out->name << (out->from_disk ? " loaded from disk" : " compiled")
                               << " in " << out->compile_ms << " ms");
-  TCAP_LOG(Fusion, "cpu_llvm: " << k.name << " -> " << out->name << ": " << to_string(plan));
+  if (!varying.empty()) {
+    TCAP_LOG(Perf, "cpu_llvm: " << k.name << ": a kernel of its structure was compiled for other sizes; this code "
+                                << "reads its sizes, strides and offsets at launch (sizes " << varying_sizes(used, varying)
+                                << ", ? seen to vary) and serves every later size (Note [Sizes at launch])");
+  }
+  TCAP_LOG(Fusion, "cpu_llvm: " << k.name << " -> " << out->name << ": " << to_string(used));
   std::lock_guard<std::mutex> lock(be.mu);
   be.memory.emplace(key, out);
   return out;
@@ -168,6 +290,7 @@ void cpu_llvm_clear_memory_cache_for_testing() {
   Backend& be = backend();
   std::lock_guard<std::mutex> lock(be.mu);
   be.memory.clear();
+  be.families.clear();
 }
 
 void cpu_llvm_set_vector_bits_for_testing(int bits) {

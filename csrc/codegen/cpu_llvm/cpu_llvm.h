@@ -3,12 +3,30 @@
 // tests) never see LLVM types; LLVM's headers stay inside codegen/cpu_llvm/.
 //
 // Calling convention of a compiled kernel:
-//   void fn(void* const* args, int64_t begin, int64_t end);
+//   void fn(void* const* args, int64_t begin, int64_t end, const int64_t* numbers);
 // args[b] is the data pointer of kernel buffer b (the first element the kernel's
-// offsets and strides are relative to). The kernel computes iterations [begin, end) of
+// offsets and strides are relative to); `numbers` are the kernel's sizes, offsets,
+// strides and constants (Note [Kernel numbers] in plan.h), of which the code reads those
+// it was compiled to read at launch (CpuKernel::run passes the kernel's own). The kernel computes iterations [begin, end) of
 // kir::Kernel::parallel_range(): elements in row-major domain order for a kernel without
 // reduce dims, outer indices (row-major over the outer dims) otherwise. Disjoint ranges
 // may run concurrently on different threads (the runtime splits with at::parallel_for).
+//
+// Note [Sizes at launch]
+// The first kernel of a structure (its IR with every number left out, Note [Kernel
+// numbers] in plan.h) is compiled with its numbers built in. A second kernel of the same
+// structure with other numbers (the same fused group at another batch size or sequence
+// length: a dynamic entry specialized to new sizes) is compiled once more, as code that
+// reads every size, offset and stride at launch, and the constants that differed (a
+// mean's 1/n); that code serves every later kernel of the structure whose other
+// constants are the same: two compiles per structure, whatever the number of sizes. A
+// kernel whose constants differ elsewhere widens the set (the union of what differed), as
+// automatic dynamic shapes widen. Plan decisions that depend on a size (vector body,
+// unroll) take a size that varied as large and one that did not as it is; every decision
+// is correct at any size, the loops' tails covering small ones. Only F32 and F64
+// constants are read at launch; a kernel whose other constants differ compiles with them.
+// A size of 1 changes the structure (the dim coalesces away), as it does for
+// torch.compile's specialization of sizes 0 and 1.
 //
 // Kernels are cached in memory (per process) and on disk under
 // <TCAP_CACHE_DIR or ~/.cache/tcap>/kernels/, keyed by the kernel IR's canonical text,
@@ -21,19 +39,26 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace tcap::codegen::cpu_llvm {
 
 struct CpuKernel {
-  using Fn = void (*)(void* const* args, int64_t begin, int64_t end);
+  using Fn = void (*)(void* const* args, int64_t begin, int64_t end, const int64_t* numbers);
   Fn fn = nullptr;
   std::string name;        // the symbol in the JIT
-  std::string key_hash;    // hex hash of the cache key
+  std::string key_hash;    // hex hash of the cache key of the code
+  std::vector<int64_t> numbers;  // the kernel's numbers in slot order (Note [Kernel numbers])
+  int numbers_at_launch = 0;     // how many of them the code reads at launch (0: all built in)
   int64_t range = 0;       // kernel.parallel_range()
   int64_t grain = 1;       // suggested at::parallel_for grain size (iterations)
   double compile_ms = 0;   // wall time of compile() for this kernel (0 on a memory hit)
   bool from_disk = false;  // loaded from the disk cache (no LLVM optimisation ran)
-  std::string llvm_ir;     // the optimised LLVM IR text (for TCAP_DUMP_DIR)
+  // The optimised LLVM IR text (for TCAP_DUMP_DIR), shared by the kernels one code serves.
+  std::shared_ptr<const std::string> llvm_ir;
+
+  // Iterations [begin, end) of the kernel.
+  void run(void* const* args, int64_t begin, int64_t end) const { fn(args, begin, end, numbers.data()); }
 };
 
 struct CpuLlvmStats {
@@ -41,6 +66,8 @@ struct CpuLlvmStats {
   int disk_hits = 0;
   int compiled = 0;
   int corrupt_cache_files = 0;  // rejected and rebuilt
+  int compiled_at_launch = 0;   // of `compiled`, code reading sizes at launch (Note [Sizes at launch])
+  int served_at_launch = 0;     // kernels served by such code, compiled for other sizes
 };
 
 // Whether the backend can run here (built with LLVM, host target initialised). When it
@@ -61,8 +88,8 @@ std::string cpu_kernel_llvm_ir(const kir::Kernel& k);
 std::string cpu_target_description();
 
 CpuLlvmStats cpu_llvm_stats();
-// For tests: forget the in-memory cache (the disk cache stays), so the next compile of a
-// kernel goes to disk.
+// For tests: forget the in-memory cache and the structures seen (the disk cache stays), as
+// a fresh process would, so the next compile of a kernel goes to disk.
 void cpu_llvm_clear_memory_cache_for_testing();
 
 }  // namespace tcap::codegen::cpu_llvm

@@ -28,6 +28,14 @@ class ValueEmitter {
  public:
   ValueEmitter(llvm::IRBuilder<>& b, llvm::Module& m, const TargetInfo& t) : b_(b), m_(m), t_(t) {}
 
+  // Per value id: a Const whose value the launch gives (Note [Sizes at launch]); the
+  // emitter must not use such a value as a literal (pow's special exponents, bounds).
+  std::vector<bool> launch_consts;
+  bool literal(const kir::Kernel& k, int32_t v) const {
+    const size_t i = static_cast<size_t>(v);
+    return k.instrs[i].op == kir::OpCode::Const && (i >= launch_consts.size() || !launch_consts[i]);
+  }
+
   static int lanes_of(llvm::Value* v);
   // Register type of a dtype (see the Note) and its in-memory element type.
   llvm::Type* scalar_type(kir::DType t) const;

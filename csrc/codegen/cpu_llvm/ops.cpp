@@ -203,7 +203,7 @@ namespace {
 // instructions up to `v` (operands come before their users). A float type's rounding may
 // move a bound slightly, but never across +-1 (representable, and rounding is monotonic),
 // which is what within_one needs.
-std::pair<double, double> bounds(const kir::Kernel& k, int32_t v) {
+std::pair<double, double> bounds(const kir::Kernel& k, int32_t v, const std::vector<bool>& launch_consts) {
   constexpr double inf = std::numeric_limits<double>::infinity();
   std::vector<std::pair<double, double>> b(static_cast<size_t>(v) + 1, {-inf, inf});
   for (size_t i = 0; i < b.size(); ++i) {
@@ -212,6 +212,7 @@ std::pair<double, double> bounds(const kir::Kernel& k, int32_t v) {
     auto arg = [&](size_t a) { return b[static_cast<size_t>(in.args[a])]; };
     switch (in.op) {
       case OpCode::Const:
+        if (i < launch_consts.size() && launch_consts[i]) break;  // any value
         if (in.dtype == DType::F64) b[i] = {in.f, in.f};
         if (in.dtype == DType::F32) b[i] = {static_cast<float>(in.f), static_cast<float>(in.f)};
         break;
@@ -239,8 +240,8 @@ std::pair<double, double> bounds(const kir::Kernel& k, int32_t v) {
 
 // Whether every non-NaN value of instruction `v` lies in [-1, 1]: sin, cos, tanh, erf,
 // clamp(x, -1, 1), and what negation, abs, min, max, where and float casts make of them.
-bool within_one(const kir::Kernel& k, int32_t v) {
-  const auto [lo, hi] = bounds(k, v);
+bool within_one(const kir::Kernel& k, int32_t v, const std::vector<bool>& launch_consts) {
+  const auto [lo, hi] = bounds(k, v, launch_consts);
   return lo >= -1.0 && hi <= 1.0;
 }
 
@@ -257,7 +258,7 @@ Value* ValueEmitter::float_op(const kir::Kernel& k, const kir::Instr& in, const 
     case OpCode::Sin:
     case OpCode::Cos:
       if (a->getType()->getScalarType()->isFloatTy() && t_.has_fma) {
-        return sin_cos_f32(in.op, a, within_one(k, in.args[0]));
+        return sin_cos_f32(in.op, a, within_one(k, in.args[0], launch_consts));
       }
       return math(in.op, a, nullptr);
     case OpCode::Exp:
@@ -296,7 +297,7 @@ Value* ValueEmitter::float_op(const kir::Kernel& k, const kir::Instr& in, const 
 // keeps results bit-identical (and fast) for x**2, x**0.5, 1/x ...
 Value* ValueEmitter::pow(const kir::Kernel& k, const kir::Instr& in, Value* x, Value* y) {
   const kir::Instr& e = k.instrs[static_cast<size_t>(in.args[1])];
-  if (e.op == OpCode::Const) {
+  if (literal(k, in.args[1])) {
     const double p = in.dtype == DType::F64 ? e.f : static_cast<double>(static_cast<float>(e.f));
     Value* one = llvm::ConstantFP::get(x->getType(), 1.0);
     if (p == 2.0) return b_.CreateFMul(x, x);

@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cstring>
 #include <sstream>
 
 namespace tcap::codegen::cpu_llvm {
@@ -22,7 +23,8 @@ const char* to_string(LoopMode m) {
   return "?";
 }
 
-KernelPlan make_plan(const kir::Kernel& k, const TargetInfo& t, const PlanOptions& o) {
+KernelPlan make_plan(const kir::Kernel& k, const TargetInfo& t, const PlanOptions& o,
+                     const std::vector<bool>* varying) {
   kir::check_renderable(k, "cpu_llvm", "CPU");
   KernelPlan p;
   p.elem = kir::element_level(k);
@@ -37,6 +39,15 @@ KernelPlan make_plan(const kir::Kernel& k, const TargetInfo& t, const PlanOption
   std::vector<int32_t> load_ids;
   for (size_t v = 0; v < k.instrs.size(); ++v) {
     if (k.instrs[v].op == kir::OpCode::Load) load_ids.push_back(static_cast<int32_t>(v));
+  }
+  if (varying) {
+    const NumberSlots slots = number_slots(k, p);
+    TORCH_INTERNAL_ASSERT(varying->size() == static_cast<size_t>(slots.count), "cpu_llvm: a mask of ",
+                          varying->size(), " numbers for a kernel of ", slots.count);
+    p.at_launch.assign(varying->size(), true);
+    for (size_t v = 0; v < k.instrs.size(); ++v) {
+      if (slots.value[v] >= 0) p.at_launch[static_cast<size_t>(slots.value[v])] = (*varying)[static_cast<size_t>(slots.value[v])];
+    }
   }
 
   // Passes (reductions only): pass q computes the Reduces whose operand has level q and
@@ -56,10 +67,15 @@ KernelPlan make_plan(const kir::Kernel& k, const TargetInfo& t, const PlanOption
   }
   const int vmax = std::max(1, t.vector_bits / bits);
   const int last = p.rank() - 1;
+  // A size seen to vary may be any size: decide as for a large one.
+  auto at_least = [&p, varying](int d, int64_t n) {
+    const size_t sd = static_cast<size_t>(d);
+    return (varying && (*varying)[sd]) || p.sizes[sd] >= n;
+  };
 
   if (nr == 0) {
     p.mode = LoopMode::Pointwise;
-    if (vmax > 1 && p.sizes[static_cast<size_t>(last)] >= vmax) {
+    if (vmax > 1 && at_least(last, vmax)) {
       p.lane_dim = last;
       p.vf = vmax;
     }
@@ -84,8 +100,8 @@ KernelPlan make_plan(const kir::Kernel& k, const TargetInfo& t, const PlanOption
     }
     outer_unit = outer_unit && is_unit(a.strides[static_cast<size_t>(olast)]);
   }
-  const bool big_inner = vmax > 1 && p.sizes[static_cast<size_t>(last)] >= vmax;
-  const bool big_outer = vmax > 1 && p.sizes[static_cast<size_t>(olast)] >= vmax;
+  const bool big_inner = vmax > 1 && at_least(last, vmax);
+  const bool big_outer = vmax > 1 && at_least(olast, vmax);
   p.mode = LoopMode::ReduceInner;
   if (big_inner && inner_unit) {
     p.lane_dim = last;
@@ -104,11 +120,101 @@ KernelPlan make_plan(const kir::Kernel& k, const TargetInfo& t, const PlanOption
   // each row of a column reduction reads whole cache lines.
   const bool unit = p.mode == LoopMode::ReduceInner ? inner_unit : outer_unit;
   if (p.vf > 1 && unit) {
-    const int64_t n = p.sizes[static_cast<size_t>(p.lane_dim)];
-    while (p.unroll * 2 <= o.max_unroll && n >= int64_t{2} * p.unroll * p.vf) p.unroll *= 2;
+    while (p.unroll * 2 <= o.max_unroll && at_least(p.lane_dim, int64_t{2} * p.unroll * p.vf)) p.unroll *= 2;
   }
   p.grain = std::max<int64_t>(1, o.chunk_work / std::max<int64_t>(1, k.reduce_numel()));
   return p;
+}
+
+NumberSlots number_slots(const kir::Kernel& k, const KernelPlan& p) {
+  NumberSlots s;
+  int32_t next = p.rank();
+  const int32_t access = 1 + p.rank();
+  s.load.assign(k.instrs.size(), -1);
+  s.value.assign(k.instrs.size(), -1);
+  for (size_t v = 0; v < k.instrs.size(); ++v) {
+    if (k.instrs[v].op == kir::OpCode::Load) {
+      s.load[v] = next;
+      next += access;
+    }
+  }
+  for (size_t i = 0; i < k.stores.size(); ++i) {
+    s.store.push_back(next);
+    next += access;
+  }
+  for (size_t v = 0; v < k.instrs.size(); ++v) {
+    if (k.instrs[v].op == kir::OpCode::Const) s.value[v] = next++;
+  }
+  s.count = next;
+  return s;
+}
+
+std::vector<int64_t> kernel_numbers(const kir::Kernel& k, const KernelPlan& p, const NumberSlots& slots) {
+  std::vector<int64_t> n(static_cast<size_t>(slots.count), 0);
+  for (int d = 0; d < p.rank(); ++d) n[static_cast<size_t>(d)] = p.sizes[static_cast<size_t>(d)];
+  auto put = [&n](int32_t at, const Access& a) {
+    n[static_cast<size_t>(at)] = a.offset;
+    for (size_t d = 0; d < a.strides.size(); ++d) n[static_cast<size_t>(at) + 1 + d] = a.strides[d];
+  };
+  for (size_t v = 0; v < k.instrs.size(); ++v) {
+    const kir::Instr& in = k.instrs[v];
+    if (slots.load[v] >= 0) put(slots.load[v], p.loads[v]);
+    if (slots.value[v] >= 0) {
+      int64_t bits = in.i;
+      if (kir::is_floating(in.dtype)) std::memcpy(&bits, &in.f, sizeof bits);
+      n[static_cast<size_t>(slots.value[v])] = bits;
+    }
+  }
+  for (size_t i = 0; i < k.stores.size(); ++i) put(slots.store[i], p.stores[i]);
+  return n;
+}
+
+namespace {
+
+void classes(std::ostringstream& os, const Access& a) {
+  os << " [";
+  for (int64_t s : a.strides) os << (s == 0 ? '0' : s == 1 ? '1' : 'x');
+  os << "]";
+}
+
+}  // namespace
+
+std::string kernel_structure(const kir::Kernel& k, const KernelPlan& p) {
+  std::ostringstream os;
+  os << "rank=" << p.rank() << " outer=" << p.num_outer << "\n";
+  for (const kir::Buffer& b : k.buffers) {
+    os << (b.param ? "param " : b.is_output ? "out " : "in ") << kir::to_string(b.dtype) << "\n";
+  }
+  for (size_t v = 0; v < k.instrs.size(); ++v) {
+    const kir::Instr& in = k.instrs[v];
+    os << kir::to_string(in.op) << "." << kir::to_string(in.dtype) << (p.elem[v] ? " e" : " o");
+    for (int32_t a : in.args) os << " %" << a;
+    if (in.op == kir::OpCode::Load) {
+      os << " buf" << in.buffer;
+      classes(os, p.loads[v]);
+    }
+    os << "\n";
+  }
+  for (size_t i = 0; i < k.stores.size(); ++i) {
+    os << "store buf" << k.stores[i].buffer << " <- %" << k.stores[i].value;
+    classes(os, p.stores[i]);
+    os << "\n";
+  }
+  return os.str();
+}
+
+bool may_read_at_launch(const kir::Kernel& k, const NumberSlots& slots, int32_t slot) {
+  for (size_t v = 0; v < k.instrs.size(); ++v) {
+    if (slots.value[v] != slot) continue;
+    if (k.instrs[v].dtype != kir::DType::F32 && k.instrs[v].dtype != kir::DType::F64) return false;
+    // pow's exponent: a literal one picks ATen's special cases (x * x for 2), which keep
+    // results bit-identical to eager's.
+    for (const kir::Instr& in : k.instrs) {
+      if (in.op == kir::OpCode::Pow && in.args.size() == 2 && in.args[1] == static_cast<int32_t>(v)) return false;
+    }
+    return true;
+  }
+  return true;  // a size, an offset, or a stride (one that differs between kernels of a structure is of class other)
 }
 
 std::string to_string(const KernelPlan& p) {
@@ -117,6 +223,8 @@ std::string to_string(const KernelPlan& p) {
      << " sizes=[";
   for (size_t d = 0; d < p.sizes.size(); ++d) os << (d ? ", " : "") << p.sizes[d];
   os << "] outer_dims=" << p.num_outer << " passes=" << p.num_passes << " grain=" << p.grain;
+  const auto read = std::count(p.at_launch.begin(), p.at_launch.end(), true);
+  if (read > 0) os << " numbers_at_launch=" << read;
   return os.str();
 }
 

@@ -50,6 +50,9 @@ struct KernelPlan {
   int unroll = 1;              // ReduceInner: vector accumulators per Reduce;
                                // ReduceOuter: vectors of outer indices per block
   int64_t grain = 1;           // at::parallel_for grain (iterations of parallel_range)
+  // Per number slot (Note [Kernel numbers]), whether the code reads it from the launch's
+  // numbers (Note [Sizes at launch] in cpu_llvm.h). Empty: every number is built in.
+  std::vector<bool> at_launch;
 
   bool is_reduction() const { return mode != LoopMode::Pointwise; }
   int rank() const { return static_cast<int>(sizes.size()); }
@@ -68,8 +71,40 @@ struct PlanOptions {
   int max_unroll = 4;
 };
 
-// Plans a kernel for a target. Calls kir::check_renderable first.
-KernelPlan make_plan(const kir::Kernel& k, const TargetInfo& t, const PlanOptions& o = {});
+// Plans a kernel for a target. Calls kir::check_renderable first. With `varying` (a mask
+// over number_slots: the numbers seen to differ between kernels of k's structure), the
+// code reads every size, offset and stride at launch, and the constants `varying` marks;
+// a decision that depends on a size (a vector body, the unroll) is taken with k's size
+// where that size is not marked, and as for a large size where it is. Every decision is
+// correct at any size (the loops' tails cover small ones), so the code serves every
+// kernel of the structure whose constants not read at launch are k's.
+KernelPlan make_plan(const kir::Kernel& k, const TargetInfo& t, const PlanOptions& o = {},
+                     const std::vector<bool>* varying = nullptr);
+
+// Note [Kernel numbers]
+// Where a kernel's numbers live, one int64 slot each: the plan's (coalesced) sizes at
+// slots [0, rank); for each Load, its offset and then one stride per plan dim; the same
+// for each Store; for each Const, its value (an integer's value, a float's double bits).
+// Two kernels of one `structure` (their text with every number left out, and each
+// stride's class: 0, 1 or other) differ only in these numbers, so code that reads the
+// numbers that differ at launch serves both.
+struct NumberSlots {
+  std::vector<int32_t> load;   // value id -> slot of the Load's offset (its strides follow); -1
+  std::vector<int32_t> store;  // store index -> slot of its offset (its strides follow)
+  std::vector<int32_t> value;  // value id -> slot of a Const's value; -1
+  int32_t count = 0;
+};
+NumberSlots number_slots(const kir::Kernel& k, const KernelPlan& p);
+// The numbers of kernel k as planned by p, in slot order.
+std::vector<int64_t> kernel_numbers(const kir::Kernel& k, const KernelPlan& p, const NumberSlots& slots);
+// The canonical text of k without its numbers (and without names): what a kernel shares
+// with every kernel its code can serve when all its numbers are read at launch.
+std::string kernel_structure(const kir::Kernel& k, const KernelPlan& p);
+// Whether a number may be read at launch: a size, offset or stride (a stride's class, 0,
+// 1 or other, is part of the structure), an F32 or F64 constant other than a pow's
+// exponent (whose special values are compiled as ATen special-cases them); not another
+// constant.
+bool may_read_at_launch(const kir::Kernel& k, const NumberSlots& slots, int32_t slot);
 
 // One line per decision, for TCAP_LOGS=fusion and test failure messages.
 std::string to_string(const KernelPlan& p);

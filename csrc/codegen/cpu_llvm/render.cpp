@@ -64,7 +64,14 @@ struct Index {
 class Renderer {
  public:
   Renderer(const kir::Kernel& k, const KernelPlan& p, const TargetInfo& t, llvm::Module& m)
-      : k_(k), p_(p), t_(t), m_(m), b_(m.getContext()), ops_(b_, m, t) {}
+      : k_(k), p_(p), t_(t), m_(m), b_(m.getContext()), ops_(b_, m, t), slots_(number_slots(k, p)) {
+    launch_values_.assign(static_cast<size_t>(slots_.count), nullptr);
+    ops_.launch_consts.assign(k.instrs.size(), false);
+    for (size_t v = 0; v < k.instrs.size(); ++v) {
+      const int32_t s = slots_.value[v];
+      ops_.launch_consts[v] = s >= 0 && static_cast<size_t>(s) < p.at_launch.size() && p.at_launch[static_cast<size_t>(s)];
+    }
+  }
 
   llvm::Function* render(const std::string& symbol);
 
@@ -76,12 +83,18 @@ class Renderer {
   };
 
   Value* i64(int64_t v) { return b_.getInt64(static_cast<uint64_t>(v)); }
+  // Number `slot` (Note [Sizes at launch]): `literal`, or the launch's number when the
+  // plan reads it at launch.
+  Value* num(int32_t slot, int64_t literal);
+  Value* size(int d) { return num(d, p_.sizes[static_cast<size_t>(d)]); }
+  Value* lane_steps(int32_t stride_slot, int64_t stride, int lanes);
+  Value* launch_constant(int32_t v, int lanes);
   Value* loop(Value* start, Value* limit, int64_t step, const std::function<void(Value*)>& body);
   void decompose(Value* linear, int d0, int d1, Index& idx);
   void walk_rows(int nd, Index& idx, const std::function<void(int lanes)>& run);
   llvm::AllocaInst* entry_alloca(llvm::Type* t);
 
-  Value* offset(const Access& a, const Index& idx);
+  Value* offset(const Access& a, int32_t slot, const Index& idx);
   Value* load(int32_t v, const Index& idx, int lanes);
   void store(size_t s, Value* x, const Index& idx, int lanes);
   Value* value(Block& blk, int32_t v);
@@ -113,7 +126,10 @@ class Renderer {
   llvm::Module& m_;
   llvm::IRBuilder<> b_;
   ValueEmitter ops_;
+  NumberSlots slots_;
   llvm::Function* fn_ = nullptr;
+  Value* numbers_ = nullptr;            // the launch's numbers (ptr to i64)
+  std::vector<Value*> launch_values_;   // per slot, loaded in the entry block once used
   Value* begin_ = nullptr;
   Value* end_ = nullptr;
   std::vector<Value*> bufs_;    // data pointer per kernel buffer
@@ -148,8 +164,8 @@ void Renderer::decompose(Value* linear, int d0, int d1, Index& idx) {
     if (d == d0) {
       idx.iv[static_cast<size_t>(d)] = rest;
     } else {
-      idx.iv[static_cast<size_t>(d)] = b_.CreateURem(rest, i64(p_.sizes[static_cast<size_t>(d)]));
-      rest = b_.CreateUDiv(rest, i64(p_.sizes[static_cast<size_t>(d)]));
+      idx.iv[static_cast<size_t>(d)] = b_.CreateURem(rest, size(d));
+      rest = b_.CreateUDiv(rest, size(d));
     }
   }
 }
@@ -159,7 +175,6 @@ void Renderer::decompose(Value* linear, int d0, int d1, Index& idx) {
 // run(vf) per vector block, then run(1) per tail element.
 void Renderer::walk_rows(int nd, Index& idx, const std::function<void(int lanes)>& run) {
   const int last = nd - 1;
-  const int64_t n = p_.sizes[static_cast<size_t>(last)];
   const int vf = p_.lane_dim == last ? p_.vf : 1;
   const int wide = p_.mode == LoopMode::ReduceOuter ? vf * p_.unroll : vf;
   auto inner = [&](Value* j0, Value* j1) {
@@ -185,13 +200,14 @@ void Renderer::walk_rows(int nd, Index& idx, const std::function<void(int lanes)
     inner(begin_, end_);
     return;
   }
-  Value* r0 = b_.CreateUDiv(begin_, i64(n));
-  Value* r1 = b_.CreateAdd(b_.CreateUDiv(b_.CreateSub(end_, i64(1)), i64(n)), i64(1));
+  Value* n = size(last);
+  Value* r0 = b_.CreateUDiv(begin_, n);
+  Value* r1 = b_.CreateAdd(b_.CreateUDiv(b_.CreateSub(end_, i64(1)), n), i64(1));
   loop(r0, r1, 1, [&](Value* r) {
-    Value* rs = b_.CreateMul(r, i64(n));
+    Value* rs = b_.CreateMul(r, n);
     Value* j0 = b_.CreateSelect(b_.CreateICmpSGT(begin_, rs), b_.CreateSub(begin_, rs), i64(0));
     Value* rem = b_.CreateSub(end_, rs);
-    Value* j1 = b_.CreateSelect(b_.CreateICmpSLT(rem, i64(n)), rem, i64(n));
+    Value* j1 = b_.CreateSelect(b_.CreateICmpSLT(rem, n), rem, n);
     decompose(r, 0, last, idx);
     inner(j0, j1);
   });
@@ -203,14 +219,45 @@ llvm::AllocaInst* Renderer::entry_alloca(llvm::Type* t) {
   return tmp.CreateAlloca(t);
 }
 
+Value* Renderer::num(int32_t slot, int64_t literal) {
+  const size_t s = static_cast<size_t>(slot);
+  if (s >= p_.at_launch.size() || !p_.at_launch[s]) return i64(literal);
+  if (!launch_values_[s]) {
+    llvm::BasicBlock& entry = fn_->getEntryBlock();
+    TORCH_INTERNAL_ASSERT(entry.getTerminator(), "cpu_llvm: a number read before the entry block is complete");
+    llvm::IRBuilder<> tmp(entry.getTerminator());
+    Value* at = tmp.CreateConstInBoundsGEP1_64(b_.getInt64Ty(), numbers_, s);
+    launch_values_[s] = tmp.CreateAlignedLoad(b_.getInt64Ty(), at, llvm::Align(8), "n" + std::to_string(s));
+  }
+  return launch_values_[s];
+}
+
+// The lane offsets <0, s, 2s, ...> of a gather or scatter with stride s (slot stride_slot).
+Value* Renderer::lane_steps(int32_t stride_slot, int64_t stride, int lanes) {
+  std::vector<llvm::Constant*> steps;
+  for (int l = 0; l < lanes; ++l) steps.push_back(b_.getInt64(static_cast<uint64_t>(l)));
+  Value* iota = llvm::ConstantVector::get(steps);
+  return b_.CreateMul(ops_.splat(num(stride_slot, stride), lanes), iota);
+}
+
+// A Const whose value the launch gives (Note [Sizes at launch]): its double bits, rounded
+// to the instruction's dtype as ValueEmitter::constant rounds a literal.
+Value* Renderer::launch_constant(int32_t v, int lanes) {
+  const kir::Instr& in = k_.instrs[static_cast<size_t>(v)];
+  Value* x = b_.CreateBitCast(num(slots_.value[static_cast<size_t>(v)], 0), b_.getDoubleTy());
+  if (in.dtype == kir::DType::F32) x = b_.CreateFPTrunc(x, b_.getFloatTy());
+  return ops_.splat(x, lanes);
+}
+
 // offset + sum_d iv[d] * stride[d], outer dims first so LICM can hoist the invariant part.
-Value* Renderer::offset(const Access& a, const Index& idx) {
-  Value* off = i64(a.offset);
+// `slot`: the access's first number slot (its offset; the strides follow).
+Value* Renderer::offset(const Access& a, int32_t slot, const Index& idx) {
+  Value* off = num(slot, a.offset);
   for (size_t d = 0; d < a.strides.size(); ++d) {
     const int64_t s = a.strides[d];
     if (s == 0) continue;
     TORCH_INTERNAL_ASSERT(idx.iv[d], "cpu_llvm: access with a stride on an unbound dim");
-    Value* term = s == 1 ? idx.iv[d] : b_.CreateMul(idx.iv[d], i64(s), "", false, true);
+    Value* term = s == 1 ? idx.iv[d] : b_.CreateMul(idx.iv[d], num(slot + 1 + static_cast<int32_t>(d), s), "", false, true);
     off = b_.CreateAdd(off, term, "", false, true);
   }
   return off;
@@ -222,7 +269,8 @@ Value* Renderer::load(int32_t v, const Index& idx, int lanes) {
   llvm::Type* mt = ops_.memory_type(in.dtype);
   const llvm::Align align(static_cast<uint64_t>(kir::dtype_size(in.dtype)));
   Value* base = bufs_[static_cast<size_t>(in.buffer)];
-  Value* off = offset(a, idx);
+  const int32_t slot = slots_.load[static_cast<size_t>(v)];
+  Value* off = offset(a, slot, idx);
   const int64_t s = lanes > 1 ? a.strides[static_cast<size_t>(p_.lane_dim)] : 0;
   if (s == 0) {
     Value* x = ops_.from_memory(b_.CreateAlignedLoad(mt, b_.CreateGEP(mt, base, off), align), in.dtype);
@@ -233,9 +281,7 @@ Value* Renderer::load(int32_t v, const Index& idx, int lanes) {
   if (s == 1) {
     x = b_.CreateAlignedLoad(vt, b_.CreateGEP(mt, base, off), align);
   } else {
-    std::vector<llvm::Constant*> steps;
-    for (int l = 0; l < lanes; ++l) steps.push_back(b_.getInt64(static_cast<uint64_t>(s * l)));
-    Value* offs = b_.CreateAdd(ops_.splat(off, lanes), llvm::ConstantVector::get(steps));
+    Value* offs = b_.CreateAdd(ops_.splat(off, lanes), lane_steps(slot + 1 + p_.lane_dim, s, lanes));
     x = b_.CreateMaskedGather(vt, b_.CreateGEP(mt, base, offs), align);
   }
   return ops_.from_memory(x, in.dtype);
@@ -250,7 +296,8 @@ void Renderer::store(size_t si, Value* x, const Index& idx, int lanes) {
   Value* base = bufs_[static_cast<size_t>(st.buffer)];
   if (ValueEmitter::lanes_of(x) < lanes) x = ops_.splat(x, lanes);
   x = ops_.to_memory(x, dt);
-  Value* off = offset(a, idx);
+  const int32_t slot = slots_.store[si];
+  Value* off = offset(a, slot, idx);
   const int64_t s = lanes > 1 ? a.strides[static_cast<size_t>(p_.lane_dim)] : 0;
   if (lanes == 1) {
     b_.CreateAlignedStore(x, b_.CreateGEP(mt, base, off), align);
@@ -261,9 +308,7 @@ void Renderer::store(size_t si, Value* x, const Index& idx, int lanes) {
   } else if (s == 1) {
     b_.CreateAlignedStore(x, b_.CreateGEP(mt, base, off), align);
   } else {
-    std::vector<llvm::Constant*> steps;
-    for (int l = 0; l < lanes; ++l) steps.push_back(b_.getInt64(static_cast<uint64_t>(s * l)));
-    Value* offs = b_.CreateAdd(ops_.splat(off, lanes), llvm::ConstantVector::get(steps));
+    Value* offs = b_.CreateAdd(ops_.splat(off, lanes), lane_steps(slot + 1 + p_.lane_dim, s, lanes));
     b_.CreateMaskedScatter(x, b_.CreateGEP(mt, base, offs), align);
   }
 }
@@ -282,7 +327,7 @@ Value* Renderer::value(Block& blk, int32_t v) {
   } else if (in.op == kir::OpCode::Load) {
     r = load(v, *blk.idx, blk.lanes);
   } else if (in.op == kir::OpCode::Const) {
-    r = ops_.constant(in, blk.lanes);
+    r = ops_.launch_consts[vi] ? launch_constant(v, blk.lanes) : ops_.constant(in, blk.lanes);
   } else {
     std::vector<Value*> args;
     for (int32_t a : in.args) args.push_back(value(blk, a));
@@ -306,7 +351,7 @@ void Renderer::materialize_outer(int level, const Index& idx, int lanes) {
     if (in.op == kir::OpCode::Load) {
       outer_[v] = load(static_cast<int32_t>(v), idx, lanes);
     } else if (in.op == kir::OpCode::Const) {
-      outer_[v] = ops_.constant(in, lanes);
+      outer_[v] = ops_.launch_consts[v] ? launch_constant(static_cast<int32_t>(v), lanes) : ops_.constant(in, lanes);
     } else {
       std::vector<Value*> args;
       for (int32_t a : in.args) {
@@ -382,26 +427,26 @@ void Renderer::pass_block(const Pass& ps, const Index& idx, int lanes, int u) {
 
 // The loop over reduce dim d and the dims inside it.
 void Renderer::pass_loops(const Pass& ps, Index& idx, int d, int outer_lanes) {
-  const int64_t n = p_.sizes[static_cast<size_t>(d)];
+  Value* n = size(d);
   auto bind = [&](Value* iv) { idx.iv[static_cast<size_t>(d)] = iv; };
   if (d < p_.rank() - 1) {
-    loop(i64(0), i64(n), 1, [&](Value* iv) { bind(iv); pass_loops(ps, idx, d + 1, outer_lanes); });
+    loop(i64(0), n, 1, [&](Value* iv) { bind(iv); pass_loops(ps, idx, d + 1, outer_lanes); });
     return;
   }
   if (!ps.inner_vec) {
-    loop(i64(0), i64(n), 1, [&](Value* iv) { bind(iv); pass_block(ps, idx, outer_lanes, 0); });
+    loop(i64(0), n, 1, [&](Value* iv) { bind(iv); pass_block(ps, idx, outer_lanes, 0); });
     return;
   }
   const int64_t vf = p_.vf;
   const int64_t step = ps.unroll * vf;
-  Value* j = loop(i64(0), i64(n - (step - 1)), step, [&](Value* iv) {
+  Value* j = loop(i64(0), b_.CreateSub(n, i64(step - 1)), step, [&](Value* iv) {
     for (int u = 0; u < ps.unroll; ++u) {
       bind(u == 0 ? iv : b_.CreateAdd(iv, i64(u * vf), "", true, true));
       pass_block(ps, idx, static_cast<int>(vf), u);
     }
   });
-  if (ps.unroll > 1) j = loop(j, i64(n - (vf - 1)), vf, [&](Value* iv) { bind(iv); pass_block(ps, idx, static_cast<int>(vf), 0); });
-  loop(j, i64(n), 1, [&](Value* iv) { bind(iv); pass_block(ps, idx, 1, -1); });
+  if (ps.unroll > 1) j = loop(j, b_.CreateSub(n, i64(vf - 1)), vf, [&](Value* iv) { bind(iv); pass_block(ps, idx, static_cast<int>(vf), 0); });
+  loop(j, n, 1, [&](Value* iv) { bind(iv); pass_block(ps, idx, 1, -1); });
 }
 
 void Renderer::reduce_pass(int q, Index& idx, int outer_lanes) {
@@ -426,7 +471,7 @@ void Renderer::reduce_pass(int q, Index& idx, int outer_lanes) {
 llvm::Function* Renderer::render(const std::string& symbol) {
   auto& ctx = m_.getContext();
   llvm::Type* ptr = b_.getPtrTy();
-  auto* fty = llvm::FunctionType::get(b_.getVoidTy(), {ptr, b_.getInt64Ty(), b_.getInt64Ty()}, false);
+  auto* fty = llvm::FunctionType::get(b_.getVoidTy(), {ptr, b_.getInt64Ty(), b_.getInt64Ty(), ptr}, false);
   fn_ = llvm::Function::Create(fty, llvm::Function::ExternalLinkage, symbol, m_);
   fn_->addFnAttr(llvm::Attribute::NoUnwind);
   fn_->addFnAttr("target-cpu", t_.cpu);
@@ -443,6 +488,11 @@ llvm::Function* Renderer::render(const std::string& symbol) {
   end_ = fn_->getArg(2);
   begin_->setName("begin");
   end_->setName("end");
+  numbers_ = fn_->getArg(3);
+  numbers_->setName("numbers");
+  fn_->addParamAttr(3, llvm::Attribute::NoAlias);
+  llvm_compat::set_no_capture(*fn_, 3);
+  fn_->addParamAttr(3, llvm::Attribute::ReadOnly);
 
   auto* entry = llvm::BasicBlock::Create(ctx, "entry", fn_);
   auto* work = llvm::BasicBlock::Create(ctx, "work", fn_);
@@ -454,7 +504,8 @@ llvm::Function* Renderer::render(const std::string& symbol) {
   }
   b_.CreateCondBr(b_.CreateICmpSLT(begin_, end_), work, done);
   b_.SetInsertPoint(work);
-  if (k_.parallel_range() > 0) {
+  // Code that reads its sizes at launch serves every size (an empty domain never runs).
+  if (k_.parallel_range() > 0 || !p_.at_launch.empty()) {
     Index idx{std::vector<Value*>(p_.sizes.size(), nullptr)};
     switch (p_.mode) {
       case LoopMode::Pointwise:

@@ -1,5 +1,5 @@
 // render_kernel: kir::Kernel + KernelPlan -> one LLVM function
-//   void <symbol>(ptr args, i64 begin, i64 end)
+//   void <symbol>(ptr args, i64 begin, i64 end, ptr numbers)
 // in `m` (see cpu_llvm.h for the calling convention and Note [CPU loop nests] in
 // render.cpp for the loops). Precondition: `plan` was made for `k` and `t`
 // (make_plan), so every instruction is supported. Postcondition: `m` verifies; the
