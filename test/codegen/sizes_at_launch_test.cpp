@@ -5,10 +5,13 @@
 // ATen, and counts the code built.
 #include "kernel_builder.h"
 
+#include "codegen/cpu_llvm/testing.h"
+
 #include <ATen/Parallel.h>
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <functional>
 
 namespace tcap::test {
@@ -177,6 +180,65 @@ TEST(SizesAtLaunch, OffsetsAndStridesOfViewsAreRead) {
     EXPECT_TRUE(same(y, -view, kb.k));
   }
   EXPECT_EQ(built_since(before), 2);
+}
+
+// Sums over the last dim of a permuted x[a, b, n] (stored [b, a, n]): two outer dims that do
+// not merge, so each outer index is decomposed by sizes read at launch; and a rank-3
+// pointwise kernel with a broadcast middle dim, split over threads mid-row.
+TEST(SizesAtLaunch, SeveralOuterDimsDecomposedAtLaunch) {
+  const cl::CpuLlvmStats before = cl::cpu_llvm_stats();
+  for (auto [a, b, n] : std::vector<std::array<int64_t, 3>>{{3, 4, 5}, {2, 7, 33}, {5, 3, 9}, {4, 4, 64}, {7, 2, 3}}) {
+    SCOPED_TRACE("a=" + std::to_string(a) + " b=" + std::to_string(b) + " n=" + std::to_string(n));
+    const at::Tensor x = at::randn({b, a, n}).permute({1, 0, 2});
+    {
+      KernelBuilder kb("perm_rowsum", {a, b, n}, 1);
+      const int32_t bx = kb.input(DType::F32), by = kb.output(DType::F32);
+      kb.store(kb.reduce(OpCode::ReduceSum, kb.load(bx, strides_of(x))), by, {b, 1, 0});
+      auto ck = compile(kb);
+      at::Tensor y = at::empty({a, b});
+      run_split(*ck, {x, y}, 1);
+      EXPECT_TRUE(close(y, x.sum(2), 1e-5, 1e-5, kb.k));
+    }
+    {
+      const at::Tensor mid = at::randn({b});
+      KernelBuilder kb("perm_scale", {a, b, n});
+      const int32_t bx = kb.input(DType::F32), bm = kb.input(DType::F32), by = kb.output(DType::F32);
+      kb.store(kb.bin(OpCode::Mul, kb.load(bx, strides_of(x)), kb.load(bm, {0, 1, 0})), by, {b * n, n, 1});
+      auto ck = compile(kb);
+      at::Tensor y = at::empty({a, b, n});
+      run_split(*ck, {x, mid, y}, 7);
+      EXPECT_TRUE(same(y, x * mid.view({1, b, 1}), kb.k));
+    }
+  }
+  // Each structure: its first code and one that reads its sizes at launch.
+  EXPECT_EQ(built_since(before), 4);
+}
+
+// Other vector widths (scalar code, SSE-wide vectors): the plan's vector body and unroll
+// for sizes that vary, the tails at sizes below a vector, a softmax's two passes.
+TEST(SizesAtLaunch, EveryVectorWidth) {
+  for (int bits : {32, 128, 256}) {
+    SCOPED_TRACE("vector bits " + std::to_string(bits));
+    cl::cpu_llvm_set_vector_bits_for_testing(bits);
+    const cl::CpuLlvmStats before = cl::cpu_llvm_stats();
+    for (int64_t n : {3, 40, 1, 17, 250, 8}) {
+      SCOPED_TRACE("n=" + std::to_string(n));
+      const int64_t r = 5;
+      KernelBuilder kb("softmax_rows", {r, n}, 1);
+      const int32_t bx = kb.input(DType::F32), by = kb.output(DType::F32);
+      const int32_t lx = kb.load(bx, {n, 1});
+      const int32_t e = kb.un(OpCode::Exp, kb.bin(OpCode::Sub, lx, kb.reduce(OpCode::ReduceMax, lx)));
+      kb.store(kb.bin(OpCode::Div, e, kb.reduce(OpCode::ReduceSum, e)), by, {n, 1});
+      auto ck = compile(kb);
+      const at::Tensor x = at::randn({r, n});
+      at::Tensor y = at::empty({r, n});
+      run_split(*ck, {x, y}, 2);
+      EXPECT_TRUE(close(y, x.softmax(1), 1e-5, 1e-6, kb.k));
+    }
+    // n == 1 coalesces away (a structure of its own); the others: two codes.
+    EXPECT_EQ(built_since(before), 3);
+  }
+  cl::cpu_llvm_set_vector_bits_for_testing(0);
 }
 
 }  // namespace
