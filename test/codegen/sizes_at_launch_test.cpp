@@ -101,9 +101,9 @@ TEST(SizesAtLaunch, RowReductionsReadTheirLengthAndItsReciprocal) {
       EXPECT_TRUE(close(cen, x - want_mean.unsqueeze(1), 1e-5, 1e-5, kb.k));
     }
   }
-  // The first code, then one that reads the sizes and the varying 1/n at launch: it
-  // serves the other row counts too.
-  EXPECT_EQ(built_since(before), 2);
+  // The first code, then one that reads n, the row strides and 1/n at launch; then the row
+  // count varies too (it had stayed 3): one more code reading both, which serves the rest.
+  EXPECT_EQ(built_since(before), 3);
 }
 
 // Column sums of x[n, c] over its n rows (ReduceOuter: lanes along the columns).

@@ -28,7 +28,7 @@ namespace {
 constexpr int kCodegenVersion = 3;  // 3: numbers read at launch (Note [Sizes at launch])
 
 // Code for every kernel of one structure whose numbers outside `at_launch` are `numbers`'
-// (planned with `varying`: make_plan).
+// (planned with `varying`, make_plan: at_launch is varying).
 struct Variant {
   std::vector<bool> varying;
   std::vector<bool> at_launch;
@@ -243,8 +243,10 @@ std::shared_ptr<const CpuKernel> compile_cpu_kernel(const kir::Kernel& k) {
                               << " in " << out->compile_ms << " ms");
   if (!varying.empty()) {
     TCAP_LOG(Perf, "cpu_llvm: " << k.name << ": a kernel of its structure was compiled for other sizes; this code "
-                                << "reads its sizes, strides and offsets at launch (sizes " << varying_sizes(used, varying)
-                                << ", ? seen to vary) and serves every later size (Note [Sizes at launch])");
+                                << "reads the " << out->numbers_at_launch << " numbers that differed at launch (sizes "
+                                << varying_sizes(used, varying)
+                                << ", ? read at launch) and serves every later kernel that differs there only (Note [Sizes "
+                                   "at launch])");
   }
   TCAP_LOG(Fusion, "cpu_llvm: " << k.name << " -> " << out->name << ": " << to_string(used));
   std::lock_guard<std::mutex> lock(be.mu);

@@ -17,16 +17,17 @@
 // numbers] in plan.h) is compiled with its numbers built in. A second kernel of the same
 // structure with other numbers (the same fused group at another batch size or sequence
 // length: a dynamic entry specialized to new sizes) is compiled once more, as code that
-// reads every size, offset and stride at launch, and the constants that differed (a
-// mean's 1/n); that code serves every later kernel of the structure whose other
-// constants are the same: two compiles per structure, whatever the number of sizes. A
-// kernel whose constants differ elsewhere widens the set (the union of what differed), as
-// automatic dynamic shapes widen. Plan decisions that depend on a size (vector body,
-// unroll) take a size that varied as large and one that did not as it is; every decision
-// is correct at any size, the loops' tails covering small ones. Only F32 and F64
-// constants are read at launch; a kernel whose other constants differ compiles with them.
-// A size of 1 changes the structure (the dim coalesces away), as it does for
-// torch.compile's specialization of sizes 0 and 1.
+// reads the numbers that differed (sizes, the strides and offsets that follow them, a
+// mean's 1/n) at launch and keeps the others (a hidden width, a head size) built in; that
+// code serves every later kernel of the structure whose other numbers are the same. A
+// kernel that differs elsewhere widens the set (the union of what differed), as automatic
+// dynamic shapes widen: a workload whose sizes vary in the same dims pays two compiles per
+// kernel structure, whatever the number of sizes, and one more each time a number that
+// had stayed the same starts to vary. A size read at launch is planned as a large one
+// (vector body, unroll), the loops' tails covering small sizes. Only F32 and F64
+// constants other than pow's exponents are read at launch; a kernel whose other constants
+// differ compiles with them. A size of 1 changes the structure (the dim coalesces away),
+// as it does for torch.compile's specialization of sizes 0 and 1.
 //
 // Kernels are cached in memory (per process) and on disk under
 // <TCAP_CACHE_DIR or ~/.cache/tcap>/kernels/, keyed by the kernel IR's canonical text,

@@ -44,10 +44,7 @@ KernelPlan make_plan(const kir::Kernel& k, const TargetInfo& t, const PlanOption
     const NumberSlots slots = number_slots(k, p);
     TORCH_INTERNAL_ASSERT(varying->size() == static_cast<size_t>(slots.count), "cpu_llvm: a mask of ",
                           varying->size(), " numbers for a kernel of ", slots.count);
-    p.at_launch.assign(varying->size(), true);
-    for (size_t v = 0; v < k.instrs.size(); ++v) {
-      if (slots.value[v] >= 0) p.at_launch[static_cast<size_t>(slots.value[v])] = (*varying)[static_cast<size_t>(slots.value[v])];
-    }
+    p.at_launch = *varying;
   }
 
   // Passes (reductions only): pass q computes the Reduces whose operand has level q and

@@ -73,11 +73,10 @@ struct PlanOptions {
 
 // Plans a kernel for a target. Calls kir::check_renderable first. With `varying` (a mask
 // over number_slots: the numbers seen to differ between kernels of k's structure), the
-// code reads every size, offset and stride at launch, and the constants `varying` marks;
-// a decision that depends on a size (a vector body, the unroll) is taken with k's size
-// where that size is not marked, and as for a large size where it is. Every decision is
-// correct at any size (the loops' tails cover small ones), so the code serves every
-// kernel of the structure whose constants not read at launch are k's.
+// code reads the numbers `varying` marks at launch and has k's others built in; a
+// decision that depends on a size read at launch (a vector body, the unroll) is taken as
+// for a large size, and is correct at any size (the loops' tails cover small ones), so
+// the code serves every kernel of the structure whose other numbers are k's.
 KernelPlan make_plan(const kir::Kernel& k, const TargetInfo& t, const PlanOptions& o = {},
                      const std::vector<bool>* varying = nullptr);
 
