@@ -131,9 +131,7 @@ GlobalState GlobalState::now() {
   for (c10::DeviceType t : kAutocastDevices) {
     if (autocast_on(g.excluded_keys, t)) g.autocast_dtypes.emplace_back(t, at::autocast::get_autocast_dtype(t));
   }
-  const auto& ctx = at::globalContext();
-  g.deterministic = ctx.deterministicAlgorithms();
-  g.deterministic_warn_only = g.deterministic && ctx.deterministicAlgorithmsWarnOnly();
+  g.context = read_context();
   g.anomaly = torch::autograd::AnomalyMode::is_enabled();
   g.anomaly_check_nan = g.anomaly && torch::autograd::AnomalyMode::should_check_nan();
   return g;
@@ -149,9 +147,7 @@ bool GlobalState::matches_now() const {
   for (const auto& [t, dtype] : autocast_dtypes) {
     if (at::autocast::get_autocast_dtype(t) != dtype) return false;
   }
-  const auto& ctx = at::globalContext();
-  if (ctx.deterministicAlgorithms() != deterministic) return false;
-  if (deterministic && ctx.deterministicAlgorithmsWarnOnly() != deterministic_warn_only) return false;
+  if (!context_matches(context)) return false;
   if (torch::autograd::AnomalyMode::is_enabled() != anomaly) return false;
   return !anomaly || torch::autograd::AnomalyMode::should_check_nan() == anomaly_check_nan;
 }
@@ -160,7 +156,7 @@ bool GlobalState::operator==(const GlobalState& o) const {
   return grad_mode == o.grad_mode && default_dtype == o.default_dtype && inference_mode == o.inference_mode &&
          included_keys == o.included_keys &&
          excluded_keys == o.excluded_keys &&
-         deterministic == o.deterministic && deterministic_warn_only == o.deterministic_warn_only &&
+         context == o.context &&
          anomaly == o.anomaly && anomaly_check_nan == o.anomaly_check_nan && autocast_dtypes == o.autocast_dtypes;
 }
 
@@ -182,10 +178,7 @@ std::string GlobalState::mismatch(const GlobalState& now) const {
     }
   }
   if (autocast_dtypes != now.autocast_dtypes) return "autocast state changed: another autocast dtype";
-  if (now.deterministic != deterministic || now.deterministic_warn_only != deterministic_warn_only) {
-    return std::string("deterministic algorithms changed: ") + (deterministic ? "on" : "off") + " -> " +
-           (now.deterministic ? (now.deterministic_warn_only ? "on (warn only)" : "on") : "off");
-  }
+  if (std::string c = context_mismatch(context, now.context); !c.empty()) return c;
   if (now.anomaly != anomaly || now.anomaly_check_nan != anomaly_check_nan) {
     return std::string("anomaly mode changed: ") + (anomaly ? "on" : "off") + " -> " + (now.anomaly ? "on" : "off");
   }
@@ -618,7 +611,7 @@ std::vector<std::string> Guards::describe() const {
     for (const auto& [t, dtype] : global.autocast_dtypes) {
       out.push_back("autocast on for " + c10::DeviceTypeName(t, true) + " (" + ir::dtype_name(dtype) + ")");
     }
-    if (global.deterministic) out.push_back("deterministic algorithms on");
+    for (auto& c : describe_context(global.context)) out.push_back(std::move(c));
     out.push_back("the thread's dispatch keys as captured");
   }
   for (auto& d : modules.describe()) out.push_back(std::move(d));

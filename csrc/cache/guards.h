@@ -4,7 +4,7 @@
 //
 //   * global state (Note [Global state guards]): grad mode, the thread's dispatch keys
 //     (inference mode, autocast per device, and every other mode key), autocast dtypes,
-//     deterministic algorithms, anomaly mode;
+//     the settings of at::Context (deterministic algorithms and the rest), anomaly mode;
 //   * tensors: per declared tensor (user inputs, module parameters and buffers, .grads,
 //     optimizer state): defined, dtype, device, sizes (dynamic ones per class, Note
 //     [Dynamic sizes]), strides, requires_grad, and optionally identity (the same
@@ -22,6 +22,7 @@
 // entry may be generalized over them).
 #pragma once
 
+#include "cache/context_settings.h"
 #include "cache/dynamic_sizes.h"
 #include "cache/module_state.h"
 
@@ -50,8 +51,10 @@ namespace tcap::cache {
 //     key change which kernels run and which casts are recorded, so any difference
 //     recaptures; the set is two words to compare;
 //   * the autocast dtype of each device type whose autocast is on;
-//   * deterministic algorithms (and warn-only): composite ops decompose differently under
-//     them, and replayed ATen kernels read the flag when they run anyway;
+//   * every setting of at::Context (Note [Settings of at::Context]): deterministic
+//     algorithms (composite ops decompose differently under them), the backends and
+//     precisions kernels may pick, cuDNN's benchmark mode and the rest, read from the
+//     list that a test compares with the pinned LibTorch's Context.h;
 //   * anomaly mode (and its NaN check): the front doors run eagerly while it is on (the
 //     engine's per-node checks are what a user turns it on for); kept here so that an
 //     entry never serves a call made under another setting;
@@ -61,7 +64,7 @@ struct GlobalState {
   bool grad_mode = true;
   c10::ScalarType default_dtype = c10::kFloat;
   bool inference_mode = false;
-  bool deterministic = false, deterministic_warn_only = false;
+  ContextValues context{};  // at::globalContext()'s settings (Note [Settings of at::Context])
   bool anomaly = false, anomaly_check_nan = false;
   uint64_t included_keys = 0, excluded_keys = 0;  // the thread's local dispatch key sets, raw
   // Per autocast device type that is on: (device type, dtype).
