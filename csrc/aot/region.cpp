@@ -79,21 +79,9 @@ void erase_observers(Hooks& hooks, const RegionCapture* owner) {
 
 }  // namespace
 
-bool data_dependent_shape(const ir::Graph& g, const ir::Node& n, const c10::OperatorHandle& op) {
-  if (!op.hasTag(at::Tag::dynamic_output_shape)) return false;
-  if (n.op == "aten::index" && n.overload == "Tensor" && n.args.size() == 2) {
-    for (ir::ValueId v : n.args[1].values) {
-      if (v != ir::kNoValue && !c10::isIntegralType(g.value(v).meta.dtype, /*includeBool=*/false)) return true;
-    }
-    return false;  // integer indices: the output shape follows the index shapes
-  }
-  return true;
-}
-
-std::string unreplayable(const ir::Graph& g, const ir::Node& n) {
+std::string unreplayable(const ir::Graph& /*g*/, const ir::Node& n) {
   auto op = c10::Dispatcher::singleton().findSchema({n.op, n.overload});
   if (!op) return n.qualified_op() + " is not a registered operator";
-  if (data_dependent_shape(g, n, *op)) return n.qualified_op() + " has a data-dependent output shape";
   for (const auto& a : n.args) {
     if (a.kind == ir::ArgKind::Opaque) {
       return n.qualified_op() + " takes a " + a.s + " argument ('" + a.name + "') that cannot be replayed";

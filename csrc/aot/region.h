@@ -19,12 +19,9 @@
 
 namespace tcap::aot {
 
-// Whether the node's output shape depends on tensor data (nonzero, masked_select, index
-// with a bool mask); index.Tensor with integer indices does not.
-bool data_dependent_shape(const ir::Graph& g, const ir::Node& n, const c10::OperatorHandle& op);
-
 // Why a recorded call cannot be replayed ("" if it can): an operator this LibTorch does not
-// have, a data-dependent output shape, an argument that cannot be rebuilt (a generator).
+// have, an argument that cannot be rebuilt (a generator). Data-dependent output shapes are
+// found while recording (Note [Output shapes that depend on values] in capture/shape_rules.h).
 std::string unreplayable(const ir::Graph& g, const ir::Node& n);
 
 // Whether two gradients alias: one tensor, or one storage seen with the same offset,

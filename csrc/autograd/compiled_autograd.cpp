@@ -521,6 +521,7 @@ Runtime::Recorded Runtime::record(const Request& r, const ca::BackwardWalk& w) {
   std::vector<ir::ValueId> outs;
   std::vector<std::string> out_names;
   std::string& why = out.why;
+  why = s.unreplayable_reason();  // Note [Output shapes that depend on values]
   if (r.accumulate_grad) {
     for (size_t i = 0; i < delivered.size(); ++i) {
       if (delivered[i] == ir::kNoValue || in_graph[i]) {

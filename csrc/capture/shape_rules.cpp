@@ -1,0 +1,211 @@
+#include "capture/shape_rules.h"
+
+#include "support/logging.h"
+
+#include <ATen/ops/empty_strided.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/flat_hash_map.h>
+
+namespace tcap::capture {
+namespace {
+
+bool integral(const at::Tensor& t) { return t.defined() && c10::isIntegralType(t.scalar_type(), /*includeBool=*/true); }
+
+// What the schema alone says, per operator (cached per thread).
+struct OpFacts {
+  bool tagged = false;         // dynamic_output_shape, on it or its functional overload
+  bool rerunnable = false;     // writes no argument and draws no random numbers
+  bool index_tensor = false;   // aten::index.Tensor (Note [Output shapes that depend on values])
+  bool returns_tensors = false;
+};
+
+OpFacts facts_of(const c10::OperatorHandle& op) {
+  OpFacts f;
+  const auto& schema = op.schema();
+  f.tagged = op.hasTag(at::Tag::dynamic_output_shape);
+  if (!f.tagged && !schema.overload_name().empty()) {
+    if (auto functional = c10::Dispatcher::singleton().findOp({schema.name(), ""})) {
+      f.tagged = functional->hasTag(at::Tag::dynamic_output_shape);
+    }
+  }
+  f.index_tensor = schema.name() == "aten::index" && schema.overload_name() == "Tensor";
+  f.rerunnable = !schema.is_mutable() && !op.hasTag(at::Tag::nondeterministic_seeded);
+  for (const auto& r : schema.returns()) {
+    const auto& t = r.type();
+    if (t->kind() == c10::TypeKind::TensorType || t->isSubtypeOf(*c10::ListType::ofTensors())) f.returns_tensors = true;
+  }
+  return f;
+}
+
+const OpFacts& facts(const c10::OperatorHandle& op) {
+  thread_local ska::flat_hash_map<const c10::FunctionSchema*, OpFacts> cache;
+  auto it = cache.find(&op.schema());
+  if (it == cache.end()) it = cache.emplace(&op.schema(), facts_of(op)).first;
+  return it->second;
+}
+
+// Whether any tensor argument holds integers or booleans; whether any is not a plain
+// strided tensor (sparse, quantized, nested: not probed).
+void scan(const c10::IValue& v, bool& reads_integral, bool& unprobeable) {
+  auto one = [&](const at::Tensor& t) {
+    if (!t.defined()) return;
+    if (t.layout() != c10::kStrided || t.is_quantized() || t.is_nested() || t.device().is_meta()) unprobeable = true;
+    if (integral(t)) reads_integral = true;
+  };
+  if (v.isTensor()) {
+    one(v.toTensor());
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList()) one(t);
+  } else if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef()) {
+      if (e.isTensor()) one(e.toTensor());
+    }
+  } else if (v.isGenerator() || v.isObject() || v.isCapsule() || v.isStorage()) {
+    unprobeable = true;
+  }
+}
+
+at::Tensor meta_of(const at::Tensor& t) {
+  if (!t.defined()) return t;
+  return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta).requires_grad(false));
+}
+
+c10::IValue meta_ivalue(const c10::IValue& v) {
+  if (v.isTensor()) return meta_of(v.toTensor());
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> out;
+    for (const at::Tensor& t : v.toTensorList()) out.push_back(meta_of(t));
+    return out;
+  }
+  if (v.isList() && v.toList().elementType()->kind() == c10::TypeKind::OptionalType) {
+    c10::List<std::optional<at::Tensor>> out;
+    for (const c10::IValue& e : v.toListRef()) {
+      out.push_back(e.isTensor() ? std::optional<at::Tensor>(meta_of(e.toTensor())) : std::nullopt);
+    }
+    return out;
+  }
+  return v;
+}
+
+std::string shape_str(c10::IntArrayRef s) {
+  std::string out = "[";
+  for (size_t k = 0; k < s.size(); ++k) out += (k ? ", " : "") + std::to_string(s[k]);
+  return out + "]";
+}
+
+}  // namespace
+
+ShapeCheck before_op_shapes(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
+  ShapeCheck c;
+  const OpFacts& f = facts(op);
+  if (!f.returns_tensors) return c;
+  const std::string& name = op.schema().name();
+  const std::string qualified =
+      name + (op.schema().overload_name().empty() ? "" : "." + op.schema().overload_name());
+  if (f.tagged) {
+    if (f.index_tensor && args.size() == 2 && args[1].isList()) {
+      bool boolean = false;
+      for (const c10::IValue& e : args[1].toListRef()) {
+        if (e.isTensor() && e.toTensor().defined() &&
+            !c10::isIntegralType(e.toTensor().scalar_type(), /*includeBool=*/false)) {
+          boolean = true;
+        }
+      }
+      if (!boolean) return c;  // integer indices: the output shape follows the index shapes
+    }
+    c.why = qualified + " has a data-dependent output shape";
+    return c;
+  }
+  bool reads_integral = false, unprobeable = false;
+  for (const c10::IValue& a : args) scan(a, reads_integral, unprobeable);
+  if (!reads_integral || unprobeable) return c;
+  torch::jit::Stack probe;
+  probe.reserve(args.size());
+  for (const c10::IValue& a : args) probe.push_back(meta_ivalue(a));
+  c.probe = std::move(probe);
+  if (f.rerunnable) c.args = torch::jit::Stack(args.begin(), args.end());
+  return c;
+}
+
+namespace {
+
+// The same tensor with other values: integers each one down within the tensor's own range
+// (indices stay valid), booleans flipped.
+at::Tensor other_values(const at::Tensor& t) {
+  if (!integral(t) || t.numel() == 0) return t;
+  if (t.scalar_type() == c10::kBool) return t.logical_not();
+  return t.sub(1).clamp_min(t.min().item());
+}
+
+c10::IValue with_other_values(const c10::IValue& v) {
+  if (v.isTensor()) return other_values(v.toTensor());
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> out;
+    for (const at::Tensor& t : v.toTensorList()) out.push_back(other_values(t));
+    return out;
+  }
+  if (v.isList() && v.toList().elementType()->kind() == c10::TypeKind::OptionalType) {
+    c10::List<std::optional<at::Tensor>> out;
+    for (const c10::IValue& e : v.toListRef()) {
+      out.push_back(e.isTensor() ? std::optional<at::Tensor>(other_values(e.toTensor())) : std::nullopt);
+    }
+    return out;
+  }
+  return v;
+}
+
+// "" when `a` and `b` (the returns of two runs) have the same shapes, else what differs.
+std::string shapes_differ(const std::string& qualified, c10::ArrayRef<c10::IValue> a, c10::ArrayRef<c10::IValue> b,
+                          const char* other) {
+  if (a.size() != b.size()) return "";
+  for (size_t r = 0; r < a.size(); ++r) {
+    auto differs = [&](const at::Tensor& x, const at::Tensor& y) {
+      return x.defined() && y.defined() && x.sizes() != y.sizes();
+    };
+    if (a[r].isTensor() && b[r].isTensor()) {
+      if (differs(a[r].toTensor(), b[r].toTensor())) {
+        return qualified + " has a data-dependent output shape: its output " + std::to_string(r) + " is " +
+               shape_str(a[r].toTensor().sizes()) + " where " + other + " gives " + shape_str(b[r].toTensor().sizes());
+      }
+    } else if (a[r].isTensorList() && b[r].isTensorList()) {
+      const auto x = a[r].toTensorList(), y = b[r].toTensorList();
+      if (x.size() != y.size()) return qualified + " has a data-dependent number of outputs";
+      for (size_t k = 0; k < x.size(); ++k) {
+        if (differs(x[k], y[k])) return qualified + " has a data-dependent output shape";
+      }
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string check_with_meta(const c10::OperatorHandle& op, ShapeCheck& check, c10::ArrayRef<c10::IValue> rets,
+                            c10::DispatchKey hide) {
+  const std::string qualified =
+      op.schema().name() + (op.schema().overload_name().empty() ? "" : "." + op.schema().overload_name());
+  c10::impl::ExcludeDispatchKeyGuard off(c10::DispatchKeySet(hide) | c10::autograd_dispatch_keyset);
+  torch::jit::Stack& probe = *check.probe;
+  try {
+    op.callBoxed(probe);
+    return shapes_differ(qualified, rets, probe, "its meta function for these input shapes");
+  } catch (const std::exception& e) {
+    TCAP_LOG(Capture, qualified << " has no meta function (" << c10::GetExceptionString(e).substr(0, 160)
+                                << "...): run once more on other integer values");
+  }
+  if (!check.args) return "";  // writes its arguments or draws random numbers: shapes are its inputs' or arguments'
+  torch::jit::Stack again;
+  again.reserve(check.args->size());
+  for (const c10::IValue& a : *check.args) again.push_back(with_other_values(a));
+  try {
+    at::NoGradGuard no_grad;
+    op.callBoxed(again);
+  } catch (const std::exception&) {
+    return qualified + " reads integer tensors, has no meta function to tell its output shapes from its input shapes, "
+                       "and refuses other values of them: its output shapes may depend on the values (a "
+                       "data-dependent output shape)";
+  }
+  return shapes_differ(qualified, rets, again, "the same call with other integer values");
+}
+
+}  // namespace tcap::capture

@@ -1,0 +1,51 @@
+// Whether a recorded op's output shapes follow from its inputs' shapes.
+//
+// Note [Output shapes that depend on values]
+// A graph's values carry the shapes they had when recorded, and a replay (its kernels, its
+// memory plan, the int arguments of later ops) relies on them. An op whose output shape
+// comes from the values of its inputs (nonzero, a boolean mask's index, masked_select,
+// unique, bincount, the batch sizes that _pack_padded_sequence computes from the lengths)
+// would replay a recorded shape that this call's values do not give. Two sources tell:
+//   * LibTorch's tags: an op tagged dynamic_output_shape (on its own overload, or on the
+//     functional overload of its name, which the .out overloads lack);
+//   * a check at capture, for every op that reads an integer or boolean tensor (where
+//     shapes come from values: lengths, counts, offsets, masks) and is not tagged: the op
+//     is run once more on meta tensors of the same sizes, strides and dtypes, and the
+//     shapes its meta function gives are compared with those its kernel gave. Many ops
+//     have no meta function in C++ (index_select's and _pack_padded_sequence's live in
+//     Python); those are run once more on their real inputs with other values in their
+//     integer tensors (each value moved one down, kept within the tensor's own range, so
+//     that indices stay valid; booleans flipped): an output shape that changes, or a
+//     kernel that refuses the other values, makes the op data-dependent. Ops that write
+//     their inputs or draw random numbers are not run again (their output shapes are
+//     their inputs' or their arguments').
+// A data-dependent op makes the recording unreplayable (Session::note_unreplayable): the
+// front door runs that function, step or backward eagerly and logs which op and why.
+// Exception: aten::index.Tensor with integer indices only (its output shape is the
+// indices' shape); with boolean indices it is data-dependent.
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
+#include <optional>
+#include <string>
+
+namespace tcap::capture {
+
+// Before the op runs: "" and no probe when its shapes follow from its inputs' shapes for
+// certain; a reason when it is data-dependent for certain (a tag); or a probe: the
+// arguments as meta tensors, to run after the op (check_with_meta).
+struct ShapeCheck {
+  std::string why;                          // data-dependent, for certain
+  std::optional<torch::jit::Stack> probe;   // to run on meta after the op
+  std::optional<torch::jit::Stack> args;    // the real arguments, where no meta function may say
+};
+ShapeCheck before_op_shapes(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args);
+
+// After the op ran and returned `rets`: "" when the meta function gives the same shapes,
+// else why the op is data-dependent. `hide` is the recording key, kept off for the probe.
+std::string check_with_meta(const c10::OperatorHandle& op, ShapeCheck& check, c10::ArrayRef<c10::IValue> rets,
+                            c10::DispatchKey hide);
+
+}  // namespace tcap::capture
