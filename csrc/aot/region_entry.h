@@ -35,6 +35,8 @@ struct RegionEntry : cache::Entry {
   std::vector<size_t> recompute_clones;
   bool has_rng = false;
   double compile_ms = 0;
+  // Note [Entries without a compiled backward] (replay_function.cpp): said once.
+  mutable std::atomic<bool> logged_forward_through_autograd{false};
   // Host reads of the joint graph that are observations, not guards (Note [Observed host
   // values]): forgotten in `joint` (passes::forget_host_reads).
   std::vector<ir::NodeId> observed_reads;

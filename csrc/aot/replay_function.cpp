@@ -62,6 +62,10 @@ struct SavedCapsule : torch::CustomClassHolder {
   std::vector<uint32_t> versions;     // of `saved`, after the forward
   std::vector<size_t> in_context;     // the saved values kept by ctx->save_for_backward
   std::vector<at::Tensor> primals;    // for a backward that recomputes
+  // Note [What a recompute reads]: the primals' versions after the forward, and copies of
+  // the primals the forward writes (recompute_clones) made before it wrote them.
+  std::vector<uint32_t> primal_versions;
+  std::vector<at::Tensor> before_writes;  // per recompute_clones entry
   bool released = false;
   // Counts what the capsule holds of the entry's held tensors as tcap's own references
   // (Note [Held tensors]), so that a held tensor the program has replaced is not taken
@@ -72,6 +76,7 @@ struct SavedCapsule : torch::CustomClassHolder {
     released = true;
     std::vector<at::Tensor>().swap(saved);
     std::vector<at::Tensor>().swap(primals);
+    std::vector<at::Tensor>().swap(before_writes);
     own_refs.release();
   }
   // The saved values in order, checked as SavedVariable::unpack checks; moved out when
@@ -100,8 +105,47 @@ c10::intrusive_ptr<SavedCapsule> saved_capsule(const AutogradContext& ctx) {
   return c10::static_intrusive_pointer_cast<SavedCapsule>(ctx.saved_data.at("saved").toCapsule());
 }
 
-variable_list recompute_backward(const Entry& e, const std::vector<at::Tensor>& primals,
+// Note [What a recompute reads]
+// A backward that recomputes its forward (a double backward, a gradient the capture never
+// saw, tangents that alias otherwise) must compute from what the forward saw, as eager's
+// backward computes from its saved values. Two things can differ by then:
+//   * a primal the forward wrote in place (a BatchNorm's running statistics, an input
+//     edited by the function): the recompute starts from a copy made before the forward
+//     wrote it, not from the written tensor, so it writes the same values again into a
+//     copy and computes what the forward computed;
+//   * a primal the program changed in place after the forward: its version counter moved.
+//     The recompute would read the new values where eager's backward reads the values its
+//     forward saved, so it stops with eager's error for a saved tensor modified in place,
+//     naming the input. (Eager raises the same wherever its backward saved that tensor;
+//     where it did not, tcap refuses a backward eager would run: never a wrong gradient.)
+// A write through .data() moves no version counter and cannot be seen here; an entry whose
+// backward is planned to recompute (no compiled backward) therefore runs its forward
+// through autograd instead (Note [Entries without a compiled backward]), and the min-cut
+// partition never recomputes from a primal (Note [Recomputing from primals]), so that only
+// the rare recomputes above read primals after the forward.
+void check_recompute_reads(const Entry& e, const SavedCapsule& capsule, const std::vector<at::Tensor>& primals,
+                           const std::string& why) {
+  for (size_t j = 0; j < primals.size() && j < capsule.primal_versions.size(); ++j) {
+    if (!primals[j].defined()) continue;
+    if (std::find(e.recompute_clones.begin(), e.recompute_clones.end(), j) != e.recompute_clones.end()) continue;
+    const uint32_t now = primals[j]._version();
+    if (now == capsule.primal_versions[j]) continue;
+    const std::string name = j < e.guards.tensors.size() ? "'" + e.guards.tensors[j].name + "'"
+                                                         : "held tensor " + std::to_string(j - e.guards.tensors.size());
+    TORCH_CHECK(false,
+                "one of the variables needed for gradient computation has been modified by an inplace operation: [",
+                primals[j].toString(), " ", primals[j].sizes(), "] is at version ", now, "; expected version ",
+                capsule.primal_versions[j], " instead. (tcap: the backward of the compiled function '", e.fn_name,
+                "' recomputes its forward (", why, ") and the forward reads ", name,
+                ", changed in place since the forward ran.)");
+  }
+}
+
+variable_list recompute_backward(const Entry& e, std::vector<at::Tensor> primals, const SavedCapsule& capsule,
                                  const variable_list& grads, const RngStates* rng, bool create_graph) {
+  for (size_t k = 0; k < e.recompute_clones.size() && k < capsule.before_writes.size(); ++k) {
+    if (capsule.before_writes[k].defined()) primals[e.recompute_clones[k]] = capsule.before_writes[k];
+  }
   std::optional<RngStates> current;
   if (rng) {
     current = RngStates::save(devices_of(e.part.forward));
@@ -124,6 +168,11 @@ variable_list recompute_backward(const Entry& e, const std::vector<at::Tensor>& 
 // to be kept as SavedVariables by the node. The capsule keeps `ins` as the primals.
 variable_list run_forward(const Entry& e, std::vector<at::Tensor> ins, c10::intrusive_ptr<SavedCapsule>* capsule_out,
                           variable_list* in_context) {
+  std::vector<at::Tensor> before_writes;  // Note [What a recompute reads]
+  before_writes.reserve(e.recompute_clones.size());
+  for (size_t j : e.recompute_clones) {
+    before_writes.push_back(ins[j].defined() ? ins[j].detach().clone() : at::Tensor());
+  }
   std::vector<at::Tensor> outs;
   {
     at::AutoGradMode grad_off(false);
@@ -152,6 +201,9 @@ variable_list run_forward(const Entry& e, std::vector<at::Tensor> ins, c10::intr
       capsule->versions[k] = t._version();
     }
   }
+  capsule->primal_versions.resize(ins.size());
+  for (size_t j = 0; j < ins.size(); ++j) capsule->primal_versions[j] = ins[j].defined() ? ins[j]._version() : 0;
+  capsule->before_writes = std::move(before_writes);
   capsule->primals = std::move(ins);
   if (e.guards.held.size() > 0) {
     std::vector<at::Tensor> held_refs = capsule->primals;
@@ -193,9 +245,14 @@ variable_list region_backward(const Entry& e, SavedCapsule& capsule, const RngSt
                            "it recomputes eagerly: " + why);
     e.stats->count(&CompileStats::backward_fallbacks);
     TORCH_CHECK(!capsule.released, torch::autograd::ERR_BACKWARD_TWICE);
+    check_recompute_reads(e, capsule, capsule.primals, why);
     std::vector<at::Tensor> primals = capsule.primals;
-    if (!torch::autograd::get_current_graph_task_keep_graph()) capsule.release();
-    return recompute_backward(e, primals, grads, rng, create_graph);
+    if (!torch::autograd::get_current_graph_task_keep_graph()) {
+      variable_list result = recompute_backward(e, std::move(primals), capsule, grads, rng, create_graph);
+      capsule.release();
+      return result;
+    }
+    return recompute_backward(e, std::move(primals), capsule, grads, rng, create_graph);
   }
   // Without retain_graph the executable gets the only references to the saved values
   // that are not outputs, and frees each at its last use.
@@ -470,6 +527,39 @@ variable_list recompute_gradients(const ir::Graph& forward, const std::vector<si
   return result;
 }
 
+namespace {
+
+// Note [Entries without a compiled backward]
+// An entry compiled from a capture that saw no backward (its first calls passed without
+// one) has no backward of its own: a backward reaching one of its calls would recompute
+// the forward from the primals (Note [What a recompute reads]), and a write through
+// .data() between the two (LibTorch's optimizers write so), which moves no version
+// counter, would make that recompute read the new weights where eager's backward reads
+// what its forward saved. So a call of such an entry that needs a gradient (grad mode on,
+// a primal requires grad) runs the entry's forward graph through autograd, op by op as
+// eager does: autograd saves eager's values, raises eager's errors for tensors changed in
+// place, and a double backward differentiates eager's own nodes. Guards are checked and no
+// user code runs; it is as fast as eager, not faster, and says so once per entry. Calls
+// that need no gradient (no_grad, InferenceMode, inputs and parameters that do not require
+// grad) replay the compiled forward.
+std::vector<at::Tensor> forward_through_autograd(const Entry& e, const std::vector<at::Tensor>& primals) {
+  if (!e.logged_forward_through_autograd.exchange(true)) {
+    TCAP_LOG(GraphBreaks, "'" << e.fn_name << "' entry " << e.id
+                              << " has no compiled backward (its capture saw none): calls that need a gradient run "
+                                 "its forward through autograd, so that a backward reads the values the forward "
+                                 "saw; run calls that need no gradient under torch::NoGradGuard to replay the "
+                                 "compiled forward");
+  }
+  at::AutoGradMode grad_on(true);
+  Interpreter interp(e.part.forward, /*differentiable=*/true);
+  interp.keep_values(false);
+  std::vector<at::Tensor> outs = interp.run(primals);
+  outs.resize(e.part.num_user_outputs);
+  return outs;
+}
+
+}  // namespace
+
 std::vector<at::Tensor> replay_region(const std::shared_ptr<const RegionEntry>& e, const std::vector<at::Tensor>& primals,
                                       std::shared_ptr<RegionVerify> verify) {
   // A replay that stops at a changed host value (an inline guard, cache::HostReads) must
@@ -478,7 +568,10 @@ std::vector<at::Tensor> replay_region(const std::shared_ptr<const RegionEntry>& 
   if (e->has_rng && e->guards.host.mode() == cache::HostReads::Mode::Inline) rng = RngStates::save(devices_of(e->part.forward));
   try {
     std::vector<at::Tensor> outs;
-    if (e->use_function) {
+    if (e->use_function && !e->has_backward && at::GradMode::is_enabled() &&
+        torch::autograd::any_variable_requires_grad(primals)) {
+      outs = forward_through_autograd(*e, primals);
+    } else if (e->use_function) {
       const bool node_takes_it = at::GradMode::is_enabled() && !at::functorch::functorchTLSAccessor() &&
                                  torch::autograd::any_variable_requires_grad(primals);
       outs = node_takes_it ? replay_through_node(e, primals, std::move(verify))

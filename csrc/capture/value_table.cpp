@@ -78,7 +78,13 @@ std::optional<ir::ValueId> ValueTable::lookup(const at::Tensor& t) const {
       if (!same_geometry(view.binding.value, t)) continue;
       // The same tensor's own binding is by_impl_'s (already checked above).
       const bool same_impl = view.impl == t.unsafeGetTensorImpl();
-      if (!same_impl && (!best || view.binding.seq > best->seq) && alias_valid(view.binding, t, writes)) {
+      // Another tensor's later binding shadows t's own only if the storage was written
+      // between the two: then it holds data t's binding does not. With no write between
+      // (x and x.detach(), x and a view_as of it), both hold the same data and t keeps its
+      // own value, so that a recorded op reads x itself, not a detached alias of it (a
+      // recompute through autograd differentiates the graph's edges).
+      const bool newer_data = best && view.binding.seq > best->seq && view.binding.define_writes != best->define_writes;
+      if (!same_impl && (!best || newer_data) && alias_valid(view.binding, t, writes)) {
         best = &view.binding;
       }
       break;

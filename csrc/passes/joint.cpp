@@ -84,6 +84,41 @@ bool never_recomputed(const ir::Graph& g, const JointPhases& ph, ir::NodeId id, 
     if (why) *why = n.qualified_op() + " reads a tensor that a later forward op overwrites";
     return true;
   }
+  // Note [Recomputing from primals]
+  // A primal (an input, a parameter, a held tensor) may change between the forward and
+  // the backward: an optimizer step writes through .data() (no version counter moves), a
+  // program edits an input in place where eager's backward does not need it. Eager's
+  // backward then still computes from what its forward computed: the intermediates it
+  // saved are the forward's. A recompute of a value from a primal would compute from the
+  // primal's new contents. So an op that computes values from a primal (directly, or
+  // through views of it) is never recomputed: its result is computed in the forward and
+  // saved, as eager saves it. Views of primals are recomputed freely: a view reads the
+  // primal's storage as eager's saved view of it does. And a primal is saved only where
+  // eager's own backward reads it, so a change eager allows between forward and backward
+  // stays allowed.
+  if (!ir::op_has(n.op, ir::OpFact::View)) {
+    bool reads_primal = false;
+    ir::for_each_value(n.args, [&](ir::ValueId v) {
+      for (int depth = 0; !reads_primal && depth < 64; ++depth) {
+        if (ph.primal_set.count(v)) {
+          reads_primal = true;
+          break;
+        }
+        auto it = ph.forward_producer.find(v);
+        if (it == ph.forward_producer.end()) break;
+        const ir::Node& p = g.node(it->second);
+        if (p.kind != ir::NodeKind::Call || !ir::op_has(p.op, ir::OpFact::View) || p.args.empty() ||
+            p.args[0].kind != ir::ArgKind::Value || p.args[0].values.empty()) {
+          break;
+        }
+        v = p.args[0].values[0];
+      }
+    });
+    if (reads_primal) {
+      if (why) *why = n.qualified_op() + " computes from a primal, which may change before the backward";
+      return true;
+    }
+  }
   return false;
 }
 
