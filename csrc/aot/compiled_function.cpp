@@ -181,7 +181,9 @@ struct CompiledFunction::Impl::Call {
     auto entry = aot::specialize(e, found.key, found.primals, f.options);
     const VerifyOptions v = cache::verify_options_for(f.options);
     if (f.verifier.next(v)) {
-      return aot::verified_call(entry, *e, found.primals, [&] { return f.fn(user_inputs); }, f.options, v);
+      return aot::verified_call(
+          entry, *e, found.primals, user_inputs.size(),
+          [&](const std::vector<at::Tensor>* leaves) { return f.fn(leaves ? *leaves : user_inputs); }, f.options, v);
     }
     return aot::replay_region(entry, found.primals);
   }

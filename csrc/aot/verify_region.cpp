@@ -6,6 +6,8 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+
 namespace tcap::aot {
 
 std::string likely_cause(const RegionEntry& e, const CompileOptions& o) {
@@ -34,9 +36,8 @@ std::string likely_cause(const RegionEntry& e, const CompileOptions& o) {
 }
 
 std::vector<at::Tensor> verified_call(const std::shared_ptr<const RegionEntry>& served, const RegionEntry& guarded,
-                                      const std::vector<at::Tensor>& primals,
-                                      const std::function<std::vector<at::Tensor>()>& run_eager,
-                                      const CompileOptions& options, const VerifyOptions& v) {
+                                      const std::vector<at::Tensor>& primals, size_t num_inputs,
+                                      const EagerRun& run_eager, const CompileOptions& options, const VerifyOptions& v) {
   const RngStates rng = RngStates::save(devices_of(served->part.forward));
   // What the forward writes, as it was: in place, or without its schema saying so (batch
   // norm's running statistics; Note [Writes a schema does not show]).
@@ -68,9 +69,41 @@ std::vector<at::Tensor> verified_call(const std::shared_ptr<const RegionEntry>& 
   std::vector<at::Tensor> eager;
   {
     StanceGuard eager_only(Stance::ForceEager);
-    eager = run_eager();
+    eager = run_eager(nullptr);
   }
   check->eager_outputs = eager;
+  // Note [Verifying chained calls]: an input with autograd history (f(f(x)): the outer
+  // call's input is the inner call's output) would make eager's gradients with respect to
+  // the primals differentiate through that history too (a parameter's gradient would
+  // include the inner call's share, and the inner call's node would run inside this
+  // check). The node's gradients are its own share only, so they are compared with those
+  // of an eager run on the same inputs made leaves: the function's code once more, on the
+  // buffers and random numbers the first eager run saw (so the state after it is the
+  // first run's). The first run's outputs, attached to the real inputs, are what a
+  // difference in the forward returns.
+  const bool chained = at::GradMode::is_enabled() &&
+                       std::any_of(primals.begin(), primals.begin() + static_cast<std::ptrdiff_t>(num_inputs),
+                                   [](const at::Tensor& t) { return t.defined() && t.requires_grad() && !t.is_leaf(); });
+  if (chained) {
+    std::vector<at::Tensor> leaves(primals.begin(), primals.begin() + static_cast<std::ptrdiff_t>(num_inputs));
+    std::vector<std::pair<const c10::TensorImpl*, at::Tensor>> made;  // one leaf per tensor passed twice
+    for (auto& t : leaves) {
+      if (!t.defined() || !t.requires_grad() || t.is_leaf()) continue;
+      auto it = std::find_if(made.begin(), made.end(), [&](const auto& m) { return m.first == t.unsafeGetTensorImpl(); });
+      if (it == made.end()) it = made.insert(made.end(), {t.unsafeGetTensorImpl(), t.detach().requires_grad_(true)});
+      t = it->second;
+    }
+    for (size_t k = 0; k < served->recompute_clones.size(); ++k) {
+      at::NoGradGuard no_grad;
+      primals.at(served->recompute_clones[k]).variable_data().copy_(before[k]);
+    }
+    rng.restore();
+    {
+      StanceGuard eager_only(Stance::ForceEager);
+      check->eager_outputs = run_eager(&leaves);
+    }
+    for (size_t j = 0; j < leaves.size(); ++j) check->primals[j] = leaves[j];
+  }
 
   size_t compared = 0;
   auto differ = [&](const std::string& what, const std::string& how) {

@@ -22,6 +22,7 @@
 #include "aot/replay_function.h"
 
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
 
 #include <map>
 
@@ -86,7 +87,11 @@ std::vector<at::Tensor> verified_step(const StepCheck& check) {
 
   // Everything back as it was.
   for (size_t k = 0; k < check.primals.size(); ++k) {
-    if (check.primals[k].defined()) check.primals[k].variable_data().copy_(before[k]);
+    // An input whose elements share memory (an expand()ed, stride-0 tensor) cannot have
+    // been written in place (eager refuses that write too), and copy_ into it is refused.
+    if (check.primals[k].defined() && at::has_internal_overlap(check.primals[k]) != at::MemOverlap::Yes) {
+      check.primals[k].variable_data().copy_(before[k]);
+    }
   }
   for (size_t j = 0; j < g.num_leaves(); ++j) {
     at::Tensor leaf = g.leaf(j);
