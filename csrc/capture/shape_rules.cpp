@@ -70,17 +70,20 @@ at::Tensor meta_of(const at::Tensor& t) {
   return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta).requires_grad(false));
 }
 
-c10::IValue meta_ivalue(const c10::IValue& v) {
-  if (v.isTensor()) return meta_of(v.toTensor());
+// v with each tensor in it (a tensor, a list of tensors, a list of optional tensors)
+// replaced by f(tensor); other values as they are.
+template <class F>
+c10::IValue map_tensors(const c10::IValue& v, F&& f) {
+  if (v.isTensor()) return f(v.toTensor());
   if (v.isTensorList()) {
     c10::List<at::Tensor> out;
-    for (const at::Tensor& t : v.toTensorList()) out.push_back(meta_of(t));
+    for (const at::Tensor& t : v.toTensorList()) out.push_back(f(t));
     return out;
   }
   if (v.isList() && v.toList().elementType()->kind() == c10::TypeKind::OptionalType) {
     c10::List<std::optional<at::Tensor>> out;
     for (const c10::IValue& e : v.toListRef()) {
-      out.push_back(e.isTensor() ? std::optional<at::Tensor>(meta_of(e.toTensor())) : std::nullopt);
+      out.push_back(e.isTensor() ? std::optional<at::Tensor>(f(e.toTensor())) : std::nullopt);
     }
     return out;
   }
@@ -121,7 +124,7 @@ ShapeCheck before_op_shapes(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
   if (!reads_integral || unprobeable) return c;
   torch::jit::Stack probe;
   probe.reserve(args.size());
-  for (const c10::IValue& a : args) probe.push_back(meta_ivalue(a));
+  for (const c10::IValue& a : args) probe.push_back(map_tensors(a, meta_of));
   c.probe = std::move(probe);
   if (f.rerunnable) c.args = torch::jit::Stack(args.begin(), args.end());
   return c;
@@ -135,23 +138,6 @@ at::Tensor other_values(const at::Tensor& t) {
   if (!integral(t) || t.numel() == 0) return t;
   if (t.scalar_type() == c10::kBool) return t.logical_not();
   return t.sub(1).clamp_min(t.min().item());
-}
-
-c10::IValue with_other_values(const c10::IValue& v) {
-  if (v.isTensor()) return other_values(v.toTensor());
-  if (v.isTensorList()) {
-    c10::List<at::Tensor> out;
-    for (const at::Tensor& t : v.toTensorList()) out.push_back(other_values(t));
-    return out;
-  }
-  if (v.isList() && v.toList().elementType()->kind() == c10::TypeKind::OptionalType) {
-    c10::List<std::optional<at::Tensor>> out;
-    for (const c10::IValue& e : v.toListRef()) {
-      out.push_back(e.isTensor() ? std::optional<at::Tensor>(other_values(e.toTensor())) : std::nullopt);
-    }
-    return out;
-  }
-  return v;
 }
 
 // "" when `a` and `b` (the returns of two runs) have the same shapes, else what differs.
@@ -196,7 +182,7 @@ std::string check_with_meta(const c10::OperatorHandle& op, ShapeCheck& check, c1
   if (!check.args) return "";  // writes its arguments or draws random numbers: shapes are its inputs' or arguments'
   torch::jit::Stack again;
   again.reserve(check.args->size());
-  for (const c10::IValue& a : *check.args) again.push_back(with_other_values(a));
+  for (const c10::IValue& a : *check.args) again.push_back(map_tensors(a, other_values));
   try {
     at::NoGradGuard no_grad;
     op.callBoxed(again);

@@ -8,6 +8,7 @@
 #include <tcap/train_step.h>
 
 #include "support/compare.h"
+#include "support/models.h"
 
 #include <torch/torch.h>
 
@@ -71,11 +72,7 @@ TEST(DataDependentShapes, PackedSequencesAreNotReplayedAtRecordedBatchSizes) {
 TEST(DataDependentShapes, MaskedLossInACompiledStep) {
   torch::manual_seed(6);
   nn::Linear model(5, 3), twin(5, 3);
-  {
-    torch::NoGradGuard no_grad;
-    twin->weight.copy_(model->weight);
-    twin->bias.copy_(model->bias);
-  }
+  tcap::testing::copy_parameters(*model, *twin);
   torch::optim::SGD opt(model->parameters(), 0.1), twin_opt(twin->parameters(), 0.1);
   auto body_of = [](nn::Linear& m, torch::optim::SGD& o) {
     return [&m, &o](const Tensors& in) {

@@ -7,6 +7,7 @@
 #include <tcap/compile.h>
 
 #include "support/compare.h"
+#include "support/models.h"
 
 #include <torch/torch.h>
 
@@ -33,12 +34,6 @@ struct Mlp : nn::Module {
   at::Tensor forward(const at::Tensor& x) { return fc2->forward(torch::relu(fc1->forward(x))); }
   nn::Linear fc1, fc2;
 };
-
-void copy_params(nn::Module& from, nn::Module& to) {
-  torch::NoGradGuard no_grad;
-  auto a = from.parameters(), b = to.parameters();
-  for (size_t k = 0; k < a.size(); ++k) b[k].copy_(a[k]);
-}
 
 // Every parameter's .grad of `a` equals `b`'s.
 void expect_same_grads(nn::Module& a, nn::Module& b, const std::string& what) {
@@ -69,7 +64,7 @@ TEST(SavedValues, OutputKeptAcrossAWeightUpdate) {
                      (partitioner == tcap::Partitioner::MinCut ? " / min-cut" : " / default"));
         torch::manual_seed(7);
         auto m = std::make_shared<Mlp>(), twin = std::make_shared<Mlp>();
-        copy_params(*m, *twin);
+        tcap::testing::copy_parameters(*m, *twin);
         tcap::CompileOptions o;
         o.backend = backend;
         o.partitioner = partitioner;

@@ -7,6 +7,7 @@
 #include <tcap/train_step.h>
 
 #include "support/compare.h"
+#include "support/models.h"
 
 #include <torch/torch.h>
 
@@ -74,11 +75,7 @@ TEST(VerifyMode, SparseGradients) {
 TEST(VerifyMode, StepWithAStrideZeroInput) {
   torch::manual_seed(3);
   nn::Linear model(4, 2), twin(4, 2);
-  {
-    torch::NoGradGuard no_grad;
-    twin->weight.copy_(model->weight);
-    twin->bias.copy_(model->bias);
-  }
+  tcap::testing::copy_parameters(*model, *twin);
   torch::optim::SGD opt(model->parameters(), 0.1), twin_opt(twin->parameters(), 0.1);
   auto body_of = [](nn::Linear& m, torch::optim::SGD& o) {
     return [&m, &o](const Tensors& in) {
