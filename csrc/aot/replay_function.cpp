@@ -553,6 +553,10 @@ std::vector<at::Tensor> forward_through_autograd(const Entry& e, const std::vect
   at::AutoGradMode grad_on(true);
   Interpreter interp(e.part.forward, /*differentiable=*/true);
   interp.keep_values(false);
+  // Values read on the host that the compiled forward checks as it runs (an inline guard,
+  // cache::HostReads) are checked here too: a changed one throws HostValueChanged, and
+  // the call runs another way.
+  interp.check_host_values(e.guards.host.mode() == cache::HostReads::Mode::Inline);
   std::vector<at::Tensor> outs = interp.run(primals);
   outs.resize(e.part.num_user_outputs);
   return outs;

@@ -207,4 +207,29 @@ TEST(SavedValues, RecomputeOfAForwardThatWritesItsInput) {
   EXPECT_GE(f->stats().replays, 1);
 }
 
+// An entry without a compiled backward that reads a value on the host (a branch on a
+// sum's sign): calls that need a gradient run its forward through autograd, and a changed
+// host value is still noticed there.
+TEST(SavedValues, ForwardThroughAutogradChecksHostValues) {
+  auto fn = [](const Tensors& in) {
+    auto y = in[0] * in[1];
+    return Tensors{y.sum().item<double>() > 0 ? y.exp() : y.neg()};
+  };
+  auto f = tcap::compile(fn);
+  auto w = torch::ones({4}, torch::requires_grad());
+  for (int i = 0; i < 4; ++i) f({torch::ones({4}), w});  // no backward: a forward-only entry
+  for (int i = 0; i < 8; ++i) {
+    auto x = (i % 2 ? -1.0 : 1.0) * torch::rand({4}).add(0.1);
+    w.mutable_grad().reset();
+    auto y = f({x, w})[0];
+    y.sum().backward();
+    auto g = w.grad().clone();
+    w.mutable_grad().reset();
+    auto yt = fn({x, w})[0];
+    yt.sum().backward();
+    ASSERT_TRUE(close(y, yt, 1e-5, 1e-6)) << "call " << i;
+    ASSERT_TRUE(close(g, w.grad(), 1e-5, 1e-6)) << "call " << i;
+  }
+}
+
 }  // namespace
