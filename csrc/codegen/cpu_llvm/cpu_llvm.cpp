@@ -27,11 +27,10 @@ namespace {
 // nobody bumped this for; see kernel_cache.h).
 constexpr int kCodegenVersion = 3;  // 3: numbers read at launch (Note [Sizes at launch])
 
-// Code for every kernel of one structure whose numbers outside `at_launch` are `numbers`'
-// (planned with `varying`, make_plan: at_launch is varying).
+// Code for every kernel of one structure whose numbers outside `varying` are `numbers'`:
+// it reads the varying ones at launch (make_plan with `varying`: its plan's at_launch).
 struct Variant {
   std::vector<bool> varying;
-  std::vector<bool> at_launch;
   std::vector<int64_t> numbers;
   std::shared_ptr<const CpuKernel> code;
 };
@@ -78,14 +77,12 @@ std::string cache_key(const kir::Kernel& k, const CpuJit& jit) {
   return key_prefix(jit) + kir::to_string(anonymous);
 }
 
-// The key of code planned with `varying` that reads `plan.at_launch` at launch and has
-// the other numbers built in.
-std::string variant_key(const std::string& structure, const std::vector<bool>& varying, const KernelPlan& plan,
+// The key of code that reads the `varying` numbers at launch ("?") and has the other
+// numbers built in.
+std::string variant_key(const std::string& structure, const std::vector<bool>& varying,
                         const std::vector<int64_t>& numbers) {
   std::string s = structure + "numbers";
-  for (size_t i = 0; i < numbers.size(); ++i) {
-    s += " " + (plan.at_launch[i] ? std::string("?") : std::to_string(numbers[i])) + (varying[i] ? "*" : "");
-  }
+  for (size_t i = 0; i < numbers.size(); ++i) s += " " + (varying[i] ? std::string("?") : std::to_string(numbers[i]));
   return s;
 }
 
@@ -142,7 +139,9 @@ void build(const kir::Kernel& k, const KernelPlan& plan, const std::string& key,
 // number that differs cannot be read at launch (or none differs).
 std::vector<bool> widen(const Family& f, const std::vector<int64_t>& numbers, const kir::Kernel& k,
                         const NumberSlots& slots) {
-  if (f.first.size() != numbers.size()) return {};
+  // One structure, one count of numbers (Note [Kernel numbers]).
+  TORCH_INTERNAL_ASSERT(f.first.size() == numbers.size(), "cpu_llvm: kernels of one structure with ",
+                        f.first.size(), " and ", numbers.size(), " numbers");
   std::vector<bool> m(numbers.size(), false);
   bool any = false;
   for (size_t i = 0; i < numbers.size(); ++i) {
@@ -155,9 +154,10 @@ std::vector<bool> widen(const Family& f, const std::vector<int64_t>& numbers, co
 }
 
 bool serves(const Variant& v, const std::vector<int64_t>& numbers) {
-  if (v.numbers.size() != numbers.size()) return false;
+  TORCH_INTERNAL_ASSERT(v.numbers.size() == numbers.size(), "cpu_llvm: kernels of one structure with ",
+                        v.numbers.size(), " and ", numbers.size(), " numbers");
   for (size_t i = 0; i < numbers.size(); ++i) {
-    if (!v.at_launch[i] && v.numbers[i] != numbers[i]) return false;
+    if (!v.varying[i] && v.numbers[i] != numbers[i]) return false;
   }
   return true;
 }
@@ -227,13 +227,11 @@ std::shared_ptr<const CpuKernel> compile_cpu_kernel(const kir::Kernel& k) {
   }
   const KernelPlan launch_plan = varying.empty() ? KernelPlan{} : make_plan(k, jit.target(), {}, &varying);
   if (!varying.empty()) {
-    const std::string vkey = variant_key(structure, varying, launch_plan, out->numbers);
+    const std::string vkey = variant_key(structure, varying, out->numbers);
     build(k, launch_plan, vkey, jit, *out);
-    out->numbers_at_launch =
-        static_cast<int>(std::count(launch_plan.at_launch.begin(), launch_plan.at_launch.end(), true));
-    out->grain = launch_plan.grain;
+    out->numbers_at_launch = static_cast<int>(std::count(varying.begin(), varying.end(), true));
     std::lock_guard<std::mutex> lock(be.mu);
-    be.families[structure].variants.push_back({varying, launch_plan.at_launch, out->numbers, out});
+    be.families[structure].variants.push_back({varying, out->numbers, out});
   } else {
     build(k, plan, key, jit, *out);
   }

@@ -65,9 +65,9 @@ KernelPlan make_plan(const kir::Kernel& k, const TargetInfo& t, const PlanOption
   const int vmax = std::max(1, t.vector_bits / bits);
   const int last = p.rank() - 1;
   // A size seen to vary may be any size: decide as for a large one.
-  auto at_least = [&p, varying](int d, int64_t n) {
+  auto at_least = [&p](int d, int64_t n) {
     const size_t sd = static_cast<size_t>(d);
-    return (varying && (*varying)[sd]) || p.sizes[sd] >= n;
+    return (!p.at_launch.empty() && p.at_launch[sd]) || p.sizes[sd] >= n;
   };
 
   if (nr == 0) {
