@@ -246,13 +246,9 @@ variable_list region_backward(const Entry& e, SavedCapsule& capsule, const RngSt
     e.stats->count(&CompileStats::backward_fallbacks);
     TORCH_CHECK(!capsule.released, torch::autograd::ERR_BACKWARD_TWICE);
     check_recompute_reads(e, capsule, capsule.primals, why);
-    std::vector<at::Tensor> primals = capsule.primals;
-    if (!torch::autograd::get_current_graph_task_keep_graph()) {
-      variable_list result = recompute_backward(e, std::move(primals), capsule, grads, rng, create_graph);
-      capsule.release();
-      return result;
-    }
-    return recompute_backward(e, std::move(primals), capsule, grads, rng, create_graph);
+    variable_list result = recompute_backward(e, capsule.primals, capsule, grads, rng, create_graph);
+    if (!torch::autograd::get_current_graph_task_keep_graph()) capsule.release();
+    return result;
   }
   // Without retain_graph the executable gets the only references to the saved values
   // that are not outputs, and frees each at its last use.

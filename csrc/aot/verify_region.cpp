@@ -43,6 +43,15 @@ std::vector<at::Tensor> verified_call(const std::shared_ptr<const RegionEntry>& 
   // norm's running statistics; Note [Writes a schema does not show]).
   std::vector<at::Tensor> before;
   for (size_t j : served->recompute_clones) before.push_back(primals.at(j).detach().clone());
+  // Puts them back (without moving the version counters a saved tensor is checked
+  // against) and the random numbers, so that a run starts from the state the call found.
+  auto restore = [&] {
+    at::NoGradGuard no_grad;
+    for (size_t k = 0; k < served->recompute_clones.size(); ++k) {
+      primals.at(served->recompute_clones[k]).variable_data().copy_(before[k]);
+    }
+    rng.restore();
+  };
 
   auto check = std::make_shared<RegionVerify>();
   check->primals = primals;
@@ -56,16 +65,10 @@ std::vector<at::Tensor> verified_call(const std::shared_ptr<const RegionEntry>& 
   check->report.likely = likely_cause(guarded, options);
 
   std::vector<at::Tensor> compiled = replay_region(served, primals, check);
-  // The compiled forward's writes, kept; then undone (without moving the version counters
-  // a saved tensor is checked against) so that eager runs on the same state.
+  // The compiled forward's writes, kept; then undone so that eager runs on the same state.
   std::vector<at::Tensor> written;
-  for (size_t k = 0; k < served->recompute_clones.size(); ++k) {
-    const at::Tensor& t = primals.at(served->recompute_clones[k]);
-    written.push_back(t.detach().clone());
-    at::NoGradGuard no_grad;
-    t.variable_data().copy_(before[k]);
-  }
-  rng.restore();
+  for (size_t j : served->recompute_clones) written.push_back(primals.at(j).detach().clone());
+  restore();
   std::vector<at::Tensor> eager;
   {
     StanceGuard eager_only(Stance::ForceEager);
@@ -93,11 +96,7 @@ std::vector<at::Tensor> verified_call(const std::shared_ptr<const RegionEntry>& 
       if (it == made.end()) it = made.insert(made.end(), {t.unsafeGetTensorImpl(), t.detach().requires_grad_(true)});
       t = it->second;
     }
-    for (size_t k = 0; k < served->recompute_clones.size(); ++k) {
-      at::NoGradGuard no_grad;
-      primals.at(served->recompute_clones[k]).variable_data().copy_(before[k]);
-    }
-    rng.restore();
+    restore();
     {
       StanceGuard eager_only(Stance::ForceEager);
       check->eager_outputs = run_eager(&leaves);

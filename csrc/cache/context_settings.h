@@ -16,10 +16,12 @@
 // The list is not a choice: it is every setter of at::Context in the pinned LibTorch, each
 // either read here or named in `context_setters_not_guarded()` with the reason it cannot
 // change a result (warnings, memory, the calling thread's floating-point mode that
-// replays run under as eager does). A test (context_settings_coverage_test.cpp) reads the
+// replays run under as eager does). A test (test/compile/context_settings_test.cpp) reads the
 // pinned LibTorch's ATen/Context.h and fails when a setter is in neither list, so a
 // LibTorch with a new switch fails there instead of replaying under the old one.
 #pragma once
+
+#include <c10/util/ArrayRef.h>
 
 #include <array>
 #include <cstdint>
@@ -29,25 +31,29 @@
 
 namespace tcap::cache {
 
-// One guarded setting: its name in messages ("cuDNN benchmark"), the at::Context setter
-// that changes it ("setBenchmarkCuDNN"), and how it is read, as one integer.
+// One guarded setting: its name in messages ("cuDNN benchmark"), the at::Context setters
+// that change it ("setBenchmarkCuDNN"; several, space-separated, for the float32
+// precision table), how it is read, as one integer, and how that integer reads in a
+// message.
 struct ContextSetting {
+  enum class Kind : uint8_t { Flag, Precision, Number };  // "on"/"off", "tf32", "3"
   const char* name;
-  const char* setter;
+  const char* setters;
   int64_t (*read)();
+  Kind kind;
 };
 
 constexpr size_t kContextSettings = 39;
 using ContextValues = std::array<int64_t, kContextSettings>;
 
-const std::array<ContextSetting, kContextSettings>& context_settings();
+c10::ArrayRef<ContextSetting> context_settings();
 // Every guarded setting, read now.
 ContextValues read_context();
 // Whether the settings now are `v`, without building a ContextValues (every hit's check).
 bool context_matches(const ContextValues& v);
-// "" when equal, else what changed ("cuDNN benchmark changed: 0 -> 1").
+// "" when equal, else what changed ("cuDNN benchmark changed: off -> on").
 std::string context_mismatch(const ContextValues& was, const ContextValues& now);
-// The readable guards for the settings that are not LibTorch's defaults.
+// The readable guards: deterministic algorithms where on, and the count of the settings.
 std::vector<std::string> describe_context(const ContextValues& v);
 // The setters of at::Context that are not guarded, each with why it cannot change what a
 // graph computes (for docs and the coverage test).

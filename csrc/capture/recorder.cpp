@@ -109,14 +109,14 @@ void record_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
   ShapeCheck shapes;  // Note [Output shapes that depend on values]
   {
     c10::impl::ExcludeDispatchKeyGuard hide(g_key);  // its meta tensors are not recorded
-    shapes = before_op_shapes(op, args);
+    shapes = before_op_shapes(info, args);
   }
   redispatch_hidden(op, below, stack);
   const auto rets = torch::jit::last(*stack, info.num_returns);
   for (size_t k = 0; k < sessions.size(); ++k) {
     if (pending[k].active) sessions[k]->after_op(info, rets, pending[k]);
   }
-  if (shapes.probe) shapes.why = check_with_meta(op, shapes, rets, g_key);
+  if (shapes.probe) shapes.why = check_with_meta(op, info, shapes, rets, g_key);
   if (!shapes.why.empty()) {
     TCAP_LOG(Capture, "recorded " << info.qualified << ": " << shapes.why);
     for (size_t k = 0; k < sessions.size(); ++k) {

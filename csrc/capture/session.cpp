@@ -3,6 +3,7 @@
 #include "capture/recorder.h"
 #include "support/logging.h"
 
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/function_schema.h>
 #include <c10/core/DispatchKey.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -114,7 +115,18 @@ OpInfo OpInfo::from(const c10::OperatorHandle& op) {
     info.return_alias_arg.push_back(alias);
     const c10::AliasInfo* ra = element_alias(r.alias_info());
     info.return_is_write.push_back(ra && ra->isWrite());
+    if (r.type()->kind() == c10::TypeKind::TensorType || r.type()->isSubtypeOf(*c10::ListType::ofTensors())) {
+      info.returns_tensors = true;
+    }
   }
+  info.dynamic_output_shape = op.hasTag(at::Tag::dynamic_output_shape);
+  if (!info.dynamic_output_shape && !info.overload.empty()) {
+    if (auto functional = c10::Dispatcher::singleton().findOp({s.name(), ""})) {
+      info.dynamic_output_shape = functional->hasTag(at::Tag::dynamic_output_shape);
+    }
+  }
+  info.index_tensor = info.qualified == "aten::index.Tensor";
+  info.rerunnable = !s.is_mutable() && !op.hasTag(at::Tag::nondeterministic_seeded);
   return info;
 }
 

@@ -38,6 +38,11 @@ struct OpInfo {
   std::vector<uint8_t> arg_is_write;       // per argument: Tensor(a!)
   std::vector<int> return_alias_arg;       // per return: the argument it aliases, or -1
   std::vector<uint8_t> return_is_write;    // per return
+  // Note [Output shapes that depend on values] (capture/shape_rules.h):
+  bool dynamic_output_shape = false;  // LibTorch's tag, on it or on its functional overload
+  bool index_tensor = false;          // aten::index.Tensor
+  bool rerunnable = false;            // writes no argument and draws no random numbers
+  bool returns_tensors = false;
   static OpInfo from(const c10::OperatorHandle& op);
 };
 

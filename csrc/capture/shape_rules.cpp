@@ -4,45 +4,11 @@
 
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
-#include <c10/util/flat_hash_map.h>
 
 namespace tcap::capture {
 namespace {
 
 bool integral(const at::Tensor& t) { return t.defined() && c10::isIntegralType(t.scalar_type(), /*includeBool=*/true); }
-
-// What the schema alone says, per operator (cached per thread).
-struct OpFacts {
-  bool tagged = false;         // dynamic_output_shape, on it or its functional overload
-  bool rerunnable = false;     // writes no argument and draws no random numbers
-  bool index_tensor = false;   // aten::index.Tensor (Note [Output shapes that depend on values])
-  bool returns_tensors = false;
-};
-
-OpFacts facts_of(const c10::OperatorHandle& op) {
-  OpFacts f;
-  const auto& schema = op.schema();
-  f.tagged = op.hasTag(at::Tag::dynamic_output_shape);
-  if (!f.tagged && !schema.overload_name().empty()) {
-    if (auto functional = c10::Dispatcher::singleton().findOp({schema.name(), ""})) {
-      f.tagged = functional->hasTag(at::Tag::dynamic_output_shape);
-    }
-  }
-  f.index_tensor = schema.name() == "aten::index" && schema.overload_name() == "Tensor";
-  f.rerunnable = !schema.is_mutable() && !op.hasTag(at::Tag::nondeterministic_seeded);
-  for (const auto& r : schema.returns()) {
-    const auto& t = r.type();
-    if (t->kind() == c10::TypeKind::TensorType || t->isSubtypeOf(*c10::ListType::ofTensors())) f.returns_tensors = true;
-  }
-  return f;
-}
-
-const OpFacts& facts(const c10::OperatorHandle& op) {
-  thread_local ska::flat_hash_map<const c10::FunctionSchema*, OpFacts> cache;
-  auto it = cache.find(&op.schema());
-  if (it == cache.end()) it = cache.emplace(&op.schema(), facts_of(op)).first;
-  return it->second;
-}
 
 // Whether any tensor argument holds integers or booleans; whether any is not a plain
 // strided tensor (sparse, quantized, nested: not probed).
@@ -98,15 +64,11 @@ std::string shape_str(c10::IntArrayRef s) {
 
 }  // namespace
 
-ShapeCheck before_op_shapes(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
+ShapeCheck before_op_shapes(const OpInfo& info, c10::ArrayRef<c10::IValue> args) {
   ShapeCheck c;
-  const OpFacts& f = facts(op);
-  if (!f.returns_tensors) return c;
-  const std::string& name = op.schema().name();
-  const std::string qualified =
-      name + (op.schema().overload_name().empty() ? "" : "." + op.schema().overload_name());
-  if (f.tagged) {
-    if (f.index_tensor && args.size() == 2 && args[1].isList()) {
+  if (!info.returns_tensors) return c;
+  if (info.dynamic_output_shape) {
+    if (info.index_tensor && args.size() == 2 && args[1].isList()) {
       bool boolean = false;
       for (const c10::IValue& e : args[1].toListRef()) {
         if (e.isTensor() && e.toTensor().defined() &&
@@ -116,7 +78,7 @@ ShapeCheck before_op_shapes(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
       }
       if (!boolean) return c;  // integer indices: the output shape follows the index shapes
     }
-    c.why = qualified + " has a data-dependent output shape";
+    c.why = info.qualified + " has a data-dependent output shape";
     return c;
   }
   bool reads_integral = false, unprobeable = false;
@@ -126,7 +88,7 @@ ShapeCheck before_op_shapes(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
   probe.reserve(args.size());
   for (const c10::IValue& a : args) probe.push_back(map_tensors(a, meta_of));
   c.probe = std::move(probe);
-  if (f.rerunnable) c.args = torch::jit::Stack(args.begin(), args.end());
+  if (info.rerunnable) c.args = torch::jit::Stack(args.begin(), args.end());
   return c;
 }
 
@@ -166,10 +128,9 @@ std::string shapes_differ(const std::string& qualified, c10::ArrayRef<c10::IValu
 
 }  // namespace
 
-std::string check_with_meta(const c10::OperatorHandle& op, ShapeCheck& check, c10::ArrayRef<c10::IValue> rets,
-                            c10::DispatchKey hide) {
-  const std::string qualified =
-      op.schema().name() + (op.schema().overload_name().empty() ? "" : "." + op.schema().overload_name());
+std::string check_with_meta(const c10::OperatorHandle& op, const OpInfo& info, ShapeCheck& check,
+                            c10::ArrayRef<c10::IValue> rets, c10::DispatchKey hide) {
+  const std::string& qualified = info.qualified;
   c10::impl::ExcludeDispatchKeyGuard off(c10::DispatchKeySet(hide) | c10::autograd_dispatch_keyset);
   torch::jit::Stack& probe = *check.probe;
   try {

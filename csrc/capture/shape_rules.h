@@ -25,6 +25,8 @@
 // indices' shape); with boolean indices it is data-dependent.
 #pragma once
 
+#include "capture/session.h"
+
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
@@ -35,17 +37,18 @@ namespace tcap::capture {
 
 // Before the op runs: "" and no probe when its shapes follow from its inputs' shapes for
 // certain; a reason when it is data-dependent for certain (a tag); or a probe: the
-// arguments as meta tensors, to run after the op (check_with_meta).
+// arguments as meta tensors, to run after the op (check_with_meta). What the schema says
+// (the tag, whether the op may run again) is the op's OpInfo, read once per operator.
 struct ShapeCheck {
   std::string why;                          // data-dependent, for certain
   std::optional<torch::jit::Stack> probe;   // to run on meta after the op
   std::optional<torch::jit::Stack> args;    // the real arguments, where no meta function may say
 };
-ShapeCheck before_op_shapes(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args);
+ShapeCheck before_op_shapes(const OpInfo& info, c10::ArrayRef<c10::IValue> args);
 
 // After the op ran and returned `rets`: "" when the meta function gives the same shapes,
 // else why the op is data-dependent. `hide` is the recording key, kept off for the probe.
-std::string check_with_meta(const c10::OperatorHandle& op, ShapeCheck& check, c10::ArrayRef<c10::IValue> rets,
-                            c10::DispatchKey hide);
+std::string check_with_meta(const c10::OperatorHandle& op, const OpInfo& info, ShapeCheck& check,
+                            c10::ArrayRef<c10::IValue> rets, c10::DispatchKey hide);
 
 }  // namespace tcap::capture

@@ -27,7 +27,7 @@ using Tensors = std::vector<at::Tensor>;
 std::set<std::string> setters_read() {
   std::set<std::string> out;
   for (const auto& s : tcap::cache::context_settings()) {
-    std::istringstream words(s.setter);
+    std::istringstream words(s.setters);
     for (std::string w; words >> w;) out.insert(w);
   }
   return out;

@@ -74,18 +74,11 @@ TEST(DataDependentShapes, MaskedLossInACompiledStep) {
   nn::Linear model(5, 3), twin(5, 3);
   tcap::testing::copy_parameters(*model, *twin);
   torch::optim::SGD opt(model->parameters(), 0.1), twin_opt(twin->parameters(), 0.1);
-  auto body_of = [](nn::Linear& m, torch::optim::SGD& o) {
-    return [&m, &o](const Tensors& in) {
-      o.zero_grad();
-      auto out = m->forward(in[0]);
-      auto loss = torch::mse_loss(out.index({in[2]}), in[1].index({in[2]}));
-      loss.backward();
-      o.step();
-      return Tensors{loss};
-    };
+  auto masked = [](const at::Tensor& out, const Tensors& in) {
+    return torch::mse_loss(out.index({in[2]}), in[1].index({in[2]}));
   };
-  auto step = tcap::compile_step(model.ptr(), opt, body_of(model, opt));
-  auto eager = body_of(twin, twin_opt);
+  auto step = tcap::compile_step(model.ptr(), opt, tcap::testing::step_body(model, opt, masked));
+  auto eager = tcap::testing::step_body(twin, twin_opt, masked);
   for (int i = 0; i < 8; ++i) {
     auto x = torch::randn({9, 5}), y = torch::randn({9, 3});
     auto mask = torch::rand({9}) > 0.5;

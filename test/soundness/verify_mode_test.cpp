@@ -77,17 +77,9 @@ TEST(VerifyMode, StepWithAStrideZeroInput) {
   nn::Linear model(4, 2), twin(4, 2);
   tcap::testing::copy_parameters(*model, *twin);
   torch::optim::SGD opt(model->parameters(), 0.1), twin_opt(twin->parameters(), 0.1);
-  auto body_of = [](nn::Linear& m, torch::optim::SGD& o) {
-    return [&m, &o](const Tensors& in) {
-      o.zero_grad();
-      auto loss = torch::mse_loss(m->forward(in[0]), in[1]);
-      loss.backward();
-      o.step();
-      return Tensors{loss};
-    };
-  };
-  auto step = tcap::compile_step(model.ptr(), opt, body_of(model, opt));
-  auto eager = body_of(twin, twin_opt);
+  auto mse = [](const at::Tensor& out, const Tensors& in) { return torch::mse_loss(out, in[1]); };
+  auto step = tcap::compile_step(model.ptr(), opt, tcap::testing::step_body(model, opt, mse));
+  auto eager = tcap::testing::step_body(twin, twin_opt, mse);
   for (int i = 0; i < 6; ++i) {
     tcap::StanceGuard verifying(tcap::Stance::Default, true, i >= 3 ? std::optional(kEveryReplay) : std::nullopt);
     auto x = torch::randn({1, 4}).expand({6, 4});  // one row for the whole batch: stride 0

@@ -1,8 +1,10 @@
 // Small models shared by the compile tests (the seeds' MLP, a CNN with BatchNorm), and a
-// helper that gives an eager twin the same parameters.
+// helpers for eager twins: the same parameters, and one training step body for both.
 #pragma once
 
 #include <torch/torch.h>
+
+#include <functional>
 
 namespace tcap::testing {
 
@@ -38,6 +40,21 @@ inline void copy_parameters(const torch::nn::Module& from, torch::nn::Module& to
   torch::NoGradGuard no_grad;
   auto dst = to.named_parameters();
   for (const auto& item : from.named_parameters()) dst[item.key()].copy_(item.value());
+}
+
+// A training step for compile_step and for its eager twin: zero_grad, the loss of the
+// model's output on the step's inputs, backward, step; returns the loss.
+using StepLoss = std::function<at::Tensor(const at::Tensor& out, const std::vector<at::Tensor>& in)>;
+inline std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)> step_body(torch::nn::Linear& m,
+                                                                                          torch::optim::Optimizer& o,
+                                                                                          StepLoss loss) {
+  return [&m, &o, loss](const std::vector<at::Tensor>& in) {
+    o.zero_grad();
+    auto l = loss(m->forward(in[0]), in);
+    l.backward();
+    o.step();
+    return std::vector<at::Tensor>{l};
+  };
 }
 
 }  // namespace tcap::testing
