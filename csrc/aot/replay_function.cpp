@@ -12,6 +12,8 @@
 
 #include "aot/region.h"
 #include "aot/replay_node.h"
+#include "capture/engine_shim.h"
+#include "capture/hooks.h"
 #include "support/logging.h"
 
 #include <tcap/interpreter.h>
@@ -323,7 +325,10 @@ struct ReplayFunction : torch::autograd::Function<ReplayFunction> {
 // ones, whose node keeps eager's outputs: when the user's backward reaches it, it runs the
 // compiled backward, then eager's (torch::autograd::grad of eager's outputs with respect
 // to the same primals and with the same incoming gradients), compares each primal's
-// gradient, and hands eager's on. A double backward recomputes anyway and is not compared.
+// gradient, and hands eager's on. A create_graph backward (a double backward's first) is
+// compared too: the compiled side's recompute (Note [What a recompute reads]) against
+// eager's gradients with their graph, which are handed on, so the second differentiation
+// is eager's (a later backward that reaches this node again runs it unverified).
 variable_list verified_gradients(RegionVerify& v, const variable_list& incoming, variable_list compiled) {
   std::vector<at::Tensor> outs, grads, inputs;
   std::vector<size_t> which;
@@ -339,8 +344,27 @@ variable_list verified_gradients(RegionVerify& v, const variable_list& incoming,
   }
   variable_list eager(compiled.size());
   if (!outs.empty() && !inputs.empty()) {
+    // The primals' own hooks run once, when eager's gradients are handed on to them
+    // (Note [Hooks called once under verify], capture/hooks.h); here they are passed over.
+    std::vector<capture::HookTapeScope::LeafHook> leaf_hooks;
+    std::vector<std::unique_ptr<capture::HookTapeScope>> passed_over;
+    for (const auto& t : inputs) {
+      if (t.is_leaf()) {
+        for (size_t i = 0; i < capture::leaf_tensor_hooks(t).size(); ++i) leaf_hooks.push_back({t, i, 0});
+      } else if (const auto fn = t.grad_fn()) {
+        capture::HookWrapScope::SlotOf slots;
+        for (const auto& h : fn->tensor_pre_hooks()) slots.emplace(h.get(), 0);
+        for (const auto& [i, h] : fn->retains_grad_hooks()) slots.emplace(h.get(), 0);
+        if (!slots.empty()) {
+          passed_over.push_back(std::make_unique<capture::HookTapeScope>(fn, slots, nullptr, capture::HookTapeScope::Mode::PassOver));
+        }
+      }
+    }
+    capture::HookTapeScope leaves_passed_over(std::move(leaf_hooks), nullptr, capture::HookTapeScope::Mode::PassOver);
+    // A double backward (create_graph): eager's gradients keep their graph, so the second
+    // differentiation runs through eager's.
     const auto g = torch::autograd::grad(outs, inputs, grads, torch::autograd::get_current_graph_task_keep_graph(),
-                                         /*create_graph=*/false, /*allow_unused=*/true);
+                                         /*create_graph=*/at::GradMode::is_enabled(), /*allow_unused=*/true);
     for (size_t i = 0; i < which.size(); ++i) {
       if (which[i] < eager.size()) eager[which[i]] = g[i];
     }
@@ -359,11 +383,12 @@ variable_list verified_gradients(RegionVerify& v, const variable_list& incoming,
     }
   }
   for (size_t j = 0; j < compiled.size() && j < eager.size(); ++j) {
+    at::NoGradGuard no_grad;
     // A primal that gets no gradient from eager's graph gets none (or zeros) from the
     // compiled one: both mean nothing reached it.
     const at::Tensor c = compiled[j].defined() || !eager[j].defined() ? compiled[j] : at::zeros_like(eager[j]);
     const at::Tensor e = eager[j].defined() || !c.defined() ? eager[j] : at::zeros_like(c);
-    std::string how = cache::compare_tensors(c, e, v.tolerances);
+    std::string how = cache::compare_tensors(c.defined() ? c.detach() : c, e.defined() ? e.detach() : e, v.tolerances);
     if (how.empty()) continue;
     cache::VerifyReport r = v.report;
     r.what = "the gradient of " + (j < v.names.size() ? "'" + v.names[j] + "'" : "primal " + std::to_string(j));
@@ -409,9 +434,12 @@ struct ReplayNode final : torch::autograd::Node {
 
   variable_list apply(variable_list&& grads) override {
     std::lock_guard<std::mutex> lock(mu);
-    if (verify && !at::GradMode::is_enabled()) {
+    if (verify) {
       std::shared_ptr<RegionVerify> v = verify;
-      if (!torch::autograd::get_current_graph_task_keep_graph()) verify.reset();
+      // After a create_graph backward, the eager gradients handed on carry eager's forward
+      // graph, which a later backward may run (and free) before it reaches this node: a
+      // later backward of this node runs the compiled backward, unverified.
+      if (!torch::autograd::get_current_graph_task_keep_graph() || at::GradMode::is_enabled()) verify.reset();
       const variable_list incoming = grads;  // the compiled backward takes grads' tensors
       variable_list compiled = region_backward(*entry, *capsule, rng ? &*rng : nullptr, grads, [&] { return unpack_outputs(); });
       return verified_gradients(*v, incoming, std::move(compiled));

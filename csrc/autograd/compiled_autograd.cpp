@@ -269,7 +269,11 @@ struct Runtime::Call {
     auto hit = rt.specialize(std::static_pointer_cast<const Entry>(found.hit), found.key);
     if (!hit) return std::nullopt;
     const VerifyOptions v = cache::verify_options_for(rt.opts());
-    if (first && rt.cache_->verifier.next(v)) return rt.verified_replay(r, *hit, *w, v);
+    if (first && rt.cache_->verifier.next(v)) {
+      // The verified run wraps the graph's hooks to tape them (Note [Verifying a compiled backward]).
+      if (!edit) edit.emplace(capture::GraphLock::Mode::Edit);
+      return rt.verified_replay(r, *hit, *w, v);
+    }
     return rt.replay(r, *hit, *w);
   }
   std::optional<Out> after_miss(bool*) { return std::nullopt; }
@@ -319,15 +323,17 @@ interp::HookRunner Runtime::hook_runner(const Entry& e, ca::BackwardWalk& w, c10
 }
 
 // Note [Verifying a compiled backward]
-// A verified hit (verify mode) runs the compiled graph on the walk's tensors without
-// releasing them and without accumulating, then the engine on the same backward, as eager
-// runs it (it accumulates into .grad, runs the hooks, frees the graph). Each gradient the
-// compiled graph would have handed a leaf is compared with what the engine added to that
-// leaf's .grad (its value before, plus the gradient, as AccumulateGrad adds them), and
-// grad()'s results with the engine's. The engine's results are kept. Hooks run twice (in
-// the compiled graph, then in the engine), so a hook with side effects on the host sees
-// both calls. A graph that accumulates leaves inside itself (Note [Leaves accumulated where
-// the engine would]) is not verified: it would accumulate twice.
+// A verified hit (verify mode) runs the engine on the backward, as eager runs it (it
+// accumulates into .grad, runs the hooks, frees the graph), then the compiled graph on the
+// walk's tensors (the unpacked saved tensors, which the engine's release leaves alive)
+// without accumulating. Each gradient the compiled graph would have handed a leaf is
+// compared with what the engine added to that leaf's .grad (its value before, plus the
+// gradient, as AccumulateGrad adds them), and grad()'s results with the engine's. The
+// engine's results are kept. Hooks run once, in the engine (Note [Hooks called once under
+// verify], capture/hooks.h): the compiled graph's call_hook nodes take the engine's taped
+// results, and the gradients each received are compared with the engine's. A graph that
+// accumulates leaves inside itself (Note [Leaves accumulated where the engine would]) is
+// not verified: it would accumulate twice.
 variable_list Runtime::verified_replay(const Request& r, const Entry& e, ca::BackwardWalk& w, const VerifyOptions& v) {
   if (e.accumulates_in_graph) {
     TCAP_LOG(Verify, "compiled autograd entry " << e.id << " is not verified: it accumulates leaves inside its graph");
@@ -342,14 +348,25 @@ variable_list Runtime::verified_replay(const Request& r, const Entry& e, ca::Bac
     const at::Tensor& g = acc->variable.grad();
     if (g.defined()) before[i] = g.detach().clone();
   }
+  capture::HookTape tape;
+  variable_list eager;
+  {
+    capture::HookWrapScope::SlotOf slots;
+    for (size_t k = 0; k < w.hooks.size() && k < e.num_hooks; ++k) slots.emplace(w.hooks[k].object, static_cast<int>(k));
+    capture::HookTapeScope taped(w.graph, slots, &tape, capture::HookTapeScope::Mode::Record);
+    eager = r.run();
+  }
   std::vector<at::Tensor> outs;
   {
     at::AutoGradMode grad_mode(false);
-    interp::HookRunner runner = hook_runner(e, w, c10::impl::tls_local_dispatch_key_set());
+    interp::HookRunner real = hook_runner(e, w, c10::impl::tls_local_dispatch_key_set());
+    interp::HookRunner runner = [&](int slot, const std::vector<at::Tensor>& in, const std::vector<at::Tensor>& node_in) {
+      if (auto out = tape.play(slot, in)) return *out;
+      return real(slot, in, node_in);
+    };
     interp::HookRunnerScope scope(&runner);
     outs = e.exe(w.tensors);
   }
-  variable_list eager = r.run();
   cache::Tolerances tol = cache::Tolerances::for_options(opts());
   cache::VerifyReport rep;
   rep.who = "compiled autograd entry " + std::to_string(e.id);
@@ -359,6 +376,17 @@ variable_list Runtime::verified_replay(const Request& r, const Entry& e, ca::Bac
   if (!tol.exact) rep.likely += "; or a rounding difference of backend '" + std::string(opts().backend.name()) + "' beyond its tolerance";
   size_t compared = 0;
   at::NoGradGuard no_grad;
+  for (const auto& p : tape.played()) {
+    for (size_t j = 0; j < p.in.size() && j < p.taped_in.size(); ++j, ++compared) {
+      std::string how = cache::compare_tensors(p.in[j], p.taped_in[j], tol);
+      if (how.empty()) continue;
+      const auto& h = w.hooks.at(static_cast<size_t>(p.slot));
+      rep.what = "gradient " + std::to_string(j) + " a hook of " + w.label(h.node) + " receives";
+      rep.how = std::move(how);
+      cache::report_mismatch(v, rep);
+      return eager;
+    }
+  }
   for (size_t i = 0; i < w.accumulate.size() && r.accumulate_grad; ++i) {
     const int p = e.acc_output.at(i);
     if (p < 0) continue;

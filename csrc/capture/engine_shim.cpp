@@ -227,6 +227,11 @@ std::vector<torch::autograd::FunctionPreHook*> leaf_tensor_hooks(const at::Tenso
   return out;
 }
 
+std::vector<std::unique_ptr<torch::autograd::FunctionPreHook>>* leaf_tensor_hook_list(const at::Tensor& t) {
+  if (!t.defined() || !t.requires_grad() || !t.is_leaf()) return nullptr;
+  return &torch::autograd::impl::hooks(t);
+}
+
 bool has_post_accumulate_grad_hook(const at::Tensor& t) {
   if (!t.defined() || !t.requires_grad() || !t.is_leaf()) return false;
   return torch::autograd::impl::post_acc_grad_hooks(t) != nullptr;

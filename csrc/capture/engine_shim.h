@@ -109,6 +109,9 @@ class EngineHookLease {
 // pre-hooks its AccumulateGrad node runs before accumulating, by object (the engine reads
 // them from the tensor, so they outlive any one backward). Empty for other tensors.
 std::vector<torch::autograd::FunctionPreHook*> leaf_tensor_hooks(const at::Tensor& t);
+// The same hooks as the list the engine reads, to wrap them for a while (Note [Hooks called
+// once under verify], capture/hooks.h). nullptr for a tensor that is not such a leaf.
+std::vector<std::unique_ptr<torch::autograd::FunctionPreHook>>* leaf_tensor_hook_list(const at::Tensor& t);
 // Whether a post-accumulate-grad hook is registered on the leaf t.
 bool has_post_accumulate_grad_hook(const at::Tensor& t);
 

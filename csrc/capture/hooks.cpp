@@ -167,6 +167,157 @@ void HookWrapScope::restore(torch::autograd::Node* n) {
 
 namespace {
 
+variable_list copies(const variable_list& v) {
+  variable_list out;
+  out.reserve(v.size());
+  for (const auto& t : v) out.push_back(t.defined() ? t.detach().clone() : at::Tensor());
+  return out;
+}
+
+// Note [Hooks called once under verify]: one hook, recording, played, or passed over.
+struct TapePreHook : FunctionPreHook {
+  TapePreHook(std::unique_ptr<FunctionPreHook> inner, HookTape* tape, HookTapeScope::Mode mode, int slot)
+      : inner(std::move(inner)), tape(tape), mode(mode), slot(slot) {}
+  variable_list operator()(const variable_list& grads) override {
+    switch (mode) {
+      case HookTapeScope::Mode::PassOver: return grads;
+      case HookTapeScope::Mode::Play:
+        if (auto out = tape->play(slot, grads)) return *out;
+        return (*inner)(grads);
+      case HookTapeScope::Mode::Record: break;
+    }
+    variable_list out = (*inner)(grads);
+    tape->record(slot, grads, out);
+    return out;
+  }
+  std::unique_ptr<FunctionPreHook> inner;
+  HookTape* tape;
+  HookTapeScope::Mode mode;
+  int slot;
+};
+
+struct TapePostHook : FunctionPostHook {
+  TapePostHook(std::unique_ptr<FunctionPostHook> inner, HookTape* tape, HookTapeScope::Mode mode, int slot)
+      : inner(std::move(inner)), tape(tape), mode(mode), slot(slot) {}
+  variable_list operator()(const variable_list& outputs, const variable_list& inputs) override {
+    switch (mode) {
+      case HookTapeScope::Mode::PassOver: return outputs;
+      case HookTapeScope::Mode::Play:
+        if (auto out = tape->play(slot, outputs)) return *out;
+        return (*inner)(outputs, inputs);
+      case HookTapeScope::Mode::Record: break;
+    }
+    variable_list out = (*inner)(outputs, inputs);
+    tape->record(slot, outputs, out);
+    return out;
+  }
+  std::unique_ptr<FunctionPostHook> inner;
+  HookTape* tape;
+  HookTapeScope::Mode mode;
+  int slot;
+};
+
+void unwrap_tapes(std::vector<std::unique_ptr<FunctionPreHook>>& hooks) {
+  for (auto& h : hooks) h = unwrap<TapePreHook>(h);
+}
+
+}  // namespace
+
+void HookTape::record(int slot, const variable_list& in, const variable_list& out) {
+  // Copies: the engine may steal a gradient into .grad and accumulate into it later.
+  Call c{copies(in), copies(out)};
+  std::lock_guard<std::mutex> lock(mutex_);
+  calls_[slot].push_back(std::move(c));
+}
+
+std::optional<variable_list> HookTape::play(int slot, const variable_list& in) {
+  variable_list now = copies(in);
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = calls_.find(slot);
+  if (it == calls_.end() || it->second.empty()) return std::nullopt;
+  Call c = std::move(it->second.front());
+  it->second.pop_front();
+  played_.push_back({slot, std::move(c.in), std::move(now)});
+  return std::move(c.out);
+}
+
+std::vector<HookTape::Played> HookTape::played() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return played_;
+}
+
+HookTapeScope::HookTapeScope(const NodePtr& root, const HookWrapScope::SlotOf& slots, HookTape* tape, Mode mode)
+    : tape_(tape), mode_(mode) {
+  std::vector<torch::autograd::Node*> todo{root.get()};
+  std::unordered_set<torch::autograd::Node*> seen;
+  while (!todo.empty()) {
+    torch::autograd::Node* n = todo.back();
+    todo.pop_back();
+    if (!n || !seen.insert(n).second) continue;
+    wrap(n, slots);
+    for (const auto& e : n->next_edges()) {
+      if (e.function) todo.push_back(e.function.get());
+    }
+  }
+}
+
+HookTapeScope::HookTapeScope(std::vector<LeafHook> leaf_hooks, HookTape* tape, Mode mode) : tape_(tape), mode_(mode) {
+  for (auto& h : leaf_hooks) {
+    auto* list = leaf_tensor_hook_list(h.leaf);
+    if (!list || h.index >= list->size() || !(*list)[h.index]) continue;
+    auto& slot = (*list)[h.index];
+    slot = std::make_unique<TapePreHook>(std::move(slot), tape_, mode_, h.slot);
+    leaves_.push_back(std::move(h.leaf));
+  }
+}
+
+void HookTapeScope::wrap(torch::autograd::Node* n, const HookWrapScope::SlotOf& slots) {
+  bool wrapped = false;
+  auto slot_of = [&](const void* h) {
+    auto it = slots.find(h);
+    return it == slots.end() ? -1 : it->second;
+  };
+  for (auto& h : n->tensor_pre_hooks()) {
+    if (const int k = slot_of(h.get()); k >= 0) {
+      h = std::make_unique<TapePreHook>(std::move(h), tape_, mode_, k);
+      wrapped = true;
+    }
+  }
+  for (auto& [i, h] : n->retains_grad_hooks()) {
+    if (const int k = slot_of(h.get()); k >= 0) {
+      h = std::make_unique<TapePreHook>(std::move(h), tape_, mode_, k);
+      wrapped = true;
+    }
+  }
+  for (auto& h : n->pre_hooks()) {
+    if (const int k = slot_of(h.get()); k >= 0) {
+      h = std::make_unique<TapePreHook>(std::move(h), tape_, mode_, k);
+      wrapped = true;
+    }
+  }
+  for (auto& h : n->post_hooks()) {
+    if (const int k = slot_of(h.get()); k >= 0) {
+      h = std::make_unique<TapePostHook>(std::move(h), tape_, mode_, k);
+      wrapped = true;
+    }
+  }
+  if (wrapped) nodes_.push_back(n->getptr());
+}
+
+HookTapeScope::~HookTapeScope() {
+  for (const auto& n : nodes_) {
+    unwrap_tapes(n->tensor_pre_hooks());
+    for (auto& [i, h] : n->retains_grad_hooks()) h = unwrap<TapePreHook>(h);
+    unwrap_tapes(n->pre_hooks());
+    for (auto& h : n->post_hooks()) h = unwrap<TapePostHook>(h);
+  }
+  for (const auto& t : leaves_) {
+    if (auto* list = leaf_tensor_hook_list(t)) unwrap_tapes(*list);
+  }
+}
+
+namespace {
+
 struct Armed {
   std::mutex mutex;
   std::vector<std::pair<std::weak_ptr<BackwardWatcher>, std::unique_ptr<EngineHookLease>>> watchers;

@@ -13,7 +13,10 @@
 
 #include "capture/engine_shim.h"
 
+#include <deque>
 #include <functional>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 
@@ -59,6 +62,66 @@ class HookWrapScope {
   const SlotOf* slots_;
   const NodeLabeler* label_;
   std::vector<NodePtr> nodes_;
+};
+
+// Note [Hooks called once under verify]
+// A verified call runs a compiled backward and eager's on one call. Hooks the compiled code
+// calls as objects (compiled autograd's opaque call_hook nodes, compile_step's parameter
+// hooks) would then run twice: a counting hook counts twice, a retain_grad .grad doubles, a
+// hook that scales a parameter's gradient is applied to eager's .grad once more. So eager's
+// side calls the real hooks, each call taped (the gradients the hook received and those it
+// returned), and the compiled side calls none: each call it makes of a taped hook takes the
+// hook's next taped call and returns its results, and what it received is kept beside what
+// eager's call received, for the verifier to compare (a difference upstream of a hook is
+// found there, not hidden by the hook's results). A hook eager's side did not call runs for
+// real. Where eager's side differentiates with torch::autograd::grad on the primals (a
+// verified tcap::compile region), the primals' own hooks would run there and again when
+// eager's gradients are handed on to them, so they are passed over in that grad call.
+struct HookTape {
+  struct Played {
+    int slot;
+    torch::autograd::variable_list taped_in;  // what eager's call of the hook received
+    torch::autograd::variable_list in;        // what the compiled side's call received
+  };
+  void record(int slot, const torch::autograd::variable_list& in, const torch::autograd::variable_list& out);
+  // The results of the next taped call of `slot`, given what the hook receives now (kept
+  // in played()); nullopt where no taped call is left.
+  std::optional<torch::autograd::variable_list> play(int slot, const torch::autograd::variable_list& in);
+  std::vector<Played> played() const;
+
+ private:
+  struct Call {
+    torch::autograd::variable_list in, out;
+  };
+  mutable std::mutex mutex_;  // the engine may run hooks on its device threads
+  std::unordered_map<int, std::deque<Call>> calls_;
+  std::vector<Played> played_;
+};
+
+// While alive, the hooks named by `slots` (by object address) record into, or play from,
+// `tape`; PassOver returns each such hook's gradients unchanged without calling it. Over
+// every node reachable from a root, or over leaves' own hooks (Tensor::register_hook on a
+// parameter: the list its AccumulateGrad node reads).
+class HookTapeScope {
+ public:
+  enum class Mode { Record, Play, PassOver };
+  struct LeafHook {
+    at::Tensor leaf;
+    size_t index;  // in the leaf's hook list
+    int slot;
+  };
+  HookTapeScope(const NodePtr& root, const HookWrapScope::SlotOf& slots, HookTape* tape, Mode mode);
+  HookTapeScope(std::vector<LeafHook> leaf_hooks, HookTape* tape, Mode mode);
+  ~HookTapeScope();
+  HookTapeScope(const HookTapeScope&) = delete;
+  HookTapeScope& operator=(const HookTapeScope&) = delete;
+
+ private:
+  void wrap(torch::autograd::Node* n, const HookWrapScope::SlotOf& slots);
+  HookTape* tape_;
+  Mode mode_;
+  std::vector<NodePtr> nodes_;
+  std::vector<at::Tensor> leaves_;
 };
 
 }  // namespace tcap::capture

@@ -167,8 +167,10 @@ struct CompiledStep::Impl {
                                      std::string* verdict);
   void verify_and_compile(StepEntry& e, const ir::Graph& first, const std::vector<std::vector<HostState>>& host1,
                           const step::StepInputs& g);
+  // `tape`: a verified replay's, whose taped hook calls serve the step's opaque hooks
+  // (Note [Hooks called once under verify], capture/hooks.h).
   std::vector<at::Tensor> replay(const StepEntry& e, const step::StepInputs& g, const std::vector<at::Tensor>& primals,
-                                 const std::vector<at::Tensor>& user);
+                                 const std::vector<at::Tensor>& user, capture::HookTape* tape = nullptr);
   struct Call;
   std::vector<at::Tensor> call(const std::vector<at::Tensor>& user);
   // A verified replay (Note [Verifying a compiled step]), or nullopt where the entry cannot

@@ -45,7 +45,7 @@ namespace tcap {
 
 std::vector<at::Tensor> CompiledStep::Impl::replay(const StepEntry& e, const step::StepInputs& g,
                                                    const std::vector<at::Tensor>& primals,
-                                                   const std::vector<at::Tensor>& user) {
+                                                   const std::vector<at::Tensor>& user, capture::HookTape* tape) {
   auto name_of = [&](size_t k) { return gather(user, true).names.at(k); };  // for errors only
   // The graph's inputs: the step's tensors, then its host scalars recomputed for this call.
   std::vector<at::Tensor> inputs;
@@ -61,6 +61,9 @@ std::vector<at::Tensor> CompiledStep::Impl::replay(const StepEntry& e, const ste
   // call's tensor, as the engine would: default dispatch, grad mode off.
   const auto outer_keys = c10::impl::tls_local_dispatch_key_set();
   interp::HookRunner runner = [&](int slot, const std::vector<at::Tensor>& in, const std::vector<at::Tensor>&) {
+    if (tape) {
+      if (auto out = tape->play(slot, in)) return *out;
+    }
     const auto [k, i] = e.hook_slots.at(static_cast<size_t>(slot));
     const auto hooks = capture::leaf_tensor_hooks(g.ts[k]);
     TORCH_CHECK(i < hooks.size(), "tcap: ", who(), ": hook ", i, " of '", name_of(k), "' is gone");
@@ -133,7 +136,12 @@ std::optional<std::vector<at::Tensor>> CompiledStep::Impl::verified(const StepEn
     check.names.push_back(k < inputs.size() ? served.graph.node(inputs[k]).name : "input " + std::to_string(k));
   }
   check.opts = parts.opts;
-  check.replay = [&] { return replay(served, g, primals, user); };
+  check.replay = [&](capture::HookTape* tape) { return replay(served, g, primals, user, tape); };
+  for (size_t s = 0; s < served.hook_slots.size(); ++s) {
+    const auto [k, i] = served.hook_slots[s];
+    check.hooks.push_back({g.ts.at(k), i, static_cast<int>(s)});
+    check.hook_names.push_back(check.names.at(k));
+  }
   check.eager = [&] { return fn(user); };
   check.tolerances = cache::Tolerances::for_options(options);
   check.options = v;

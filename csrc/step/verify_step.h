@@ -4,6 +4,7 @@
 #include "step/optimizers.h"
 #include "step/step_inputs.h"
 #include "cache/verify.h"
+#include "capture/hooks.h"
 
 #include <tcap/stance.h>
 
@@ -19,16 +20,19 @@ struct StepCheck {
   std::vector<at::Tensor> primals;             // g->ts, then the held tensors
   std::vector<std::string> names;              // per primal
   std::vector<const OptimizerAdapter*> opts;
-  std::function<std::vector<at::Tensor>()> replay;  // the compiled step
+  // The compiled step; its opaque hooks take the tape's calls.
+  std::function<std::vector<at::Tensor>(capture::HookTape* tape)> replay;
   std::function<std::vector<at::Tensor>()> eager;   // the step's own code
+  std::vector<capture::HookTapeScope::LeafHook> hooks;  // the step's opaque hooks, by slot
+  std::vector<std::string> hook_names;                  // per hook: its tensor's name
   cache::Tolerances tolerances;
   VerifyOptions options;
   cache::VerifyReport report;                  // who and the likely cause
 };
 
-// Runs the compiled step, keeps what it produced, puts everything back as it was, runs the
-// step eagerly, compares, and returns eager's outputs (eager's state stays). A difference
-// is reported per check.options.
+// Runs the step eagerly, keeps what it produced, puts everything back as it was, runs the
+// compiled step, compares, puts eager's results back and returns eager's outputs. A
+// difference is reported per check.options.
 std::vector<at::Tensor> verified_step(const StepCheck& check);
 
 }  // namespace tcap::step

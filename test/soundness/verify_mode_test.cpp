@@ -1,12 +1,15 @@
 // Verify mode must not cry wolf or crash on programs that keep the contract (docs/compile.md,
 // "Verify mode"): chained calls of one compiled function, sparse gradients, a step whose
-// input is a stride-0 (expanded) tensor. Each program runs under TCAP_VERIFY-style
-// verification of every replay, which must report nothing and give eager's results.
+// input is a stride-0 (expanded) tensor, hooks with side effects (run once per call, as in
+// eager), double backwards. Each program runs under TCAP_VERIFY-style verification of
+// every replay, which must report nothing and give eager's results.
 #include <tcap/compile.h>
+#include <tcap/compiled_autograd.h>
 #include <tcap/stance.h>
 #include <tcap/train_step.h>
 
 #include "support/compare.h"
+#include "support/log_capture.h"
 #include "support/models.h"
 
 #include <torch/torch.h>
@@ -90,6 +93,149 @@ TEST(VerifyMode, StepWithAStrideZeroInput) {
     ASSERT_TRUE(close(model->weight, twin->weight, 1e-5, 1e-6)) << "step " << i;
   }
   EXPECT_GE(step->stats().verified, 1);
+}
+
+// A gradient hook that counts its calls and scales the gradient: run twice, it would count
+// twice and scale eager's .grad twice.
+struct CountingHook {
+  std::shared_ptr<int> calls = std::make_shared<int>(0);
+  double scale;
+  explicit CountingHook(double s) : scale(s) {}
+  at::Tensor operator()(const at::Tensor& g) const {
+    ++*calls;
+    return g * scale;
+  }
+};
+
+// compile_step: the parameters' hooks are opaque hooks the compiled step calls; under
+// verify they run once per step, in eager's run.
+TEST(VerifyMode, ParameterHooksRunOnceInAVerifiedStep) {
+  for (const auto& backend : {std::string("eager"), std::string("llvm")}) {
+    SCOPED_TRACE(backend);
+    torch::manual_seed(4);
+    nn::Linear model(5, 3), twin(5, 3);
+    tcap::testing::copy_parameters(*model, *twin);
+    CountingHook hook(0.5), twin_hook(0.5);
+    model->weight.register_hook(hook);
+    twin->weight.register_hook(twin_hook);
+    torch::optim::SGD opt(model->parameters(), 0.1), twin_opt(twin->parameters(), 0.1);
+    auto mse = [](const at::Tensor& out, const Tensors& in) { return torch::mse_loss(out, in[1]); };
+    tcap::CompileOptions o;
+    o.backend = backend;
+    auto step = tcap::compile_step(model.ptr(), opt, tcap::testing::step_body(model, opt, mse), o);
+    auto eager = tcap::testing::step_body(twin, twin_opt, mse);
+    for (int i = 0; i < 7; ++i) {
+      tcap::StanceGuard verifying(tcap::Stance::Default, true, i >= 3 ? std::optional(kEveryReplay) : std::nullopt);
+      auto x = torch::randn({6, 5}), y = torch::randn({6, 3});
+      auto got = (*step)({x, y})[0];
+      auto want = eager({x, y})[0];
+      ASSERT_TRUE(close(got, want, 1e-5, 1e-6)) << "step " << i;
+      ASSERT_TRUE(close(model->weight.grad(), twin->weight.grad(), 1e-5, 1e-6)) << "step " << i;
+      ASSERT_TRUE(close(model->weight, twin->weight, 1e-5, 1e-6)) << "step " << i;
+      ASSERT_EQ(*hook.calls, *twin_hook.calls) << "step " << i;
+    }
+    EXPECT_GE(step->stats().verified, 3);
+  }
+}
+
+// Compiled autograd: a parameter hook and retain_grad are opaque call_hook nodes; under
+// verify each runs once per backward (a retained .grad is set once, not doubled).
+TEST(VerifyMode, HooksRunOnceInAVerifiedCompiledBackward) {
+  torch::manual_seed(5);
+  nn::Linear lin(4, 4), twin(4, 4);
+  tcap::testing::copy_parameters(*lin, *twin);
+  CountingHook hook(2.0), twin_hook(2.0);
+  lin->weight.register_hook(hook);
+  twin->weight.register_hook(twin_hook);
+  auto run = [](nn::Linear& m, const at::Tensor& x) {
+    auto h = torch::tanh(m->forward(x));
+    h.retain_grad();
+    h.pow(2).sum().backward();
+    return h.grad();
+  };
+  tcap::CompiledAutogradGuard ca;
+  for (int i = 0; i < 6; ++i) {
+    tcap::StanceGuard verifying(tcap::Stance::Default, true, i >= 2 ? std::optional(kEveryReplay) : std::nullopt);
+    auto x = torch::randn({3, 4});
+    lin->zero_grad();
+    twin->zero_grad();
+    auto got = run(lin, x);
+    at::Tensor want;
+    {
+      tcap::StanceGuard eager(tcap::Stance::ForceEager);
+      want = run(twin, x);
+    }
+    ASSERT_TRUE(close(got, want, 1e-5, 1e-6)) << "call " << i;  // the retained .grad, once
+    ASSERT_TRUE(close(lin->weight.grad(), twin->weight.grad(), 1e-5, 1e-6)) << "call " << i;
+    ASSERT_EQ(*hook.calls, *twin_hook.calls) << "call " << i;
+  }
+  EXPECT_GE(ca.stats().verified, 2);
+}
+
+// tcap::compile: eager's gradients are taken with torch::autograd::grad on the primals and
+// handed on to them; a parameter's own hook runs once, when they reach it.
+TEST(VerifyMode, ParameterHooksOfAVerifiedFunction) {
+  torch::manual_seed(6);
+  nn::Linear lin(4, 3), twin(4, 3);
+  tcap::testing::copy_parameters(*lin, *twin);
+  CountingHook hook(3.0), twin_hook(3.0);
+  lin->weight.register_hook(hook);
+  twin->weight.register_hook(twin_hook);
+  auto f = tcap::compile(lin);
+  for (int i = 0; i < 6; ++i) {
+    tcap::StanceGuard verifying(tcap::Stance::Default, true, i >= 2 ? std::optional(kEveryReplay) : std::nullopt);
+    auto x = torch::randn({5, 4});
+    lin->zero_grad();
+    twin->zero_grad();
+    torch::sigmoid(f->forward(x)).sum().backward();
+    {
+      tcap::StanceGuard eager(tcap::Stance::ForceEager);
+      torch::sigmoid(twin->forward(x)).sum().backward();
+    }
+    ASSERT_TRUE(close(lin->weight.grad(), twin->weight.grad(), 1e-5, 1e-6)) << "call " << i;
+    ASSERT_TRUE(close(lin->bias.grad(), twin->bias.grad(), 1e-5, 1e-6)) << "call " << i;
+    ASSERT_EQ(*hook.calls, *twin_hook.calls) << "call " << i;
+  }
+  EXPECT_GE(f->stats().verified, 3);
+}
+
+// A double backward (gradient penalty) of a compiled function is verified: its first
+// gradient is compared, and the second differentiation runs through eager's graph.
+TEST(VerifyMode, DoubleBackwardsAreCompared) {
+  for (const auto& backend : {std::string("eager"), std::string("llvm")}) {
+    SCOPED_TRACE(backend);
+    torch::manual_seed(7);
+    nn::Sequential seq(nn::Linear(4, 5), nn::Tanh(), nn::Linear(5, 3)), twin(nn::Linear(4, 5), nn::Tanh(), nn::Linear(5, 3));
+    tcap::testing::copy_parameters(*seq, *twin);
+    tcap::CompileOptions o;
+    o.backend = backend;
+    auto f = tcap::compile(seq.ptr(), [&](const Tensors& in) { return Tensors{seq->forward(in[0])}; }, o);
+    tcap::testing::LogCapture log("verify");
+    auto penalty = [](const at::Tensor& out, const at::Tensor& x) {
+      auto gx = torch::autograd::grad({out.pow(2).sum()}, {x}, {}, true, true)[0];
+      return gx.pow(2).sum();
+    };
+    for (int i = 0; i < 3; ++i) f(torch::randn({3, 4}, torch::requires_grad()))[0].sum().backward();  // compiled
+    for (int i = 0; i < 4; ++i) {
+      // A double backward recomputes, which is a logged fallback of the compiled backward.
+      tcap::StanceGuard verifying(tcap::Stance::Default, false, kEveryReplay);
+      auto x = torch::randn({3, 4}, torch::requires_grad());
+      seq->zero_grad();
+      twin->zero_grad();
+      penalty(f(x)[0], x).backward();
+      {
+        tcap::StanceGuard eager(tcap::Stance::ForceEager);
+        auto x2 = x.detach().requires_grad_(true);
+        penalty(twin->forward(x2), x2).backward();
+      }
+      auto ps = seq->parameters(), qs = twin->parameters();
+      for (size_t k = 0; k < ps.size(); ++k) {
+        ASSERT_TRUE(close(ps[k].grad(), qs[k].grad(), 1e-4, 1e-5)) << "call " << i << ", parameter " << k;
+      }
+    }
+    EXPECT_GE(f->stats().verified, 4);
+    EXPECT_GE(log.count("'s backward matched eager"), 4) << log.text();  // the create_graph backwards
+  }
 }
 
 }  // namespace
