@@ -144,7 +144,8 @@ void check_recompute_reads(const Entry& e, const SavedCapsule& capsule, const st
 }
 
 variable_list recompute_backward(const Entry& e, std::vector<at::Tensor> primals, const SavedCapsule& capsule,
-                                 const variable_list& grads, const RngStates* rng, bool create_graph) {
+                                 const variable_list& grads, const RngStates* rng, bool create_graph,
+                                 std::vector<at::Tensor>* outputs) {
   for (size_t k = 0; k < e.recompute_clones.size() && k < capsule.before_writes.size(); ++k) {
     if (capsule.before_writes[k].defined()) primals[e.recompute_clones[k]] = capsule.before_writes[k];
   }
@@ -160,8 +161,43 @@ variable_list recompute_backward(const Entry& e, std::vector<at::Tensor> primals
     }
   } restore{current};
   variable_list result =
-      recompute_gradients(e.part.forward, e.recompute_clones, primals, grads, e.part.num_user_outputs, create_graph);
+      recompute_gradients(e.part.forward, e.recompute_clones, primals, grads, e.part.num_user_outputs, create_graph, outputs);
   return result;
+}
+
+// Note [A recompute that does not reproduce the forward]
+// What check_recompute_reads cannot see, a write through .data() or set_data() (moving no
+// version counter; LibTorch's optimizers write so), shows in what the recompute computes:
+// the forward's values it saved for the compiled backward are recomputed too, and they
+// differ. Eager's backward would compute from its own saved values (those of the forward,
+// and the new values of the tensors it saved by reference), which tcap cannot reproduce
+// from primals alone, so such a backward stops with an error instead of returning
+// gradients of other values. Compared with the tolerance of fused kernels (Note [Verify
+// tolerances]: the compiled forward may round otherwise than ATen); a change within it
+// changes the gradients within it too. Not seen: a change that reaches no saved value (the
+// forward saves what its compiled backward needs, and min-cut saves every value computed
+// from a primal that the backward needs, Note [Recomputing from primals]).
+void check_recompute_reproduces(const Entry& e, const SavedCapsule& capsule, const std::vector<at::Tensor>& outs,
+                                const std::vector<at::Tensor>& from_context, const std::string& why) {
+  cache::Tolerances tol;
+  tol.exact = false;
+  at::NoGradGuard no_grad;
+  const size_t n = e.part.num_user_outputs;
+  size_t next_context = 0;
+  for (size_t k = 0; k < capsule.saved.size() && n + k < outs.size(); ++k) {
+    at::Tensor forward_value = capsule.saved[k];
+    const bool in_context = std::find(capsule.in_context.begin(), capsule.in_context.end(), k) != capsule.in_context.end();
+    if (in_context) forward_value = next_context < from_context.size() ? from_context[next_context++] : at::Tensor();
+    const at::Tensor& now = outs[n + k];
+    if (!forward_value.defined() || !now.defined() || now.sizes() != forward_value.sizes()) continue;
+    std::string how = cache::compare_tensors(now.detach(), forward_value.detach(), tol);
+    TORCH_CHECK(how.empty(), "tcap: the backward of the compiled function '", e.fn_name, "' (entry ", e.id,
+                ") recomputes its forward (", why, "), and saved value ", k, " of the forward comes out otherwise (",
+                how, "): a tensor the forward reads was changed since the forward without moving its version "
+                "counter (a write through .data() or set_data(), as LibTorch's optimizers write). Eager's backward "
+                "would read the values its forward saved, which tcap does not keep; run the backward before the "
+                "change, or this function eagerly for it (tcap::StanceGuard(tcap::Stance::ForceEager)).");
+  }
 }
 
 // Runs the compiled forward of `e` on `ins` (grad mode off) and splits what it returns:
@@ -248,7 +284,9 @@ variable_list region_backward(const Entry& e, SavedCapsule& capsule, const RngSt
     e.stats->count(&CompileStats::backward_fallbacks);
     TORCH_CHECK(!capsule.released, torch::autograd::ERR_BACKWARD_TWICE);
     check_recompute_reads(e, capsule, capsule.primals, why);
-    variable_list result = recompute_backward(e, capsule.primals, capsule, grads, rng, create_graph);
+    std::vector<at::Tensor> outs;
+    variable_list result = recompute_backward(e, capsule.primals, capsule, grads, rng, create_graph, &outs);
+    check_recompute_reproduces(e, capsule, outs, capsule.in_context.empty() ? std::vector<at::Tensor>() : from_context(), why);
     if (!torch::autograd::get_current_graph_task_keep_graph()) capsule.release();
     return result;
   }
@@ -516,7 +554,7 @@ std::vector<c10::Device> devices_of(const ir::Graph& g) {
 
 variable_list recompute_gradients(const ir::Graph& forward, const std::vector<size_t>& written,
                                   const std::vector<at::Tensor>& primals, const variable_list& grads, size_t num_outputs,
-                                  bool create_graph) {
+                                  bool create_graph, std::vector<at::Tensor>* outputs) {
   at::AutoGradMode grad_on(true);
   std::vector<at::Tensor> args;
   std::vector<at::Tensor> diff_args;
@@ -536,6 +574,7 @@ variable_list recompute_gradients(const ir::Graph& forward, const std::vector<si
   Interpreter interp(forward, /*differentiable=*/true);
   interp.keep_values(false);
   auto outs = interp.run(args);
+  if (outputs) *outputs = outs;
   std::vector<at::Tensor> os, gs;
   for (size_t k = 0; k < num_outputs && k < grads.size(); ++k) {
     if (grads[k].defined() && outs[k].requires_grad()) {

@@ -55,9 +55,10 @@ std::vector<c10::Device> devices_of(const ir::Graph& g);
 // reached). Primals listed in `written` are written by the graph (in place, or without its
 // schema saying so: Note [Writes a schema does not show]): it runs on clones of them, so
 // the recompute changes nothing. With create_graph the result is differentiable.
+// `outputs`, when given, receives every output of the recomputed forward.
 torch::autograd::variable_list recompute_gradients(const ir::Graph& forward, const std::vector<size_t>& written,
                                                    const std::vector<at::Tensor>& primals,
                                                    const torch::autograd::variable_list& grads, size_t num_outputs,
-                                                   bool create_graph);
+                                                   bool create_graph, std::vector<at::Tensor>* outputs = nullptr);
 
 }  // namespace tcap::aot

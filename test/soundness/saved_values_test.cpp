@@ -180,6 +180,40 @@ TEST(SavedValues, DoubleBackwardAfterAnInPlaceChangeRaises) {
   EXPECT_TRUE(close(gg, ggt, 1e-4, 1e-5));
 }
 
+// A weight written through .data() (no version counter moves) between the forward and a
+// double backward of an entry with a compiled backward: the recompute would differentiate
+// the new weight where eager's saved activations are the old ones, so the backward stops
+// with tcap's error instead of returning other gradients (Note [A recompute that does not
+// reproduce the forward]); both backends, and unchanged weights still give eager's answer.
+TEST(SavedValues, DoubleBackwardAfterADataWriteStops) {
+  for (const auto& backend : {std::string("eager"), std::string("llvm")}) {
+    SCOPED_TRACE(backend);
+    torch::manual_seed(11);
+    nn::Linear lin(4, 4);
+    tcap::CompileOptions o;
+    o.backend = backend;
+    auto f = tcap::compile(lin.ptr(), [&](const Tensors& in) { return Tensors{torch::tanh(lin->forward(in[0]))}; }, o);
+    auto eager = [&](const at::Tensor& x) { return torch::tanh(lin->forward(x)); };
+    for (int i = 0; i < 3; ++i) f(torch::randn({3, 4}, torch::requires_grad()))[0].sum().backward();
+    auto penalty = [](const at::Tensor& out, const at::Tensor& x) {
+      return torch::autograd::grad({out.pow(2).sum()}, {x}, {}, true, true)[0].pow(2).sum();
+    };
+    // Unchanged: eager's answer.
+    auto x = torch::randn({3, 4}, torch::requires_grad());
+    lin->zero_grad();
+    penalty(f(x)[0], x).backward();
+    auto got = lin->weight.grad().clone();
+    lin->zero_grad();
+    penalty(eager(x), x).backward();
+    ASSERT_TRUE(close(got, lin->weight.grad(), 1e-4, 1e-5));
+    // Written through .data() after the forward: an error, not another answer.
+    auto out = f(x)[0];
+    lin->weight.data().mul_(1.5);
+    const std::string err = error_of([&] { penalty(out, x).backward(); });
+    EXPECT_NE(err.find("without moving its version counter"), std::string::npos) << err;
+  }
+}
+
 // A function that writes its input in place and is differentiated twice: the recompute
 // starts from the input as it was before the forward wrote it.
 TEST(SavedValues, RecomputeOfAForwardThatWritesItsInput) {
