@@ -1,5 +1,6 @@
 #include "cache/guards.h"
 
+#include "ir/op_facts.h"
 #include "passes/host_graph.h"
 
 #include <ATen/Context.h>
@@ -335,12 +336,24 @@ void HostReads::build_precheck(const ir::Graph& g) {
   }
   graph_ = std::make_shared<Interpreter>(h.graph);
   graph_->keep_values(false);
+  // A read after a training batch norm (MultiheadAttention's equal() after a BatchNorm):
+  // the guard graph runs the batch norm too, and must not update the running statistics
+  // a second time (Note [Writes a schema does not show]).
+  copied_ = ir::hidden_written_inputs(h.graph);
   mode_ = Mode::PreCheck;
 }
 
 std::string HostReads::check(const std::vector<at::Tensor>& primals) const {
   if (mode_ != Mode::PreCheck) return "";
-  graph_->run(primals);
+  if (copied_.empty()) {
+    graph_->run(primals);
+  } else {
+    std::vector<at::Tensor> ins = primals;
+    for (size_t j : copied_) {
+      if (j < ins.size() && ins[j].defined()) ins[j] = ins[j].detach().clone();
+    }
+    graph_->run(ins);
+  }
   const auto& got = graph_->host_values();
   for (size_t k = 0; k < expected_.size() && k < got.size(); ++k) {
     if (!same_host_value(expected_[k], got[k])) {

@@ -186,6 +186,7 @@ class HostReads {
  private:
   Mode mode_ = Mode::None;
   std::shared_ptr<Interpreter> graph_;
+  std::vector<size_t> copied_;  // inputs graph_ writes without its schema saying so: run on copies
   std::vector<ir::Arg> expected_;
   std::vector<std::string> what_;
 };

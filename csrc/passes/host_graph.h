@@ -35,7 +35,8 @@ namespace tcap::passes {
 std::vector<ir::NodeId> host_read_nodes(const ir::Graph& g);
 
 // Whether every host read of g comes before every node that writes into one of g's inputs
-// (or runs a collective, ir::OpFact::Collective).
+// (in place, or as a training batch norm writes its running statistics), or runs a
+// collective (ir::OpFact::Collective).
 // Then a replay that stops at a read whose value changed (Interpreter::check_host_values)
 // has changed nothing its caller can see, and the call can run another way instead.
 bool host_reads_precede_input_writes(const ir::Graph& g);

@@ -1,0 +1,110 @@
+// Divergences the divergence fuzzer found (test/fuzz/divergence.cpp, docs/reliability.md),
+// each kept as a regression test: the smallest program that showed it, compiled and on an
+// eager twin, compared after every call.
+#include <tcap/compile.h>
+#include <tcap/train_step.h>
+
+#include "support/compare.h"
+#include "support/models.h"
+
+#include <torch/torch.h>
+
+#include <string>
+
+namespace {
+
+using tcap::testing::close;
+using Tensors = std::vector<at::Tensor>;
+namespace nn = torch::nn;
+
+// Self-attention over the batch, as the fuzzer's grammar has it: MultiheadAttention reads
+// equal(query, key) on the host.
+struct AttentionImpl : nn::Module {
+  explicit AttentionImpl(int w) : mha(register_module("mha", nn::MultiheadAttention(w, 1))) {}
+  at::Tensor forward(const at::Tensor& x) {
+    auto t = x.unsqueeze(1);
+    return std::get<0>(mha->forward(t, t, t)).squeeze(1);
+  }
+  nn::MultiheadAttention mha;
+};
+TORCH_MODULE(Attention);
+
+nn::Sequential bn_then_attention() {
+  return nn::Sequential(nn::Linear(12, 6), nn::BatchNorm1d(6), Attention(6), nn::Linear(6, 2));
+}
+
+void expect_same_state(nn::Module& a, nn::Module& b, const std::string& when) {
+  auto ba = a.named_buffers(), bb = b.named_buffers();
+  for (size_t k = 0; k < ba.size(); ++k) {
+    EXPECT_TRUE(close(ba[k].value(), bb[k].value(), 1e-4, 1e-5)) << ba[k].key() << ", " << when;
+  }
+  auto pa = a.named_parameters(), pb = b.named_parameters();
+  for (size_t k = 0; k < pa.size(); ++k) {
+    EXPECT_TRUE(close(pa[k].value(), pb[k].value(), 1e-4, 1e-5)) << pa[k].key() << ", " << when;
+    if (pa[k].value().grad().defined()) {
+      EXPECT_TRUE(close(pa[k].value().grad(), pb[k].value().grad(), 1e-4, 1e-5)) << pa[k].key() << ".grad, " << when;
+    }
+  }
+}
+
+// A training BatchNorm before a value read on the host (the read's guard graph, run before
+// each replay, ran the batch norm too and updated the running statistics a second time:
+// running_mean off by the momentum times the batch mean on every call, outputs equal).
+TEST(FuzzFound, BatchNormBeforeAHostReadUpdatesItsStatisticsOnce) {
+  for (const auto& backend : {std::string("eager"), std::string("llvm")}) {
+    SCOPED_TRACE(backend);
+    torch::manual_seed(1);
+    auto model = bn_then_attention(), twin = bn_then_attention();
+    tcap::testing::copy_parameters(*model, *twin);
+    tcap::CompileOptions o;
+    o.backend = backend;
+    auto m = model.ptr();
+    auto f = tcap::compile(m, [m](const Tensors& in) { return Tensors{m->forward(in[0])}; }, o);
+    for (int i = 0; i < 5; ++i) {
+      auto x = torch::randn({5, 12});
+      model->zero_grad();
+      twin->zero_grad();
+      auto got = f(x)[0];
+      got.pow(2).sum().backward();
+      auto want = twin->forward(x);
+      want.pow(2).sum().backward();
+      ASSERT_TRUE(close(got, want, 1e-4, 1e-5)) << "call " << i;
+      expect_same_state(*model, *twin, "call " + std::to_string(i));
+    }
+    EXPECT_GE(f->stats().replays, 3);
+  }
+}
+
+// The same in a compiled training step.
+TEST(FuzzFound, BatchNormBeforeAHostReadInAStep) {
+  for (const auto& backend : {std::string("eager"), std::string("llvm")}) {
+    SCOPED_TRACE(backend);
+    torch::manual_seed(2);
+    auto model = bn_then_attention(), twin = bn_then_attention();
+    tcap::testing::copy_parameters(*model, *twin);
+    torch::optim::SGD opt(model->parameters(), 0.05), twin_opt(twin->parameters(), 0.05);
+    auto body = [](nn::Sequential m, torch::optim::Optimizer& o) {
+      return [m, &o](const Tensors& in) mutable {
+        o.zero_grad();
+        auto loss = torch::mse_loss(m->forward(in[0]), in[1]);
+        loss.backward();
+        o.step();
+        return Tensors{loss};
+      };
+    };
+    tcap::CompileOptions opts;
+    opts.backend = backend;
+    auto step = tcap::compile_step(model.ptr(), opt, body(model, opt), opts);
+    auto eager = body(twin, twin_opt);
+    for (int i = 0; i < 6; ++i) {
+      auto x = torch::randn({5, 12}), y = torch::randn({5, 2});
+      auto got = (*step)({x, y})[0];
+      auto want = eager({x, y})[0];
+      ASSERT_TRUE(close(got, want, 1e-4, 1e-5)) << "step " << i;
+      expect_same_state(*model, *twin, "step " + std::to_string(i));
+    }
+    EXPECT_GE(step->stats().replays, 2);
+  }
+}
+
+}  // namespace
