@@ -22,6 +22,7 @@
 #include <tcap/compiled_autograd.h>
 
 #include <tcap/graph_json.h>
+#include <tcap/interpreter.h>
 
 #include "autograd/markers.h"
 #include "autograd/walk.h"
@@ -356,8 +357,15 @@ variable_list Runtime::verified_replay(const Request& r, const Entry& e, ca::Bac
     capture::HookTapeScope taped(w.graph, slots, &tape, capture::HookTapeScope::Mode::Record);
     eager = r.run();
   }
+  cache::Tolerances tol = cache::Tolerances::for_options(opts());
+  cache::VerifyReport rep;
+  rep.who = "compiled autograd entry " + std::to_string(e.id);
+  rep.likely = "state the backward graph's key does not cover changed since the entry was captured: a host value a "
+               "hook or a custom autograd function's backward reads through its closure, or a tensor one of them "
+               "reads from outside the saved tensors (docs/compiled-autograd.md, \"Verify mode\")";
+  if (!tol.exact) rep.likely += "; or a rounding difference of backend '" + std::string(opts().backend.name()) + "' beyond its tolerance";
   std::vector<at::Tensor> outs;
-  {
+  try {
     at::AutoGradMode grad_mode(false);
     interp::HookRunner real = hook_runner(e, w, c10::impl::tls_local_dispatch_key_set());
     interp::HookRunner runner = [&](int slot, const std::vector<at::Tensor>& in, const std::vector<at::Tensor>& node_in) {
@@ -366,14 +374,17 @@ variable_list Runtime::verified_replay(const Request& r, const Entry& e, ca::Bac
     };
     interp::HookRunnerScope scope(&runner);
     outs = e.exe(w.tensors);
+  } catch (const HostValueChanged& err) {
+    // Not this entry's backward; the engine's ran and is the answer (rethrown, the serving
+    // loop would run the backward a second time).
+    TCAP_LOG(Verify, rep.who << " was not compared: " << err.what_without_backtrace());
+    return eager;
+  } catch (const c10::Error& err) {
+    rep.what = "the compiled backward";
+    rep.how = std::string("raised where the engine did not: ") + err.what_without_backtrace();
+    cache::report_mismatch(v, rep);  // throws unless log_only
+    return eager;
   }
-  cache::Tolerances tol = cache::Tolerances::for_options(opts());
-  cache::VerifyReport rep;
-  rep.who = "compiled autograd entry " + std::to_string(e.id);
-  rep.likely = "state the backward graph's key does not cover changed since the entry was captured: a host value a "
-               "hook or a custom autograd function's backward reads through its closure, or a tensor one of them "
-               "reads from outside the saved tensors (docs/compiled-autograd.md, \"Verify mode\")";
-  if (!tol.exact) rep.likely += "; or a rounding difference of backend '" + std::string(opts().backend.name()) + "' beyond its tolerance";
   size_t compared = 0;
   at::NoGradGuard no_grad;
   for (const auto& p : tape.played()) {

@@ -22,6 +22,9 @@
 #include "step/verify_step.h"
 
 #include "aot/replay_function.h"
+#include "support/logging.h"
+
+#include <tcap/interpreter.h>
 
 #include <ATen/ATen.h>
 #include <ATen/MemoryOverlap.h>
@@ -117,9 +120,26 @@ std::vector<at::Tensor> verified_step(const StepCheck& check) {
   put_back(before);
   rng.restore();
   std::vector<at::Tensor> compiled_out;
-  {
+  try {
     at::AutoGradMode as_called(true);
     compiled_out = check.replay(&tape);
+  } catch (const HostValueChanged& err) {
+    // A value read on the host changed (an inline guard, checked as the replay reads it):
+    // not this entry's call. Eager's step ran already and is the answer; a later call
+    // recaptures (rethrown, the serving loop would run the step's code a second time).
+    put_back(eager);
+    rng_after.restore();
+    TCAP_LOG(Verify, check.report.who << " was not compared: " << err.what_without_backtrace());
+    return eager_out;
+  } catch (const c10::Error& err) {
+    // Eager's step ran and did not raise: a replay that does is a difference too.
+    put_back(eager);
+    rng_after.restore();
+    cache::VerifyReport r = check.report;
+    r.what = "the compiled step";
+    r.how = std::string("raised where eager's did not: ") + err.what_without_backtrace();
+    cache::report_mismatch(check.options, r);  // throws unless log_only
+    return eager_out;
   }
 
   // Compare the compiled step's state (the current one) with eager's.

@@ -138,6 +138,37 @@ TEST(VerifyMode, ParameterHooksRunOnceInAVerifiedStep) {
   }
 }
 
+// A verified step whose host value changes: the compiled step stops at the read (an
+// inline guard) after eager's step already ran, and eager's step stays the call's only run
+// (handed back to the serving loop, it would run the step's code a second time).
+TEST(VerifyMode, AHostValueThatChangesInAVerifiedStep) {
+  torch::manual_seed(9);
+  nn::Linear model(4, 2), twin(4, 2);
+  tcap::testing::copy_parameters(*model, *twin);
+  torch::optim::SGD opt(model->parameters(), 0.1), twin_opt(twin->parameters(), 0.1);
+  auto body = [](nn::Linear& m, torch::optim::Optimizer& o) {
+    return [&m, &o](const Tensors& in) {
+      o.zero_grad();
+      auto loss = torch::mse_loss(m->forward(in[0]), in[1]);
+      if (in[2].item<bool>()) loss = loss * 2;
+      loss.backward();
+      o.step();
+      return Tensors{loss};
+    };
+  };
+  auto step = tcap::compile_step(model.ptr(), opt, body(model, opt));
+  auto eager = body(twin, twin_opt);
+  for (int i = 0; i < 10; ++i) {
+    tcap::StanceGuard verifying(tcap::Stance::Default, true, i >= 3 ? std::optional(kEveryReplay) : std::nullopt);
+    auto x = torch::randn({6, 4}), y = torch::randn({6, 2});
+    auto flag = torch::tensor(i < 5 || i % 2 == 0);
+    auto got = (*step)({x, y, flag})[0];
+    auto want = eager({x, y, flag})[0];
+    ASSERT_TRUE(close(got, want, 1e-5, 1e-6)) << "step " << i;
+    ASSERT_TRUE(close(model->weight, twin->weight, 1e-5, 1e-6)) << "step " << i;
+  }
+}
+
 // Compiled autograd: a parameter hook and retain_grad are opaque call_hook nodes; under
 // verify each runs once per backward (a retained .grad is set once, not doubled).
 TEST(VerifyMode, HooksRunOnceInAVerifiedCompiledBackward) {
