@@ -28,6 +28,24 @@ std::shared_ptr<const EntryList> EntryCache::entries() const {
   return entries_;
 }
 
+namespace {
+
+// Whether the flattened sizes `changed` are at least 2 both as captured and in the call.
+bool generalizable(const std::vector<int64_t>& captured, const CallView& call, const std::vector<size_t>& changed) {
+  std::vector<int64_t> now;
+  now.reserve(captured.size());
+  for (const auto& t : call.tensors) {
+    if (t.defined()) now.insert(now.end(), t.sizes().begin(), t.sizes().end());
+  }
+  if (call.sizes) now.insert(now.end(), call.sizes->begin(), call.sizes->end());
+  for (size_t i : changed) {
+    if (i >= captured.size() || i >= now.size() || captured[i] < 2 || now[i] < 2) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 Lookup EntryCache::lookup(const CallView& call, const std::vector<at::Tensor>& primals, size_t start,
                           size_t* pos) const {
   Lookup out;
@@ -61,10 +79,17 @@ Lookup EntryCache::lookup(const CallView& call, const std::vector<at::Tensor>& p
     }
     // The newest entry that missed on sizes alone: the capture nearest this call (after a
     // size check refused an older dynamic entry, the entry captured at the refused sizes;
-    // Note [Checking a new size]).
+    // Note [Checking a new size]). Sizes 0 and 1 are never made dynamic (generalize), so an
+    // entry whose changed sizes are all at least 2, here and in this call, is preferred to
+    // a newer one captured at a 0 or a 1: a batch of one between two others does not keep
+    // the next size static.
     if (dynamic_ && m.sizes_only && !m.changed.empty()) {
-      out.size_miss_of = e;
-      out.changed = std::move(m.changed);
+      const bool usable = generalizable(e->guards.sizes, call, m.changed);
+      if (usable || !out.size_miss_usable) {
+        out.size_miss_of = e;
+        out.changed = std::move(m.changed);
+        out.size_miss_usable = usable;
+      }
     }
     if (host_only && !out.host_miss_of) out.host_miss_of = e;
   }

@@ -46,7 +46,9 @@ struct Lookup {
   bool check_sizes = false;
   std::string first_miss;             // why the first entry did not fit (see lookup)
   bool first_structure_miss = false;  // first_miss is "another structure"
-  std::shared_ptr<Entry> size_miss_of;  // the newest entry that missed on sizes only
+  std::shared_ptr<Entry> size_miss_of;  // the newest entry that missed on sizes only (one whose
+                                        // changed sizes are >= 2 preferred)
+  bool size_miss_usable = false;        // size_miss_of's changed sizes are >= 2 both ways
   std::vector<size_t> changed;          // ... and the sizes that changed
   std::shared_ptr<Entry> host_miss_of;  // an entry that missed on a host value only
   size_t entries_seen = 0;              // how many entries the cache held when it looked
@@ -92,6 +94,7 @@ class EntryCache {
       if (!miss.size_miss_of) {
         miss.size_miss_of = found.size_miss_of;
         miss.changed = found.changed;
+        miss.size_miss_usable = found.size_miss_usable;
       }
       if (!miss.host_miss_of) miss.host_miss_of = found.host_miss_of;
       if (!found.hit) return std::nullopt;
