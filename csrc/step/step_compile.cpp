@@ -183,17 +183,77 @@ std::vector<at::Tensor> CompiledStep::Impl::capture(StepEntry& e, const std::vec
   return outs;
 }
 
-void CompiledStep::Impl::verify_and_compile(StepEntry& e, const ir::Graph& first,
-                                            const std::vector<std::vector<HostState>>& host1, const step::StepInputs& g) {
-  // Which parameter (optimizer, index) each input node is.
+std::unordered_map<ir::NodeId, std::pair<size_t, size_t>> CompiledStep::Impl::param_inputs(
+    const StepEntry& e, const step::StepInputs& g) const {
   const auto inputs = e.graph.input_nodes();
-  std::unordered_map<ir::NodeId, std::pair<size_t, size_t>> param_inputs;
+  std::unordered_map<ir::NodeId, std::pair<size_t, size_t>> out;
   for (size_t j = 0; j < g.params.size(); ++j) {
     if (g.params[j].opt < 0) continue;
-    param_inputs[inputs.at(static_cast<size_t>(g.param_input[j]))] = {static_cast<size_t>(g.params[j].opt), g.params[j].index};
+    out[inputs.at(static_cast<size_t>(g.param_input[j]))] = {static_cast<size_t>(g.params[j].opt), g.params[j].index};
   }
-  step::StepComparison cmp =
-      step::compare_step_captures(first, e.graph, host1, e.host, parts.opts, param_inputs, options.observe_host_values);
+  return out;
+}
+
+// Note [A step compiled from captures at two sizes]
+// A step compiles after two captures of one structure: comparing them tells which numbers
+// are host scalars recomputed per step (the learning rate, Adam's bias corrections; Note
+// [Host scalars of optimizers]) and that the step records the same graph twice. Captured
+// at the same sizes, that takes two calls at one size, and lengths that rarely repeat back
+// to back (batches of varying length) would start a candidate per length and never
+// compile. So the first capture at new sizes is also compared with the nearest capture at
+// other sizes (a candidate's, or the record of a compiled entry): where the two graphs
+// differ only by integers that follow the changed sizes (their floats, which may be host
+// scalars, taken from this capture for the fit), that capture specialized to these sizes
+// stands in for a first capture here, the two are compared as two captures at one size
+// are, and the step compiles now, from this capture's graph; generalized with a compiled
+// entry (Note [Dynamic sizes]), it is dynamic, and each later size is checked as any
+// dynamic entry's (Note [Checking a new size]). Where anything else differs (a float that
+// follows a size, an integer no form explains), the capture stays a candidate as before.
+bool CompiledStep::Impl::compile_from_other_sizes(StepEntry& e, const StepEntry& a, const step::StepInputs& g) {
+  ir::Graph other;
+  std::vector<std::vector<HostState>> other_host;
+  {
+    std::lock_guard<std::mutex> lock(const_cast<StepEntry&>(a).mutex);
+    if (a.state == StepEntry::State::Eager) return false;
+    other = a.state == StepEntry::State::Compiled ? a.record : a.graph;
+    other_host = a.host;
+  }
+  if (a.guards.sizes.size() != e.guards.sizes.size() || other.nodes().size() != e.graph.nodes().size()) return false;
+  const std::vector<size_t> changed = cache::changed_sizes(a.guards.sizes, e.guards.sizes);
+  ir::Graph fit = other;
+  for (size_t i = 0; i < fit.nodes().size(); ++i) {
+    const ir::Node& na = fit.nodes()[i];
+    const ir::Node& nb = e.graph.nodes()[i];
+    if (na.args.size() != nb.args.size()) return false;
+    for (size_t k = 0; k < na.args.size(); ++k) {
+      const ir::Arg& x = na.args[k];
+      const ir::Arg& y = nb.args[k];
+      const bool number = x.kind == y.kind && (x.kind == ir::ArgKind::Double || x.kind == ir::ArgKind::WrappedScalar);
+      if (number && !(x == y)) fit.edit_constant(na.id, k, [&y](ir::Arg& arg) { arg = y; });
+    }
+  }
+  cache::DynamicSizes d;
+  if (!cache::generalize(fit, a.guards.sizes, e.graph, e.guards.sizes, changed, &d, /*first_fit=*/true).empty()) {
+    return false;
+  }
+  const ir::Graph first = cache::specialize(other, d, d.own_key);
+  const step::StepComparison cmp = step::compare_step_captures(first, e.graph, other_host, e.host, parts.opts,
+                                                               param_inputs(e, g), options.observe_host_values);
+  if (!cmp.why_not.empty()) {
+    TCAP_LOG(Recompiles, who() << " entry " << e.id << " waits for a second capture at its sizes: compared with entry "
+                               << a.id << "'s capture at other sizes, " << cmp.why_not);
+    return false;
+  }
+  TCAP_LOG(Recompiles, who() << " entry " << e.id << " compiles from one capture: entry " << a.id
+                             << "'s capture at other sizes, specialized to these, stands in for the first");
+  verify_and_compile(e, first, other_host, g);
+  return true;
+}
+
+void CompiledStep::Impl::verify_and_compile(StepEntry& e, const ir::Graph& first,
+                                            const std::vector<std::vector<HostState>>& host1, const step::StepInputs& g) {
+  step::StepComparison cmp = step::compare_step_captures(first, e.graph, host1, e.host, parts.opts, param_inputs(e, g),
+                                                         options.observe_host_values);
   if (!cmp.why_not.empty()) return go_eager(e, cmp.why_not);
   e.record = e.graph;
   e.record_scalars.clear();
@@ -235,7 +295,7 @@ void CompiledStep::Impl::verify_and_compile(StepEntry& e, const ir::Graph& first
   e.fused_groups.clear();
   if (options.fused_optimizers && lr_input) {
     std::map<std::pair<size_t, size_t>, ir::ValueId> param_values;
-    for (const auto& [node, key] : param_inputs) param_values[key] = e.graph.node(node).outputs.at(0).values.at(0);
+    for (const auto& [node, key] : param_inputs(e, g)) param_values[key] = e.graph.node(node).outputs.at(0).values.at(0);
     step::FusedOptimizerSteps f = step::fuse_optimizer_steps(e.graph, e.patches, parts.opts, param_values);
     for (const auto& why : f.kept) TCAP_LOG(Perf, who() << ": an update keeps its recorded ops: " << why);
     if (!f.groups.empty()) {

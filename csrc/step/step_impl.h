@@ -165,6 +165,13 @@ struct CompiledStep::Impl {
   std::vector<at::Tensor> check_call(const StepEntry& e, const std::vector<int64_t>& key,
                                      const std::vector<at::Tensor>& user, const step::StepInputs& g,
                                      std::string* verdict);
+  // Note [A step compiled from captures at two sizes] (step_compile.cpp): e's first capture
+  // compiled with `a`'s capture at other sizes standing in for a first capture here.
+  // Returns whether e was compiled; false leaves e a candidate, as it was.
+  bool compile_from_other_sizes(StepEntry& e, const StepEntry& a, const step::StepInputs& g);
+  // Which parameter (optimizer, index) each input node of e's graph is.
+  std::unordered_map<ir::NodeId, std::pair<size_t, size_t>> param_inputs(const StepEntry& e,
+                                                                         const step::StepInputs& g) const;
   void verify_and_compile(StepEntry& e, const ir::Graph& first, const std::vector<std::vector<HostState>>& host1,
                           const step::StepInputs& g);
   // `tape`: a verified replay's, whose taped hook calls serve the step's opaque hooks

@@ -243,6 +243,10 @@ struct CompiledStep::Impl::Call {
     }
     auto outs = s.capture(*e, user, named);
     s.cache->add(e);
+    // Note [A step compiled from captures at two sizes].
+    if (l.size_miss_of && e->state == StepEntry::State::Candidate) {
+      s.compile_from_other_sizes(*e, static_cast<const StepEntry&>(*l.size_miss_of), named);
+    }
     return outs;
   }
   Out eager(const std::string&) { return s.eager_call(user); }

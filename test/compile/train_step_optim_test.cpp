@@ -432,7 +432,9 @@ TEST(TrainStepOptim, ChangingBatchIsDynamic) {
     EXPECT_TRUE(close(loss, body(twin, opt_twin, x, y), kOptimRtol, kOptimAtol)) << "batch " << n;
   }
   expect_same_params(*model, *twin, "dynamic batch");
-  EXPECT_EQ(step->stats().captures, 5) << "three captures at 8 (the first creates state), two at 12";
+  // The capture at 12 compiles at once, its capture at 8 standing in for a first one there
+  // (Note [A step compiled from captures at two sizes]).
+  EXPECT_EQ(step->stats().captures, 4) << "three captures at 8 (the first creates state), one at 12";
   // 16, 20 and 24 are checked once each (Note [Checking a new size]); 8, 12 and 16 replay.
   EXPECT_EQ(step->stats().size_checks, 3);
   EXPECT_GE(step->stats().replays, 3);
