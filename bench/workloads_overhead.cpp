@@ -13,7 +13,9 @@
 //                guards a call of these inputs records (guards, held tensors, alias
 //                classes: what a hit pays before its replay);
 //   guard_check  cache::Guards::check alone on the same guards (global state, per tensor
-//                dtype/device/requires_grad/sizes/strides).
+//                dtype/device/requires_grad/sizes/strides);
+//   context_check  the part of guard_check that compares at::globalContext()'s 39
+//                settings with the captured ones.
 // lookup and guard_check use tcap's internal headers (csrc/cache/): they time the very
 // functions the front doors call.
 #include "workloads.h"
@@ -119,6 +121,11 @@ std::vector<Variant> make_overhead_empty(const Options& opts) {
   }
   if (opts.wants("guard_check")) {
     variants.push_back(hits("guard_check", [entry](const cache::CallView& v) { return entry->guards.check(v).hit(); }));
+  }
+  if (opts.wants("context_check")) {
+    // The at::Context part of guard_check alone (Note [Settings of at::Context]).
+    auto captured = std::make_shared<cache::ContextValues>(cache::read_context());
+    variants.push_back(hits("context_check", [captured](const cache::CallView&) { return cache::context_matches(*captured); }));
   }
   return variants;
 }
