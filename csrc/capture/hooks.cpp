@@ -174,21 +174,27 @@ variable_list copies(const variable_list& v) {
   return out;
 }
 
-// Note [Hooks called once under verify]: one hook, recording, played, or passed over.
+// Note [Hooks called once under verify]: one call of a hook that receives `grads`,
+// recording, played, or passed over; `call` calls the real hook.
+template <class Call>
+variable_list taped_call(HookTape* tape, HookTapeScope::Mode mode, int slot, const variable_list& grads, Call&& call) {
+  switch (mode) {
+    case HookTapeScope::Mode::PassOver: return grads;
+    case HookTapeScope::Mode::Play:
+      if (auto out = tape->play(slot, grads)) return *out;
+      return call();
+    case HookTapeScope::Mode::Record: break;
+  }
+  variable_list out = call();
+  tape->record(slot, grads, out);
+  return out;
+}
+
 struct TapePreHook : FunctionPreHook {
   TapePreHook(std::unique_ptr<FunctionPreHook> inner, HookTape* tape, HookTapeScope::Mode mode, int slot)
       : inner(std::move(inner)), tape(tape), mode(mode), slot(slot) {}
   variable_list operator()(const variable_list& grads) override {
-    switch (mode) {
-      case HookTapeScope::Mode::PassOver: return grads;
-      case HookTapeScope::Mode::Play:
-        if (auto out = tape->play(slot, grads)) return *out;
-        return (*inner)(grads);
-      case HookTapeScope::Mode::Record: break;
-    }
-    variable_list out = (*inner)(grads);
-    tape->record(slot, grads, out);
-    return out;
+    return taped_call(tape, mode, slot, grads, [&] { return (*inner)(grads); });
   }
   std::unique_ptr<FunctionPreHook> inner;
   HookTape* tape;
@@ -200,16 +206,7 @@ struct TapePostHook : FunctionPostHook {
   TapePostHook(std::unique_ptr<FunctionPostHook> inner, HookTape* tape, HookTapeScope::Mode mode, int slot)
       : inner(std::move(inner)), tape(tape), mode(mode), slot(slot) {}
   variable_list operator()(const variable_list& outputs, const variable_list& inputs) override {
-    switch (mode) {
-      case HookTapeScope::Mode::PassOver: return outputs;
-      case HookTapeScope::Mode::Play:
-        if (auto out = tape->play(slot, outputs)) return *out;
-        return (*inner)(outputs, inputs);
-      case HookTapeScope::Mode::Record: break;
-    }
-    variable_list out = (*inner)(outputs, inputs);
-    tape->record(slot, outputs, out);
-    return out;
+    return taped_call(tape, mode, slot, outputs, [&] { return (*inner)(outputs, inputs); });
   }
   std::unique_ptr<FunctionPostHook> inner;
   HookTape* tape;

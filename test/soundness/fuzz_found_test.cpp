@@ -17,20 +17,9 @@ using tcap::testing::close;
 using Tensors = std::vector<at::Tensor>;
 namespace nn = torch::nn;
 
-// Self-attention over the batch, as the fuzzer's grammar has it: MultiheadAttention reads
-// equal(query, key) on the host.
-struct AttentionImpl : nn::Module {
-  explicit AttentionImpl(int w) : mha(register_module("mha", nn::MultiheadAttention(w, 1))) {}
-  at::Tensor forward(const at::Tensor& x) {
-    auto t = x.unsqueeze(1);
-    return std::get<0>(mha->forward(t, t, t)).squeeze(1);
-  }
-  nn::MultiheadAttention mha;
-};
-TORCH_MODULE(Attention);
 
 nn::Sequential bn_then_attention() {
-  return nn::Sequential(nn::Linear(12, 6), nn::BatchNorm1d(6), Attention(6), nn::Linear(6, 2));
+  return nn::Sequential(nn::Linear(12, 6), nn::BatchNorm1d(6), tcap::testing::BatchAttention(6), nn::Linear(6, 2));
 }
 
 void expect_same_state(nn::Module& a, nn::Module& b, const std::string& when) {

@@ -1,5 +1,5 @@
-// Small models shared by the compile tests (the seeds' MLP, a CNN with BatchNorm), and a
-// helpers for eager twins: the same parameters, and one training step body for both.
+// Small models shared by the tests and the divergence fuzzer (the seeds' MLP, a CNN with
+// BatchNorm, attention over the batch), and helpers for eager twins: the same parameters, and one training step body for both.
 #pragma once
 
 #include <torch/torch.h>
@@ -34,6 +34,18 @@ struct SmallCnnImpl : torch::nn::Module {
   torch::nn::Linear fc{nullptr};
 };
 TORCH_MODULE(SmallCnn);
+
+// Single-head self-attention over the batch: [batch, w] as one sample's sequence of
+// `batch` tokens (MultiheadAttention reads equal(query, key) on the host).
+struct BatchAttentionImpl : torch::nn::Module {
+  explicit BatchAttentionImpl(int64_t w) : mha(register_module("mha", torch::nn::MultiheadAttention(w, 1))) {}
+  at::Tensor forward(const at::Tensor& x) {
+    auto t = x.unsqueeze(1);
+    return std::get<0>(mha->forward(t, t, t)).squeeze(1);
+  }
+  torch::nn::MultiheadAttention mha;
+};
+TORCH_MODULE(BatchAttention);
 
 // Copies every parameter of `from` into the same-named parameter of `to`.
 inline void copy_parameters(const torch::nn::Module& from, torch::nn::Module& to) {
