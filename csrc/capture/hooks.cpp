@@ -89,6 +89,22 @@ struct RecordingPostHook : FunctionPostHook {
   int slot;
 };
 
+// Calls f on every node reachable from root, once each.
+template <class F>
+void for_each_node(const NodePtr& root, F&& f) {
+  std::vector<torch::autograd::Node*> todo{root.get()};
+  std::unordered_set<torch::autograd::Node*> seen;
+  while (!todo.empty()) {
+    torch::autograd::Node* n = todo.back();
+    todo.pop_back();
+    if (!n || !seen.insert(n).second) continue;
+    f(n);
+    for (const auto& e : n->next_edges()) {
+      if (e.function) todo.push_back(e.function.get());
+    }
+  }
+}
+
 template <class Wrapper, class Inner>
 std::unique_ptr<Inner> unwrap(std::unique_ptr<Inner>& slot) {
   if (auto* w = dynamic_cast<Wrapper*>(slot.get())) return std::move(w->inner);
@@ -99,17 +115,7 @@ std::unique_ptr<Inner> unwrap(std::unique_ptr<Inner>& slot) {
 
 HookWrapScope::HookWrapScope(const NodePtr& root, const SlotOf* slots, const NodeLabeler* label)
     : slots_(slots), label_(label) {
-  std::vector<torch::autograd::Node*> todo{root.get()};
-  std::unordered_set<torch::autograd::Node*> seen;
-  while (!todo.empty()) {
-    torch::autograd::Node* n = todo.back();
-    todo.pop_back();
-    if (!n || !seen.insert(n).second) continue;
-    wrap(n);
-    for (const auto& e : n->next_edges()) {
-      if (e.function) todo.push_back(e.function.get());
-    }
-  }
+  for_each_node(root, [this](torch::autograd::Node* n) { wrap(n); });
 }
 
 HookWrapScope::~HookWrapScope() {
@@ -245,17 +251,7 @@ std::vector<HookTape::Played> HookTape::played() const {
 
 HookTapeScope::HookTapeScope(const NodePtr& root, const HookWrapScope::SlotOf& slots, HookTape* tape, Mode mode)
     : tape_(tape), mode_(mode) {
-  std::vector<torch::autograd::Node*> todo{root.get()};
-  std::unordered_set<torch::autograd::Node*> seen;
-  while (!todo.empty()) {
-    torch::autograd::Node* n = todo.back();
-    todo.pop_back();
-    if (!n || !seen.insert(n).second) continue;
-    wrap(n, slots);
-    for (const auto& e : n->next_edges()) {
-      if (e.function) todo.push_back(e.function.get());
-    }
-  }
+  for_each_node(root, [this, &slots](torch::autograd::Node* n) { wrap(n, slots); });
 }
 
 HookTapeScope::HookTapeScope(std::vector<LeafHook> leaf_hooks, HookTape* tape, Mode mode) : tape_(tape), mode_(mode) {
