@@ -9,21 +9,25 @@
 //   mlp       Linear(64, 256) GELU Linear(256, 64), inference; batch sizes 1..64
 //
 // For each: eager, and tcap with the eager and llvm backends, with the size check on
-// (default) and off (check_new_sizes = false); then, per variant, the steady state: the
+// (default) and off (check_new_sizes = false), and llvm with its kernels compiled in the
+// background (compile_in_background; unfused_kernel_calls counts the kernel calls that ran
+// their ATen ops meanwhile); then, per variant, the steady state: the
 // mean of 40 calls at one fixed size (length 64, batch 32) after the varying calls, and
 // tcap_llvm_static, which makes only those calls (a static entry and its kernels: what a
 // replay of a dynamic entry is compared with). Printed per row: the calls' total time and
-// its ratio to eager's, compiles (entries built: captures compiled and specializations to
-// new sizes), LLVM kernel compiles, size checks, captures, replays, eager calls. The calls
-// are the same sequence for every variant (one seed). Usage: tcap-bench-dynamic [calls]
-// (Note [Each variant in a process of its own]).
+// its ratio to eager's, the slowest call, compiles (entries built: captures compiled and
+// specializations to new sizes), LLVM kernel compiles, size checks, captures, replays,
+// eager calls. The calls are the same sequence for every variant (one seed). Usage:
+// tcap-bench-dynamic [calls] (Note [Each variant in a process of its own]).
 #include <tcap/compile.h>
 #include <tcap/train_step.h>
 
 #include "codegen/cpu_llvm/cpu_llvm.h"
+#include "runtime/background_compiles.h"
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -47,6 +51,8 @@ struct Row {
   tcap::CompileStats stats;
   int kernels = 0;  // kernel code compiled by LLVM in the variant's process (Note [Sizes at launch])
   double steady_ms = 0;  // one call at the workload's fixed size, after the calls (kSteadyCalls, mean)
+  double worst_ms = 0;   // the slowest of the varying calls
+  int64_t unfused = 0;   // kernel calls of the varying calls that ran ATen ops, their kernel compiling
   bool has_stats = false;
 };
 
@@ -66,11 +72,13 @@ struct Variant {
   std::string backend;  // "" = eager LibTorch
   bool check = true;
   bool static_only = false;  // no varying calls: only the fixed size (a static entry's kernels)
+  bool background = false;   // CompileOptions::compile_in_background
 };
 
 const std::vector<Variant> kVariants = {
     {"eager", "", true},         {"tcap_eager", "eager", true}, {"tcap_eager_nocheck", "eager", false},
     {"tcap_llvm", "llvm", true}, {"tcap_llvm_nocheck", "llvm", false}, {"tcap_llvm_static", "llvm", true, true},
+    {"tcap_llvm_background", "llvm", true, false, true},
 };
 
 tcap::CompileOptions options_of(const Variant& v, const std::string& name) {
@@ -78,6 +86,7 @@ tcap::CompileOptions options_of(const Variant& v, const std::string& name) {
   o.name = name + "_" + v.name;
   o.backend = v.backend;
   o.check_new_sizes = v.check;
+  o.compile_in_background = v.background;
   o.cache_size_limit = 64;
   return o;
 }
@@ -94,15 +103,20 @@ constexpr int kSteadyCalls = 40;
 // The varying calls, timed whole.
 template <class F>
 void varying_calls(Row& r, const Variant& v, const std::vector<int64_t>& seq, F&& one) {
-  if (!v.static_only) r.ms = time_ms([&] {
-    for (int64_t n : seq) one(n);
-  });
+  if (v.static_only) return;
+  for (int64_t n : seq) {
+    const double ms = time_ms([&] { one(n); });
+    r.ms += ms;
+    r.worst_ms = std::max(r.worst_ms, ms);
+  }
 }
 
 // The steady state at one fixed size: a few calls to warm up (a static variant captures and
 // compiles there), then kSteadyCalls timed.
 template <class F>
 void steady_calls(Row& r, int64_t fixed, F&& one) {
+  r.unfused = tcap::runtime::background_compile_stats().unfused_runs;
+  tcap::wait_for_background_compiles();  // the steady state runs the kernels
   for (int i = 0; i < 4; ++i) one(fixed);
   r.steady_ms = time_ms([&] {
     for (int i = 0; i < kSteadyCalls; ++i) one(fixed);
@@ -214,10 +228,12 @@ void print(const char* workload, const std::vector<Row>& rows) {
     if (r.ms > 0) std::printf("%-8s %-20s %10.1f ms %7.2fx", workload, r.variant.c_str(), r.ms, r.ms / eager);
     else std::printf("%-8s %-20s %13s %8s", workload, r.variant.c_str(), "-", "-");
     std::printf("  steady %7.3f ms %5.2fx", r.steady_ms, r.steady_ms / steady_eager);
+    if (r.ms > 0) std::printf("  worst call %7.1f ms", r.worst_ms);
     if (r.has_stats && r.ms > 0) {
       const auto& s = r.stats;
       std::printf("  compiles %3d  kernels %4d  size_checks %3d  captures %3d  replays %4d  eager %3d", s.compiles,
                   r.kernels, s.size_checks, s.captures, s.replays, s.eager_calls);
+      if (r.unfused > 0) std::printf("  unfused_kernel_calls %lld", static_cast<long long>(r.unfused));
     } else if (r.has_stats) {
       std::printf("  kernels %4d", r.kernels);
     }
@@ -240,8 +256,9 @@ int run_one(int calls, const std::string& workload, const std::string& variant) 
   else return 2;
   const int kernels = tcap::codegen::cpu_llvm::cpu_llvm_stats().compiled;
   for (const auto& r : rows) {
-    std::printf("%s %s %.3f %d %d %d %d %d %d %.4f\n", workload.c_str(), r.variant.c_str(), r.ms, r.stats.compiles,
-                r.stats.size_checks, r.stats.captures, r.stats.replays, r.stats.eager_calls, kernels, r.steady_ms);
+    std::printf("%s %s %.3f %d %d %d %d %d %d %.4f %lld %.3f\n", workload.c_str(), r.variant.c_str(), r.ms,
+                r.stats.compiles, r.stats.size_checks, r.stats.captures, r.stats.replays, r.stats.eager_calls, kernels,
+                r.steady_ms, static_cast<long long>(r.unfused), r.worst_ms);
   }
   return 0;
 }
@@ -265,9 +282,11 @@ int main(int argc, char** argv) {
       while (std::fgets(line, sizeof line, p)) {
         char w[64], name[64];
         Row r;
-        if (std::sscanf(line, "%63s %63s %lf %d %d %d %d %d %d %lf", w, name, &r.ms, &r.stats.compiles,
+        long long unfused = 0;
+        if (std::sscanf(line, "%63s %63s %lf %d %d %d %d %d %d %lf %lld %lf", w, name, &r.ms, &r.stats.compiles,
                         &r.stats.size_checks, &r.stats.captures, &r.stats.replays, &r.stats.eager_calls,
-                        &r.kernels, &r.steady_ms) == 10) {
+                        &r.kernels, &r.steady_ms, &unfused, &r.worst_ms) == 12) {
+          r.unfused = unfused;
           r.variant = name;
           r.has_stats = !v.backend.empty();
           rows.push_back(r);

@@ -10,10 +10,12 @@
 #include "codegen/cpu_llvm/cpu_llvm.h"
 #include "codegen/cuda/cuda.h"
 #include "fuse/fusion.h"
+#include "runtime/background_compiles.h"
 #include "runtime/fused_kernel.h"
 #include "support/logging.h"
 
 #include <algorithm>
+#include <chrono>
 #include <optional>
 
 namespace tcap {
@@ -114,8 +116,14 @@ Target choose_target(const Backend& backend, const ir::Graph& g, const std::stri
   return {};
 }
 
-KernelMaker kernel_maker(const Target& t) {
+KernelMaker kernel_maker(const Target& t, bool in_background) {
   TORCH_INTERNAL_ASSERT(t.fuses(), "tcap: the eager target makes no kernels");
+  if (t.kind == Backend::Llvm && in_background) {
+    return [](const fuse::FusedGroup& fg, runtime::FusedKernel& fk) {
+      fk.cpu = codegen::cpu_llvm::find_cpu_kernel(fg.kernel);  // throws where compile_cpu_kernel would
+      if (!fk.cpu) fk.code.store(runtime::FusedKernel::Compiling, std::memory_order_relaxed);
+    };
+  }
   if (t.kind == Backend::Llvm) {
     return [](const fuse::FusedGroup& fg, runtime::FusedKernel& fk) { fk.cpu = codegen::cpu_llvm::compile_cpu_kernel(fg.kernel); };
   }
@@ -123,6 +131,52 @@ KernelMaker kernel_maker(const Target& t) {
   return [target](const fuse::FusedGroup& fg, runtime::FusedKernel& fk) {
     fk.cuda = codegen::cuda::compile_cuda_kernel(fg.kernel, target);
   };
+}
+
+bool compiles_in_background(const CompileOptions& o, const Target& t) {
+  return t.kind == Backend::Llvm && (o.compile_in_background || Config::get().compile_in_background);
+}
+
+void compile_later(const std::string& what, const std::vector<std::shared_ptr<runtime::FusedKernel>>& kernels) {
+  if (kernels.empty()) return;
+  std::vector<std::weak_ptr<runtime::FusedKernel>> weak(kernels.begin(), kernels.end());
+  const auto submitted = std::chrono::steady_clock::now();
+  TCAP_LOG(Perf, what << ": " << kernels.size()
+                      << " kernels compile in the background; their ATen ops run until they are ready");
+  runtime::submit_background_compile(what, [what, weak = std::move(weak), submitted] {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::pair<std::shared_ptr<runtime::FusedKernel>, std::shared_ptr<const codegen::cpu_llvm::CpuKernel>>>
+        done;
+    int64_t failed = 0, skipped = 0;
+    for (const auto& w : weak) {
+      std::shared_ptr<runtime::FusedKernel> k = w.lock();
+      if (!k) {
+        ++skipped;  // its graph died
+        continue;
+      }
+      try {
+        done.emplace_back(k, codegen::cpu_llvm::compile_cpu_kernel(k->kernel));
+      } catch (const c10::Error& e) {
+        ++failed;
+        k->code.store(runtime::FusedKernel::Failed, std::memory_order_release);
+        TCAP_LOG(GraphBreaks, what << ": fused kernel " << k->name
+                                   << " could not be compiled in the background; it runs its ATen ops: "
+                                   << e.what_without_backtrace());
+      }
+    }
+    // Ready together: one change of the graph's allocations (Note [Memory plans]).
+    for (auto& [k, code] : done) {
+      k->cpu = std::move(code);
+      k->code.store(runtime::FusedKernel::Ready, std::memory_order_release);
+    }
+    runtime::count_background_kernels(static_cast<int64_t>(done.size()), failed);
+    using ms = std::chrono::duration<double, std::milli>;
+    const auto t1 = std::chrono::steady_clock::now();
+    TCAP_LOG(Perf, what << ": " << done.size() << " kernels ready, compiled in the background in "
+                        << ms(t1 - t0).count() << " ms (" << ms(t1 - submitted).count() << " ms after the graph)"
+                        << (failed ? ", " + std::to_string(failed) + " failed" : std::string())
+                        << (skipped ? ", " + std::to_string(skipped) + " skipped (the graph died)" : std::string()));
+  });
 }
 
 }  // namespace compiler

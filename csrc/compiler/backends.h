@@ -7,7 +7,9 @@
 #include <c10/core/Device.h>
 
 #include <functional>
+#include <memory>
 #include <string>
+#include <vector>
 
 namespace tcap {
 
@@ -36,8 +38,18 @@ struct Target {
 // Auto cannot compile `g` here; Auto falls back to Eager, logged under graph_breaks.
 Target choose_target(const Backend& backend, const ir::Graph& g, const std::string& what);
 
-// Makes the kernels of a fusing target.
-KernelMaker kernel_maker(const Target& t);
+// Makes the kernels of a fusing target. With `in_background` (llvm only), a kernel that
+// needs an LLVM compile is left Compiling, for compile_later() (Note [Kernels compiled in
+// the background]).
+KernelMaker kernel_maker(const Target& t, bool in_background = false);
+
+// Whether kernels of graphs compiled with `o` for target `t` compile in the background:
+// CompileOptions::compile_in_background or TCAP_COMPILE_IN_BACKGROUND, for the llvm target.
+bool compiles_in_background(const CompileOptions& o, const Target& t);
+
+// Compiles the kernels `kernels` left Compiling on the background compile thread, and
+// makes them Ready together; `what` names the graph in logs.
+void compile_later(const std::string& what, const std::vector<std::shared_ptr<runtime::FusedKernel>>& kernels);
 
 }  // namespace compiler
 }  // namespace tcap

@@ -141,7 +141,8 @@ Executable interpreter_executable(const ir::Graph& g, const std::string& what, b
 // The fusion pass with each kept group's kernel made by `make` and registered for
 // tcap::fused; the kernels' ids go to `ids` (released with the executable).
 ir::Graph fuse_graph(const ir::Graph& g, const std::string& what, const std::string& dump_dir,
-                     const c10::Device& device, const KernelMaker& make, std::vector<int64_t>* ids) {
+                     const c10::Device& device, const KernelMaker& make, std::vector<int64_t>* ids,
+                     bool in_background = false) {
   const auto t0 = std::chrono::steady_clock::now();
   std::mutex ids_mu;  // compile runs on several threads (Note [Parallel kernel compilation])
   fuse::FusionOptions opts;
@@ -173,6 +174,15 @@ ir::Graph fuse_graph(const ir::Graph& g, const std::string& what, const std::str
     }
   };
   fuse::FusionResult res = fuse::fuse(g, opts);
+  if (in_background) {
+    // Note [Kernels compiled in the background]: the kept groups' kernels still to compile.
+    std::vector<std::shared_ptr<runtime::FusedKernel>> later;
+    for (const auto& fg : res.groups) {
+      auto k = runtime::find_kernel(fg.kernel_id);
+      if (k && k->code.load(std::memory_order_relaxed) == runtime::FusedKernel::Compiling) later.push_back(std::move(k));
+    }
+    compiler::compile_later(what, later);
+  }
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   TCAP_LOG(Fusion, what << ": " << res.groups.size() << " fused kernels (" << ms << " ms)\n"
                         << res.explain() << "fused graph:\n" << ir::to_string(res.graph));
@@ -232,7 +242,9 @@ Executable compile_graph(const ir::Graph& g, const CompileOptions& o, const std:
     std::vector<int64_t> kernels;
     ir::Graph h = simplify(g, what);
     if (target.fuses()) {
-      h = stage(fuse_graph(h, what, dump_dir_of(o), target.device, kernel_maker(target), &kernels), what, "fuse");
+      const bool later = compiler::compiles_in_background(o, target);
+      h = stage(fuse_graph(h, what, dump_dir_of(o), target.device, kernel_maker(target, later), &kernels, later), what,
+                "fuse");
     }
     int rewritten = 0;
     h = stage(passes::reuse_buffers(h, &rewritten), what, "reuse_buffers");

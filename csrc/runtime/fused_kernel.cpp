@@ -1,5 +1,6 @@
 #include "runtime/fused_kernel.h"
 
+#include "runtime/background_compiles.h"
 #include "runtime/buffer_pool.h"
 
 #include "support/logging.h"
@@ -95,6 +96,21 @@ std::vector<at::Tensor> run_cuda(FusedKernel& k, const std::vector<at::Tensor>& 
   return outs;
 }
 
+// The group's own ATen ops (its fallback graph); `mismatch`, when given, is logged once.
+std::vector<at::Tensor> run_aten_ops(FusedKernel& k, const std::vector<at::Tensor>& inputs,
+                                     const std::string* mismatch) {
+  std::lock_guard<std::mutex> lock(k.mu);
+  if (mismatch && !k.logged_fallback) {
+    k.logged_fallback = true;
+    TCAP_LOG(GraphBreaks, "fused kernel " << k.name << " runs its ATen ops instead: " << *mismatch);
+  }
+  if (!k.fallback_interp) {
+    k.fallback_interp = std::make_unique<Interpreter>(k.fallback);
+    k.fallback_interp->keep_values(false);
+  }
+  return k.fallback_interp->run(inputs);
+}
+
 std::vector<at::Tensor> fused_op(at::TensorList inputs, int64_t id) {
   return run_fused(inputs.vec(), id);
 }
@@ -172,16 +188,12 @@ std::vector<at::Tensor> run_fused(FusedKernel& k, const std::vector<at::Tensor>&
   if (!mismatch.empty()) {
     k.fallbacks.fetch_add(1, std::memory_order_relaxed);
     g_fallbacks.fetch_add(1, std::memory_order_relaxed);
-    std::lock_guard<std::mutex> lock(k.mu);
-    if (!k.logged_fallback) {
-      k.logged_fallback = true;
-      TCAP_LOG(GraphBreaks, "fused kernel " << k.name << " runs its ATen ops instead: " << mismatch);
-    }
-    if (!k.fallback_interp) {
-      k.fallback_interp = std::make_unique<Interpreter>(k.fallback);
-      k.fallback_interp->keep_values(false);
-    }
-    return k.fallback_interp->run(inputs);
+    return run_aten_ops(k, inputs, &mismatch);
+  }
+  if (k.code.load(std::memory_order_acquire) != FusedKernel::Ready) {
+    // Note [Kernels compiled in the background]: not compiled (yet).
+    count_unfused_run();
+    return run_aten_ops(k, inputs, nullptr);
   }
   if (k.cuda) {
     g_launches.fetch_add(1, std::memory_order_relaxed);

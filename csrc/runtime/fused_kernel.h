@@ -40,11 +40,18 @@ struct FusedKernel : interp::DirectCall {
   std::string name;
   kir::Kernel kernel;
   c10::Device device = c10::Device(c10::kCPU);
-  std::shared_ptr<const codegen::cpu_llvm::CpuKernel> cpu;              // device is the CPU
+  // device is the CPU. Written before the kernel is registered, or (a kernel compiled in
+  // the background) before `code` becomes Ready; read only after `code` is Ready.
+  std::shared_ptr<const codegen::cpu_llvm::CpuKernel> cpu;
   std::shared_ptr<const codegen::cuda::CudaKernel> cuda;      // device is a CUDA device
   std::vector<ir::TensorMeta> inputs;   // recorded metadata, in kernel buffer order
   std::vector<ir::TensorMeta> outputs;
   ir::Graph fallback;                   // the group's ATen ops (inputs -> outputs)
+
+  // Whether the code exists (Note [Kernels compiled in the background]): a kernel that is
+  // Compiling, or Failed to compile there, runs its fallback graph.
+  enum Code : int { Ready = 0, Compiling = 1, Failed = 2 };
+  std::atomic<int> code{Ready};
 
   std::atomic<int64_t> calls{0};
   std::atomic<int64_t> fallbacks{0};

@@ -52,6 +52,7 @@ struct Config {
   std::string cache_dir;
   long long buffer_pool_mb = 1024;
   int compile_threads = 0;  // 0: the default (cores, at most 8)
+  bool compile_in_background = false;  // TCAP_COMPILE_IN_BACKGROUND (runtime/background_compiles.h)
   long long small_matmul_macs = -1;  // TCAP_SMALL_MATMUL_MACS; -1: the default (fuse/fusion.h)
   std::string stance;       // TCAP_STANCE as given ("" = default)
   bool error_on_fallback = false;

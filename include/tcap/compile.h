@@ -115,6 +115,14 @@ struct CompileOptions {
   // Graphs that cannot be (hooks, in-place writes to inputs, host reads, explicit generators,
   // CPU tensors) run as usual, logged under graph_breaks. Outputs are copies.
   bool cuda_graphs = false;
+  // llvm: kernels that need an LLVM compile are compiled on a background thread; until a
+  // graph's kernels are ready, its fused groups run their own ATen ops, so no call waits
+  // for LLVM (a server at a new batch size, a run whose sequence lengths vary). Results
+  // agree with eager either way, but which calls ran kernels depends on timing, so two
+  // runs need not be bitwise equal; hence off by default. TCAP_COMPILE_IN_BACKGROUND=1
+  // turns it on for every graph. tcap::wait_for_background_compiles() waits for the
+  // kernels (Note [Kernels compiled in the background]).
+  bool compile_in_background = false;
   // A value read on the host (item(), equal(), is_nonzero()) is a guard: a call where it
   // differs recaptures, since host code may branch on it. With observe_host_values, a
   // value that changes between two captures which record the same graph otherwise is
@@ -287,6 +295,10 @@ CompileStats sum_stats(const std::vector<std::shared_ptr<CompiledFunction>>& fns
 std::vector<CompiledEntryInfo> all_entries(const std::vector<std::shared_ptr<CompiledFunction>>& fns);
 std::string first_eager_reason(const std::vector<std::shared_ptr<CompiledFunction>>& fns);
 }  // namespace detail
+
+// Blocks until every kernel compile started in the background so far has finished
+// (CompileOptions::compile_in_background): after it, those graphs run their kernels.
+void wait_for_background_compiles();
 
 // Note [Compiled modules]
 // tcap::compile(model) returns a CompiledModule: a module holder (as torch::nn::Linear is)

@@ -172,35 +172,75 @@ std::string varying_sizes(const KernelPlan& p, const std::vector<bool>& varying)
   return "[" + s + "]";
 }
 
+// The kernel of `key` in the memory cache, or nullptr.
+std::shared_ptr<const CpuKernel> memory_hit(Backend& be, const std::string& key) {
+  std::lock_guard<std::mutex> lock(be.mu);
+  auto it = be.memory.find(key);
+  if (it == be.memory.end()) return nullptr;
+  ++be.stats.memory_hits;
+  return it->second;
+}
+
+// A kernel of `structure`, not yet served, with its numbers (Note [Sizes at launch]).
+std::shared_ptr<CpuKernel> unserved(const kir::Kernel& k, const KernelPlan& plan, const NumberSlots& slots) {
+  auto out = std::make_shared<CpuKernel>();
+  out->range = k.parallel_range();
+  out->grain = plan.grain;
+  out->numbers = kernel_numbers(k, plan, slots);
+  return out;
+}
+
+// Serves `out` by code of its family compiled for other sizes, if one reads at launch
+// every number in which `out` differs (`be.mu` held); true if it did.
+bool serve_from_family(Backend& be, const Family& f, const std::string& key, const std::shared_ptr<CpuKernel>& out) {
+  for (const Variant& v : f.variants) {
+    if (!serves(v, out->numbers)) continue;
+    out->fn = v.code->fn;
+    out->name = v.code->name;
+    out->key_hash = v.code->key_hash;
+    out->llvm_ir = v.code->llvm_ir;
+    out->numbers_at_launch = v.code->numbers_at_launch;
+    ++be.stats.served_at_launch;
+    be.memory.emplace(key, out);
+    return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 bool cpu_llvm_available(std::string* why) { return CpuJit::get(why) != nullptr; }
+
+std::shared_ptr<const CpuKernel> find_cpu_kernel(const kir::Kernel& k) {
+  Backend& be = backend();
+  CpuJit& jit = jit_or_throw();
+  const std::string key = cache_key(k, jit);
+  if (auto hit = memory_hit(be, key)) return hit;
+  const KernelPlan plan = make_plan(k, jit.target());  // throws on unsupported kernels
+  const std::string structure = key_prefix(jit) + kernel_structure(k, plan);
+  auto out = unserved(k, plan, number_slots(k, plan));
+  // No structure lock: a compile of this structure in progress is not waited for.
+  std::lock_guard<std::mutex> lock(be.mu);
+  auto it = be.families.find(structure);
+  if (it != be.families.end() && serve_from_family(be, it->second, key, out)) return out;
+  return nullptr;
+}
 
 std::shared_ptr<const CpuKernel> compile_cpu_kernel(const kir::Kernel& k) {
   const auto t0 = std::chrono::steady_clock::now();
   Backend& be = backend();
   CpuJit& jit = jit_or_throw();
   const std::string key = cache_key(k, jit);
-  auto memory_hit = [&]() -> std::shared_ptr<const CpuKernel> {
-    std::lock_guard<std::mutex> lock(be.mu);
-    auto it = be.memory.find(key);
-    if (it == be.memory.end()) return nullptr;
-    ++be.stats.memory_hits;
-    return it->second;
-  };
-  if (auto hit = memory_hit()) return hit;
+  if (auto hit = memory_hit(be, key)) return hit;
   const KernelPlan plan = make_plan(k, jit.target());  // throws on unsupported kernels
   const std::string structure = key_prefix(jit) + kernel_structure(k, plan);
   // Note [Parallel kernel compilation]: kernels of one structure compile one at a time (a
   // later size is then served by code an earlier one compiled); be.mu only guards the
   // maps and stats.
   std::lock_guard<std::mutex> structure_lock(be.key_locks.of(structure));
-  if (auto hit = memory_hit()) return hit;
+  if (auto hit = memory_hit(be, key)) return hit;
   const NumberSlots slots = number_slots(k, plan);
-  auto out = std::make_shared<CpuKernel>();
-  out->range = k.parallel_range();
-  out->grain = plan.grain;
-  out->numbers = kernel_numbers(k, plan, slots);
+  auto out = unserved(k, plan, slots);
 
   // Note [Sizes at launch]: code of this structure compiled for other sizes, or a reason
   // to compile such code now.
@@ -208,17 +248,7 @@ std::shared_ptr<const CpuKernel> compile_cpu_kernel(const kir::Kernel& k) {
   {
     std::lock_guard<std::mutex> lock(be.mu);
     Family& f = be.families[structure];
-    for (const Variant& v : f.variants) {
-      if (!serves(v, out->numbers)) continue;
-      out->fn = v.code->fn;
-      out->name = v.code->name;
-      out->key_hash = v.code->key_hash;
-      out->llvm_ir = v.code->llvm_ir;
-      out->numbers_at_launch = v.code->numbers_at_launch;
-      ++be.stats.served_at_launch;
-      be.memory.emplace(key, out);
-      return out;
-    }
+    if (serve_from_family(be, f, key, out)) return out;
     if (f.first.empty()) {
       f.first = out->numbers;
     } else {

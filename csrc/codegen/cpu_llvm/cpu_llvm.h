@@ -80,6 +80,13 @@ bool cpu_llvm_available(std::string* why = nullptr);
 // leaves the group's ops to ATen. Thread-safe.
 std::shared_ptr<const CpuKernel> compile_cpu_kernel(const kir::Kernel& k);
 
+// The kernel if no LLVM compile is needed for it: in the memory cache, or served by code
+// of its structure compiled for other sizes (Note [Sizes at launch]); nullptr when it
+// must be compiled. Throws as compile_cpu_kernel does for a kernel the renderer does not
+// support. Thread-safe; never waits for a compile in progress (Note [Kernels compiled in
+// the background], runtime/background_compiles.h).
+std::shared_ptr<const CpuKernel> find_cpu_kernel(const kir::Kernel& k);
+
 // The optimised LLVM IR text of a kernel (renders and optimises without JIT or caches),
 // for kernels that need not run here (tests of other vector widths). A compiled kernel
 // carries its own in CpuKernel::llvm_ir.

@@ -20,6 +20,10 @@ std::shared_ptr<const CpuKernel> compile_cpu_kernel(const kir::Kernel& k) {
   TORCH_CHECK(false, "tcap cpu_llvm: cannot compile kernel ", k.name, ": ", kWhy);
 }
 
+std::shared_ptr<const CpuKernel> find_cpu_kernel(const kir::Kernel& k) {
+  TORCH_CHECK(false, "tcap cpu_llvm: cannot compile kernel ", k.name, ": ", kWhy);
+}
+
 std::string cpu_kernel_llvm_ir(const kir::Kernel& k) {
   TORCH_CHECK(false, "tcap cpu_llvm: cannot render kernel ", k.name, ": ", kWhy);
 }
