@@ -248,14 +248,19 @@ std::vector<size_t> hidden_writes(const Node& n) {
   return out;
 }
 
+const Node* input_aliased_by(const Graph& g, ValueId v) {
+  const Node& p = g.node(g.value(g.alias_root(v)).producer);
+  return p.kind == NodeKind::Input ? &p : nullptr;
+}
+
 std::vector<size_t> hidden_written_inputs(const Graph& g) {
   std::vector<size_t> out;
   const auto inputs = g.input_nodes();
   for (const auto& n : g.nodes()) {
     for (size_t i : hidden_writes(n)) {
-      const Node& p = g.node(g.value(g.alias_root(n.args[i].values.at(0))).producer);
-      if (p.kind != NodeKind::Input) continue;
-      const auto pos = static_cast<size_t>(std::find(inputs.begin(), inputs.end(), p.id) - inputs.begin());
+      const Node* p = input_aliased_by(g, n.args[i].values.at(0));
+      if (!p) continue;
+      const auto pos = static_cast<size_t>(std::find(inputs.begin(), inputs.end(), p->id) - inputs.begin());
       if (std::find(out.begin(), out.end(), pos) == out.end()) out.push_back(pos);
     }
   }

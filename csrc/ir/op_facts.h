@@ -88,5 +88,8 @@ std::vector<std::string> pointwise_without_tag();
 std::vector<size_t> hidden_writes(const Node& n);
 // The inputs of g (positions in its input order) that nodes write that way.
 std::vector<size_t> hidden_written_inputs(const Graph& g);
+// The input node whose tensor value v is or views (its alias root's producer), else null:
+// a write into v is a write into that input.
+const Node* input_aliased_by(const Graph& g, ValueId v);
 
 }  // namespace tcap::ir

@@ -4,6 +4,7 @@
 // opaque hook calls.
 #include <tcap/partition.h>
 
+#include "ir/op_facts.h"
 #include "passes/keep_nodes.h"
 
 #include <algorithm>
@@ -12,9 +13,7 @@
 namespace tcap {
 
 ir::Graph eliminate_dead_code(const ir::Graph& g) {
-  auto root_is_input = [&](ir::ValueId v) {
-    return g.node(g.value(g.alias_root(v)).producer).kind == ir::NodeKind::Input;
-  };
+  auto root_is_input = [&](ir::ValueId v) { return ir::input_aliased_by(g, v) != nullptr; };
   std::unordered_set<ir::ValueId> needed;
   for (ir::ValueId v : g.output_values()) needed.insert(v);
   std::vector<ir::NodeId> keep;

@@ -77,14 +77,9 @@ bool host_reads_precede_input_writes(const ir::Graph& g) {
     // A collective cannot be undone either: a failed guard after it would issue it twice.
     if (ir::op_has(n.op, ir::OpFact::Collective)) written = true;
     // A training batch norm's running statistics (Note [Writes a schema does not show]).
-    for (size_t i : ir::hidden_writes(n)) {
-      const ir::Node& root = g.node(g.value(g.alias_root(n.args[i].values.at(0))).producer);
-      written = written || root.kind == ir::NodeKind::Input;
-    }
+    for (size_t i : ir::hidden_writes(n)) written = written || ir::input_aliased_by(g, n.args[i].values.at(0));
     ir::for_each_value(n.outputs, [&](ir::ValueId v) {
-      if (g.value(v).version_of == ir::kNoValue) return;
-      const ir::Node& root = g.node(g.value(g.alias_root(v)).producer);
-      written = written || root.kind == ir::NodeKind::Input;
+      if (g.value(v).version_of != ir::kNoValue) written = written || ir::input_aliased_by(g, v);
     });
   }
   return true;

@@ -237,8 +237,8 @@ bool CompiledStep::Impl::compile_from_other_sizes(StepEntry& e, const StepEntry&
     return false;
   }
   const ir::Graph first = cache::specialize(other, d, d.own_key);
-  const step::StepComparison cmp = step::compare_step_captures(first, e.graph, other_host, e.host, parts.opts,
-                                                               param_inputs(e, g), options.observe_host_values);
+  step::StepComparison cmp = step::compare_step_captures(first, e.graph, other_host, e.host, parts.opts,
+                                                         param_inputs(e, g), options.observe_host_values);
   if (!cmp.why_not.empty()) {
     TCAP_LOG(Recompiles, who() << " entry " << e.id << " waits for a second capture at its sizes: compared with entry "
                                << a.id << "'s capture at other sizes, " << cmp.why_not);
@@ -246,7 +246,7 @@ bool CompiledStep::Impl::compile_from_other_sizes(StepEntry& e, const StepEntry&
   }
   TCAP_LOG(Recompiles, who() << " entry " << e.id << " compiles from one capture: entry " << a.id
                              << "'s capture at other sizes, specialized to these, stands in for the first");
-  verify_and_compile(e, first, other_host, g);
+  compile_compared(e, std::move(cmp), g);
   return true;
 }
 
@@ -255,6 +255,10 @@ void CompiledStep::Impl::verify_and_compile(StepEntry& e, const ir::Graph& first
   step::StepComparison cmp = step::compare_step_captures(first, e.graph, host1, e.host, parts.opts, param_inputs(e, g),
                                                          options.observe_host_values);
   if (!cmp.why_not.empty()) return go_eager(e, cmp.why_not);
+  compile_compared(e, std::move(cmp), g);
+}
+
+void CompiledStep::Impl::compile_compared(StepEntry& e, step::StepComparison cmp, const step::StepInputs& g) {
   e.record = e.graph;
   e.record_scalars.clear();
   for (const auto& p : cmp.patches) e.record_scalars.emplace_back(p.node, p.arg);

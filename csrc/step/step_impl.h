@@ -174,6 +174,8 @@ struct CompiledStep::Impl {
                                                                          const step::StepInputs& g) const;
   void verify_and_compile(StepEntry& e, const ir::Graph& first, const std::vector<std::vector<HostState>>& host1,
                           const step::StepInputs& g);
+  // The rest of verify_and_compile, for two captures whose comparison `cmp` found them alike.
+  void compile_compared(StepEntry& e, step::StepComparison cmp, const step::StepInputs& g);
   // `tape`: a verified replay's, whose taped hook calls serve the step's opaque hooks
   // (Note [Hooks called once under verify], capture/hooks.h).
   std::vector<at::Tensor> replay(const StepEntry& e, const step::StepInputs& g, const std::vector<at::Tensor>& primals,
