@@ -167,6 +167,17 @@ struct CompiledFunction::Impl::Call {
 
   std::optional<Out> replay(const cache::Lookup& found, bool first) {
     auto e = std::static_pointer_cast<const RegionEntry>(found.hit);
+    // Note [Autograd Functions in a region]: no compiled backward, and its forward's
+    // derivative is not that of the ops it recorded.
+    if (!e->has_backward && !e->autograd_function.empty() && e->use_function && at::GradMode::is_enabled() &&
+        torch::autograd::any_variable_requires_grad(found.primals)) {
+      cache::report_fallback(f.who() + " entry " + std::to_string(e->id) + " (a call that needs a gradient)",
+                             "its forward calls an autograd Function (" + e->autograd_function +
+                                 " ran inside it) whose backward no capture saw (the first call's gradient came "
+                                 "from grad(), or none came), and differentiating the ops it recorded is not its "
+                                 "backward");
+      return f.run_eager(user_inputs);
+    }
     if (!first) {
       // Published by another call while this one waited for the capture slot: let the
       // next capture start while this call replays.

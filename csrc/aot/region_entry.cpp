@@ -61,6 +61,30 @@ bool observe_host_values(RegionEntry& e, const RegionEntry& older, const Compile
   return true;
 }
 
+// Note [Autograd Functions in a region]
+// An autograd Function (a custom torch::autograd::Function, or one of LibTorch's own) runs
+// its forward with grad mode off and wraps the results in its node: the ops it records
+// have results that require grad though no grad mode was on when they ran, and their
+// derivative is the Function's backward, not theirs. A compiled backward recorded by a
+// real backward() holds that backward's ops, and is right. What differentiates the
+// recorded forward instead (an entry whose capture saw no backward, running its forward
+// through autograd; the recompute of a double backward) would differentiate the ops
+// inside the Function, or nothing at all (they replay without grad mode): such a call runs
+// eagerly, and such a recompute stops with an error.
+std::string first_op_inside_an_autograd_function(const ir::Graph& g) {
+  for (const auto& n : g.nodes()) {
+    if (n.kind != ir::NodeKind::Call || n.phase != ir::Phase::Forward || n.grad_mode) continue;
+    bool fresh_requiring_grad = false;
+    ir::for_each_value(n.outputs, [&](ir::ValueId v) {
+      const auto& val = g.value(v);
+      fresh_requiring_grad = fresh_requiring_grad || (val.meta.requires_grad && val.view_of == ir::kNoValue &&
+                                                      val.version_of == ir::kNoValue);
+    });
+    if (fresh_requiring_grad) return n.qualified_op() + " (node %" + std::to_string(n.id) + ")";
+  }
+  return "";
+}
+
 }  // namespace
 
 bool compile_region(RegionEntry& e, JointGraph joint, bool has_backward, const std::vector<at::Tensor>& primals,
@@ -102,6 +126,7 @@ bool compile_region(RegionEntry& e, JointGraph joint, bool has_backward, const s
     }
   }
   e.has_rng = std::any_of(fw.nodes().begin(), fw.nodes().end(), [](const ir::Node& n) { return n.draws_random_numbers(); });
+  e.autograd_function = first_op_inside_an_autograd_function(e.joint.graph);
   if (inline_checks) e.guards.host.set_inline(fw);
   else if (reads) e.guards.host.build_precheck(fw);
   else e.guards.host = cache::HostReads();

@@ -34,6 +34,9 @@ struct RegionEntry : cache::Entry {
   // node writes without its schema saying so (Note [Writes a schema does not show]).
   std::vector<size_t> recompute_clones;
   bool has_rng = false;
+  // Note [Autograd Functions in a region]: the first forward op that ran inside an autograd
+  // Function ("aten::relu (node %3)"), or "" when none did.
+  std::string autograd_function;
   double compile_ms = 0;
   // Note [Entries without a compiled backward] (replay_function.cpp): said once.
   mutable std::atomic<bool> logged_forward_through_autograd{false};

@@ -266,4 +266,56 @@ TEST(SavedValues, ForwardThroughAutogradChecksHostValues) {
   }
 }
 
+// Note [Autograd Functions in a region]: a custom autograd Function whose backward is not
+// the derivative of its forward's ops (here three times relu's). Where no capture saw its
+// backward (the first call's gradient came from grad()), a call that needs a gradient runs
+// eagerly (it used to replay the ops inside the Function, recorded without grad mode, and
+// return an output that did not require grad); calls without a gradient still replay. An
+// entry whose backward was captured replays it, and a double backward, which would have to
+// recompute the forward, stops with tcap's error instead of differentiating relu.
+struct TripleRelu : torch::autograd::Function<TripleRelu> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x) {
+    ctx->save_for_backward({x});
+    return torch::relu(x);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    return {grads[0] * (ctx->get_saved_variables()[0] > 0) * 3};
+  }
+};
+
+TEST(SavedValues, AutogradFunctionsAreNotDifferentiatedThroughTheirOps) {
+  torch::manual_seed(12);
+  auto w = torch::randn({9}, torch::requires_grad());
+  auto fn = [&w](const Tensors& in) { return Tensors{TripleRelu::apply(in[0] * w).pow(2).sum()}; };
+  for (const bool captured_backward : {false, true}) {
+    SCOPED_TRACE(captured_backward ? "backward() at the first call" : "grad() only");
+    auto f = tcap::compile(fn);
+    for (int i = 0; i < 5; ++i) {
+      auto x = torch::randn({9});
+      auto y = f({x})[0];
+      ASSERT_TRUE(y.requires_grad()) << "call " << i;
+      at::Tensor got;
+      if (captured_backward) {
+        y.backward();
+        got = w.grad().clone();
+        w.mutable_grad().reset();
+      } else {
+        got = torch::autograd::grad({y}, {w})[0];
+      }
+      auto want = torch::autograd::grad({fn({x})[0]}, {w})[0];
+      ASSERT_TRUE(close(got, want, 1e-6, 1e-6)) << "call " << i;
+      torch::NoGradGuard no_grad;
+      ASSERT_TRUE(close(f({x})[0], fn({x})[0], 1e-6, 1e-6)) << "call " << i;
+    }
+    EXPECT_GE(f->stats().replays, 3);
+    if (captured_backward) {
+      auto x = torch::randn({9});
+      auto y = f({x})[0];
+      const std::string err = error_of([&] { torch::autograd::grad({y}, {w}, {}, true, true); });
+      EXPECT_NE(err.find("autograd Function"), std::string::npos) << err;
+    }
+  }
+}
+
 }  // namespace
