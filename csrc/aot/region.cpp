@@ -19,6 +19,7 @@
 
 #include "capture/hooks.h"
 #include "capture/recorder.h"
+#include "ir/op_facts.h"
 #include "support/logging.h"
 
 #include <ATen/SequenceNumber.h>
@@ -444,6 +445,10 @@ JointGraph RegionCapture::build_joint(bool with_backward) const {
       }
       TORCH_CHECK(n.kind == ir::NodeKind::Call, "a hook runs inside the function's backward (on ",
                   n.autograd_node, "); compiled replay would not call it");
+      // Note [Sizes that come from values]: a compiled backward cannot stop and look on.
+      TORCH_CHECK(!ir::sizes_from_values(g, n), "its backward runs ", n.qualified_op(),
+                  ", whose output sizes come from values (a data-dependent output shape), which a compiled "
+                  "backward cannot check");
       slice.push_back(id);
       ir::for_each_value(n.args, [&](ir::ValueId v) {
         if (!tangent_set.count(v) && g.value(v).producer >= fw_end) needed.insert(v);

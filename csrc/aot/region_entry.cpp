@@ -175,6 +175,9 @@ void log_contract(const RegionEntry& e, const std::string& who) {
       << ": held, its current contents read by every replay";
   }
   for (const auto& w : e.guards.host.what()) s << "\n  host value read by " << w << ": a guard";
+  for (const auto& w : e.guards.host.sizes_of()) {
+    s << "\n  the sizes of the results of " << w << ", which come from values: a guard";
+  }
   for (ir::NodeId id : e.observed_reads) s << "\n  host value read by node %" << id << ": observed, not a guard";
   s << "\n  anything else it reaches through its closure (numbers, flags, members of modules it was not given) is "
        "frozen as captured; TCAP_VERIFY checks replays against eager";

@@ -31,6 +31,7 @@
 #include "capture/recorder.h"
 #include "capture/session.h"
 #include "compiler/pipeline.h"
+#include "ir/op_facts.h"
 #include "passes/int_patches.h"
 #include "aot/replay_node.h"
 #include "cache/entry_cache.h"
@@ -561,6 +562,16 @@ Runtime::Recorded Runtime::record(const Request& r, const ca::BackwardWalk& w) {
   std::vector<std::string> out_names;
   std::string& why = out.why;
   why = s.unreplayable_reason();  // Note [Output shapes that depend on values]
+  // Note [Sizes that come from values]: a compiled backward cannot stop and look on.
+  if (why.empty()) {
+    const ir::Graph& recorded = s.graph();
+    for (const auto& n : recorded.nodes()) {
+      if (!ir::sizes_from_values(recorded, n)) continue;
+      why = n.qualified_op() + " has a data-dependent output shape (its output sizes come from values), which a "
+                               "compiled backward cannot check";
+      break;
+    }
+  }
   if (r.accumulate_grad) {
     for (size_t i = 0; i < delivered.size(); ++i) {
       if (delivered[i] == ir::kNoValue || in_graph[i]) {

@@ -97,7 +97,12 @@ Lookup EntryCache::lookup(const CallView& call, const std::vector<at::Tensor>& p
 }
 
 void EntryCache::note_replay_miss(Lookup& l, const std::shared_ptr<Entry>& e, const std::string& why) {
-  if (l.first_miss.empty()) l.first_miss = why;
+  // An entry of this call's structure whose replay stopped says more than one for another
+  // structure (as in lookup).
+  if (l.first_miss.empty() || l.first_structure_miss) {
+    l.first_miss = why;
+    l.first_structure_miss = false;
+  }
   if (!l.host_miss_of) l.host_miss_of = e;
 }
 

@@ -90,7 +90,10 @@ class EntryCache {
       size_t pos = 0;
       Lookup found = lookup(call, primals, start, &pos);
       if (first) miss.entries_seen = found.entries_seen;
-      if (miss.first_miss.empty()) miss.first_miss = found.first_miss;
+      if (miss.first_miss.empty()) {
+        miss.first_miss = found.first_miss;
+        miss.first_structure_miss = found.first_structure_miss;
+      }
       if (!miss.size_miss_of) {
         miss.size_miss_of = found.size_miss_of;
         miss.changed = found.changed;

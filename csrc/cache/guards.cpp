@@ -308,34 +308,39 @@ void OwnRefsLease::release() {
 // --- HostReads ---------------------------------------------------------------------
 
 bool has_host_reads(const ir::Graph& g) {
-  return std::any_of(g.nodes().begin(), g.nodes().end(), [](const ir::Node& n) {
-    return n.kind == ir::NodeKind::Call && std::any_of(n.outputs.begin(), n.outputs.end(), ir::is_host_value);
-  });
+  return std::any_of(g.nodes().begin(), g.nodes().end(), [&](const ir::Node& n) { return ir::reads_on_host(g, n); });
 }
 
 void HostReads::set_inline(const ir::Graph& g) {
   *this = HostReads();
   for (const auto& n : g.nodes()) {
     if (n.kind != ir::NodeKind::Call) continue;
+    const std::string where = n.qualified_op() + " (node %" + std::to_string(n.id) + ")";
     for (const auto& a : n.outputs) {
       if (!ir::is_host_value(a)) continue;
       expected_.push_back(a);
-      what_.push_back(n.qualified_op() + " (node %" + std::to_string(n.id) + ")");
+      what_.push_back(where);
     }
+    // Note [Sizes that come from values]: checked by the interpreter, as it runs n.
+    if (ir::sizes_from_values(g, n)) sizes_of_.push_back(where);
   }
-  if (!what_.empty()) mode_ = Mode::Inline;
+  if (!empty()) mode_ = Mode::Inline;
 }
 
 void HostReads::build_precheck(const ir::Graph& g) {
   *this = HostReads();
   passes::HostGraph h = passes::host_read_graph(g);
-  if (h.reads.empty()) return;
+  if (h.reads.empty() && h.sizes_read.empty()) return;
   for (const auto& r : h.reads) {
     expected_.push_back(r.value);
     what_.push_back(r.what);
   }
+  sizes_of_ = h.sizes_read;
   graph_ = std::make_shared<Interpreter>(h.graph);
   graph_->keep_values(false);
+  // Note [Sizes that come from values]: the guard graph's interpreter checks them as it
+  // runs (and the values read on the host too; check() compares those once more).
+  graph_->check_host_values(true);
   // A read after a training batch norm (MultiheadAttention's equal() after a BatchNorm):
   // the guard graph runs the batch norm too, and must not update the running statistics
   // a second time (Note [Writes a schema does not show]).
@@ -345,14 +350,18 @@ void HostReads::build_precheck(const ir::Graph& g) {
 
 std::string HostReads::check(const std::vector<at::Tensor>& primals) const {
   if (mode_ != Mode::PreCheck) return "";
-  if (copied_.empty()) {
-    graph_->run(primals);
-  } else {
-    std::vector<at::Tensor> ins = primals;
-    for (size_t j : copied_) {
-      if (j < ins.size() && ins[j].defined()) ins[j] = ins[j].detach().clone();
+  try {
+    if (copied_.empty()) {
+      graph_->run(primals);
+    } else {
+      std::vector<at::Tensor> ins = primals;
+      for (size_t j : copied_) {
+        if (j < ins.size() && ins[j].defined()) ins[j] = ins[j].detach().clone();
+      }
+      graph_->run(ins);
     }
-    graph_->run(ins);
+  } catch (const HostValueChanged& e) {
+    return e.what_without_backtrace();
   }
   const auto& got = graph_->host_values();
   for (size_t k = 0; k < expected_.size() && k < got.size(); ++k) {
@@ -637,6 +646,7 @@ std::vector<std::string> Guards::describe() const {
   }
   for (const auto& h : held.describe()) out.push_back(h);
   for (const auto& w : host.what()) out.push_back("host value of " + w);
+  for (const auto& w : host.sizes_of()) out.push_back("the sizes of the results of " + w + ", which come from values");
   return out;
 }
 

@@ -176,12 +176,14 @@ class HostReads {
   // read depends on an in-place write or a random op.
   void build_precheck(const ir::Graph& g);
   Mode mode() const { return mode_; }
-  bool empty() const { return what_.empty(); }
-  size_t size() const { return what_.size(); }
+  bool empty() const { return what_.empty() && sizes_of_.empty(); }
+  size_t size() const { return what_.size(); }  // values read on the host
   // Pre-check mode: runs the guard graph on the call's primals; "" if every value is as
   // recorded. Inline and no reads: "".
   std::string check(const std::vector<at::Tensor>& primals) const;
   const std::vector<std::string>& what() const { return what_; }
+  // The ops whose results' sizes are guarded (Note [Sizes that come from values]).
+  const std::vector<std::string>& sizes_of() const { return sizes_of_; }
 
  private:
   Mode mode_ = Mode::None;
@@ -189,6 +191,7 @@ class HostReads {
   std::vector<size_t> copied_;  // inputs graph_ writes without its schema saying so: run on copies
   std::vector<ir::Arg> expected_;
   std::vector<std::string> what_;
+  std::vector<std::string> sizes_of_;
 };
 
 // Whether g reads any value on the host.

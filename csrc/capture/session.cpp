@@ -125,7 +125,6 @@ OpInfo OpInfo::from(const c10::OperatorHandle& op) {
       info.dynamic_output_shape = functional->hasTag(at::Tag::dynamic_output_shape);
     }
   }
-  info.index_tensor = info.qualified == "aten::index.Tensor";
   info.rerunnable = !s.is_mutable() && !op.hasTag(at::Tag::nondeterministic_seeded);
   return info;
 }

@@ -40,7 +40,6 @@ struct OpInfo {
   std::vector<uint8_t> return_is_write;    // per return
   // Note [Output shapes that depend on values] (capture/shape_rules.h):
   bool dynamic_output_shape = false;  // LibTorch's tag, on it or on its functional overload
-  bool index_tensor = false;          // aten::index.Tensor
   bool rerunnable = false;            // writes no argument and draws no random numbers
   bool returns_tensors = false;
   static OpInfo from(const c10::OperatorHandle& op);

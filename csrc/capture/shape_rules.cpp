@@ -67,20 +67,9 @@ std::string shape_str(c10::IntArrayRef s) {
 ShapeCheck before_op_shapes(const OpInfo& info, c10::ArrayRef<c10::IValue> args) {
   ShapeCheck c;
   if (!info.returns_tensors) return c;
-  if (info.dynamic_output_shape) {
-    if (info.index_tensor && args.size() == 2 && args[1].isList()) {
-      bool boolean = false;
-      for (const c10::IValue& e : args[1].toListRef()) {
-        if (e.isTensor() && e.toTensor().defined() &&
-            !c10::isIntegralType(e.toTensor().scalar_type(), /*includeBool=*/false)) {
-          boolean = true;
-        }
-      }
-      if (!boolean) return c;  // integer indices: the output shape follows the index shapes
-    }
-    c.why = info.qualified + " has a data-dependent output shape";
-    return c;
-  }
+  // Tagged by LibTorch: recorded like any op; a replay checks its results' sizes (Note
+  // [Sizes that come from values], ir/op_facts.h).
+  if (info.dynamic_output_shape) return c;
   bool reads_integral = false, unprobeable = false;
   for (const c10::IValue& a : args) scan(a, reads_integral, unprobeable);
   if (!reads_integral || unprobeable) return c;

@@ -7,7 +7,9 @@
 // unique, bincount, the batch sizes that _pack_padded_sequence computes from the lengths)
 // would replay a recorded shape that this call's values do not give. Two sources tell:
 //   * LibTorch's tags: an op tagged dynamic_output_shape (on its own overload, or on the
-//     functional overload of its name, which the .out overloads lack);
+//     functional overload of its name, which the .out overloads lack) is recorded like any
+//     other, and every replay checks the sizes of its results before anything reads them
+//     (Note [Sizes that come from values], ir/op_facts.h);
 //   * a check at capture, for every op that reads an integer or boolean tensor (where
 //     shapes come from values: lengths, counts, offsets, masks) and is not tagged: the op
 //     is run once more on meta tensors of the same sizes, strides and dtypes, and the
@@ -19,10 +21,11 @@
 //     kernel that refuses the other values, makes the op data-dependent. Ops that write
 //     their inputs or draw random numbers are not run again (their output shapes are
 //     their inputs' or their arguments').
-// A data-dependent op makes the recording unreplayable (Session::note_unreplayable): the
-// front door runs that function, step or backward eagerly and logs which op and why.
-// Exception: aten::index.Tensor with integer indices only (its output shape is the
-// indices' shape); with boolean indices it is data-dependent.
+// An op the check finds makes the recording unreplayable (Session::note_unreplayable): the
+// front door runs that function, step or backward eagerly and logs which op and why. No
+// tag names such an op, and host code below the dispatcher may read its results' values
+// (an RNN reads the packed batch sizes to slice each time step), which no size check
+// would see.
 #pragma once
 
 #include "capture/session.h"
@@ -36,11 +39,11 @@
 namespace tcap::capture {
 
 // Before the op runs: "" and no probe when its shapes follow from its inputs' shapes for
-// certain; a reason when it is data-dependent for certain (a tag); or a probe: the
+// certain, or when LibTorch tags it (a replay checks its sizes); or a probe: the
 // arguments as meta tensors, to run after the op (check_with_meta). What the schema says
 // (the tag, whether the op may run again) is the op's OpInfo, read once per operator.
 struct ShapeCheck {
-  std::string why;                          // data-dependent, for certain
+  std::string why;                          // data-dependent (set by check_with_meta)
   std::optional<torch::jit::Stack> probe;   // to run on meta after the op
   std::optional<torch::jit::Stack> args;    // the real arguments, where no meta function may say
 };

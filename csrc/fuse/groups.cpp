@@ -54,7 +54,7 @@ bool is_effect(const ir::Graph& g, const ir::Node& n) {
   if (is_mutation(g, n)) return true;
   // Random ops by their schema's nondeterministic_seeded tag (ir/op_facts.h).
   if (n.draws_random_numbers()) return true;
-  return std::any_of(n.outputs.begin(), n.outputs.end(), ir::is_host_value);
+  return ir::reads_on_host(g, n);
 }
 
 bool broadcast_src(c10::ArrayRef<int64_t> u, const std::vector<int64_t>& target, std::vector<int>* src) {

@@ -86,6 +86,23 @@ void check_host_value(const ir::Node& n, const ir::Arg& recorded, const c10::IVa
                              ") changed: " + was.str() + " -> " + now.str());
 }
 
+// Note [Sizes that come from values] (ir/op_facts.h): the sizes of n's results, which its
+// inputs' values decide, against the recorded ones.
+void check_result_sizes(const ir::Graph& g, const ir::Node& n, const std::vector<at::Tensor>& env) {
+  for (size_t r = 0; r < n.outputs.size(); ++r) {
+    for (ir::ValueId v : n.outputs[r].values) {
+      if (v == ir::kNoValue) continue;
+      const at::Tensor& t = env[static_cast<size_t>(v)];
+      const auto& want = g.value(v).meta.sizes;
+      if (!t.defined() || t.sizes() == c10::IntArrayRef(want)) continue;
+      std::ostringstream os;
+      os << "the sizes of result " << r << " of " << n.qualified_op() << " (node %" << n.id
+         << "), which come from its inputs' values, changed: " << c10::IntArrayRef(want) << " -> " << t.sizes();
+      throw HostValueChanged({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, os.str());
+    }
+  }
+}
+
 }  // namespace
 
 namespace interp {
@@ -219,6 +236,10 @@ Interpreter::Interpreter(const ir::Graph& graph, bool differentiable)
     if (trusts_its_arguments(n)) {
       trusting_.resize(graph.nodes().size(), 0);
       trusting_[static_cast<size_t>(n.id)] = 1;
+    }
+    if (ir::sizes_from_values(graph, n)) {
+      sizes_from_values_.resize(graph.nodes().size(), 0);
+      sizes_from_values_[static_cast<size_t>(n.id)] = 1;
     }
   }
   // A graph that passes verify() is one the interpreter can run without crashing: every
@@ -563,6 +584,10 @@ std::vector<at::Tensor> Interpreter::run(std::vector<at::Tensor> inputs) {
           run_direct(n, *direct);
         } else if (!unboxed || !run_unboxed(n, *unboxed)) {
           run_call(n, *ops_[static_cast<size_t>(n.id)], *schemas_[static_cast<size_t>(n.id)]);
+        }
+        if (check_host_values_ && static_cast<size_t>(n.id) < sizes_from_values_.size() &&
+            sizes_from_values_[static_cast<size_t>(n.id)]) {
+          check_result_sizes(graph_, n, env_);
         }
       } else if (n.kind == ir::NodeKind::CallHook) {
         run_hook(n);

@@ -3,6 +3,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <algorithm>
+#include <mutex>
 
 #include <string>
 #include <unordered_map>
@@ -211,6 +212,48 @@ const std::unordered_map<std::string_view, OpFacts>& table() {
   return *t;
 }
 
+
+// Note [Sizes that come from values]: by the operator's tags, once per operator.
+bool tagged_dynamic_output_shape(const std::string& op, const std::string& overload) {
+  static std::mutex mu;
+  static std::unordered_map<std::string, bool> known;
+  const std::string key = overload.empty() ? op : op + "." + overload;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = known.find(key);
+  if (it != known.end()) return it->second;
+  auto& d = c10::Dispatcher::singleton();
+  bool tagged = false;
+  if (auto h = d.findOp({op, overload})) tagged = h->hasTag(at::Tag::dynamic_output_shape);
+  if (!tagged && !overload.empty()) {
+    if (auto functional = d.findOp({op, ""})) tagged = functional->hasTag(at::Tag::dynamic_output_shape);
+  }
+  known.emplace(key, tagged);
+  return tagged;
+}
+
+}  // namespace
+
+bool sizes_from_values(const Graph& g, const Node& n) {
+  if (n.kind != NodeKind::Call || !tagged_dynamic_output_shape(n.op, n.overload)) return false;
+  if (n.op != "aten::index") return true;
+  // A boolean (or uint8) index selects by value; integer indices give their own shape.
+  bool mask = false;
+  if (n.args.size() > 1) {
+    for (ValueId v : n.args[1].values) {
+      if (v == kNoValue) continue;
+      const auto t = g.value(v).meta.dtype;
+      mask = mask || t == c10::ScalarType::Bool || t == c10::ScalarType::Byte;
+    }
+  }
+  return mask;
+}
+
+bool reads_on_host(const Graph& g, const Node& n) {
+  if (n.kind != NodeKind::Call) return false;
+  return std::any_of(n.outputs.begin(), n.outputs.end(), is_host_value) || sizes_from_values(g, n);
+}
+
+namespace {
 }  // namespace
 
 const OpFacts& op_facts(std::string_view op) {

@@ -79,6 +79,24 @@ std::vector<std::string> ops_with_facts();
 // the row can drop its own flag.
 std::vector<std::string> pointwise_without_tag();
 
+// Note [Sizes that come from values]
+// An op whose output sizes come from its inputs' values, not their shapes (nonzero,
+// masked_select, unique, a boolean mask's index: LibTorch tags them dynamic_output_shape,
+// on the overload or on its functional overload), runs in compiled graphs like any
+// other, but the sizes of its results are a guard, as a value read on the host is
+// (cache::HostReads): a replay compares them with the recorded ones as soon as the op has
+// run (Interpreter::check_host_values), before anything reads its results, and a call
+// whose sizes differ stops there and is served another way (another entry, a capture).
+// aten::index.Tensor is one only with a boolean (or uint8) index; with integer indices its
+// output shape is the indices' shape. Ops whose output shapes depend on values without a
+// tag (found by the check at capture, capture/shape_rules.h) stay eager: some of their
+// results are read by host code below the dispatcher (pack_padded_sequence's batch sizes).
+bool sizes_from_values(const Graph& g, const Node& n);
+// Whether a replay of n reads something on the host that a guard must check: a value it
+// hands to host code (item(), equal(), is_nonzero()) or the sizes of its results (Note
+// [Sizes that come from values]).
+bool reads_on_host(const Graph& g, const Node& n);
+
 // Note [Writes a schema does not show]
 // native_batch_norm (and its cuDNN and MIOpen twins) update their running statistics in
 // place in training mode, yet their schemas carry no (a!) annotation, so capture records

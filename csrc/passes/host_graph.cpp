@@ -13,8 +13,7 @@ HostGraph host_read_graph(const ir::Graph& g) {
   HostGraph out;
   std::vector<ir::NodeId> reads;
   for (const auto& n : g.nodes()) {
-    if (n.kind != ir::NodeKind::Call) continue;
-    if (std::any_of(n.outputs.begin(), n.outputs.end(), ir::is_host_value)) reads.push_back(n.id);
+    if (ir::reads_on_host(g, n)) reads.push_back(n.id);
   }
   if (reads.empty()) return out;
   std::set<ir::NodeId> keep(reads.begin(), reads.end());
@@ -38,9 +37,11 @@ HostGraph host_read_graph(const ir::Graph& g) {
       TORCH_CHECK(g.value(v).version_of == ir::kNoValue, "a value read on the host (item()) depends on the in-place op ",
                   n.qualified_op());
     });
+    const std::string where = n.qualified_op() + " (node %" + std::to_string(n.id) + ")";
     for (const auto& a : n.outputs) {
-      if (ir::is_host_value(a)) out.reads.push_back({a, n.qualified_op() + " (node %" + std::to_string(n.id) + ")"});
+      if (ir::is_host_value(a)) out.reads.push_back({a, where});
     }
+    if (ir::sizes_from_values(g, n)) out.sizes_read.push_back(where);
   }
   std::vector<ir::ValueId> ins;
   std::vector<ir::InputKind> kinds;
@@ -61,9 +62,7 @@ namespace tcap::passes {
 std::vector<ir::NodeId> host_read_nodes(const ir::Graph& g) {
   std::vector<ir::NodeId> out;
   for (const auto& n : g.nodes()) {
-    if (n.kind == ir::NodeKind::Call && std::any_of(n.outputs.begin(), n.outputs.end(), ir::is_host_value)) {
-      out.push_back(n.id);
-    }
+    if (ir::reads_on_host(g, n)) out.push_back(n.id);
   }
   return out;
 }
@@ -73,7 +72,7 @@ bool host_reads_precede_input_writes(const ir::Graph& g) {
   for (const auto& n : g.nodes()) {
     if (n.kind == ir::NodeKind::CallHook) written = true;  // a hook may do anything
     if (n.kind != ir::NodeKind::Call) continue;
-    if (std::any_of(n.outputs.begin(), n.outputs.end(), ir::is_host_value) && written) return false;
+    if (ir::reads_on_host(g, n) && written) return false;
     // A collective cannot be undone either: a failed guard after it would issue it twice.
     if (ir::op_has(n.op, ir::OpFact::Collective)) written = true;
     // A training batch norm's running statistics (Note [Writes a schema does not show]).

@@ -1,7 +1,7 @@
 // The host-read guard graph: the part of a forward graph that computes the values the
 // function read on the host (item(), equal(), is_nonzero(): non-tensor results of Call
-// nodes), so that a guard can recompute them from a later call's inputs and compare
-// (cache::HostReads).
+// nodes) and the results whose sizes come from values (ir::sizes_from_values), so that a
+// guard can recompute them from a later call's inputs and compare (cache::HostReads).
 //
 // Precondition: g verifies. Postcondition: `graph` has g's inputs and no outputs, holds
 // the host reads and their ancestors in g's order, and none of them writes in place or
@@ -23,6 +23,10 @@ struct HostGraph {
   };
   ir::Graph graph;
   std::vector<Read> reads;  // in the order the interpreter reports host values
+  // Ops whose results' sizes come from values (Note [Sizes that come from values],
+  // ir/op_facts.h), "aten::nonzero (node %4)": an interpreter of `graph` with
+  // check_host_values checks them.
+  std::vector<std::string> sizes_read;
 };
 
 HostGraph host_read_graph(const ir::Graph& g);
@@ -31,7 +35,7 @@ HostGraph host_read_graph(const ir::Graph& g);
 
 namespace tcap::passes {
 
-// The Call nodes of g that read a value on the host, in order.
+// The Call nodes of g that read something on the host (ir::reads_on_host), in order.
 std::vector<ir::NodeId> host_read_nodes(const ir::Graph& g);
 
 // Whether every host read of g comes before every node that writes into one of g's inputs

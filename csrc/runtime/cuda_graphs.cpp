@@ -2,6 +2,8 @@
 // cuda_graphs.h.
 #include "runtime/cuda_graphs.h"
 
+#include "ir/op_facts.h"
+
 #include "support/logging.h"
 
 #include <c10/util/Exception.h>
@@ -212,6 +214,7 @@ std::string cuda_graph_refusal(const ir::Graph& g) {
     for (const auto& a : n.outputs) {
       if (ir::is_host_value(a)) return n.qualified_op() + " reads a value on the host";
     }
+    if (ir::sizes_from_values(g, n)) return "the sizes of the results of " + n.qualified_op() + " come from values";
     if (n.draws_random_numbers()) {
       for (const auto& a : n.args) {
         if (a.kind == ir::ArgKind::Opaque) return n.qualified_op() + " draws from an explicit generator";

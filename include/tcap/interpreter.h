@@ -54,7 +54,9 @@ class Interpreter {
   // observations (reads whose recorded value passes::forget_host_reads dropped) included.
   const std::vector<c10::IValue>& host_values() const { return host_values_; }
   // Compares each value read on the host (item(), equal(), is_nonzero(): a Bool, Int or
-  // Double result) with the one recorded on its node as soon as it is read, and throws
+  // Double result) with the one recorded on its node as soon as it is read, and the sizes
+  // of the results of each op whose output sizes come from values (nonzero, a boolean
+  // mask's index) with the recorded ones as soon as it has run, and throws
   // HostValueChanged at the first that differs, before any later node runs. Compiled
   // entries check their host-value guards this way (cache/guards.h).
   void check_host_values(bool on) { check_host_values_ = on; }
@@ -94,6 +96,7 @@ class Interpreter {
   std::vector<ir::NodeId> input_nodes_;
   std::vector<ir::ValueId> output_values_;
   std::vector<uint8_t> trusting_;  // per node (empty: none): its kernel's arguments are checked first
+  std::vector<uint8_t> sizes_from_values_;  // per node (empty: none): its results' sizes are checked
   // Per node (empty: none): the generated kernel a tcap::fused node runs, resolved once
   // and called without the dispatcher (Note [Direct fused calls]).
   std::vector<std::shared_ptr<interp::DirectCall>> direct_;

@@ -217,16 +217,48 @@ TEST(HostValues, SameValueReplays) {
   EXPECT_TRUE(has_host_guard);
 }
 
-TEST(Fallback, DataDependentShapeRunsEagerly) {
+// Note [Sizes that come from values]: nonzero's result size is a guard of the entry,
+// checked as each replay runs it; masks with as many entries set replay, others do not.
+TEST(Guards, SizesFromValuesAreGuarded) {
   auto nz = [](const Tensors& in) { return Tensors{in[0].index_select(0, torch::nonzero(in[1]).squeeze(1)) * 3}; };
   auto f = tcap::compile(nz);
-  for (int i = 0; i < 3; ++i) {
+  const std::vector<std::vector<int64_t>> masks = {{1, 0, 1, 0, 0, 1}, {0, 1, 1, 0, 1, 0}, {1, 1, 0, 0, 0, 1},
+                                                   {1, 1, 1, 1, 0, 0}, {0, 0, 1, 1, 0, 1}};
+  for (const auto& mv : masks) {
     auto x = torch::randn({6, 2}, torch::requires_grad());
-    auto m = torch::randint(0, 2, {6});
+    auto m = torch::tensor(mv);
     auto out = (*f)({x, m});
-    EXPECT_TRUE(close(out[0], nz({x, m})[0]));
+    out[0].pow(2).sum().backward();
+    auto gx = x.grad().clone();
+    x.mutable_grad().reset();
+    auto want = nz({x, m});
+    want[0].pow(2).sum().backward();
+    EXPECT_TRUE(close(out[0], want[0]));
+    EXPECT_TRUE(close(gx, x.grad()));
   }
-  EXPECT_NE(f->eager_reason().find("aten::nonzero has a data-dependent output shape"), std::string::npos)
+  EXPECT_EQ(f->eager_reason(), "");
+  EXPECT_GE(f->stats().replays, 3);
+  bool guarded = false;
+  for (const auto& e : f->entries()) {
+    for (const auto& g : e.guards) guarded = guarded || g.find("sizes of the results of aten::nonzero") != std::string::npos;
+  }
+  EXPECT_TRUE(guarded);
+}
+
+// An op whose output shape depends on values without LibTorch's tag (found by the check
+// at capture, Note [Output shapes that depend on values]) keeps the function eager.
+TEST(Fallback, UntaggedDataDependentShapeRunsEagerly) {
+  auto packed = [](const Tensors& in) {
+    return Tensors{torch::nn::utils::rnn::pack_padded_sequence(in[0], in[1], true, false).data() * 3};
+  };
+  auto f = tcap::compile(packed);
+  for (const auto& lengths : std::vector<std::vector<int64_t>>{{3, 5}, {4, 4}, {2, 6}}) {
+    auto x = torch::randn({2, 6, 3});
+    auto len = torch::tensor(lengths);
+    auto out = (*f)({x, len});
+    EXPECT_TRUE(close(out[0], packed({x, len})[0]));
+  }
+  EXPECT_NE(f->eager_reason().find("aten::_pack_padded_sequence has a data-dependent output shape"), std::string::npos)
       << f->eager_reason();
   EXPECT_EQ(f->stats().compiles, 0);
 }

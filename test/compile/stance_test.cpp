@@ -66,9 +66,11 @@ TEST(Stance, FailOnRecompileThrowsWithTheReason) {
 
 TEST(Stance, ErrorOnFallbackNamesTheCause) {
   tcap::StanceGuard g(tcap::Stance::Default, /*error_on_fallback=*/true);
-  auto f = tcap::compile([](const Tensors& in) { return Tensors{torch::nonzero(in[0] > 0).to(torch::kFloat)}; });
+  auto f = tcap::compile([](const Tensors& in) {
+    return Tensors{torch::nn::utils::rnn::pack_padded_sequence(in[0], in[1], true, false).data() * 2};
+  });
   try {
-    (*f)({torch::randn({6})});
+    (*f)({torch::randn({2, 5, 3}), torch::tensor(std::vector<int64_t>{3, 5})});
     FAIL() << "no FallbackError";
   } catch (const tcap::FallbackError& e) {
     EXPECT_NE(std::string(e.what()).find("data-dependent output shape"), std::string::npos) << e.what();

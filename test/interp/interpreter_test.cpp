@@ -7,6 +7,7 @@
 #include <tcap/interpreter.h>
 
 #include "interp/hook_runner.h"
+#include "ir/op_facts.h"
 
 #include <torch/torch.h>
 
@@ -185,6 +186,46 @@ TEST(Interpreter, ListArgumentsAreTypedBySchema) {
   const at::Tensor v = interpret(view, {one})[0];
   EXPECT_EQ(v.dim(), 0);
   EXPECT_EQ(v.item<float>(), one.item<float>());
+}
+
+// Note [Sizes that come from values]: with check_host_values, the interpreter compares the
+// sizes of nonzero's result with the recorded ones as soon as it has run and stops with
+// HostValueChanged naming the node, before the op after it runs; a mask with as many
+// entries set runs through; without the check the graph runs at any count.
+TEST(Interpreter, SizesFromValuesAreCheckedWhenAsked) {
+  Graph g;
+  const ValueId m = g.add_input(InputKind::UserInput, "m", meta({5}, c10::kBool));
+  Node nz;
+  nz.kind = NodeKind::Call;
+  nz.op = "aten::nonzero";
+  nz.args = {Arg::value(m, "self")};
+  const ValueId idx = g.new_value(static_cast<NodeId>(g.nodes().size()), 0, -1, meta({2, 1}, c10::kLong));
+  nz.outputs = {Arg::value(idx)};
+  g.add_node(nz);
+  Node neg;
+  neg.kind = NodeKind::Call;
+  neg.op = "aten::neg";
+  neg.args = {Arg::value(idx, "self")};
+  const ValueId out = g.new_value(static_cast<NodeId>(g.nodes().size()), 0, -1, meta({2, 1}, c10::kLong));
+  neg.outputs = {Arg::value(out)};
+  g.add_node(neg);
+  g.set_outputs({out}, {"y"}, {OutputKind::User});
+  EXPECT_TRUE(sizes_from_values(g, g.node(1)));
+  EXPECT_FALSE(sizes_from_values(g, g.node(2)));
+  auto mask = [](std::vector<int64_t> v) { return torch::tensor(v).to(torch::kBool); };
+  Interpreter checked(g);
+  checked.check_host_values(true);
+  const at::Tensor two = mask({0, 1, 0, 0, 1}), three = mask({1, 1, 1, 0, 0});
+  EXPECT_TRUE(torch::equal(checked.run(std::vector<at::Tensor>{two})[0], -torch::nonzero(two)));
+  try {
+    checked.run(std::vector<at::Tensor>{three});
+    FAIL() << "no HostValueChanged";
+  } catch (const HostValueChanged& e) {
+    const std::string msg = e.what_without_backtrace();
+    EXPECT_NE(msg.find("aten::nonzero (node %1)"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("[2, 1] -> [3, 1]"), std::string::npos) << msg;
+  }
+  EXPECT_TRUE(torch::equal(interpret(g, std::vector<at::Tensor>{three})[0], -torch::nonzero(three)));
 }
 
 }  // namespace
