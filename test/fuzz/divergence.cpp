@@ -45,6 +45,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <random>
 #include <sstream>
@@ -84,6 +85,7 @@ struct Spec {
   std::vector<std::pair<Layer, int>> layers;  // (kind, width after it)
   bool offset = false;  // an offset built in the default dtype after the last layer
   bool cross_entropy = false;
+  bool masked = false;  // the loss over the rows a boolean mask of the batch selects (in[3])
   Door door = Door::Compile;
   std::string backend = "eager";
   bool adam = false;
@@ -101,7 +103,7 @@ struct Spec {
     }
     for (const auto& [l, w] : layers) s << " -> " << names[static_cast<int>(l)] << "(" << w << ")";
     if (offset) s << " -> offset in the default dtype";
-    s << (cross_entropy ? " -> cross_entropy" : " -> mse");
+    s << (cross_entropy ? " -> cross_entropy" : " -> mse") << (masked ? " over a boolean mask of the batch" : "");
     return s.str();
   }
 };
@@ -157,6 +159,7 @@ Spec draw_spec(std::mt19937_64& rng) {
   // divergence of meaning (verify mode leaves those elements out, Note [Verify
   // tolerances]); the fuzzer runs Adam with the eager backend only.
   s.adam = s.backend == "eager" && pick(2) == 0;
+  s.masked = pick(4) == 0;
   return s;
 }
 
@@ -577,14 +580,22 @@ class Program {
     at::globalContext().setDeterministicAlgorithms(toggle_deterministic_, /*warn_only=*/true);
   }
 
+  // The loss of the model's output: mse against in[1] or cross_entropy against in[2], over
+  // the rows mask in[3] selects when the program is masked (a size that comes from values).
+  static at::Tensor loss_of(const Spec& spec, const at::Tensor& out, const Tensors& in) {
+    auto rows = [&](const at::Tensor& t) { return spec.masked ? t.index({in[3]}) : t; };
+    return spec.cross_entropy ? torch::nn::functional::cross_entropy(rows(out), rows(in[2]))
+                              : torch::mse_loss(rows(out), rows(in[1]));
+  }
+
   tcap::CompiledFunction::Fn body(Side& s) {
     auto m = s.model;
     auto* opt = s.opt.get();
-    const bool ce = spec_.cross_entropy;
-    return [m, opt, ce](const Tensors& in) mutable {
+    const Spec spec = spec_;
+    return [m, opt, spec](const Tensors& in) mutable {
       opt->zero_grad();
       auto out = m->forward(in[0]);
-      auto loss = ce ? torch::nn::functional::cross_entropy(out, in[2]) : torch::mse_loss(out, in[1]);
+      auto loss = loss_of(spec, out, in);
       loss.backward();
       opt->step();
       return Tensors{loss, out.detach()};
@@ -613,9 +624,6 @@ class Program {
         if (compiled && spec_.door == Door::Compile) return s.fn(std::vector<at::Tensor>{x})[0];
         return s.model->forward(x);
       };
-      auto loss_of = [&](const at::Tensor& out) {
-        return spec_.cross_entropy ? torch::nn::functional::cross_entropy(out, in[2]) : torch::mse_loss(out, in[1]);
-      };
       if (c.no_grad || c.inference) {
         r.outputs = {forward(in[0]).clone()};
         return r;
@@ -629,7 +637,7 @@ class Program {
       at::Tensor x = in[0];
       if (c.edit_input_before_backward) x = in[0].clone();
       auto out = forward(x);
-      auto loss = loss_of(out);
+      auto loss = loss_of(spec_, out, in);
       if (c.edit_input_before_backward) {
         torch::NoGradGuard ng;
         x.mul_(1.5);
@@ -667,6 +675,7 @@ class Program {
     }
     at::Tensor target = c.target_view ? x.narrow(1, 0, out_width) : torch::randn({c.batch, out_width});
     Tensors in = {x, target, torch::randint(0, out_width, {c.batch}, torch::kLong)};
+    if (spec_.masked) in.push_back(next_mask(c.batch));
     const int64_t seed = static_cast<int64_t>(rng_() % 1000000);
     Result got = call_side(compiled_, true, c, in, seed);
     Result want;
@@ -737,6 +746,21 @@ class Program {
     return "";
   }
 
+  // A mask of the batch with at least one row: the last one again (a GNN's train mask),
+  // another with as many rows, or one with another count.
+  at::Tensor next_mask(int64_t batch) {
+    const int how = pick(5);
+    if (mask_.defined() && mask_.size(0) == batch && how < 3) return mask_;
+    int64_t count = mask_.defined() && mask_.size(0) == batch && how == 3 ? mask_.sum().item<int64_t>()
+                                                                          : 1 + pick(static_cast<int>(batch));
+    std::vector<int64_t> rows(static_cast<size_t>(batch));
+    std::iota(rows.begin(), rows.end(), 0);
+    std::shuffle(rows.begin(), rows.end(), rng_);
+    mask_ = torch::zeros({batch}, torch::kBool);
+    for (int64_t k = 0; k < count; ++k) mask_[rows[static_cast<size_t>(k)]] = true;
+    return mask_;
+  }
+
   std::mt19937_64 rng_;
   uint64_t seed_;
   int calls_;
@@ -744,6 +768,7 @@ class Program {
   Side compiled_, eager_;
   bool toggle_deterministic_ = false;
   int batch_ = 4;  // the program's batch size, until a change draws another
+  at::Tensor mask_;  // the last mask of a masked program
   std::vector<std::string> history_;
 };
 
@@ -774,6 +799,7 @@ int main(int argc, char** argv) {
     const uint64_t s = static_cast<uint64_t>(seed) * 1000003ULL + static_cast<uint64_t>(p);
     Program prog(s, static_cast<int>(calls));
     ++doors[std::string(door_name(prog.spec().door)) + "/" + prog.spec().backend];
+    if (prog.spec().masked) ++doors["(of them: a loss over a boolean mask)"];
     std::string why = prog.run(changes);
     const int replayed = prog.replays();
     replays += replayed;
