@@ -328,6 +328,11 @@ void CompiledStep::Impl::compile_compared(StepEntry& e, step::StepComparison cmp
   } catch (const c10::Error& err) {
     return go_eager(e, err.what_without_backtrace());
   }
+  e.rng_devices.clear();
+  if (inline_checks && std::any_of(e.graph.nodes().begin(), e.graph.nodes().end(),
+                                   [](const ir::Node& n) { return n.draws_random_numbers(); })) {
+    e.rng_devices = aot::devices_of(e.graph);
+  }
   try {
     e.exe = compile_step_graph(e.graph, e.patches, options.name + ".step" + std::to_string(e.id), inline_checks);
     e.scalar_inputs = scalar_tensors(e.patches.size());

@@ -17,6 +17,7 @@
 #include "compiler/pipeline.h"
 #include "aot/region.h"
 #include "aot/region_entry.h"
+#include "aot/replay_function.h"
 #include "cache/entry_cache.h"
 #include "cache/unused_options.h"
 #include "cache/verify.h"
@@ -58,6 +59,10 @@ struct StepPlan {
   std::vector<int> grad_output;         // per parameter: output index (Set)
   size_t num_user_outputs = 0;
   std::vector<size_t> mutated_inputs;
+  // Checked inline and drawing random numbers: the devices whose generators a replay that
+  // stops at a changed host value puts back (it runs another way then, and must draw
+  // eager's numbers). Empty otherwise.
+  std::vector<c10::Device> rng_devices;
   // Per opaque hook slot: (gathered tensor, position in its leaf hooks) (Note [Hooks in a
   // compiled step]).
   std::vector<std::pair<size_t, size_t>> hook_slots;

@@ -93,7 +93,16 @@ std::vector<at::Tensor> CompiledStep::Impl::replay(const StepEntry& e, const ste
   {
     interp::HookRunnerScope scope(&runner);
     interp::HostValuesScope host_values(&last.host_values);
-    outs = e.exe(std::move(inputs));
+    // A replay that stops at a changed host value leaves the random number generators as
+    // it found them: the call then runs another way (as replay_region does).
+    std::optional<aot::RngStates> rng;
+    if (!e.rng_devices.empty()) rng = aot::RngStates::save(e.rng_devices);
+    try {
+      outs = e.exe(std::move(inputs));
+    } catch (const HostValueChanged&) {
+      if (rng) rng->restore();
+      throw;
+    }
   }
   auto& hv = last.host_values;  // the scalars a step's code can read (what a capture lists)
   hv.erase(std::remove_if(hv.begin(), hv.end(), [](const c10::IValue& v) { return !v.isDouble() && !v.isInt() && !v.isBool(); }),
