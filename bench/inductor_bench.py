@@ -11,7 +11,7 @@ over rounds with p10 / p90. Two kinds of workloads:
       reset to None (untimed), the forward (fwd_us), the loss (untimed, eager),
       loss.backward() (bwd_us);
   program workloads (workloads_programs.cpp: program_cnn, cnn_step, mlp_small_step,
-      adam100, program_dcgan, program_transformer, program_lstm, program_regression,
+      adam100, program_dcgan, program_transformer, program_lstm, program_regression, program_gcn,
       program_tutorial_mlp, program_coscos): the programs of test/programs/*.h written
       again in Python (same layers and sizes, losses, optimizers and hyper-parameters,
       schedule, clipping, hooks, batch shapes; PyTorch's default initialisation from the
@@ -661,6 +661,53 @@ class RegressionMlp(Program):
         return [loss]
 
 
+GCN_NODES, GCN_FEATURES, GCN_HIDDEN, GCN_CLASSES = 67, 12, 16, 4  # gcn::k*
+
+
+class Gcn(nn.Module):
+    """gcn::GcnImpl: two graph convolutions over a fixed normalized adjacency (a buffer)."""
+
+    def __init__(self, adj):
+        super().__init__()
+        self.register_buffer("adj", adj)
+        self.l1 = nn.Linear(GCN_FEATURES, GCN_HIDDEN)
+        self.l2 = nn.Linear(GCN_HIDDEN, GCN_CLASSES)
+
+    def forward(self, x):
+        h = torch.relu(torch.mm(self.adj, self.l1(x)))
+        return torch.mm(self.adj, self.l2(h))
+
+
+class GcnProgram(Program):
+    """gcn::GcnProgram: full-batch node classification on one random graph, cross_entropy
+    over the nodes a boolean train mask selects, Adam."""
+
+    def __init__(self, compiled):
+        super().__init__(31, compiled)
+        gen = torch.Generator().manual_seed(31)  # gcn::Graph
+        self.x = torch.randn(GCN_NODES, GCN_FEATURES, generator=gen)
+        a = (torch.rand(GCN_NODES, GCN_NODES, generator=gen) < 0.08).float().triu(1)
+        a = a + a.t() + torch.eye(GCN_NODES)
+        d = a.sum(1).pow(-0.5)
+        adj = d.unsqueeze(1) * a * d.unsqueeze(0)
+        self.y = torch.randint(GCN_CLASSES, (GCN_NODES,), generator=gen)
+        self.train_mask = torch.rand(GCN_NODES, generator=gen) < 0.4
+        self.model = Gcn(adj)
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-2)
+        self.forward = self.compile(self.model)
+
+    def batch(self, step):
+        return [self.x, self.y, self.train_mask]
+
+    def train_step(self, batch):
+        self.opt.zero_grad()
+        out = self.forward(batch[0])
+        loss = F.cross_entropy(out[batch[2]], batch[1][batch[2]])
+        loss.backward()
+        self.opt.step()
+        return [loss]
+
+
 TF_VOCAB, TF_MODEL, TF_CONTEXT, TF_BATCH = 32, 16, 12, 4  # transformer::k*
 
 
@@ -862,6 +909,7 @@ PROGRAMS = {
     "program_transformer": program_workload(lambda c: TransformerProgram(c)),
     "program_lstm": program_workload(lambda c: LstmProgram(c)),
     "program_regression": program_workload(lambda c: RegressionMlp(c, log_norm=True)),
+    "program_gcn": program_workload(lambda c: GcnProgram(c)),
     "program_tutorial_mlp": program_workload(lambda c: TutorialMlp(c)),
     "program_coscos": program_workload(lambda c: TutorialCosCos(c)),
 }

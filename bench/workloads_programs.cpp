@@ -27,6 +27,7 @@
 
 #include "programs/cnn.h"
 #include "programs/gan.h"
+#include "programs/gcn.h"
 #include "programs/lstm_lm.h"
 #include "programs/overhead.h"
 #include "programs/regression_mlp.h"
@@ -158,6 +159,10 @@ void add_program_workloads(Registry& registry) {
               "regression MLP 7-32-32-1, SGD momentum, warm-up schedule, clip_grad_norm_, batch 24; "
               "µs per training step",
               [] { return std::make_unique<programs::regression::RegressionMlp>(/*log_norm=*/true); });
+  add_program(registry, "program_gcn",
+              "GCN (2 graph convolutions 12-16-4 over a fixed 67-node graph), cross_entropy over a boolean "
+              "train mask (a size from values), Adam, full batch; µs per training step",
+              [] { return std::make_unique<programs::gcn::GcnProgram>(); });
   add_program(registry, "program_tutorial_mlp", "tutorial MLP 10-5-2 + Softmax, SGD, batch 9; µs per training step",
               [] { return std::make_unique<programs::tutorials::TutorialMlp>(); });
   add_program(registry, "program_coscos", "cos(cos(a+b+c+d)) on f32[7, 5] parameters, SGD; µs per training step",
