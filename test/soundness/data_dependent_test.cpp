@@ -8,6 +8,7 @@
 // reads below the dispatcher) keep their function, step or backward eager, with the
 // reason. Every call is compared with eager.
 #include <tcap/compile.h>
+#include <tcap/stance.h>
 #include <tcap/train_step.h>
 
 #include "support/backends.h"
@@ -117,8 +118,12 @@ TEST(DataDependentShapes, MaskedLossInACompiledStep) {
     const auto s = step->stats();
     EXPECT_GE(s.replays, 6) << step->eager_reason();
     EXPECT_EQ(replays_at_other_masks, 2);
-    EXPECT_NE(log.text().find("which come from its inputs' values, changed: [6, 3] -> [4, 3]"), std::string::npos)
-        << log.text();
+    // (Under TCAP_VERIFY a verified call runs eager first, and a replay that stops returns
+    // eager's result instead of recompiling: no such line.)
+    if (!tcap::verify_options().on()) {
+      EXPECT_NE(log.text().find("which come from its inputs' values, changed: [6, 3] -> [4, 3]"), std::string::npos)
+          << log.text();
+    }
   }
 }
 
