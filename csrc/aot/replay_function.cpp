@@ -284,6 +284,8 @@ variable_list region_backward(const Entry& e, SavedCapsule& capsule, const RngSt
                 " needs a recompute of the forward, which calls an autograd Function (", e.autograd_function,
                 " ran inside it) whose derivative a recompute cannot reproduce; run this call eagerly "
                 "(tcap::StanceGuard with Stance::ForceEager) or call backward() without create_graph");
+    cache::report_fallback("'" + e.fn_name + "' entry " + std::to_string(e.id) + "'s backward",
+                           "it recomputes eagerly: " + why);
     e.stats->count(&CompileStats::backward_fallbacks);
     TORCH_CHECK(!capsule.released, torch::autograd::ERR_BACKWARD_TWICE);
     check_recompute_reads(e, capsule, capsule.primals, why);
