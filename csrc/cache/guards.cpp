@@ -34,35 +34,6 @@ bool contiguous_strides(const std::vector<int64_t>& sizes, const std::vector<int
   return true;
 }
 
-std::string host_value_str(const ir::Arg& a) {
-  std::ostringstream s;
-  switch (a.kind) {
-    case ir::ArgKind::Bool: s << (a.i ? "true" : "false"); break;
-    case ir::ArgKind::Int: s << a.i; break;
-    case ir::ArgKind::Double: s << a.d; break;
-    default: s << ir::to_string(a.kind);
-  }
-  return s.str();
-}
-
-std::string host_value_str(const c10::IValue& v) {
-  std::ostringstream s;
-  if (v.isBool()) s << (v.toBool() ? "true" : "false");
-  else if (v.isInt()) s << v.toInt();
-  else if (v.isDouble()) s << v.toDouble();
-  else s << v.tagKind();
-  return s.str();
-}
-
-bool same_host_value(const ir::Arg& a, const c10::IValue& v) {
-  if (a.kind == ir::ArgKind::Bool && v.isBool()) return (a.i != 0) == v.toBool();
-  if (a.kind == ir::ArgKind::Int && v.isInt()) return a.i == v.toInt();
-  if (a.kind == ir::ArgKind::Double && v.isDouble()) {
-    return a.d == v.toDouble() || (std::isnan(a.d) && std::isnan(v.toDouble()));
-  }
-  return false;
-}
-
 // Note [Guard fast path]
 // Most calls hit, and a hit needs no words: for an entry without dynamic dims, one flat
 // pass compares each tensor's recorded metadata (defined, identity, dtype, device,
@@ -318,7 +289,6 @@ void HostReads::set_inline(const ir::Graph& g) {
     const std::string where = n.qualified_op() + " (node %" + std::to_string(n.id) + ")";
     for (const auto& a : n.outputs) {
       if (!ir::is_host_value(a)) continue;
-      expected_.push_back(a);
       what_.push_back(where);
     }
     // Note [Sizes that come from values]: checked by the interpreter, as it runs n.
@@ -331,15 +301,12 @@ void HostReads::build_precheck(const ir::Graph& g) {
   *this = HostReads();
   passes::HostGraph h = passes::host_read_graph(g);
   if (h.reads.empty() && h.sizes_read.empty()) return;
-  for (const auto& r : h.reads) {
-    expected_.push_back(r.value);
-    what_.push_back(r.what);
-  }
+  for (const auto& r : h.reads) what_.push_back(r.what);
   sizes_of_ = h.sizes_read;
   graph_ = std::make_shared<Interpreter>(h.graph);
   graph_->keep_values(false);
-  // Note [Sizes that come from values]: the guard graph's interpreter checks them as it
-  // runs (and the values read on the host too; check() compares those once more).
+  // The guard graph's interpreter compares each value read on the host, and the sizes that
+  // come from values (Note [Sizes that come from values]), as it runs.
   graph_->check_host_values(true);
   // A read after a training batch norm (MultiheadAttention's equal() after a BatchNorm):
   // the guard graph runs the batch norm too, and must not update the running statistics
@@ -362,13 +329,6 @@ std::string HostReads::check(const std::vector<at::Tensor>& primals) const {
     }
   } catch (const HostValueChanged& e) {
     return e.what_without_backtrace();
-  }
-  const auto& got = graph_->host_values();
-  for (size_t k = 0; k < expected_.size() && k < got.size(); ++k) {
-    if (!same_host_value(expected_[k], got[k])) {
-      return "the value read on the host by " + what_[k] + " changed: " + host_value_str(expected_[k]) + " -> " +
-             host_value_str(got[k]);
-    }
   }
   return "";
 }

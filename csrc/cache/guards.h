@@ -189,7 +189,6 @@ class HostReads {
   Mode mode_ = Mode::None;
   std::shared_ptr<Interpreter> graph_;
   std::vector<size_t> copied_;  // inputs graph_ writes without its schema saying so: run on copies
-  std::vector<ir::Arg> expected_;
   std::vector<std::string> what_;
   std::vector<std::string> sizes_of_;
 };

@@ -1,6 +1,7 @@
 #include "capture/session.h"
 
 #include "capture/recorder.h"
+#include "ir/op_facts.h"
 #include "support/logging.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -119,12 +120,7 @@ OpInfo OpInfo::from(const c10::OperatorHandle& op) {
       info.returns_tensors = true;
     }
   }
-  info.dynamic_output_shape = op.hasTag(at::Tag::dynamic_output_shape);
-  if (!info.dynamic_output_shape && !info.overload.empty()) {
-    if (auto functional = c10::Dispatcher::singleton().findOp({s.name(), ""})) {
-      info.dynamic_output_shape = functional->hasTag(at::Tag::dynamic_output_shape);
-    }
-  }
+  info.dynamic_output_shape = ir::has_dynamic_output_shape_tag(info.op, info.overload);
   info.rerunnable = !s.is_mutable() && !op.hasTag(at::Tag::nondeterministic_seeded);
   return info;
 }

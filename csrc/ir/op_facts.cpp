@@ -213,8 +213,9 @@ const std::unordered_map<std::string_view, OpFacts>& table() {
 }
 
 
-// Note [Sizes that come from values]: by the operator's tags, once per operator.
-bool tagged_dynamic_output_shape(const std::string& op, const std::string& overload) {
+}  // namespace
+
+bool has_dynamic_output_shape_tag(const std::string& op, const std::string& overload) {
   static std::mutex mu;
   static std::unordered_map<std::string, bool> known;
   const std::string key = overload.empty() ? op : op + "." + overload;
@@ -231,10 +232,8 @@ bool tagged_dynamic_output_shape(const std::string& op, const std::string& overl
   return tagged;
 }
 
-}  // namespace
-
 bool sizes_from_values(const Graph& g, const Node& n) {
-  if (n.kind != NodeKind::Call || !tagged_dynamic_output_shape(n.op, n.overload)) return false;
+  if (n.kind != NodeKind::Call || !has_dynamic_output_shape_tag(n.op, n.overload)) return false;
   if (n.op != "aten::index") return true;
   // A boolean (or uint8) index selects by value; integer indices give their own shape.
   bool mask = false;

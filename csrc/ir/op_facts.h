@@ -92,6 +92,9 @@ std::vector<std::string> pointwise_without_tag();
 // tag (found by the check at capture, capture/shape_rules.h) stay eager: some of their
 // results are read by host code below the dispatcher (pack_padded_sequence's batch sizes).
 bool sizes_from_values(const Graph& g, const Node& n);
+// LibTorch's dynamic_output_shape tag, on the operator's overload or on the functional
+// overload of its name (which the .out overloads lack); read once per operator.
+bool has_dynamic_output_shape_tag(const std::string& op, const std::string& overload);
 // Whether a replay of n reads something on the host that a guard must check: a value it
 // hands to host code (item(), equal(), is_nonzero()) or the sizes of its results (Note
 // [Sizes that come from values]).
