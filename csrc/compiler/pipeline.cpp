@@ -14,6 +14,8 @@
 
 #include "compiler/backends.h"
 #include "runtime/cuda_graphs.h"
+#include "fuse/decompose_losses.h"
+#include "fuse/lowering.h"
 #include "fuse/fusion.h"
 #include "passes/drop_detaches.h"
 #include "passes/fold_transposes.h"
@@ -230,6 +232,23 @@ ir::Graph simplify(const ir::Graph& g, const std::string& what) {
 
 namespace compiler {
 
+namespace {
+
+// Note [Cross-entropy at the bandwidth floor] (fuse/decompose_losses.cpp): the rewrite
+// decides what the partitioner saves, so it runs on the joint graph, for targets that fuse
+// (where no user compiler receives the graphs).
+JointGraph losses_decomposed(const JointGraph& joint, const std::string& name, const c10::Device& device) {
+  fuse::Decomposed d = fuse::decompose_losses(joint.graph, device);
+  for (const auto& line : d.decisions) TCAP_LOG(Fusion, name << " (joint graph): " << line);
+  if (d.count == 0) return joint;
+  JointGraph j = joint;
+  j.graph = std::move(d.graph);
+  stage(j.graph, name, "decompose_losses");
+  return j;
+}
+
+}  // namespace
+
 Executable compile_graph(const ir::Graph& g, const CompileOptions& o, const std::string& what,
                          const GraphCompiler& user, bool check_host_values) {
   stage(g, what, "capture");
@@ -259,7 +278,12 @@ CompiledJoint compile_joint(const JointGraph& joint, bool has_backward, const Co
                             const std::string& name, bool check_host_values) {
   stage(joint.graph, name, "joint capture");
   CompiledJoint c;
-  c.part = partition(joint, has_backward ? o.partitioner : Partitioner::Default);
+  Target target;  // what the graphs are compiled for, where no user compiler takes them
+  if (o.backend != Backend::Eager && !o.fw_compiler && !o.bw_compiler) target = choose_target(o.backend, joint.graph, name);
+  MinCutOptions min_cut;
+  if (target.fuses()) min_cut.fuses = [](const ir::Node& n) { return fuse::joins_kernels(n); };
+  c.part = partition(target.fuses() ? losses_decomposed(joint, name, target.device) : joint,
+                     has_backward ? o.partitioner : Partitioner::Default, min_cut);
   stage(c.part.forward, name + ".forward", "partition");
   c.forward = compile_graph(c.part.forward, o, name + ".forward", o.fw_compiler, check_host_values);
   if (has_backward) {

@@ -1,5 +1,7 @@
 #include "fuse/decompose.h"
 
+#include "fuse/decompose_losses.h"
+
 #include "fuse/groups.h"
 
 #include "ir/op_facts.h"
@@ -539,7 +541,16 @@ class Decomposer {
 }  // namespace
 
 Decomposed decompose_for_fusion(const ir::Graph& g, const c10::Device& device) {
-  return Decomposer(g, device).run();
+  Decomposed losses = decompose_losses(g, device);
+  if (losses.count == 0) {
+    Decomposed d = Decomposer(g, device).run();
+    d.decisions.insert(d.decisions.begin(), losses.decisions.begin(), losses.decisions.end());
+    return d;
+  }
+  Decomposed d = Decomposer(losses.graph, device).run();
+  d.count += losses.count;
+  d.decisions.insert(d.decisions.begin(), losses.decisions.begin(), losses.decisions.end());
+  return d;
 }
 
 }  // namespace tcap::fuse

@@ -266,7 +266,7 @@ std::vector<Val> compare(Emitter& e, const ir::Node& n) {
   const DType t = e.promoted(n, {0, 1});
   return {e.cast(e.cmp(op, e.in(n, 0, t), e.in(n, 1, t)), e.compute_dtype(n))};
 }
-std::vector<Val> where(Emitter& e, const ir::Node& n) {  // where.self(cond, self, other)
+std::vector<Val> where(Emitter& e, const ir::Node& n) {  // where(cond, self, other), either may be a Scalar
   const DType t = e.compute_dtype(n);
   return {e.where(e.in(n, 0, DType::Bool), e.in(n, 1, t), e.in(n, 2, t))};
 }
@@ -491,6 +491,9 @@ const std::unordered_map<std::string, LoweringRow>& table() {
       {"aten::ge.Tensor", {OpClass::Pointwise, compare<OpCode::Ge>}},
       {"aten::ge.Scalar", {OpClass::Pointwise, compare<OpCode::Ge>}},
       {"aten::where.self", {OpClass::Pointwise, where}},
+      {"aten::where.ScalarOther", {OpClass::Pointwise, where}},
+      {"aten::where.ScalarSelf", {OpClass::Pointwise, where}},
+      {"aten::where.Scalar", {OpClass::Pointwise, where}},
       {"aten::masked_fill.Scalar", {OpClass::Pointwise, masked_fill}},
       {"aten::masked_fill.Tensor", {OpClass::Pointwise, masked_fill}},
       {"aten::addcmul", {OpClass::Pointwise, addcmul}},
@@ -544,6 +547,11 @@ const LoweringRow* find_lowering(const ir::Node& n) {
   auto it = t.find(n.qualified_op());
   if (it == t.end()) it = t.find(n.op);
   return it == t.end() ? nullptr : &it->second;
+}
+
+bool joins_kernels(const ir::Node& n) {
+  const LoweringRow* row = n.kind == ir::NodeKind::Call ? find_lowering(n) : nullptr;
+  return row && row->cls != OpClass::Contraction;
 }
 
 std::vector<std::pair<std::string, OpClass>> lowered_ops() {

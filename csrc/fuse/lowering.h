@@ -38,6 +38,10 @@ struct LoweringRow {
 
 // The row of n's operator (by overload, then by name), or null when it has none.
 const LoweringRow* find_lowering(const ir::Node& n);
+// Whether node n is of an op that fusion lowers into kernels other than as a matmul (whose
+// result is written like an ATen call's): what the min-cut partitioner takes for values
+// fusion keeps in registers (Note [Saving what fusion would not write], passes/min_cut.cpp).
+bool joins_kernels(const ir::Node& n);
 
 // Every key of the table ("aten::mul" or "aten::sum.dim_IntList") with its class; a test
 // checks it against ir/op_facts.h.

@@ -18,9 +18,40 @@
 
 #include "passes/max_flow.h"
 
+#include "ir/op_facts.h"
+
 #include <algorithm>
+#include <unordered_set>
 
 namespace tcap::passes {
+
+// Note [Saving what fusion would not write]
+// Saved bytes are not the whole cost of a save: a value that fusion keeps in registers (a
+// pointwise or row op's result read in the forward only by ops of fused kernels) is written
+// to memory only because it is saved, and read back by the backward; a value written
+// anyway (a primal, a matmul's result, one an ATen op reads, a user output) is only kept
+// longer. With MinCutOptions::fuses set (targets that fuse), the first kind costs twice
+// its bytes, as AOTAutograd weighs what is not materialized otherwise. Cross-entropy after
+// a Linear: the logits (a matmul's result, written anyway) and two numbers per row are
+// saved, not the log-probabilities of the same size, which the forward would write only to
+// save them (Note [Cross-entropy at the bandwidth floor]).
+namespace {
+
+bool written_anyway(const ir::Graph& g, const JointPhases& ph, ir::ValueId v,
+                    const std::unordered_set<ir::ValueId>& user_outputs, const MinCutOptions& options) {
+  if (!options.fuses || ph.primal_set.count(v) || user_outputs.count(v)) return true;
+  auto it = ph.forward_producer.find(v);
+  if (it == ph.forward_producer.end()) return true;
+  const ir::Node& p = g.node(it->second);
+  if (p.kind != ir::NodeKind::Call || ir::op_has(p.op, ir::OpFact::View) || !options.fuses(p)) return true;
+  for (ir::NodeId u : g.users(v)) {
+    const ir::Node& n = g.node(u);
+    if (n.phase == ir::Phase::Forward && (n.kind != ir::NodeKind::Call || !options.fuses(n))) return true;
+  }
+  return false;
+}
+
+}  // namespace
 
 std::vector<ir::ValueId> min_cut_saved(const ir::Graph& g, const JointPhases& ph, const MinCutOptions& options) {
   // Flow nodes: 2 per forward value, plus source and sink.
@@ -34,9 +65,11 @@ std::vector<ir::ValueId> min_cut_saved(const ir::Graph& g, const JointPhases& ph
   // under one byte, so they never outweigh a byte.
   const int64_t n_vals = static_cast<int64_t>(fvals.size());
   const int64_t step = options.prefer_later_tensors ? (int64_t{1} << 24) / std::max<int64_t>(1, n_vals * n_vals) : 0;
+  const std::unordered_set<ir::ValueId> user_outputs(ph.user_outputs.begin(), ph.user_outputs.end());
   for (ir::ValueId v : fvals) {
     const int k = idx[v];
-    const int64_t bytes = std::min<int64_t>(tensor_bytes(g.value(v).meta), options.max_tensor_bytes);
+    const int64_t factor = written_anyway(g, ph, v, user_outputs, options) ? 1 : 2;
+    const int64_t bytes = std::min<int64_t>(tensor_bytes(g.value(v).meta) * factor, options.max_tensor_bytes);
     mf.add_edge(2 * k, 2 * k + 1, (bytes << 24) + (n_vals - 1 - k) * step);
     if (ph.primal_set.count(v)) mf.add_edge(S, 2 * k, MaxFlow::kInf);
   }

@@ -19,6 +19,7 @@
 #include <tcap/graph.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -75,6 +76,11 @@ struct MinCutOptions {
   bool prefer_later_tensors = true;
   // A tensor's capacity is capped here, so that a sum of capacities cannot overflow.
   int64_t max_tensor_bytes = int64_t{1} << 36;
+  // Bytes moved, not only bytes kept (Note [Saving what fusion would not write]): where
+  // set, says whether a forward op joins a fused kernel. A value made by such an op and
+  // read in the forward only by such ops is written to memory only if it is saved, so
+  // saving it costs twice its bytes (the forward's write and the backward's read).
+  std::function<bool(const ir::Node&)> fuses;
 };
 
 // Checks the joint graph's shape (inputs, outputs, phases) and splits it. Throws
