@@ -7,6 +7,8 @@
 // is a row here and a KernelMaker.
 #include "compiler/backends.h"
 
+#include "kir/split_reduction.h"
+
 #include "codegen/cpu_llvm/cpu_llvm.h"
 #include "codegen/cuda/cuda.h"
 #include "fuse/fusion.h"
@@ -116,16 +118,56 @@ Target choose_target(const Backend& backend, const ir::Graph& g, const std::stri
   return {};
 }
 
+namespace {
+
+// The CPU code of kernel k: one kernel, or a split reduction's two (Note [Split
+// reductions], kir/split_reduction.h).
+struct CpuCode {
+  std::shared_ptr<const codegen::cpu_llvm::CpuKernel> main, combine;
+  std::vector<int64_t> scratch_bytes;
+};
+
+CpuCode cpu_code(const kir::Kernel& k, bool compile) {
+  CpuCode c;
+  auto get = [&](const kir::Kernel& part) {
+    return compile ? codegen::cpu_llvm::compile_cpu_kernel(part) : codegen::cpu_llvm::find_cpu_kernel(part);
+  };
+  if (auto split = kir::split_reduction(k)) {
+    c.main = get(split->partial);
+    c.combine = get(split->combine);
+    if (!c.main || !c.combine) return {};
+    for (size_t i = 0; i < split->scratch.size(); ++i) {
+      const auto& b = split->partial.buffers[k.buffers.size() + i];
+      c.scratch_bytes.push_back(split->scratch[i] * kir::dtype_size(b.dtype));
+    }
+    TCAP_LOG(Fusion, k.name << ": a reduction into " << k.outer_numel() << " outputs of " << k.reduce_numel()
+                            << " elements each, split in " << split->splits
+                            << " chunks reduced in parallel and combined (Note [Split reductions])");
+    return c;
+  }
+  c.main = get(k);
+  return c;
+}
+
+void install(runtime::FusedKernel& fk, CpuCode c) {
+  fk.cpu = std::move(c.main);
+  fk.cpu_combine = std::move(c.combine);
+  fk.scratch_bytes = std::move(c.scratch_bytes);
+}
+
+}  // namespace
+
 KernelMaker kernel_maker(const Target& t, bool in_background) {
   TORCH_INTERNAL_ASSERT(t.fuses(), "tcap: the eager target makes no kernels");
   if (t.kind == Backend::Llvm && in_background) {
     return [](const fuse::FusedGroup& fg, runtime::FusedKernel& fk) {
-      fk.cpu = codegen::cpu_llvm::find_cpu_kernel(fg.kernel);  // throws where compile_cpu_kernel would
-      if (!fk.cpu) fk.code.store(runtime::FusedKernel::Compiling, std::memory_order_relaxed);
+      CpuCode c = cpu_code(fg.kernel, false);  // throws where compile_cpu_kernel would
+      if (!c.main) fk.code.store(runtime::FusedKernel::Compiling, std::memory_order_relaxed);
+      else install(fk, std::move(c));
     };
   }
   if (t.kind == Backend::Llvm) {
-    return [](const fuse::FusedGroup& fg, runtime::FusedKernel& fk) { fk.cpu = codegen::cpu_llvm::compile_cpu_kernel(fg.kernel); };
+    return [](const fuse::FusedGroup& fg, runtime::FusedKernel& fk) { install(fk, cpu_code(fg.kernel, true)); };
   }
   const codegen::cuda::Target target = codegen::cuda::target_for(t.device.index());
   return [target](const fuse::FusedGroup& fg, runtime::FusedKernel& fk) {
@@ -145,8 +187,7 @@ void compile_later(const std::string& what, const std::vector<std::shared_ptr<ru
                       << " kernels compile in the background; their ATen ops run until they are ready");
   runtime::submit_background_compile(what, [what, weak = std::move(weak), submitted] {
     const auto t0 = std::chrono::steady_clock::now();
-    std::vector<std::pair<std::shared_ptr<runtime::FusedKernel>, std::shared_ptr<const codegen::cpu_llvm::CpuKernel>>>
-        done;
+    std::vector<std::pair<std::shared_ptr<runtime::FusedKernel>, CpuCode>> done;
     int64_t failed = 0, skipped = 0;
     for (const auto& w : weak) {
       std::shared_ptr<runtime::FusedKernel> k = w.lock();
@@ -155,7 +196,7 @@ void compile_later(const std::string& what, const std::vector<std::shared_ptr<ru
         continue;
       }
       try {
-        done.emplace_back(k, codegen::cpu_llvm::compile_cpu_kernel(k->kernel));
+        done.emplace_back(k, cpu_code(k->kernel, true));
       } catch (const c10::Error& e) {
         ++failed;
         k->code.store(runtime::FusedKernel::Failed, std::memory_order_release);
@@ -166,7 +207,7 @@ void compile_later(const std::string& what, const std::vector<std::shared_ptr<ru
     }
     // Ready together: one change of the graph's allocations (Note [Memory plans]).
     for (auto& [k, code] : done) {
-      k->cpu = std::move(code);
+      install(*k, std::move(code));
       k->code.store(runtime::FusedKernel::Ready, std::memory_order_release);
     }
     runtime::count_background_kernels(static_cast<int64_t>(done.size()), failed);

@@ -170,6 +170,22 @@ std::vector<at::Tensor> run_fused(const std::vector<at::Tensor>& inputs, int64_t
   return run_fused(*k, inputs);
 }
 
+namespace {
+
+// Runs ck's range over the intra-op threads. Splits only because this file is compiled
+// with OpenMP (Note [at::parallel_for needs OpenMP in the caller], cmake/TcapTorch.cmake).
+void run_cpu(const codegen::cpu_llvm::CpuKernel& ck, void* const* a) {
+  if (ck.range <= 0) return;
+  std::atomic<bool> split{false};
+  at::parallel_for(0, ck.range, std::max<int64_t>(ck.grain, 1), [&](int64_t b, int64_t e) {
+    if (at::get_thread_num() != 0) split.store(true, std::memory_order_relaxed);
+    ck.run(a, b, e);
+  });
+  if (split.load(std::memory_order_relaxed)) g_split_launches.fetch_add(1, std::memory_order_relaxed);
+}
+
+}  // namespace
+
 std::vector<at::Tensor> run_fused(FusedKernel& k, const std::vector<at::Tensor>& inputs) {
   // The kernel by its name, fused ops included, in the profiler (Note [Profiler names]).
   RECORD_USER_SCOPE(std::string_view(k.name));
@@ -208,19 +224,15 @@ std::vector<at::Tensor> run_fused(FusedKernel& k, const std::vector<at::Tensor>&
   c10::SmallVector<void*, 16> args;
   for (const auto& t : inputs) args.push_back(const_cast<void*>(t.const_data_ptr()));
   for (auto& t : outs) args.push_back(t.mutable_data_ptr());
-  const codegen::cpu_llvm::CpuKernel& ck = *k.cpu;
-  void* const* a = args.data();
-  const int64_t range = k.cpu->range;
-  if (range > 0) {
-    // Splits over the intra-op threads only because this file is compiled with OpenMP
-    // (Note [at::parallel_for needs OpenMP in the caller], cmake/TcapTorch.cmake).
-    std::atomic<bool> split{false};
-    at::parallel_for(0, range, std::max<int64_t>(k.cpu->grain, 1), [&](int64_t b, int64_t e) {
-      if (at::get_thread_num() != 0) split.store(true, std::memory_order_relaxed);
-      ck.run(a, b, e);
-    });
-    if (split.load(std::memory_order_relaxed)) g_split_launches.fetch_add(1, std::memory_order_relaxed);
+  c10::SmallVector<at::Tensor, 2> scratch;  // Note [Split reductions]: the partials
+  {
+    PoolScope pool;
+    for (int64_t bytes : k.scratch_bytes) scratch.push_back(at::empty({bytes}, at::kByte));
   }
+  for (auto& t : scratch) args.push_back(t.mutable_data_ptr());
+  void* const* a = args.data();
+  run_cpu(*k.cpu, a);
+  if (k.cpu_combine) run_cpu(*k.cpu_combine, a);
   return outs;
 }
 

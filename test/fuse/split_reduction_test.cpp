@@ -1,0 +1,186 @@
+// Split reductions (Note [Split reductions], kir/split_reduction.cpp): which kernels split
+// and how, and every split kind compiled with the llvm backend against eager: full,
+// column and few-row reductions, several reductions and element-wise results in one
+// kernel, int64 and float64, non-contiguous inputs, sizes with no usable divisor (not
+// split), and the same bits at one and two threads.
+//
+// Tolerances (vs eager): float32 rtol 1e-5 atol 1e-4 * sqrt(n) for sums of n elements
+// (reassociated: chunk sums combined in order), exact for max/min and integer sums;
+// float64 rtol 1e-12.
+#include <tcap/compile.h>
+
+#include "kir/split_reduction.h"
+#include "support/compare.h"
+#include "support/log_capture.h"
+
+#include <ATen/Parallel.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+using tcap::testing::close;
+using Tensors = std::vector<at::Tensor>;
+
+namespace split_reduction_test {
+
+// sum over all dims of a dense f32 tensor of n elements, as lower_group would make it.
+tcap::kir::Kernel full_sum(int64_t n, bool two_pass = false) {
+  using namespace tcap::kir;
+  Kernel k;
+  k.name = "full_sum";
+  k.sizes = {n};
+  k.num_reduce_dims = 1;
+  k.buffers = {{"%0", DType::F32, false}, {"%1", DType::F32, true}};
+  Instr load;
+  load.op = OpCode::Load;
+  load.buffer = 0;
+  load.strides = {1};
+  const int32_t x = add(k, load);
+  Instr red;
+  red.op = OpCode::ReduceSum;
+  red.args = {x};
+  int32_t s = add(k, red);
+  if (two_pass) {  // sum(x - sum(x)): a Reduce of a value computed from a Reduce
+    Instr sub;
+    sub.op = OpCode::Sub;
+    sub.args = {x, s};
+    red.args = {add(k, sub)};
+    s = add(k, red);
+  }
+  k.stores.push_back({s, 1, {0}, 0});
+  verify(k);
+  return k;
+}
+
+bool bitwise_equal(const Tensors& a, const Tensors& b) {
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!at::equal(a[i], b[i])) return false;
+  }
+  return true;
+}
+
+struct Case {
+  std::string name;
+  std::function<Tensors(const Tensors&)> fn;
+  std::function<Tensors()> inputs;
+  bool splits;  // whether a kernel of it is expected to split
+};
+
+std::vector<Case> cases() {
+  auto f32 = [](std::vector<int64_t> s) { return torch::randn(s); };
+  return {
+      {"full_sum_and_max", [](const Tensors& in) { return Tensors{(in[0] * in[0]).sum(), in[0].amax()}; },
+       [=] { return Tensors{f32({1 << 18})}; }, true},
+      {"mean_of_a_matrix", [](const Tensors& in) { return Tensors{in[0].mean()}; }, [=] { return Tensors{f32({513, 1024})}; },
+       true},
+      {"columns", [](const Tensors& in) { return Tensors{in[0].sum(0), in[0].amin(0)}; },
+       [=] { return Tensors{f32({1 << 17, 5})}; }, true},
+      {"few_rows", [](const Tensors& in) { return Tensors{in[0].sum(1), (in[0] - 1).abs().mean(1)}; },
+       [=] { return Tensors{f32({3, 1 << 17})}; }, true},
+      {"batch_and_spatial", [](const Tensors& in) { return Tensors{in[0].sum(at::IntArrayRef{0, 2})}; },
+       [=] { return Tensors{f32({32, 3, 4096})}; }, true},
+      {"elementwise_result_too", [](const Tensors& in) { auto y = in[0].exp(); return Tensors{y, y.sum()}; },
+       [=] { return Tensors{f32({1 << 17})}; }, true},
+      {"transposed", [](const Tensors& in) { return Tensors{in[0].t().sum(1)}; }, [=] { return Tensors{f32({1 << 17, 4})}; },
+       true},
+      {"int64", [](const Tensors& in) { return Tensors{(in[0] * 3).sum()}; },
+       [] { return Tensors{torch::randint(-1000, 1000, {1 << 18}, torch::kLong)}; }, true},
+      {"float64", [](const Tensors& in) { return Tensors{in[0].sum()}; },
+       [] { return Tensors{torch::randn({1 << 18}, torch::kDouble)}; }, true},
+      {"prime_size", [](const Tensors& in) { return Tensors{in[0].sum()}; }, [=] { return Tensors{f32({131101})}; }, false},
+      {"small", [](const Tensors& in) { return Tensors{in[0].sum()}; }, [=] { return Tensors{f32({4096})}; }, false},
+  };
+}
+
+void expect_close(const at::Tensor& got, const at::Tensor& want, int64_t n) {
+  if (!got.is_floating_point()) {
+    EXPECT_TRUE(at::equal(got, want));
+  } else if (got.scalar_type() == at::kDouble) {
+    EXPECT_TRUE(close(got, want, 1e-12, 1e-12 * std::sqrt(static_cast<double>(n))));
+  } else {
+    EXPECT_TRUE(close(got, want, 1e-5, 1e-4 * std::sqrt(static_cast<double>(n))));
+  }
+}
+
+class SplitReduction : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!tcap::Backend(tcap::Backend::Llvm).available()) GTEST_SKIP() << "LLVM backend not available";
+    threads_ = at::get_num_threads();
+  }
+  void TearDown() override { at::set_num_threads(threads_); }
+  int threads_ = 1;
+};
+
+
+TEST(SplitReductionKernels, WhichKernelsSplitAndHow) {
+  auto s = tcap::kir::split_reduction(full_sum(1 << 20));
+  ASSERT_TRUE(s.has_value());
+  EXPECT_EQ(s->splits, 64);
+  EXPECT_EQ(s->partial.sizes, (std::vector<int64_t>{64, 1 << 14}));
+  EXPECT_EQ(s->partial.parallel_range(), 64);
+  EXPECT_EQ(s->combine.sizes, (std::vector<int64_t>{64}));
+  EXPECT_EQ(s->scratch, (std::vector<int64_t>{64}));
+  EXPECT_EQ(s->partial.buffers.size(), 3u);
+  EXPECT_TRUE(s->partial.buffers[2].is_output);
+  EXPECT_FALSE(s->combine.buffers[2].is_output);
+  // Chunks of at least kMinChunk elements: 2^17 elements give 32 chunks.
+  EXPECT_EQ(tcap::kir::split_reduction(full_sum(1 << 17))->splits, 32);
+  EXPECT_FALSE(tcap::kir::split_reduction(full_sum(131101)));          // prime
+  EXPECT_FALSE(tcap::kir::split_reduction(full_sum(1 << 16)));         // below kMinSplitElements
+  EXPECT_FALSE(tcap::kir::split_reduction(full_sum(1 << 20, true)));   // two passes
+}
+
+TEST_F(SplitReduction, CompiledMatchesEagerAtEveryThreadCount) {
+  for (const Case& c : cases()) {
+    SCOPED_TRACE(c.name);
+    tcap::CompileOptions o;
+    o.backend = tcap::Backend::Llvm;
+    o.name = "split_" + c.name;
+    auto f = tcap::compile(c.fn, o);
+    torch::NoGradGuard no_grad;
+    {
+      tcap::testing::LogCapture log("fusion");
+      for (int call = 0; call < 3; ++call) {
+        const Tensors in = c.inputs();
+        Tensors got = f(in), want = c.fn(in);
+        ASSERT_EQ(got.size(), want.size());
+        for (size_t i = 0; i < got.size(); ++i) expect_close(got[i], want[i], in[0].numel());
+      }
+      EXPECT_EQ(log.count("Note [Split reductions]") > 0, c.splits) << log.text();
+    }
+    EXPECT_GE(f->stats().replays, 1);
+    // The bits do not depend on the number of threads.
+    const Tensors in = c.inputs();
+    at::set_num_threads(1);
+    const Tensors one = f(in);
+    at::set_num_threads(2);
+    const Tensors two = f(in);
+    EXPECT_TRUE(bitwise_equal(one, two));
+  }
+}
+
+TEST_F(SplitReduction, BackwardOfASplitMean) {
+  tcap::CompileOptions o;
+  o.backend = tcap::Backend::Llvm;
+  o.name = "split_backward";
+  auto fn = [](const Tensors& in) { return Tensors{(in[0] * in[1]).pow(2).mean()}; };
+  auto f = tcap::compile(fn, o);
+  for (int call = 0; call < 3; ++call) {
+    at::Tensor a = torch::randn({1 << 18}, torch::requires_grad()), b = torch::randn({1 << 18});
+    at::Tensor want = fn({a, b})[0];
+    want.backward();
+    at::Tensor ga = a.grad().clone();
+    a.mutable_grad().reset();
+    at::Tensor got = f({a, b})[0];
+    got.backward();
+    EXPECT_TRUE(close(got, want, 1e-5, 1e-6));
+    EXPECT_TRUE(close(a.grad(), ga, 1e-5, 1e-9));
+  }
+  EXPECT_GE(f->stats().replays, 1);
+}
+
+}  // namespace split_reduction_test
