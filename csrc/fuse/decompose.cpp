@@ -1,6 +1,7 @@
 #include "fuse/decompose.h"
 
 #include "fuse/decompose_losses.h"
+#include "fuse/decompose_norms.h"
 
 #include "fuse/groups.h"
 
@@ -541,15 +542,18 @@ class Decomposer {
 }  // namespace
 
 Decomposed decompose_for_fusion(const ir::Graph& g, const c10::Device& device) {
-  Decomposed losses = decompose_losses(g, device);
-  if (losses.count == 0) {
-    Decomposed d = Decomposer(g, device).run();
-    d.decisions.insert(d.decisions.begin(), losses.decisions.begin(), losses.decisions.end());
-    return d;
+  // The rewrites in order, each on the previous one's graph; decisions and counts add up.
+  Decomposed all;
+  all.graph = g;
+  for (auto pass : {&decompose_losses, &decompose_norms}) {
+    Decomposed d = pass(all.graph, device);
+    all.decisions.insert(all.decisions.end(), d.decisions.begin(), d.decisions.end());
+    if (d.count > 0) all.graph = std::move(d.graph);
+    all.count += d.count;
   }
-  Decomposed d = Decomposer(losses.graph, device).run();
-  d.count += losses.count;
-  d.decisions.insert(d.decisions.begin(), losses.decisions.begin(), losses.decisions.end());
+  Decomposed d = Decomposer(all.graph, device).run();
+  d.count += all.count;
+  d.decisions.insert(d.decisions.begin(), all.decisions.begin(), all.decisions.end());
   return d;
 }
 

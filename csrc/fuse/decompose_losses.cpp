@@ -1,10 +1,10 @@
 #include "fuse/decompose_losses.h"
 
+#include "fuse/rewriter.h"
+
 #include "ir/op_facts.h"
-#include "ir/verify_args.h"
 
 #include <c10/util/Exception.h>
-#include <c10/util/strides.h>
 
 #include <algorithm>
 #include <set>
@@ -45,83 +45,9 @@ namespace tcap::fuse {
 
 namespace {
 
-ir::TensorMeta meta_of(c10::ScalarType dtype, c10::ArrayRef<int64_t> sizes, c10::Device device) {
-  ir::TensorMeta m;
-  m.dtype = dtype;
-  m.sizes.assign(sizes.begin(), sizes.end());
-  const auto st = c10::contiguous_strides(sizes);
-  m.strides.assign(st.begin(), st.end());
-  m.device = device;
-  return m;
-}
-
-ir::Arg int_list(std::vector<int64_t> v, const char* name) {
-  ir::Arg a;
-  a.kind = ir::ArgKind::IntList;
-  a.name = name;
-  a.ints = std::move(v);
-  return a;
-}
-
-ir::Arg scalar_type(c10::ScalarType t, const char* name) {
-  ir::Arg a;
-  a.kind = ir::ArgKind::ScalarType;
-  a.name = name;
-  a.i = static_cast<int64_t>(t);
-  return a;
-}
-
-ir::Arg device_arg(const c10::Device& d, const char* name) {
-  ir::Arg a;
-  a.kind = ir::ArgKind::Device;
-  a.name = name;
-  a.s = d.str();
-  return a;
-}
-
-bool is_call(const ir::Node& n, const char* op) {
-  return n.kind == ir::NodeKind::Call && n.op == op && n.overload.empty();
-}
-
-bool absent(const ir::Arg& a) { return a.kind == ir::ArgKind::None || a.kind == ir::ArgKind::UndefinedTensor; }
-
-class LossRewriter {
+class LossRewriter : public Rewriter {
  public:
-  LossRewriter(const ir::Graph& g, const c10::Device& device) : g_(g), device_(device) {}
-
-  Decomposed run() {
-    Decomposed d;
-    plan(&d);
-    if (forward_.empty() && backward_.empty()) {
-      d.graph = g_;
-      return d;
-    }
-    for (const auto& h : g_.hooks()) out_.add_hook(h.kind, h.autograd_node, h.slot);
-    for (const auto& n : g_.nodes()) {
-      if (n.kind == ir::NodeKind::Input) {
-        map_[n.outputs.at(0).values.at(0)] = out_.add_input(n.input_kind, n.name, g_.value(n.outputs[0].values[0]).meta);
-      } else if (n.kind == ir::NodeKind::Output) {
-        std::vector<ir::ValueId> vs;
-        for (const auto& a : n.args) vs.push_back(map_.at(a.values.at(0)));
-        out_.set_outputs(vs, n.output_names, n.output_kinds);
-      } else if (log_softmax_.count(n.id)) {
-        log_softmax(n);
-      } else if (forward_.count(n.id)) {
-        nll_forward(n);
-        ++d.count;
-      } else if (backward_.count(n.id)) {
-        nll_backward(n);
-        ++d.count;
-      } else {
-        ir::copy_node(g_, n, out_, map_);
-      }
-    }
-    for (const auto& [op, schema] : g_.schemas()) out_.schemas().emplace(op, schema);
-    out_.meta() = g_.meta();
-    ir::verify(out_);
-    d.graph = std::move(out_);
-    return d;
-  }
+  using Rewriter::Rewriter;
 
  private:
   // Why the [N, C] tensor v cannot be read by these kernels, or "".
@@ -144,7 +70,7 @@ class LossRewriter {
   // Which nodes are rewritten: nll_loss_forward / _backward with constant arguments, no
   // weights and a reduction of mean or sum, and the log_softmax under a forward whose
   // result nothing else but those read.
-  void plan(Decomposed* d) {
+  void plan(Decomposed* d) override {
     auto say = [&](const ir::Node& n, const std::string& why) {
       d->decisions.push_back("%" + std::to_string(n.id) + " " + n.qualified_op() + ": " + why);
     };
@@ -205,70 +131,23 @@ class LossRewriter {
     }
   }
 
-  ir::ValueId call(const ir::Node& from, const char* op, const char* overload, std::vector<ir::Arg> args,
-                   const ir::TensorMeta& meta, ir::ValueId view_of = ir::kNoValue) {
-    ir::Node m;
-    m.kind = ir::NodeKind::Call;
-    m.op = op;
-    m.overload = overload;
-    m.args = std::move(args);
-    m.phase = from.phase;
-    m.grad_mode = from.grad_mode;
-    m.autograd_node = from.autograd_node;
-    m.hook = from.hook;
-    const auto id = static_cast<ir::NodeId>(out_.nodes().size());
-    const ir::ValueId v = out_.new_value(id, 0, -1, meta);
-    out_.value(v).view_of = view_of;
-    m.outputs.push_back(ir::Arg::value(v));
-    out_.add_node(std::move(m));
-    const std::string q = *overload ? std::string(op) + "." + overload : std::string(op);
-    if (!out_.schemas().count(q)) out_.schemas()[q] = ir::known_schema_string(op, overload);
-    return v;
-  }
-  const ir::TensorMeta& meta(ir::ValueId v) const { return out_.value(v).meta; }
-  // (Metas are copied before call(): making a value may move the graph's values.)
-  ir::ValueId unary(const ir::Node& f, const char* op, ir::ValueId a) {
-    const ir::TensorMeta m = meta_of(meta(a).dtype, meta(a).sizes, meta(a).device);
-    return call(f, op, "", {ir::Arg::value(a, "self")}, m);
-  }
   ir::ValueId sub(const ir::Node& f, ir::ValueId a, ir::ValueId b, c10::ArrayRef<int64_t> sizes) {
-    return call(f, "aten::sub", "Tensor", {ir::Arg::value(a, "self"), ir::Arg::value(b, "other"), ir::Arg::integer(1, "alpha")},
-                meta_of(meta(a).dtype, sizes, meta(a).device));
+    return binary(f, "aten::sub", a, b, sizes);
   }
-  ir::ValueId row(const ir::Node& f, const char* op, const char* overload, ir::ValueId a) {
-    std::vector<ir::Arg> args{ir::Arg::value(a, "self"), int_list({1}, "dim"), ir::Arg::boolean(true, "keepdim")};
-    if (std::string(op) == "aten::sum") args.push_back(ir::Arg::none("dtype"));
-    return call(f, op, overload, std::move(args), meta_of(meta(a).dtype, {meta(a).sizes[0], 1}, meta(a).device));
-  }
+  ir::ValueId row(const ir::Node& f, const char* op, ir::ValueId a) { return reduce(f, op, a, {1}, true); }
   // v [N] viewed [N, 1].
-  ir::ValueId column(const ir::Node& f, ir::ValueId v) {
-    const int64_t n = meta(v).sizes.at(0);
-    return call(f, "aten::view", "", {ir::Arg::value(v, "self"), int_list({n, 1}, "size")},
-                meta_of(meta(v).dtype, {n, 1}, meta(v).device), v);
-  }
+  ir::ValueId column(const ir::Node& f, ir::ValueId v) { return view(f, v, {meta(v).sizes.at(0), 1}); }
   ir::ValueId valid_mask(const ir::Node& f, ir::ValueId t, int64_t ignore) {
     return call(f, "aten::ne", "Scalar", {ir::Arg::value(t, "self"), ir::Arg::integer(ignore, "other")},
-                meta_of(c10::kBool, meta(t).sizes, meta(t).device));
+                dense_meta(c10::kBool, meta(t).sizes, meta(t).device));
   }
-  // Result k of n is v (same sizes and dtype); v takes the result's metadata.
-  void result(const ir::Node& n, size_t k, ir::ValueId v) {
-    const ir::ValueId orig = n.outputs.at(k).values.at(0);
-    ir::TensorMeta& vm = out_.value(v).meta;
-    TORCH_INTERNAL_ASSERT(vm.sizes == g_.value(orig).meta.sizes && vm.dtype == g_.value(orig).meta.dtype,
-                          "tcap: the rewritten result ", k, " of ", n.qualified_op(), " is ", c10::toString(vm.dtype),
-                          c10::IntArrayRef(vm.sizes), " where the op's is ", c10::toString(g_.value(orig).meta.dtype),
-                          c10::IntArrayRef(g_.value(orig).meta.sizes));
-    vm = g_.value(orig).meta;
-    map_[orig] = v;
-  }
-
   // _log_softmax(x, 1, false) -> (x - m) - log(sum(exp(x - m))), keeping m and the log-sum.
   void log_softmax(const ir::Node& n) {
     const ir::ValueId x = map_.at(n.args[0].values[0]);
     const std::vector<int64_t> sizes(meta(x).sizes.begin(), meta(x).sizes.end());
-    const ir::ValueId m = row(n, "aten::amax", "", x);
+    const ir::ValueId m = row(n, "aten::amax", x);
     const ir::ValueId sh = sub(n, x, m, sizes);
-    const ir::ValueId ls = unary(n, "aten::log", row(n, "aten::sum", "dim_IntList", unary(n, "aten::exp", sh)));
+    const ir::ValueId ls = unary(n, "aten::log", row(n, "aten::sum", unary(n, "aten::exp", sh)));
     result(n, 0, sub(n, sh, ls, sizes));
     rows_[n.outputs[0].values[0]] = {x, m, ls};
   }
@@ -281,8 +160,8 @@ class LossRewriter {
     const ir::ValueId valid = valid_mask(n, t, n.args[4].i);
     const ir::ValueId index =
         call(n, "aten::where", "ScalarOther",
-             {ir::Arg::value(valid, "condition"), ir::Arg::value(t, "self"), ir::Arg::integer(0, "other")}, ir::TensorMeta(meta(t)));
-    const ir::TensorMeta col = meta_of(sm.dtype, {rows, 1}, sm.device);
+             {ir::Arg::value(valid, "condition"), ir::Arg::value(t, "self"), ir::Arg::integer(0, "other")}, meta(t));
+    const ir::TensorMeta col = dense_meta(sm.dtype, {rows, 1}, sm.device);
     auto gather = [&](ir::ValueId from) {
       return call(n, "aten::gather", "",
                   {ir::Arg::value(from, "self"), ir::Arg::integer(1, "dim"), ir::Arg::value(column(n, index), "index"),
@@ -302,10 +181,10 @@ class LossRewriter {
              {ir::Arg::value(column(n, valid), "condition"), ir::Arg::value(unary(n, "aten::neg", picked), "self"),
               ir::Arg::real(0.0, "other")},
              col);
-    const ir::TensorMeta scalar = meta_of(sm.dtype, {}, sm.device);
+    const ir::TensorMeta scalar = dense_meta(sm.dtype, {}, sm.device);
     const ir::ValueId total = call(n, "aten::sum", "", {ir::Arg::value(losses, "self"), ir::Arg::none("dtype")}, scalar);
     const ir::ValueId weight =
-        call(n, "aten::sum", "", {ir::Arg::value(valid, "self"), scalar_type(sm.dtype, "dtype")}, scalar);
+        call(n, "aten::sum", "", {ir::Arg::value(valid, "self"), scalar_type_arg(sm.dtype, "dtype")}, scalar);
     const bool mean = n.args[3].i == 1;
     result(n, 0,
            mean ? call(n, "aten::div", "Tensor", {ir::Arg::value(total, "self"), ir::Arg::value(weight, "other")}, scalar)
@@ -319,17 +198,17 @@ class LossRewriter {
                       t = map_.at(n.args[2].values[0]), w = map_.at(n.args[6].values[0]);
     const ir::TensorMeta sm = meta(self);  // a copy: making values moves the graph's
     const int64_t rows = sm.sizes[0], classes = sm.sizes[1];
-    const ir::TensorMeta scalar = meta_of(meta(g).dtype, {}, sm.device);
+    const ir::TensorMeta scalar = dense_meta(meta(g).dtype, {}, sm.device);
     ir::ValueId coef = unary(n, "aten::neg", g);
     if (n.args[4].i == 1) {
       coef = call(n, "aten::div", "Tensor", {ir::Arg::value(coef, "self"), ir::Arg::value(w, "other")}, scalar);
     }
     const ir::ValueId iota =
         call(n, "aten::arange", "",
-             {ir::Arg::integer(classes, "end"), scalar_type(c10::kLong, "dtype"), ir::Arg::none("layout"),
+             {ir::Arg::integer(classes, "end"), scalar_type_arg(c10::kLong, "dtype"), ir::Arg::none("layout"),
               device_arg(sm.device, "device"), ir::Arg::none("pin_memory")},
-             meta_of(c10::kLong, {classes}, sm.device));
-    const ir::TensorMeta hits = meta_of(c10::kBool, {rows, classes}, sm.device);
+             dense_meta(c10::kLong, {classes}, sm.device));
+    const ir::TensorMeta hits = dense_meta(c10::kBool, {rows, classes}, sm.device);
     const ir::ValueId at_target =
         call(n, "aten::eq", "Tensor", {ir::Arg::value(iota, "self"), ir::Arg::value(column(n, t), "other")}, hits);
     const ir::ValueId hit = call(n, "aten::logical_and", "",
@@ -338,16 +217,25 @@ class LossRewriter {
     result(n, 0,
            call(n, "aten::where", "ScalarOther",
                 {ir::Arg::value(hit, "condition"), ir::Arg::value(coef, "self"), ir::Arg::real(0.0, "other")},
-                meta_of(sm.dtype, {rows, classes}, sm.device)));
+                dense_meta(sm.dtype, {rows, classes}, sm.device)));
   }
 
   struct Rows {
     ir::ValueId x, m, ls;  // in out_
   };
-  const ir::Graph& g_;
-  const c10::Device device_;
-  ir::Graph out_;
-  std::unordered_map<ir::ValueId, ir::ValueId> map_;
+  bool selected(const ir::Node& n) const override {
+    return forward_.count(n.id) || backward_.count(n.id) || log_softmax_.count(n.id);
+  }
+  bool rewrite(const ir::Node& n) override {
+    if (log_softmax_.count(n.id)) {
+      log_softmax(n);
+      return false;  // counted with its nll_loss_forward
+    }
+    if (forward_.count(n.id)) nll_forward(n);
+    else nll_backward(n);
+    return true;
+  }
+
   std::set<ir::NodeId> forward_, backward_, log_softmax_;
   std::unordered_map<ir::ValueId, Rows> rows_;  // log_softmax result (in g_) -> its row numbers
 };

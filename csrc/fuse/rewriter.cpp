@@ -1,0 +1,151 @@
+#include "fuse/rewriter.h"
+
+#include "ir/verify_args.h"
+
+#include <c10/util/Exception.h>
+#include <c10/util/strides.h>
+
+namespace tcap::fuse {
+
+ir::TensorMeta dense_meta(c10::ScalarType dtype, c10::ArrayRef<int64_t> sizes, c10::Device device) {
+  ir::TensorMeta m;
+  m.dtype = dtype;
+  m.sizes.assign(sizes.begin(), sizes.end());
+  const auto st = c10::contiguous_strides(sizes);
+  m.strides.assign(st.begin(), st.end());
+  m.device = device;
+  return m;
+}
+
+ir::Arg int_list_arg(std::vector<int64_t> v, const char* name) {
+  ir::Arg a;
+  a.kind = ir::ArgKind::IntList;
+  a.name = name;
+  a.ints = std::move(v);
+  return a;
+}
+
+ir::Arg scalar_type_arg(c10::ScalarType t, const char* name) {
+  ir::Arg a;
+  a.kind = ir::ArgKind::ScalarType;
+  a.name = name;
+  a.i = static_cast<int64_t>(t);
+  return a;
+}
+
+ir::Arg device_arg(const c10::Device& d, const char* name) {
+  ir::Arg a;
+  a.kind = ir::ArgKind::Device;
+  a.name = name;
+  a.s = d.str();
+  return a;
+}
+
+bool is_call(const ir::Node& n, const char* op) {
+  return n.kind == ir::NodeKind::Call && n.op == op && n.overload.empty();
+}
+
+bool absent(const ir::Arg& a) { return a.kind == ir::ArgKind::None || a.kind == ir::ArgKind::UndefinedTensor; }
+
+Decomposed Rewriter::run() {
+  Decomposed d;
+  plan(&d);
+  bool any = false;
+  for (const auto& n : g_.nodes()) any = any || selected(n);
+  if (!any) {
+    d.graph = g_;
+    return d;
+  }
+  for (const auto& h : g_.hooks()) out_.add_hook(h.kind, h.autograd_node, h.slot);
+  for (const auto& n : g_.nodes()) {
+    if (n.kind == ir::NodeKind::Input) {
+      map_[n.outputs.at(0).values.at(0)] = out_.add_input(n.input_kind, n.name, g_.value(n.outputs[0].values[0]).meta);
+    } else if (n.kind == ir::NodeKind::Output) {
+      std::vector<ir::ValueId> vs;
+      for (const auto& a : n.args) vs.push_back(map_.at(a.values.at(0)));
+      out_.set_outputs(vs, n.output_names, n.output_kinds);
+    } else if (selected(n)) {
+      if (rewrite(n)) ++d.count;
+    } else {
+      ir::copy_node(g_, n, out_, map_);
+    }
+  }
+  for (const auto& [op, schema] : g_.schemas()) out_.schemas().emplace(op, schema);
+  out_.meta() = g_.meta();
+  ir::verify(out_);
+  d.graph = std::move(out_);
+  return d;
+}
+
+// (`meta` is taken by value: making a value may move the graph's values, and with them a
+// caller's reference into them.)
+ir::ValueId Rewriter::call(const ir::Node& from, const char* op, const char* overload, std::vector<ir::Arg> args,
+                           ir::TensorMeta meta, ir::ValueId view_of) {
+  ir::Node m;
+  m.kind = ir::NodeKind::Call;
+  m.op = op;
+  m.overload = overload;
+  m.args = std::move(args);
+  m.phase = from.phase;
+  m.grad_mode = from.grad_mode;
+  m.autograd_node = from.autograd_node;
+  m.hook = from.hook;
+  const auto id = static_cast<ir::NodeId>(out_.nodes().size());
+  const ir::ValueId v = out_.new_value(id, 0, -1, std::move(meta));
+  out_.value(v).view_of = view_of;
+  m.outputs.push_back(ir::Arg::value(v));
+  out_.add_node(std::move(m));
+  const std::string q = *overload ? std::string(op) + "." + overload : std::string(op);
+  if (!out_.schemas().count(q)) out_.schemas()[q] = ir::known_schema_string(op, overload);
+  return v;
+}
+
+ir::ValueId Rewriter::unary(const ir::Node& from, const char* op, ir::ValueId a) {
+  return call(from, op, "", {ir::Arg::value(a, "self")}, dense_meta(meta(a).dtype, meta(a).sizes, meta(a).device));
+}
+
+ir::ValueId Rewriter::binary(const ir::Node& from, const char* op, ir::ValueId a, ir::ValueId b,
+                             c10::ArrayRef<int64_t> sizes) {
+  std::vector<ir::Arg> args{ir::Arg::value(a, "self"), ir::Arg::value(b, "other")};
+  if (std::string(op) == "aten::add" || std::string(op) == "aten::sub") args.push_back(ir::Arg::integer(1, "alpha"));
+  return call(from, op, "Tensor", std::move(args), dense_meta(meta(a).dtype, sizes, meta(a).device));
+}
+
+ir::ValueId Rewriter::add_scalar(const ir::Node& from, ir::ValueId a, double s) {
+  return call(from, "aten::add", "Scalar", {ir::Arg::value(a, "self"), ir::Arg::real(s, "other"), ir::Arg::integer(1, "alpha")},
+              dense_meta(meta(a).dtype, meta(a).sizes, meta(a).device));
+}
+
+ir::ValueId Rewriter::reduce(const ir::Node& from, const char* op, ir::ValueId a, std::vector<int64_t> dims, bool keepdim) {
+  std::vector<int64_t> sizes;
+  const auto& in = meta(a).sizes;
+  for (int64_t d = 0; d < static_cast<int64_t>(in.size()); ++d) {
+    const bool reduced = std::find(dims.begin(), dims.end(), d) != dims.end();
+    if (!reduced) sizes.push_back(in[static_cast<size_t>(d)]);
+    else if (keepdim) sizes.push_back(1);
+  }
+  const std::string name(op);
+  const char* overload = name == "aten::sum" ? "dim_IntList" : name == "aten::mean" ? "dim" : "";
+  std::vector<ir::Arg> args{ir::Arg::value(a, "self"), int_list_arg(std::move(dims), "dim"),
+                            ir::Arg::boolean(keepdim, "keepdim")};
+  if (name != "aten::amax") args.push_back(ir::Arg::none("dtype"));
+  return call(from, op, overload, std::move(args), dense_meta(meta(a).dtype, sizes, meta(a).device));
+}
+
+ir::ValueId Rewriter::view(const ir::Node& from, ir::ValueId v, std::vector<int64_t> sizes) {
+  ir::TensorMeta m = dense_meta(meta(v).dtype, sizes, meta(v).device);
+  return call(from, "aten::view", "", {ir::Arg::value(v, "self"), int_list_arg(std::move(sizes), "size")}, std::move(m), v);
+}
+
+void Rewriter::result(const ir::Node& n, size_t k, ir::ValueId v) {
+  const ir::ValueId orig = n.outputs.at(k).values.at(0);
+  ir::TensorMeta& vm = out_.value(v).meta;
+  const ir::TensorMeta& om = g_.value(orig).meta;
+  TORCH_INTERNAL_ASSERT(vm.sizes == om.sizes && vm.dtype == om.dtype, "tcap: the rewritten result ", k, " of ",
+                        n.qualified_op(), " is ", c10::toString(vm.dtype), c10::IntArrayRef(vm.sizes),
+                        " where the op's is ", c10::toString(om.dtype), c10::IntArrayRef(om.sizes));
+  vm = om;
+  map_[orig] = v;
+}
+
+}  // namespace tcap::fuse

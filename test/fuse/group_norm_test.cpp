@@ -1,0 +1,175 @@
+// Group norm as kernels (Note [Group norm as kernels], fuse/decompose_norms.cpp): a U-Net
+// style block (convolution, GroupNorm, SiLU) and bare group norms of many shapes against
+// eager, outputs and every gradient, in tcap::compile, compile_step and compiled autograd;
+// and which cases stay ATen calls.
+//
+// Tolerances (vs eager): float32 rtol 1e-4 atol 1e-5 (the kernels sum in float32 in
+// another order than ATen; the backward's terms are the same expanded otherwise); float64
+// rtol 1e-9 atol 1e-11.
+#include <tcap/compile.h>
+#include <tcap/compiled_autograd.h>
+#include <tcap/train_step.h>
+
+#include "support/compare.h"
+#include "support/log_capture.h"
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+namespace group_norm_test {
+
+using tcap::testing::close;
+using Tensors = std::vector<at::Tensor>;
+namespace nn = torch::nn;
+
+struct Case {
+  std::vector<int64_t> shape;
+  int64_t groups;
+  bool affine;
+  at::ScalarType dtype;
+  bool transposed = false;  // a non-contiguous input (group_norm makes it contiguous first)
+};
+
+std::string name(const Case& c) {
+  return std::string(c10::toString(c.dtype)) + " " + c10::str(c10::IntArrayRef(c.shape)) + " groups " +
+         std::to_string(c.groups) + (c.affine ? " affine" : "") + (c.transposed ? " transposed" : "");
+}
+
+double rtol(at::ScalarType t) { return t == at::kDouble ? 1e-9 : 1e-4; }
+double atol(at::ScalarType t) { return t == at::kDouble ? 1e-11 : 1e-5; }
+
+class GroupNorm : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!tcap::Backend(tcap::Backend::Llvm).available()) GTEST_SKIP() << "LLVM backend not available";
+  }
+};
+
+TEST_F(GroupNorm, BareGroupNormsMatchEager) {
+  const std::vector<Case> cases{
+      {{4, 8, 5, 7}, 2, true, at::kFloat},  {{3, 6, 9}, 3, false, at::kFloat}, {{3, 8}, 4, true, at::kFloat},
+      {{1, 12, 3, 3}, 1, true, at::kFloat}, {{5, 4, 17}, 4, true, at::kDouble}, {{2, 32, 16, 16}, 8, true, at::kFloat},
+      {{2, 6, 5, 4}, 3, true, at::kFloat, true},
+  };
+  int index = 0;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(name(c));
+    torch::manual_seed(index);
+    nn::GroupNorm gn(nn::GroupNormOptions(c.groups, c.shape[1]).affine(c.affine));
+    gn->to(c.dtype);
+    if (c.affine) {
+      torch::NoGradGuard no_grad;
+      gn->weight.uniform_(0.5, 1.5);
+      gn->bias.uniform_(-0.5, 0.5);
+    }
+    tcap::CompileOptions o;
+    o.backend = tcap::Backend::Llvm;
+    o.name = "group_norm_" + std::to_string(index++);
+    auto f = tcap::compile(gn.ptr(), [&](const Tensors& in) { return Tensors{torch::silu(gn->forward(in[0]))}; }, o);
+    tcap::testing::LogCapture log("fusion");
+    for (int call = 0; call < 3; ++call) {
+      at::Tensor x = torch::randn(c.shape, c.dtype);
+      if (c.transposed) x = x.transpose(2, 3).contiguous().transpose(2, 3);
+      x.requires_grad_();
+      const at::Tensor w = torch::randn(c.shape, c.dtype);
+      gn->zero_grad();
+      at::Tensor want = torch::silu(gn->forward(x));
+      (want * w).sum().backward();
+      const at::Tensor gx = x.grad().clone();
+      std::vector<at::Tensor> gp;
+      for (auto& p : gn->parameters()) gp.push_back(p.grad().clone());
+      x.mutable_grad().reset();
+      gn->zero_grad();
+      at::Tensor got = f({x})[0];
+      (got * w).sum().backward();
+      EXPECT_TRUE(close(got, want, rtol(c.dtype), atol(c.dtype))) << "call " << call;
+      EXPECT_TRUE(close(x.grad(), gx, rtol(c.dtype), atol(c.dtype))) << "call " << call;
+      size_t k = 0;
+      for (auto& p : gn->parameters()) EXPECT_TRUE(close(p.grad(), gp[k++], rtol(c.dtype), atol(c.dtype))) << "call " << call;
+    }
+    EXPECT_GE(f->stats().replays, 1);
+    EXPECT_GT(log.count("native_group_norm: decomposed"), 0) << log.text();
+    EXPECT_GT(log.count("native_group_norm_backward: decomposed"), 0) << log.text();
+  }
+}
+
+// bfloat16 statistics stay ATen's (they accumulate in float there).
+TEST_F(GroupNorm, BFloat16StaysAnATenCall) {
+  nn::GroupNorm gn(nn::GroupNormOptions(2, 8));
+  gn->to(at::kBFloat16);
+  tcap::CompileOptions o;
+  o.backend = tcap::Backend::Llvm;
+  o.name = "group_norm_bf16";
+  auto f = tcap::compile(gn.ptr(), [&](const Tensors& in) { return Tensors{gn->forward(in[0])}; }, o);
+  tcap::testing::LogCapture log("fusion");
+  torch::NoGradGuard no_grad;
+  for (int call = 0; call < 3; ++call) {
+    const at::Tensor x = torch::randn({4, 8, 6}, at::kBFloat16);
+    EXPECT_TRUE(close(f({x})[0].to(at::kFloat), gn->forward(x).to(at::kFloat), 1e-2, 1e-2));
+  }
+  EXPECT_GT(log.count("native_group_norm: kept as one ATen call: BFloat16 statistics accumulate in float"), 0)
+      << log.text();
+}
+
+// A U-Net style block: conv, GroupNorm, SiLU, conv, GroupNorm, SiLU, trained with SGD
+// with momentum in every front door (not Adam: the second conv's bias, before a group norm
+// of one channel per group, has a zero gradient up to rounding, whose sign Adam's update
+// follows; Note [Fused optimizer steps] says the same of a bias before BatchNorm).
+nn::Sequential block() {
+  torch::manual_seed(3);
+  nn::Sequential m(nn::Conv2d(nn::Conv2dOptions(4, 8, 3).padding(1)), nn::GroupNorm(2, 8), nn::SiLU(),
+                   nn::Conv2d(nn::Conv2dOptions(8, 4, 3).padding(1)), nn::GroupNorm(4, 4), nn::SiLU());
+  return m;
+}
+
+TEST_F(GroupNorm, ConvolutionBlockTrainsAsEagerInEveryFrontDoor) {
+  for (const std::string door : {"compile", "step", "compiled_autograd"}) {
+    SCOPED_TRACE(door);
+    auto eager = block(), model = block();
+    torch::optim::SGD eager_opt(eager->parameters(), torch::optim::SGDOptions(1e-2).momentum(0.9));
+    torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(1e-2).momentum(0.9));
+    tcap::CompileOptions o;
+    o.backend = tcap::Backend::Llvm;
+    o.name = "unet_block_" + door;
+    auto body = [](nn::Sequential& m, torch::optim::Optimizer& op, const Tensors& in,
+                   const std::function<at::Tensor(const at::Tensor&)>& fwd, const std::function<void(const at::Tensor&)>& bwd) {
+      op.zero_grad();
+      at::Tensor loss = (fwd(in[0]) - in[1]).pow(2).mean();
+      bwd(loss);
+      op.step();
+      return Tensors{loss.detach()};
+    };
+    auto plain_fwd = [&](nn::Sequential& m) { return [&m](const at::Tensor& x) { return m->forward(x); }; };
+    auto plain_bwd = [](const at::Tensor& l) { l.backward(); };
+    tcap::CompiledFn f;
+    std::shared_ptr<tcap::CompiledStep> step;
+    if (door == "compile") f = tcap::compile(model.ptr(), [&](const Tensors& in) { return Tensors{model->forward(in[0])}; }, o);
+    if (door == "step") {
+      step = tcap::compile_step(model, opt, [&](const Tensors& in) { return body(model, opt, in, plain_fwd(model), plain_bwd); }, o);
+    }
+    for (int s = 0; s < 5; ++s) {
+      const Tensors in{torch::randn({3, 4, 12, 10}), torch::randn({3, 4, 12, 10})};
+      const at::Tensor want = body(eager, eager_opt, in, plain_fwd(eager), plain_bwd)[0];
+      at::Tensor got;
+      if (door == "compile") {
+        got = body(model, opt, in, [&](const at::Tensor& x) { return f(x)[0]; }, plain_bwd)[0];
+      } else if (door == "step") {
+        got = (*step)(in)[0];
+      } else {
+        got = body(model, opt, in, plain_fwd(model), [&](const at::Tensor& l) {
+          tcap::CompiledAutogradGuard ca(o);
+          l.backward();
+        })[0];
+      }
+      EXPECT_TRUE(close(got, want, 1e-4, 1e-6)) << "step " << s;
+      auto pe = eager->parameters(), pm = model->parameters();
+      for (size_t i = 0; i < pe.size(); ++i) EXPECT_TRUE(close(pm[i], pe[i], 1e-4, 1e-5)) << "step " << s << " param " << i;
+    }
+    if (f) EXPECT_GE(f->stats().replays, 1);
+    if (step) EXPECT_GE(step->stats().replays, 1);
+  }
+}
+
+}  // namespace group_norm_test
