@@ -12,6 +12,7 @@ over rounds with p10 / p90. Two kinds of workloads:
       loss.backward() (bwd_us);
   program workloads (workloads_programs.cpp: program_cnn, cnn_step, mlp_small_step,
       adam100, program_dcgan, program_transformer, program_lstm, program_regression, program_gcn,
+      program_unet,
       program_tutorial_mlp, program_coscos): the programs of test/programs/*.h written
       again in Python (same layers and sizes, losses, optimizers and hyper-parameters,
       schedule, clipping, hooks, batch shapes; PyTorch's default initialisation from the
@@ -708,6 +709,67 @@ class GcnProgram(Program):
         return [loss]
 
 
+UNET_BATCH, UNET_IMAGE, UNET_CHANNELS = 4, 24, 3  # unet::k*
+
+
+class UNetBlock(nn.Module):
+    """unet::BlockImpl: (Conv2d 3x3, GroupNorm, SiLU) x 2 and a 1x1 skip convolution."""
+
+    def __init__(self, cin, cout, groups):
+        super().__init__()
+        self.c1 = nn.Conv2d(cin, cout, 3, padding=1)
+        self.n1 = nn.GroupNorm(groups, cout)
+        self.c2 = nn.Conv2d(cout, cout, 3, padding=1)
+        self.n2 = nn.GroupNorm(groups, cout)
+        self.skip = nn.Conv2d(cin, cout, 1)
+
+    def forward(self, x):
+        h = F.silu(self.n1(self.c1(x)))
+        h = F.silu(self.n2(self.c2(h)))
+        return h + self.skip(x)
+
+
+class UNet(nn.Module):
+    """unet::UNetImpl (modules registered in the same order)."""
+
+    def __init__(self):
+        super().__init__()
+        self.enc1 = UNetBlock(UNET_CHANNELS, 16, 4)
+        self.down = nn.Conv2d(16, 16, 3, stride=2, padding=1)
+        self.enc2 = UNetBlock(16, 32, 8)
+        self.dec1 = UNetBlock(48, 16, 4)
+        self.out = nn.Conv2d(16, UNET_CHANNELS, 1)
+
+    def forward(self, x):
+        e1 = self.enc1(x)
+        e2 = self.enc2(self.down(e1))
+        up = F.interpolate(e2, scale_factor=(2.0, 2.0), mode="nearest")
+        return self.out(self.dec1(torch.cat([up, e1], 1)))
+
+
+class UNetProgram(Program):
+    """unet::UNetProgram: a denoiser, mse_loss(out, clean) for a noisy input, AdamW."""
+
+    def __init__(self, compiled):
+        super().__init__(41, compiled)
+        self.model = UNet()
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
+        self.forward = self.compile(self.model)
+
+    def batch(self, step):
+        gen = step_generator(41, step)
+        shape = (UNET_BATCH, UNET_CHANNELS, UNET_IMAGE, UNET_IMAGE)
+        clean = torch.randn(*shape, generator=gen)
+        return [clean + 0.3 * torch.randn(*shape, generator=gen), clean]
+
+    def train_step(self, batch):
+        self.opt.zero_grad()
+        loss = F.mse_loss(self.forward(batch[0]), batch[1])
+        loss.backward()
+        self.opt.step()
+        return [loss]
+
+
 TF_VOCAB, TF_MODEL, TF_CONTEXT, TF_BATCH = 32, 16, 12, 4  # transformer::k*
 
 
@@ -910,6 +972,7 @@ PROGRAMS = {
     "program_lstm": program_workload(lambda c: LstmProgram(c)),
     "program_regression": program_workload(lambda c: RegressionMlp(c, log_norm=True)),
     "program_gcn": program_workload(lambda c: GcnProgram(c)),
+    "program_unet": program_workload(lambda c: UNetProgram(c)),
     "program_tutorial_mlp": program_workload(lambda c: TutorialMlp(c)),
     "program_coscos": program_workload(lambda c: TutorialCosCos(c)),
 }

@@ -28,6 +28,7 @@
 #include "programs/cnn.h"
 #include "programs/gan.h"
 #include "programs/gcn.h"
+#include "programs/unet.h"
 #include "programs/lstm_lm.h"
 #include "programs/overhead.h"
 #include "programs/regression_mlp.h"
@@ -163,6 +164,10 @@ void add_program_workloads(Registry& registry) {
               "GCN (2 graph convolutions 12-16-4 over a fixed 67-node graph), cross_entropy over a boolean "
               "train mask (a size from values), Adam, full batch; µs per training step",
               [] { return std::make_unique<programs::gcn::GcnProgram>(); });
+  add_program(registry, "program_unet",
+              "U-Net denoiser (residual Conv2d/GroupNorm/SiLU blocks 3-16-32, strided conv down, nearest "
+              "upsampling and concatenated skip up), mse_loss, AdamW, batch 4 of 3x24x24; µs per training step",
+              [] { return std::make_unique<programs::unet::UNetProgram>(); });
   add_program(registry, "program_tutorial_mlp", "tutorial MLP 10-5-2 + Softmax, SGD, batch 9; µs per training step",
               [] { return std::make_unique<programs::tutorials::TutorialMlp>(); });
   add_program(registry, "program_coscos", "cos(cos(a+b+c+d)) on f32[7, 5] parameters, SGD; µs per training step",
