@@ -49,14 +49,17 @@
 #include <tcap/buffer_pool.h>
 #include <tcap/compile.h>
 #include <tcap/compiled_autograd.h>
+#include <tcap/interpreter.h>
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <stdexcept>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -287,6 +290,87 @@ void check_matches(const Step& s, const Step& eager, Tolerance tol) {
 
 std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
 
+// Note [GEMM floors]
+// What a step costs beyond its matmuls and convolutions is what fusion can still win: the
+// `gemm_floor` variant runs only the contractions of the workload's graphs (the forward and
+// backward tcap::compile partitions, as captured: addmm, mm, bmm, baddbmm, convolution and
+// their backward), the same ops with the same shapes and strides through the same
+// library, on fresh random tensors, timed as fwd_us and bwd_us. derive_bwd_ratio then
+// gives each variant x_gemm_floor ((fwd + bwd) over the floor's) and fwd_x_gemm_floor /
+// bwd_x_gemm_floor. A variant below the floor does less than the captured contractions
+// (a matmul fused into a kernel); one at 1.0 spends nothing outside them.
+bool is_contraction(const std::string& op) {
+  static const std::set<std::string> ops{"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm",
+                                         "aten::convolution", "aten::convolution_backward", "aten::_convolution",
+                                         "aten::mkldnn_convolution"};
+  return ops.count(op) > 0;
+}
+
+// The contractions of g as a graph of their own, and random inputs for it.
+struct Contractions {
+  tcap::ir::Graph graph;
+  Tensors inputs;
+  int count = 0;
+};
+
+Contractions contractions_of(const tcap::ir::Graph& g) {
+  Contractions c;
+  std::vector<tcap::ir::NodeId> nodes;
+  std::set<tcap::ir::ValueId> made;
+  std::vector<tcap::ir::ValueId> inputs, outputs;
+  for (const auto& n : g.nodes()) {
+    if (n.kind != tcap::ir::NodeKind::Call || !is_contraction(n.op)) continue;
+    nodes.push_back(n.id);
+    tcap::ir::for_each_value(n.args, [&](tcap::ir::ValueId v) {
+      if (!made.count(v) && std::find(inputs.begin(), inputs.end(), v) == inputs.end()) inputs.push_back(v);
+    });
+    tcap::ir::for_each_value(n.outputs, [&](tcap::ir::ValueId v) {
+      made.insert(v);
+      outputs.push_back(v);
+    });
+  }
+  c.count = static_cast<int>(nodes.size());
+  if (nodes.empty()) return c;
+  c.graph = tcap::ir::extract_subgraph(g, nodes, inputs, std::vector<tcap::ir::InputKind>(inputs.size(), tcap::ir::InputKind::UserInput),
+                                       std::vector<std::string>(inputs.size()), outputs,
+                                       std::vector<std::string>(outputs.size()),
+                                       std::vector<tcap::ir::OutputKind>(outputs.size(), tcap::ir::OutputKind::User));
+  for (tcap::ir::ValueId v : inputs) {
+    const auto& m = g.value(v).meta;
+    at::Tensor t = at::empty_strided(m.sizes, m.strides, at::TensorOptions().dtype(m.dtype).device(m.device));
+    if (t.is_floating_point()) t.normal_();
+    else t.zero_();
+    c.inputs.push_back(t);
+  }
+  return c;
+}
+
+// The gemm_floor variant (Note [GEMM floors]) from a tcap::compile of the workload.
+Variant gemm_floor_variant(const std::string& workload, const MakeStep& make_step) {
+  tcap::CompileOptions o;
+  o.name = workload + "_gemm_floor";
+  auto step = std::make_shared<Step>(make_step(&o));
+  step->what = workload + "/gemm_floor";
+  compile_first_call(*step);
+  const auto entries = step->compiled->entries();
+  auto fwd = std::make_shared<Contractions>(contractions_of(entries.at(0).partition.forward));
+  auto bwd = std::make_shared<Contractions>(contractions_of(entries.at(0).partition.backward));
+  if (fwd->count + bwd->count == 0) return Variant::skip("gemm_floor", "no matmuls or convolutions", false);
+  auto fi = fwd->count ? std::make_shared<tcap::Interpreter>(fwd->graph) : nullptr;
+  auto bi = bwd->count ? std::make_shared<tcap::Interpreter>(bwd->graph) : nullptr;
+  Variant v{"gemm_floor", [fwd, bwd, fi, bi](Sample& s) {
+              at::NoGradGuard no_grad;
+              s.start();
+              if (fi) fi->run(fwd->inputs);
+              s.stop("fwd_us");
+              s.start();
+              if (bi) bi->run(bwd->inputs);
+              s.stop("bwd_us");
+            }};
+  v.fixed = {{"contractions", static_cast<double>(fwd->count + bwd->count)}};
+  return v;
+}
+
 std::vector<Variant> make_variants(const std::string& workload, const Options& opts, Tolerance tol,
                                    const MakeStep& make_step) {
   auto eager = std::make_shared<Step>(make_step(nullptr));
@@ -310,6 +394,13 @@ std::vector<Variant> make_variants(const std::string& workload, const Options& o
     v.fixed = {{"compile_ms", 0}, {"entry_compile_ms", 0}};
     add_bytes(v, b, b.held);
     variants.push_back(std::move(v));
+  }
+  if (opts.wants("gemm_floor")) {
+    try {
+      variants.push_back(gemm_floor_variant(workload, make_step));
+    } catch (const std::exception& e) {
+      variants.push_back(Variant::skip("gemm_floor", first_line(e.what()), true));
+    }
   }
   struct Spec {
     const char* name;
@@ -392,12 +483,24 @@ std::vector<Variant> make_variants(const std::string& workload, const Options& o
   return variants;
 }
 
-// bwd_us over the eager variant's (x_eager is fwd_us's, added by the harness).
+// bwd_us over the eager variant's (x_eager is fwd_us's, added by the harness); and each
+// variant's times over the GEMM floor's (Note [GEMM floors]).
 void derive_bwd_ratio(std::vector<Record>& records) {
   const Record* eager = find_variant(records, "eager");
-  if (!eager || !eager->get("bwd_us")) return;
+  if (eager && eager->get("bwd_us")) {
+    for (auto& r : records) {
+      if (&r != eager && r.get("bwd_us")) r.set("bwd_x_eager", *r.get("bwd_us") / *eager->get("bwd_us"));
+    }
+  }
+  const Record* floor = find_variant(records, "gemm_floor");
+  if (!floor || !floor->get("fwd_us") || !floor->get("bwd_us")) return;
+  const double ff = *floor->get("fwd_us"), fb = *floor->get("bwd_us");
   for (auto& r : records) {
-    if (&r != eager && r.get("bwd_us")) r.set("bwd_x_eager", *r.get("bwd_us") / *eager->get("bwd_us"));
+    if (&r == floor || !r.get("fwd_us") || !r.get("bwd_us")) continue;
+    const double f = *r.get("fwd_us"), b = *r.get("bwd_us");
+    r.set("x_gemm_floor", (f + b) / (ff + fb));
+    if (ff > 0) r.set("fwd_x_gemm_floor", f / ff);
+    if (fb > 0) r.set("bwd_x_gemm_floor", b / fb);
   }
 }
 
