@@ -2,6 +2,7 @@
 
 #include "fuse/decompose_losses.h"
 #include "fuse/decompose_norms.h"
+#include "fuse/sink_reshapes.h"
 
 #include "fuse/groups.h"
 
@@ -554,6 +555,11 @@ Decomposed decompose_for_fusion(const ir::Graph& g, const c10::Device& device) {
   Decomposed d = Decomposer(all.graph, device).run();
   d.count += all.count;
   d.decisions.insert(d.decisions.begin(), all.decisions.begin(), all.decisions.end());
+  // Last: the decompositions above may leave reshapes before pointwise ops.
+  Decomposed sunk = sink_reshapes(d.graph);
+  d.decisions.insert(d.decisions.end(), sunk.decisions.begin(), sunk.decisions.end());
+  if (sunk.count > 0) d.graph = std::move(sunk.graph);
+  d.count += sunk.count;
   return d;
 }
 

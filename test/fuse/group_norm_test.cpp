@@ -1,5 +1,6 @@
-// Group norm as kernels (Note [Group norm as kernels], fuse/decompose_norms.cpp): a U-Net
-// style block (convolution, GroupNorm, SiLU) and bare group norms of many shapes against
+// Group norm as kernels (Note [Group norm as kernels], fuse/decompose_norms.cpp, and Note
+// [Reshapes sunk below pointwise ops], fuse/sink_reshapes.cpp): a U-Net style block
+// (convolution, GroupNorm, SiLU, residual add) and group norms (with a SiLU) of many shapes against
 // eager, outputs and every gradient, in tcap::compile, compile_step and compiled autograd;
 // and which cases stay ATen calls.
 //
@@ -92,6 +93,8 @@ TEST_F(GroupNorm, BareGroupNormsMatchEager) {
     EXPECT_GE(f->stats().replays, 1);
     EXPECT_GT(log.count("native_group_norm: decomposed"), 0) << log.text();
     EXPECT_GT(log.count("native_group_norm_backward: decomposed"), 0) << log.text();
+    // The SiLU joins the group norm's kernel (Note [Reshapes sunk below pointwise ops]).
+    EXPECT_GT(log.count("1 pointwise ops computed above the reshape"), 0) << log.text();
   }
 }
 
