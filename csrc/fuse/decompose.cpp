@@ -2,6 +2,7 @@
 
 #include "fuse/decompose_losses.h"
 #include "fuse/decompose_norms.h"
+#include "fuse/rewriter.h"
 #include "fuse/sink_reshapes.h"
 
 #include "fuse/groups.h"
@@ -70,66 +71,32 @@ namespace tcap::fuse {
 
 namespace {
 
-ir::TensorMeta dense_meta(c10::ScalarType dtype, c10::ArrayRef<int64_t> sizes, c10::Device device) {
-  ir::TensorMeta m;
-  m.dtype = dtype;
-  m.sizes.assign(sizes.begin(), sizes.end());
-  const auto st = c10::contiguous_strides(sizes);
-  m.strides.assign(st.begin(), st.end());
-  m.device = device;
-  return m;
-}
-
-class Decomposer {
+class Decomposer : public Rewriter {
  public:
-  Decomposer(const ir::Graph& g, const c10::Device& device) : g_(g), device_(device) {}
+  using Rewriter::Rewriter;
 
+ private:
   // Whether node n is rewritten (a rule's constants are not host scalars).
   bool decomposes(const ir::Node& n) const {
     return (is_layer_norm_backward(n) || is_batch_norm(n) || is_batch_norm_backward(n)) && !ir::reads_host_scalar(g_, n);
   }
-
-  Decomposed run() {
-    Decomposed d;
-    bool any = false;
-    for (const auto& n : g_.nodes()) any = any || decomposes(n);
-    if (!any) {
-      d.graph = g_;
-      return d;
-    }
-    for (const auto& h : g_.hooks()) out_.add_hook(h.kind, h.autograd_node, h.slot);
-    for (const auto& n : g_.nodes()) {
-      if (!pending_.empty() && must_flush_before(n)) flush();
-      if (n.kind == ir::NodeKind::Input) {
-        map_[n.outputs.at(0).values.at(0)] = out_.add_input(n.input_kind, n.name, g_.value(n.outputs[0].values[0]).meta);
-      } else if (n.kind == ir::NodeKind::Output) {
-        std::vector<ir::ValueId> vs;
-        for (const auto& a : n.args) vs.push_back(map_.at(a.values.at(0)));
-        out_.set_outputs(vs, n.output_names, n.output_kinds);
-      } else if (decomposes(n)) {
-        std::string what;
-        const bool done = is_layer_norm_backward(n) ? split_layer_norm_backward(n, &what)
-                          : is_batch_norm(n)        ? decompose_batch_norm(n, &what)
-                                                    : decompose_batch_norm_backward(n, &what);
-        if (done) ++d.count;
-        d.decisions.push_back("%" + std::to_string(n.id) + " " + n.qualified_op() + ": " + what);
-      } else {
-        ir::copy_node(g_, n, out_, map_);
-      }
-    }
+  void plan(Decomposed* d) override { decisions_ = d; }
+  bool selected(const ir::Node& n) const override { return decomposes(n); }
+  bool rewrite(const ir::Node& n) override {
+    std::string what;
+    const bool done = is_layer_norm_backward(n) ? split_layer_norm_backward(n, &what)
+                      : is_batch_norm(n)        ? decompose_batch_norm(n, &what)
+                                                : decompose_batch_norm_backward(n, &what);
+    decisions_->decisions.push_back("%" + std::to_string(n.id) + " " + n.qualified_op() + ": " + what);
+    return done;
+  }
+  void before(const ir::Node& n) override {
+    if (!pending_.empty() && must_flush_before(n)) flush();
+  }
+  void at_end() override {
     if (!pending_.empty()) flush();  // a graph without an output node
-    if (d.count == 0) {
-      d.graph = g_;
-      return d;
-    }
-    for (const auto& [op, schema] : g_.schemas()) out_.schemas().emplace(op, schema);
-    out_.meta() = g_.meta();
-    ir::verify(out_);
-    d.graph = std::move(out_);
-    return d;
   }
 
- private:
   static bool is_layer_norm_backward(const ir::Node& n) {
     return n.kind == ir::NodeKind::Call && n.op == "aten::native_layer_norm_backward" && n.overload.empty();
   }
@@ -153,24 +120,8 @@ class Decomposer {
   // Why the tensors of a batch norm node cannot become kernels, or "".
   std::string batch_norm_refusal(const ir::Node& n, ir::ValueId x, bool training = true) const {
     const auto& xm = g_.value(x).meta;
-    if (xm.dtype != c10::kFloat && xm.dtype != c10::kDouble) {
-      return std::string(c10::toString(xm.dtype)) + " statistics accumulate in float";
-    }
-    if (xm.sizes.size() < 2) return "the input has no channel dim";
-    if (!xm.is_contiguous()) return "the input is not dense and row-major";
-    std::string why;
-    ir::for_each_value(n.args, [&](ir::ValueId v) {
-      const auto& m = g_.value(v).meta;
-      if (!why.empty()) return;
-      if (m.device != device_) why = "a tensor is not on " + device_.str();
-      else if (m.dtype != xm.dtype) why = "mixed dtypes";
-      else if (!m.is_contiguous()) why = "a tensor is not dense and row-major";
-    });
-    for (const auto& o : n.outputs) {
-      if (why.empty() && o.kind == ir::ArgKind::Value && !g_.value(o.values[0]).meta.is_contiguous()) {
-        why = "a result is not dense and row-major";
-      }
-    }
+    if (xm.sizes.size() < 2 && (xm.dtype == c10::kFloat || xm.dtype == c10::kDouble)) return "the input has no channel dim";
+    std::string why = dense_float_refusal(g_, n, x, device_);
     if (why.empty() && training && xm.numel() / xm.sizes[1] <= 1) why = "one element per channel";
     return why;
   }
@@ -326,17 +277,6 @@ class Decomposer {
     if (w != ir::kNoValue) y = binary(n, "aten::mul", y, view(n, map_.at(w), kshape), sizes);
     if (b != ir::kNoValue) y = binary(n, "aten::add", y, view(n, map_.at(b), kshape), sizes);
     return y;
-  }
-
-  // v (made here, dense, of the result's sizes and dtype) stands for result k of n; it
-  // takes the result's metadata (requires_grad included).
-  void result(const ir::Node& n, size_t k, ir::ValueId v) {
-    const ir::ValueId orig = n.outputs[k].values.at(0);
-    const ir::TensorMeta& om = g_.value(orig).meta;
-    ir::TensorMeta& vm = out_.value(v).meta;
-    TORCH_INTERNAL_ASSERT(vm.sizes == om.sizes && vm.dtype == om.dtype, "tcap: a decomposed result's metadata differs");
-    vm = om;
-    map_[orig] = v;
   }
 
   // Pending running-statistics writes: copy_ into the buffer once the graph reaches a node
@@ -495,30 +435,16 @@ class Decomposer {
     return true;
   }
 
-  // A new Call node in the output graph, attributed to the node it comes from.
+  // A new Call node in the output graph, attributed to the node it comes from (of `like_`'s
+  // dtype and device, or of the node's second argument's, unless `meta` is given).
   ir::ValueId call(const ir::Node& from, const char* op, const char* overload, std::vector<ir::Arg> args,
                    c10::ArrayRef<int64_t> sizes, const ir::TensorMeta* meta = nullptr) {
-    ir::Node m;
-    m.kind = ir::NodeKind::Call;
-    m.op = op;
-    m.overload = overload;
-    m.args = std::move(args);
-    m.phase = from.phase;
-    m.grad_mode = from.grad_mode;
-    m.autograd_node = from.autograd_node;
-    m.hook = from.hook;
-    const auto id = static_cast<ir::NodeId>(out_.nodes().size());
     ir::TensorMeta made;
     if (!meta) {
       const ir::TensorMeta& xm = like_ ? *like_ : g_.value(from.args[1].values.at(0)).meta;
       made = dense_meta(xm.dtype, sizes, xm.device);
     }
-    const ir::ValueId v = out_.new_value(id, 0, -1, meta ? *meta : made);
-    m.outputs.push_back(ir::Arg::value(v));
-    out_.add_node(std::move(m));
-    const std::string q = *overload ? std::string(op) + "." + overload : std::string(op);
-    if (!out_.schemas().count(q)) out_.schemas()[q] = ir::known_schema_string(op, overload);
-    return v;
+    return out_.add_call(op, overload, std::move(args), meta ? *meta : made, &from);
   }
 
   ir::ValueId sum(const ir::Node& from, ir::ValueId v, const std::vector<int64_t>& dims, bool keepdim,
@@ -532,10 +458,7 @@ class Decomposer {
                 meta.sizes, &meta);
   }
 
-  const ir::Graph& g_;
-  const c10::Device device_;
-  ir::Graph out_;
-  std::unordered_map<ir::ValueId, ir::ValueId> map_;
+  Decomposed* decisions_ = nullptr;
   const ir::TensorMeta* like_ = nullptr;  // dtype and device of the nodes a decomposition makes
   std::vector<PendingCopy> pending_;
 };

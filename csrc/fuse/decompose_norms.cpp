@@ -42,27 +42,9 @@ class NormRewriter : public Rewriter {
   static bool is_forward(const ir::Node& n) { return is_call(n, "aten::native_group_norm"); }
   static bool is_backward(const ir::Node& n) { return is_call(n, "aten::native_group_norm_backward"); }
 
-  // Why node n's tensors cannot be these kernels, or "".
   std::string refusal(const ir::Node& n, ir::ValueId x) const {
-    const auto& xm = g_.value(x).meta;
-    if (xm.dtype != c10::kFloat && xm.dtype != c10::kDouble) {
-      return std::string(c10::toString(xm.dtype)) + " statistics accumulate in float";
-    }
     if (ir::reads_host_scalar(g_, n)) return "a host scalar argument";
-    std::string why;
-    ir::for_each_value(n.args, [&](ir::ValueId v) {
-      const auto& m = g_.value(v).meta;
-      if (!why.empty()) return;
-      if (m.device != device_) why = "a tensor is not on " + device_.str();
-      else if (m.dtype != xm.dtype) why = "mixed dtypes";
-      else if (!m.is_contiguous()) why = "a tensor is not dense and row-major";
-    });
-    for (const auto& o : n.outputs) {
-      if (why.empty() && o.kind == ir::ArgKind::Value && !g_.value(o.values[0]).meta.is_contiguous()) {
-        why = "a result is not dense and row-major";
-      }
-    }
-    return why;
+    return dense_float_refusal(g_, n, x, device_);
   }
 
   // The [N, C, HxW, group] arguments at `first`, checked against x's sizes.

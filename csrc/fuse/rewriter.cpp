@@ -1,7 +1,5 @@
 #include "fuse/rewriter.h"
 
-#include "ir/verify_args.h"
-
 #include <c10/util/Exception.h>
 #include <c10/util/strides.h>
 
@@ -47,6 +45,27 @@ bool is_call(const ir::Node& n, const char* op) {
 
 bool absent(const ir::Arg& a) { return a.kind == ir::ArgKind::None || a.kind == ir::ArgKind::UndefinedTensor; }
 
+std::string dense_float_refusal(const ir::Graph& g, const ir::Node& n, ir::ValueId x, const c10::Device& device) {
+  const auto& xm = g.value(x).meta;
+  if (xm.dtype != c10::kFloat && xm.dtype != c10::kDouble) {
+    return std::string(c10::toString(xm.dtype)) + " statistics accumulate in float";
+  }
+  std::string why;
+  ir::for_each_value(n.args, [&](ir::ValueId v) {
+    const auto& m = g.value(v).meta;
+    if (!why.empty()) return;
+    if (m.device != device) why = "a tensor is not on " + device.str();
+    else if (m.dtype != xm.dtype) why = "mixed dtypes";
+    else if (!m.is_contiguous()) why = "a tensor is not dense and row-major";
+  });
+  for (const auto& o : n.outputs) {
+    if (why.empty() && o.kind == ir::ArgKind::Value && !g.value(o.values[0]).meta.is_contiguous()) {
+      why = "a result is not dense and row-major";
+    }
+  }
+  return why;
+}
+
 Decomposed Rewriter::run() {
   Decomposed d;
   plan(&d);
@@ -58,6 +77,7 @@ Decomposed Rewriter::run() {
   }
   for (const auto& h : g_.hooks()) out_.add_hook(h.kind, h.autograd_node, h.slot);
   for (const auto& n : g_.nodes()) {
+    before(n);
     if (n.kind == ir::NodeKind::Input) {
       map_[n.outputs.at(0).values.at(0)] = out_.add_input(n.input_kind, n.name, g_.value(n.outputs[0].values[0]).meta);
     } else if (n.kind == ir::NodeKind::Output) {
@@ -70,6 +90,11 @@ Decomposed Rewriter::run() {
       ir::copy_node(g_, n, out_, map_);
     }
   }
+  at_end();
+  if (d.count == 0) {
+    d.graph = g_;
+    return d;
+  }
   for (const auto& [op, schema] : g_.schemas()) out_.schemas().emplace(op, schema);
   out_.meta() = g_.meta();
   ir::verify(out_);
@@ -77,27 +102,9 @@ Decomposed Rewriter::run() {
   return d;
 }
 
-// (`meta` is taken by value: making a value may move the graph's values, and with them a
-// caller's reference into them.)
 ir::ValueId Rewriter::call(const ir::Node& from, const char* op, const char* overload, std::vector<ir::Arg> args,
                            ir::TensorMeta meta, ir::ValueId view_of) {
-  ir::Node m;
-  m.kind = ir::NodeKind::Call;
-  m.op = op;
-  m.overload = overload;
-  m.args = std::move(args);
-  m.phase = from.phase;
-  m.grad_mode = from.grad_mode;
-  m.autograd_node = from.autograd_node;
-  m.hook = from.hook;
-  const auto id = static_cast<ir::NodeId>(out_.nodes().size());
-  const ir::ValueId v = out_.new_value(id, 0, -1, std::move(meta));
-  out_.value(v).view_of = view_of;
-  m.outputs.push_back(ir::Arg::value(v));
-  out_.add_node(std::move(m));
-  const std::string q = *overload ? std::string(op) + "." + overload : std::string(op);
-  if (!out_.schemas().count(q)) out_.schemas()[q] = ir::known_schema_string(op, overload);
-  return v;
+  return out_.add_call(op, overload, std::move(args), std::move(meta), &from, view_of);
 }
 
 ir::ValueId Rewriter::unary(const ir::Node& from, const char* op, ir::ValueId a) {

@@ -27,11 +27,17 @@ bool is_call(const ir::Node& n, const char* op);
 // An optional tensor argument that is absent.
 bool absent(const ir::Arg& a);
 
+// Why node n's tensors cannot become kernels of a normalization's decomposition on
+// `device`, or "": x (its input) float32 or float64 ("bfloat16 statistics accumulate in
+// float" otherwise), every tensor argument on `device`, of x's dtype and dense row-major,
+// and every result dense row-major.
+std::string dense_float_refusal(const ir::Graph& g, const ir::Node& n, ir::ValueId x, const c10::Device& device);
+
 class Rewriter {
  public:
   Rewriter(const ir::Graph& g, const c10::Device& device) : g_(g), device_(device) {}
   virtual ~Rewriter() = default;
-  // The rewritten graph (g itself, count 0, when plan() selects nothing).
+  // The rewritten graph (g itself, count 0, when nothing was rewritten).
   Decomposed run();
 
  protected:
@@ -41,6 +47,9 @@ class Rewriter {
   // Rewrites a selected node into out_ (mapping its results in map_); true when it counts
   // as a decomposition.
   virtual bool rewrite(const ir::Node& n) = 0;
+  // Called before each node of g_ is copied or rewritten, and once at the end.
+  virtual void before(const ir::Node& /*n*/) {}
+  virtual void at_end() {}
 
   // A new Call node in out_ with one result of `meta` (a view of `view_of` when given).
   ir::ValueId call(const ir::Node& from, const char* op, const char* overload, std::vector<ir::Arg> args,

@@ -1,6 +1,8 @@
 // Graph construction, access and structural equality. See include/tcap/graph.h.
 #include <tcap/graph.h>
 
+#include "ir/verify_args.h"
+
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
 #include <c10/util/safe_numerics.h>
@@ -164,6 +166,29 @@ NodeId Graph::add_node(Node node) {
   nodes_.push_back(std::move(node));
   note_reads(nodes_.back().id, nodes_.back().args);
   return nodes_.back().id;
+}
+
+ValueId Graph::add_call(const std::string& op, const std::string& overload, std::vector<Arg> args, TensorMeta meta,
+                        const Node* like, ValueId view_of) {
+  Node m;
+  m.kind = NodeKind::Call;
+  m.op = op;
+  m.overload = overload;
+  m.args = std::move(args);
+  if (like) {
+    m.phase = like->phase;
+    m.grad_mode = like->grad_mode;
+    m.autograd_node = like->autograd_node;
+    m.hook = like->hook;
+  }
+  const auto id = static_cast<NodeId>(nodes_.size());
+  const ValueId v = new_value(id, 0, -1, std::move(meta));
+  values_[static_cast<size_t>(v)].view_of = view_of;
+  m.outputs.push_back(Arg::value(v));
+  const std::string q = m.qualified_op();
+  add_node(std::move(m));
+  if (!schemas_.count(q)) schemas_[q] = known_schema_string(op, overload);
+  return v;
 }
 
 void Graph::set_outputs(std::vector<ValueId> values, std::vector<std::string> names,

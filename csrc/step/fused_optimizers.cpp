@@ -423,10 +423,6 @@ FusedOptimizerSteps fuse_optimizer_steps(const ir::Graph& g, const std::vector<S
       written = {call.args[0], call.args[1], call.args[2]};
     } else {
       // The step count, as the 0-dim tensor the kernel reads: aten::full([], step).
-      ir::Node full;
-      full.kind = ir::NodeKind::Call;
-      full.op = "aten::full";
-      full.grad_mode = false;
       ir::Arg size;
       size.kind = ir::ArgKind::IntList;
       size.name = "size";
@@ -438,16 +434,16 @@ FusedOptimizerSteps fuse_optimizer_steps(const ir::Graph& g, const std::vector<S
       device.kind = ir::ArgKind::Device;
       device.name = "device";
       device.s = pm.device.str();
-      full.args = {size, ir::Arg::real(static_cast<double>(gr.step), "fill_value"), dtype, ir::Arg::none("layout"), device,
-                   ir::Arg::none("pin_memory")};
       ir::TensorMeta sm;
       sm.dtype = c10::ScalarType::Float;
       sm.device = pm.device;
-      const auto full_id = static_cast<NodeId>(out.nodes().size());
-      const ValueId step = out.new_value(full_id, 0, -1, sm);
-      full.outputs.push_back(ir::Arg::value(step));
-      out.add_node(std::move(full));
-      out.schemas()["aten::full"] = ir::known_schema_string("aten::full", "");
+      ir::Node no_grad;
+      no_grad.grad_mode = false;
+      const ValueId step = out.add_call("aten::full", "",
+                                        {size, ir::Arg::real(static_cast<double>(gr.step), "fill_value"), dtype,
+                                         ir::Arg::none("layout"), device, ir::Arg::none("pin_memory")},
+                                        sm, &no_grad);
+      const NodeId full_id = out.value(step).producer;
       r.patches.push_back(ScalarPatch{full_id, 1, gr.opt, first_param, HostScalar::Step});
       call.op = gr.form.kind == Kind::AdamW ? "aten::_fused_adamw_" : "aten::_fused_adam_";
       call.args = {list(&Chain::param, "self"), list(&Chain::grad, "grads"), list(&Chain::state1, "exp_avgs"),

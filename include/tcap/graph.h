@@ -191,6 +191,12 @@ class Graph {
   // Appends a node; fills in node.id. Values referenced by outputs must have been made with new_value.
   NodeId add_node(Node node);
   ValueId new_value(NodeId producer, int output_index, int list_index, TensorMeta meta);
+  // Appends a Call node of `op`.`overload` ("" for none) with one tensor result of `meta`
+  // (a view of `view_of` when given), registering the operator's schema from this
+  // LibTorch; phase, grad mode, autograd node and hook are taken from `like` when given
+  // (a rewrite's ops are attributed to the node they replace). Returns the result.
+  ValueId add_call(const std::string& op, const std::string& overload, std::vector<Arg> args, TensorMeta meta,
+                   const Node* like = nullptr, ValueId view_of = kNoValue);
   // In-place forms of add_node and new_value for builders that make one node per call
   // (the recorder): the new element, id set and everything else default, to be filled
   // by the caller (a node's arguments through edit_node: Note [Use lists]). The reference
