@@ -3,7 +3,7 @@
 //
 // A program is a model drawn from a grammar of LibTorch modules (a stem: Linear on
 // features, Embedding on token ids or Conv1d on sequences; then Linear, activations,
-// LayerNorm, BatchNorm1d, Dropout, residual blocks, scalings, single-head
+// LayerNorm, BatchNorm1d, GroupNorm, Dropout, residual blocks, scalings, single-head
 // MultiheadAttention over the batch, a tensor the model holds through a closure, a loss,
 // and sometimes an offset built in the default dtype at the end), a front door
 // (tcap::compile of the model with an eager optimizer, compile_step with SGD or Adam,
@@ -69,8 +69,19 @@ const char* door_name(Door d) {
   return "?";
 }
 
-enum class Layer { Linear, Relu, Tanh, Gelu, Silu, Sigmoid, LayerNorm, BatchNorm, Dropout, Residual, Scale, Attention, Held };
-constexpr int kLayerKinds = 13;
+enum class Layer {
+  Linear, Relu, Tanh, Gelu, Silu, Sigmoid, LayerNorm, BatchNorm, Dropout, Residual, Scale, Attention, Held, GroupNorm
+};
+constexpr int kLayerKinds = 14;
+
+// A GroupNorm's groups over `width` features: the most with at least two features each (a
+// group of one feature outputs its bias whatever the input: see the LayerNorm note below).
+int groups_of(int width) {
+  for (int g = width / 2; g > 1; --g) {
+    if (width % g == 0) return g;
+  }
+  return 1;
+}
 
 // What the model takes: features [batch, in], token ids [batch] (an Embedding stem), or
 // sequences [batch, in, kLength] (a Conv1d stem, flattened).
@@ -91,7 +102,7 @@ struct Spec {
   bool adam = false;
   std::string str() const {
     static const char* names[] = {"Linear",   "ReLU",     "Tanh",  "GELU",      "SiLU",    "Sigmoid",    "LayerNorm",
-                                  "BatchNorm1d", "Dropout", "Residual", "Scale", "Attention", "Held"};
+                                  "BatchNorm1d", "Dropout", "Residual", "Scale", "Attention", "Held", "GroupNorm"};
     std::ostringstream s;
     s << door_name(door) << "/" << backend << (door == Door::Step ? (adam ? "/Adam" : "/SGD") : "") << ": ";
     switch (input) {
@@ -129,14 +140,16 @@ Spec draw_spec(std::mt19937_64& rng) {
     // zero in exact arithmetic (the second removes the batch mean), and with a small batch
     // after a ReLU the cancelling terms are thousands of times its size, so fused kernels'
     // roundings differ there by far more than any tolerance, in eager as much.
-    if (l == Layer::BatchNorm && !s.layers.empty() && s.layers.back().first == Layer::BatchNorm) l = Layer::Tanh;
+    // (A GroupNorm is a BatchNorm's kin here: its groups' means remove a bias as well.)
+    const auto is_norm = [](Layer x) { return x == Layer::BatchNorm || x == Layer::GroupNorm; };
+    if (is_norm(l) && !s.layers.empty() && is_norm(s.layers.back().first)) l = Layer::Tanh;
     // With llvm, a BatchNorm only right after an activation. A bias that reaches a training
     // BatchNorm through affine ops only (a Linear's, attention's output projection, then a
     // scaling) has a gradient that is zero in exact arithmetic: the batch mean removes it.
     // What a backward computes there is the rounding of terms that cancel, and after a
     // small-variance batch and a LayerNorm over few features fused kernels' roundings
     // differ there by more than the tolerance (2.1e-4 in an attention's out_proj.bias).
-    if (l == Layer::BatchNorm && s.backend == "llvm") {
+    if (is_norm(l) && s.backend == "llvm") {
       const Layer prev = s.layers.empty() ? Layer::Linear : s.layers.back().first;
       const bool after_activation = prev == Layer::Relu || prev == Layer::Tanh || prev == Layer::Gelu ||
                                     prev == Layer::Silu || prev == Layer::Sigmoid;
@@ -199,6 +212,7 @@ nn::Sequential build(const Spec& s, std::vector<at::Tensor>& held) {
       case Layer::Sigmoid: seq->push_back(nn::Sigmoid()); break;
       case Layer::LayerNorm: seq->push_back(nn::LayerNorm(nn::LayerNormOptions({width}))); break;
       case Layer::BatchNorm: seq->push_back(nn::BatchNorm1d(width)); break;
+      case Layer::GroupNorm: seq->push_back(nn::GroupNorm(groups_of(width), width)); break;
       case Layer::Dropout: seq->push_back(nn::Dropout(0.25)); break;
       case Layer::Residual: seq->push_back(Residual(width)); break;
       case Layer::Scale: seq->push_back(nn::Functional([](const at::Tensor& x) { return x * 1.5 - 0.25; })); break;
@@ -401,10 +415,11 @@ class Program {
         }
         case 5: {
           const double eps = std::vector<double>{1e-5, 1e-2, 0.5}[which % 3];
-          c.what.push_back("LayerNorm and BatchNorm eps = " + std::to_string(eps));
+          c.what.push_back("LayerNorm, BatchNorm and GroupNorm eps = " + std::to_string(eps));
           c.edits.push_back([this, eps](Side& s) {
             for (auto& l : modules_of<nn::LayerNormImpl>(s.model)) l->options.eps(eps);
             for (auto& b : modules_of<nn::BatchNorm1dImpl>(s.model)) b->options.eps(eps);
+            for (auto& g : modules_of<nn::GroupNormImpl>(s.model)) g->options.eps(eps);
           });
           break;
         }
