@@ -57,8 +57,10 @@ class ReshapeSinker : public Rewriter {
     return in;
   }
 
-  // Whether pointwise node n can be computed in shape S (set from its reshaped operands).
-  bool sinks(const ir::Node& n, std::vector<int64_t>* S) const {
+  // Whether pointwise node n can be computed in shape S (set from its reshaped operands);
+  // `from_source[i]`: argument i is read as the value it reshapes (else as it is, or
+  // viewed to S when it has the op's shape).
+  bool sinks(const ir::Node& n, std::vector<int64_t>* S, std::vector<bool>* from_source) const {
     if (n.kind != ir::NodeKind::Call || n.outputs.size() != 1 || n.outputs[0].kind != ir::ArgKind::Value) return false;
     const LoweringRow* row = find_lowering(n);
     if (!row || row->cls != OpClass::Pointwise || !ir::op_has(n.op, ir::OpFact::Pointwise)) return false;
@@ -67,7 +69,9 @@ class ReshapeSinker : public Rewriter {
     if (!dense(om) || g_.value(out).version_of != ir::kNoValue || g_.value(out).view_of != ir::kNoValue) return false;
     bool any = false, ok = true;
     S->clear();
-    for (const auto& a : n.args) {
+    from_source->assign(n.args.size(), false);
+    for (size_t i = 0; i < n.args.size(); ++i) {
+      const ir::Arg& a = n.args[i];
       if (!ok) break;
       if (a.kind == ir::ArgKind::ValueList || a.kind == ir::ArgKind::OptValueList) ok = false;
       if (a.kind != ir::ArgKind::Value) continue;
@@ -78,6 +82,7 @@ class ReshapeSinker : public Rewriter {
         if (any && *S != it->second) ok = false;
         *S = it->second;
         any = true;
+        (*from_source)[i] = true;
       } else if (m.sizes.empty()) {
         continue;  // a 0-dim tensor broadcasts in any shape
       } else if (!dense(m) || m.sizes != om.sizes || computed_in_kernel(v)) {
@@ -105,8 +110,10 @@ class ReshapeSinker : public Rewriter {
         continue;
       }
       std::vector<int64_t> S;
-      if (!sinks(n, &S)) continue;
+      std::vector<bool> from_source;
+      if (!sinks(n, &S, &from_source)) continue;
       sunk_.insert(n.id);
+      from_source_[n.id] = std::move(from_source);
       shape_[n.outputs[0].values[0]] = S;
       source_[n.outputs[0].values[0]] = n.outputs[0].values[0];
     }
@@ -136,13 +143,14 @@ class ReshapeSinker : public Rewriter {
       return false;
     }
     const std::vector<int64_t>& S = shape_.at(out);
+    const std::vector<bool>& from_source = from_source_.at(n.id);
     ir::Node m = n;
-    for (auto& a : m.args) {
+    for (size_t i = 0; i < m.args.size(); ++i) {
+      ir::Arg& a = m.args[i];
       if (a.kind != ir::ArgKind::Value) continue;
       const ir::ValueId v = a.values[0];
-      auto it = in_shape_.find(v);
-      if (it != in_shape_.end() && g_.value(v).meta.sizes == g_.value(out).meta.sizes) {
-        a.values[0] = it->second;
+      if (from_source[i]) {
+        a.values[0] = in_shape_.at(v);
       } else if (g_.value(v).meta.sizes.empty()) {
         a.values[0] = map_.at(v);
       } else {
@@ -170,6 +178,7 @@ class ReshapeSinker : public Rewriter {
   std::map<ir::ValueId, std::vector<int64_t>> shape_;  // in g_: the shape S a value is a dense reshape of
   std::map<ir::ValueId, ir::ValueId> source_;          // in g_: the value of shape S it reshapes
   std::set<ir::NodeId> sunk_;
+  std::map<ir::NodeId, std::vector<bool>> from_source_;  // per sunk node (sinks())
   std::set<ir::ValueId> unread_;                       // in g_: reshapes only sunk ops read
   std::map<ir::ValueId, ir::ValueId> in_shape_;        // g_ value -> out_ value of shape S
 };
