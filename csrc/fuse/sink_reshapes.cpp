@@ -117,10 +117,20 @@ class ReshapeSinker : public Rewriter {
       shape_[n.outputs[0].values[0]] = S;
       source_[n.outputs[0].values[0]] = n.outputs[0].values[0];
     }
-    // Values read only by sunk ops need no reshape back.
+    // Values read only by sunk ops, as the values they reshape, need no reshape (back).
     for (const auto& [v, S] : shape_) {
       bool needed = graph_outputs.count(v) > 0;
-      for (ir::NodeId u : g_.users(v)) needed = needed || !sunk_.count(u);
+      for (ir::NodeId u : g_.users(v)) {
+        if (!sunk_.count(u)) {
+          needed = true;
+          continue;
+        }
+        const auto& args = g_.node(u).args;
+        for (size_t i = 0; i < args.size(); ++i) {
+          const bool reads_v = args[i].kind == ir::ArgKind::Value && args[i].values[0] == v;
+          if (reads_v && !from_source_.at(u)[i]) needed = true;
+        }
+      }
       if (!needed) unread_.insert(v);
     }
     if (!sunk_.empty()) {

@@ -223,3 +223,41 @@ TEST_F(GroupNorm, ReshapesOfTwoShapesMeetInOneOp) {
 }
 
 }  // namespace group_norm_test
+
+namespace group_norm_test {
+
+// Found by the divergence fuzzer (seed 22, program 2145): under compiled autograd at batch 1,
+// the weight's [1, G, D, 1] view (the shape of the op that reads it) was read by a moved op
+// as a tensor of the op's own shape, not as the value it reshapes, and was dropped as if no
+// op read it (unordered_map::at).
+TEST_F(GroupNorm, AReshapeReadAsItIsByAMovedOpIsKept) {
+  auto make = [] {
+    torch::manual_seed(9);
+    return nn::Sequential(nn::Linear(7, 8), nn::Sigmoid(), nn::Tanh(), nn::GroupNorm(4, 8),
+                          nn::Functional([](const at::Tensor& x) { return x * 1.5 - 0.25; }), nn::Sigmoid(),
+                          nn::Linear(8, 1));
+  };
+  auto eager = make(), model = make();
+  tcap::CompileOptions o;
+  o.backend = tcap::Backend::Llvm;
+  o.name = "gn_reshape_read_as_it_is";
+  int replays = 0;
+  for (int call = 0; call < 8; ++call) {
+    const int64_t batch = call < 4 ? 4 : 1;  // at batch 1 the weight's [1, G, D, 1] view has the op's shape
+    at::Tensor x = torch::randn({7, batch}).t();  // non-contiguous
+    const at::Tensor y = torch::randn({batch, 1});
+    eager->zero_grad();
+    (eager->forward(x) - y).pow(2).mean().backward();
+    model->zero_grad();
+    {
+      tcap::CompiledAutogradGuard ca(o);
+      (model->forward(x) - y).pow(2).mean().backward();
+      replays = ca.stats().replays;
+    }
+    auto pe = eager->parameters(), pm = model->parameters();
+    for (size_t i = 0; i < pe.size(); ++i) EXPECT_TRUE(close(pm[i].grad(), pe[i].grad(), 1e-4, 1e-6)) << "call " << call << " param " << i;
+  }
+  EXPECT_GE(replays, 1);
+}
+
+}  // namespace group_norm_test
