@@ -15,7 +15,10 @@ of the ratio; a ratio within a few percent of 1 is noise on a 2-core machine.
 
 Each binary loads the libtcap next to it when `--before-lib`/`--after-lib` name a
 folder (LD_LIBRARY_PATH), so a copied binary and library can be compared while the
-checkout rebuilds.
+checkout rebuilds. The library must be there under its soname (`libtcap.so.0.1.0`, as
+`ldd` shows it); the script checks that each binary loads it from that folder, and stops
+otherwise (a folder with only `libtcap.so` would silently compare the checkout's library
+with itself).
 """
 import argparse
 import json
@@ -40,6 +43,23 @@ def run(binary, lib, args, out):
         return json.load(f)
 
 
+def check_loads_from(binary, lib):
+    """Exits with a message unless `binary`, run with LD_LIBRARY_PATH=lib, loads its libtcap
+    from `lib`: the binary asks for the library's soname (libtcap.so.X.Y.Z), so a folder
+    holding only a copied libtcap.so would leave it loading the checkout's library, and
+    both sides of the comparison would be the same build."""
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = lib + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
+    out = subprocess.run(["ldd", binary], env=env, capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        if "libtcap" in line and "=>" in line:
+            name, path = line.split("=>")[0].strip(), line.split("=>")[1].split("(")[0].strip()
+            if not os.path.realpath(path).startswith(os.path.realpath(lib) + os.sep):
+                sys.exit(f"{binary} would load {path}, not a library in {lib}: copy the library there as {name} "
+                         f"(its soname)")
+            return
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--before", required=True)
@@ -49,6 +69,9 @@ def main():
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("bench_args", nargs="*", help="tcap-bench arguments (after --)")
     a = p.parse_args()
+    for binary, lib in ((a.before, a.before_lib), (a.after, a.after_lib)):
+        if lib:
+            check_loads_from(binary, lib)
     args = a.bench_args or ["--repeats", "5"]
     got = {"before": {}, "after": {}}
     with tempfile.TemporaryDirectory() as tmp:
