@@ -218,13 +218,25 @@ bool CompiledStep::Impl::compile_from_other_sizes(StepEntry& e, const StepEntry&
     other = a.state == StepEntry::State::Compiled ? a.record : a.graph;
     other_host = a.host;
   }
-  if (a.guards.sizes.size() != e.guards.sizes.size() || other.nodes().size() != e.graph.nodes().size()) return false;
+  // Why this capture cannot stand in for a first one: logged, as the step then waits for a
+  // second capture at its sizes (a step whose structure follows the sizes, such as an RNN
+  // unrolled over its length, never gets one at a length that does not repeat).
+  auto waits = [&](const std::string& why) {
+    TCAP_LOG(Recompiles, who() << " entry " << e.id << " waits for a second capture at its sizes: compared with entry "
+                               << a.id << "'s capture at other sizes, " << why);
+    return false;
+  };
+  if (a.guards.sizes.size() != e.guards.sizes.size()) return waits("it has other inputs");
+  if (other.nodes().size() != e.graph.nodes().size()) {
+    return waits("its graph has " + std::to_string(e.graph.nodes().size()) + " nodes where that one has " +
+                 std::to_string(other.nodes().size()) + " (the step's structure follows its sizes: a loop unrolled over a length?)");
+  }
   const std::vector<size_t> changed = cache::changed_sizes(a.guards.sizes, e.guards.sizes);
   ir::Graph fit = other;
   for (size_t i = 0; i < fit.nodes().size(); ++i) {
     const ir::Node& na = fit.nodes()[i];
     const ir::Node& nb = e.graph.nodes()[i];
-    if (na.args.size() != nb.args.size()) return false;
+    if (na.args.size() != nb.args.size()) return waits("node %" + std::to_string(i) + " has other arguments");
     for (size_t k = 0; k < na.args.size(); ++k) {
       const ir::Arg& x = na.args[k];
       const ir::Arg& y = nb.args[k];
@@ -233,17 +245,15 @@ bool CompiledStep::Impl::compile_from_other_sizes(StepEntry& e, const StepEntry&
     }
   }
   cache::DynamicSizes d;
-  if (!cache::generalize(fit, a.guards.sizes, e.graph, e.guards.sizes, changed, &d, /*first_fit=*/true).empty()) {
-    return false;
+  if (const std::string why = cache::generalize(fit, a.guards.sizes, e.graph, e.guards.sizes, changed, &d,
+                                                /*first_fit=*/true);
+      !why.empty()) {
+    return waits(why);
   }
   const ir::Graph first = cache::specialize(other, d, d.own_key);
   step::StepComparison cmp = step::compare_step_captures(first, e.graph, other_host, e.host, parts.opts,
                                                          param_inputs(e, g), options.observe_host_values);
-  if (!cmp.why_not.empty()) {
-    TCAP_LOG(Recompiles, who() << " entry " << e.id << " waits for a second capture at its sizes: compared with entry "
-                               << a.id << "'s capture at other sizes, " << cmp.why_not);
-    return false;
-  }
+  if (!cmp.why_not.empty()) return waits(cmp.why_not);
   TCAP_LOG(Recompiles, who() << " entry " << e.id << " compiles from one capture: entry " << a.id
                              << "'s capture at other sizes, specialized to these, stands in for the first");
   compile_compared(e, std::move(cmp), g);

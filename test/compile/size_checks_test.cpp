@@ -290,6 +290,32 @@ TEST(SizeChecks, StepWithLengthsThatNeverRepeat) {
   }
 }
 
+// An RNN unrolls its time loop: a step's graph has another structure at each length, so a
+// capture at a new length cannot stand in for a first one, and the log says why (the step
+// still gives eager's answers, captured until a length repeats).
+TEST(SizeChecks, StepWhoseStructureFollowsTheLengthSaysWhyItWaits) {
+  torch::manual_seed(8);
+  auto make = [] { return nn::GRU(nn::GRUOptions(4, 6)); };
+  auto model = make(), twin = make();
+  tcap::testing::copy_parameters(*model, *twin);
+  torch::optim::SGD opt(model->parameters(), 0.1), opt_twin(twin->parameters(), 0.1);
+  auto body = [](nn::GRU& m, torch::optim::SGD& o, const at::Tensor& x) {
+    o.zero_grad();
+    auto loss = std::get<0>(m->forward(x)).pow(2).mean();
+    loss.backward();
+    o.step();
+    return loss.detach();
+  };
+  LogCapture log("recompiles");
+  auto step = tcap::compile_step(model, opt, [&](const Tensors& in) { return Tensors{body(model, opt, in[0])}; });
+  for (int64_t t : {5, 7, 9, 7, 7}) {
+    auto x = torch::randn({t, 2, 4});
+    ASSERT_TRUE(close((*step)({x})[0], body(twin, opt_twin, x), 1e-4, 1e-5)) << "length " << t << "\n" << log.text();
+  }
+  EXPECT_GE(log.count("nodes where that one has"), 1) << log.text();
+  EXPECT_GE(log.count("a loop unrolled over a length?"), 1) << log.text();
+}
+
 // Compiled autograd: a custom Function's backward is C++ code that branches on a size.
 struct HalveLargeGrads : torch::autograd::Function<HalveLargeGrads> {
   static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& x) { return x * 3; }
