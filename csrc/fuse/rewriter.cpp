@@ -3,6 +3,8 @@
 #include <c10/util/Exception.h>
 #include <c10/util/strides.h>
 
+#include <algorithm>
+
 namespace tcap::fuse {
 
 ir::TensorMeta dense_meta(c10::ScalarType dtype, c10::ArrayRef<int64_t> sizes, c10::Device device) {

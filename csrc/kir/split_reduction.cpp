@@ -1,7 +1,5 @@
 #include "kir/split_reduction.h"
 
-#include <c10/util/Exception.h>
-
 #include <algorithm>
 #include <string>
 
