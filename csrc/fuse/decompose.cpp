@@ -168,11 +168,11 @@ class Decomposer : public Rewriter {
     if (!training) return decompose_batch_norm_eval(n, x, w, b, rm, rv, eps, kshape, what);
 
     const ir::ValueId xin = map_.at(x);
-    const ir::ValueId mean = mean_dims(n, xin, R, kshape);
+    const ir::ValueId mean = reduce(n, "aten::mean", xin, R, true);
     const ir::ValueId xc = binary(n, "aten::sub", xin, mean, xm.sizes);
-    const ir::ValueId var = mean_dims(n, binary(n, "aten::mul", xc, xc, xm.sizes), R, kshape);
+    const ir::ValueId var = reduce(n, "aten::mean", binary(n, "aten::mul", xc, xc, xm.sizes), R, true);
     const ir::ValueId invstd =
-        call(n, "aten::rsqrt", "", {ir::Arg::value(add_scalar(n, var, eps, kshape), "self")}, kshape);
+        call(n, "aten::rsqrt", "", {ir::Arg::value(add_scalar(n, var, eps), "self")}, kshape);
     result(n, 0, affine(n, binary(n, "aten::mul", xc, invstd, xm.sizes), w, b, kshape));
     result(n, 1, view(n, mean, {C}));
     result(n, 2, view(n, invstd, {C}));
@@ -209,7 +209,7 @@ class Decomposer : public Rewriter {
     }
     if (rm == ir::kNoValue || rv == ir::kNoValue) return keep(n, what, "eval mode without running statistics");
     const auto& xm = g_.value(x).meta;
-    const ir::ValueId invstd = call(n, "aten::rsqrt", "", {ir::Arg::value(add_scalar(n, view(n, map_.at(rv), kshape), eps, kshape), "self")}, kshape);
+    const ir::ValueId invstd = call(n, "aten::rsqrt", "", {ir::Arg::value(add_scalar(n, view(n, map_.at(rv), kshape), eps), "self")}, kshape);
     const ir::ValueId xc = binary(n, "aten::sub", map_.at(x), view(n, map_.at(rm), kshape), xm.sizes);
     result(n, 0, affine(n, binary(n, "aten::mul", xc, invstd, xm.sizes), w, b, kshape));
     // Results 1 and 2 are unread: they keep the original's values (ids) unmapped.
@@ -321,25 +321,8 @@ class Decomposer : public Rewriter {
     pending_.clear();
   }
 
-  ir::ValueId binary(const ir::Node& from, const char* op, ir::ValueId a, ir::ValueId b, c10::ArrayRef<int64_t> sizes) {
-    std::vector<ir::Arg> args{ir::Arg::value(a, "self"), ir::Arg::value(b, "other")};
-    if (std::string(op) == "aten::add" || std::string(op) == "aten::sub") args.push_back(ir::Arg::integer(1, "alpha"));
-    return call(from, op, "Tensor", std::move(args), sizes);
-  }
   ir::ValueId mul_scalar(const ir::Node& from, ir::ValueId a, double s, c10::ArrayRef<int64_t> sizes) {
     return call(from, "aten::mul", "Scalar", {ir::Arg::value(a, "self"), ir::Arg::real(s, "other")}, sizes);
-  }
-  ir::ValueId add_scalar(const ir::Node& from, ir::ValueId a, double s, c10::ArrayRef<int64_t> sizes) {
-    return call(from, "aten::add", "Scalar",
-                {ir::Arg::value(a, "self"), ir::Arg::real(s, "other"), ir::Arg::integer(1, "alpha")}, sizes);
-  }
-  ir::ValueId mean_dims(const ir::Node& from, ir::ValueId v, const std::vector<int64_t>& dims, c10::ArrayRef<int64_t> sizes) {
-    ir::Arg d;
-    d.kind = ir::ArgKind::IntList;
-    d.name = "dim";
-    d.ints = dims;
-    return call(from, "aten::mean", "dim",
-                {ir::Arg::value(v, "self"), d, ir::Arg::boolean(true, "keepdim"), ir::Arg::none("dtype")}, sizes);
   }
   // A view of v (dense) with other sizes.
   ir::ValueId view(const ir::Node& from, ir::ValueId v, std::vector<int64_t> sizes) {
