@@ -155,6 +155,16 @@ Val Emitter::where(Val cond, Val a, Val b) {
   return {kir::add(k_, std::move(in)), a.dtype};
 }
 
+Val Emitter::mul_add(Val a, Val b, Val c) {
+  TORCH_INTERNAL_ASSERT(a.dtype == b.dtype && b.dtype == c.dtype);
+  if (!kir::is_floating(a.dtype)) return bin(OpCode::Add, bin(OpCode::Mul, a, b), c);
+  kir::Instr in;
+  in.op = OpCode::Fma;
+  in.dtype = a.dtype;
+  in.args = {a.id, b.id, c.id};
+  return {kir::add(k_, std::move(in)), a.dtype};
+}
+
 Val Emitter::reduce(OpCode op, Val a) {
   kir::Instr in;
   in.op = op;

@@ -61,6 +61,8 @@ class Emitter {
   Val bin(kir::OpCode op, Val a, Val b);
   Val cmp(kir::OpCode op, Val a, Val b);
   Val where(Val cond, Val a, Val b);
+  // a * b + c: one Fma for floating dtypes (Note [Fused multiply-add]), a Mul and an Add else.
+  Val mul_add(Val a, Val b, Val c);
   Val reduce(kir::OpCode op, Val a);
   // dtype of the node's k-th tensor output, and the dtype arithmetic for it runs in
   // (BF16/F16 compute in F32).

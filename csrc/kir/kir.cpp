@@ -174,6 +174,7 @@ const char* to_string(OpCode op) {
     case OpCode::And: return "and";
     case OpCode::Or: return "or";
     case OpCode::Where: return "where";
+    case OpCode::Fma: return "fma";
     case OpCode::ReduceSum: return "reduce_sum";
     case OpCode::ReduceMax: return "reduce_max";
     case OpCode::ReduceMin: return "reduce_min";
@@ -356,6 +357,13 @@ void verify(const Kernel& k) {
       case OpCode::Where:
         arity(3);
         if (dt(0) != DType::Bool || dt(1) != in.dtype || dt(2) != in.dtype) fail(k, at + "operand dtypes");
+        break;
+      case OpCode::Fma:
+        arity(3);
+        if (!is_floating(in.dtype)) fail(k, at + "needs a floating result");
+        for (size_t a = 0; a < 3; ++a) {
+          if (dt(a) != in.dtype) fail(k, at + "operand dtypes differ from the result's");
+        }
         break;
       case OpCode::Lt:
       case OpCode::Le:

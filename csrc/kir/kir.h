@@ -67,6 +67,8 @@ enum class OpCode : uint8_t {
   And, Or,                 // Bool
   // ternary
   Where,  // args = {cond (Bool), a, b}; result dtype = a's dtype
+  Fma,    // args = {a, b, c}, floating, all of the result's dtype: a * b + c rounded
+          // once where the target has FMA (Note [Fused multiply-add])
   // reductions over the reduce dims (operand of the instruction's dtype)
   ReduceSum, ReduceMax, ReduceMin,
 };

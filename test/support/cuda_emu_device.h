@@ -29,6 +29,8 @@ TCAP_EMU_MATH(nearbyint)
 #undef TCAP_EMU_MATH
 float powf(float, float);
 double pow(double, double);
+float fmaf(float, float, float);
+double fma(double, double, double);
 }
 inline bool signbit(float x) { return __builtin_signbit(x) != 0; }
 inline bool signbit(double x) { return __builtin_signbit(x) != 0; }

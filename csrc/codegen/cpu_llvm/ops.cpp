@@ -281,6 +281,11 @@ Value* ValueEmitter::float_op(const kir::Kernel& k, const kir::Instr& in, const 
     case OpCode::Round: return b_.CreateUnaryIntrinsic(I::roundeven, a);
     case OpCode::Trunc: return b_.CreateUnaryIntrinsic(I::trunc, a);
     case OpCode::Add: return b_.CreateFAdd(a, c);
+    // Note [Fused multiply-add] (fuse/lowering.cpp): one rounding where the target has
+    // FMA, as ATen's kernels compute there; a multiply and an add where it has not.
+    case OpCode::Fma:
+      if (t_.has_fma) return b_.CreateIntrinsic(I::fma, {a->getType()}, {a, c, x[2]});
+      return b_.CreateFAdd(b_.CreateFMul(a, c), x[2]);
     case OpCode::Sub: return b_.CreateFSub(a, c);
     case OpCode::Mul: return b_.CreateFMul(a, c);
     case OpCode::Div: return b_.CreateFDiv(a, c);

@@ -313,6 +313,7 @@ std::string op_expr(const kir::Kernel& k, int32_t id) {
       case OpCode::Sub: e = "(" + a(0) + " - " + a(1) + ")"; break;
       case OpCode::Mul: e = "(" + a(0) + " * " + a(1) + ")"; break;
       case OpCode::Div: e = "(" + a(0) + " / " + a(1) + ")"; break;
+      case OpCode::Fma: e = std::string(dbl ? "fma(" : "fmaf(") + a(0) + ", " + a(1) + ", " + a(2) + ")"; break;
       case OpCode::Max: e = "tcap_fmax(" + a(0) + ", " + a(1) + ")"; break;
       case OpCode::Min: e = "tcap_fmin(" + a(0) + ", " + a(1) + ")"; break;
       case OpCode::Pow: {
