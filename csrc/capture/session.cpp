@@ -150,6 +150,10 @@ ir::ValueId Session::new_input(const at::Tensor& t, ir::InputKind kind, std::str
   n.input_kind = kind;
   n.name = std::move(name);
   n.outputs.push_back(ir::Arg::value(v));
+  // Note [Inputs that share storage] (ir/op_facts.h).
+  if (t.has_storage() && !input_storages_.insert(t.storage().unsafeGetStorageImpl()).second) {
+    graph_.meta()[ir::kInputsShareStorage] = "true";
+  }
   input_tensors_.push_back(t);
   // Every leaf that requires grad may receive a .grad inside the capture (see snapshot).
   if (t.requires_grad() && t.is_leaf()) grad_leaves_.emplace_back(t, n.name);

@@ -15,6 +15,7 @@
 #include <c10/util/SmallVector.h>
 
 #include <deque>
+#include <unordered_set>
 #include <functional>
 #include <string>
 #include <unordered_map>
@@ -193,6 +194,7 @@ class Session {
   ir::Graph graph_;
   ValueTable table_{graph_};
   std::vector<at::Tensor> input_tensors_;  // aligned with the graph's Input nodes
+  std::unordered_set<const void*> input_storages_;  // their storages (Note [Inputs that share storage])
   struct Named {
     at::Tensor keep_alive;
     ir::InputKind kind;

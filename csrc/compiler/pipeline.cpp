@@ -176,6 +176,10 @@ ir::Graph fuse_graph(const ir::Graph& g, const std::string& what, const std::str
     }
   };
   fuse::FusionResult res = fuse::fuse(g, opts);
+  for (const auto& fg : res.groups) {  // Note [Fused results written in place]
+    if (fg.output_into_input.empty()) continue;
+    if (auto k = runtime::find_kernel(fg.kernel_id)) k->output_into_input = fg.output_into_input;
+  }
   if (in_background) {
     // Note [Kernels compiled in the background]: the kept groups' kernels still to compile.
     std::vector<std::shared_ptr<runtime::FusedKernel>> later;

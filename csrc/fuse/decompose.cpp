@@ -2,6 +2,7 @@
 
 #include "fuse/decompose_losses.h"
 #include "fuse/decompose_norms.h"
+#include "fuse/functionalize.h"
 #include "fuse/rewriter.h"
 #include "fuse/sink_reshapes.h"
 
@@ -452,7 +453,7 @@ Decomposed decompose_for_fusion(const ir::Graph& g, const c10::Device& device) {
   // The rewrites in order, each on the previous one's graph; decisions and counts add up.
   Decomposed all;
   all.graph = g;
-  for (auto pass : {&decompose_losses, &decompose_norms}) {
+  for (auto pass : {&functionalize_updates, &decompose_losses, &decompose_norms}) {
     Decomposed d = pass(all.graph, device);
     all.decisions.insert(all.decisions.end(), d.decisions.begin(), d.decisions.end());
     if (d.count > 0) all.graph = std::move(d.graph);

@@ -35,6 +35,58 @@ ir::TensorMeta written_layout(const ir::TensorMeta& m) {
   return c;
 }
 
+// Note [Fused results written in place]
+// Functionalized updates (Note [In-place updates as kernels], functionalize.cpp) end in
+// copy_(buffer, result). Where the kernel that computes `result` also reads `buffer`, it
+// can write the result straight into the buffer instead (Inductor's re-inplacing), saving
+// a buffer and a read and write of it, when:
+//   - the kernel is pointwise (no reduce dims), reads the buffer only at the element it
+//     writes (every Load of it has the Store's offset and strides) and only on the way to
+//     that Store (each such Load is an operand, transitively, of the stored value), so
+//     every read of an element comes before its write whatever order the Stores run in;
+//   - the buffer and the result have one layout, and no other input of the kernel shares
+//     the buffer's storage;
+//   - `result` is read by the copy alone, and nothing between the kernel and the copy in
+//     the rewritten graph reads the buffer or a view of it (the old value is dead there).
+// The copy is then dropped; the kernel's result becomes a new version of the buffer
+// (what the copy's result was), and the runtime hands the kernel the buffer as that
+// output (runtime/fused_kernel.h). Otherwise the copy stays, which is correct and moves
+// the result once more.
+namespace {
+
+bool same_access(const std::vector<int64_t>& s1, int64_t o1, const std::vector<int64_t>& s2, int64_t o2) {
+  return o1 == o2 && s1 == s2;
+}
+
+// Whether output `out` (a buffer index) may share memory with input buffer `in` in kernel k
+// (the first condition of the note).
+bool writes_where_it_reads(const kir::Kernel& k, int32_t in, int32_t out) {
+  if (k.num_reduce_dims != 0) return false;
+  const kir::Store* st = nullptr;
+  for (const auto& s : k.stores) {
+    if (s.buffer != out) continue;
+    if (st) return false;
+    st = &s;
+  }
+  if (!st) return false;
+  std::vector<bool> feeds(k.instrs.size(), false);  // operands of the stored value
+  feeds[static_cast<size_t>(st->value)] = true;
+  for (size_t v = k.instrs.size(); v-- > 0;) {
+    if (!feeds[v]) continue;
+    for (int32_t a : k.instrs[v].args) feeds[static_cast<size_t>(a)] = true;
+  }
+  bool read = false;
+  for (size_t v = 0; v < k.instrs.size(); ++v) {
+    const kir::Instr& i = k.instrs[v];
+    if (i.op != kir::OpCode::Load || i.buffer != in) continue;
+    if (!feeds[v] || !same_access(i.strides, i.offset, st->strides, st->offset)) return false;
+    read = true;
+  }
+  return read;
+}
+
+}  // namespace
+
 class Fuser {
  public:
   Fuser(const ir::Graph& g, const FusionOptions& opts) : g_(g), opts_(opts) {}
@@ -292,9 +344,12 @@ class Fuser {
       const Unit& unit = units[static_cast<size_t>(u)];
       if (unit.group >= 0) {
         emit_group(fused_[static_cast<size_t>(unit.group)], out, remap);
+        note_reads(out);
       } else {
         const ir::Node& n = g_.node(unit.node);
-        if (n.kind == ir::NodeKind::Input) {
+        if (write_in_place(n, out, remap)) {
+          // Note [Fused results written in place]: the copy is the kernel's own write.
+        } else if (n.kind == ir::NodeKind::Input) {
           remap[n.outputs.at(0).values.at(0)] = out.add_input(n.input_kind, n.name, g_.value(n.outputs[0].values[0]).meta);
         } else if (n.kind == ir::NodeKind::Output) {
           std::vector<ir::ValueId> vs;
@@ -313,6 +368,7 @@ class Fuser {
           out.set_outputs(vs, n.output_names, n.output_kinds);
         } else {
           ir::copy_node(g_, n, out, remap);
+          note_reads(out);
         }
       }
       for (int s : succ[static_cast<size_t>(u)]) {
@@ -340,6 +396,61 @@ class Fuser {
     res.groups = std::move(fused_);
     res.decisions = std::move(decisions_);
     return res;
+  }
+
+  // The last node of `out` (so far) that read each alias root.
+  void note_reads(const ir::Graph& out) {
+    const ir::Node& n = out.nodes().back();
+    ir::for_each_value(n.args, [&](ir::ValueId v) { last_reader_[out.alias_root(v)] = n.id; });
+  }
+
+  // Note [Fused results written in place]: whether copy node n of g_ became its source
+  // kernel's write into the buffer (nothing emitted; n's result maps to the kernel's).
+  bool write_in_place(const ir::Node& n, ir::Graph& out, std::unordered_map<ir::ValueId, ir::ValueId>& remap) {
+    if (n.kind != ir::NodeKind::Call || n.op != "aten::copy_" || !n.overload.empty() || n.args.size() < 2 ||
+        n.args[0].kind != ir::ArgKind::Value || n.args[1].kind != ir::ArgKind::Value ||
+        n.outputs.size() != 1 || n.outputs[0].kind != ir::ArgKind::Value) {
+      return false;
+    }
+    const ir::ValueId dst = n.args[0].values[0], src = n.args[1].values[0];
+    const int gid = group_of_value_[static_cast<size_t>(src)];
+    auto kit = gid >= 0 ? kept_.find(gid) : kept_.end();
+    if (kit == kept_.end() || extra_outputs_.count(src)) return false;
+    FusedGroup& fg = fused_[kit->second];
+    // src is read by the copy alone (its group's own nodes aside) and is not returned.
+    const std::set<ir::NodeId> members(fg.nodes.begin(), fg.nodes.end());
+    for (ir::NodeId u : g_.users(src)) {
+      if (u != n.id && !members.count(u)) return false;
+    }
+    const auto i_it = std::find(fg.outputs.begin(), fg.outputs.end(), src);
+    const auto j_it = std::find(fg.inputs.begin(), fg.inputs.end(), dst);
+    if (i_it == fg.outputs.end() || j_it == fg.inputs.end()) return false;
+    const auto i = static_cast<size_t>(i_it - fg.outputs.begin());
+    const auto j = static_cast<size_t>(j_it - fg.inputs.begin());
+    const ir::ValueId root = g_.alias_root(dst);
+    for (size_t k = 0; k < fg.inputs.size(); ++k) {
+      if (k != j && g_.alias_root(fg.inputs[k]) == root) return false;
+    }
+    const ir::TensorMeta &im = fg.input_metas[j], &om = fg.output_metas[i];
+    if (im.dtype != om.dtype || im.sizes != om.sizes || im.strides != om.strides || im.device != om.device ||
+        !dense_layout(om)) {
+      return false;
+    }
+    if (!writes_where_it_reads(fg.kernel, static_cast<int32_t>(j), static_cast<int32_t>(fg.inputs.size() + i))) {
+      return false;
+    }
+    // Nothing after the kernel read the buffer: its last reader is the kernel itself.
+    const ir::ValueId odst = remap.at(dst), osrc = remap.at(src);
+    const ir::NodeId kernel = out.value(osrc).producer;
+    auto r = last_reader_.find(out.alias_root(odst));
+    if (r == last_reader_.end() || r->second != kernel) return false;
+    if (fg.output_into_input.empty()) fg.output_into_input.assign(fg.outputs.size(), -1);
+    fg.output_into_input[i] = static_cast<int>(j);
+    out.value(osrc).version_of = odst;
+    remap[n.outputs[0].values[0]] = osrc;
+    last_reader_[out.alias_root(odst)] = kernel;
+    decide(n, "written in place by " + fg.name + " (Note [Fused results written in place])");
+    return true;
   }
 
   template <class Units>
@@ -394,6 +505,7 @@ class Fuser {
   std::map<int, size_t> kept_;         // group id -> index in fused_
   std::set<int> dead_groups_;          // groups whose results nobody reads: dropped
   std::map<int, int> unit_of_group_;   // index in fused_ -> unit
+  std::unordered_map<ir::ValueId, ir::NodeId> last_reader_;  // out's alias roots: their last reader so far
 };
 
 }  // namespace

@@ -29,6 +29,10 @@ struct FusedGroup {
   // The group's nodes as a standalone graph (inputs -> outputs): the runtime runs it
   // through the interpreter if a call ever sees tensors unlike the recorded ones.
   ir::Graph fallback;
+  // Per output: the input whose buffer the kernel writes it into, or -1 for a buffer of
+  // its own (Note [Fused results written in place] in fusion.cpp). Decided when the graph
+  // is rewritten, after the kernel is compiled: the same code serves either way.
+  std::vector<int> output_into_input;
 };
 
 // Note [Parallel kernel compilation]

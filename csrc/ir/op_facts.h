@@ -113,4 +113,14 @@ std::vector<size_t> hidden_written_inputs(const Graph& g);
 // a write into v is a write into that input.
 const Node* input_aliased_by(const Graph& g, ValueId v);
 
+// Note [Inputs that share storage]
+// A graph's Input nodes are distinct values, yet two of them may be views of one storage
+// (f(a, b) with b = a.narrow(...)): a write into one then reaches the other, and the IR has
+// no link that says so (the alias geometry guards keep a graph to calls that alias as its
+// capture did, Note [Alias geometry guards]). Capture marks a graph whose inputs shared a
+// storage with this metadata key ("true"); a pass that would move a write into an input
+// past reads of other inputs (Note [In-place updates as kernels]) leaves such graphs alone.
+// Graph copies, subgraphs and rewrites keep the metadata.
+constexpr const char* kInputsShareStorage = "inputs_share_storage";
+
 }  // namespace tcap::ir

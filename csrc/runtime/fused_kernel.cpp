@@ -71,13 +71,28 @@ std::atomic<int64_t> g_launches{0};
 std::atomic<int64_t> g_fallbacks{0};
 std::atomic<int64_t> g_split_launches{0};
 
+// The input output i is written into, or -1 (FusedKernel::output_into_input).
+int into_input(const FusedKernel& k, size_t i) {
+  return i < k.output_into_input.size() ? k.output_into_input[i] : -1;
+}
+
+// An output written into its input: that tensor, its version bumped as an in-place op's.
+at::Tensor written_input(const std::vector<at::Tensor>& inputs, int j) {
+  const at::Tensor& t = inputs[static_cast<size_t>(j)];
+  t.unsafeGetTensorImpl()->bump_version();
+  return t;
+}
+
 // Runs a CUDA kernel on the current stream of its device; outputs from the caching allocator.
 std::vector<at::Tensor> run_cuda(FusedKernel& k, const std::vector<at::Tensor>& inputs) {
   c10::DeviceGuard guard(k.device);
   std::vector<at::Tensor> outs;
   outs.reserve(k.outputs.size());
-  for (const auto& m : k.outputs) {
-    outs.push_back(at::empty_strided(m.sizes, m.strides, at::TensorOptions().dtype(m.dtype).device(k.device)));
+  for (size_t i = 0; i < k.outputs.size(); ++i) {
+    const auto& m = k.outputs[i];
+    const int j = into_input(k, i);
+    outs.push_back(j >= 0 ? written_input(inputs, j)
+                          : at::empty_strided(m.sizes, m.strides, at::TensorOptions().dtype(m.dtype).device(k.device)));
   }
   c10::SmallVector<void*, 16> args;
   for (const auto& t : inputs) args.push_back(const_cast<void*>(t.const_data_ptr()));
@@ -108,7 +123,15 @@ std::vector<at::Tensor> run_aten_ops(FusedKernel& k, const std::vector<at::Tenso
     k.fallback_interp = std::make_unique<Interpreter>(k.fallback);
     k.fallback_interp->keep_values(false);
   }
-  return k.fallback_interp->run(inputs);
+  std::vector<at::Tensor> outs = k.fallback_interp->run(inputs);
+  // The fallback graph is functional: results the kernel writes in place are copied there.
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const int j = into_input(k, i);
+    if (j < 0) continue;
+    inputs[static_cast<size_t>(j)].copy_(outs[i]);
+    outs[i] = inputs[static_cast<size_t>(j)];
+  }
+  return outs;
 }
 
 std::vector<at::Tensor> fused_op(at::TensorList inputs, int64_t id) {
@@ -218,7 +241,10 @@ std::vector<at::Tensor> run_fused(FusedKernel& k, const std::vector<at::Tensor>&
   std::vector<at::Tensor> outs(k.outputs.size());
   {
     PoolScope pool;
-    for (size_t i = 0; i < outs.size(); ++i) outs[i] = allocate(k.outputs[i]);
+    for (size_t i = 0; i < outs.size(); ++i) {
+      const int j = into_input(k, i);
+      outs[i] = j >= 0 ? written_input(inputs, j) : allocate(k.outputs[i]);
+    }
   }
   g_launches.fetch_add(1, std::memory_order_relaxed);
   c10::SmallVector<void*, 16> args;

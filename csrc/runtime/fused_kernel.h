@@ -52,6 +52,11 @@ struct FusedKernel : interp::DirectCall {
   std::vector<ir::TensorMeta> inputs;   // recorded metadata, in kernel buffer order
   std::vector<ir::TensorMeta> outputs;
   ir::Graph fallback;                   // the group's ATen ops (inputs -> outputs)
+  // Per output: the input it is written into (the kernel gets that input's buffer as the
+  // output's, and the input's version counter is bumped, as an in-place op bumps it), or
+  // -1 for a buffer of its own (Note [Fused results written in place], fuse/fusion.cpp).
+  // Set before the kernel first runs; empty when no output is.
+  std::vector<int> output_into_input;
 
   // Whether the code exists (Note [Kernels compiled in the background]): a kernel that is
   // Compiling, or Failed to compile there, runs its fallback graph.

@@ -153,19 +153,20 @@ TEST(HostScalarInputs, NotAScalarArgumentIsRefused) {
 }
 
 // Note [Kernel parameters]: a fused kernel takes the host scalars its ops read as
-// parameters. add's alpha and the wrapped 0.75 join the kernel; addcdiv_ writes in place
-// and stays an ATen call. One kernel serves every value: no call runs the group's ATen ops
-// instead.
+// parameters. add's alpha, the wrapped 0.75 and addcdiv_'s value join the kernel (addcdiv_
+// made functional and written back in place: Note [In-place updates as kernels]). One
+// kernel serves every value: no call runs the group's ATen ops instead.
 TEST(HostScalarInputs, FusedKernelsTakeThemAsParameters) {
   TCAP_SKIP_WITHOUT_BACKEND("llvm");
   auto x = torch::randn({33, 17}), w = torch::randn({17});
   const ir::Graph g = scalar_graph(x, w);
   const ir::Graph h = tcap::passes::scalars_as_inputs(g, scalar_args(g));
   const FusedOps f = fused_ops(h);
-  EXPECT_EQ(f.params, 2) << f.text;
+  EXPECT_EQ(f.params, 3) << f.text;
   EXPECT_EQ(f.aten_calls.count("aten::add.Tensor"), 0u) << f.text;
   EXPECT_EQ(f.aten_calls.count("aten::mul.Tensor"), 0u) << f.text;
-  EXPECT_EQ(f.aten_calls.count("aten::addcdiv_"), 1u) << f.text;
+  EXPECT_EQ(f.aten_calls.count("aten::addcdiv_"), 0u) << f.text;
+  EXPECT_EQ(f.aten_calls.count("aten::copy_"), 0u) << f.text;
   EXPECT_NE(f.text.find(" param f64 "), std::string::npos) << f.text;
   tcap::CompileOptions o;
   o.backend = tcap::Backend::Llvm;

@@ -1,0 +1,275 @@
+#include "fuse/functionalize.h"
+
+#include "fuse/classify.h"
+#include "fuse/groups.h"
+#include "fuse/rewriter.h"
+#include "ir/op_facts.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <unordered_map>
+
+namespace tcap::fuse {
+
+// Note [In-place updates as kernels]
+// An optimizer's step is a chain of in-place ops per parameter: Adam records mul_, add_,
+// mul_, addcmul_ on its two moments, a sqrt, a div and an add_ on a temporary, and an
+// addcdiv_ on the parameter. A mutation closes every fusion group (Note [Fusion groups]),
+// so each op stayed an ATen call that reads and writes its whole tensor: about 2.5 times
+// the bytes the update needs. As Inductor does (functionalization, then re-inplacing),
+// the chain is made functional here, where fusion can see it, and written back in place
+// after (Note [Fused results written in place], fusion.cpp):
+//   - a buffer's writes are made functional when all of them are pointwise ops with a
+//     lowering (their functional forms classify as Pointwise on the kernels' device) that
+//     write the buffer itself, not a view of it, each on the previous version, with every
+//     tensor of the buffer's floating dtype; the buffer is an input of the graph (a
+//     parameter, a moment, a gradient) or the fresh result of a pointwise or
+//     fresh-result op (the temporary `denom`), dense, on the kernels' device; an input
+//     only in a graph whose inputs did not share a storage when it was captured (Note
+//     [Inputs that share storage] in ir/op_facts.h: a write into one would reach another,
+//     and moving it to the end would let the other's readers see the old values);
+//   - every reader of a version (and of a view of it) other than the next write comes
+//     before that write, so the functional values the readers get hold what they read; the
+//     Output node reads only the last version, and no opaque hook runs after the first
+//     write (it may read the buffer by itself);
+//   - an input's buffer gets the last value back with copy_(input, last) just before the
+//     Output node, which reads the copy's result (still the caller's tensor). The copies
+//     are mutations, so groups close there, after the update kernels; fusion then lets a
+//     kernel write a result straight into the buffer it replaces.
+// Readers after the last write read the functional value, whose bits are the buffer's.
+// What stays as it was: writes through views, writes by ops with no lowering (copy_,
+// zero_, the batch norm's running statistics), a buffer read in ways the order above
+// does not allow, and buffers of other dtypes or devices.
+
+namespace {
+
+constexpr const char* kWhy = "in-place update not made functional: ";
+
+// The overload of functional op `fop` that takes the arguments of in-place op `op`.`overload`
+// (names and types; the in-place self's alias annotation aside), or nullopt. Overload names
+// do not always pair up: pow_.Scalar takes (Tensor self, Scalar exponent), as
+// pow.Tensor_Scalar does, while pow.Scalar takes (Scalar self, Tensor exponent).
+std::optional<std::string> functional_overload(const std::string& op, const std::string& overload,
+                                               const std::string& fop) {
+  static std::mutex mu;
+  static std::map<std::string, std::optional<std::string>> cache;
+  const std::string key = op + "." + overload;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  std::optional<std::string> found;
+  auto& d = c10::Dispatcher::singleton();
+  auto in_place = d.findSchema({op, overload});
+  if (in_place) {
+    const auto& want = in_place->schema().arguments();
+    for (const c10::OperatorName& name : d.getAllOpNames()) {
+      if (name.name != fop) continue;
+      auto f = d.findSchema(name);
+      if (!f) continue;
+      const auto& have = f->schema().arguments();
+      bool same = have.size() == want.size() && f->schema().returns().size() == 1;
+      for (size_t i = 0; same && i < have.size(); ++i) {
+        same = have[i].name() == want[i].name() && *have[i].type() == *want[i].type();
+      }
+      if (same) {
+        found = name.overload_name;
+        if (name.overload_name == overload) break;  // the same name first
+      }
+    }
+  }
+  cache.emplace(key, found);
+  return found;
+}
+
+class Functionalizer : public Rewriter {
+ public:
+  using Rewriter::Rewriter;
+
+ private:
+  struct Chain {
+    ir::ValueId base = ir::kNoValue;
+    std::vector<ir::NodeId> writes;     // in order
+    std::vector<ir::ValueId> versions;  // base, then each write's result
+    bool input = false;                 // base is an input of the graph: written back
+  };
+
+  // The functional op of in-place node n ("aten::mul_" -> "aten::mul"), or "".
+  static std::string functional_op(const ir::Node& n) {
+    if (n.kind != ir::NodeKind::Call || n.op.size() < 2 || n.op.back() != '_') return "";
+    if (n.op.rfind("aten::", 0) != 0 || (n.op.size() > 2 && n.op[n.op.size() - 2] == '_')) return "";
+    return n.op.substr(0, n.op.size() - 1);
+  }
+
+  // Why write n (its result a version of `self`) cannot be made functional, or "".
+  std::string write_refusal(const ir::Node& n, ir::ValueId self) const {
+    const std::string fop = functional_op(n);
+    const auto fov = fop.empty() ? std::nullopt : functional_overload(n.op, n.overload, fop);
+    if (!fov) return n.qualified_op() + " has no functional form here";
+    if (n.outputs.size() != 1 || n.outputs[0].kind != ir::ArgKind::Value) return "several results";
+    if (n.args.empty() || n.args[0].kind != ir::ArgKind::Value || n.args[0].values[0] != self) {
+      return "it does not write its first argument";
+    }
+    const ir::TensorMeta& sm = g_.value(self).meta;
+    std::string why;
+    ir::for_each_value(n.args, [&](ir::ValueId v) {
+      if (why.empty() && !ir::is_host_scalar(g_, v) && g_.value(v).meta.dtype != sm.dtype) why = "mixed dtypes";
+    });
+    if (!why.empty()) return why;
+    ir::Node f = n;
+    f.op = fop;
+    f.overload = *fov;
+    NodeClass info;
+    if (auto refusal = classify(g_, f, &info, device_)) return *refusal;
+    if (info.cls != OpClass::Pointwise) return fop + " is not pointwise";
+    return "";
+  }
+
+  // Why a buffer's chain cannot be made functional, or "".
+  std::string chain_refusal(const Chain& c, const std::vector<ir::NodeId>& view_users_before) const {
+    const ir::Value& base = g_.value(c.base);
+    const ir::TensorMeta& m = base.meta;
+    if (m.dtype != c10::kFloat && m.dtype != c10::kDouble) return std::string("dtype ") + c10::toString(m.dtype);
+    if (m.device != device_) return "a buffer on " + m.device.str();
+    if (!dense_layout(m)) return "a buffer that is not dense";
+    if (c.input && g_.meta().count(ir::kInputsShareStorage)) {
+      return "the graph's inputs shared a storage when it was captured (Note [Inputs that share storage])";
+    }
+    if (!c.input) {
+      const ir::Node& p = g_.node(base.producer);
+      if (p.kind != ir::NodeKind::Call ||
+          !(ir::op_has(p.op, ir::OpFact::FreshResult) || ir::op_has(p.op, ir::OpFact::Pointwise))) {
+        return "a buffer made by " + p.qualified_op() + ", which may share another's storage";
+      }
+    }
+    for (size_t i = 0; i < c.writes.size(); ++i) {
+      if (auto why = write_refusal(g_.node(c.writes[i]), c.versions[i]); !why.empty()) {
+        return "%" + std::to_string(c.writes[i]) + " " + g_.node(c.writes[i]).qualified_op() + ": " + why;
+      }
+      // Readers of version i come before write i (its own read aside).
+      for (ir::NodeId u : g_.users(c.versions[i])) {
+        if (u > c.writes[i]) return "%" + std::to_string(c.versions[i]) + " is read after it is overwritten";
+      }
+    }
+    for (size_t i = 0; i + 1 < c.versions.size(); ++i) {
+      if (view_users_before[i] > c.writes[i]) return "a view of the buffer is read after the buffer is overwritten";
+    }
+    const ir::NodeId first = c.writes.front();
+    for (const ir::Node& n : g_.nodes()) {
+      if (n.id > first && n.kind == ir::NodeKind::CallHook && g_.hooks().at(static_cast<size_t>(n.hook)).slot >= 0) {
+        return "an opaque hook runs after the update";
+      }
+    }
+    return "";
+  }
+
+  void plan(Decomposed* d) override {
+    // Chains by base: each write's result is a version of the previous one.
+    std::map<ir::ValueId, Chain> chains;
+    std::set<ir::ValueId> refused;  // bases written through a view, or not in one chain
+    for (const ir::Node& n : g_.nodes()) {
+      ir::for_each_value(n.outputs, [&](ir::ValueId v) {
+        const ir::ValueId prev = g_.value(v).version_of;
+        if (prev == ir::kNoValue) return;
+        const ir::ValueId root = g_.alias_root(v);
+        ir::ValueId b = prev;
+        while (g_.value(b).version_of != ir::kNoValue) b = g_.value(b).version_of;
+        if (g_.value(b).view_of != ir::kNoValue) {  // a write through a view
+          if (refused.insert(root).second) d->decisions.push_back(decision(n, kWhy + std::string("it writes a view")));
+          return;
+        }
+        Chain& c = chains[b];
+        if (c.versions.empty()) {
+          c.base = b;
+          c.versions.push_back(b);
+          c.input = g_.node(g_.value(b).producer).kind == ir::NodeKind::Input;
+        }
+        if (c.versions.back() != prev) refused.insert(b);  // two writes of one version
+        c.writes.push_back(n.id);
+        c.versions.push_back(v);
+      });
+    }
+    // Per version of each chain: the last reader of any view made from it.
+    const std::vector<ir::NodeId> last = g_.last_readers();
+    const ir::Node* out = g_.output_node();
+    for (auto& [b, c] : chains) {
+      if (refused.count(b) || refused.count(g_.alias_root(b))) continue;
+      std::map<ir::ValueId, size_t> index;
+      for (size_t i = 0; i < c.versions.size(); ++i) index[c.versions[i]] = i;
+      std::vector<ir::NodeId> view_users(c.versions.size(), -1);
+      bool output_reads_old = false;
+      for (const ir::Value& v : g_.values()) {
+        if (v.view_of == ir::kNoValue) continue;
+        ir::ValueId s = v.view_of;
+        while (g_.value(s).view_of != ir::kNoValue) s = g_.value(s).view_of;
+        auto it = index.find(s);
+        if (it == index.end()) continue;
+        const ir::NodeId r = last[static_cast<size_t>(v.id)];
+        if (out && r == out->id) output_reads_old = true;  // a view of the buffer is returned
+        view_users[it->second] = std::max(view_users[it->second], r);
+      }
+      if (out) {
+        for (const auto& a : out->args) {
+          auto it = index.find(a.values.at(0));
+          if (it != index.end() && it->second + 1 < c.versions.size()) output_reads_old = true;
+        }
+      }
+      std::string why = output_reads_old ? "the graph returns an overwritten version or a view of the buffer"
+                                         : chain_refusal(c, view_users);
+      if (!why.empty()) {
+        d->decisions.push_back(decision(g_.node(c.writes.front()), kWhy + why));
+        continue;
+      }
+      for (ir::NodeId w : c.writes) selected_.insert(w);
+      if (c.input) write_backs_.push_back({c.base, c.versions.back()});
+    }
+  }
+
+  bool selected(const ir::Node& n) const override { return selected_.count(n.id) > 0; }
+
+  bool rewrite(const ir::Node& n) override {
+    std::vector<ir::Arg> args = n.args;
+    for (auto& a : args) {
+      for (auto& v : a.values) {
+        if (v != ir::kNoValue) v = map_.at(v);
+      }
+    }
+    const ir::ValueId orig = n.outputs[0].values[0];
+    ir::TensorMeta m = g_.value(orig).meta;
+    const ir::ValueId v =
+        out_.add_call(functional_op(n), *functional_overload(n.op, n.overload, functional_op(n)), std::move(args), m, &n);
+    map_[orig] = v;
+    return true;
+  }
+
+  // The write-backs, before the Output node, which reads their results.
+  void before(const ir::Node& n) override {
+    if (n.kind != ir::NodeKind::Output) return;
+    for (const auto& [base, last_version] : write_backs_) {
+      const ir::ValueId target = map_.at(base);
+      const ir::Node& from = g_.node(g_.value(last_version).producer);
+      const ir::ValueId v =
+          out_.add_call("aten::copy_", "",
+                        {ir::Arg::value(target, "self"), ir::Arg::value(map_.at(last_version), "src"),
+                         ir::Arg::boolean(false, "non_blocking")},
+                        g_.value(base).meta, &from);
+      out_.value(v).version_of = target;
+      map_[last_version] = v;
+    }
+  }
+
+  std::set<ir::NodeId> selected_;
+  std::vector<std::pair<ir::ValueId, ir::ValueId>> write_backs_;  // (input, its last version)
+};
+
+}  // namespace
+
+Decomposed functionalize_updates(const ir::Graph& g, const c10::Device& device) {
+  return Functionalizer(g, device).run();
+}
+
+}  // namespace tcap::fuse
