@@ -175,9 +175,15 @@ void expect_trains_as_eager(const std::string& name, const std::function<nn::Seq
     auto pe = eager->parameters(), pm = model->parameters();
     for (size_t i = 0; i < pe.size(); ++i) EXPECT_TRUE(close(pm[i], pe[i], 1e-4, 1e-5)) << "step " << s << " param " << i;
   }
-  if (f) EXPECT_GE(f->stats().replays, 1);
-  if (step) EXPECT_GE(step->stats().replays, 1);
-  if (door == "compiled_autograd") EXPECT_GE(ca_replays, 1);
+  if (f) {
+    EXPECT_GE(f->stats().replays, 1);
+  }
+  if (step) {
+    EXPECT_GE(step->stats().replays, 1);
+  }
+  if (door == "compiled_autograd") {
+    EXPECT_GE(ca_replays, 1);
+  }
 }
 
 TEST_F(GroupNorm, ConvolutionBlockTrainsAsEagerInEveryFrontDoor) {

@@ -27,8 +27,10 @@ struct BlockImpl : nn::Module {
     h = torch::silu(n2->forward(c2->forward(h)));
     return h + skip->forward(x);
   }
-  nn::Conv2d c1, c2;
-  nn::GroupNorm n1, n2;
+  nn::Conv2d c1;
+  nn::GroupNorm n1;
+  nn::Conv2d c2;
+  nn::GroupNorm n2;
   nn::Conv2d skip;
 };
 TORCH_MODULE(Block);
@@ -47,8 +49,9 @@ struct UNetImpl : nn::Module {
         e2, torch::nn::functional::InterpolateFuncOptions().scale_factor(std::vector<double>{2, 2}).mode(torch::kNearest));
     return out->forward(dec1->forward(torch::cat({up, e1}, 1)));
   }
-  Block enc1, enc2;
+  Block enc1;
   nn::Conv2d down;
+  Block enc2;
   Block dec1;
   nn::Conv2d out;
 };
