@@ -334,7 +334,69 @@ def transformer_block(quick):
     return make, MATMUL_TOL
 
 
+class UpdateStep:
+    """One Adam step alone over a model's parameters, gradients set once
+    (workloads_updates.cpp, Note [What an update workload measures]); fwd_us is the step.
+    `inductor`: torch.compile(opt.step), Inductor's compiled optimizer, as a Python user
+    compiles a step. Python's Adam on the CPU takes its default per-parameter loop, as
+    LibTorch's does."""
+
+    metrics = ("fwd_us",)
+
+    def __init__(self, model, compiled):
+        torch.manual_seed(0)
+        self.params = list(model.parameters())
+        for p in self.params:
+            p.grad = torch.randn_like(p)
+        self.opt = torch.optim.Adam(self.params, lr=1e-3)
+        self.step = torch.compile(self.opt.step) if compiled else self.opt.step
+
+    def run_untimed(self):
+        self.step()
+
+    def run_timed(self, acc):
+        sync()
+        t0 = time.perf_counter()
+        self.step()
+        sync()
+        acc["fwd_us"] += time.perf_counter() - t0
+
+    def result(self):
+        return [p.detach().clone() for p in self.params]
+
+    def prepare(self):
+        t0 = time.perf_counter()
+        self.run_untimed()
+        return (time.perf_counter() - t0) * 1e3
+
+    def check_against(self, eager, tol):
+        for i, (g, w) in enumerate(zip(self.result(), eager.result())):
+            diff = difference(g, w, tol)
+            if diff:
+                return f"inductor's parameter {i} after one step differs from py_eager: {diff}"
+        return ""
+
+
+def adam_mlp_big(quick):
+    def make(compiled):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 1024), nn.LayerNorm(1024))
+        return UpdateStep(model.to(DEVICE), compiled)
+
+    return make, MATMUL_TOL
+
+
+def adam_transformer_block(quick):
+    def make(compiled):
+        torch.manual_seed(0)
+        return UpdateStep(CppEncoderLayer(256, 4, 2048).to(DEVICE), compiled)
+
+    return make, MATMUL_TOL
+
+
 WORKLOADS = {
+    "adam_mlp_big": adam_mlp_big,
+    "adam_transformer_block": adam_transformer_block,
     "coscos": coscos,
     "bias_relu": bias_relu,
     "mlp_small": mlp_small,

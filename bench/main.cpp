@@ -127,6 +127,7 @@ int main(int argc, char** argv) {
   tcap::bench::add_capture_workloads(registry);
   tcap::bench::add_compile_workloads(registry);
   tcap::bench::add_program_workloads(registry);
+  tcap::bench::add_update_workloads(registry);
   tcap::bench::add_overhead_workloads(registry);
   tcap::bench::add_serving_workloads(registry);
   tcap::bench::add_ir_workloads(registry);

@@ -24,5 +24,8 @@ void add_serving_workloads(Registry& registry);
 void add_ir_workloads(Registry& registry);
 // export_cnn, import_train_mlp (bench/workloads_export.cpp).
 void add_export_workloads(Registry& registry);
+// adam_mlp_big, adam_transformer_block: one optimizer step alone against its bandwidth
+// floor (bench/workloads_updates.cpp).
+void add_update_workloads(Registry& registry);
 
 }  // namespace tcap::bench
