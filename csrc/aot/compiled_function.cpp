@@ -65,7 +65,7 @@ struct CompiledFunction::Impl {
     if (!contract_logged.exchange(true)) aot::log_contract(*e, who());
   }
 
-  struct Call;
+  struct ServedCall;
   std::vector<at::Tensor> call(const std::vector<at::Tensor>& user_inputs);
   // The capture's inputs: the user's, then the modules' parameters and buffers (read with
   // names into `named`).
@@ -139,7 +139,7 @@ std::optional<std::vector<at::Tensor>> CompiledFunction::Impl::while_pending(con
 }
 
 // A call of tcap::compile through the serving loop (Note [The serving loop]).
-struct CompiledFunction::Impl::Call {
+struct CompiledFunction::Impl::ServedCall {
   using Out = std::vector<at::Tensor>;
   Impl& f;
   const std::vector<at::Tensor>& user_inputs;
@@ -227,7 +227,7 @@ struct CompiledFunction::Impl::Call {
 };
 
 std::vector<at::Tensor> CompiledFunction::Impl::call(const std::vector<at::Tensor>& user_inputs) {
-  Call c{*this, user_inputs, {}, {}, {}};
+  ServedCall c{*this, user_inputs, {}, {}, {}};
   return cache->serve_call(c);
 }
 

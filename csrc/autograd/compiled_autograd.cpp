@@ -92,10 +92,10 @@ struct BackwardPlan {
   std::vector<c10::IValue> keep_alive;
 };
 
-struct Entry : cache::Entry, BackwardPlan {
+struct BackwardEntry : cache::Entry, BackwardPlan {
   ir::Graph graph;
   Executable exe;
-  std::shared_ptr<cache::Specializations<Entry>> specialized = std::make_shared<cache::Specializations<Entry>>();
+  std::shared_ptr<cache::Specializations<BackwardEntry>> specialized = std::make_shared<cache::Specializations<BackwardEntry>>();
 };
 
 struct Cache {
@@ -155,7 +155,7 @@ class Runtime : public capture::BackwardHandler {
   Cache& cache() { return *cache_; }
 
  private:
-  struct Call;
+  struct ServedCall;
   const CompileOptions& opts() const { return cache_->options.compile; }
   // The options' bw_compiler when set (torch's compiled_autograd.enable(compiler_fn)),
   // else the backend.
@@ -166,26 +166,26 @@ class Runtime : public capture::BackwardHandler {
   // Runs the plain engine for a backward tcap cannot compile: a fallback (logged, thrown
   // under error_on_fallback).
   variable_list eager(const Request& r, const std::string& why);
-  variable_list replay(const Request& r, const Entry& e, ca::BackwardWalk& w);
-  variable_list verified_replay(const Request& r, const Entry& e, ca::BackwardWalk& w, const VerifyOptions& v);
-  interp::HookRunner hook_runner(const Entry& e, ca::BackwardWalk& w, c10::impl::LocalDispatchKeySet outer) const;
-  variable_list capture(const Request& r, const ca::BackwardWalk& w, const std::shared_ptr<const Entry>& size_miss_of,
+  variable_list replay(const Request& r, const BackwardEntry& e, ca::BackwardWalk& w);
+  variable_list verified_replay(const Request& r, const BackwardEntry& e, ca::BackwardWalk& w, const VerifyOptions& v);
+  interp::HookRunner hook_runner(const BackwardEntry& e, ca::BackwardWalk& w, c10::impl::LocalDispatchKeySet outer) const;
+  variable_list capture(const Request& r, const ca::BackwardWalk& w, const std::shared_ptr<const BackwardEntry>& size_miss_of,
                         const std::vector<size_t>& changed);
   // One backward run by the engine while recording: its results, the entry's plan and
   // guards, and its graph; `why` says why no graph could be made of it.
   struct Recorded {
     variable_list results;
-    std::shared_ptr<Entry> entry;
+    std::shared_ptr<BackwardEntry> entry;
     ir::Graph graph;
     std::string why;
   };
   Recorded record(const Request& r, const ca::BackwardWalk& w);
   // Note [Checking a new size]: the backward run while recording, compared with dynamic
   // entry e's graph at class values `key`; returns the backward's results.
-  variable_list check(const Request& r, const ca::BackwardWalk& w, const Entry& e, const std::vector<int64_t>& key,
+  variable_list check(const Request& r, const ca::BackwardWalk& w, const BackwardEntry& e, const std::vector<int64_t>& key,
                       std::string* verdict);
-  std::shared_ptr<const Entry> specialize(const std::shared_ptr<const Entry>& e, const std::vector<int64_t>& key);
-  std::string generalize(const Entry& a, Entry& b, const std::vector<size_t>& changed);
+  std::shared_ptr<const BackwardEntry> specialize(const std::shared_ptr<const BackwardEntry>& e, const std::vector<int64_t>& key);
+  std::string generalize(const BackwardEntry& a, BackwardEntry& b, const std::vector<size_t>& changed);
   std::string miss_reason(const ca::BackwardWalk& w, const cache::Lookup& l) const;
   std::shared_ptr<Cache> cache_;
 };
@@ -213,7 +213,7 @@ std::string Runtime::miss_reason(const ca::BackwardWalk& w, const cache::Lookup&
   size_t node = 0;
   std::vector<size_t> previous;
   for (const auto& base : *cache_->entries.entries()) {
-    const auto& e = static_cast<const Entry&>(*base);
+    const auto& e = static_cast<const BackwardEntry&>(*base);
     const std::string& key = e.guards.structure;
     previous.push_back(key.size());
     size_t i = 0;
@@ -232,7 +232,7 @@ std::string Runtime::miss_reason(const ca::BackwardWalk& w, const cache::Lookup&
 }
 
 // A backward through the serving loop (Note [The serving loop]).
-struct Runtime::Call {
+struct Runtime::ServedCall {
   using Out = variable_list;
   Runtime& rt;
   const Request& r;
@@ -268,7 +268,7 @@ struct Runtime::Call {
 
   // A hit whose specialization to new sizes fails is not served (it is recaptured).
   std::optional<Out> replay(const cache::Lookup& found, bool first) {
-    auto hit = rt.specialize(std::static_pointer_cast<const Entry>(found.hit), found.key);
+    auto hit = rt.specialize(std::static_pointer_cast<const BackwardEntry>(found.hit), found.key);
     if (!hit) return std::nullopt;
     const VerifyOptions v = cache::verify_options_for(rt.opts());
     if (first && rt.cache_->verifier.next(v)) {
@@ -288,7 +288,7 @@ struct Runtime::Call {
   }
   Out capture(const cache::Lookup& miss) {
     TCAP_LOG(CompiledAutogradVerbose, miss.first_miss);
-    return rt.capture(r, *w, std::static_pointer_cast<const Entry>(miss.size_miss_of), miss.changed);
+    return rt.capture(r, *w, std::static_pointer_cast<const BackwardEntry>(miss.size_miss_of), miss.changed);
   }
   Out eager(const std::string& why) {
     TCAP_LOG(CompiledAutograd, "compiled autograd: this backward runs eagerly: " << why);
@@ -296,7 +296,7 @@ struct Runtime::Call {
   }
   std::optional<Out> check(const cache::Lookup& found, std::string* verdict) {
     if (!edit) edit.emplace(capture::GraphLock::Mode::Edit);  // the recording adds observers, as a capture does
-    return rt.check(r, *w, static_cast<const Entry&>(*found.hit), found.key, verdict);
+    return rt.check(r, *w, static_cast<const BackwardEntry&>(*found.hit), found.key, verdict);
   }
 };
 
@@ -304,11 +304,11 @@ variable_list Runtime::serve(const Request& r) {
   // Note [Backwards and graph edits on several threads]: the walk reads the nodes' hook
   // lists and the engine runs them, which a capture on another thread may be editing.
   capture::GraphLock read(capture::GraphLock::Mode::Read);
-  Call c{*this, r, {}, nullptr, {}, {}};
+  ServedCall c{*this, r, {}, nullptr, {}, {}};
   return cache_->entries.serve_call(c);
 }
 
-interp::HookRunner Runtime::hook_runner(const Entry& e, ca::BackwardWalk& w, c10::impl::LocalDispatchKeySet outer) const {
+interp::HookRunner Runtime::hook_runner(const BackwardEntry& e, ca::BackwardWalk& w, c10::impl::LocalDispatchKeySet outer) const {
   TORCH_CHECK(w.hooks.size() == e.num_hooks, "compiled autograd: the backward has ", w.hooks.size(),
               " hooks, its compiled graph ", e.num_hooks);
   return [&e, &w, outer](int slot, const std::vector<at::Tensor>& in, const std::vector<at::Tensor>& node_in) {
@@ -336,7 +336,7 @@ interp::HookRunner Runtime::hook_runner(const Entry& e, ca::BackwardWalk& w, c10
 // results, and the gradients each received are compared with the engine's. A graph that
 // accumulates leaves inside itself (Note [Leaves accumulated where the engine would]) is
 // not verified: it would accumulate twice.
-variable_list Runtime::verified_replay(const Request& r, const Entry& e, ca::BackwardWalk& w, const VerifyOptions& v) {
+variable_list Runtime::verified_replay(const Request& r, const BackwardEntry& e, ca::BackwardWalk& w, const VerifyOptions& v) {
   if (e.accumulates_in_graph) {
     TCAP_LOG(Verify, "compiled autograd entry " << e.id << " is not verified: it accumulates leaves inside its graph");
     return replay(r, e, w);
@@ -427,7 +427,7 @@ variable_list Runtime::verified_replay(const Request& r, const Entry& e, ca::Bac
   return eager;
 }
 
-variable_list Runtime::replay(const Request& r, const Entry& e, ca::BackwardWalk& w) {
+variable_list Runtime::replay(const Request& r, const BackwardEntry& e, ca::BackwardWalk& w) {
   count(&CompileStats::replays);
   interp::HookRunner runner = hook_runner(e, w, c10::impl::tls_local_dispatch_key_set());
   // Note [Saved tensors freed as the backward runs]: without retain_graph, the engine
@@ -546,8 +546,8 @@ Runtime::Recorded Runtime::record(const Request& r, const ca::BackwardWalk& w) {
     in_graph = markers.in_graph;
   }
 
-  out.entry = std::make_shared<Entry>();
-  Entry* entry = out.entry.get();
+  out.entry = std::make_shared<BackwardEntry>();
+  BackwardEntry* entry = out.entry.get();
   entry->guards.check_global = false;
   entry->guards.structure = std::string(w.key());
   for (const auto& sz : w.sizes) {
@@ -628,7 +628,7 @@ Runtime::Recorded Runtime::record(const Request& r, const ca::BackwardWalk& w) {
   return out;
 }
 
-variable_list Runtime::check(const Request& r, const ca::BackwardWalk& w, const Entry& e, const std::vector<int64_t>& key,
+variable_list Runtime::check(const Request& r, const ca::BackwardWalk& w, const BackwardEntry& e, const std::vector<int64_t>& key,
                              std::string* verdict) {
   Recorded rec = record(r, w);
   *verdict = e.guards.dyn.ledger->check(
@@ -637,12 +637,12 @@ variable_list Runtime::check(const Request& r, const ca::BackwardWalk& w, const 
 }
 
 variable_list Runtime::capture(const Request& r, const ca::BackwardWalk& w,
-                               const std::shared_ptr<const Entry>& size_miss_of, const std::vector<size_t>& changed) {
+                               const std::shared_ptr<const BackwardEntry>& size_miss_of, const std::vector<size_t>& changed) {
   count(&CompileStats::captures);
   const auto t0 = std::chrono::steady_clock::now();
   Recorded rec = record(r, w);
   variable_list& results = rec.results;
-  const std::shared_ptr<Entry>& entry = rec.entry;
+  const std::shared_ptr<BackwardEntry>& entry = rec.entry;
   const ir::Graph& graph = rec.graph;
   if (!rec.why.empty()) {
     {
@@ -698,7 +698,7 @@ variable_list Runtime::capture(const Request& r, const ca::BackwardWalk& w,
   return results;
 }
 
-std::string Runtime::generalize(const Entry& a, Entry& b, const std::vector<size_t>& changed) {
+std::string Runtime::generalize(const BackwardEntry& a, BackwardEntry& b, const std::vector<size_t>& changed) {
   if (a.acc_output != b.acc_output || a.grad_output != b.grad_output) {
     return "the graphs recorded at the two sizes differ in structure";
   }
@@ -711,10 +711,10 @@ std::string Runtime::generalize(const Entry& a, Entry& b, const std::vector<size
   return why;
 }
 
-std::shared_ptr<const Entry> Runtime::specialize(const std::shared_ptr<const Entry>& e, const std::vector<int64_t>& key) {
+std::shared_ptr<const BackwardEntry> Runtime::specialize(const std::shared_ptr<const BackwardEntry>& e, const std::vector<int64_t>& key) {
   if (!e->guards.dyn.dynamic() || key == e->guards.dyn.own_key) return e;
   if (auto s = e->specialized->find(key)) return s;
-  auto s = std::make_shared<Entry>();
+  auto s = std::make_shared<BackwardEntry>();
   s->id = e->id;
   s->guards.check_global = false;
   static_cast<BackwardPlan&>(*s) = static_cast<const BackwardPlan&>(*e);
@@ -834,7 +834,7 @@ CompiledAutogradStats CompiledAutogradGuard::stats() const { return impl_->runti
 
 std::vector<ir::Graph> CompiledAutogradGuard::graphs() const {
   std::vector<ir::Graph> out;
-  for (const auto& e : *impl_->runtime.cache().entries.entries()) out.push_back(static_cast<const Entry&>(*e).graph);
+  for (const auto& e : *impl_->runtime.cache().entries.entries()) out.push_back(static_cast<const BackwardEntry&>(*e).graph);
   return out;
 }
 

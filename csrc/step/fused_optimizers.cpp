@@ -475,7 +475,7 @@ FusedOptimizerSteps fuse_optimizer_steps(const ir::Graph& g, const std::vector<S
     out.add_node(std::move(call));
     out.schemas()[out.node(call_id).op] = ir::known_schema_string(out.node(call_id).op, "");
     r.patches.push_back(ScalarPatch{call_id, lr_arg, gr.opt, first_param, HostScalar::Lr});
-    r.groups.push_back(FusedGroup{gr.opt, gr.params});
+    r.groups.push_back(MultiTensorUpdate{gr.opt, gr.params});
     r.fused_params += static_cast<int>(gr.params.size());
   };
   std::vector<ValueId> outs;
@@ -512,7 +512,7 @@ FusedOptimizerSteps fuse_optimizer_steps(const ir::Graph& g, const std::vector<S
   return r;
 }
 
-bool fused_steps_agree(const std::vector<FusedGroup>& groups, const std::vector<const OptimizerAdapter*>& opts) {
+bool fused_steps_agree(const std::vector<MultiTensorUpdate>& groups, const std::vector<const OptimizerAdapter*>& opts) {
   for (const auto& gr : groups) {
     if (gr.params.empty()) continue;
     const OptimizerAdapter& o = *opts.at(gr.opt);

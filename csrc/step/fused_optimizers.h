@@ -18,7 +18,7 @@ namespace tcap::step {
 
 // Parameters one fused call updates with one step count: a replay is exact only while
 // their optimizer's step counters agree (fused_steps_agree).
-struct FusedGroup {
+struct MultiTensorUpdate {
   size_t opt = 0;
   std::vector<size_t> params;
 };
@@ -26,7 +26,7 @@ struct FusedGroup {
 struct FusedOptimizerSteps {
   ir::Graph graph;                   // the step graph with fused updates
   std::vector<ScalarPatch> patches;  // the patches, renumbered, with the fused calls' own
-  std::vector<FusedGroup> groups;
+  std::vector<MultiTensorUpdate> groups;
   int fused_params = 0;              // parameter updates that became part of a fused call
   std::vector<std::string> kept;     // why the other updates stayed as they were recorded
 };
@@ -39,7 +39,7 @@ FusedOptimizerSteps fuse_optimizer_steps(const ir::Graph& g, const std::vector<S
                                          const std::vector<const OptimizerAdapter*>& opts,
                                          const std::map<std::pair<size_t, size_t>, ir::ValueId>& params);
 
-// Whether the step counters of every group agree (see FusedGroup).
-bool fused_steps_agree(const std::vector<FusedGroup>& groups, const std::vector<const OptimizerAdapter*>& opts);
+// Whether the step counters of every group agree (see MultiTensorUpdate).
+bool fused_steps_agree(const std::vector<MultiTensorUpdate>& groups, const std::vector<const OptimizerAdapter*>& opts);
 
 }  // namespace tcap::step

@@ -68,7 +68,7 @@ struct StepPlan {
   std::vector<std::pair<size_t, size_t>> hook_slots;
   // Parameters whose updates run as one fused call with one step count (Note [Fused
   // optimizer steps]).
-  std::vector<step::FusedGroup> fused_groups;
+  std::vector<step::MultiTensorUpdate> fused_groups;
   // Outputs returned with autograd history a later backward may use, and the slice that
   // gives them one on a replay (Note [Outputs with history from a replayed step]).
   std::vector<size_t> with_history;
@@ -185,7 +185,7 @@ struct CompiledStep::Impl {
   // (Note [Hooks called once under verify], capture/hooks.h).
   std::vector<at::Tensor> replay(const StepEntry& e, const step::StepInputs& g, const std::vector<at::Tensor>& primals,
                                  const std::vector<at::Tensor>& user, capture::HookTape* tape = nullptr);
-  struct Call;
+  struct ServedCall;
   std::vector<at::Tensor> call(const std::vector<at::Tensor>& user);
   // A verified replay (Note [Verifying a compiled step]), or nullopt where the entry cannot
   // be verified (logged): its outputs have a history node of their own.

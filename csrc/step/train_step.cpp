@@ -177,7 +177,7 @@ std::optional<std::vector<at::Tensor>> CompiledStep::Impl::verified(const StepEn
 }
 
 // A call of compile_step through the serving loop (Note [The serving loop]).
-struct CompiledStep::Impl::Call {
+struct CompiledStep::Impl::ServedCall {
   using Out = std::vector<at::Tensor>;
   Impl& s;
   const std::vector<at::Tensor>& user;
@@ -265,7 +265,7 @@ struct CompiledStep::Impl::Call {
 };
 
 std::vector<at::Tensor> CompiledStep::Impl::call(const std::vector<at::Tensor>& user) {
-  Call c{*this, user, {}, {}, {}};
+  ServedCall c{*this, user, {}, {}, {}};
   return cache->serve_call(c);
 }
 

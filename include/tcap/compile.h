@@ -195,8 +195,8 @@ class CompiledFunction {
 
 // What tcap::compile(fn) returns: a handle to the compiled function, called as the
 // function is: f(a, b) or f({a, b}); f->stats(), f->entries(). Like a module holder it
-// shares its function when copied. The older spellings still work: (*f)({a, b}), and a
-// std::shared_ptr<CompiledFunction> initialized from it (deprecated).
+// shares its function when copied. (*f)({a, b}) calls it too, and it converts to the
+// std::shared_ptr<CompiledFunction> it holds (ptr()).
 class CompiledFn {
  public:
   CompiledFn() = default;
@@ -212,7 +212,7 @@ class CompiledFn {
   CompiledFunction* operator->() const { return get(); }
   CompiledFunction& operator*() const { return *get(); }
   const std::shared_ptr<CompiledFunction>& ptr() const { return impl_; }
-  /* implicit, deprecated */ operator std::shared_ptr<CompiledFunction>() const { return impl_; }
+  /* implicit */ operator std::shared_ptr<CompiledFunction>() const { return impl_; }
   explicit operator bool() const { return impl_ != nullptr; }
 
  private:
@@ -386,7 +386,8 @@ class CompiledModule : public torch::nn::ModuleHolder<CompiledModuleImpl<M>> {
   auto operator()(const at::Tensor& x, const T&... rest) const {
     return this->ptr()->forward(x, rest...);
   }
-  // The function of forward(x), as compile(model) returned it before (deprecated).
+  // The function of forward(x) (function(1)), for code that holds a
+  // std::shared_ptr<CompiledFunction>.
   /* implicit */ operator std::shared_ptr<CompiledFunction>() const {
     return this->ptr()->function(1).ptr();
   }

@@ -29,8 +29,8 @@
 namespace tcap {
 
 // The stats of every front door (include/tcap/compile.h): `calls` counts the backward()
-// and grad() calls the guard saw, `replays` those served by a compiled backward (it was
-// named `hits`), `lookup_us` the time spent walking the graph and looking up the cache.
+// and grad() calls the guard saw, `replays` those served by a compiled backward,
+// `lookup_us` the time spent walking the graph and looking up the cache.
 using CompiledAutogradStats = CompileStats;
 
 struct CompiledAutogradOptions {
