@@ -210,7 +210,8 @@ void generalize(const RegionEntry& a, RegionEntry& b, const std::vector<size_t>&
     return;
   }
   TCAP_LOG(Recompiles, who << " entry " << b.id << " is dynamic in " << changed.size() << " dims ("
-                           << b.guards.dyn.patches.size() << " integers follow the sizes)");
+                           << b.guards.dyn.patches.size() << " integers follow the sizes): "
+                           << b.guards.describe_dynamic());
 }
 
 std::shared_ptr<const RegionEntry> specialize(const std::shared_ptr<const RegionEntry>& e, const std::vector<int64_t>& key,

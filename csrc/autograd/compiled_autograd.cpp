@@ -686,7 +686,8 @@ variable_list Runtime::capture(const Request& r, const ca::BackwardWalk& w,
     const std::string g = generalize(*size_miss_of, *entry, changed);
     if (g.empty()) {
       TCAP_LOG(Recompiles, "compiled autograd: " << what << " is dynamic in " << changed.size() << " sizes ("
-                                                  << entry->guards.dyn.patches.size() << " integers follow them)");
+                                                  << entry->guards.dyn.patches.size() << " integers follow them): "
+                                                  << entry->guards.describe_dynamic());
     } else {
       TCAP_LOG(Recompiles, "compiled autograd: " << what << " stays static: " << g);
     }

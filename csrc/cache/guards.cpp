@@ -580,6 +580,45 @@ std::string Guards::check_primals(const std::vector<at::Tensor>& primals, bool* 
   return why;
 }
 
+std::string Guards::describe_dynamic() const {
+  if (!dyn.dynamic()) return "";
+  std::vector<std::vector<std::string>> members(dyn.num_classes);
+  std::vector<int64_t> captured(dyn.num_classes, 0);
+  auto note = [&](size_t pos, std::string name) {
+    if (!dyn.is_dynamic(pos) || pos >= sizes.size()) return;
+    const auto c = static_cast<size_t>(dyn.size_class[pos]);
+    if (c >= members.size()) return;
+    // A backward's sizes are labelled by the node that reads them: one label per node.
+    if (std::find(members[c].begin(), members[c].end(), name) == members[c].end()) members[c].push_back(std::move(name));
+    captured[c] = sizes[pos];
+  };
+  size_t pos = 0;
+  bool tensor_dims = false;
+  for (const auto& t : tensors) {
+    for (size_t d = 0; d < t.sizes.size(); ++d, ++pos) {
+      tensor_dims = tensor_dims || dyn.is_dynamic(pos);
+      note(pos, t.name + ".size(" + std::to_string(d) + ")");
+    }
+  }
+  for (size_t k = 0; pos < sizes.size(); ++pos, ++k) {
+    note(pos, k < size_labels.size() ? size_labels[k] : "size #" + std::to_string(pos));
+  }
+  std::ostringstream os;
+  for (size_t c = 0; c < members.size(); ++c) {
+    os << (c ? "; " : "") << "s" << c;
+    for (const auto& m : members[c]) os << " = " << m;
+    os << " (captured at " << captured[c] << ")";
+  }
+  os << "; guarded: ";
+  for (size_t c = 0; c < members.size(); ++c) os << (c ? ", " : "") << "s" << c << " >= 2";
+  bool shared = false;
+  for (const auto& m : members) shared = shared || m.size() > 1;
+  if (shared) os << ", the sizes of one symbol equal";
+  if (tensor_dims) os << ", the tensors with a symbolic size contiguous";
+  os << ", every other size as captured";
+  return os.str();
+}
+
 std::vector<std::string> Guards::describe() const {
   std::vector<std::string> out;
   size_t pos = 0;

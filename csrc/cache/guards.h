@@ -266,6 +266,9 @@ struct Guards {
   std::string check_primals(const std::vector<at::Tensor>& primals, bool* host_only = nullptr) const;
   // Readable guards ("x: f32[s0, 3] contiguous cpu", "grad mode on", ...).
   std::vector<std::string> describe() const;
+  // A dynamic entry's symbols and the relations guarded on them, for the recompile log:
+  // "s0 = x.size(0) = y.size(0) (captured at 16); guarded: s0 >= 2, ..." ("" when static).
+  std::string describe_dynamic() const;
 };
 
 // Alias classes: position of the first tensor sharing each tensor's storage.

@@ -432,7 +432,8 @@ void CompiledStep::Impl::generalize(const StepEntry& a, StepEntry& b) {
     return;
   }
   TCAP_LOG(Recompiles, who() << " entry " << b.id << " is dynamic in " << b.changed.size() << " dims ("
-                             << b.guards.dyn.patches.size() << " integers follow the sizes)");
+                             << b.guards.dyn.patches.size() << " integers follow the sizes): "
+                             << b.guards.describe_dynamic());
 }
 
 std::vector<at::Tensor> CompiledStep::Impl::check_call(const StepEntry& e, const std::vector<int64_t>& key,

@@ -316,6 +316,42 @@ TEST(SizeChecks, StepWhoseStructureFollowsTheLengthSaysWhyItWaits) {
   EXPECT_GE(log.count("a loop unrolled over a length?"), 1) << log.text();
 }
 
+// The recompile log names each symbol, the sizes it stands for and the relations guarded
+// on it, per front door.
+TEST(SizeChecks, TheLogSaysWhichSizesAreSymbolsAndWhatIsGuarded) {
+  LogCapture log("recompiles");
+  tcap::CompileOptions o;
+  o.name = "symbols";
+  auto f = tcap::compile([](const Tensors& in) { return Tensors{(in[0] * in[1]).sum(1)}; }, o);
+  for (int64_t n : {8, 12, 12}) {
+    auto x = torch::randn({n, 5}), y = torch::randn({n, 5});
+    ASSERT_TRUE(close(f(x, y)[0], (x * y).sum(1), 1e-5, 1e-6));
+  }
+  EXPECT_EQ(log.count("s0 = in0.size(0) = in1.size(0) (captured at 12); guarded: s0 >= 2, the sizes of one symbol "
+                      "equal, the tensors with a symbolic size contiguous, every other size as captured"),
+            1)
+      << log.text();
+
+  torch::manual_seed(3);
+  nn::Linear lin(5, 3);
+  torch::optim::SGD opt(lin->parameters(), 0.1);
+  tcap::CompileOptions so;
+  so.name = "symbols_step";
+  auto step = tcap::compile_step(lin, opt, [&](const Tensors& in) {
+    opt.zero_grad();
+    auto loss = lin->forward(in[0]).pow(2).mean();
+    loss.backward();
+    opt.step();
+    return Tensors{loss.detach()};
+  }, so);
+  for (int64_t n : {8, 8, 12, 12, 12, 16, 16, 20}) (*step)({torch::randn({n, 5})});
+  EXPECT_EQ(log.count("step 'symbols_step' entry 3 is dynamic in 1 dims"), 1) << log.text();
+  EXPECT_EQ(log.count("s0 = in0.size(0) (captured at 16); guarded: s0 >= 2, the tensors with a symbolic size "
+                      "contiguous, every other size as captured"),
+            1)
+      << log.text();
+}
+
 // Compiled autograd: a custom Function's backward is C++ code that branches on a size.
 struct HalveLargeGrads : torch::autograd::Function<HalveLargeGrads> {
   static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& x) { return x * 3; }
