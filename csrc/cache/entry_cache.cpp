@@ -8,8 +8,27 @@
 
 namespace tcap::cache {
 
-EntryCache::EntryCache(std::string who, int limit, bool dynamic, bool check_new_sizes)
-    : who_(std::move(who)), limit_(limit), dynamic_(dynamic), check_new_sizes_(check_new_sizes) {}
+EntryCache::EntryCache(std::string who, int limit, bool dynamic, bool check_new_sizes,
+                       std::vector<std::pair<int, int>> static_dims)
+    : who_(std::move(who)),
+      limit_(limit),
+      dynamic_(dynamic),
+      check_new_sizes_(check_new_sizes),
+      static_dims_(std::move(static_dims)) {}
+
+std::string EntryCache::static_changes(const std::vector<TensorGuard>& tensors, const std::vector<size_t>& changed) const {
+  std::string out;
+  if (static_dims_.empty()) return out;
+  for (size_t i : changed) {
+    size_t pos = 0, k = 0;
+    while (k < tensors.size() && pos + tensors[k].sizes.size() <= i) pos += tensors[k++].sizes.size();
+    if (k >= tensors.size()) continue;
+    const std::pair<int, int> dim{static_cast<int>(k), static_cast<int>(i - pos)};
+    if (std::find(static_dims_.begin(), static_dims_.end(), dim) == static_dims_.end()) continue;
+    out += (out.empty() ? "" : ", ") + std::string("dim ") + std::to_string(dim.second) + " of '" + tensors[k].name + "'";
+  }
+  return out;
+}
 
 void EntryCache::log_size_check(const Lookup& found, const std::string& verdict) const {
   const std::string key = c10::str(c10::IntArrayRef(found.key));
@@ -83,7 +102,12 @@ Lookup EntryCache::lookup(const CallView& call, const std::vector<at::Tensor>& p
     // entry whose changed sizes are all at least 2, here and in this call, is preferred to
     // a newer one captured at a 0 or a 1: a batch of one between two others does not keep
     // the next size static.
-    if (dynamic_ && m.sizes_only && !m.changed.empty()) {
+    // CompileOptions::static_dims: an entry whose changed sizes include a static dim is
+    // not generalized with this call.
+    std::string kept_static = dynamic_ && m.sizes_only ? static_changes(e->guards.tensors, m.changed) : "";
+    if (!kept_static.empty()) {
+      if (out.static_dims.empty()) out.static_dims = std::move(kept_static);
+    } else if (dynamic_ && m.sizes_only && !m.changed.empty()) {
       const bool usable = generalizable(e->guards.sizes, call, m.changed);
       if (usable || !out.size_miss_usable) {
         out.size_miss_of = e;
@@ -108,7 +132,10 @@ void EntryCache::note_replay_miss(Lookup& l, const std::shared_ptr<Entry>& e, co
 
 std::string EntryCache::dynamic_note(const Lookup& miss) {
   std::string note;
-  if (!miss.size_miss_of) return note;
+  if (!miss.size_miss_of) {
+    if (!miss.static_dims.empty()) note = "; " + miss.static_dims + " kept static (CompileOptions::static_dims)";
+    return note;
+  }
   const auto& tensors = miss.size_miss_of->guards.tensors;
   for (size_t i : miss.changed) {
     size_t pos = 0, k = 0;

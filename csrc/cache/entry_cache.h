@@ -52,6 +52,7 @@ struct Lookup {
   std::vector<size_t> changed;          // ... and the sizes that changed
   std::shared_ptr<Entry> host_miss_of;  // an entry that missed on a host value only
   size_t entries_seen = 0;              // how many entries the cache held when it looked
+  std::string static_dims;              // changed dims kept static (CompileOptions::static_dims)
 };
 
 // What to do about a call no entry fits.
@@ -61,7 +62,9 @@ class EntryCache {
  public:
   // `who` names the front door in messages ("'fn'", "step 'train'", "compiled autograd").
   // `check_new_sizes`: CompileOptions::check_new_sizes (Note [Checking a new size]).
-  EntryCache(std::string who, int limit, bool dynamic, bool check_new_sizes = true);
+  // `static_dims`: CompileOptions::static_dims, {input, dim} of the call's tensors.
+  EntryCache(std::string who, int limit, bool dynamic, bool check_new_sizes = true,
+             std::vector<std::pair<int, int>> static_dims = {});
 
   const std::string& who() const { return who_; }
   int limit() const { return limit_; }
@@ -100,6 +103,7 @@ class EntryCache {
         miss.size_miss_usable = found.size_miss_usable;
       }
       if (!miss.host_miss_of) miss.host_miss_of = found.host_miss_of;
+      if (miss.static_dims.empty()) miss.static_dims = found.static_dims;
       if (!found.hit) return std::nullopt;
       try {
         return serve(found);
@@ -247,6 +251,9 @@ class EntryCache {
   int limit_;
   bool dynamic_;
   bool check_new_sizes_;
+  std::vector<std::pair<int, int>> static_dims_;
+  // The changed sizes (flattened positions) that are marked static, named ("dim 1 of 'x'").
+  std::string static_changes(const std::vector<TensorGuard>& tensors, const std::vector<size_t>& changed) const;
   mutable std::mutex mutex_;
   std::shared_ptr<const EntryList> entries_ = std::make_shared<EntryList>();
   std::string eager_reason_;

@@ -313,7 +313,7 @@ std::shared_ptr<CompiledStep> compile_step(std::vector<std::shared_ptr<torch::nn
   impl->fn = std::move(step);
   if (options.name == "fn") options.name = "step";
   impl->cache = std::make_unique<cache::EntryCache>("step '" + options.name + "'", options.cache_size_limit,
-                                                    options.dynamic, options.check_new_sizes);
+                                                    options.dynamic, options.check_new_sizes, options.static_dims);
   impl->options = std::move(options);
   std::string why;
   for (auto& o : optimizers) {

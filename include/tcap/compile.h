@@ -101,6 +101,12 @@ struct CompileOptions {
   GraphCompiler bw_compiler;
   int cache_size_limit = 8;                  // compiled entries; then the function stays eager
   bool dynamic = true;                       // mark dims that change as dynamic (see docs)
+  // Dims that never become dynamic, as torch._dynamo.mark_static: {input, dim} of the
+  // inputs tcap::compile's function or compile_step's step is called with. A call that
+  // changes one of them gets an entry of its own, specialized to its sizes, and no entry is
+  // generalized across it (a dim that takes a few values, each worth its own kernels).
+  // Compiled autograd has no inputs of its own: it ignores them.
+  std::vector<std::pair<int, int>> static_dims;
   // Note [Checking a new size]: host code may branch on a size (`if (x.size(0) > 64)`),
   // which tcap cannot see, so the first call at sizes a dynamic entry has not served runs
   // the function's own code while recording (an eager call, no compile) and the sizes are

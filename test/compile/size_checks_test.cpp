@@ -352,6 +352,33 @@ TEST(SizeChecks, TheLogSaysWhichSizesAreSymbolsAndWhatIsGuarded) {
       << log.text();
 }
 
+// CompileOptions::static_dims (torch._dynamo.mark_static): a marked dim never becomes
+// dynamic; each of its sizes gets an entry of its own (no generalization, no check
+// capture), while unmarked dims still do.
+TEST(SizeChecks, StaticDimsGetAnEntryPerSize) {
+  auto fn = [](const Tensors& in) { return Tensors{(in[0] * 2).sum(1) + in[1]}; };
+  LogCapture log("recompiles");
+  tcap::CompileOptions o;
+  o.name = "static_dims";
+  o.static_dims = {{0, 1}};
+  auto f = tcap::compile(fn, o);
+  for (int64_t w : {3, 5, 7, 5, 3, 7}) {
+    auto x = torch::randn({4, w}), b = torch::randn({4});
+    ASSERT_TRUE(close(f(x, b)[0], fn({x, b})[0], 1e-5, 1e-6)) << w;
+  }
+  EXPECT_EQ(f->stats().captures, 3) << log.text();
+  EXPECT_EQ(f->stats().size_checks, 0) << log.text();
+  EXPECT_EQ(log.count("is dynamic in"), 0) << log.text();
+  EXPECT_GE(log.count("dim 1 of 'in0' kept static (CompileOptions::static_dims)"), 1) << log.text();
+  // The batch dim is not marked: it becomes dynamic beside the static width.
+  for (int64_t n : {6, 9, 11}) {
+    auto x = torch::randn({n, 5}), b = torch::randn({n});
+    ASSERT_TRUE(close(f(x, b)[0], fn({x, b})[0], 1e-5, 1e-6)) << n;
+  }
+  EXPECT_EQ(log.count("is dynamic in 2 dims"), 1) << log.text();
+  EXPECT_EQ(log.count("s0 = in0.size(0) = in1.size(0)"), 1) << log.text();
+}
+
 // Compiled autograd: a custom Function's backward is C++ code that branches on a size.
 struct HalveLargeGrads : torch::autograd::Function<HalveLargeGrads> {
   static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& x) { return x * 3; }
