@@ -136,6 +136,12 @@ class Functionalizer : public Rewriter {
     if (m.dtype != c10::kFloat && m.dtype != c10::kDouble) return std::string("dtype ") + c10::toString(m.dtype);
     if (m.device != device_) return "a buffer on " + m.device.str();
     if (!dense_layout(m)) return "a buffer that is not dense";
+    for (size_t i = 0; i < c.writes.size(); ++i) {
+      if (auto why = write_refusal(g_.node(c.writes[i]), c.versions[i]); !why.empty()) {
+        if (i == 0) return why;  // said of the first write's node
+        return "%" + std::to_string(c.writes[i]) + " " + g_.node(c.writes[i]).qualified_op() + ": " + why;
+      }
+    }
     if (c.input && g_.meta().count(ir::kInputsShareStorage)) {
       return "the graph's inputs shared a storage when it was captured (Note [Inputs that share storage])";
     }
@@ -147,9 +153,6 @@ class Functionalizer : public Rewriter {
       }
     }
     for (size_t i = 0; i < c.writes.size(); ++i) {
-      if (auto why = write_refusal(g_.node(c.writes[i]), c.versions[i]); !why.empty()) {
-        return "%" + std::to_string(c.writes[i]) + " " + g_.node(c.writes[i]).qualified_op() + ": " + why;
-      }
       // Readers of version i come before write i (its own read aside).
       for (ir::NodeId u : g_.users(c.versions[i])) {
         if (u > c.writes[i]) return "%" + std::to_string(c.versions[i]) + " is read after it is overwritten";

@@ -46,8 +46,9 @@ ir::TensorMeta written_layout(const ir::TensorMeta& m) {
 //     every read of an element comes before its write whatever order the Stores run in;
 //   - the buffer and the result have one layout, and no other input of the kernel shares
 //     the buffer's storage;
-//   - `result` is read by the copy alone, and nothing between the kernel and the copy in
-//     the rewritten graph reads the buffer or a view of it (the old value is dead there).
+//   - `result` is not returned, and nothing between the kernel and the copy in the
+//     rewritten graph reads the buffer or a view of it (the old value is dead there; the
+//     readers of `result` read the buffer's new values, which are `result`'s).
 // The copy is then dropped; the kernel's result becomes a new version of the buffer
 // (what the copy's result was), and the runtime hands the kernel the buffer as that
 // output (runtime/fused_kernel.h). Otherwise the copy stays, which is correct and moves
@@ -417,10 +418,11 @@ class Fuser {
     auto kit = gid >= 0 ? kept_.find(gid) : kept_.end();
     if (kit == kept_.end() || extra_outputs_.count(src)) return false;
     FusedGroup& fg = fused_[kit->second];
-    // src is read by the copy alone (its group's own nodes aside) and is not returned.
-    const std::set<ir::NodeId> members(fg.nodes.begin(), fg.nodes.end());
+    // src is not returned (the Output node reads the copy's result, the caller's tensor).
+    // Its other readers read the buffer once the kernel writes there: the same values.
+    const ir::Node* output = g_.output_node();
     for (ir::NodeId u : g_.users(src)) {
-      if (u != n.id && !members.count(u)) return false;
+      if (output && u == output->id) return false;
     }
     const auto i_it = std::find(fg.outputs.begin(), fg.outputs.end(), src);
     const auto j_it = std::find(fg.inputs.begin(), fg.inputs.end(), dst);
