@@ -3,7 +3,8 @@
 //
 // A program is a model drawn from a grammar of LibTorch modules (a stem: Linear on
 // features, Embedding on token ids or Conv1d on sequences; then Linear, activations,
-// LayerNorm, BatchNorm1d, GroupNorm, Dropout, residual blocks, scalings, single-head
+// LayerNorm, BatchNorm1d, GroupNorm, Dropout, residual blocks, scalings, in-place updates
+// of a temporary and of a running-average buffer, single-head
 // MultiheadAttention over the batch, a tensor the model holds through a closure, a loss,
 // and sometimes an offset built in the default dtype at the end), a front door
 // (tcap::compile of the model with an eager optimizer, compile_step with SGD or Adam,
@@ -70,9 +71,10 @@ const char* door_name(Door d) {
 }
 
 enum class Layer {
-  Linear, Relu, Tanh, Gelu, Silu, Sigmoid, LayerNorm, BatchNorm, Dropout, Residual, Scale, Attention, Held, GroupNorm
+  Linear, Relu, Tanh, Gelu, Silu, Sigmoid, LayerNorm, BatchNorm, Dropout, Residual, Scale, Attention, Held, GroupNorm,
+  InPlace
 };
-constexpr int kLayerKinds = 14;
+constexpr int kLayerKinds = 15;
 
 // A GroupNorm's groups over `width` features: the most with at least two features each (a
 // group of one feature outputs its bias whatever the input: see the LayerNorm note below).
@@ -102,7 +104,7 @@ struct Spec {
   bool adam = false;
   std::string str() const {
     static const char* names[] = {"Linear",   "ReLU",     "Tanh",  "GELU",      "SiLU",    "Sigmoid",    "LayerNorm",
-                                  "BatchNorm1d", "Dropout", "Residual", "Scale", "Attention", "Held", "GroupNorm"};
+                                  "BatchNorm1d", "Dropout", "Residual", "Scale", "Attention", "Held", "GroupNorm", "InPlace"};
     std::ostringstream s;
     s << door_name(door) << "/" << backend << (door == Door::Step ? (adam ? "/Adam" : "/SGD") : "") << ": ";
     switch (input) {
@@ -185,6 +187,24 @@ struct ResidualImpl : nn::Module {
 TORCH_MODULE(Residual);
 
 
+// In-place writes inside a forward (Note [In-place updates as kernels]): a chain on a
+// temporary that requires grad, and a running average kept in a buffer, updated under
+// no_grad and read after the update.
+struct InPlaceImpl : nn::Module {
+  explicit InPlaceImpl(int w) : avg(register_buffer("avg", torch::zeros({w}))) {}
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor h = x * 0.75;
+    h.add_(x, 0.5).mul_(0.8);
+    {
+      torch::NoGradGuard no_grad;
+      avg.mul_(0.9).add_(x.detach().mean(0), 0.1);
+    }
+    return h + avg;
+  }
+  at::Tensor avg;
+};
+TORCH_MODULE(InPlace);
+
 // The model's stem for token ids and sequences.
 struct StemImpl : nn::Module {
   StemImpl(const Spec& s) {
@@ -217,6 +237,7 @@ nn::Sequential build(const Spec& s, std::vector<at::Tensor>& held) {
       case Layer::Residual: seq->push_back(Residual(width)); break;
       case Layer::Scale: seq->push_back(nn::Functional([](const at::Tensor& x) { return x * 1.5 - 0.25; })); break;
       case Layer::Attention: seq->push_back(tcap::testing::BatchAttention(width)); break;
+      case Layer::InPlace: seq->push_back(InPlace(width)); break;
       case Layer::Held: {
         held.push_back(torch::linspace(0.5, 1.5, width));
         at::Tensor t = held.back();
