@@ -246,7 +246,8 @@ std::vector<Val> reciprocal(Emitter& e, const ir::Node& n) { return unary<OpCode
 // roundings differs from eager in the last bit of about one element in ten, which an
 // optimizer's update (add_ with alpha, addcmul_) then carries into every later step. So
 // these lowerings emit kir's Fma where ATen's arithmetic is one, and keep ATen's order of
-// operations elsewhere (addcdiv is self + (value * t1) / t2, not self + value * (t1 / t2)):
+// operations elsewhere (addcdiv is self + (value * t1) / t2, not self + value * (t1 / t2);
+// lerp is one multiply-add either side of weight 0.5, as ATen's lerp_vec):
 // an update fused from the recorded ops is then bitwise eager's on CPUs with FMA (x86
 // FMA3, AArch64). Checked against eager in test/fuse/fused_updates_test.cpp.
 
@@ -318,13 +319,19 @@ std::vector<Val> pow_scalar(Emitter& e, const ir::Node& n) {  // pow.Scalar(Scal
   const DType t = e.compute_dtype(n);
   return {e.bin(OpCode::Pow, e.in(n, 0, t), e.in(n, 1, t))};
 }
-std::vector<Val> lerp_scalar(Emitter& e, const ir::Node& n) {  // lerp.Scalar(self, end, weight)
+// lerp.Scalar(self, end, weight) as ATen computes it (Note [Fused multiply-add]): with
+// diff = end - self, fmadd(weight, diff, self) for |weight| < 0.5, else end - diff * (1 -
+// weight) rounded once, 1 - weight taken in the compute dtype (an exponential moving
+// average's lerp_ is then eager's bits).
+std::vector<Val> lerp_scalar(Emitter& e, const ir::Node& n) {
   const DType t = e.compute_dtype(n);
   Val a = e.in(n, 0, t), b = e.in(n, 1, t);
   const double w = e.real(n, 2);
   Val diff = e.bin(OpCode::Sub, b, a);
-  if (std::abs(w) < 0.5) return {e.bin(OpCode::Add, a, e.bin(OpCode::Mul, e.c(w, t), diff))};
-  return {e.bin(OpCode::Sub, b, e.bin(OpCode::Mul, diff, e.c(1 - w, t)))};
+  if (std::abs(w) < 0.5) return {e.mul_add(e.c(w, t), diff, a)};
+  const double one_minus_w =
+      t == DType::F64 ? 1.0 - w : static_cast<double>(1.0f - static_cast<float>(w));  // opmath float otherwise
+  return {e.mul_add(e.un(OpCode::Neg, diff), e.c(one_minus_w, t), b)};
 }
 std::vector<Val> mse_loss_backward(Emitter& e, const ir::Node& n) {  // (grad, self, target, reduction)
   const DType t = e.compute_dtype(n);

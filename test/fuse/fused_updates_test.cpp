@@ -274,4 +274,30 @@ TEST_F(FusedUpdates, InPlaceChainsInAFunctionMatchEager) {
   }
 }
 
+// An exponential moving average (lerp_ with a weight below and above 0.5, where ATen uses
+// its two formulas, each one multiply-add rounded once): eager's bits, in place.
+TEST_F(FusedUpdates, MovingAveragesAreBitwiseEager) {
+  for (double w : {0.1, 0.7}) {
+    SCOPED_TRACE(w);
+    auto fn = [w](const Tensors& in) {
+      in[0].lerp_(in[1], w);
+      return Tensors{in[0] * 1};
+    };
+    tcap::CompileOptions o;
+    o.backend = tcap::Backend::Llvm;
+    tcap::testing::LogCapture log("fusion");
+    auto f = tcap::compile(fn, o);
+    for (int s = 0; s < 4; ++s) {
+      const at::Tensor a = torch::randn({37, 19}), b = torch::randn({37, 19});
+      Tensors eager_in{a.clone(), b.clone()}, in{a.clone(), b.clone()};
+      fn(eager_in);
+      f(in);
+      ASSERT_TRUE(torch::equal(in[0], eager_in[0])) << "call " << s << ": max difference "
+                                                    << (in[0] - eager_in[0]).abs().max().item<double>();
+    }
+    EXPECT_GE(f->stats().replays, 2);
+    EXPECT_EQ(count(log.text(), "written in place by"), 1) << log.text();
+  }
+}
+
 }  // namespace fused_updates_test
