@@ -253,15 +253,19 @@ JointGraph losses_decomposed(const JointGraph& joint, const std::string& name, c
 
 }  // namespace
 
-Executable compile_graph(const ir::Graph& g, const CompileOptions& o, const std::string& what,
-                         const GraphCompiler& user, bool check_host_values) {
+namespace {
+
+// compile_graph, for a target already chosen (`known`: compile_joint's, whose graphs share
+// the joint graph's devices) or chosen here.
+Executable compile_graph_for(const ir::Graph& g, const CompileOptions& o, const std::string& what,
+                             const GraphCompiler& user, bool check_host_values, const Target* known) {
   stage(g, what, "capture");
   Executable exe;
   if (user) {
     TORCH_INTERNAL_ASSERT(!check_host_values, "host values cannot be checked inside a user's compiler");
     exe = user(g);
   } else {
-    const Target target = choose_target(o.backend, g, what);
+    const Target target = known ? *known : choose_target(o.backend, g, what);
     std::vector<int64_t> kernels;
     ir::Graph h = simplify(g, what);
     if (target.fuses()) {
@@ -278,21 +282,32 @@ Executable compile_graph(const ir::Graph& g, const CompileOptions& o, const std:
   return exe;
 }
 
+}  // namespace
+
+Executable compile_graph(const ir::Graph& g, const CompileOptions& o, const std::string& what,
+                         const GraphCompiler& user, bool check_host_values) {
+  return compile_graph_for(g, o, what, user, check_host_values, nullptr);
+}
+
 CompiledJoint compile_joint(const JointGraph& joint, bool has_backward, const CompileOptions& o,
                             const std::string& name, bool check_host_values) {
   stage(joint.graph, name, "joint capture");
   CompiledJoint c;
-  Target target;  // what the graphs are compiled for, where no user compiler takes them
-  if (o.backend != Backend::Eager && !o.fw_compiler && !o.bw_compiler) target = choose_target(o.backend, joint.graph, name);
+  // What the graphs are compiled for, chosen once (its fallback logged once), where no
+  // user compiler takes them.
+  Target target;
+  const bool chosen = o.backend != Backend::Eager && !o.fw_compiler && !o.bw_compiler;
+  if (chosen) target = choose_target(o.backend, joint.graph, name);
   MinCutOptions min_cut;
   if (target.fuses()) min_cut.fuses = [](const ir::Node& n) { return fuse::joins_kernels(n); };
   c.part = partition(target.fuses() ? losses_decomposed(joint, name, target.device) : joint,
                      has_backward ? o.partitioner : Partitioner::Default, min_cut);
   stage(c.part.forward, name + ".forward", "partition");
-  c.forward = compile_graph(c.part.forward, o, name + ".forward", o.fw_compiler, check_host_values);
+  const Target* known = chosen ? &target : nullptr;
+  c.forward = compile_graph_for(c.part.forward, o, name + ".forward", o.fw_compiler, check_host_values, known);
   if (has_backward) {
     stage(c.part.backward, name + ".backward", "partition");
-    c.backward = compile_graph(c.part.backward, o, name + ".backward", o.bw_compiler);
+    c.backward = compile_graph_for(c.part.backward, o, name + ".backward", o.bw_compiler, false, known);
   }
   return c;
 }

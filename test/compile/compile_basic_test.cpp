@@ -6,6 +6,7 @@
 #include <tcap/compile.h>
 
 #include "support/compare.h"
+#include "support/log_capture.h"
 
 #include <torch/torch.h>
 
@@ -51,6 +52,25 @@ void check_against_eager(tcap::CompiledFunction& f, const std::function<Tensors(
     EXPECT_TRUE(close(out[0], ref[0], rtol, atol)) << "call " << call;
     for (int i = 0; i < n; ++i) EXPECT_TRUE(close(g[i], rg[i], rtol, atol)) << "call " << call << " grad " << i;
   }
+}
+
+// Backend auto on tensors no backend compiles for (the meta device): the joint graph's
+// target is chosen once, so the fallback to the eager backend is logged once per entry,
+// not again for its forward and its backward.
+TEST(Compile, AutoFallbackIsLoggedOncePerEntry) {
+  tcap::testing::LogCapture log("graph_breaks");
+  tcap::CompileOptions o;
+  o.backend = tcap::Backend::Auto;
+  o.name = "meta_fn";
+  auto f = tcap::compile([](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{(in[0] * 2).sin()}; }, o);
+  for (int i = 0; i < 3; ++i) {
+    auto x = torch::randn({4, 3}, torch::TensorOptions().device(torch::kMeta)).requires_grad_();
+    auto y = f(x)[0];
+    y.sum().backward();
+    EXPECT_EQ(x.grad().sizes(), x.sizes());
+  }
+  EXPECT_GE(f->stats().replays, 1);
+  EXPECT_EQ(log.count("backend 'auto' runs the eager backend"), 1) << log.text();
 }
 
 TEST(Compile, CosCosMinCutSavesOneTensor) {
