@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/anomaly_mode.h>
 
 #include <algorithm>
+#include <optional>
 
 namespace tcap::cache {
 
@@ -16,16 +17,29 @@ EntryCache::EntryCache(std::string who, int limit, bool dynamic, bool check_new_
       check_new_sizes_(check_new_sizes),
       static_dims_(std::move(static_dims)) {}
 
+namespace {
+
+// The tensor and dim of flattened size position i (Guards::sizes: the dims of `tensors` in
+// order, then plain sizes), or nullopt for a plain size.
+std::optional<std::pair<size_t, size_t>> tensor_dim(const std::vector<TensorGuard>& tensors, size_t i) {
+  size_t pos = 0, k = 0;
+  while (k < tensors.size() && pos + tensors[k].sizes.size() <= i) pos += tensors[k++].sizes.size();
+  if (k >= tensors.size()) return std::nullopt;
+  return std::make_pair(k, i - pos);
+}
+
+}  // namespace
+
 std::string EntryCache::static_changes(const std::vector<TensorGuard>& tensors, const std::vector<size_t>& changed) const {
   std::string out;
   if (static_dims_.empty()) return out;
   for (size_t i : changed) {
-    size_t pos = 0, k = 0;
-    while (k < tensors.size() && pos + tensors[k].sizes.size() <= i) pos += tensors[k++].sizes.size();
-    if (k >= tensors.size()) continue;
-    const std::pair<int, int> dim{static_cast<int>(k), static_cast<int>(i - pos)};
+    const auto td = tensor_dim(tensors, i);
+    if (!td) continue;
+    const std::pair<int, int> dim{static_cast<int>(td->first), static_cast<int>(td->second)};
     if (std::find(static_dims_.begin(), static_dims_.end(), dim) == static_dims_.end()) continue;
-    out += (out.empty() ? "" : ", ") + std::string("dim ") + std::to_string(dim.second) + " of '" + tensors[k].name + "'";
+    out += (out.empty() ? "" : ", ") + std::string("dim ") + std::to_string(td->second) + " of '" +
+           tensors[td->first].name + "'";
   }
   return out;
 }
@@ -138,9 +152,9 @@ std::string EntryCache::dynamic_note(const Lookup& miss) {
   }
   const auto& tensors = miss.size_miss_of->guards.tensors;
   for (size_t i : miss.changed) {
-    size_t pos = 0, k = 0;
-    while (k < tensors.size() && pos + tensors[k].sizes.size() <= i) pos += tensors[k++].sizes.size();
-    if (k < tensors.size()) note += "; marking dim " + std::to_string(i - pos) + " of '" + tensors[k].name + "' dynamic";
+    if (const auto td = tensor_dim(tensors, i)) {
+      note += "; marking dim " + std::to_string(td->second) + " of '" + tensors[td->first].name + "' dynamic";
+    }
   }
   return note;
 }
