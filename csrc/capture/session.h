@@ -15,10 +15,10 @@
 #include <c10/util/SmallVector.h>
 
 #include <deque>
-#include <unordered_set>
 #include <functional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <unordered_set>
 #include <vector>
 

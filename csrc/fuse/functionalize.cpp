@@ -105,8 +105,9 @@ class Functionalizer : public Rewriter {
     return n.op.substr(0, n.op.size() - 1);
   }
 
-  // Why write n (its result a version of `self`) cannot be made functional, or "".
-  std::string write_refusal(const ir::Node& n, ir::ValueId self) const {
+  // Why write n (its result a version of `self`) cannot be made functional, or "" with
+  // its functional op and overload in `functional`.
+  std::string write_refusal(const ir::Node& n, ir::ValueId self, std::pair<std::string, std::string>* functional) const {
     const std::string fop = functional_op(n);
     const auto fov = fop.empty() ? std::nullopt : functional_overload(n.op, n.overload, fop);
     if (!fov) return n.qualified_op() + " has no functional form here";
@@ -126,18 +127,52 @@ class Functionalizer : public Rewriter {
     NodeClass info;
     if (auto refusal = classify(g_, f, &info, device_)) return *refusal;
     if (info.cls != OpClass::Pointwise) return fop + " is not pointwise";
+    *functional = {fop, *fov};
     return "";
   }
 
-  // Why a buffer's chain cannot be made functional, or "".
-  std::string chain_refusal(const Chain& c, const std::vector<ir::NodeId>& view_users_before) const {
+  // What plan() learns about the graph once, for every chain.
+  struct GraphFacts {
+    // Per value that views are made from (the bottom of a view_of chain): the last node
+    // that reads any of its views, and whether the Output node reads one.
+    std::unordered_map<ir::ValueId, ir::NodeId> last_view_reader;
+    std::set<ir::ValueId> returned_through_a_view;
+    ir::NodeId last_opaque_hook = -1;  // the last call of a hook whose body was not recorded
+  };
+
+  GraphFacts graph_facts() const {
+    GraphFacts f;
+    const std::vector<ir::NodeId> last = g_.last_readers();
+    const ir::Node* out = g_.output_node();
+    for (const ir::Value& v : g_.values()) {
+      if (v.view_of == ir::kNoValue) continue;
+      ir::ValueId s = v.view_of;
+      while (g_.value(s).view_of != ir::kNoValue) s = g_.value(s).view_of;
+      const ir::NodeId r = last[static_cast<size_t>(v.id)];
+      if (out && r == out->id) f.returned_through_a_view.insert(s);
+      auto [it, fresh] = f.last_view_reader.emplace(s, r);
+      if (!fresh) it->second = std::max(it->second, r);
+    }
+    for (const ir::Node& n : g_.nodes()) {
+      if (n.kind == ir::NodeKind::CallHook && g_.hooks().at(static_cast<size_t>(n.hook)).slot >= 0) {
+        f.last_opaque_hook = n.id;
+      }
+    }
+    return f;
+  }
+
+  // Why a buffer's chain cannot be made functional, or "" with the writes' functional ops
+  // in `functional` (in order).
+  std::string chain_refusal(const Chain& c, const GraphFacts& f,
+                            std::vector<std::pair<std::string, std::string>>* functional) const {
     const ir::Value& base = g_.value(c.base);
     const ir::TensorMeta& m = base.meta;
     if (m.dtype != c10::kFloat && m.dtype != c10::kDouble) return std::string("dtype ") + c10::toString(m.dtype);
     if (m.device != device_) return "a buffer on " + m.device.str();
     if (!dense_layout(m)) return "a buffer that is not dense";
+    functional->assign(c.writes.size(), {});
     for (size_t i = 0; i < c.writes.size(); ++i) {
-      if (auto why = write_refusal(g_.node(c.writes[i]), c.versions[i]); !why.empty()) {
+      if (auto why = write_refusal(g_.node(c.writes[i]), c.versions[i], &(*functional)[i]); !why.empty()) {
         if (i == 0) return why;  // said of the first write's node
         return "%" + std::to_string(c.writes[i]) + " " + g_.node(c.writes[i]).qualified_op() + ": " + why;
       }
@@ -159,14 +194,14 @@ class Functionalizer : public Rewriter {
       }
     }
     for (size_t i = 0; i + 1 < c.versions.size(); ++i) {
-      if (view_users_before[i] > c.writes[i]) return "a view of the buffer is read after the buffer is overwritten";
-    }
-    const ir::NodeId first = c.writes.front();
-    for (const ir::Node& n : g_.nodes()) {
-      if (n.id > first && n.kind == ir::NodeKind::CallHook && g_.hooks().at(static_cast<size_t>(n.hook)).slot >= 0) {
-        return "an opaque hook runs after the update";
+      auto r = f.last_view_reader.find(c.versions[i]);
+      if (r != f.last_view_reader.end() && r->second > c.writes[i]) {
+        return "a view of the buffer is read after the buffer is overwritten";
       }
     }
+    // An opaque hook may read the buffer by itself, where the deferred write-back has not
+    // reached it yet.
+    if (f.last_opaque_hook > c.writes.front()) return "an opaque hook runs after the update";
     return "";
   }
 
@@ -196,38 +231,27 @@ class Functionalizer : public Rewriter {
         c.versions.push_back(v);
       });
     }
-    // Per version of each chain: the last reader of any view made from it.
-    const std::vector<ir::NodeId> last = g_.last_readers();
+    if (chains.empty()) return;
+    const GraphFacts f = graph_facts();
     const ir::Node* out = g_.output_node();
     for (auto& [b, c] : chains) {
-      if (refused.count(b) || refused.count(g_.alias_root(b))) continue;
-      std::map<ir::ValueId, size_t> index;
-      for (size_t i = 0; i < c.versions.size(); ++i) index[c.versions[i]] = i;
-      std::vector<ir::NodeId> view_users(c.versions.size(), -1);
+      if (refused.count(b)) continue;
+      // The Output node reads only the last version, and no view of any.
       bool output_reads_old = false;
-      for (const ir::Value& v : g_.values()) {
-        if (v.view_of == ir::kNoValue) continue;
-        ir::ValueId s = v.view_of;
-        while (g_.value(s).view_of != ir::kNoValue) s = g_.value(s).view_of;
-        auto it = index.find(s);
-        if (it == index.end()) continue;
-        const ir::NodeId r = last[static_cast<size_t>(v.id)];
-        if (out && r == out->id) output_reads_old = true;  // a view of the buffer is returned
-        view_users[it->second] = std::max(view_users[it->second], r);
+      for (size_t i = 0; i < c.versions.size(); ++i) {
+        const bool overwritten = i + 1 < c.versions.size();
+        output_reads_old = output_reads_old || f.returned_through_a_view.count(c.versions[i]) ||
+                           (overwritten && out && std::count(g_.users(c.versions[i]).begin(),
+                                                              g_.users(c.versions[i]).end(), out->id));
       }
-      if (out) {
-        for (const auto& a : out->args) {
-          auto it = index.find(a.values.at(0));
-          if (it != index.end() && it->second + 1 < c.versions.size()) output_reads_old = true;
-        }
-      }
+      std::vector<std::pair<std::string, std::string>> functional;
       std::string why = output_reads_old ? "the graph returns an overwritten version or a view of the buffer"
-                                         : chain_refusal(c, view_users);
+                                         : chain_refusal(c, f, &functional);
       if (!why.empty()) {
         d->decisions.push_back(decision(g_.node(c.writes.front()), kWhy + why));
         continue;
       }
-      for (ir::NodeId w : c.writes) selected_.insert(w);
+      for (size_t i = 0; i < c.writes.size(); ++i) selected_.emplace(c.writes[i], std::move(functional[i]));
       if (c.input) write_backs_.push_back({c.base, c.versions.back()});
     }
   }
@@ -243,8 +267,8 @@ class Functionalizer : public Rewriter {
     }
     const ir::ValueId orig = n.outputs[0].values[0];
     ir::TensorMeta m = g_.value(orig).meta;
-    const ir::ValueId v =
-        out_.add_call(functional_op(n), *functional_overload(n.op, n.overload, functional_op(n)), std::move(args), m, &n);
+    const auto& [op, overload] = selected_.at(n.id);
+    const ir::ValueId v = out_.add_call(op, overload, std::move(args), m, &n);
     map_[orig] = v;
     return true;
   }
@@ -265,7 +289,7 @@ class Functionalizer : public Rewriter {
     }
   }
 
-  std::set<ir::NodeId> selected_;
+  std::map<ir::NodeId, std::pair<std::string, std::string>> selected_;  // write -> its functional op, overload
   std::vector<std::pair<ir::ValueId, ir::ValueId>> write_backs_;  // (input, its last version)
 };
 

@@ -55,10 +55,6 @@ ir::TensorMeta written_layout(const ir::TensorMeta& m) {
 // the result once more.
 namespace {
 
-bool same_access(const std::vector<int64_t>& s1, int64_t o1, const std::vector<int64_t>& s2, int64_t o2) {
-  return o1 == o2 && s1 == s2;
-}
-
 // Whether output `out` (a buffer index) may share memory with input buffer `in` in kernel k
 // (the first condition of the note).
 bool writes_where_it_reads(const kir::Kernel& k, int32_t in, int32_t out) {
@@ -80,7 +76,7 @@ bool writes_where_it_reads(const kir::Kernel& k, int32_t in, int32_t out) {
   for (size_t v = 0; v < k.instrs.size(); ++v) {
     const kir::Instr& i = k.instrs[v];
     if (i.op != kir::OpCode::Load || i.buffer != in) continue;
-    if (!feeds[v] || !same_access(i.strides, i.offset, st->strides, st->offset)) return false;
+    if (!feeds[v] || i.offset != st->offset || i.strides != st->strides) return false;
     read = true;
   }
   return read;
