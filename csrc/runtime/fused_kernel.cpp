@@ -124,12 +124,14 @@ std::vector<at::Tensor> run_aten_ops(FusedKernel& k, const std::vector<at::Tenso
     k.fallback_interp->keep_values(false);
   }
   std::vector<at::Tensor> outs = k.fallback_interp->run(inputs);
-  // The fallback graph is functional: results the kernel writes in place are copied there.
+  // The fallback graph is functional: results the kernel writes in place are copied there,
+  // and the input's version is bumped as the kernel's write bumps it (below autograd's
+  // in-place key, copy_ itself does not).
   for (size_t i = 0; i < outs.size(); ++i) {
     const int j = into_input(k, i);
     if (j < 0) continue;
     inputs[static_cast<size_t>(j)].copy_(outs[i]);
-    outs[i] = inputs[static_cast<size_t>(j)];
+    outs[i] = written_input(inputs, j);
   }
   return outs;
 }
