@@ -89,7 +89,10 @@ class Renderer {
   Value* size(int d) { return num(d, p_.sizes[static_cast<size_t>(d)]); }
   Value* lane_steps(int32_t stride_slot, int64_t stride, int lanes);
   Value* launch_constant(int32_t v, int lanes);
-  Value* loop(Value* start, Value* limit, int64_t step, const std::function<void(Value*)>& body);
+  // Off: a remainder loop, or one that holds other loops (Note [Which loops LLVM unrolls]).
+  enum class Unroll { Allow, Off };
+  Value* loop(Value* start, Value* limit, int64_t step, const std::function<void(Value*)>& body,
+              Unroll unroll = Unroll::Allow);
   void decompose(Value* linear, int d0, int d1, Index& idx);
   void walk_rows(int nd, Index& idx, const std::function<void(int lanes)>& run);
   llvm::AllocaInst* entry_alloca(llvm::Type* t);
@@ -137,7 +140,23 @@ class Renderer {
 };
 
 // for (iv = start; iv < limit; iv += step) body(iv); returns iv's value after the loop.
-Value* Renderer::loop(Value* start, Value* limit, int64_t step, const std::function<void(Value*)>& body) {
+// Note [Which loops LLVM unrolls]
+// The loop after a vector loop runs fewer than vf iterations (after an unrolled one, fewer
+// than `unroll`), and LLVM cannot know it: its runtime unroller gives each such remainder a
+// prologue and an 8-way body. A loop over rows or outer dims, once its inner remainders
+// are small, it unrolls by two, copying every loop inside. Neither is faster at run time
+// (the vector loops do the work; a row loop's body is a whole row), and both cost Loop
+// Strength Reduction and instruction selection most of a small kernel's compile: an
+// elementwise multiply took 11.6 ms of LLVM time, 6.2 ms without them; the 16 kernels of
+// an encoder layer 197 ms, 133 ms without (each compiled alone from the same IR, the
+// bench's kernel dumps). A reduction's loop gains nothing either: its sums carry a
+// dependency from one iteration to the next that unrolling does not break (the renderer
+// unrolls into independent accumulators itself where it may reassociate). So remainder
+// loops, loops that hold loops and loops that accumulate carry llvm.loop.unroll.disable;
+// the pointwise main loops (a vector body, a scalar kernel's element loop, a reduction
+// pass that only stores) are left to the unroller.
+Value* Renderer::loop(Value* start, Value* limit, int64_t step, const std::function<void(Value*)>& body,
+                      Unroll unroll) {
   auto& ctx = m_.getContext();
   llvm::BasicBlock* pre = b_.GetInsertBlock();
   auto* head = llvm::BasicBlock::Create(ctx, "loop", fn_);
@@ -152,7 +171,13 @@ Value* Renderer::loop(Value* start, Value* limit, int64_t step, const std::funct
   body(iv);
   Value* next = b_.CreateAdd(iv, i64(step), "", /*HasNUW=*/true, /*HasNSW=*/true);
   iv->addIncoming(next, b_.GetInsertBlock());
-  b_.CreateBr(head);
+  llvm::BranchInst* latch = b_.CreateBr(head);
+  if (unroll == Unroll::Off) {
+    llvm::MDNode* off = llvm::MDNode::get(ctx, llvm::MDString::get(ctx, "llvm.loop.unroll.disable"));
+    llvm::MDNode* id = llvm::MDNode::getDistinct(ctx, {nullptr, off});
+    id->replaceOperandWith(0, id);  // a loop id names itself
+    latch->setMetadata(llvm::LLVMContext::MD_loop, id);
+  }
   b_.SetInsertPoint(exit);
   return iv;
 }
@@ -186,15 +211,21 @@ void Renderer::walk_rows(int nd, Index& idx, const std::function<void(int lanes)
       });
     }
     if (vf > 1) {
-      j = loop(j, b_.CreateSub(j1, i64(vf - 1)), vf, [&](Value* iv) {
-        idx.iv[static_cast<size_t>(last)] = iv;
-        run(vf);
-      });
+      j = loop(
+          j, b_.CreateSub(j1, i64(vf - 1)), vf,
+          [&](Value* iv) {
+            idx.iv[static_cast<size_t>(last)] = iv;
+            run(vf);
+          },
+          wide > vf ? Unroll::Off : Unroll::Allow);
     }
-    loop(j, j1, 1, [&](Value* iv) {
-      idx.iv[static_cast<size_t>(last)] = iv;
-      run(1);
-    });
+    loop(
+        j, j1, 1,
+        [&](Value* iv) {
+          idx.iv[static_cast<size_t>(last)] = iv;
+          run(1);
+        },
+        vf > 1 ? Unroll::Off : Unroll::Allow);
   };
   if (nd == 1) {
     inner(begin_, end_);
@@ -203,14 +234,17 @@ void Renderer::walk_rows(int nd, Index& idx, const std::function<void(int lanes)
   Value* n = size(last);
   Value* r0 = b_.CreateUDiv(begin_, n);
   Value* r1 = b_.CreateAdd(b_.CreateUDiv(b_.CreateSub(end_, i64(1)), n), i64(1));
-  loop(r0, r1, 1, [&](Value* r) {
-    Value* rs = b_.CreateMul(r, n);
-    Value* j0 = b_.CreateSelect(b_.CreateICmpSGT(begin_, rs), b_.CreateSub(begin_, rs), i64(0));
-    Value* rem = b_.CreateSub(end_, rs);
-    Value* j1 = b_.CreateSelect(b_.CreateICmpSLT(rem, n), rem, n);
-    decompose(r, 0, last, idx);
-    inner(j0, j1);
-  });
+  loop(
+      r0, r1, 1,
+      [&](Value* r) {
+        Value* rs = b_.CreateMul(r, n);
+        Value* j0 = b_.CreateSelect(b_.CreateICmpSGT(begin_, rs), b_.CreateSub(begin_, rs), i64(0));
+        Value* rem = b_.CreateSub(end_, rs);
+        Value* j1 = b_.CreateSelect(b_.CreateICmpSLT(rem, n), rem, n);
+        decompose(r, 0, last, idx);
+        inner(j0, j1);
+      },
+      Unroll::Off);
 }
 
 llvm::AllocaInst* Renderer::entry_alloca(llvm::Type* t) {
@@ -430,23 +464,34 @@ void Renderer::pass_loops(const Pass& ps, Index& idx, int d, int outer_lanes) {
   Value* n = size(d);
   auto bind = [&](Value* iv) { idx.iv[static_cast<size_t>(d)] = iv; };
   if (d < p_.rank() - 1) {
-    loop(i64(0), n, 1, [&](Value* iv) { bind(iv); pass_loops(ps, idx, d + 1, outer_lanes); });
+    loop(i64(0), n, 1, [&](Value* iv) { bind(iv); pass_loops(ps, idx, d + 1, outer_lanes); }, Unroll::Off);
     return;
   }
+  // A pass that accumulates carries its sums from one iteration to the next (unrolled
+  // here, into independent accumulators, where the sums may be reassociated); one that only
+  // stores is a pointwise loop.
+  const Unroll main = ps.reds.empty() ? Unroll::Allow : Unroll::Off;
   if (!ps.inner_vec) {
-    loop(i64(0), n, 1, [&](Value* iv) { bind(iv); pass_block(ps, idx, outer_lanes, 0); });
+    loop(i64(0), n, 1, [&](Value* iv) { bind(iv); pass_block(ps, idx, outer_lanes, 0); }, main);
     return;
   }
   const int64_t vf = p_.vf;
   const int64_t step = ps.unroll * vf;
-  Value* j = loop(i64(0), b_.CreateSub(n, i64(step - 1)), step, [&](Value* iv) {
-    for (int u = 0; u < ps.unroll; ++u) {
-      bind(u == 0 ? iv : b_.CreateAdd(iv, i64(u * vf), "", true, true));
-      pass_block(ps, idx, static_cast<int>(vf), u);
-    }
-  });
-  if (ps.unroll > 1) j = loop(j, b_.CreateSub(n, i64(vf - 1)), vf, [&](Value* iv) { bind(iv); pass_block(ps, idx, static_cast<int>(vf), 0); });
-  loop(j, n, 1, [&](Value* iv) { bind(iv); pass_block(ps, idx, 1, -1); });
+  Value* j = loop(
+      i64(0), b_.CreateSub(n, i64(step - 1)), step,
+      [&](Value* iv) {
+        for (int u = 0; u < ps.unroll; ++u) {
+          bind(u == 0 ? iv : b_.CreateAdd(iv, i64(u * vf), "", true, true));
+          pass_block(ps, idx, static_cast<int>(vf), u);
+        }
+      },
+      main);
+  if (ps.unroll > 1) {
+    j = loop(
+        j, b_.CreateSub(n, i64(vf - 1)), vf, [&](Value* iv) { bind(iv); pass_block(ps, idx, static_cast<int>(vf), 0); },
+        Unroll::Off);
+  }
+  loop(j, n, 1, [&](Value* iv) { bind(iv); pass_block(ps, idx, 1, -1); }, Unroll::Off);
 }
 
 void Renderer::reduce_pass(int q, Index& idx, int outer_lanes) {
@@ -515,10 +560,13 @@ llvm::Function* Renderer::render(const std::string& symbol) {
         walk_rows(p_.num_outer, idx, [&](int lanes) { reduction_body(idx, lanes); });
         break;
       case LoopMode::ReduceInner:
-        loop(begin_, end_, 1, [&](Value* o) {
-          decompose(o, 0, p_.num_outer, idx);
-          reduction_body(idx, 1);
-        });
+        loop(
+            begin_, end_, 1,
+            [&](Value* o) {
+              decompose(o, 0, p_.num_outer, idx);
+              reduction_body(idx, 1);
+            },
+            Unroll::Off);
         break;
     }
   }
