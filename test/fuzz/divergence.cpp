@@ -4,7 +4,8 @@
 // A program is a model drawn from a grammar of LibTorch modules (a stem: Linear on
 // features, Embedding on token ids or Conv1d on sequences; then Linear, activations,
 // LayerNorm, BatchNorm1d, GroupNorm, Dropout, residual blocks, scalings, in-place updates
-// of a temporary and of a running-average buffer, single-head
+// of a temporary and of a running-average buffer, host code that branches on the batch
+// size, single-head
 // MultiheadAttention over the batch, a tensor the model holds through a closure, a loss,
 // and sometimes an offset built in the default dtype at the end), a front door
 // (tcap::compile of the model with an eager optimizer, compile_step with SGD or Adam,
@@ -72,9 +73,9 @@ const char* door_name(Door d) {
 
 enum class Layer {
   Linear, Relu, Tanh, Gelu, Silu, Sigmoid, LayerNorm, BatchNorm, Dropout, Residual, Scale, Attention, Held, GroupNorm,
-  InPlace
+  InPlace, SizeBranch
 };
-constexpr int kLayerKinds = 15;
+constexpr int kLayerKinds = 16;
 
 // A GroupNorm's groups over `width` features: the most with at least two features each (a
 // group of one feature outputs its bias whatever the input: see the LayerNorm note below).
@@ -104,7 +105,8 @@ struct Spec {
   bool adam = false;
   std::string str() const {
     static const char* names[] = {"Linear",   "ReLU",     "Tanh",  "GELU",      "SiLU",    "Sigmoid",    "LayerNorm",
-                                  "BatchNorm1d", "Dropout", "Residual", "Scale", "Attention", "Held", "GroupNorm", "InPlace"};
+                                  "BatchNorm1d", "Dropout", "Residual", "Scale", "Attention", "Held", "GroupNorm", "InPlace",
+                                  "SizeBranch"};
     std::ostringstream s;
     s << door_name(door) << "/" << backend << (door == Door::Step ? (adam ? "/Adam" : "/SGD") : "") << ": ";
     switch (input) {
@@ -205,6 +207,20 @@ struct InPlaceImpl : nn::Module {
 };
 TORCH_MODULE(InPlace);
 
+// Host code that reads the batch size (Note [Checking a new size]): a branch on its parity,
+// a branch on a threshold that the fuzzer's batch sizes straddle, and a float computed
+// from it. None changes the output's shape, so the layers after it take any batch.
+struct SizeBranchImpl : nn::Module {
+  at::Tensor forward(const at::Tensor& x) {
+    const int64_t n = x.size(0);
+    at::Tensor y = x;
+    if (n % 2 == 1) y = y * 2.0;
+    if (n > 5) y = y - y.narrow(0, 0, 1) * 0.5;
+    return y * (1.0 + 1.0 / static_cast<double>(n));
+  }
+};
+TORCH_MODULE(SizeBranch);
+
 // The model's stem for token ids and sequences.
 struct StemImpl : nn::Module {
   StemImpl(const Spec& s) {
@@ -238,6 +254,7 @@ nn::Sequential build(const Spec& s, std::vector<at::Tensor>& held) {
       case Layer::Scale: seq->push_back(nn::Functional([](const at::Tensor& x) { return x * 1.5 - 0.25; })); break;
       case Layer::Attention: seq->push_back(tcap::testing::BatchAttention(width)); break;
       case Layer::InPlace: seq->push_back(InPlace(width)); break;
+      case Layer::SizeBranch: seq->push_back(SizeBranch()); break;
       case Layer::Held: {
         held.push_back(torch::linspace(0.5, 1.5, width));
         at::Tensor t = held.back();
