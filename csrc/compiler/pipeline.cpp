@@ -164,7 +164,7 @@ ir::Graph fuse_graph(const ir::Graph& g, const std::string& what, const std::str
         std::filesystem::create_directories(dump_dir + "/kernels");
         write_file(base + ".kir", kir::to_string(fg.kernel));
         if (fk->cpu && fk->cpu->llvm_ir) write_file(base + ".ll", *fk->cpu->llvm_ir);
-        if (fk->cuda) write_file(base + ".cu", fk->cuda->source);
+        if (fk->cuda) write_file(base + ".cu", fk->cuda->code->source);
       }
       const int64_t id = runtime::register_kernel(std::move(fk));
       std::lock_guard<std::mutex> lock(ids_mu);

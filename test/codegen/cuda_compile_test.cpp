@@ -215,6 +215,68 @@ tcap::ir::Graph forward_graph_on_cuda(const Fn& fn, const Tensors& in) {
   return *captured;
 }
 
+// Note [CUDA sizes at launch] through a dynamic entry: a Linear, GELU, layer norm and
+// softmax, and a mean over the batch (its 1/n read at launch), at batch sizes that vary and
+// come back. Every call is compared with eager (outputs and the gradients of every input);
+// the code built after the first call (a static entry: its kernels' numbers built in) is
+// one more code per kernel structure, however many batch sizes follow, plus the codes of
+// plans that the small batches change (a short column's lanes), never one per size.
+void dynamic_batch(Where w) {
+  const auto dev = on(w);
+  tcap::CompileOptions o;
+  o.name = w == Where::Device ? "dynamic_batch_cuda" : "dynamic_batch_emulated";
+  if (w == Where::Device) {
+    o.backend = "cuda";
+  } else {
+    o.fw_compiler = [](const tcap::ir::Graph& g) { return cuda_emu::compiler(g); };
+    o.bw_compiler = o.fw_compiler;
+  }
+  const Fn fn = [](const Tensors& in) {
+    const at::Tensor h = torch::layer_norm(torch::gelu(torch::linear(in[0], in[1], in[2])), {64});
+    const at::Tensor p = torch::softmax(h * 1.5, -1);
+    return Tensors{p, (h * in[0].narrow(1, 0, 1)).mean(0)};
+  };
+  auto f = tcap::compile(fn, o);
+  auto code = [w] {
+    if (w == Where::Device) {
+      const auto s = cuda::cuda_stats();
+      return static_cast<int64_t>(s.compiled + s.disk_hits);
+    }
+    return cuda_emu::stats().sources;
+  };
+  const int64_t before = code();
+  int64_t after_first = 0;
+  const at::Tensor weight = torch::randn({64, 48}, dev) * 0.2, bias = torch::randn({64}, dev);
+  const std::vector<int64_t> batches = {8, 16, 5, 33, 16, 64, 7, 5, 40, 8};
+  for (size_t call = 0; call < batches.size(); ++call) {
+    const int64_t b = batches[call];
+    SCOPED_TRACE("batch " + std::to_string(b));
+    Tensors in = {leaf(torch::randn({b, 48}, dev)), leaf(weight), leaf(bias)};
+    Tensors out = (*f)(in);
+    Tensors wts;
+    for (const auto& t : out) wts.push_back(torch::randn_like(t));
+    tcap::testing::weighted_loss(out, wts).backward();
+    const Tensors got_grads = tcap::testing::take_grads(in);
+    Tensors ref = fn(in);
+    tcap::testing::weighted_loss(ref, wts).backward();
+    const Tensors want_grads = tcap::testing::take_grads(in);
+    for (size_t k = 0; k < out.size(); ++k) {
+      EXPECT_TRUE(tcap::testing::close(out[k].detach().cpu(), ref[k].detach().cpu(), 1e-4, 1e-5)) << "output " << k;
+    }
+    for (size_t k = 0; k < in.size(); ++k) {
+      EXPECT_TRUE(tcap::testing::close(got_grads[k].cpu(), want_grads[k].cpu(), 1e-4, 1e-5)) << "grad of input " << k;
+    }
+    if (call == 0) after_first = code();
+  }
+  ASSERT_EQ(f->eager_reason(), "");
+  const int64_t first = after_first - before, later = code() - after_first;
+  EXPECT_GT(first, 0) << "no kernel was compiled";
+  EXPECT_LE(later, first + 2) << first << " codes for the first batch size, " << later << " for the next "
+                              << batches.size() - 1 << " calls (" << 6 << " other sizes)";
+  std::printf("[ dynamic  ] %s: %lld codes for the first batch size, %lld for the 6 other sizes\n", o.name.c_str(),
+              static_cast<long long>(first), static_cast<long long>(later));
+}
+
 TEST(CudaGraphs, RefusalsNameTheReason) {
   const Tensors xy{torch::randn({4, 5}), torch::randn({4, 5})};
   EXPECT_EQ(tcap::cuda_graph_refusal(
@@ -469,6 +531,16 @@ TEST(CudaDevice, MisalignedInputsTakeTheScalarPath) {
 TEST(CudaDevice, CompiledAutogradBackward) {
   SKIP_WITHOUT_CUDA_DEVICE();
   compiled_autograd_backward(Where::Device);
+}
+
+TEST(CudaDevice, DynamicBatchSharesKernelCode) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  dynamic_batch(Where::Device);
+}
+
+TEST(CudaEmulated, DynamicBatchSharesKernelCode) {
+  SKIP_WITHOUT_EMULATOR();
+  dynamic_batch(Where::Emulator);
 }
 
 TEST(CudaEmulated, CompiledAutogradBackward) {

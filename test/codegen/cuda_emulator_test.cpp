@@ -8,6 +8,9 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <functional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -176,6 +179,94 @@ TEST(CudaEmulated, SplitReductionsMatchTheCpuBackend) {
   const auto after = cuda_emu::stats();
   EXPECT_EQ(after.column_launches - before.column_launches, static_cast<int64_t>(2 * columns));
   EXPECT_GT(after.split_launches - before.split_launches, static_cast<int64_t>(kernels.size()));
+}
+
+// y[b, h] = tanh(x[b, h]) * 1.5 + bias[h]; x transposed in storage when `transposed`.
+tcap::kir::Kernel bias_tanh(int64_t b, int64_t h, bool transposed) {
+  KernelBuilder kb("bias_tanh", {b, h});
+  const int32_t bx = kb.input(DType::F32), bb = kb.input(DType::F32), by = kb.output(DType::F32);
+  const int32_t x = kb.load(bx, transposed ? std::vector<int64_t>{1, b} : std::vector<int64_t>{h, 1});
+  const int32_t y = kb.bin(OpCode::Add, kb.bin(OpCode::Mul, kb.un(OpCode::Tanh, x), kb.fconst(DType::F32, 1.5)),
+                           kb.load(bb, {0, 1}));
+  kb.store(y, by, {h, 1});
+  return kb.k;
+}
+
+// Row means: sum over n points times the constant 1/n (a number read at launch).
+tcap::kir::Kernel row_mean(int64_t rows, int64_t n) {
+  KernelBuilder kb("row_mean", {rows, n}, 1);
+  const int32_t bx = kb.input(DType::F32), by = kb.output(DType::F32);
+  const int32_t sum = kb.reduce(OpCode::ReduceSum, kb.load(bx, {n, 1}));
+  kb.store(kb.bin(OpCode::Mul, sum, kb.fconst(DType::F32, 1.0 / static_cast<double>(n))), by, {1, 0});
+  return kb.k;
+}
+
+// Note [CUDA sizes at launch]: the kernels of one structure at many sizes (odd ones, a
+// size that comes back, sizes below a block and a vector), each run by the emulator and
+// compared with the cpu_llvm backend. The first size gets code with its numbers built in,
+// every later one shares one code that reads the numbers that vary at launch (the
+// emulator, as the backend, keys its libraries by the source, so the code built is
+// counted by its entry names). Families: pointwise with a broadcast bias (contiguous and
+// transposed), a row reduction over more rows, softmax over more rows and over longer
+// rows (its reduce extent read at launch), column sums whose rows are split over blocks (the
+// number of splits read at launch), and a mean whose 1/n is read at launch.
+TEST(CudaEmulated, SizesAtLaunchServeEveryShapeOfAStructure) {
+  SKIP_WITHOUT_EMULATOR();
+  std::string why;
+  if (!tcap::codegen::cpu_llvm::cpu_llvm_available(&why)) GTEST_SKIP() << why;
+  struct Family {
+    std::string what;
+    std::function<tcap::kir::Kernel(int64_t)> make;
+    std::vector<int64_t> sizes;
+  };
+  const std::vector<Family> families = {
+      {"pointwise", [](int64_t n) { return bias_tanh(n, 37, false); }, {5, 17, 64, 3, 100, 17, 2}},
+      {"pointwise, x transposed", [](int64_t n) { return bias_tanh(n, 37, true); }, {5, 17, 64, 3, 100, 17, 2}},
+      {"row sums over more rows", [](int64_t n) { return reductions(DType::F32, {n, 45}, 1, {45, 1}); }, {37, 50, 3, 100, 37, 64}},
+      {"softmax over more rows", [](int64_t n) { return softmax(DType::F32, n, 1000); }, {7, 20, 3, 33, 7}},
+      {"softmax over longer rows", [](int64_t n) { return softmax(DType::F32, 13, n); }, {40, 56, 44, 60, 40, 48}},
+      {"split column sums", [](int64_t n) { return bias_grad(DType::F32, n, 96); }, {1000, 700, 1333, 1000, 2900}},
+      {"row means", [](int64_t n) { return row_mean(9, n); }, {300, 412, 260, 300, 500}},
+  };
+  for (const Family& f : families) {
+    SCOPED_TRACE(f.what);
+    cuda_emu::shapes().clear();
+    std::set<std::string> code;
+    int at_launch = 0;
+    std::string structure;
+    for (int64_t n : f.sizes) {
+      SCOPED_TRACE("size " + std::to_string(n));
+      const tcap::kir::Kernel k = f.make(n);
+      for (int64_t pad : {64, 65}) emulated_matches_cpu(k, pad);
+      const auto built = cuda_emu::build(k);
+      code.insert(built->name);
+      const bool reads = built->numbers.at(1) != 0;
+      at_launch += reads;
+      EXPECT_EQ(reads, n != f.sizes.front()) << "the first size's numbers are built in, every other size's read";
+    }
+    EXPECT_EQ(code.size(), 2u) << "one code with the first size's numbers, one for every other size";
+    EXPECT_EQ(at_launch, static_cast<int>(std::count_if(f.sizes.begin(), f.sizes.end(),
+                                                          [&](int64_t n) { return n != f.sizes.front(); })));
+  }
+}
+
+// A kernel whose sizes lead to another plan (a longer row: another block size) has another
+// structure: its code never runs under a decision taken for other sizes.
+TEST(CudaEmulated, SizesThatChangeThePlanGetCodeOfTheirOwn) {
+  SKIP_WITHOUT_EMULATOR();
+  std::string why;
+  if (!tcap::codegen::cpu_llvm::cpu_llvm_available(&why)) GTEST_SKIP() << why;
+  cuda_emu::shapes().clear();
+  std::set<std::string> code;
+  for (int64_t n : {40, 1000, 56, 3000}) {  // blocks of 32, 256, 32 and 512 threads
+    SCOPED_TRACE("row length " + std::to_string(n));
+    const tcap::kir::Kernel k = softmax(DType::F32, 13, n);
+    emulated_matches_cpu(k, 64);
+    const auto built = cuda_emu::build(k);
+    code.insert(built->name);
+    EXPECT_EQ(built->numbers.at(1) != 0, n == 56) << "only 56 shares 40's plan";
+  }
+  EXPECT_EQ(code.size(), 4u);
 }
 #endif
 

@@ -2,6 +2,7 @@
 // compiles to PTX with NVRTC, the launch plans (vector widths, reduction strategies, index
 // width) are the intended ones, the caches work.
 #include "codegen/cuda/cuda.h"
+#include "codegen/cuda/numbers.h"
 #include "codegen/kernel_cache.h"
 #include "cuda_test_util.h"
 #include "kernel_builder.h"
@@ -272,17 +273,17 @@ TEST(CudaCache, MemoryDiskAndCorruptEntries) {
   tcap::kir::Kernel k = softmax(DType::BF16, 5, 77);
   const auto s0 = cuda::cuda_stats();
   auto first = cuda::compile_cuda_kernel(k, target);
-  EXPECT_TRUE(first->is_ptx);
-  EXPECT_FALSE(first->from_disk);
-  EXPECT_NE(first->binary.find(".entry " + first->entry), std::string::npos);
+  EXPECT_TRUE(first->code->is_ptx);
+  EXPECT_FALSE(first->code->from_disk);
+  EXPECT_NE(first->code->binary.find(".entry " + first->code->entry), std::string::npos);
   auto again = cuda::compile_cuda_kernel(k, target);
   EXPECT_EQ(again.get(), first.get());
   cuda::cuda_clear_memory_cache_for_testing();
   auto from_disk = cuda::compile_cuda_kernel(k, target);
-  EXPECT_TRUE(from_disk->from_disk);
-  EXPECT_EQ(from_disk->binary, first->binary);
+  EXPECT_TRUE(from_disk->code->from_disk);
+  EXPECT_EQ(from_disk->code->binary, first->code->binary);
   // Flip a byte of the file: rejected, counted, rebuilt.
-  const std::string path = tcap::codegen::cache_file_path(tcap::Config::get().cache_dir, first->key_hash);
+  const std::string path = tcap::codegen::cache_file_path(tcap::Config::get().cache_dir, first->code->key_hash);
   {
     std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
     ASSERT_TRUE(f.good()) << path;
@@ -291,8 +292,8 @@ TEST(CudaCache, MemoryDiskAndCorruptEntries) {
   }
   cuda::cuda_clear_memory_cache_for_testing();
   auto rebuilt = cuda::compile_cuda_kernel(k, target);
-  EXPECT_FALSE(rebuilt->from_disk);
-  EXPECT_EQ(rebuilt->binary, first->binary);
+  EXPECT_FALSE(rebuilt->code->from_disk);
+  EXPECT_EQ(rebuilt->code->binary, first->code->binary);
   const auto s1 = cuda::cuda_stats();
   EXPECT_EQ(s1.compiled - s0.compiled, 2);
   EXPECT_EQ(s1.disk_hits - s0.disk_hits, 1);
@@ -326,9 +327,39 @@ TEST(CudaCache, ParallelCompilesShareEachKernel) {
     for (size_t i = 0; i < kernels.size(); ++i) {
       const auto& k = got[t][i];
       EXPECT_EQ(k.get(), got[0][(i + t) % kernels.size()].get()) << "one kernel object per kernel";
-      EXPECT_NE(k->binary.find(".entry " + k->entry), std::string::npos);
+      EXPECT_NE(k->code->binary.find(".entry " + k->code->entry), std::string::npos);
     }
   }
+}
+
+// Note [CUDA sizes at launch], through NVRTC (PTX, no device needed): softmax over 7 rows
+// compiles with its numbers built in; over 20, 3 and 33 rows one code that reads the rows
+// at launch serves all three (NVRTC takes the `tcap_numbers` parameter by value); each
+// kernel keeps its own plan and numbers; 7 rows again is the first kernel.
+TEST(CudaCache, SizesAtLaunchCompileOnceForEveryRowCount) {
+  SKIP_WITHOUT_NVRTC();
+  const cuda::Target target{archs_to_check().front(), /*cubin=*/false};
+  cuda::cuda_clear_memory_cache_for_testing();
+  const auto s0 = cuda::cuda_stats();
+  std::vector<std::shared_ptr<const cuda::CudaKernel>> got;
+  for (int64_t rows : {7, 20, 3, 33, 7}) got.push_back(cuda::compile_cuda_kernel(softmax(DType::F32, rows, 1000), target));
+  const auto s1 = cuda::cuda_stats();
+  EXPECT_EQ(s1.compiled + s1.disk_hits - s0.compiled - s0.disk_hits, 2) << "one code built in, one reading the rows";
+  EXPECT_EQ(s1.served_at_launch - s0.served_at_launch, 2);
+  EXPECT_EQ(s1.memory_hits - s0.memory_hits, 1);
+  EXPECT_FALSE(got[0]->code->reads_numbers);
+  EXPECT_EQ(got[4].get(), got[0].get());
+  for (size_t i : {1, 2, 3}) {
+    EXPECT_TRUE(got[i]->code->reads_numbers);
+    EXPECT_EQ(got[i]->code.get(), got[1]->code.get());
+    EXPECT_NE(got[i]->code->binary.find(".entry " + got[i]->code->entry), std::string::npos);
+    EXPECT_NE(got[i]->code->source.find("const tcap_numbers tcap_n"), std::string::npos);
+    cuda::LaunchShapes fresh;  // the kernel's own numbers, as a first kernel of its structure
+    EXPECT_EQ(got[i]->numbers, cuda::render_for_launch(softmax(DType::F32, got[i]->plan.work_items, 1000), fresh).numbers);
+  }
+  EXPECT_EQ(got[1]->plan.work_items, 20);
+  EXPECT_EQ(got[2]->plan.work_items, 3);
+  EXPECT_EQ(got[3]->plan.work_items, 33);
 }
 
 }  // namespace

@@ -22,6 +22,7 @@
 #include <fstream>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <unordered_map>
@@ -58,7 +59,7 @@ struct tcap_emu_api {
   tcap_emu_thread* const* current;
   void (*syncthreads)();
   void (*shfl_xor)(void* value, int bytes, int lane_mask, unsigned int mask);
-  void (*launch)(void* slot, void (*call)(void* const* args, int vec_ok), void* const* args);
+  void (*launch)(void* slot, void (*call)(void* const* args, int vec_ok), void* const* args, const int64_t* numbers);
 };
 
 namespace tcap::testing::cuda_emu {
@@ -76,6 +77,7 @@ struct EmuKernel {
   cg::LaunchPlan plan;
   Options options;
   std::vector<Extent> extents;  // per buffer (kernels from kernel IR; empty: unguarded)
+  std::vector<int64_t> numbers;  // read at launch (Note [CUDA sizes at launch]); empty: none
 };
 
 }  // namespace
@@ -269,6 +271,8 @@ char* g_stacks = nullptr;
 
 std::atomic<int64_t> g_launches{0}, g_vector_launches{0}, g_column_launches{0}, g_split_launches{0}, g_switches{0},
     g_built{0}, g_hits{0};
+std::mutex g_sources_mu;
+std::set<std::string> g_sources;  // the key hashes of the sources built or loaded
 
 std::string where(const Fiber& f) {
   std::ostringstream os;
@@ -391,7 +395,7 @@ void run_block(unsigned int b, unsigned int grid) {
   }
 }
 
-void emu_launch(void* slot, void (*call)(void* const*, int), void* const* args) {
+void emu_launch(void* slot, void (*call)(void* const*, int), void* const* args, const int64_t* numbers) {
   const EmuKernel& k = *static_cast<const EmuKernel*>(slot);
   const cg::LaunchPlan& p = k.plan;
   if (p.work_items == 0) return;  // as cuda::launch
@@ -423,6 +427,13 @@ void emu_launch(void* slot, void (*call)(void* const*, int), void* const* args) 
     with_scratch.assign(run_args, run_args + k.extents.size());
     with_scratch.push_back(scratch.data());
     run_args = with_scratch.data();
+  }
+  // The numbers read at launch follow the scratch pointer, as cuda::launch passes them.
+  std::vector<void*> with_numbers;
+  if (numbers) {
+    with_numbers.assign(run_args, run_args + k.extents.size() + (p.scratch_bytes > 0 ? 1 : 0));
+    with_numbers.push_back(const_cast<int64_t*>(numbers));
+    run_args = with_numbers.data();
   }
   Block& B = g_block;
   B.kernel = &k;
@@ -533,16 +544,19 @@ bool available(std::string* why) {
 
 namespace {
 
+// The emulated kernel behind a library's entry comes with each call, in the CPU kernel's
+// numbers: [the EmuKernel's address, whether numbers follow, the numbers read at launch...]
+// (one library serves every kernel of a structure, Note [CUDA sizes at launch]).
 std::shared_ptr<const codegen::cpu_llvm::CpuKernel> build_library(const std::string& name, const cg::CudaSource& src,
-                                                        const Options& o, std::vector<Extent> extents) {
+                                                        const Options& o, std::vector<Extent> extents,
+                                                        std::vector<int64_t> numbers = {}, bool reads_numbers = false) {
   std::ostringstream tu;
   tu << src.source << "\n// --- tcap cuda_emu trailer\n"
-     << "static void* tcap_emu_slot = nullptr;\n"
      << "static void tcap_emu_call(void* const* args, int vec_ok) { tcap_emu_invoke(" << src.entry
      << ", args, vec_ok); }\n"
-     << "extern \"C\" void tcap_emu_bind(const tcap_emu_api* api, void* slot) { tcap_emu = api; tcap_emu_slot = slot; }\n"
-     << "extern \"C\" void tcap_emu_entry(void* const* args, int64_t, int64_t, const int64_t*) {\n"
-     << "  tcap_emu->launch(tcap_emu_slot, tcap_emu_call, args);\n}\n";
+     << "extern \"C\" void tcap_emu_bind(const tcap_emu_api* api) { tcap_emu = api; }\n"
+     << "extern \"C\" void tcap_emu_entry(void* const* args, int64_t, int64_t, const int64_t* n) {\n"
+     << "  tcap_emu->launch(reinterpret_cast<void*>(n[0]), tcap_emu_call, args, n[1] ? n + 2 : nullptr);\n}\n";
   const std::string flags = "-std=c++17 -O1 -fPIC -w";
   const std::string key = compiler() + "\n" + flags + "\n" + device_header() + "\n" + tu.str();
   const std::string key_hash = kir::hash_hex(kir::fnv1a(key));
@@ -581,16 +595,22 @@ std::shared_ptr<const codegen::cpu_llvm::CpuKernel> build_library(const std::str
     TORCH_CHECK(::rename((tmp + ".so").c_str(), so.c_str()) == 0, "cuda_emu: cannot move ", tmp, ".so to ", so);
     g_built.fetch_add(1);
   }
+  {
+    std::lock_guard<std::mutex> sources_lock(g_sources_mu);
+    g_sources.insert(key_hash);
+  }
   void* h = ::dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL);
   TORCH_CHECK(h, "cuda_emu: cannot load ", so, ": ", ::dlerror());
-  auto bind = reinterpret_cast<void (*)(const tcap_emu_api*, void*)>(::dlsym(h, "tcap_emu_bind"));
+  auto bind = reinterpret_cast<void (*)(const tcap_emu_api*)>(::dlsym(h, "tcap_emu_bind"));
   auto entry = reinterpret_cast<codegen::cpu_llvm::CpuKernel::Fn>(::dlsym(h, "tcap_emu_entry"));
   TORCH_CHECK(bind && entry, "cuda_emu: ", so, " lacks tcap_emu_bind / tcap_emu_entry");
   // Kernel libraries stay loaded for the process (kernels may be shared by executables).
-  auto* ek = new EmuKernel{name, src.entry, src.plan, o, std::move(extents)};
-  bind(&kApi, ek);
+  auto* ek = new EmuKernel{name, src.entry, src.plan, o, std::move(extents), numbers};  // lives for the process
+  bind(&kApi);
   auto ck = std::make_shared<codegen::cpu_llvm::CpuKernel>();
   ck->fn = entry;
+  ck->numbers = {static_cast<int64_t>(reinterpret_cast<intptr_t>(ek)), reads_numbers ? 1 : 0};
+  if (reads_numbers) ck->numbers.insert(ck->numbers.end(), numbers.begin(), numbers.end());
   ck->name = src.entry;
   ck->key_hash = key_hash;
   ck->range = 1;
@@ -601,7 +621,13 @@ std::shared_ptr<const codegen::cpu_llvm::CpuKernel> build_library(const std::str
 }  // namespace
 
 std::shared_ptr<const codegen::cpu_llvm::CpuKernel> build(const kir::Kernel& k, const Options& o) {
-  return build_library(k.name, cg::render(k), o, buffer_extents(k));
+  cg::LaunchSource ls = cg::render_for_launch(k, shapes());
+  return build_library(k.name, ls.src, o, buffer_extents(k), std::move(ls.numbers), ls.reads_numbers);
+}
+
+cg::LaunchShapes& shapes() {
+  static auto* s = new cg::LaunchShapes;
+  return *s;
 }
 
 std::shared_ptr<const codegen::cpu_llvm::CpuKernel> build_source(const std::string& name, const cg::CudaSource& src,
@@ -639,6 +665,10 @@ Stats stats() {
   Stats s;
   s.built = g_built.load();
   s.cache_hits = g_hits.load();
+  {
+    std::lock_guard<std::mutex> lock(g_sources_mu);
+    s.sources = static_cast<int64_t>(g_sources.size());
+  }
   s.launches = g_launches.load();
   s.vector_launches = g_vector_launches.load();
   s.column_launches = g_column_launches.load();

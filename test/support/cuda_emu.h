@@ -35,6 +35,7 @@
 #pragma once
 
 #include "codegen/cpu_llvm/cpu_llvm.h"
+#include "codegen/cuda/numbers.h"
 #include "codegen/cuda/render.h"
 #include "kir/kir.h"
 
@@ -67,10 +68,14 @@ std::vector<BufferExtent> buffer_extents(const kir::Kernel& k);
 bool available(std::string* why = nullptr);
 
 // The kernel as the cuda backend renders it, compiled for the host, as a CPU kernel whose
-// run(args, 0, 1) runs the whole grid (range 1). Throws c10::Error naming the kernel when
+// run(args, 0, 1) runs the whole grid (range 1). As in the backend, a kernel of a structure
+// seen with other numbers (shapes()) gets code that reads them at launch (Note [CUDA sizes
+// at launch]). Throws c10::Error naming the kernel when
 // the source does not compile (with the compiler's output) and std::runtime_error from a
 // launch that breaks CUDA's rules (see the Note).
 std::shared_ptr<const codegen::cpu_llvm::CpuKernel> build(const kir::Kernel& k, const Options& o = {});
+// The structures the emulator has seen (clear() makes the next kernel of each built-in).
+codegen::cuda::LaunchShapes& shapes();
 
 // The same for a hand-written source (tests of the emulator itself): `src.source` defines
 // the __global__ function `src.entry`, launched with `src.plan`. `bounds`: a kernel IR
@@ -86,6 +91,7 @@ tcap::Executable compiler(const ir::Graph& g, bool also_ptx = false, const Optio
 struct Stats {
   int64_t built = 0;        // kernels compiled by the host compiler
   int64_t cache_hits = 0;   // kernels loaded from the disk cache
+  int64_t sources = 0;      // distinct sources built or loaded: code, as the backend would compile it
   int64_t launches = 0;
   int64_t vector_launches = 0;  // launches that took the vector path (vec_ok = 1)
   int64_t column_launches = 0;  // launches of Column kernels (Note [Split column reductions])

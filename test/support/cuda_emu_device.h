@@ -120,8 +120,9 @@ struct tcap_emu_api {
   void (*syncthreads)();
   // Exchanges `bytes` bytes of *value with lane (lane ^ lane_mask) of the calling warp.
   void (*shfl_xor)(void* value, int bytes, int lane_mask, unsigned int mask);
-  // Runs the whole grid of kernel `slot`; `call` runs one thread.
-  void (*launch)(void* slot, void (*call)(void* const* args, int vec_ok), void* const* args);
+  // Runs the whole grid of kernel `slot`; `call` runs one thread. `numbers`: the kernel's
+  // numbers read at launch (Note [CUDA sizes at launch]), or null.
+  void (*launch)(void* slot, void (*call)(void* const* args, int vec_ok), void* const* args, const int64_t* numbers);
 };
 static const tcap_emu_api* tcap_emu = nullptr;
 
@@ -147,12 +148,13 @@ inline T __shfl_xor_sync(unsigned int mask, T v, int lane_mask) {
 }
 
 // Calls a kernel `f(T0* b0, ..., int vec_ok)` with the buffer pointers of `args` (a
-// parameter's number read from its address: Note [Kernel parameters]).
+// parameter's number, or the numbers read at launch, read from its address: Note [Kernel
+// parameters], Note [CUDA sizes at launch]).
 template <typename P>
 inline P tcap_emu_arg(void* const* args, std::size_t i, int vec_ok) {
   if constexpr (std::is_pointer_v<P>) {
     return static_cast<P>(args[i]);
-  } else if constexpr (std::is_floating_point_v<P>) {  // a parameter: args[i] is its address
+  } else if constexpr (std::is_floating_point_v<P> || std::is_class_v<P>) {  // args[i] is its address
     return *static_cast<const P*>(args[i]);
   } else {
     return vec_ok;

@@ -5,6 +5,7 @@
 #include "codegen/cuda/cuda.h"
 
 #include "codegen/cuda/driver.h"
+#include "codegen/cuda/numbers.h"
 #include "codegen/kernel_cache.h"
 #include "support/logging.h"
 
@@ -24,14 +25,16 @@ namespace {
 
 // Bump whenever the renderer emits different code for the same kernel IR (the source is
 // in the key too, so this only documents intent; libtcap's build id also changes).
-constexpr int kCodegenVersion = 1;
+constexpr int kCodegenVersion = 2;  // 2: numbers read at launch (Note [CUDA sizes at launch])
 
 struct Backend {
   std::mutex mu;  // the maps and stats
-  std::unordered_map<std::string, std::shared_ptr<const CudaKernel>> memory;  // key text -> kernel
+  std::unordered_map<std::string, std::shared_ptr<const CudaCode>> code;      // key text -> code
+  std::unordered_map<std::string, std::shared_ptr<const CudaKernel>> memory;  // key text + numbers -> kernel
   CudaStats stats;
   std::unordered_map<int, DeviceInfo> devices;
   KeyLocks key_locks;
+  LaunchShapes shapes;
 };
 
 Backend& backend() {
@@ -79,18 +82,18 @@ Target target_for(int device) {
   return {archs.back(), /*cubin=*/false};  // the driver JIT-compiles PTX for newer devices
 }
 
-std::shared_ptr<const CudaKernel> compile_cuda_kernel(const kir::Kernel& k, const Target& target) {
-  const auto t0 = std::chrono::steady_clock::now();
-  CudaSource src = render(k);  // throws on unsupported kernels
+namespace {
+
+// The code of source `src` for `target`, from memory (*found), the disk cache or NVRTC
+// (the caller holds the key's lock).
+std::shared_ptr<const CudaCode> code_for(const kir::Kernel& k, const CudaSource& src, bool reads_numbers,
+                                         const Target& target, const std::string& key, bool* found) {
   Backend& be = backend();
-  const std::string key = cache_key(src, target);
-  // Note [Parallel kernel compilation] (NVRTC programs are independent); be.mu only
-  // guards the maps and stats.
-  std::lock_guard<std::mutex> key_lock(be.key_locks.of(key));
   {
     std::lock_guard<std::mutex> lock(be.mu);
-    if (auto it = be.memory.find(key); it != be.memory.end()) {
-      ++be.stats.memory_hits;
+    *found = false;
+    if (auto it = be.code.find(key); it != be.code.end()) {
+      *found = true;
       return it->second;
     }
   }
@@ -98,14 +101,12 @@ std::shared_ptr<const CudaKernel> compile_cuda_kernel(const kir::Kernel& k, cons
     std::lock_guard<std::mutex> lock(be.mu);
     ++(be.stats.*field);
   };
-  auto out = std::make_shared<CudaKernel>();
-  out->name = k.name;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto out = std::make_shared<CudaCode>();
   out->entry = src.entry;
-  out->plan = src.plan;
-  out->num_buffers = k.buffers.size();
-  for (const kir::Buffer& b : k.buffers) out->by_value.push_back(b.param);
   out->arch = target.arch;
   out->is_ptx = !target.cubin;
+  out->reads_numbers = reads_numbers;
   out->key_hash = "cuda-" + kir::hash_hex(kir::fnv1a(key));
   const std::string path = cache_file_path(Config::get().cache_dir, out->key_hash);
   CacheEntry entry;
@@ -131,20 +132,56 @@ std::shared_ptr<const CudaKernel> compile_cuda_kernel(const kir::Kernel& k, cons
                 arch_name(target), ":\n", log, "\n--- source ---\n", src.source);
     out->compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     count(&CudaStats::compiled);
+    if (reads_numbers) count(&CudaStats::compiled_at_launch);
     entry.object = out->binary;
     entry.ir = src.source;
     if (!write_cache_file(path, key, entry, &why)) {
       TCAP_LOG(Perf, "cuda: kernel " << k.name << " not written to the disk cache: " << why);
     }
   }
-  out->source = std::move(src.source);
+  out->source = src.source;
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   TCAP_LOG(Perf, "cuda: " << k.name << " -> " << out->entry << " (" << arch_name(target) << ")"
-                          << (out->from_disk ? " loaded from disk" : " compiled") << " in " << ms << " ms");
-  TCAP_LOG(Fusion, "cuda: " << k.name << " -> " << out->entry << ": " << to_string(out->plan));
+                          << (out->from_disk ? " loaded from disk" : " compiled") << " in " << ms << " ms"
+                          << (reads_numbers ? ", reading the numbers that vary in its structure at launch (Note [CUDA "
+                                              "sizes at launch])"
+                                            : ""));
   std::lock_guard<std::mutex> lock(be.mu);
-  be.memory.emplace(key, out);
-  return out;
+  return be.code.emplace(key, std::move(out)).first->second;
+}
+
+}  // namespace
+
+std::shared_ptr<const CudaKernel> compile_cuda_kernel(const kir::Kernel& k, const Target& target) {
+  Backend& be = backend();
+  LaunchSource ls = render_for_launch(k, be.shapes);  // throws on unsupported kernels
+  const std::string key = cache_key(ls.src, target);
+  std::string kernel_key = key;
+  if (ls.reads_numbers) {
+    for (int64_t n : ls.numbers) kernel_key += " " + std::to_string(n);
+  }
+  // Note [Parallel kernel compilation] (NVRTC programs are independent); be.mu only
+  // guards the maps and stats.
+  std::lock_guard<std::mutex> key_lock(be.key_locks.of(key));
+  {
+    std::lock_guard<std::mutex> lock(be.mu);
+    if (auto it = be.memory.find(kernel_key); it != be.memory.end()) {
+      ++be.stats.memory_hits;
+      return it->second;
+    }
+  }
+  auto out = std::make_shared<CudaKernel>();
+  out->name = k.name;
+  bool found = false;
+  out->code = code_for(k, ls.src, ls.reads_numbers, target, key, &found);
+  out->plan = ls.src.plan;
+  if (ls.reads_numbers) out->numbers = std::move(ls.numbers);
+  out->num_buffers = k.buffers.size();
+  for (const kir::Buffer& b : k.buffers) out->by_value.push_back(b.param);
+  TCAP_LOG(Fusion, "cuda: " << k.name << " -> " << out->code->entry << ": " << to_string(out->plan));
+  std::lock_guard<std::mutex> lock(be.mu);
+  if (ls.reads_numbers && found) ++be.stats.served_at_launch;
+  return be.memory.emplace(kernel_key, std::move(out)).first->second;
 }
 
 std::string compile_to_ptx(const kir::Kernel& k, int arch, std::string* source) {
@@ -164,16 +201,20 @@ void launch(const CudaKernel& k, int device, void* stream, void* const* buffers,
   if (p.work_items == 0) return;
   TORCH_CHECK(p.scratch_bytes == 0 || scratch, "tcap cuda: kernel ", k.name, " needs ", p.scratch_bytes,
               " bytes of scratch memory and was launched without");
-  CudaKernel::Loaded fn;
+  const CudaCode& code = *k.code;
+  void* fn = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(code.mu);
+    auto it = code.functions.find(device);
+    if (it == code.functions.end()) it = code.functions.emplace(device, load_function(device, code.binary, code.entry, k.name)).first;
+    fn = it->second;
+  }
+  int64_t grid = 1;
   {
     std::lock_guard<std::mutex> lock(k.mu);
-    auto it = k.loaded.find(device);
-    if (it == k.loaded.end()) {
-      const CudaKernel::Loaded l{load_function(device, k.binary, k.entry, k.name),
-                                 launch_grid(p, info_of(device).multiprocessors)};
-      it = k.loaded.emplace(device, l).first;
-    }
-    fn = it->second;
+    auto it = k.grids.find(device);
+    if (it == k.grids.end()) it = k.grids.emplace(device, launch_grid(p, info_of(device).multiprocessors)).first;
+    grid = it->second;
   }
   int vec_ok = vector_path_ok(p, buffers);
   // cuLaunchKernel takes a pointer to each argument: a buffer's data pointer, or a
@@ -186,8 +227,11 @@ void launch(const CudaKernel& k, int device, void* stream, void* const* buffers,
     params.push_back(&scratch);
     cuda::memset32(device, scratch, 0, static_cast<size_t>(p.semaphore_bytes / 4), stream, k.name);  // the semaphores
   }
+  // The numbers read at launch: a `tcap_numbers` struct by value, whose bytes are the
+  // kernel's numbers in slot order (Note [CUDA sizes at launch]).
+  if (code.reads_numbers) params.push_back(const_cast<int64_t*>(k.numbers.data()));
   params.push_back(&vec_ok);
-  cuda::launch(device, fn.fn, fn.grid, p.block, stream, params.data(), k.name);
+  cuda::launch(device, fn, grid, p.block, stream, params.data(), k.name);
   g_launches.fetch_add(1, std::memory_order_relaxed);
 }
 
@@ -201,8 +245,12 @@ CudaStats cuda_stats() {
 
 void cuda_clear_memory_cache_for_testing() {
   Backend& be = backend();
-  std::lock_guard<std::mutex> lock(be.mu);
-  be.memory.clear();
+  {
+    std::lock_guard<std::mutex> lock(be.mu);
+    be.memory.clear();
+    be.code.clear();
+  }
+  be.shapes.clear();
 }
 
 }  // namespace tcap::codegen::cuda

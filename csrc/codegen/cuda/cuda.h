@@ -26,34 +26,44 @@
 
 namespace tcap::codegen::cuda {
 
-struct CudaKernel {
-  std::string name;        // the kernel IR's name (for messages)
+// One source compiled: the code that one kernel, or every kernel of a structure whose
+// numbers are read at launch (Note [CUDA sizes at launch], numbers.h), runs.
+struct CudaCode {
   std::string entry;       // the __global__ function
   std::string source;      // CUDA C++
   std::string binary;      // cubin, or PTX text when is_ptx
   bool is_ptx = false;
   int arch = 0;            // 90: sm_90 (cubin) / compute_90 (PTX)
-  LaunchPlan plan;
-  size_t num_buffers = 0;
-  std::vector<bool> by_value;  // per buffer: a parameter, passed by value (Note [Kernel parameters])
   std::string key_hash;    // hex hash of the disk cache key
   double compile_ms = 0;   // NVRTC time (0 when the binary came from a cache)
   bool from_disk = false;
+  bool reads_numbers = false;  // takes a `tcap_numbers` parameter
 
-  // Per device, loaded on the first launch there: the function and its grid size (which
-  // depends only on the plan and the device), so a launch takes no global lock.
-  struct Loaded {
-    void* fn = nullptr;
-    int64_t grid = 1;
-  };
+  // Per device, loaded on the first launch there, so a launch takes no global lock.
   mutable std::mutex mu;
-  mutable std::unordered_map<int, Loaded> loaded;
+  mutable std::unordered_map<int, void*> functions;
+};
+
+// A kernel ready to launch: its code, and its own plan and numbers.
+struct CudaKernel {
+  std::string name;        // the kernel IR's name (for messages)
+  std::shared_ptr<const CudaCode> code;
+  LaunchPlan plan;         // this kernel's (grid, alignment checks, scratch)
+  std::vector<int64_t> numbers;  // this kernel's numbers, passed when code->reads_numbers
+  size_t num_buffers = 0;
+  std::vector<bool> by_value;  // per buffer: a parameter, passed by value (Note [Kernel parameters])
+
+  // Per device: the grid size (which depends only on the plan and the device).
+  mutable std::mutex mu;
+  mutable std::unordered_map<int, int64_t> grids;
 };
 
 struct CudaStats {
   int memory_hits = 0;
   int disk_hits = 0;
   int compiled = 0;
+  int compiled_at_launch = 0;  // of `compiled`, code reading numbers at launch (Note [CUDA sizes at launch])
+  int served_at_launch = 0;    // kernels served by such code without a compile
   int corrupt_cache_files = 0;
   int64_t launches = 0;
 };
@@ -69,9 +79,10 @@ struct Target {
 };
 Target target_for(int device);
 
-// Compiles (or finds in the caches) a kernel for `target`. Throws c10::Error naming the
-// kernel with NVRTC's log when the source does not compile, or the renderer's reason
-// when the kernel uses something it does not support. Thread-safe.
+// Compiles (or finds in the caches) a kernel for `target`: a kernel of a structure seen
+// with other numbers gets code that reads them at launch (Note [CUDA sizes at launch]).
+// Throws c10::Error naming the kernel with NVRTC's log when the source does not compile,
+// or the renderer's reason when the kernel uses something it does not support. Thread-safe.
 std::shared_ptr<const CudaKernel> compile_cuda_kernel(const kir::Kernel& k, const Target& target);
 
 // PTX for compute_<arch> without caches or a device: what the no-GPU tests check.
@@ -86,6 +97,7 @@ void launch(const CudaKernel& k, int device, void* stream, void* const* buffers,
             void* scratch = nullptr);
 
 CudaStats cuda_stats();
+// Forgets the kernels and code in memory and the structures seen, as a fresh process would.
 void cuda_clear_memory_cache_for_testing();
 
 }  // namespace tcap::codegen::cuda

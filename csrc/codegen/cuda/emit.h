@@ -7,6 +7,7 @@
 // gives the same source, byte for byte (the kernel caches and the emulator's key on it).
 #pragma once
 
+#include "codegen/cuda/numbers.h"
 #include "codegen/cuda/ops.h"
 #include "codegen/cuda/plan.h"
 #include "codegen/cuda/render.h"
@@ -21,7 +22,9 @@ namespace tcap::codegen::cuda {
 
 class Renderer {
  public:
-  Renderer(const kir::Kernel& k, const RenderOptions& o);
+  // `at_launch` (Note [CUDA sizes at launch]): per number slot, whether the code reads it
+  // from the `tcap_n` parameter; null or empty: every number built in.
+  Renderer(const kir::Kernel& k, const RenderOptions& o, const std::vector<bool>* at_launch = nullptr);
 
   CudaSource run();
 
@@ -39,6 +42,11 @@ class Renderer {
   }
 
   int num_passes() const { return cuda::num_passes(k_, elem_, level_); }
+  // Number `slot` in the source: its value, or the launch's (Note [CUDA sizes at launch]).
+  bool reads(int32_t slot) const { return !at_.empty() && at_[static_cast<size_t>(slot)]; }
+  std::string num(int32_t slot) const;
+  // The slot of an access's offset: `a` is one of c_.loads or c_.stores.
+  int32_t access_slot(const kir::Access& a) const;
   void params(std::ostringstream& os) const;
   // Emits `const T vN = ...;` for every value in `ids` (topological order), with Loads read
   // by `load(id)` (an expression in memory type).
@@ -47,7 +55,8 @@ class Renderer {
                    LoadFn load) const;
   // Values (element-level ones only when `element_only`) that `roots` need, topologically.
   std::vector<int32_t> needed(const std::vector<int32_t>& roots, bool element_only) const;
-  // "OFF + c0 * s0 + ..." over coalesced dims [lo, hi) with coordinate names c<d>.
+  // "OFF + c0 * s0 + ..." over coalesced dims [lo, hi) with coordinate names c<d>; `a` is
+  // one of c_.loads or c_.stores (its numbers' slots are found from its position).
   std::string offset_expr(const kir::Access& a, int lo, int hi, bool with_offset) const;
   void coords(std::ostringstream& os, const std::string& linear, int lo, int hi, const std::string& indent) const;
 
@@ -74,8 +83,9 @@ class Renderer {
   std::vector<int> level_;
   LaunchPlan plan_;
   std::string idx_;  // "int" or "long long"
-  int64_t split_len_ = 0;                  // see KernelPlan
-  std::vector<int64_t> workspace_offset_;  // see KernelPlan
+  NumberLayout nl_;
+  std::vector<int64_t> nums_;   // this kernel's numbers (NumberLayout order)
+  std::vector<bool> at_;        // the numbers read at launch (empty: none)
 };
 
 template <typename LoadFn>
@@ -86,6 +96,12 @@ void Renderer::emit_values(std::ostringstream& os, const std::vector<int32_t>& i
     os << indent << "const " << reg_type(in.dtype) << " " << v(id) << " = ";
     if (in.op == kir::OpCode::Load) {
       os << from_memory(in.dtype, load(id));
+    } else if (in.op == kir::OpCode::Const && nl_.constant[static_cast<size_t>(id)] >= 0 &&
+               reads(nl_.constant[static_cast<size_t>(id)])) {
+      // A constant read at launch: its double's bits (Note [CUDA sizes at launch]), rounded
+      // to float as the literal would be.
+      const std::string d = "__longlong_as_double(tcap_n.n[" + std::to_string(nl_.constant[static_cast<size_t>(id)]) + "])";
+      os << (in.dtype == kir::DType::F64 ? d : "(float)" + d);
     } else {
       os << op_expr(k_, id);
     }

@@ -11,13 +11,32 @@ namespace tcap::codegen::cuda {
 using kir::DType;
 using kir::OpCode;
 
-Renderer::Renderer(const kir::Kernel& k, const RenderOptions& o)
+Renderer::Renderer(const kir::Kernel& k, const RenderOptions& o, const std::vector<bool>* at_launch)
     : k_(k), o_(o), c_(kir::coalesce(k)), elem_(kir::element_level(k)), level_(kir::reduce_level(k)) {
   KernelPlan p = plan_kernel(k_, c_, elem_, level_, o_);
   plan_ = p.launch;
   idx_ = plan_.index32 ? "int" : "long long";
-  split_len_ = p.split_len;
-  workspace_offset_ = std::move(p.workspace_offset);
+  nl_ = number_layout(k_, c_);
+  nums_ = launch_numbers(k_, c_, p, nl_);
+  if (at_launch && !at_launch->empty()) {
+    TORCH_INTERNAL_ASSERT(at_launch->size() == nums_.size(), "cuda renderer: a mask of ", at_launch->size(),
+                          " numbers for a kernel of ", nums_.size());
+    at_ = *at_launch;
+  }
+}
+
+std::string Renderer::num(int32_t slot) const {
+  if (reads(slot)) return "((" + idx_ + ")tcap_n.n[" + std::to_string(slot) + "])";
+  return std::to_string(nums_[static_cast<size_t>(slot)]);
+}
+
+int32_t Renderer::access_slot(const kir::Access& a) const {
+  if (!c_.loads.empty() && &a >= c_.loads.data() && &a < c_.loads.data() + c_.loads.size()) {
+    return nl_.load[static_cast<size_t>(&a - c_.loads.data())];
+  }
+  TORCH_INTERNAL_ASSERT(!c_.stores.empty() && &a >= c_.stores.data() && &a < c_.stores.data() + c_.stores.size(),
+                        "cuda renderer: an access that is neither a load nor a store of the kernel");
+  return nl_.store[static_cast<size_t>(&a - c_.stores.data())];
 }
 
 void Renderer::emit_split_scratch(std::ostringstream& os) const {
@@ -26,13 +45,14 @@ void Renderer::emit_split_scratch(std::ostringstream& os) const {
   for (size_t id = 0; id < k_.instrs.size(); ++id) {
     if (!kir::is_reduce(k_.instrs[id].op)) continue;
     const std::string T = acc_type(k_.instrs[id]);
-    os << "  " << T << "* ws" << id << " = reinterpret_cast<" << T << "*>(tcap_scratch + " << workspace_offset_[id] << ");\n";
+    os << "  " << T << "* ws" << id << " = reinterpret_cast<" << T << "*>(tcap_scratch + " << num(nl_.workspace[id])
+       << ");\n";
   }
 }
 
 void Renderer::emit_split_range(std::ostringstream& os) const {
-  const std::string len = std::to_string(split_len_), R = std::to_string(k_.reduce_numel());
-  os << "    const " << idx_ << " split = u % " << plan_.splits << ";\n";
+  const std::string len = num(nl_.split_len), R = num(nl_.reduce);
+  os << "    const " << idx_ << " split = u % " << num(nl_.splits) << ";\n";
   os << "    const " << idx_ << " r_begin = split * " << len << ";\n";
   os << "    const " << idx_ << " r_end = r_begin + " << len << " < " << R << " ? r_begin + " << len << " : " << R << ";\n";
 }
@@ -40,7 +60,8 @@ void Renderer::emit_split_range(std::ostringstream& os) const {
 void Renderer::emit_count_split(std::ostringstream& os, const std::string& sem) const {
   os << "    __threadfence();\n";
   os << "    __syncthreads();\n";
-  os << "    if (threadIdx.x == 0) tcap_last = atomicAdd(tcap_sem + " << sem << ", 1u) == " << plan_.splits - 1 << "u;\n";
+  const std::string last = reads(nl_.splits) ? "(unsigned int)(" + num(nl_.splits) + " - 1)" : std::to_string(plan_.splits - 1) + "u";
+  os << "    if (threadIdx.x == 0) tcap_last = atomicAdd(tcap_sem + " << sem << ", 1u) == " << last << ";\n";
   os << "    __syncthreads();\n";
 }
 
@@ -50,8 +71,8 @@ void Renderer::emit_combine_partials(std::ostringstream& os, const std::string& 
   const std::string T = acc_type(in);
   const std::string vol = "reinterpret_cast<volatile " + T + "*>(ws" + std::to_string(r) + ")";
   os << indent << acc << " = " << vol << "[" << col << "];\n";
-  os << indent << "for (int s = 1; s < " << plan_.splits << "; ++s) {\n";
-  os << indent << "  const " << T << " part = " << vol << "[s * " << k_.outer_numel() << " + " << col << "];\n";
+  os << indent << "for (int s = 1; s < " << num(nl_.splits) << "; ++s) {\n";
+  os << indent << "  const " << T << " part = " << vol << "[s * " << num(nl_.outer) << " + " << col << "];\n";
   os << indent << "  " << acc << " = " << reduce_functor(in) << "(" << acc << ", part);\n";
   os << indent << "}\n";
 }
@@ -79,7 +100,8 @@ void Renderer::params(std::ostringstream& os) const {
     os << buf(static_cast<int32_t>(b));
   }
   if (plan_.scratch_bytes > 0) os << (k_.buffers.empty() ? "" : ", ") << "unsigned char* __restrict__ tcap_scratch";
-  os << (k_.buffers.empty() && plan_.scratch_bytes == 0 ? "" : ", ") << "int vec_ok";
+  if (!at_.empty()) os << (k_.buffers.empty() && plan_.scratch_bytes == 0 ? "" : ", ") << "const tcap_numbers tcap_n";
+  os << (k_.buffers.empty() && plan_.scratch_bytes == 0 && at_.empty() ? "" : ", ") << "int vec_ok";
 }
 
 std::vector<int32_t> Renderer::needed(const std::vector<int32_t>& roots, bool element_only) const {
@@ -101,12 +123,14 @@ std::vector<int32_t> Renderer::needed(const std::vector<int32_t>& roots, bool el
 }
 
 std::string Renderer::offset_expr(const kir::Access& a, int lo, int hi, bool with_offset) const {
-  std::string e = with_offset ? std::to_string(a.offset) : "";
+  const int32_t slot = access_slot(a);
+  std::string e = with_offset ? num(slot) : "";
   for (int d = lo; d < hi; ++d) {
     const int64_t s = a.strides[static_cast<size_t>(d)];
     if (s == 0 || c_.sizes[static_cast<size_t>(d)] == 1) continue;
     std::string term = "c" + std::to_string(d);
-    if (s != 1) term += " * (" + idx_ + ")" + std::to_string(s);
+    const int32_t stride = slot + 1 + d;
+    if (s != 1) term += " * " + (reads(stride) ? num(stride) : "(" + idx_ + ")" + std::to_string(s));
     e += e.empty() ? term : " + " + term;
   }
   return e.empty() ? "0" : e;
@@ -121,7 +145,7 @@ void Renderer::coords(std::ostringstream& os, const std::string& linear, int lo,
   }
   os << indent << idx_ << " rem" << lo << " = " << linear << ";\n";
   for (int d = hi - 1; d > lo; --d) {
-    const std::string s = std::to_string(c_.sizes[static_cast<size_t>(d)]);
+    const std::string s = num(d);
     os << indent << "const " << idx_ << " c" << d << " = rem" << lo << " % " << s << ";\n";
     os << indent << "rem" << lo << " /= " << s << ";\n";
   }
@@ -133,7 +157,7 @@ void Renderer::pointwise(std::ostringstream& os) {
   std::vector<int32_t> roots;
   for (const kir::Store& s : k_.stores) roots.push_back(s.value);
   const std::vector<int32_t> ids = needed(roots, /*element_only=*/false);
-  const std::string N = std::to_string(plan_.elements) + (plan_.index32 ? "" : "LL");
+  const std::string N = reads(nl_.elements) ? num(nl_.elements) : std::to_string(plan_.elements) + (plan_.index32 ? "" : "LL");
   const std::string tid = "(" + idx_ + ")blockIdx.x * blockDim.x + threadIdx.x";
   const std::string stride = "(" + idx_ + ")gridDim.x * blockDim.x";
 
@@ -195,7 +219,7 @@ void Renderer::pointwise(std::ostringstream& os) {
     os << "      " << vector_store(b, V, buf(b) + " + " + offset_expr(c_.stores[s], 0, rank, true), "o" + std::to_string(s));
   }
   os << "    }\n";
-  if (plan_.elements % V != 0) {  // the tail (one coalesced dim only)
+  if (reads(nl_.elements) || plan_.elements % V != 0) {  // the tail (one coalesced dim only)
     scalar_loop("(" + N + " / " + std::to_string(V) + ") * " + std::to_string(V) + " + " + tid, "    ");
   }
   os << "  } else {\n";
@@ -205,14 +229,30 @@ void Renderer::pointwise(std::ostringstream& os) {
 
 CudaSource Renderer::run() {
   CudaSource out;
-  out.entry = "tcap_" + kir::hash_hex(kir::structural_hash(k_));
   out.plan = plan_;
   std::ostringstream os;
-  os << kPrelude << "\n// " << to_string(plan_) << "\n";
-  // The kernel IR as a comment: what the source was rendered from.
-  std::istringstream ir(kir::to_string(k_));
-  for (std::string line; std::getline(ir, line);) {
-    os << "// " << line << "\n";
+  if (at_.empty()) {
+    out.entry = "tcap_" + kir::hash_hex(kir::structural_hash(k_));
+    os << kPrelude << "\n// " << to_string(plan_) << "\n";
+    // The kernel IR as a comment: what the source was rendered from.
+    std::istringstream ir(kir::to_string(k_));
+    for (std::string line; std::getline(ir, line);) {
+      os << "// " << line << "\n";
+    }
+  } else {
+    // Code that serves every kernel of a structure (Note [CUDA sizes at launch]): the
+    // structure and the numbers read at launch, not one kernel's IR, name it.
+    std::string text = launch_structure(k_, c_, elem_, plan_) + "at launch:";
+    for (size_t i = 0; i < at_.size(); ++i) {
+      if (at_[i]) text += " " + std::to_string(i);
+    }
+    out.entry = "tcap_" + kir::hash_hex(kir::fnv1a(text));
+    os << kPrelude << "\n";
+    std::istringstream ir(text);
+    for (std::string line; std::getline(ir, line);) {
+      os << "// " << line << "\n";
+    }
+    os << "struct tcap_numbers { long long n[" << at_.size() << "]; };\n";
   }
   os << "extern \"C\" __global__ void __launch_bounds__(" << plan_.block << ") " << out.entry << "(";
   params(os);
@@ -235,14 +275,36 @@ CudaSource Renderer::run() {
   return out;
 }
 
+namespace {
+
+// Neither the kernel's name nor its buffers' names (graph values) change the code: kernels
+// that differ only there (the same layer norm in every layer) share a binary.
+kir::Kernel anonymous(const kir::Kernel& k) {
+  kir::Kernel a = k;
+  a.name.clear();
+  for (kir::Buffer& b : a.buffers) b.name.clear();
+  return a;
+}
+
+}  // namespace
+
 CudaSource render(const kir::Kernel& k, const RenderOptions& o) {
   kir::check_renderable(k, "cuda", "CUDA");
-  // Neither the kernel's name nor its buffers' names (graph values) change the code:
-  // kernels that differ only there (the same layer norm in every layer) share a binary.
-  kir::Kernel anonymous = k;
-  anonymous.name.clear();
-  for (kir::Buffer& b : anonymous.buffers) b.name.clear();
-  return Renderer(anonymous, o).run();
+  return Renderer(anonymous(k), o).run();
+}
+
+LaunchSource render_for_launch(const kir::Kernel& k, LaunchShapes& shapes, const RenderOptions& o) {
+  kir::check_renderable(k, "cuda", "CUDA");
+  const kir::Kernel a = anonymous(k);
+  const kir::Coalesced c = kir::coalesce(a);
+  const std::vector<bool> elem = kir::element_level(a);
+  const KernelPlan p = plan_kernel(a, c, elem, kir::reduce_level(a), o);
+  LaunchSource out;
+  out.numbers = launch_numbers(a, c, p, number_layout(a, c));
+  const std::vector<bool> at = shapes.at_launch(launch_structure(a, c, elem, p.launch), out.numbers);
+  out.reads_numbers = !at.empty();
+  out.src = Renderer(a, o, &at).run();
+  return out;
 }
 
 }  // namespace tcap::codegen::cuda

@@ -3,7 +3,8 @@
 //
 // Note [CUDA kernel shapes]
 // One __global__ function per kernel, `extern "C"`, taking one pointer per kernel buffer
-// (inputs `const T* __restrict__`, outputs `T* __restrict__`) and an int `vec_ok`:
+// (inputs `const T* __restrict__`, outputs `T* __restrict__`), the scratch pointer of a
+// split kernel, the numbers read at launch (Note [CUDA sizes at launch]) and an int `vec_ok`:
 //   Pointwise  no reduce dims. A grid-stride loop over the elements in row-major domain
 //              order; coordinates come from the linear index by division by constant sizes
 //              of the coalesced domain (kir::coalesce). When every access has stride 0
@@ -120,6 +121,20 @@ struct RenderOptions {
 // Renders a kernel (calls kir::check_renderable). Deterministic: the same kernel IR gives the
 // same source, whatever its name (the entry is named after the structural hash).
 CudaSource render(const kir::Kernel& k, const RenderOptions& o = {});
+
+class LaunchShapes;  // numbers.h
+
+// A kernel rendered to share its code with the other kernels of its structure (Note [CUDA
+// sizes at launch], numbers.h): `src` reads the numbers `shapes` says vary at launch, from
+// a `const tcap_numbers tcap_n` parameter after the scratch pointer (when reads_numbers;
+// else every number is built in and `src` is render(k)'s). `src.plan` is this kernel's
+// own launch plan; `numbers` its numbers, the launch's `tcap_n`.
+struct LaunchSource {
+  CudaSource src;
+  std::vector<int64_t> numbers;
+  bool reads_numbers = false;
+};
+LaunchSource render_for_launch(const kir::Kernel& k, LaunchShapes& shapes, const RenderOptions& o = {});
 
 // One line: strategy, block, vector width, index width (TCAP_LOGS=fusion, test messages).
 std::string to_string(const LaunchPlan& p);

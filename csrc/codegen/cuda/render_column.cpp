@@ -15,7 +15,7 @@ void Renderer::column(std::ostringstream& os) {
   const size_t olast = static_cast<size_t>(no - 1);
   const size_t n = k_.instrs.size();
   const int V = plan_.vec, L = plan_.lanes, Y = plan_.block / plan_.lanes, S = plan_.splits;
-  const std::string I = idx_, O = std::to_string(k_.outer_numel());
+  const std::string I = idx_, O = num(nl_.outer);
   const std::string js = std::to_string(V);
 
   std::vector<int32_t> reds, roots;
@@ -60,8 +60,8 @@ void Renderer::column(std::ostringstream& os) {
   if (S > 1) emit_split_scratch(os);
   os << "  const int tx = threadIdx.x % " << L << ";\n";
   os << "  const int ty = threadIdx.x / " << L << ";\n";
-  os << "  for (" << I << " u = blockIdx.x; u < " << plan_.work_items << "; u += gridDim.x) {\n";
-  os << "    const " << I << " tile = u / " << S << ";\n";
+  os << "  for (" << I << " u = blockIdx.x; u < " << num(nl_.work_items) << "; u += gridDim.x) {\n";
+  os << "    const " << I << " tile = u / " << num(nl_.splits) << ";\n";
   emit_split_range(os);
   os << "    const " << I << " o0 = (tile * " << L << " + tx) * " << V << ";\n";
   // Outer offsets of every access for each of the thread's columns (clamped: a column past

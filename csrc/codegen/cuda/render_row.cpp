@@ -15,8 +15,8 @@ void Renderer::reduction(std::ostringstream& os) {
   const int rank = static_cast<int>(c_.sizes.size());
   const int no = c_.num_outer;
   const bool block = plan_.strategy == Strategy::BlockRow;
-  const std::string O = std::to_string(k_.outer_numel());
-  const std::string R = std::to_string(k_.reduce_numel());
+  const std::string O = num(nl_.outer);
+  const std::string R = num(nl_.reduce);
   const size_t n = k_.instrs.size();
 
   const int passes = num_passes();
@@ -35,8 +35,8 @@ void Renderer::reduction(std::ostringstream& os) {
     }
     if (S > 1) {
       emit_split_scratch(os);
-      os << "  for (" << idx_ << " u = blockIdx.x; u < " << plan_.work_items << "; u += gridDim.x) {\n";
-      os << "    const " << idx_ << " o = u / " << S << ";\n";
+      os << "  for (" << idx_ << " u = blockIdx.x; u < " << num(nl_.work_items) << "; u += gridDim.x) {\n";
+      os << "    const " << idx_ << " o = u / " << num(nl_.splits) << ";\n";
       emit_split_range(os);
     } else if (warp_rows) {
       const std::string rpb = std::to_string(plan_.rows_per_block);
