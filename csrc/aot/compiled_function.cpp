@@ -379,7 +379,7 @@ CompiledFn compile_function(CompiledFunction::Fn fn, CompileOptions options) {
   impl->fn = std::move(fn);
   impl->modules = options.modules;
   impl->cache = std::make_unique<cache::EntryCache>("'" + options.name + "'", options.cache_size_limit, options.dynamic,
-                                                    options.check_new_sizes, options.static_dims);
+                                                    options.check_new_sizes, options.static_dims, options.dynamic_dims);
   impl->options = std::move(options);
   return CompiledFn(std::make_shared<CompiledFunction>(std::move(impl)));
 }

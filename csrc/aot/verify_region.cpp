@@ -28,6 +28,10 @@ std::string likely_cause(const RegionEntry& e, const CompileOptions& o) {
                              "hook of the backward)"
                            : ", or a branch on a size in host code: the entry is dynamic and check_new_sizes = false "
                              "promised that no host code branches on its dynamic sizes (Note [Checking a new size])";
+    if (o.check_new_sizes && !o.dynamic_dims.empty()) {
+      s += ", or a branch on a size that CompileOptions::dynamic_dims promised does not exist (sizes within its "
+           "bounds are served without a check capture)";
+    }
   }
   if (!cache::Tolerances::for_options(o).exact) {
     s += "; or a rounding difference of backend '" + std::string(o.backend.name()) + "' beyond its tolerance (Note [Verify tolerances])";

@@ -10,12 +10,24 @@
 namespace tcap::cache {
 
 EntryCache::EntryCache(std::string who, int limit, bool dynamic, bool check_new_sizes,
-                       std::vector<std::pair<int, int>> static_dims)
+                       std::vector<std::pair<int, int>> static_dims, std::vector<CompileOptions::DynamicDim> promises)
     : who_(std::move(who)),
       limit_(limit),
       dynamic_(dynamic),
       check_new_sizes_(check_new_sizes),
-      static_dims_(std::move(static_dims)) {}
+      static_dims_(std::move(static_dims)),
+      promises_(std::move(promises)) {
+  for (const auto& p : promises_) {
+    TORCH_CHECK(p.input >= 0 && p.dim >= 0, "tcap: ", who_, ": CompileOptions::dynamic_dims names input ", p.input,
+                " dim ", p.dim);
+    TORCH_CHECK(p.min >= 2 && p.max >= p.min, "tcap: ", who_, ": CompileOptions::dynamic_dims for dim ", p.dim,
+                " of input ", p.input, " promises sizes [", p.min, ", ", p.max,
+                "]; the bounds must satisfy 2 <= min <= max (sizes 0 and 1 are never dynamic)");
+    TORCH_CHECK(std::find(static_dims_.begin(), static_dims_.end(), std::make_pair(p.input, p.dim)) == static_dims_.end(),
+                "tcap: ", who_, ": dim ", p.dim, " of input ", p.input,
+                " is in both CompileOptions::static_dims and CompileOptions::dynamic_dims");
+  }
+}
 
 namespace {
 
@@ -42,6 +54,37 @@ std::string EntryCache::static_changes(const std::vector<TensorGuard>& tensors, 
            tensors[td->first].name + "'";
   }
   return out;
+}
+
+bool EntryCache::promised(const Entry& e, const std::vector<int64_t>& key) const {
+  const DynamicSizes& d = e.guards.dyn;
+  if (promises_.empty() || key.size() != d.num_classes || d.own_key.size() != d.num_classes) return false;
+  std::string which;
+  for (size_t c = 0; c < d.num_classes; ++c) {
+    if (key[c] == d.own_key[c]) continue;  // as captured: nothing to check
+    std::string covered;
+    for (size_t i = 0; i < d.size_class.size() && covered.empty(); ++i) {
+      if (d.size_class[i] != static_cast<int>(c)) continue;
+      const auto td = tensor_dim(e.guards.tensors, i);
+      if (!td) continue;
+      for (const auto& p : promises_) {
+        if (p.input == static_cast<int>(td->first) && p.dim == static_cast<int>(td->second) && key[c] >= p.min &&
+            key[c] <= p.max) {
+          covered = "dim " + std::to_string(p.dim) + " of '" + e.guards.tensors[td->first].name + "' in [" +
+                    std::to_string(p.min) + ", " + std::to_string(p.max) + "]";
+          break;
+        }
+      }
+    }
+    if (covered.empty()) return false;
+    which += (which.empty() ? "" : ", ") + covered;
+  }
+  if (d.ledger) d.ledger->admit(key);
+  TCAP_LOG(Recompiles, who_ << " entry " << e.id << ": sizes " << c10::IntArrayRef(key)
+                            << " of its dynamic dims served without a check capture: CompileOptions::dynamic_dims "
+                               "promises no host code branches on "
+                            << which);
+  return true;
 }
 
 void EntryCache::log_size_check(const Lookup& found, const std::string& verdict) const {
@@ -95,7 +138,8 @@ Lookup EntryCache::lookup(const CallView& call, const std::vector<at::Tensor>& p
       if (why.empty()) why = e->guards.check_primals(p, &host_only);
       if (why.empty()) {
         out.hit = e;
-        out.check_sizes = check_new_sizes_ && m.unchecked_sizes;  // Note [Checking a new size]
+        // Note [Checking a new size]; CompileOptions::dynamic_dims may promise the check away.
+        out.check_sizes = check_new_sizes_ && m.unchecked_sizes && !promised(*e, key);
         out.key = std::move(key);
         out.primals = std::move(p);
         if (pos) *pos = i;

@@ -15,6 +15,7 @@
 #include "cache/guards.h"
 #include "cache/stats.h"
 
+#include <tcap/compile.h>
 #include <tcap/interpreter.h>
 #include <tcap/stance.h>
 
@@ -62,9 +63,11 @@ class EntryCache {
  public:
   // `who` names the front door in messages ("'fn'", "step 'train'", "compiled autograd").
   // `check_new_sizes`: CompileOptions::check_new_sizes (Note [Checking a new size]).
-  // `static_dims`: CompileOptions::static_dims, {input, dim} of the call's tensors.
+  // `static_dims`: CompileOptions::static_dims, {input, dim} of the call's tensors;
+  // `promises`: CompileOptions::dynamic_dims (checked: bounds, no dim both static and promised).
   EntryCache(std::string who, int limit, bool dynamic, bool check_new_sizes = true,
-             std::vector<std::pair<int, int>> static_dims = {});
+             std::vector<std::pair<int, int>> static_dims = {},
+             std::vector<CompileOptions::DynamicDim> promises = {});
 
   const std::string& who() const { return who_; }
   int limit() const { return limit_; }
@@ -252,6 +255,11 @@ class EntryCache {
   bool dynamic_;
   bool check_new_sizes_;
   std::vector<std::pair<int, int>> static_dims_;
+  std::vector<CompileOptions::DynamicDim> promises_;
+  // Whether CompileOptions::dynamic_dims covers class values `key` of dynamic entry e: every
+  // class whose value is not the captured one holds a promised dim whose bounds hold it.
+  // If so, the values are admitted to e's ledger without a check capture, logged once.
+  bool promised(const Entry& e, const std::vector<int64_t>& key) const;
   // The changed sizes (flattened positions) that are marked static, named ("dim 1 of 'x'").
   std::string static_changes(const std::vector<TensorGuard>& tensors, const std::vector<size_t>& changed) const;
   mutable std::mutex mutex_;

@@ -163,6 +163,9 @@ std::optional<std::vector<at::Tensor>> CompiledStep::Impl::verified(const StepEn
   if (guarded.guards.dyn.dynamic() && !options.check_new_sizes) {
     check.report.likely += "; or a branch on a size in the step's code: the entry is dynamic and check_new_sizes = "
                            "false promised that no host code branches on its dynamic sizes";
+  } else if (guarded.guards.dyn.dynamic() && !options.dynamic_dims.empty()) {
+    check.report.likely += "; or a branch on a size in the step's code that CompileOptions::dynamic_dims promised "
+                           "does not exist (sizes within its bounds are served without a check capture)";
   }
   if (!check.tolerances.exact) {
     check.report.likely += "; or a rounding difference of backend '" + std::string(options.backend.name()) +
@@ -313,7 +316,8 @@ std::shared_ptr<CompiledStep> compile_step(std::vector<std::shared_ptr<torch::nn
   impl->fn = std::move(step);
   if (options.name == "fn") options.name = "step";
   impl->cache = std::make_unique<cache::EntryCache>("step '" + options.name + "'", options.cache_size_limit,
-                                                    options.dynamic, options.check_new_sizes, options.static_dims);
+                                                    options.dynamic, options.check_new_sizes, options.static_dims,
+                                                    options.dynamic_dims);
   impl->options = std::move(options);
   std::string why;
   for (auto& o : optimizers) {

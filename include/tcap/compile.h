@@ -34,6 +34,7 @@
 #include <array>
 #include <atomic>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -107,6 +108,20 @@ struct CompileOptions {
   // generalized across it (a dim that takes a few values, each worth its own kernels).
   // Compiled autograd has no inputs of its own: it ignores them.
   std::vector<std::pair<int, int>> static_dims;
+  // A promise about one dim, as torch._dynamo.mark_dynamic(t, dim, min, max): no host code
+  // of the function or step branches on the size of dim `dim` of input `input` while it is
+  // within [min, max] (min >= 2: sizes 0 and 1 are never dynamic). Once an entry is dynamic
+  // in that dim, its new sizes within the bounds are served without a check capture (Note
+  // [Checking a new size]); sizes outside are checked as every other dim's are. Where the
+  // promise is wrong, so is the answer: verify mode names the promise. A dim both static
+  // and dynamic is an error. Compiled autograd has no inputs of its own: it ignores them.
+  struct DynamicDim {
+    int input = 0;
+    int dim = 0;
+    int64_t min = 2;
+    int64_t max = std::numeric_limits<int64_t>::max();
+  };
+  std::vector<DynamicDim> dynamic_dims;
   // Note [Checking a new size]: host code may branch on a size (`if (x.size(0) > 64)`),
   // which tcap cannot see, so the first call at sizes a dynamic entry has not served runs
   // the function's own code while recording (an eager call, no compile) and the sizes are

@@ -379,6 +379,103 @@ TEST(SizeChecks, StaticDimsGetAnEntryPerSize) {
   EXPECT_EQ(log.count("s0 = in0.size(0) = in1.size(0)"), 1) << log.text();
 }
 
+// CompileOptions::dynamic_dims: a promise that no host code branches on a dim's size within
+// bounds. The function below branches at 64; the promise covers [2, 64], so sizes there
+// are served without a check capture (logged once per size), and sizes above are checked
+// as usual: the check sees the branch and those sizes get the function's own answer.
+TEST(SizeChecks, DynamicDimsServeSizesWithinTheirBoundsUnchecked) {
+  auto fn = [](const Tensors& in) {
+    at::Tensor y = torch::tanh(in[0]) * 2 + in[1];
+    if (in[0].size(0) > 64) y = y.narrow(0, 0, 64);
+    return Tensors{y};
+  };
+  LogCapture log("recompiles");
+  tcap::CompileOptions o;
+  o.name = "promised";
+  o.dynamic_dims = {{0, 0, 2, 64}};
+  auto f = tcap::compile(fn, o);
+  for (int64_t n : {8, 16, 5, 33, 64, 16, 7, 33}) {
+    auto x = torch::randn({n, 16}), b = torch::randn({16});
+    ASSERT_TRUE(close(f(x, b)[0], fn({x, b})[0], 1e-5, 1e-6)) << n;
+  }
+  EXPECT_EQ(f->stats().size_checks, 0) << log.text();
+  EXPECT_EQ(log.count("served without a check capture"), 4) << log.text();  // 5, 33, 64, 7
+  EXPECT_EQ(log.count("dim 0 of 'in0' in [2, 64]"), 4) << log.text();
+  for (int64_t n : {100, 200, 100}) {
+    auto x = torch::randn({n, 16}), b = torch::randn({16});
+    const auto got = f(x, b)[0];
+    const auto want = fn({x, b})[0];
+    ASSERT_EQ(got.sizes(), want.sizes()) << n << "\n" << log.text();
+    ASSERT_TRUE(close(got, want, 1e-5, 1e-6)) << n;
+  }
+  EXPECT_GE(f->stats().size_checks, 1) << log.text();
+  EXPECT_EQ(log.count("served without a check capture"), 4) << log.text();
+}
+
+// The same promise for compile_step: an Adam step over batches of 2..64 rows, the loss
+// scaled on the host for batches above 64 (outside the promise). Parameters follow the
+// eager twin's at every step.
+TEST(SizeChecks, StepDynamicDimsServeSizesWithinTheirBoundsUnchecked) {
+  torch::manual_seed(8);
+  auto make = [] { return nn::Sequential(nn::Linear(4, 6), nn::GELU(), nn::Linear(6, 2)); };
+  auto model = make(), twin = make();
+  tcap::testing::copy_parameters(*model, *twin);
+  torch::optim::Adam opt(model->parameters(), 0.01), opt_twin(twin->parameters(), 0.01);
+  auto body = [](nn::Sequential& m, torch::optim::Adam& o, const at::Tensor& x, const at::Tensor& y) {
+    o.zero_grad();
+    auto loss = (m->forward(x) - y).pow(2).mean();
+    if (x.size(0) > 64) loss = loss * 0.5;
+    loss.backward();
+    o.step();
+    return loss;
+  };
+  LogCapture log("recompiles");
+  tcap::CompileOptions options;
+  options.name = "promised_step";
+  options.dynamic_dims = {{0, 0, 2, 64}};
+  auto step = tcap::compile_step(model, opt, [&](const Tensors& in) { return Tensors{body(model, opt, in[0], in[1])}; },
+                                 options);
+  for (int64_t n : {8, 8, 16, 16, 5, 33, 64, 5, 100, 100, 33}) {
+    auto x = torch::randn({n, 4}), y = torch::randn({n, 2});
+    auto loss = (*step)({x, y})[0];
+    ASSERT_TRUE(close(loss, body(twin, opt_twin, x, y), 1e-4, 1e-5)) << "batch " << n << "\n" << log.text();
+  }
+  auto p = model->parameters(), q = twin->parameters();
+  for (size_t k = 0; k < p.size(); ++k) EXPECT_TRUE(close(p[k], q[k], 1e-4, 1e-5)) << "parameter " << k;
+  EXPECT_GE(log.count("served without a check capture"), 1) << log.text();
+  EXPECT_EQ(log.count("served without a check capture"), log.count("dim 0 of 'in0' in [2, 64]")) << log.text();
+}
+
+TEST(SizeChecks, DynamicDimsWithBadBoundsAreErrors) {
+  auto fn = [](const Tensors& in) { return Tensors{in[0] * 2}; };
+  tcap::CompileOptions o;
+  o.dynamic_dims = {{0, 0, 1, 64}};
+  EXPECT_THROW(
+      {
+        try {
+          tcap::compile(fn, o);
+        } catch (const c10::Error& e) {
+          EXPECT_NE(std::string(e.what()).find("2 <= min <= max"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      c10::Error);
+  o.dynamic_dims = {{0, 1}};
+  o.static_dims = {{0, 1}};
+  EXPECT_THROW(
+      {
+        try {
+          tcap::compile(fn, o);
+        } catch (const c10::Error& e) {
+          EXPECT_NE(std::string(e.what()).find("both CompileOptions::static_dims and CompileOptions::dynamic_dims"),
+                    std::string::npos)
+              << e.what();
+          throw;
+        }
+      },
+      c10::Error);
+}
+
 // Compiled autograd: a custom Function's backward is C++ code that branches on a size.
 struct HalveLargeGrads : torch::autograd::Function<HalveLargeGrads> {
   static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& x) { return x * 3; }
