@@ -17,8 +17,11 @@
 #include "support/logging.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <fstream>
 #include <optional>
+#include <thread>
 
 namespace tcap {
 
@@ -157,9 +160,9 @@ void install(runtime::FusedKernel& fk, CpuCode c) {
 
 }  // namespace
 
-KernelMaker kernel_maker(const Target& t, bool in_background) {
+KernelMaker kernel_maker(const Target& t, bool later) {
   TORCH_INTERNAL_ASSERT(t.fuses(), "tcap: the eager target makes no kernels");
-  if (t.kind == Backend::Llvm && in_background) {
+  if (t.kind == Backend::Llvm && later) {
     return [](const fuse::FusedGroup& fg, runtime::FusedKernel& fk) {
       CpuCode c = cpu_code(fg.kernel, false);  // throws where compile_cpu_kernel would
       if (!c.main) fk.code.store(runtime::FusedKernel::Compiling, std::memory_order_relaxed);
@@ -218,6 +221,58 @@ void compile_later(const std::string& what, const std::vector<std::shared_ptr<ru
                         << (failed ? ", " + std::to_string(failed) + " failed" : std::string())
                         << (skipped ? ", " + std::to_string(skipped) + " skipped (the graph died)" : std::string()));
   });
+}
+
+void compile_now(const std::string& what, const std::vector<std::shared_ptr<runtime::FusedKernel>>& kernels,
+                 const std::vector<std::string>& ll_paths) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::optional<CpuCode>> code(kernels.size());
+  std::vector<std::string> errors(kernels.size());
+  auto work = [&](size_t i) {
+    try {
+      code[i] = cpu_code(kernels[i]->kernel, true);
+    } catch (const c10::Error& e) {
+      errors[i] = e.what_without_backtrace();
+    }
+  };
+  // Note [Parallel kernel compilation]: as many threads as fusion compiles with.
+  int threads = Config::get().compile_threads;
+  if (threads <= 0) threads = static_cast<int>(std::min<unsigned>(8, std::max(1u, std::thread::hardware_concurrency())));
+  threads = static_cast<int>(std::min<size_t>(static_cast<size_t>(threads), kernels.size()));
+  if (threads <= 1) {
+    for (size_t i = 0; i < kernels.size(); ++i) work(i);
+  } else {
+    std::atomic<size_t> next{0};
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t) {
+      pool.emplace_back([&] {
+        for (size_t i = next.fetch_add(1); i < kernels.size(); i = next.fetch_add(1)) work(i);
+      });
+    }
+    for (auto& t : pool) t.join();
+  }
+  int failed = 0;
+  for (size_t i = 0; i < kernels.size(); ++i) {
+    runtime::FusedKernel& k = *kernels[i];
+    if (!code[i]) {
+      ++failed;
+      k.code.store(runtime::FusedKernel::Failed, std::memory_order_release);
+      TCAP_LOG(GraphBreaks, what << ": fused kernel " << k.name << " could not be compiled; it runs its ATen ops: "
+                                 << errors[i]);
+      continue;
+    }
+    install(k, std::move(*code[i]));
+    if (i < ll_paths.size() && !ll_paths[i].empty() && k.cpu && k.cpu->llvm_ir) {
+      std::ofstream(ll_paths[i], std::ios::binary) << *k.cpu->llvm_ir;
+    }
+    k.code.store(runtime::FusedKernel::Ready, std::memory_order_release);
+  }
+  using ms = std::chrono::duration<double, std::milli>;
+  const double took = ms(std::chrono::steady_clock::now() - t0).count();
+  TCAP_LOG(Perf, what << ": " << kernels.size() - static_cast<size_t>(failed)
+                      << " kernels compiled at the graph's first run in " << took
+                      << " ms (Note [Kernels compiled at their first run])"
+                      << (failed ? ", " + std::to_string(failed) + " failed" : std::string()));
 }
 
 }  // namespace compiler

@@ -38,10 +38,11 @@ struct Target {
 // Auto cannot compile `g` here; Auto falls back to Eager, logged under graph_breaks.
 Target choose_target(const Backend& backend, const ir::Graph& g, const std::string& what);
 
-// Makes the kernels of a fusing target. With `in_background` (llvm only), a kernel that
-// needs an LLVM compile is left Compiling, for compile_later() (Note [Kernels compiled in
-// the background]).
-KernelMaker kernel_maker(const Target& t, bool in_background = false);
+// Makes the kernels of a fusing target. With `later` (llvm only), a kernel that needs an
+// LLVM compile is left Compiling, for compile_later() (Note [Kernels compiled in the
+// background]) or compile_now() at the graph's first run (Note [Kernels compiled at their
+// first run]).
+KernelMaker kernel_maker(const Target& t, bool later = false);
 
 // Whether kernels of graphs compiled with `o` for target `t` compile in the background:
 // CompileOptions::compile_in_background or TCAP_COMPILE_IN_BACKGROUND, for the llvm target.
@@ -50,6 +51,12 @@ bool compiles_in_background(const CompileOptions& o, const Target& t);
 // Compiles the kernels `kernels` left Compiling on the background compile thread, and
 // makes them Ready together; `what` names the graph in logs.
 void compile_later(const std::string& what, const std::vector<std::shared_ptr<runtime::FusedKernel>>& kernels);
+
+// Compiles the kernels `kernels` left Compiling, in parallel on the calling thread and
+// helpers, and makes them Ready (a kernel that cannot compile runs its ATen ops, logged
+// under graph_breaks); writes each one's LLVM IR to `ll_paths[i]` where not empty.
+void compile_now(const std::string& what, const std::vector<std::shared_ptr<runtime::FusedKernel>>& kernels,
+                 const std::vector<std::string>& ll_paths);
 
 }  // namespace compiler
 }  // namespace tcap

@@ -140,11 +140,21 @@ Executable interpreter_executable(const ir::Graph& g, const std::string& what, b
   };
 }
 
+// When a graph's kernels that need an LLVM compile are compiled.
+enum class KernelCompiles { Now, InBackground, AtFirstRun };
+
+// Kernels left to compile at a graph's first run, and where their LLVM IR is dumped.
+struct FirstRunKernels {
+  std::vector<std::shared_ptr<runtime::FusedKernel>> kernels;
+  std::vector<std::string> ll_paths;
+};
+
 // The fusion pass with each kept group's kernel made by `make` and registered for
-// tcap::fused; the kernels' ids go to `ids` (released with the executable).
+// tcap::fused; the kernels' ids go to `ids` (released with the executable). With
+// KernelCompiles::AtFirstRun, the kernels `make` left Compiling go to `first_run`.
 ir::Graph fuse_graph(const ir::Graph& g, const std::string& what, const std::string& dump_dir,
                      const c10::Device& device, const KernelMaker& make, std::vector<int64_t>* ids,
-                     bool in_background = false) {
+                     KernelCompiles when = KernelCompiles::Now, FirstRunKernels* first_run = nullptr) {
   const auto t0 = std::chrono::steady_clock::now();
   std::mutex ids_mu;  // compile runs on several threads (Note [Parallel kernel compilation])
   fuse::FusionOptions opts;
@@ -180,14 +190,23 @@ ir::Graph fuse_graph(const ir::Graph& g, const std::string& what, const std::str
     if (fg.output_into_input.empty()) continue;
     if (auto k = runtime::find_kernel(fg.kernel_id)) k->output_into_input = fg.output_into_input;
   }
-  if (in_background) {
-    // Note [Kernels compiled in the background]: the kept groups' kernels still to compile.
+  if (when != KernelCompiles::Now) {
+    // The kept groups' kernels still to compile (Note [Kernels compiled in the background],
+    // Note [Kernels compiled at their first run]).
     std::vector<std::shared_ptr<runtime::FusedKernel>> later;
+    std::vector<std::string> ll_paths;
     for (const auto& fg : res.groups) {
       auto k = runtime::find_kernel(fg.kernel_id);
-      if (k && k->code.load(std::memory_order_relaxed) == runtime::FusedKernel::Compiling) later.push_back(std::move(k));
+      if (!k || k->code.load(std::memory_order_relaxed) != runtime::FusedKernel::Compiling) continue;
+      later.push_back(std::move(k));
+      ll_paths.push_back(dump_dir.empty() ? "" : dump_dir + "/kernels/" + what + "." + fg.name + ".ll");
     }
-    compiler::compile_later(what, later);
+    if (when == KernelCompiles::InBackground) {
+      compiler::compile_later(what, later);
+    } else if (first_run) {
+      first_run->kernels = std::move(later);
+      first_run->ll_paths = std::move(ll_paths);
+    }
   }
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   TCAP_LOG(Fusion, what << ": " << res.groups.size() << " fused kernels (" << ms << " ms)\n"
@@ -207,6 +226,42 @@ std::shared_ptr<void> kernel_owner(std::vector<int64_t> ids) {
 }
 
 // An executable that keeps the kernels `ids` registered as long as it lives.
+// Note [Kernels compiled at their first run]
+// Every front door compiles an entry's graphs before any call replays them (tcap::compile
+// when the capture's backward has run, compile_step and compiled autograd once a capture is
+// chosen), and with the llvm backend most of a compile is LLVM. A program whose sizes vary
+// captures its first sizes, then others; code compiled for the first sizes with their
+// numbers built in would be compiled again, reading them at launch, as soon as a second
+// size of its kernel structure comes (Note [Sizes at launch]), and a graph that is never
+// run (an entry replaced before its first replay) would pay for nothing. So with the llvm
+// backend (and kernels not compiled in the background) fusion forms, lowers and plans every
+// group when the graph is compiled (a group the renderer cannot plan stays ATen calls, as
+// always) and registers each kernel's numbers with its structure; the kernels not already
+// in the cache are compiled when the graph first runs, all of them, in parallel, before any
+// runs. By then code of their structure compiled for other sizes may serve them (the first
+// entry of a program whose sizes changed before it replayed is served by the code its
+// dynamic entry compiled). The values are those the kernels would give at compile time;
+// what moves is when LLVM runs, and which code serves a kernel depends only on the order
+// of the sizes the program met, never on timing.
+Executable compiled_at_first_run(Executable inner, const std::string& what, FirstRunKernels pending) {
+  if (pending.kernels.empty()) return inner;
+  struct State {
+    std::once_flag once;
+    std::string what;
+    FirstRunKernels pending;
+  };
+  auto state = std::make_shared<State>();
+  state->what = what;
+  state->pending = std::move(pending);
+  return [inner = std::move(inner), state](std::vector<at::Tensor> in) {
+    std::call_once(state->once, [&state] {
+      compiler::compile_now(state->what, state->pending.kernels, state->pending.ll_paths);
+      state->pending = {};
+    });
+    return inner(std::move(in));
+  };
+}
+
 Executable owning_kernels(Executable inner, std::vector<int64_t> ids) {
   if (ids.empty()) return inner;
   return [inner = std::move(inner), owner = kernel_owner(std::move(ids))](std::vector<at::Tensor> in) {
@@ -267,16 +322,22 @@ Executable compile_graph_for(const ir::Graph& g, const CompileOptions& o, const 
   } else {
     const Target target = known ? *known : choose_target(o.backend, g, what);
     std::vector<int64_t> kernels;
+    FirstRunKernels first_run;
     ir::Graph h = simplify(g, what);
     if (target.fuses()) {
-      const bool later = compiler::compiles_in_background(o, target);
-      h = stage(fuse_graph(h, what, dump_dir_of(o), target.device, kernel_maker(target, later), &kernels, later), what,
-                "fuse");
+      const KernelCompiles when = compiler::compiles_in_background(o, target) ? KernelCompiles::InBackground
+                                  : target.kind == Backend::Llvm              ? KernelCompiles::AtFirstRun
+                                                                              : KernelCompiles::Now;
+      h = stage(fuse_graph(h, what, dump_dir_of(o), target.device, kernel_maker(target, when != KernelCompiles::Now),
+                           &kernels, when, &first_run),
+                what, "fuse");
     }
     int rewritten = 0;
     h = stage(passes::reuse_buffers(h, &rewritten), what, "reuse_buffers");
     TCAP_LOG(Perf, what << ": " << rewritten << " ops run in place on a dying intermediate");
-    exe = owning_kernels(interpreter_executable(h, what, check_host_values), std::move(kernels));
+    exe = owning_kernels(compiled_at_first_run(interpreter_executable(h, what, check_host_values), what,
+                                               std::move(first_run)),
+                         std::move(kernels));
   }
   if (o.cuda_graphs) exe = with_cuda_graphs(std::move(exe), g, what);
   return exe;

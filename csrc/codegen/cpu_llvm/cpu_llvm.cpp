@@ -223,6 +223,10 @@ std::shared_ptr<const CpuKernel> find_cpu_kernel(const kir::Kernel& k) {
   std::lock_guard<std::mutex> lock(be.mu);
   auto it = be.families.find(structure);
   if (it != be.families.end() && serve_from_family(be, it->second, key, out)) return out;
+  // Note [Kernels compiled at their first run]: the first numbers of a structure are those
+  // of the first kernel asked for, compiled or not, so that a kernel of other numbers
+  // compiles code that reads the ones that differ.
+  if (it == be.families.end()) be.families[structure].first = out->numbers;
   return nullptr;
 }
 

@@ -82,9 +82,11 @@ std::shared_ptr<const CpuKernel> compile_cpu_kernel(const kir::Kernel& k);
 
 // The kernel if no LLVM compile is needed for it: in the memory cache, or served by code
 // of its structure compiled for other sizes (Note [Sizes at launch]); nullptr when it
-// must be compiled. Throws as compile_cpu_kernel does for a kernel the renderer does not
-// support. Thread-safe; never waits for a compile in progress (Note [Kernels compiled in
-// the background], runtime/background_compiles.h).
+// must be compiled (its numbers are then the first of its structure if none came before,
+// so that kernels of other numbers compile code that reads them at launch). Throws as
+// compile_cpu_kernel does for a kernel the renderer does not support. Thread-safe; never
+// waits for a compile in progress (Note [Kernels compiled in the background],
+// runtime/background_compiles.h; Note [Kernels compiled at their first run], pipeline.cpp).
 std::shared_ptr<const CpuKernel> find_cpu_kernel(const kir::Kernel& k);
 
 // The optimised LLVM IR text of a kernel (renders and optimises without JIT or caches),
