@@ -250,6 +250,57 @@ TEST(CudaEmulated, SizesAtLaunchServeEveryShapeOfAStructure) {
   }
 }
 
+// The launch path of the renderer on every kernel of the two tests above (every op and
+// dtype, every reduction strategy, split rows and columns, persistent rows, warp rows):
+// each kernel's code reading every number at launch gives, on the same inputs, the bits
+// its code with the numbers built in gives (the same operations in the same order).
+TEST(CudaEmulated, EveryKernelReadingEveryNumberAtLaunchIsBitwiseItsBuiltInCode) {
+  SKIP_WITHOUT_EMULATOR();
+  std::vector<tcap::kir::Kernel> kernels;
+  for (DType t : kFloats) kernels.push_back(every_float_op(t));
+  for (DType t : kInts) kernels.push_back(every_int_op(t));
+  kernels.push_back(bool_ops());
+  for (DType t : kAll) {
+    kernels.push_back(reductions(t, {37, 45}, 1, {45, 1}));
+    kernels.push_back(reductions(t, {1100, 37}, 1, {1, 1100}));
+    kernels.push_back(reductions(t, {6, 5, 7}, 2, {35, 7, 1}));
+    kernels.push_back(reductions(t, {70, 2000}, 1, {1, 70}));
+    kernels.push_back(reductions(t, {3, 50001}, 1, {50001, 1}));
+  }
+  for (DType t : kFloats) {
+    kernels.push_back(softmax(t, 7, 1000));
+    kernels.push_back(softmax(t, 13, 40));
+    kernels.push_back(bias_grad(t, 1000, 96));
+    kernels.push_back(ln_param_grads(t, 1500, 64));
+  }
+  kernels.push_back(column_softmax(300, 70));
+  kernels.push_back(bias_tanh(33, 37, true));
+  kernels.push_back(row_mean(9, 300));
+  auto& shapes = cuda_emu::shapes();
+  for (const auto& k : kernels) {
+    SCOPED_TRACE(k.name + " " + cuda::to_string(cuda::render(k).plan));
+    shapes.clear();
+    const auto built_in = cuda_emu::build(k);
+    shapes.read_everything_for_testing(true);
+    const auto at_launch = cuda_emu::build(k);
+    shapes.read_everything_for_testing(false);
+    ASSERT_EQ(built_in->numbers.at(1), 0);
+    ASSERT_NE(at_launch->numbers.at(1), 0) << "its code does not read its numbers at launch";
+    for (int64_t pad : {64, 65}) {
+      SCOPED_TRACE("pad " + std::to_string(pad));
+      const KernelBuffers a = make_buffers(k, pad);
+      const KernelBuffers b = clone(a);
+      std::vector<void*> args_a = tcap::test::args_of(a.views), args_b = tcap::test::args_of(b.views);
+      built_in->run(args_a.data(), 0, built_in->range);
+      at_launch->run(args_b.data(), 0, at_launch->range);
+      for (size_t i = 0; i < a.whole.size(); ++i) {
+        EXPECT_TRUE(at::equal(a.whole[i].view(at::kByte), b.whole[i].view(at::kByte))) << "buffer " << i;
+      }
+    }
+  }
+  shapes.clear();
+}
+
 // A kernel whose sizes lead to another plan (a longer row: another block size) has another
 // structure: its code never runs under a decision taken for other sizes.
 TEST(CudaEmulated, SizesThatChangeThePlanGetCodeOfTheirOwn) {

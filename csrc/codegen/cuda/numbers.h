@@ -67,6 +67,9 @@ class LaunchShapes {
   // differed from the first kernel's numbers in any kernel of the structure so far.
   std::vector<bool> at_launch(const std::string& structure, const std::vector<int64_t>& numbers);
   void clear();
+  // Tests: every kernel's code reads every number at launch (the renderer's launch path
+  // checked on every kernel a test builds, not only on kernels met at a second size).
+  void read_everything_for_testing(bool on);
 
  private:
   struct Seen {
@@ -75,6 +78,7 @@ class LaunchShapes {
   };
   std::mutex mu_;
   std::map<std::string, Seen> seen_;
+  bool everything_ = false;
 };
 
 }  // namespace tcap::codegen::cuda
