@@ -75,6 +75,8 @@ bool available(std::string* why = nullptr);
 // launch that breaks CUDA's rules (see the Note).
 std::shared_ptr<const codegen::cpu_llvm::CpuKernel> build(const kir::Kernel& k, const Options& o = {});
 // The structures the emulator has seen (clear() makes the next kernel of each built-in).
+// TCAP_EMU_NUMBERS_AT_LAUNCH=1: every kernel's code reads every number at launch (a whole
+// test binary run through the renderer's launch path, e.g. the CUDA op sweep).
 codegen::cuda::LaunchShapes& shapes();
 
 // The same for a hand-written source (tests of the emulator itself): `src.source` defines
