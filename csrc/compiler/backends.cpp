@@ -15,13 +15,12 @@
 #include "runtime/background_compiles.h"
 #include "runtime/fused_kernel.h"
 #include "support/logging.h"
+#include "support/parallel.h"
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <fstream>
 #include <optional>
-#include <thread>
 
 namespace tcap {
 
@@ -236,21 +235,7 @@ void compile_now(const std::string& what, const std::vector<std::shared_ptr<runt
     }
   };
   // Note [Parallel kernel compilation]: as many threads as fusion compiles with.
-  int threads = Config::get().compile_threads;
-  if (threads <= 0) threads = static_cast<int>(std::min<unsigned>(8, std::max(1u, std::thread::hardware_concurrency())));
-  threads = static_cast<int>(std::min<size_t>(static_cast<size_t>(threads), kernels.size()));
-  if (threads <= 1) {
-    for (size_t i = 0; i < kernels.size(); ++i) work(i);
-  } else {
-    std::atomic<size_t> next{0};
-    std::vector<std::thread> pool;
-    for (int t = 0; t < threads; ++t) {
-      pool.emplace_back([&] {
-        for (size_t i = next.fetch_add(1); i < kernels.size(); i = next.fetch_add(1)) work(i);
-      });
-    }
-    for (auto& t : pool) t.join();
-  }
+  run_on_threads(kernels.size(), compile_threads(kernels.size()), work);
   int failed = 0;
   for (size_t i = 0; i < kernels.size(); ++i) {
     runtime::FusedKernel& k = *kernels[i];

@@ -4,18 +4,17 @@
 #include "fuse/group_kernel.h"
 #include "fuse/groups.h"
 #include "support/logging.h"
+#include "support/parallel.h"
 
 #include <c10/util/strides.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
-#include <atomic>
 #include <exception>
 #include <map>
 #include <queue>
 #include <set>
 #include <sstream>
-#include <thread>
 #include <unordered_map>
 
 namespace tcap::fuse {
@@ -107,34 +106,14 @@ class Fuser {
     std::exception_ptr error;  // anything but the -1 the callback returns for a refusal
   };
 
-  int compile_threads(size_t groups) const {
-    int n = opts_.compile_threads > 0 ? opts_.compile_threads : Config::get().compile_threads;
-    if (n <= 0) n = static_cast<int>(std::min<unsigned>(8, std::max(1u, std::thread::hardware_concurrency())));
-    return static_cast<int>(std::min<size_t>(static_cast<size_t>(n), groups));
-  }
-
   void compile_all(std::vector<Pending>& pending) {
-    auto work = [&](size_t i) {
+    run_on_threads(pending.size(), compile_threads(pending.size(), opts_.compile_threads), [&](size_t i) {
       try {
         pending[i].id = opts_.compile(pending[i].fg, &pending[i].why);
       } catch (...) {
         pending[i].error = std::current_exception();
       }
-    };
-    const int threads = compile_threads(pending.size());
-    if (threads <= 1) {
-      for (size_t i = 0; i < pending.size(); ++i) work(i);
-      return;
-    }
-    std::atomic<size_t> next{0};
-    std::vector<std::thread> pool;
-    pool.reserve(static_cast<size_t>(threads));
-    for (int t = 0; t < threads; ++t) {
-      pool.emplace_back([&] {
-        for (size_t i = next.fetch_add(1); i < pending.size(); i = next.fetch_add(1)) work(i);
-      });
-    }
-    for (auto& t : pool) t.join();
+    });
   }
 
   void build_kernels() {

@@ -116,6 +116,38 @@ int32_t add(Kernel& k, Instr in) {
 
 std::string to_string(const Kernel& k) { return "kernel " + k.name + body(k); }
 
+namespace {
+
+void stride_classes(std::ostringstream& os, const Access& a) {
+  os << " [";
+  for (int64_t s : a.strides) os << (s == 0 ? '0' : s == 1 ? '1' : 'x');
+  os << "]";
+}
+
+}  // namespace
+
+std::string structure_text(const Kernel& k, const std::vector<Access>& loads, const std::vector<Access>& stores,
+                           const std::vector<bool>& elem) {
+  std::ostringstream os;
+  for (const Buffer& b : k.buffers) os << (b.param ? "param " : b.is_output ? "out " : "in ") << to_string(b.dtype) << "\n";
+  for (size_t v = 0; v < k.instrs.size(); ++v) {
+    const Instr& in = k.instrs[v];
+    os << to_string(in.op) << "." << to_string(in.dtype) << (elem[v] ? " e" : " o");
+    for (int32_t a : in.args) os << " %" << a;
+    if (in.op == OpCode::Load) {
+      os << " buf" << in.buffer;
+      stride_classes(os, loads[v]);
+    }
+    os << "\n";
+  }
+  for (size_t i = 0; i < k.stores.size(); ++i) {
+    os << "store buf" << k.stores[i].buffer << " <- %" << k.stores[i].value;
+    stride_classes(os, stores[i]);
+    os << "\n";
+  }
+  return os.str();
+}
+
 uint64_t fnv1a(const void* data, size_t n, uint64_t h) {
   const auto* p = static_cast<const unsigned char*>(data);
   for (size_t i = 0; i < n; ++i) {

@@ -184,6 +184,14 @@ struct Coalesced {
 };
 Coalesced coalesce(const Kernel& k);
 
+// The canonical text of k without its numbers (sizes, offsets, strides, constants) or
+// names: its buffers, its instructions with their element levels `elem`, and each access's
+// stride classes (0, 1, other) over the accesses `loads` (by value id) and `stores` of a
+// renderer's dims. What a kernel shares with every kernel of its structure (Note [Sizes at
+// launch] in codegen/cpu_llvm/cpu_llvm.h, Note [CUDA sizes at launch] in codegen/cuda).
+std::string structure_text(const Kernel& k, const std::vector<Access>& loads, const std::vector<Access>& stores,
+                           const std::vector<bool>& elem);
+
 // Which values are element-level (see above); index = value id.
 std::vector<bool> element_level(const Kernel& k);
 // Per value: how many nested levels of Reduce it depends on (a Reduce's level is its

@@ -119,10 +119,7 @@ TEST(CudaEmulated, EveryOpAndDtypeMatchesTheCpuBackend) {
   SKIP_WITHOUT_EMULATOR();
   std::string why;
   if (!tcap::codegen::cpu_llvm::cpu_llvm_available(&why)) GTEST_SKIP() << why;
-  std::vector<tcap::kir::Kernel> kernels;
-  for (DType t : kFloats) kernels.push_back(every_float_op(t));
-  for (DType t : kInts) kernels.push_back(every_int_op(t));
-  kernels.push_back(bool_ops());
+  std::vector<tcap::kir::Kernel> kernels = every_op_kernels();
   for (DType t : kAll) {
     kernels.push_back(reductions(t, {37, 45}, 1, {45, 1}));
     kernels.push_back(reductions(t, {300, 5}, 1, {5, 1}));
@@ -256,10 +253,7 @@ TEST(CudaEmulated, SizesAtLaunchServeEveryShapeOfAStructure) {
 // its code with the numbers built in gives (the same operations in the same order).
 TEST(CudaEmulated, EveryKernelReadingEveryNumberAtLaunchIsBitwiseItsBuiltInCode) {
   SKIP_WITHOUT_EMULATOR();
-  std::vector<tcap::kir::Kernel> kernels;
-  for (DType t : kFloats) kernels.push_back(every_float_op(t));
-  for (DType t : kInts) kernels.push_back(every_int_op(t));
-  kernels.push_back(bool_ops());
+  std::vector<tcap::kir::Kernel> kernels = every_op_kernels();
   for (DType t : kAll) {
     kernels.push_back(reductions(t, {37, 45}, 1, {45, 1}));
     kernels.push_back(reductions(t, {1100, 37}, 1, {1, 1100}));

@@ -37,10 +37,7 @@ std::vector<int> archs_to_check() {
 
 TEST(CudaRender, EveryOpAndDtypeCompilesToPtx) {
   SKIP_WITHOUT_NVRTC();
-  std::vector<tcap::kir::Kernel> kernels;
-  for (DType t : kFloats) kernels.push_back(every_float_op(t));
-  for (DType t : kInts) kernels.push_back(every_int_op(t));
-  kernels.push_back(bool_ops());
+  std::vector<tcap::kir::Kernel> kernels = every_op_kernels();
   for (DType t : kAll) {
     kernels.push_back(reductions(t, {37, 45}, 1, {45, 1}));        // rows: block per row
     kernels.push_back(reductions(t, {3000, 5}, 1, {5, 1}));        // short rows: thread per row

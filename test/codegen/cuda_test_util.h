@@ -189,4 +189,13 @@ inline tcap::kir::Kernel ln_param_grads(DType t, int64_t rows, int64_t cols) {
   return kb.k;
 }
 
+// Every op of every dtype, one kernel per dtype: where the renderer's tests over ops start.
+inline std::vector<tcap::kir::Kernel> every_op_kernels() {
+  std::vector<tcap::kir::Kernel> kernels;
+  for (DType t : kFloats) kernels.push_back(every_float_op(t));
+  for (DType t : kInts) kernels.push_back(every_int_op(t));
+  kernels.push_back(bool_ops());
+  return kernels;
+}
+
 }  // namespace tcap::test::cuda_kernels

@@ -166,38 +166,9 @@ std::vector<int64_t> kernel_numbers(const kir::Kernel& k, const KernelPlan& p, c
   return n;
 }
 
-namespace {
-
-void classes(std::ostringstream& os, const Access& a) {
-  os << " [";
-  for (int64_t s : a.strides) os << (s == 0 ? '0' : s == 1 ? '1' : 'x');
-  os << "]";
-}
-
-}  // namespace
-
 std::string kernel_structure(const kir::Kernel& k, const KernelPlan& p) {
-  std::ostringstream os;
-  os << "rank=" << p.rank() << " outer=" << p.num_outer << "\n";
-  for (const kir::Buffer& b : k.buffers) {
-    os << (b.param ? "param " : b.is_output ? "out " : "in ") << kir::to_string(b.dtype) << "\n";
-  }
-  for (size_t v = 0; v < k.instrs.size(); ++v) {
-    const kir::Instr& in = k.instrs[v];
-    os << kir::to_string(in.op) << "." << kir::to_string(in.dtype) << (p.elem[v] ? " e" : " o");
-    for (int32_t a : in.args) os << " %" << a;
-    if (in.op == kir::OpCode::Load) {
-      os << " buf" << in.buffer;
-      classes(os, p.loads[v]);
-    }
-    os << "\n";
-  }
-  for (size_t i = 0; i < k.stores.size(); ++i) {
-    os << "store buf" << k.stores[i].buffer << " <- %" << k.stores[i].value;
-    classes(os, p.stores[i]);
-    os << "\n";
-  }
-  return os.str();
+  return "rank=" + std::to_string(p.rank()) + " outer=" + std::to_string(p.num_outer) + "\n" +
+         kir::structure_text(k, p.loads, p.stores, p.elem);
 }
 
 bool may_read_at_launch(const kir::Kernel& k, const NumberSlots& slots, int32_t slot) {

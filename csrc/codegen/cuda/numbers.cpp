@@ -22,12 +22,6 @@ bool constant_at_launch(const kir::Kernel& k, size_t v) {
 
 char size_class(int64_t n) { return n == 0 ? '0' : n == 1 ? '1' : 'x'; }
 
-void classes(std::ostringstream& os, const kir::Access& a) {
-  os << " [";
-  for (int64_t s : a.strides) os << size_class(s);
-  os << "]";
-}
-
 }  // namespace
 
 NumberLayout number_layout(const kir::Kernel& k, const kir::Coalesced& c) {
@@ -92,25 +86,14 @@ std::string launch_structure(const kir::Kernel& k, const kir::Coalesced& c, cons
   os << "]\nplan strategy=" << to_string(p.strategy) << " block=" << p.block << " vec=" << p.vec
      << " row_chunks=" << p.row_chunks << " rows_per_block=" << p.rows_per_block << " lanes=" << p.lanes
      << " split=" << (p.splits > 1) << " index32=" << p.index32 << " scratch=" << (p.scratch_bytes > 0) << "\n";
-  for (const kir::Buffer& b : k.buffers) {
-    os << (b.param ? "param " : b.is_output ? "out " : "in ") << kir::to_string(b.dtype) << "\n";
-  }
+  os << kir::structure_text(k, c.loads, c.stores, elem);
+  // Constants the code cannot read at launch are part of the structure.
   for (size_t v = 0; v < k.instrs.size(); ++v) {
     const kir::Instr& in = k.instrs[v];
-    os << kir::to_string(in.op) << "." << kir::to_string(in.dtype) << (elem[v] ? " e" : " o");
-    for (int32_t a : in.args) os << " %" << a;
-    if (in.op == kir::OpCode::Load) {
-      os << " buf" << in.buffer;
-      classes(os, c.loads[v]);
-    }
-    // Constants the code cannot read at launch are part of the structure.
-    if (in.op == kir::OpCode::Const && !constant_at_launch(k, v)) os << " " << in.f << " " << in.i;
-    os << "\n";
-  }
-  for (size_t s = 0; s < k.stores.size(); ++s) {
-    os << "store buf" << k.stores[s].buffer << " <- %" << k.stores[s].value;
-    classes(os, c.stores[s]);
-    os << "\n";
+    if (in.op != kir::OpCode::Const || constant_at_launch(k, v)) continue;
+    int64_t bits = 0;  // exactly: two constants that print alike are still two structures
+    std::memcpy(&bits, &in.f, sizeof bits);
+    os << "const %" << v << " " << bits << " " << in.i << "\n";
   }
   return os.str();
 }
