@@ -181,6 +181,51 @@ bool compiles_in_background(const CompileOptions& o, const Target& t) {
   return t.kind == Backend::Llvm && (o.compile_in_background || Config::get().compile_in_background);
 }
 
+namespace {
+
+struct Installed {
+  int64_t ready = 0, failed = 0;
+};
+
+// Compiles `kernels` (left Compiling) on `threads` threads, then makes them Ready together:
+// one change of their graph's allocations (Note [Memory plans]). A kernel that cannot
+// compile is Failed and runs its ATen ops, logged under graph_breaks (`where` says how it
+// was compiled); the LLVM IR of each goes to `ll_paths[i]` where that is not empty.
+Installed compile_and_install(const std::string& what, const std::vector<std::shared_ptr<runtime::FusedKernel>>& kernels,
+                              int threads, const std::vector<std::string>& ll_paths, const char* where) {
+  std::vector<std::optional<CpuCode>> code(kernels.size());
+  std::vector<std::string> errors(kernels.size());
+  run_on_threads(kernels.size(), threads, [&](size_t i) {
+    try {
+      code[i] = cpu_code(kernels[i]->kernel, true);
+    } catch (const c10::Error& e) {
+      errors[i] = e.what_without_backtrace();
+    }
+  });
+  Installed out;
+  for (size_t i = 0; i < kernels.size(); ++i) {
+    runtime::FusedKernel& k = *kernels[i];
+    if (!code[i]) {
+      ++out.failed;
+      k.code.store(runtime::FusedKernel::Failed, std::memory_order_release);
+      TCAP_LOG(GraphBreaks, what << ": fused kernel " << k.name << " could not be compiled" << where
+                                 << "; it runs its ATen ops: " << errors[i]);
+      continue;
+    }
+    install(k, std::move(*code[i]));
+    if (i < ll_paths.size() && !ll_paths[i].empty() && k.cpu && k.cpu->llvm_ir) {
+      std::ofstream(ll_paths[i], std::ios::binary) << *k.cpu->llvm_ir;
+    }
+    k.code.store(runtime::FusedKernel::Ready, std::memory_order_release);
+    ++out.ready;
+  }
+  return out;
+}
+
+std::string failed_note(int64_t failed) { return failed ? ", " + std::to_string(failed) + " failed" : std::string(); }
+
+}  // namespace
+
 void compile_later(const std::string& what, const std::vector<std::shared_ptr<runtime::FusedKernel>>& kernels) {
   if (kernels.empty()) return;
   std::vector<std::weak_ptr<runtime::FusedKernel>> weak(kernels.begin(), kernels.end());
@@ -189,35 +234,23 @@ void compile_later(const std::string& what, const std::vector<std::shared_ptr<ru
                       << " kernels compile in the background; their ATen ops run until they are ready");
   runtime::submit_background_compile(what, [what, weak = std::move(weak), submitted] {
     const auto t0 = std::chrono::steady_clock::now();
-    std::vector<std::pair<std::shared_ptr<runtime::FusedKernel>, CpuCode>> done;
-    int64_t failed = 0, skipped = 0;
+    std::vector<std::shared_ptr<runtime::FusedKernel>> live;
+    int64_t skipped = 0;
     for (const auto& w : weak) {
-      std::shared_ptr<runtime::FusedKernel> k = w.lock();
-      if (!k) {
+      if (auto k = w.lock()) {
+        live.push_back(std::move(k));
+      } else {
         ++skipped;  // its graph died
-        continue;
-      }
-      try {
-        done.emplace_back(k, cpu_code(k->kernel, true));
-      } catch (const c10::Error& e) {
-        ++failed;
-        k->code.store(runtime::FusedKernel::Failed, std::memory_order_release);
-        TCAP_LOG(GraphBreaks, what << ": fused kernel " << k->name
-                                   << " could not be compiled in the background; it runs its ATen ops: "
-                                   << e.what_without_backtrace());
       }
     }
-    // Ready together: one change of the graph's allocations (Note [Memory plans]).
-    for (auto& [k, code] : done) {
-      install(*k, std::move(code));
-      k->code.store(runtime::FusedKernel::Ready, std::memory_order_release);
-    }
-    runtime::count_background_kernels(static_cast<int64_t>(done.size()), failed);
+    // One background thread: the compiles leave the program's threads alone.
+    const Installed done = compile_and_install(what, live, 1, {}, " in the background");
+    runtime::count_background_kernels(done.ready, done.failed);
     using ms = std::chrono::duration<double, std::milli>;
     const auto t1 = std::chrono::steady_clock::now();
-    TCAP_LOG(Perf, what << ": " << done.size() << " kernels ready, compiled in the background in "
+    TCAP_LOG(Perf, what << ": " << done.ready << " kernels ready, compiled in the background in "
                         << ms(t1 - t0).count() << " ms (" << ms(t1 - submitted).count() << " ms after the graph)"
-                        << (failed ? ", " + std::to_string(failed) + " failed" : std::string())
+                        << failed_note(done.failed)
                         << (skipped ? ", " + std::to_string(skipped) + " skipped (the graph died)" : std::string()));
   });
 }
@@ -225,39 +258,12 @@ void compile_later(const std::string& what, const std::vector<std::shared_ptr<ru
 void compile_now(const std::string& what, const std::vector<std::shared_ptr<runtime::FusedKernel>>& kernels,
                  const std::vector<std::string>& ll_paths) {
   const auto t0 = std::chrono::steady_clock::now();
-  std::vector<std::optional<CpuCode>> code(kernels.size());
-  std::vector<std::string> errors(kernels.size());
-  auto work = [&](size_t i) {
-    try {
-      code[i] = cpu_code(kernels[i]->kernel, true);
-    } catch (const c10::Error& e) {
-      errors[i] = e.what_without_backtrace();
-    }
-  };
   // Note [Parallel kernel compilation]: as many threads as fusion compiles with.
-  run_on_threads(kernels.size(), compile_threads(kernels.size()), work);
-  int failed = 0;
-  for (size_t i = 0; i < kernels.size(); ++i) {
-    runtime::FusedKernel& k = *kernels[i];
-    if (!code[i]) {
-      ++failed;
-      k.code.store(runtime::FusedKernel::Failed, std::memory_order_release);
-      TCAP_LOG(GraphBreaks, what << ": fused kernel " << k.name << " could not be compiled; it runs its ATen ops: "
-                                 << errors[i]);
-      continue;
-    }
-    install(k, std::move(*code[i]));
-    if (i < ll_paths.size() && !ll_paths[i].empty() && k.cpu && k.cpu->llvm_ir) {
-      std::ofstream(ll_paths[i], std::ios::binary) << *k.cpu->llvm_ir;
-    }
-    k.code.store(runtime::FusedKernel::Ready, std::memory_order_release);
-  }
+  const Installed done = compile_and_install(what, kernels, compile_threads(kernels.size()), ll_paths, "");
   using ms = std::chrono::duration<double, std::milli>;
   const double took = ms(std::chrono::steady_clock::now() - t0).count();
-  TCAP_LOG(Perf, what << ": " << kernels.size() - static_cast<size_t>(failed)
-                      << " kernels compiled at the graph's first run in " << took
-                      << " ms (Note [Kernels compiled at their first run])"
-                      << (failed ? ", " + std::to_string(failed) + " failed" : std::string()));
+  TCAP_LOG(Perf, what << ": " << done.ready << " kernels compiled at the graph's first run in " << took
+                      << " ms (Note [Kernels compiled at their first run])" << failed_note(done.failed));
 }
 
 }  // namespace compiler

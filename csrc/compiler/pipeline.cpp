@@ -140,21 +140,24 @@ Executable interpreter_executable(const ir::Graph& g, const std::string& what, b
   };
 }
 
-// When a graph's kernels that need an LLVM compile are compiled.
-enum class KernelCompiles { Now, InBackground, AtFirstRun };
-
-// Kernels left to compile at a graph's first run, and where their LLVM IR is dumped.
-struct FirstRunKernels {
+// Kernels a maker left Compiling, for later (Note [Kernels compiled in the background],
+// Note [Kernels compiled at their first run]), and where their LLVM IR is dumped.
+struct KernelsToCompile {
   std::vector<std::shared_ptr<runtime::FusedKernel>> kernels;
   std::vector<std::string> ll_paths;
 };
 
+// Where TCAP_DUMP_DIR's files of kernel `name` of graph `what` go, without the extension.
+std::string kernel_dump_base(const std::string& dump_dir, const std::string& what, const std::string& name) {
+  return dump_dir + "/kernels/" + what + "." + name;
+}
+
 // The fusion pass with each kept group's kernel made by `make` and registered for
-// tcap::fused; the kernels' ids go to `ids` (released with the executable). With
-// KernelCompiles::AtFirstRun, the kernels `make` left Compiling go to `first_run`.
+// tcap::fused; the kernels' ids go to `ids` (released with the executable), and those
+// `make` left Compiling to `later` (when given).
 ir::Graph fuse_graph(const ir::Graph& g, const std::string& what, const std::string& dump_dir,
                      const c10::Device& device, const KernelMaker& make, std::vector<int64_t>* ids,
-                     KernelCompiles when = KernelCompiles::Now, FirstRunKernels* first_run = nullptr) {
+                     KernelsToCompile* later = nullptr) {
   const auto t0 = std::chrono::steady_clock::now();
   std::mutex ids_mu;  // compile runs on several threads (Note [Parallel kernel compilation])
   fuse::FusionOptions opts;
@@ -170,7 +173,7 @@ ir::Graph fuse_graph(const ir::Graph& g, const std::string& what, const std::str
       fk->outputs = fg.output_metas;
       fk->fallback = fg.fallback;
       if (!dump_dir.empty()) {
-        const std::string base = dump_dir + "/kernels/" + what + "." + fg.name;
+        const std::string base = kernel_dump_base(dump_dir, what, fg.name);
         std::filesystem::create_directories(dump_dir + "/kernels");
         write_file(base + ".kir", kir::to_string(fg.kernel));
         if (fk->cpu && fk->cpu->llvm_ir) write_file(base + ".ll", *fk->cpu->llvm_ir);
@@ -190,23 +193,12 @@ ir::Graph fuse_graph(const ir::Graph& g, const std::string& what, const std::str
     if (fg.output_into_input.empty()) continue;
     if (auto k = runtime::find_kernel(fg.kernel_id)) k->output_into_input = fg.output_into_input;
   }
-  if (when != KernelCompiles::Now) {
-    // The kept groups' kernels still to compile (Note [Kernels compiled in the background],
-    // Note [Kernels compiled at their first run]).
-    std::vector<std::shared_ptr<runtime::FusedKernel>> later;
-    std::vector<std::string> ll_paths;
-    for (const auto& fg : res.groups) {
-      auto k = runtime::find_kernel(fg.kernel_id);
-      if (!k || k->code.load(std::memory_order_relaxed) != runtime::FusedKernel::Compiling) continue;
-      later.push_back(std::move(k));
-      ll_paths.push_back(dump_dir.empty() ? "" : dump_dir + "/kernels/" + what + "." + fg.name + ".ll");
-    }
-    if (when == KernelCompiles::InBackground) {
-      compiler::compile_later(what, later);
-    } else if (first_run) {
-      first_run->kernels = std::move(later);
-      first_run->ll_paths = std::move(ll_paths);
-    }
+  for (const auto& fg : res.groups) {
+    if (!later) break;
+    auto k = runtime::find_kernel(fg.kernel_id);
+    if (!k || k->code.load(std::memory_order_relaxed) != runtime::FusedKernel::Compiling) continue;
+    later->kernels.push_back(std::move(k));
+    later->ll_paths.push_back(dump_dir.empty() ? "" : kernel_dump_base(dump_dir, what, fg.name) + ".ll");
   }
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   TCAP_LOG(Fusion, what << ": " << res.groups.size() << " fused kernels (" << ms << " ms)\n"
@@ -243,12 +235,12 @@ std::shared_ptr<void> kernel_owner(std::vector<int64_t> ids) {
 // dynamic entry compiled). The values are those the kernels would give at compile time;
 // what moves is when LLVM runs, and which code serves a kernel depends only on the order
 // of the sizes the program met, never on timing.
-Executable compiled_at_first_run(Executable inner, const std::string& what, FirstRunKernels pending) {
+Executable compiled_at_first_run(Executable inner, const std::string& what, KernelsToCompile pending) {
   if (pending.kernels.empty()) return inner;
   struct State {
     std::once_flag once;
     std::string what;
-    FirstRunKernels pending;
+    KernelsToCompile pending;
   };
   auto state = std::make_shared<State>();
   state->what = what;
@@ -322,15 +314,21 @@ Executable compile_graph_for(const ir::Graph& g, const CompileOptions& o, const 
   } else {
     const Target target = known ? *known : choose_target(o.backend, g, what);
     std::vector<int64_t> kernels;
-    FirstRunKernels first_run;
+    KernelsToCompile first_run;
     ir::Graph h = simplify(g, what);
     if (target.fuses()) {
-      const KernelCompiles when = compiler::compiles_in_background(o, target) ? KernelCompiles::InBackground
-                                  : target.kind == Backend::Llvm              ? KernelCompiles::AtFirstRun
-                                                                              : KernelCompiles::Now;
-      h = stage(fuse_graph(h, what, dump_dir_of(o), target.device, kernel_maker(target, when != KernelCompiles::Now),
-                           &kernels, when, &first_run),
+      // llvm: the kernels not in the cache compile later, on the background thread or at
+      // the graph's first run (both Notes above); cuda: now.
+      const bool later = target.kind == Backend::Llvm;
+      KernelsToCompile to_compile;
+      h = stage(fuse_graph(h, what, dump_dir_of(o), target.device, kernel_maker(target, later), &kernels,
+                           later ? &to_compile : nullptr),
                 what, "fuse");
+      if (compiler::compiles_in_background(o, target)) {
+        compiler::compile_later(what, to_compile.kernels);
+      } else {
+        first_run = std::move(to_compile);
+      }
     }
     int rewritten = 0;
     h = stage(passes::reuse_buffers(h, &rewritten), what, "reuse_buffers");

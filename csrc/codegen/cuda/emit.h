@@ -22,9 +22,13 @@ namespace tcap::codegen::cuda {
 
 class Renderer {
  public:
-  // `at_launch` (Note [CUDA sizes at launch]): per number slot, whether the code reads it
-  // from the `tcap_n` parameter; null or empty: every number built in.
-  Renderer(const kir::Kernel& k, const RenderOptions& o, const std::vector<bool>* at_launch = nullptr);
+  Renderer(const kir::Kernel& k, const RenderOptions& o);
+
+  // Note [CUDA sizes at launch]: the kernel's structure and numbers (as planned here), and
+  // which numbers the code reads from the `tcap_n` parameter (empty: every one built in).
+  std::string structure() const { return launch_structure(k_, c_, elem_, plan_); }
+  const std::vector<int64_t>& numbers() const { return nums_; }
+  void read_at_launch(std::vector<bool> at, std::string structure);
 
   CudaSource run();
 
@@ -86,6 +90,7 @@ class Renderer {
   NumberLayout nl_;
   std::vector<int64_t> nums_;   // this kernel's numbers (NumberLayout order)
   std::vector<bool> at_;        // the numbers read at launch (empty: none)
+  std::string structure_;       // structure(), when at_ is not empty
 };
 
 template <typename LoadFn>

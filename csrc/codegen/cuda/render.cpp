@@ -11,18 +11,20 @@ namespace tcap::codegen::cuda {
 using kir::DType;
 using kir::OpCode;
 
-Renderer::Renderer(const kir::Kernel& k, const RenderOptions& o, const std::vector<bool>* at_launch)
+Renderer::Renderer(const kir::Kernel& k, const RenderOptions& o)
     : k_(k), o_(o), c_(kir::coalesce(k)), elem_(kir::element_level(k)), level_(kir::reduce_level(k)) {
   KernelPlan p = plan_kernel(k_, c_, elem_, level_, o_);
   plan_ = p.launch;
   idx_ = plan_.index32 ? "int" : "long long";
   nl_ = number_layout(k_, c_);
   nums_ = launch_numbers(k_, c_, p, nl_);
-  if (at_launch && !at_launch->empty()) {
-    TORCH_INTERNAL_ASSERT(at_launch->size() == nums_.size(), "cuda renderer: a mask of ", at_launch->size(),
-                          " numbers for a kernel of ", nums_.size());
-    at_ = *at_launch;
-  }
+}
+
+void Renderer::read_at_launch(std::vector<bool> at, std::string structure) {
+  TORCH_INTERNAL_ASSERT(at.empty() || at.size() == nums_.size(), "cuda renderer: a mask of ", at.size(),
+                        " numbers for a kernel of ", nums_.size());
+  at_ = std::move(at);
+  structure_ = std::move(structure);
 }
 
 std::string Renderer::num(int32_t slot) const {
@@ -242,7 +244,7 @@ CudaSource Renderer::run() {
   } else {
     // Code that serves every kernel of a structure (Note [CUDA sizes at launch]): the
     // structure and the numbers read at launch, not one kernel's IR, name it.
-    std::string text = launch_structure(k_, c_, elem_, plan_) + "at launch:";
+    std::string text = structure_ + "at launch:";
     for (size_t i = 0; i < at_.size(); ++i) {
       if (at_[i]) text += " " + std::to_string(i);
     }
@@ -295,15 +297,15 @@ CudaSource render(const kir::Kernel& k, const RenderOptions& o) {
 
 LaunchSource render_for_launch(const kir::Kernel& k, LaunchShapes& shapes, const RenderOptions& o) {
   kir::check_renderable(k, "cuda", "CUDA");
-  const kir::Kernel a = anonymous(k);
-  const kir::Coalesced c = kir::coalesce(a);
-  const std::vector<bool> elem = kir::element_level(a);
-  const KernelPlan p = plan_kernel(a, c, elem, kir::reduce_level(a), o);
+  const kir::Kernel a = anonymous(k);  // outlives r, which keeps a reference
+  Renderer r(a, o);
   LaunchSource out;
-  out.numbers = launch_numbers(a, c, p, number_layout(a, c));
-  const std::vector<bool> at = shapes.at_launch(launch_structure(a, c, elem, p.launch), out.numbers);
+  out.numbers = r.numbers();
+  std::string structure = r.structure();
+  std::vector<bool> at = shapes.at_launch(structure, out.numbers);
   out.reads_numbers = !at.empty();
-  out.src = Renderer(a, o, &at).run();
+  r.read_at_launch(std::move(at), std::move(structure));
+  out.src = r.run();
   return out;
 }
 
