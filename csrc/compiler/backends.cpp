@@ -226,25 +226,28 @@ std::string failed_note(int64_t failed) { return failed ? ", " + std::to_string(
 
 }  // namespace
 
-void compile_later(const std::string& what, const std::vector<std::shared_ptr<runtime::FusedKernel>>& kernels) {
+void compile_later(const std::string& what, const std::vector<std::shared_ptr<runtime::FusedKernel>>& kernels,
+                   const std::vector<std::string>& ll_paths) {
   if (kernels.empty()) return;
   std::vector<std::weak_ptr<runtime::FusedKernel>> weak(kernels.begin(), kernels.end());
   const auto submitted = std::chrono::steady_clock::now();
   TCAP_LOG(Perf, what << ": " << kernels.size()
                       << " kernels compile in the background; their ATen ops run until they are ready");
-  runtime::submit_background_compile(what, [what, weak = std::move(weak), submitted] {
+  runtime::submit_background_compile(what, [what, weak = std::move(weak), ll_paths, submitted] {
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<std::shared_ptr<runtime::FusedKernel>> live;
+    std::vector<std::string> live_paths;
     int64_t skipped = 0;
-    for (const auto& w : weak) {
-      if (auto k = w.lock()) {
+    for (size_t i = 0; i < weak.size(); ++i) {
+      if (auto k = weak[i].lock()) {
         live.push_back(std::move(k));
+        live_paths.push_back(i < ll_paths.size() ? ll_paths[i] : "");
       } else {
         ++skipped;  // its graph died
       }
     }
     // One background thread: the compiles leave the program's threads alone.
-    const Installed done = compile_and_install(what, live, 1, {}, " in the background");
+    const Installed done = compile_and_install(what, live, 1, live_paths, " in the background");
     runtime::count_background_kernels(done.ready, done.failed);
     using ms = std::chrono::duration<double, std::milli>;
     const auto t1 = std::chrono::steady_clock::now();

@@ -49,8 +49,10 @@ KernelMaker kernel_maker(const Target& t, bool later = false);
 bool compiles_in_background(const CompileOptions& o, const Target& t);
 
 // Compiles the kernels `kernels` left Compiling on the background compile thread, and
-// makes them Ready together; `what` names the graph in logs.
-void compile_later(const std::string& what, const std::vector<std::shared_ptr<runtime::FusedKernel>>& kernels);
+// makes them Ready together; `what` names the graph in logs; writes each one's LLVM IR to
+// `ll_paths[i]` where not empty.
+void compile_later(const std::string& what, const std::vector<std::shared_ptr<runtime::FusedKernel>>& kernels,
+                   const std::vector<std::string>& ll_paths = {});
 
 // Compiles the kernels `kernels` left Compiling, in parallel on the calling thread and
 // helpers, and makes them Ready (a kernel that cannot compile runs its ATen ops, logged

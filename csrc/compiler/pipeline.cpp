@@ -235,19 +235,29 @@ std::shared_ptr<void> kernel_owner(std::vector<int64_t> ids) {
 // dynamic entry compiled). The values are those the kernels would give at compile time;
 // what moves is when LLVM runs, and which code serves a kernel depends only on the order
 // of the sizes the program met, never on timing.
-Executable compiled_at_first_run(Executable inner, const std::string& what, KernelsToCompile pending) {
+// With the kernels compiled in the background, the first run submits them to the
+// background thread instead (and runs their ATen ops until they are ready), for the same
+// reason: by then the sizes met before it have told each structure which numbers vary.
+Executable compiled_at_first_run(Executable inner, const std::string& what, KernelsToCompile pending,
+                                 bool in_background) {
   if (pending.kernels.empty()) return inner;
   struct State {
     std::once_flag once;
     std::string what;
     KernelsToCompile pending;
+    bool in_background = false;
   };
   auto state = std::make_shared<State>();
   state->what = what;
   state->pending = std::move(pending);
+  state->in_background = in_background;
   return [inner = std::move(inner), state](std::vector<at::Tensor> in) {
     std::call_once(state->once, [&state] {
-      compiler::compile_now(state->what, state->pending.kernels, state->pending.ll_paths);
+      if (state->in_background) {
+        compiler::compile_later(state->what, state->pending.kernels, state->pending.ll_paths);
+      } else {
+        compiler::compile_now(state->what, state->pending.kernels, state->pending.ll_paths);
+      }
       state->pending = {};
     });
     return inner(std::move(in));
@@ -317,24 +327,18 @@ Executable compile_graph_for(const ir::Graph& g, const CompileOptions& o, const 
     KernelsToCompile first_run;
     ir::Graph h = simplify(g, what);
     if (target.fuses()) {
-      // llvm: the kernels not in the cache compile later, on the background thread or at
-      // the graph's first run (both Notes above); cuda: now.
+      // llvm: the kernels not in the cache compile from the graph's first run, on the
+      // calling thread or the background thread (both Notes above); cuda: now.
       const bool later = target.kind == Backend::Llvm;
-      KernelsToCompile to_compile;
       h = stage(fuse_graph(h, what, dump_dir_of(o), target.device, kernel_maker(target, later), &kernels,
-                           later ? &to_compile : nullptr),
+                           later ? &first_run : nullptr),
                 what, "fuse");
-      if (compiler::compiles_in_background(o, target)) {
-        compiler::compile_later(what, to_compile.kernels);
-      } else {
-        first_run = std::move(to_compile);
-      }
     }
     int rewritten = 0;
     h = stage(passes::reuse_buffers(h, &rewritten), what, "reuse_buffers");
     TCAP_LOG(Perf, what << ": " << rewritten << " ops run in place on a dying intermediate");
     exe = owning_kernels(compiled_at_first_run(interpreter_executable(h, what, check_host_values), what,
-                                               std::move(first_run)),
+                                               std::move(first_run), compiler::compiles_in_background(o, target)),
                          std::move(kernels));
   }
   if (o.cuda_graphs) exe = with_cuda_graphs(std::move(exe), g, what);

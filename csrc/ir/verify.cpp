@@ -92,19 +92,19 @@ void check_values(const Graph& g) {
   const auto num_nodes = static_cast<NodeId>(g.nodes().size());
   for (size_t k = 0; k < values.size(); ++k) {
     const Value& v = values[k];
-    const std::string name = "value %" + std::to_string(k);
+    const auto name = [&] { return "value %" + std::to_string(k); };
     if (v.id != static_cast<ValueId>(k)) {
-      fail(g, name + " has id " + std::to_string(v.id) + "; value ids must equal positions");
+      fail(g, name() + " has id " + std::to_string(v.id) + "; value ids must equal positions");
     }
     if (v.producer < 0 || v.producer >= num_nodes) {
-      fail(g, name + " names producer node " + std::to_string(v.producer) +
+      fail(g, name() + " names producer node " + std::to_string(v.producer) +
                   ", which does not exist");
     }
     const Node& p = g.node(v.producer);
     const std::string meta = meta_problem(v.meta);
-    if (!meta.empty()) fail(g, name + " " + meta);
+    if (!meta.empty()) fail(g, name() + " " + meta);
     if (!listed_by_producer(p, v)) {
-      fail(g, name + " says it is output " + std::to_string(v.output_index) +
+      fail(g, name() + " says it is output " + std::to_string(v.output_index) +
                   (v.list_index >= 0 ? "[" + std::to_string(v.list_index) + "]" : "") +
                   " of " + describe(p) + ", but that node's outputs do not list it there");
     }
@@ -112,10 +112,10 @@ void check_values(const Graph& g) {
                                      std::pair<const char*, ValueId>{"view_of", v.view_of}}) {
       if (base == kNoValue) continue;
       if (!valid_value(g, base)) {
-        fail(g, name + " has " + link + " %" + std::to_string(base) + ", which does not exist");
+        fail(g, name() + " has " + link + " %" + std::to_string(base) + ", which does not exist");
       }
       if (g.value(base).producer >= v.producer) {
-        fail(g, name + " has " + link + " %" + std::to_string(base) +
+        fail(g, name() + " has " + link + " %" + std::to_string(base) +
                     ", which is not produced by an earlier node than " + describe(p));
       }
     }
@@ -133,15 +133,15 @@ void check_node_outputs(const Graph& g, const Node& n) {
     for (size_t li = 0; li < out.values.size(); ++li) {
       const ValueId v = out.values[li];
       if (v == kNoValue && out.kind == ArgKind::OptValueList) continue;
-      const std::string where = describe(n) + " output " + std::to_string(o);
+      const auto where = [&] { return describe(n) + " output " + std::to_string(o); };
       if (!valid_value(g, v)) {
-        fail(g, where + " names %" + std::to_string(v) + ", which does not exist");
+        fail(g, where() + " names %" + std::to_string(v) + ", which does not exist");
       }
       const Value& val = g.value(v);
       const int want_list = out.kind == ArgKind::Value ? -1 : static_cast<int>(li);
       if (val.producer != n.id || val.output_index != static_cast<int>(o) ||
           val.list_index != want_list) {
-        fail(g, where + " names %" + std::to_string(v) + ", whose producer fields say node " +
+        fail(g, where() + " names %" + std::to_string(v) + ", whose producer fields say node " +
                     std::to_string(val.producer) + " output " +
                     std::to_string(val.output_index) + " list index " +
                     std::to_string(val.list_index));
@@ -154,20 +154,21 @@ void check_node_args(const Graph& g, const Node& n) {
   for (size_t a = 0; a < n.args.size(); ++a) {
     const Arg& arg = n.args[a];
     if (!arg.refers_to_values()) continue;
-    const std::string where = describe(n) + " arg " + std::to_string(a) +
-                              (arg.name.empty() ? "" : " (" + arg.name + ")");
+    const auto where = [&] {
+      return describe(n) + " arg " + std::to_string(a) + (arg.name.empty() ? "" : " (" + arg.name + ")");
+    };
     if (arg.kind == ArgKind::Value && arg.values.size() != 1) {
-      fail(g, where + " is a single tensor but holds " + std::to_string(arg.values.size()) +
+      fail(g, where() + " is a single tensor but holds " + std::to_string(arg.values.size()) +
                   " value ids");
     }
     for (ValueId v : arg.values) {
       if (v == kNoValue && arg.kind == ArgKind::OptValueList) continue;
       if (!valid_value(g, v)) {
-        fail(g, where + " uses %" + std::to_string(v) + ", which does not exist");
+        fail(g, where() + " uses %" + std::to_string(v) + ", which does not exist");
       }
       const NodeId producer = g.value(v).producer;
       if (producer >= n.id) {
-        fail(g, where + " uses %" + std::to_string(v) + ", which is produced by node " +
+        fail(g, where() + " uses %" + std::to_string(v) + ", which is produced by node " +
                     std::to_string(producer) +
                     ", not an earlier node (nodes must be in topological order)");
       }

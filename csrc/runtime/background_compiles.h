@@ -12,18 +12,23 @@
 //   - the others are registered as *compiling*: a call of one runs the group's own ATen
 //     ops (its fallback graph, the same one a guard mismatch runs, Note [Fused kernel
 //     guards]), so the graph is served at once, unfused where its kernels are not ready;
-//   - one job per graph compiles its kernels on the background compile thread, in the
-//     order graphs were compiled, and makes them ready together when the last is done, so a
-//     graph's memory plan records again once, not once per kernel (Note [Memory plans]);
+//   - a graph's first run submits one job that compiles its kernels on the background
+//     compile thread (jobs run in the order graphs first ran), and makes them ready
+//     together when the last is done, so a graph's memory plan records again once, not
+//     once per kernel (Note [Memory plans]). Submitting at the first run, not at compile
+//     time, lets the sizes met before it tell each kernel structure which numbers vary,
+//     so a program whose sizes change compiles each structure once (Note [Kernels compiled
+//     at their first run], compiler/pipeline.cpp);
 //   - a kernel the job cannot compile keeps running its ATen ops, logged under
 //     graph_breaks with the reason; a graph that dies first has its remaining kernels
-//     skipped; TCAP_DUMP_DIR gets no .ll file for a kernel compiled here (its .kir, yes).
+//     skipped.
 // Values are eager's ATen ops' until the kernels are ready and the kernels' afterwards,
 // so which calls ran which depends on timing: results agree with eager to the usual
 // tolerances either way, but two runs of a program need not be bitwise equal. That is why
 // the option is off by default (and why verify mode, which compares with eager anyway, is
 // unaffected). wait_for_background_compiles() blocks until every job submitted so far has
-// finished (tests, benchmarks, a server that wants its kernels before it opens). At exit
+// finished (tests, benchmarks, a server that wants its kernels before it opens: after a
+// warm-up call, since a graph that never ran has submitted nothing). At exit
 // the thread finishes the kernel it is compiling and drops the rest.
 #pragma once
 
