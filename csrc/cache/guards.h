@@ -271,6 +271,9 @@ struct Guards {
   std::string describe_dynamic() const;
 };
 
+// "[4, 3]": sizes or strides in guard messages.
+std::string shape_str(c10::IntArrayRef s);
+
 // Alias classes: position of the first tensor sharing each tensor's storage.
 std::vector<int> alias_classes(c10::ArrayRef<at::Tensor> ts);
 
