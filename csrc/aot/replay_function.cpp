@@ -12,6 +12,7 @@
 
 #include "aot/region.h"
 #include "aot/replay_node.h"
+#include "aot/verify_region.h"
 #include "capture/engine_shim.h"
 #include "capture/hooks.h"
 #include "support/logging.h"
@@ -360,88 +361,6 @@ struct ReplayFunction : torch::autograd::Function<ReplayFunction> {
   }
 };
 
-// Note [Verifying a compiled region]
-// A verified call (verify mode, include/tcap/stance.h) of a tcap::compile function runs the
-// compiled forward, then the function's own code eagerly on the same inputs, with the same
-// random numbers and the buffers the forward writes as they were before it, and compares
-// the outputs and the written buffers (aot/verify_region.cpp). Its outputs are the compiled
-// ones, whose node keeps eager's outputs: when the user's backward reaches it, it runs the
-// compiled backward, then eager's (torch::autograd::grad of eager's outputs with respect
-// to the same primals and with the same incoming gradients), compares each primal's
-// gradient, and hands eager's on. A create_graph backward (a double backward's first) is
-// compared too: the compiled side's recompute (Note [What a recompute reads]) against
-// eager's gradients with their graph, which are handed on, so the second differentiation
-// is eager's (a later backward that reaches this node again runs it unverified).
-variable_list verified_gradients(RegionVerify& v, const variable_list& incoming, variable_list compiled) {
-  std::vector<at::Tensor> outs, grads, inputs;
-  std::vector<size_t> which;
-  for (size_t k = 0; k < v.eager_outputs.size() && k < incoming.size(); ++k) {
-    if (!incoming[k].defined() || !v.eager_outputs[k].requires_grad()) continue;
-    outs.push_back(v.eager_outputs[k]);
-    grads.push_back(incoming[k]);
-  }
-  for (size_t j = 0; j < v.primals.size(); ++j) {
-    if (!v.primals[j].requires_grad()) continue;
-    inputs.push_back(v.primals[j]);
-    which.push_back(j);
-  }
-  variable_list eager(compiled.size());
-  if (!outs.empty() && !inputs.empty()) {
-    // The primals' own hooks run once, when eager's gradients are handed on to them
-    // (Note [Hooks called once under verify], capture/hooks.h); here they are passed over.
-    std::vector<capture::HookTapeScope::LeafHook> leaf_hooks;
-    std::vector<std::unique_ptr<capture::HookTapeScope>> passed_over;
-    for (const auto& t : inputs) {
-      if (t.is_leaf()) {
-        for (size_t i = 0; i < capture::leaf_tensor_hooks(t).size(); ++i) leaf_hooks.push_back({t, i, 0});
-      } else if (const auto fn = t.grad_fn()) {
-        capture::HookWrapScope::SlotOf slots;
-        for (const auto& h : fn->tensor_pre_hooks()) slots.emplace(h.get(), 0);
-        for (const auto& [i, h] : fn->retains_grad_hooks()) slots.emplace(h.get(), 0);
-        if (!slots.empty()) {
-          passed_over.push_back(std::make_unique<capture::HookTapeScope>(fn, slots, nullptr, capture::HookTapeScope::Mode::PassOver));
-        }
-      }
-    }
-    capture::HookTapeScope leaves_passed_over(std::move(leaf_hooks), nullptr, capture::HookTapeScope::Mode::PassOver);
-    // A double backward (create_graph): eager's gradients keep their graph, so the second
-    // differentiation runs through eager's.
-    const auto g = torch::autograd::grad(outs, inputs, grads, torch::autograd::get_current_graph_task_keep_graph(),
-                                         /*create_graph=*/at::GradMode::is_enabled(), /*allow_unused=*/true);
-    for (size_t i = 0; i < which.size(); ++i) {
-      if (which[i] < eager.size()) eager[which[i]] = g[i];
-    }
-  }
-  // One tensor passed at several positions: autograd::grad gives each position the whole
-  // gradient of that tensor, the compiled backward splits it among them. Compare the sum
-  // of the compiled positions with eager's whole gradient, and hand eager's on once (at
-  // the first position), or the tensor would receive it once per position.
-  for (size_t j = 0; j < compiled.size() && j < eager.size(); ++j) {
-    if (!v.primals[j].defined()) continue;
-    for (size_t k = j + 1; k < compiled.size() && k < eager.size(); ++k) {
-      if (!v.primals[k].is_same(v.primals[j])) continue;
-      if (compiled[k].defined()) compiled[j] = compiled[j].defined() ? compiled[j] + compiled[k] : compiled[k];
-      compiled[k] = at::Tensor();
-      eager[k] = at::Tensor();
-    }
-  }
-  for (size_t j = 0; j < compiled.size() && j < eager.size(); ++j) {
-    at::NoGradGuard no_grad;
-    // A primal that gets no gradient from eager's graph gets none (or zeros) from the
-    // compiled one: both mean nothing reached it.
-    const at::Tensor c = compiled[j].defined() || !eager[j].defined() ? compiled[j] : at::zeros_like(eager[j]);
-    const at::Tensor e = eager[j].defined() || !c.defined() ? eager[j] : at::zeros_like(c);
-    std::string how = cache::compare_tensors(c.defined() ? c.detach() : c, e.defined() ? e.detach() : e, v.tolerances);
-    if (how.empty()) continue;
-    cache::VerifyReport r = v.report;
-    r.what = "the gradient of " + (j < v.names.size() ? "'" + v.names[j] + "'" : "primal " + std::to_string(j));
-    r.how = std::move(how);
-    cache::report_mismatch(v.options, r);
-  }
-  cache::report_match(v.report.who + "'s backward", compiled.size());
-  return eager;
-}
-
 // Note [The replay node]
 // A replay that needs a gradient used to go through ReplayFunction::apply. Most of what
 // torch::autograd::Function adds there is for arbitrary user functions: the context's
@@ -485,7 +404,7 @@ struct ReplayNode final : torch::autograd::Node {
       if (!torch::autograd::get_current_graph_task_keep_graph() || at::GradMode::is_enabled()) verify.reset();
       const variable_list incoming = grads;  // the compiled backward takes grads' tensors
       variable_list compiled = region_backward(*entry, *capsule, rng ? &*rng : nullptr, grads, [&] { return unpack_outputs(); });
-      return verified_gradients(*v, incoming, std::move(compiled));
+      return verified_gradients(*v, incoming, std::move(compiled));  // Note [Verifying a compiled region]
     }
     return region_backward(*entry, *capsule, rng ? &*rng : nullptr, grads, [&] { return unpack_outputs(); });
   }
@@ -529,71 +448,6 @@ variable_list replay_through_node(const std::shared_ptr<const Entry>& e, const s
 }
 
 }  // namespace
-
-RngStates RngStates::save(const std::vector<c10::Device>& devices) {
-  RngStates r;
-  for (const auto& d : devices) {
-    at::Generator g = at::globalContext().defaultGenerator(d);
-    std::lock_guard<std::mutex> lock(g.mutex());
-    r.states_.emplace_back(g, g.get_state());
-  }
-  return r;
-}
-
-void RngStates::restore() const {
-  for (const auto& [g, s] : states_) {
-    at::Generator gen = g;
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(s);
-  }
-}
-
-std::vector<c10::Device> devices_of(const ir::Graph& g) {
-  std::vector<c10::Device> ds;
-  for (const auto& v : g.values()) {
-    if (std::find(ds.begin(), ds.end(), v.meta.device) == ds.end()) ds.push_back(v.meta.device);
-  }
-  if (ds.empty()) ds.push_back(c10::kCPU);
-  return ds;
-}
-
-variable_list recompute_gradients(const ir::Graph& forward, const std::vector<size_t>& written,
-                                  const std::vector<at::Tensor>& primals, const variable_list& grads, size_t num_outputs,
-                                  bool create_graph, std::vector<at::Tensor>* outputs) {
-  at::AutoGradMode grad_on(true);
-  std::vector<at::Tensor> args;
-  std::vector<at::Tensor> diff_args;
-  std::vector<size_t> diff_index;
-  for (size_t j = 0; j < primals.size(); ++j) {
-    at::Tensor t = primals[j];
-    if (std::find(written.begin(), written.end(), j) != written.end()) t = t.detach().clone();
-    if (t.requires_grad()) {
-      at::Tensor a = create_graph ? t.view_as(t) : t.detach().requires_grad_(true);
-      diff_args.push_back(a);
-      diff_index.push_back(j);
-      args.push_back(a);
-    } else {
-      args.push_back(t);
-    }
-  }
-  Interpreter interp(forward, /*differentiable=*/true);
-  interp.keep_values(false);
-  auto outs = interp.run(args);
-  if (outputs) *outputs = outs;
-  std::vector<at::Tensor> os, gs;
-  for (size_t k = 0; k < num_outputs && k < grads.size(); ++k) {
-    if (grads[k].defined() && outs[k].requires_grad()) {
-      os.push_back(outs[k]);
-      gs.push_back(grads[k]);
-    }
-  }
-  variable_list result(primals.size());
-  if (os.empty() || diff_args.empty()) return result;
-  auto gi = torch::autograd::grad(os, diff_args, gs, /*retain_graph=*/create_graph, create_graph,
-                                  /*allow_unused=*/true);
-  for (size_t k = 0; k < diff_index.size(); ++k) result[diff_index[k]] = gi[k];
-  return result;
-}
 
 namespace {
 

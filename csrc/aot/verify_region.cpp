@@ -1,14 +1,100 @@
-// See Note [Verifying a compiled region] (replay_function.cpp).
+// Verify mode for tcap::compile functions (Note [Verifying a compiled region], below).
 #include "aot/verify_region.h"
 
 #include "aot/replay_function.h"
 #include "cache/verify.h"
+#include "capture/hooks.h"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
 
 #include <algorithm>
 
 namespace tcap::aot {
+
+using torch::autograd::variable_list;
+
+// Note [Verifying a compiled region]
+// A verified call (verify mode, include/tcap/stance.h) of a tcap::compile function runs the
+// compiled forward, then the function's own code eagerly on the same inputs, with the same
+// random numbers and the buffers the forward writes as they were before it, and compares
+// the outputs and the written buffers (aot/verify_region.cpp). Its outputs are the compiled
+// ones, whose node keeps eager's outputs: when the user's backward reaches it, it runs the
+// compiled backward, then eager's (torch::autograd::grad of eager's outputs with respect
+// to the same primals and with the same incoming gradients), compares each primal's
+// gradient, and hands eager's on. A create_graph backward (a double backward's first) is
+// compared too: the compiled side's recompute (Note [What a recompute reads]) against
+// eager's gradients with their graph, which are handed on, so the second differentiation
+// is eager's (a later backward that reaches this node again runs it unverified).
+variable_list verified_gradients(RegionVerify& v, const variable_list& incoming, variable_list compiled) {
+  std::vector<at::Tensor> outs, grads, inputs;
+  std::vector<size_t> which;
+  for (size_t k = 0; k < v.eager_outputs.size() && k < incoming.size(); ++k) {
+    if (!incoming[k].defined() || !v.eager_outputs[k].requires_grad()) continue;
+    outs.push_back(v.eager_outputs[k]);
+    grads.push_back(incoming[k]);
+  }
+  for (size_t j = 0; j < v.primals.size(); ++j) {
+    if (!v.primals[j].requires_grad()) continue;
+    inputs.push_back(v.primals[j]);
+    which.push_back(j);
+  }
+  variable_list eager(compiled.size());
+  if (!outs.empty() && !inputs.empty()) {
+    // The primals' own hooks run once, when eager's gradients are handed on to them
+    // (Note [Hooks called once under verify], capture/hooks.h); here they are passed over.
+    std::vector<capture::HookTapeScope::LeafHook> leaf_hooks;
+    std::vector<std::unique_ptr<capture::HookTapeScope>> passed_over;
+    for (const auto& t : inputs) {
+      if (t.is_leaf()) {
+        for (size_t i = 0; i < capture::leaf_tensor_hooks(t).size(); ++i) leaf_hooks.push_back({t, i, 0});
+      } else if (const auto fn = t.grad_fn()) {
+        capture::HookWrapScope::SlotOf slots;
+        for (const auto& h : fn->tensor_pre_hooks()) slots.emplace(h.get(), 0);
+        for (const auto& [i, h] : fn->retains_grad_hooks()) slots.emplace(h.get(), 0);
+        if (!slots.empty()) {
+          passed_over.push_back(std::make_unique<capture::HookTapeScope>(fn, slots, nullptr, capture::HookTapeScope::Mode::PassOver));
+        }
+      }
+    }
+    capture::HookTapeScope leaves_passed_over(std::move(leaf_hooks), nullptr, capture::HookTapeScope::Mode::PassOver);
+    // A double backward (create_graph): eager's gradients keep their graph, so the second
+    // differentiation runs through eager's.
+    const auto g = torch::autograd::grad(outs, inputs, grads, torch::autograd::get_current_graph_task_keep_graph(),
+                                         /*create_graph=*/at::GradMode::is_enabled(), /*allow_unused=*/true);
+    for (size_t i = 0; i < which.size(); ++i) {
+      if (which[i] < eager.size()) eager[which[i]] = g[i];
+    }
+  }
+  // One tensor passed at several positions: autograd::grad gives each position the whole
+  // gradient of that tensor, the compiled backward splits it among them. Compare the sum
+  // of the compiled positions with eager's whole gradient, and hand eager's on once (at
+  // the first position), or the tensor would receive it once per position.
+  for (size_t j = 0; j < compiled.size() && j < eager.size(); ++j) {
+    if (!v.primals[j].defined()) continue;
+    for (size_t k = j + 1; k < compiled.size() && k < eager.size(); ++k) {
+      if (!v.primals[k].is_same(v.primals[j])) continue;
+      if (compiled[k].defined()) compiled[j] = compiled[j].defined() ? compiled[j] + compiled[k] : compiled[k];
+      compiled[k] = at::Tensor();
+      eager[k] = at::Tensor();
+    }
+  }
+  for (size_t j = 0; j < compiled.size() && j < eager.size(); ++j) {
+    at::NoGradGuard no_grad;
+    // A primal that gets no gradient from eager's graph gets none (or zeros) from the
+    // compiled one: both mean nothing reached it.
+    const at::Tensor c = compiled[j].defined() || !eager[j].defined() ? compiled[j] : at::zeros_like(eager[j]);
+    const at::Tensor e = eager[j].defined() || !c.defined() ? eager[j] : at::zeros_like(c);
+    std::string how = cache::compare_tensors(c.defined() ? c.detach() : c, e.defined() ? e.detach() : e, v.tolerances);
+    if (how.empty()) continue;
+    cache::VerifyReport r = v.report;
+    r.what = "the gradient of " + (j < v.names.size() ? "'" + v.names[j] + "'" : "primal " + std::to_string(j));
+    r.how = std::move(how);
+    cache::report_mismatch(v.options, r);
+  }
+  cache::report_match(v.report.who + "'s backward", compiled.size());
+  return eager;
+}
 
 std::string likely_cause(const RegionEntry& e, const CompileOptions& o) {
   std::string s = "something the function reads that no guard covers changed since entry " + std::to_string(e.id) +

@@ -1,8 +1,9 @@
 // Verified calls of tcap::compile functions (verify mode; Note [Verifying a compiled
-// region] in replay_function.cpp).
+// region] in verify_region.cpp).
 #pragma once
 
 #include "aot/region_entry.h"
+#include "aot/replay_function.h"
 
 #include <tcap/compile.h>
 #include <tcap/stance.h>
@@ -27,6 +28,12 @@ using EagerRun = std::function<std::vector<at::Tensor>(const std::vector<at::Ten
 std::vector<at::Tensor> verified_call(const std::shared_ptr<const RegionEntry>& served, const RegionEntry& guarded,
                                       const std::vector<at::Tensor>& primals, size_t num_inputs,
                                       const EagerRun& run_eager, const CompileOptions& options, const VerifyOptions& v);
+
+// A verified call's backward: compares `compiled` (one gradient per primal) with eager's
+// gradients of v's eager outputs for the `incoming` gradients, reports a difference per
+// v.options, and returns eager's gradients, which are handed on.
+torch::autograd::variable_list verified_gradients(RegionVerify& v, const torch::autograd::variable_list& incoming,
+                                                  torch::autograd::variable_list compiled);
 
 // What a mismatch of `e` is most likely due to (its contract: docs/compile.md, "What a
 // replay re-reads and what it freezes").
