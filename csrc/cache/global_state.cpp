@@ -52,53 +52,56 @@ GlobalState GlobalState::now() {
   return g;
 }
 
-bool GlobalState::matches_now() const {
-  if (at::GradMode::is_enabled() != grad_mode || c10::InferenceMode::is_enabled() != inference_mode) return false;
-  if (c10::get_default_dtype_as_scalartype() != default_dtype) return false;
-  const c10::impl::LocalDispatchKeySet keys = c10::impl::tls_local_dispatch_key_set();
-  if (keys.included_.raw_repr() != included_keys || keys.excluded_.raw_repr() != excluded_keys) return false;
-  // Which devices autocast is on for follows from the excluded keys, equal here: only the
-  // dtypes of those that are on remain to compare.
-  for (const auto& [t, dtype] : autocast_dtypes) {
-    if (at::autocast::get_autocast_dtype(t) != dtype) return false;
+// Note [One check, with or without words] (guards.h): the calling thread's state read
+// field by field, as a hit needs, and a difference worded from the same reading.
+bool GlobalState::check_now(const Why& why) const {
+  const bool grad_now = at::GradMode::is_enabled();
+  if (grad_now != grad_mode) {
+    return why([&] { return std::string("grad mode changed: ") + (grad_mode ? "on -> off" : "off -> on"); });
   }
-  if (!context_matches(context)) return false;
-  if (torch::autograd::AnomalyMode::is_enabled() != anomaly) return false;
-  return !anomaly || torch::autograd::AnomalyMode::should_check_nan() == anomaly_check_nan;
-}
-
-bool GlobalState::operator==(const GlobalState& o) const {
-  return grad_mode == o.grad_mode && default_dtype == o.default_dtype && inference_mode == o.inference_mode &&
-         included_keys == o.included_keys &&
-         excluded_keys == o.excluded_keys &&
-         context == o.context &&
-         anomaly == o.anomaly && anomaly_check_nan == o.anomaly_check_nan && autocast_dtypes == o.autocast_dtypes;
+  const c10::ScalarType dtype_now = c10::get_default_dtype_as_scalartype();
+  if (dtype_now != default_dtype) {
+    return why([&] {
+      return "the default dtype changed: " + ir::dtype_name(default_dtype) + " -> " + ir::dtype_name(dtype_now);
+    });
+  }
+  const bool inference_now = c10::InferenceMode::is_enabled();
+  if (inference_now != inference_mode) {
+    return why([&] { return std::string("inference mode changed: ") + (inference_mode ? "on -> off" : "off -> on"); });
+  }
+  const c10::impl::LocalDispatchKeySet keys = c10::impl::tls_local_dispatch_key_set();
+  const uint64_t included_now = keys.included_.raw_repr(), excluded_now = keys.excluded_.raw_repr();
+  if (included_now != included_keys || excluded_now != excluded_keys) {
+    return why([&] {
+      // Which devices autocast is on for follows from the excluded keys: named first.
+      for (c10::DeviceType t : kAutocastDevices) {
+        if (autocast(t) != autocast_on(excluded_now, t)) {
+          return "autocast state changed: " + c10::DeviceTypeName(t, /*lower_case=*/true) + " autocast " +
+                 (autocast(t) ? "on -> off" : "off -> on");
+        }
+      }
+      return "the thread's dispatch keys changed: included " + key_names(included_keys) + " -> " +
+             key_names(included_now) + ", excluded " + key_names(excluded_keys) + " -> " + key_names(excluded_now);
+    });
+  }
+  // The excluded keys are equal: autocast is on for the same devices, only the dtypes of
+  // those that are on remain to compare.
+  for (const auto& [t, dtype] : autocast_dtypes) {
+    if (at::autocast::get_autocast_dtype(t) != dtype) {
+      return why([&] { return std::string("autocast state changed: another autocast dtype"); });
+    }
+  }
+  if (!context_matches(context)) return why([&] { return context_mismatch(context, read_context()); });
+  const bool anomaly_now = torch::autograd::AnomalyMode::is_enabled();
+  const bool check_nan_now = anomaly_now && torch::autograd::AnomalyMode::should_check_nan();
+  if (anomaly_now != anomaly || check_nan_now != anomaly_check_nan) {
+    return why([&] {
+      return std::string("anomaly mode changed: ") + (anomaly ? "on" : "off") + " -> " + (anomaly_now ? "on" : "off");
+    });
+  }
+  return true;
 }
 
 bool GlobalState::autocast(c10::DeviceType t) const { return autocast_on(excluded_keys, t); }
-
-std::string GlobalState::mismatch(const GlobalState& now) const {
-  if (*this == now) return "";
-  if (now.grad_mode != grad_mode) return std::string("grad mode changed: ") + (grad_mode ? "on -> off" : "off -> on");
-  if (now.default_dtype != default_dtype) {
-    return "the default dtype changed: " + ir::dtype_name(default_dtype) + " -> " + ir::dtype_name(now.default_dtype);
-  }
-  if (now.inference_mode != inference_mode) {
-    return std::string("inference mode changed: ") + (inference_mode ? "on -> off" : "off -> on");
-  }
-  for (c10::DeviceType t : kAutocastDevices) {
-    if (autocast(t) != now.autocast(t)) {
-      return "autocast state changed: " + c10::DeviceTypeName(t, /*lower_case=*/true) + " autocast " +
-             (autocast(t) ? "on -> off" : "off -> on");
-    }
-  }
-  if (autocast_dtypes != now.autocast_dtypes) return "autocast state changed: another autocast dtype";
-  if (std::string c = context_mismatch(context, now.context); !c.empty()) return c;
-  if (now.anomaly != anomaly || now.anomaly_check_nan != anomaly_check_nan) {
-    return std::string("anomaly mode changed: ") + (anomaly ? "on" : "off") + " -> " + (now.anomaly ? "on" : "off");
-  }
-  return "the thread's dispatch keys changed: included " + key_names(included_keys) + " -> " +
-         key_names(now.included_keys) + ", excluded " + key_names(excluded_keys) + " -> " + key_names(now.excluded_keys);
-}
 
 }  // namespace tcap::cache

@@ -1,6 +1,7 @@
-// An entry's guards checked against a call (Guards::check, with Note [Guard fast path]),
-// and what each tensor guard remembers. The other kinds live beside this file, one each:
-// global_state.cpp, held_tensors.cpp, host_reads.cpp, alias_geometry.cpp.
+// An entry's guards checked against a call (Guards::check, Note [One check, with or without
+// words] in guards.h), and what each tensor guard remembers. The other kinds live beside
+// this file, one each: global_state.cpp, held_tensors.cpp, host_reads.cpp,
+// alias_geometry.cpp.
 #include "cache/guards.h"
 
 #include <algorithm>
@@ -25,39 +26,6 @@ bool contiguous_strides(const std::vector<int64_t>& sizes, const std::vector<int
   return true;
 }
 
-// Note [Guard fast path]
-// Most calls hit, and a hit needs no words: for an entry without dynamic dims, one flat
-// pass compares each tensor's recorded metadata (defined, identity, dtype, device,
-// requires_grad, the captured sizes, strides) with the call's, building nothing. Only when it finds a
-// difference does check() run the detailed pass, which says what changed and which sizes
-// could become dynamic. The fast pass accepts exactly what the detailed one accepts: for a
-// static entry every size must equal the captured one and every stride too.
-// Returns whether every tensor matches; `dims` gets the number of tensor dims (the
-// position of the plain sizes in Guards::sizes).
-bool tensors_match_exactly(const std::vector<TensorGuard>& guards, const std::vector<int64_t>& sizes,
-                           c10::ArrayRef<at::Tensor> ts, size_t* dims) {
-  size_t pos = 0;
-  for (size_t k = 0; k < guards.size(); ++k) {
-    const TensorGuard& g = guards[k];
-    const at::Tensor& t = ts[k];
-    if (t.defined() != g.defined) return false;
-    const size_t first = pos;
-    pos += g.sizes.size();
-    if (!g.defined) continue;
-    if (g.identity && t.unsafeGetTensorImpl() != g.identity) return false;
-    if (t.scalar_type() != g.dtype || t.device() != g.device || t.requires_grad() != g.requires_grad ||
-        (g.check_inference && t.is_inference() != g.inference)) {
-      return false;
-    }
-    if (pos > sizes.size() || t.sizes() != c10::IntArrayRef(sizes.data() + first, g.sizes.size()) ||
-        t.strides() != c10::IntArrayRef(g.strides)) {
-      return false;
-    }
-  }
-  *dims = pos;
-  return true;
-}
-
 }  // namespace
 
 // --- TensorGuard ---------------------------------------------------------------------
@@ -77,22 +45,28 @@ TensorGuard TensorGuard::of(const at::Tensor& t, std::string name, bool guard_id
   return g;
 }
 
-std::string TensorGuard::mismatch_except_shape(const at::Tensor& t) const {
-  if (t.defined() != defined) return defined ? "became undefined" : "became defined";
-  if (!defined) return "";
-  if (identity && t.unsafeGetTensorImpl() != identity) return "was replaced by another tensor";
-  if (t.scalar_type() != dtype) {
-    return "changed dtype: " + ir::dtype_name(dtype) + " -> " + ir::dtype_name(t.scalar_type());
+bool TensorGuard::check_except_shape(const at::Tensor& t, const Why& why) const {
+  if (t.defined() != defined) return why([&] { return std::string(defined ? "became undefined" : "became defined"); });
+  if (!defined) return true;
+  if (identity && t.unsafeGetTensorImpl() != identity) {
+    return why([] { return std::string("was replaced by another tensor"); });
   }
-  if (t.device() != device) return "changed device: " + device.str() + " -> " + t.device().str();
+  if (t.scalar_type() != dtype) {
+    return why([&] { return "changed dtype: " + ir::dtype_name(dtype) + " -> " + ir::dtype_name(t.scalar_type()); });
+  }
+  if (t.device() != device) {
+    return why([&] { return "changed device: " + device.str() + " -> " + t.device().str(); });
+  }
   if (t.requires_grad() != requires_grad) {
-    return std::string("changed requires_grad: ") + (requires_grad ? "true -> false" : "false -> true");
+    return why([&] { return std::string("changed requires_grad: ") + (requires_grad ? "true -> false" : "false -> true"); });
   }
   if (check_inference && t.is_inference() != inference) {
-    return std::string(inference ? "is no longer an inference tensor" : "became an inference tensor (made under "
-                                                                         "InferenceMode)");
+    return why([&] {
+      return std::string(inference ? "is no longer an inference tensor"
+                                   : "became an inference tensor (made under InferenceMode)");
+    });
   }
-  return "";
+  return true;
 }
 
 std::string TensorGuard::str(const DynamicSizes* dyn, size_t first_size) const {
@@ -140,9 +114,9 @@ Miss Guards::check(const CallView& call, std::vector<int64_t>* key) const {
     m.structure = true;
     return m;
   }
-  if (check_global && !global.matches_now()) {
-    std::string g = global.mismatch(GlobalState::now());
-    if (!g.empty()) hard(std::move(g));
+  if (check_global) {
+    std::string g;
+    if (!global.check_now(Why(&g))) hard(std::move(g));
   }
   if (call.modules) {
     // Note [Module state guards]: a tree that changed also changes the tensors gathered
@@ -157,17 +131,16 @@ Miss Guards::check(const CallView& call, std::vector<int64_t>* key) const {
     hard("number of inputs changed: " + std::to_string(tensors.size()) + " -> " + std::to_string(call.tensors.size()));
     return m;
   }
+  // Note [One check, with or without words]: a tensor that fits builds nothing.
   SizeCheck fit(dyn, sizes);
   size_t pos = 0;
-  // See Note [Guard fast path].
-  const bool exact = !dyn.dynamic() && tensors_match_exactly(tensors, sizes, call.tensors, &pos);
-  for (size_t k = 0; k < tensors.size() && !exact; ++k) {
+  for (size_t k = 0; k < tensors.size(); ++k) {
     const TensorGuard& g = tensors[k];
     const at::Tensor& t = call.tensors[k];
     const size_t first = pos;
     pos += g.sizes.size();
-    std::string why = g.mismatch_except_shape(t);
-    if (!why.empty()) {
+    std::string why;
+    if (!g.check_except_shape(t, Why(&why))) {
       hard("input '" + g.name + "' " + why);
       continue;
     }
@@ -177,7 +150,10 @@ Miss Guards::check(const CallView& call, std::vector<int64_t>* key) const {
       continue;
     }
     bool resized = false, any_dyn = false;
-    for (size_t d = 0; d < g.sizes.size(); ++d) {
+    // A static entry's sizes fit when they are the captured ones, which one comparison
+    // tells; the loop below says which sizes changed, with the same answer.
+    const bool same_sizes = !dyn.dynamic() && t.sizes() == c10::IntArrayRef(sizes.data() + first, g.sizes.size());
+    for (size_t d = 0; d < g.sizes.size() && !same_sizes; ++d) {
       any_dyn = any_dyn || dyn.is_dynamic(first + d);
       if (!fit.fits(first + d, t.size(static_cast<int64_t>(d)))) {
         resized = true;

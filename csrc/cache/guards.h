@@ -60,6 +60,26 @@ namespace tcap::cache {
 //     entry never serves a call made under another setting;
 //   * the default dtype (torch::set_default_dtype): factory calls and type promotion of
 //     Python-style scalars record it into the graph's dtypes.
+// Note [One check, with or without words]
+// Each guard is checked by one function, whether the caller needs to know why it failed
+// (a miss, the recompile log) or only whether it held (every hit): the function compares,
+// and on a difference returns why(wording), a callable that words the difference. A
+// Why without a sink builds nothing and answers false; one with a sink stores the words
+// first. A hit builds nothing, and a miss is worded by the comparison that found it, so
+// the fast check and the worded one cannot drift apart.
+class Why {
+ public:
+  explicit Why(std::string* words = nullptr) : words_(words) {}
+  template <class Wording>
+  bool operator()(Wording&& wording) const {
+    if (words_) *words_ = wording();
+    return false;
+  }
+
+ private:
+  std::string* words_;
+};
+
 struct GlobalState {
   bool grad_mode = true;
   c10::ScalarType default_dtype = c10::kFloat;
@@ -70,13 +90,10 @@ struct GlobalState {
   // Per autocast device type that is on: (device type, dtype).
   c10::SmallVector<std::pair<c10::DeviceType, c10::ScalarType>, 2> autocast_dtypes;
   static GlobalState now();
-  bool operator==(const GlobalState& o) const;
-  // Whether the calling thread's state is this one, without building a GlobalState (the
-  // check every hit pays; mismatch(now()) says what changed when it is not).
-  bool matches_now() const;
+  // Whether the calling thread's state is this one, read without building a GlobalState;
+  // else `why` words what changed (Note [One check, with or without words]).
+  bool check_now(const Why& why = Why()) const;
   bool autocast(c10::DeviceType t) const;
-  // "" if `now` matches, else what changed.
-  std::string mismatch(const GlobalState& now) const;
 };
 
 // What an entry remembers of one tensor.
@@ -95,8 +112,9 @@ struct TensorGuard {
   bool check_inference = true;
   const c10::TensorImpl* identity = nullptr;  // when set, the call must pass this very tensor
   static TensorGuard of(const at::Tensor& t, std::string name, bool guard_identity = false);
-  // "" if t matches everything but sizes and strides; else what changed.
-  std::string mismatch_except_shape(const at::Tensor& t) const;
+  // Whether t matches everything but sizes and strides; else `why` words what changed
+  // (Note [One check, with or without words]).
+  bool check_except_shape(const at::Tensor& t, const Why& why = Why()) const;
   std::string str(const DynamicSizes* dyn = nullptr, size_t first_size = 0) const;
 };
 

@@ -31,8 +31,9 @@ std::string HeldTensors::lock(std::vector<at::Tensor>& out) const {
     }
     at::Tensor t(h.weak.lock());
     if (!t.defined()) return fail("the tensor '" + h.meta.name + "' it read from outside its inputs was freed");
-    std::string m = h.meta.mismatch_except_shape(t);
-    if (m.empty() && (t.sizes() != c10::IntArrayRef(h.meta.sizes) || t.strides() != c10::IntArrayRef(h.meta.strides))) {
+    std::string m;
+    if (h.meta.check_except_shape(t, Why(&m)) &&
+        (t.sizes() != c10::IntArrayRef(h.meta.sizes) || t.strides() != c10::IntArrayRef(h.meta.strides))) {
       m = "changed shape: " + shape_str(h.meta.sizes) + " stride " + shape_str(h.meta.strides) + " -> " +
           shape_str(t.sizes()) + " stride " + shape_str(t.strides());
     }

@@ -1,5 +1,6 @@
-// The per-call paths of compiled entries made cheaper: the guard check's flat pass (Note
-// [Guard fast path]) still lets every guard fire with its reason; a replay whose outputs
+// The per-call paths of compiled entries made cheaper: the guard check, which builds
+// nothing on a hit (Note [One check, with or without words]), still lets every guard fire
+// with its reason; a replay whose outputs
 // are not differentiable runs without an autograd node and still matches eager, next to
 // one that needs its node; compile_step's host scalars of an optimizer with two parameter
 // groups (parameter j found across groups) match eager.
