@@ -77,37 +77,33 @@ AliasGeometry AliasGeometry::of(c10::ArrayRef<at::Tensor> ts) {
   return a;
 }
 
-bool AliasGeometry::matches(c10::ArrayRef<at::Tensor> ts) const {
-  if (!same_alias_classes(ts, classes)) return false;
-  for (size_t k = 0; k < ts.size(); ++k) {
-    const auto f = static_cast<size_t>(classes[k]);
-    if (f != k && relative_start(ts[k], ts[f]) != relative[k]) return false;
-  }
-  return true;
-}
-
-std::string AliasGeometry::mismatch(c10::ArrayRef<at::Tensor> ts, const std::function<std::string(size_t)>& name) const {
-  if (matches(ts)) return "";
+// Note [One check, with or without words] (guards.h).
+bool AliasGeometry::check(c10::ArrayRef<at::Tensor> ts, const std::function<std::string(size_t)>& name,
+                          const Why& why) const {
   if (!same_alias_classes(ts, classes)) {
-    const std::vector<int> now = alias_classes(ts);
-    for (size_t k = 0; k < ts.size() && k < classes.size(); ++k) {
-      if (now[k] == classes[k]) continue;
-      const auto was = static_cast<size_t>(classes[k]), is = static_cast<size_t>(now[k]);
-      if (was != k) return "inputs that shared memory changed: " + name(k) + " no longer shares memory with " + name(was);
-      return "inputs that shared memory changed: " + name(k) + " shares memory with " + name(is) + " now";
-    }
-    return "inputs that shared memory changed";
+    return why([&] {
+      const std::vector<int> now = alias_classes(ts);
+      for (size_t k = 0; k < ts.size() && k < classes.size(); ++k) {
+        if (now[k] == classes[k]) continue;
+        const auto was = static_cast<size_t>(classes[k]), is = static_cast<size_t>(now[k]);
+        if (was != k) return "inputs that shared memory changed: " + name(k) + " no longer shares memory with " + name(was);
+        return "inputs that shared memory changed: " + name(k) + " shares memory with " + name(is) + " now";
+      }
+      return std::string("inputs that shared memory changed");
+    });
   }
   for (size_t k = 0; k < ts.size(); ++k) {
     const auto f = static_cast<size_t>(classes[k]);
     if (f == k) continue;
     const int64_t r = relative_start(ts[k], ts[f]);
     if (r != relative[k]) {
-      return "inputs that share memory share it another way: " + name(k) + " was " + relation(relative[k]) + " of " +
-             name(f) + ", now " + relation(r);
+      return why([&] {
+        return "inputs that share memory share it another way: " + name(k) + " was " + relation(relative[k]) +
+               " of " + name(f) + ", now " + relation(r);
+      });
     }
   }
-  return "";
+  return true;
 }
 
 }  // namespace tcap::cache

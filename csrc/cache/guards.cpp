@@ -220,12 +220,12 @@ Miss Guards::check(const CallView& call, std::vector<int64_t>* key) const {
 std::string Guards::check_primals(const std::vector<at::Tensor>& primals, bool* host_only) const {
   if (host_only) *host_only = false;
   // Note [Alias geometry guards]
-  if (!aliases.matches(primals)) {
-    return aliases.mismatch(primals, [&](size_t k) {
-      return "'" + (k < tensors.size() ? tensors[k].name : held.name(k - tensors.size())) + "'";
-    });
-  }
-  std::string why = host.check(primals);
+  std::string why;
+  const bool aliased_so = aliases.check(
+      primals, [&](size_t k) { return "'" + (k < tensors.size() ? tensors[k].name : held.name(k - tensors.size())) + "'"; },
+      Why(&why));
+  if (!aliased_so) return why;
+  why = host.check(primals);
   if (host_only) *host_only = !why.empty();
   return why;
 }

@@ -249,9 +249,9 @@ struct AliasGeometry {
   std::vector<int> classes;        // per tensor: the first tensor sharing its storage
   std::vector<int64_t> relative;   // per tensor with classes[k] != k: kSameTensor or its byte offset from it
   static AliasGeometry of(c10::ArrayRef<at::Tensor> ts);
-  // "" when ts alias exactly so, else how they differ (`name(k)` names tensor k).
-  std::string mismatch(c10::ArrayRef<at::Tensor> ts, const std::function<std::string(size_t)>& name) const;
-  bool matches(c10::ArrayRef<at::Tensor> ts) const;
+  // Whether ts alias exactly so; else `why` words how they differ (`name(k)` names tensor
+  // k; Note [One check, with or without words]).
+  bool check(c10::ArrayRef<at::Tensor> ts, const std::function<std::string(size_t)>& name, const Why& why) const;
 };
 
 struct Guards {
