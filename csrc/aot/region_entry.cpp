@@ -18,13 +18,10 @@ namespace tcap::aot {
 namespace {
 
 void dump(const RegionEntry& e, const CompileOptions& o) {
-  const std::string dir = o.dump_dir.empty() ? Config::get().dump_dir : o.dump_dir;
-  if (dir.empty()) return;
-  std::filesystem::create_directories(dir);
-  const std::string base = dir + "/" + o.name + "." + std::to_string(e.id);
-  ir::save_json(e.joint.graph, base + ".joint.json");
-  ir::save_json(e.part.forward, base + ".forward.json");
-  if (e.has_backward) ir::save_json(e.part.backward, base + ".backward.json");
+  std::vector<std::pair<std::string, const ir::Graph*>> graphs = {{".joint", &e.joint.graph},
+                                                                   {".forward", &e.part.forward}};
+  if (e.has_backward) graphs.emplace_back(".backward", &e.part.backward);
+  cache::dump_graphs(o, o.name + "." + std::to_string(e.id), graphs);
 }
 
 // Note [Observed host values]

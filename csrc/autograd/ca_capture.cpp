@@ -236,13 +236,7 @@ variable_list Runtime::capture(const Request& r, const ca::BackwardWalk& w,
                                            << " tensors, " << w.hooks.size() << " hooks, sizes" << s2.str() << "\n"
                                            << ir::to_table(graph));
   }
-  if (!opts().dump_dir.empty()) {
-    try {
-      ir::save_json(graph, opts().dump_dir + "/" + what + ".backward.json");
-    } catch (const std::exception& e) {
-      TCAP_LOG(CompiledAutograd, "could not dump " << what << ": " << e.what());
-    }
-  }
+  cache::dump_graphs(opts(), what, {{".backward", &graph}});
   try {
     entry->graph = graph;
     entry->exe = compile_backward(graph, what);

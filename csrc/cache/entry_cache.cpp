@@ -2,12 +2,32 @@
 
 #include "support/logging.h"
 
+#include <tcap/graph_json.h>
+
 #include <torch/csrc/autograd/anomaly_mode.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <optional>
 
 namespace tcap::cache {
+
+std::string dump_dir_of(const CompileOptions& o) { return o.dump_dir.empty() ? Config::get().dump_dir : o.dump_dir; }
+
+void dump_graphs(const CompileOptions& o, const std::string& base,
+                 const std::vector<std::pair<std::string, const ir::Graph*>>& graphs) {
+  const std::string dir = dump_dir_of(o);
+  if (dir.empty()) return;
+  for (const auto& [suffix, g] : graphs) {
+    const std::string path = dir + "/" + base + suffix + ".json";
+    try {
+      std::filesystem::create_directories(dir);
+      ir::save_json(*g, path);
+    } catch (const std::exception& e) {
+      TCAP_LOG(Graphs, "could not dump " << path << ": " << e.what());
+    }
+  }
+}
 
 EntryCache::EntryCache(std::string who, int limit, bool dynamic, bool check_new_sizes,
                        std::vector<std::pair<int, int>> static_dims, std::vector<CompileOptions::DynamicDim> promises)

@@ -59,6 +59,15 @@ struct Lookup {
 // What to do about a call no entry fits.
 enum class Admission { Capture, RunEager };
 
+// Where an entry's graphs are dumped: CompileOptions::dump_dir, else TCAP_DUMP_DIR ("" when
+// neither is set).
+std::string dump_dir_of(const CompileOptions& o);
+// The one dump of every front door's entries: each of `graphs` ({suffix, graph}) written as
+// <dump dir>/<base><suffix>.json when a dump dir is set. A graph that cannot be written is
+// logged (graphs channel) and skipped: a dump never fails the call that compiles.
+void dump_graphs(const CompileOptions& o, const std::string& base,
+                 const std::vector<std::pair<std::string, const ir::Graph*>>& graphs);
+
 class EntryCache {
  public:
   // `who` names the front door in messages ("'fn'", "step 'train'", "compiled autograd").

@@ -12,6 +12,7 @@
 //     ─ reuse buffers ─ executable (interpreter over the fused graph) ─ CUDA graphs
 #include "compiler/pipeline.h"
 
+#include "cache/entry_cache.h"
 #include "compiler/backends.h"
 #include "runtime/cuda_graphs.h"
 #include "fuse/decompose_losses.h"
@@ -51,7 +52,6 @@ void write_file(const std::string& path, const std::string& text) {
   f << text;
 }
 
-std::string dump_dir_of(const CompileOptions& o) { return o.dump_dir.empty() ? Config::get().dump_dir : o.dump_dir; }
 
 // Verifies a stage's output and prints it under TCAP_LOGS=pipeline.
 const ir::Graph& stage(const ir::Graph& g, const std::string& what, const char* after) {
@@ -330,7 +330,7 @@ Executable compile_graph_for(const ir::Graph& g, const CompileOptions& o, const 
       // llvm: the kernels not in the cache compile from the graph's first run, on the
       // calling thread or the background thread (both Notes above); cuda: now.
       const bool later = target.kind == Backend::Llvm;
-      h = stage(fuse_graph(h, what, dump_dir_of(o), target.device, kernel_maker(target, later), &kernels,
+      h = stage(fuse_graph(h, what, cache::dump_dir_of(o), target.device, kernel_maker(target, later), &kernels,
                            later ? &first_run : nullptr),
                 what, "fuse");
     }

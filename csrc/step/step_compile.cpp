@@ -369,11 +369,7 @@ void CompiledStep::Impl::compile_compared(StepEntry& e, step::StepComparison cmp
     TCAP_LOG(AotGraphs, who() << " compiled (" << e.graph.num_calls() << " ops, " << e.patches.size()
                               << " host scalars recomputed per step)" << ps.str() << "\n" << ir::to_string(e.graph));
   }
-  const std::string dir = options.dump_dir.empty() ? Config::get().dump_dir : options.dump_dir;
-  if (!dir.empty()) {
-    std::filesystem::create_directories(dir);
-    ir::save_json(e.graph, dir + "/" + options.name + ".step" + std::to_string(e.id) + ".json");
-  }
+  cache::dump_graphs(options, options.name + ".step" + std::to_string(e.id), {{"", &e.graph}});
 }
 
 std::string CompiledStep::Impl::build_history(StepEntry& e) {
