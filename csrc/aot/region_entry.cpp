@@ -213,25 +213,23 @@ void generalize(const RegionEntry& a, RegionEntry& b, const std::vector<size_t>&
 
 std::shared_ptr<const RegionEntry> specialize(const std::shared_ptr<const RegionEntry>& e, const std::vector<int64_t>& key,
                                               const std::vector<at::Tensor>& primals, const CompileOptions& options) {
-  if (!e->guards.dyn.dynamic() || key == e->guards.dyn.own_key) return e;
-  if (auto s = e->specialized->find(key)) return s;
-  // What a specialization keeps of its entry: who it is, the guards that do not depend on
-  // sizes, and the one fact of the capture the graph does not tell (its tangents'
-  // aliasing); compile_region derives the rest from the specialized joint graph.
-  auto s = std::make_shared<RegionEntry>();
-  s->id = e->id;
-  s->fn_name = e->fn_name;
-  s->stats = e->stats;
-  s->guards.global = e->guards.global;
-  s->guards.held = e->guards.held;
-  s->aliased_tangents = e->aliased_tangents;
-  JointGraph j = e->joint;
-  j.graph = cache::specialize(e->joint.graph, e->guards.dyn, key);
-  compile_region(*s, std::move(j), e->has_backward, primals, options);
-  if (e->stats) e->stats->count(&CompileStats::compiles);
-  TCAP_LOG(Recompiles, "'" << options.name << "' entry " << e->id << " specialized to sizes " << c10::IntArrayRef(key)
-                           << " of its dynamic dims (no recapture)");
-  return e->specialized->insert(key, std::move(s));
+  return cache::specialized(e, e->joint.graph, key, e->stats.get(), [&] { return "'" + options.name + "'"; },
+                            [&](ir::Graph graph) {
+    // What a specialization keeps of its entry: who it is, the guards that do not depend
+    // on sizes, and the one fact of the capture the graph does not tell (its tangents'
+    // aliasing); compile_region derives the rest from the specialized joint graph.
+    auto s = std::make_shared<RegionEntry>();
+    s->id = e->id;
+    s->fn_name = e->fn_name;
+    s->stats = e->stats;
+    s->guards.global = e->guards.global;
+    s->guards.held = e->guards.held;
+    s->aliased_tangents = e->aliased_tangents;
+    JointGraph j = e->joint;
+    j.graph = std::move(graph);
+    compile_region(*s, std::move(j), e->has_backward, primals, options);
+    return s;
+  });
 }
 
 }  // namespace tcap::aot

@@ -280,25 +280,23 @@ std::string Runtime::generalize(const BackwardEntry& a, BackwardEntry& b, const 
 }
 
 std::shared_ptr<const BackwardEntry> Runtime::specialize(const std::shared_ptr<const BackwardEntry>& e, const std::vector<int64_t>& key) {
-  if (!e->guards.dyn.dynamic() || key == e->guards.dyn.own_key) return e;
-  if (auto s = e->specialized->find(key)) return s;
-  auto s = std::make_shared<BackwardEntry>();
-  s->id = e->id;
-  s->guards.check_global = false;
-  static_cast<BackwardPlan&>(*s) = static_cast<const BackwardPlan&>(*e);
-  s->graph = cache::specialize(e->graph, e->guards.dyn, key);
-  const std::string what = opts().name + ".ca" + std::to_string(e->id) + ".sizes";
-  try {
-    s->exe = compile_backward(s->graph, what);
-  } catch (const c10::Error& err) {
-    TCAP_LOG(Recompiles, "compiled autograd: specialising entry " << e->id << " failed ("
-                                                                 << first_line(err.what_without_backtrace()) << "); recapturing");
-    return nullptr;
-  }
-  count(&CompileStats::compiles);
-  TCAP_LOG(Recompiles, "compiled autograd: entry " << e->id << " specialized to sizes " << c10::IntArrayRef(key)
-                                                  << " of its dynamic sizes (no recapture)");
-  return e->specialized->insert(key, std::move(s));
+  return cache::specialized(e, e->graph, key, &cache_->entries.stats(), [] { return std::string("compiled autograd"); },
+                            [&](ir::Graph graph) -> std::shared_ptr<BackwardEntry> {
+    auto s = std::make_shared<BackwardEntry>();
+    s->id = e->id;
+    s->guards.check_global = false;
+    static_cast<BackwardPlan&>(*s) = static_cast<const BackwardPlan&>(*e);
+    s->graph = std::move(graph);
+    const std::string what = opts().name + ".ca" + std::to_string(e->id) + ".sizes";
+    try {
+      s->exe = compile_backward(s->graph, what);
+    } catch (const c10::Error& err) {
+      TCAP_LOG(Recompiles, "compiled autograd: specialising entry " << e->id << " failed ("
+                                                                   << first_line(err.what_without_backtrace()) << "); recapturing");
+      return nullptr;
+    }
+    return s;
+  });
 }
 
 }  // namespace tcap::ca

@@ -1,5 +1,7 @@
 #include "cache/dynamic_sizes.h"
 
+#include "support/logging.h"
+
 #include <algorithm>
 
 namespace tcap::cache {
@@ -107,6 +109,11 @@ std::string make_ledger(const ir::Graph& record_a, const std::vector<int64_t>& s
   d.ledger = std::make_shared<SizeLedger>(record_b, std::move(patches), std::move(per_call));
   d.ledger->admit(d.own_key);
   return "";
+}
+
+void log_specialized(const std::string& who, int id, const std::vector<int64_t>& key) {
+  TCAP_LOG(Recompiles, who << " entry " << id << " specialized to sizes " << c10::IntArrayRef(key)
+                           << " of its dynamic dims (no recapture)");
 }
 
 ir::Graph specialize(const ir::Graph& g, const DynamicSizes& d, const std::vector<int64_t>& key) {

@@ -33,6 +33,7 @@
 // size: values are then admitted unchecked (verify mode checks the promise).
 #pragma once
 
+#include "cache/stats.h"
 #include "passes/int_patches.h"
 
 #include <tcap/graph.h>
@@ -129,6 +130,9 @@ std::string generalize(const ir::Graph& a, const std::vector<int64_t>& sizes_a, 
 // A copy of g with its integers patched for the class values `key`.
 ir::Graph specialize(const ir::Graph& g, const DynamicSizes& d, const std::vector<int64_t>& key);
 
+// The recompile log's line for entry `id` of `who` specialized to class values `key`.
+void log_specialized(const std::string& who, int id, const std::vector<int64_t>& key);
+
 // Specializations of one dynamic entry, by class values (thread-safe).
 template <class T>
 class Specializations {
@@ -154,5 +158,23 @@ class Specializations {
   mutable std::mutex mutex_;
   std::map<std::vector<int64_t>, std::shared_ptr<T>> map_;
 };
+
+// Note [Dynamic sizes]: dynamic entry `e` at class values `key`, for every front door: e
+// itself at its own values, else its specialization, made once per key by `make(graph)`
+// (the door compiles `e`'s graph patched for `key` into an entry; null when it cannot),
+// counted as a compile in `stats` and logged (`who()` names the door). E is the door's
+// entry type; it has `id`, `guards` and `specialized` (a Specializations<E>).
+template <class E, class Who, class Make>
+std::shared_ptr<const E> specialized(const std::shared_ptr<const E>& e, const ir::Graph& graph,
+                                     const std::vector<int64_t>& key, Stats* stats, Who&& who, Make&& make) {
+  const DynamicSizes& d = e->guards.dyn;
+  if (!d.dynamic() || key == d.own_key) return e;
+  if (auto s = e->specialized->find(key)) return s;
+  std::shared_ptr<E> s = make(specialize(graph, d, key));
+  if (!s) return nullptr;
+  if (stats) stats->count(&CompileStats::compiles);
+  log_specialized(who(), e->id, key);
+  return e->specialized->insert(key, std::move(s));
+}
 
 }  // namespace tcap::cache

@@ -446,23 +446,20 @@ std::vector<at::Tensor> CompiledStep::Impl::check_call(const StepEntry& e, const
 
 std::shared_ptr<const StepEntry> CompiledStep::Impl::specialize(const std::shared_ptr<const StepEntry>& e,
                                                                 const std::vector<int64_t>& key) {
-  if (!e->guards.dyn.dynamic() || key == e->guards.dyn.own_key) return e;
-  if (auto s = e->specialized->find(key)) return s;
-  auto s = std::make_shared<StepEntry>();
-  s->id = e->id;
-  s->state = StepEntry::State::Compiled;
-  static_cast<StepPlan&>(*s) = static_cast<const StepPlan&>(*e);
-  s->graph = cache::specialize(e->graph, e->guards.dyn, key);
-  if (std::string why = build_history(*s); !why.empty()) {
-    TORCH_CHECK(false, "tcap: ", who(), ": specializing entry ", e->id, " to new sizes: ", why);
-  }
-  s->exe = compile_step_graph(s->graph, s->patches, options.name + ".step" + std::to_string(e->id) + ".sizes",
-                              /*check_host_values=*/e->guards.host.mode() == cache::HostReads::Mode::Inline);
-  s->scalar_inputs = scalar_tensors(s->patches.size());
-  cache->stats().count(&CompileStats::compiles);
-  TCAP_LOG(Recompiles, who() << " entry " << e->id << " specialized to sizes " << c10::IntArrayRef(key)
-                             << " of its dynamic dims (no recapture)");
-  return e->specialized->insert(key, std::move(s));
+  return cache::specialized(e, e->graph, key, &cache->stats(), [&] { return who(); }, [&](ir::Graph graph) {
+    auto s = std::make_shared<StepEntry>();
+    s->id = e->id;
+    s->state = StepEntry::State::Compiled;
+    static_cast<StepPlan&>(*s) = static_cast<const StepPlan&>(*e);
+    s->graph = std::move(graph);
+    if (std::string why = build_history(*s); !why.empty()) {
+      TORCH_CHECK(false, "tcap: ", who(), ": specializing entry ", e->id, " to new sizes: ", why);
+    }
+    s->exe = compile_step_graph(s->graph, s->patches, options.name + ".step" + std::to_string(e->id) + ".sizes",
+                                /*check_host_values=*/e->guards.host.mode() == cache::HostReads::Mode::Inline);
+    s->scalar_inputs = scalar_tensors(s->patches.size());
+    return s;
+  });
 }
 
 }  // namespace tcap
