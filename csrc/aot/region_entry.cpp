@@ -183,32 +183,15 @@ void log_contract(const RegionEntry& e, const std::string& who) {
 }
 
 void generalize(const RegionEntry& a, RegionEntry& b, const std::vector<size_t>& changed, const std::string& who) {
-  std::string why;
-  // Note [Host reads of a dynamic entry]: a value read on the host stays a guard beside the
-  // dynamic sizes when each replay checks it inline (its graph compares the value as it
-  // reads it, at whatever sizes it runs); the two captures must have read the same value
-  // (compared with the rest of the graphs), and every check capture reads it again. A
-  // pre-check guard graph is built at one size, so an entry that needs one stays static.
-  using HostMode = cache::HostReads::Mode;
-  if ((!a.guards.host.empty() && a.guards.host.mode() != HostMode::Inline) ||
-      (!b.guards.host.empty() && b.guards.host.mode() != HostMode::Inline)) {
-    why = "the function reads values on the host after writing into its inputs (their guard runs at one size)";
-  } else if (a.joint.num_primals != b.joint.num_primals || a.joint.num_tangents != b.joint.num_tangents ||
-             a.joint.grad_of != b.joint.grad_of || a.guards.held.size() != b.guards.held.size()) {
+  std::string why = cache::host_reads_keep_static(a.guards, b.guards);
+  if (why.empty() && (a.joint.num_primals != b.joint.num_primals || a.joint.num_tangents != b.joint.num_tangents ||
+                      a.joint.grad_of != b.joint.grad_of || a.guards.held.size() != b.guards.held.size())) {
     why = "the graphs at the two sizes differ in structure";
-  } else {
-    why = cache::generalize(a.joint.graph, a.guards.sizes, b.joint.graph, b.guards.sizes, changed, &b.guards.dyn);
-    // Note [Checking a new size]: a check capture records the forward alone.
-    if (why.empty()) why = cache::make_ledger(a.forward_record, a.guards.sizes, b.forward_record, b.guards.sizes, b.guards.dyn);
-    if (!why.empty()) b.guards.dyn = cache::DynamicSizes{};
   }
-  if (!why.empty()) {
-    TCAP_LOG(Recompiles, who << " entry " << b.id << " stays static: " << why);
-    return;
-  }
-  TCAP_LOG(Recompiles, who << " entry " << b.id << " is dynamic in " << changed.size() << " dims ("
-                           << b.guards.dyn.patches.size() << " integers follow the sizes): "
-                           << b.guards.describe_dynamic());
+  // Note [Checking a new size]: a check capture records the forward alone.
+  cache::make_dynamic(std::move(why), {a.joint.graph, a.forward_record, a.guards.sizes},
+                      {b.joint.graph, b.forward_record, b.guards.sizes}, b.guards.dyn, changed, {}, /*first_fit=*/false,
+                      who, b.id, [&] { return b.guards.describe_dynamic(); });
 }
 
 std::shared_ptr<const RegionEntry> specialize(const std::shared_ptr<const RegionEntry>& e, const std::vector<int64_t>& key,

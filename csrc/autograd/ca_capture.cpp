@@ -249,16 +249,7 @@ variable_list Runtime::capture(const Request& r, const ca::BackwardWalk& w,
                                                     first_line(e.what_without_backtrace()));
     return results;
   }
-  if (size_miss_of) {
-    const std::string g = generalize(*size_miss_of, *entry, changed);
-    if (g.empty()) {
-      TCAP_LOG(Recompiles, "compiled autograd: " << what << " is dynamic in " << changed.size() << " sizes ("
-                                                  << entry->guards.dyn.patches.size() << " integers follow them): "
-                                                  << entry->guards.describe_dynamic());
-    } else {
-      TCAP_LOG(Recompiles, "compiled autograd: " << what << " stays static: " << g);
-    }
-  }
+  if (size_miss_of) generalize(*size_miss_of, *entry, changed);
   cache_->entries.add(entry);
   count(&CompileStats::compiles);
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -266,17 +257,16 @@ variable_list Runtime::capture(const Request& r, const ca::BackwardWalk& w,
   return results;
 }
 
-std::string Runtime::generalize(const BackwardEntry& a, BackwardEntry& b, const std::vector<size_t>& changed) {
+void Runtime::generalize(const BackwardEntry& a, BackwardEntry& b, const std::vector<size_t>& changed) {
+  std::string why;
   if (a.acc_output != b.acc_output || a.grad_output != b.grad_output) {
-    return "the graphs recorded at the two sizes differ in structure";
+    why = "the graphs recorded at the two sizes differ in structure";
   }
   // Note [Checking a new size]: the record is the graph itself, so every specialization is
   // checked whole and an integer two sizes explain alike may take the first.
-  const bool first_fit = opts().check_new_sizes;
-  std::string why = cache::generalize(a.graph, a.guards.sizes, b.graph, b.guards.sizes, changed, &b.guards.dyn, first_fit);
-  if (why.empty()) why = cache::make_ledger(a.graph, a.guards.sizes, b.graph, b.guards.sizes, b.guards.dyn, {}, first_fit);
-  if (!why.empty()) b.guards.dyn = cache::DynamicSizes{};
-  return why;
+  cache::make_dynamic(std::move(why), {a.graph, a.graph, a.guards.sizes}, {b.graph, b.graph, b.guards.sizes},
+                      b.guards.dyn, changed, {}, /*first_fit=*/opts().check_new_sizes, "compiled autograd", b.id,
+                      [&] { return b.guards.describe_dynamic(); });
 }
 
 std::shared_ptr<const BackwardEntry> Runtime::specialize(const std::shared_ptr<const BackwardEntry>& e, const std::vector<int64_t>& key) {

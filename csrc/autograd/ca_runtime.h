@@ -126,7 +126,7 @@ class Runtime : public capture::BackwardHandler {
   variable_list check(const Request& r, const ca::BackwardWalk& w, const BackwardEntry& e, const std::vector<int64_t>& key,
                       std::string* verdict);
   std::shared_ptr<const BackwardEntry> specialize(const std::shared_ptr<const BackwardEntry>& e, const std::vector<int64_t>& key);
-  std::string generalize(const BackwardEntry& a, BackwardEntry& b, const std::vector<size_t>& changed);
+  void generalize(const BackwardEntry& a, BackwardEntry& b, const std::vector<size_t>& changed);
   std::string miss_reason(const ca::BackwardWalk& w, const cache::Lookup& l) const;
   std::shared_ptr<Cache> cache_;
 };

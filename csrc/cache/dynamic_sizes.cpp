@@ -111,6 +111,22 @@ std::string make_ledger(const ir::Graph& record_a, const std::vector<int64_t>& s
   return "";
 }
 
+bool make_dynamic(std::string why_not, const FitOf& a, const FitOf& b, DynamicSizes& b_dyn,
+                  const std::vector<size_t>& changed, std::vector<std::pair<ir::NodeId, size_t>> per_call,
+                  bool first_fit, const std::string& who, int b_id, const std::function<std::string()>& describe) {
+  std::string why = std::move(why_not);
+  if (why.empty()) why = generalize(a.graph, a.sizes, b.graph, b.sizes, changed, &b_dyn, first_fit);
+  if (why.empty()) why = make_ledger(a.record, a.sizes, b.record, b.sizes, b_dyn, std::move(per_call), first_fit);
+  if (!why.empty()) {
+    b_dyn = DynamicSizes{};
+    TCAP_LOG(Recompiles, who << " entry " << b_id << " stays static: " << why);
+    return false;
+  }
+  TCAP_LOG(Recompiles, who << " entry " << b_id << " is dynamic in " << changed.size() << " dims ("
+                           << b_dyn.patches.size() << " integers follow the sizes): " << describe());
+  return true;
+}
+
 void log_specialized(const std::string& who, int id, const std::vector<int64_t>& key) {
   TCAP_LOG(Recompiles, who << " entry " << id << " specialized to sizes " << c10::IntArrayRef(key)
                            << " of its dynamic dims (no recapture)");

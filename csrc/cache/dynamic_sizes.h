@@ -39,6 +39,7 @@
 #include <tcap/graph.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -129,6 +130,22 @@ std::string generalize(const ir::Graph& a, const std::vector<int64_t>& sizes_a, 
 
 // A copy of g with its integers patched for the class values `key`.
 ir::Graph specialize(const ir::Graph& g, const DynamicSizes& d, const std::vector<int64_t>& key);
+
+// Note [Dynamic sizes], for every front door: entry b generalized over entry a, which
+// missed the call on sizes alone (`changed`). `why_not` is what the front door found first
+// that keeps b static ("" when nothing); else the graphs a and b must differ only by
+// integers that follow the changed sizes (`first_fit`: see generalize), and their records,
+// which check captures are compared with (Note [Checking a new size]; `per_call` as for
+// make_ledger), likewise. On success b's dynamic sizes and ledger are set; else they are
+// empty. Logs the verdict (`who` names the door) and returns whether b is dynamic.
+struct FitOf {
+  const ir::Graph& graph;
+  const ir::Graph& record;
+  const std::vector<int64_t>& sizes;
+};
+bool make_dynamic(std::string why_not, const FitOf& a, const FitOf& b, DynamicSizes& b_dyn,
+                  const std::vector<size_t>& changed, std::vector<std::pair<ir::NodeId, size_t>> per_call,
+                  bool first_fit, const std::string& who, int b_id, const std::function<std::string()>& describe);
 
 // The recompile log's line for entry `id` of `who` specialized to class values `key`.
 void log_specialized(const std::string& who, int id, const std::vector<int64_t>& key);

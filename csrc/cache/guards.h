@@ -292,6 +292,14 @@ struct Guards {
 // "[4, 3]": sizes or strides in guard messages.
 std::string shape_str(c10::IntArrayRef s);
 
+// Note [Host reads of a dynamic entry]: a value read on the host stays a guard beside the
+// dynamic sizes when each replay checks it inline (its graph compares the value as it
+// reads it, at whatever sizes it runs); the two captures must have read the same value
+// (compared with the rest of the graphs), and every check capture reads it again. A
+// pre-check guard graph is built at one size, so an entry that needs one stays static:
+// returns why, or "".
+std::string host_reads_keep_static(const Guards& a, const Guards& b);
+
 // Alias classes: position of the first tensor sharing each tensor's storage.
 std::vector<int> alias_classes(c10::ArrayRef<at::Tensor> ts);
 

@@ -64,4 +64,12 @@ std::string HostReads::check(const std::vector<at::Tensor>& primals) const {
   return "";
 }
 
+std::string host_reads_keep_static(const Guards& a, const Guards& b) {
+  using Mode = HostReads::Mode;
+  if ((!a.host.empty() && a.host.mode() != Mode::Inline) || (!b.host.empty() && b.host.mode() != Mode::Inline)) {
+    return "values are read on the host after a write into the inputs (their guard runs at one size)";
+  }
+  return "";
+}
+
 }  // namespace tcap::cache

@@ -390,46 +390,32 @@ std::string CompiledStep::Impl::build_history(StepEntry& e) {
 void CompiledStep::Impl::generalize(const StepEntry& a, StepEntry& b) {
   std::string why;
   if (a.state != StepEntry::State::Compiled) why = "the other entry is not compiled";
-  // Note [Host reads of a dynamic entry] (aot/region_entry.cpp): inline checks only.
-  else if ((!a.guards.host.empty() && a.guards.host.mode() != cache::HostReads::Mode::Inline) ||
-           (!b.guards.host.empty() && b.guards.host.mode() != cache::HostReads::Mode::Inline)) {
-    why = "the step reads values on the host after writing into its inputs (their guard runs at one size)";
+  if (why.empty()) why = cache::host_reads_keep_static(a.guards, b.guards);
+  if (why.empty() && (a.patches.size() != b.patches.size() || a.record_scalars != b.record_scalars)) {
+    why = "the steps at the two sizes recompute or record different host scalars";
   }
-  else if (a.patches.size() != b.patches.size()) why = "the steps at the two sizes recompute different host scalars";
+  // Host scalars differ between the two captures by design: b's graph and record are
+  // compared with a's values in their place.
+  ir::Graph bg = b.graph, rb = b.record;
+  for (size_t k = 0; k < b.patches.size() && why.empty(); ++k) {
+    const auto& pb = b.patches[k];
+    const auto& pa = a.patches[k];
+    if (pa.node != pb.node || pa.arg != pb.arg) {
+      why = "the steps at the two sizes recompute different host scalars";
+      break;
+    }
+    bg.edit_constant(pb.node, pb.arg, [&](ir::Arg& arg) { arg = a.graph.node(pa.node).args[pa.arg]; });
+  }
   if (why.empty()) {
-    // Host scalars differ between the two captures by design: compare with a's values.
-    ir::Graph bg = b.graph;
-    for (size_t k = 0; k < b.patches.size(); ++k) {
-      const auto& pb = b.patches[k];
-      const auto& pa = a.patches[k];
-      if (pa.node != pb.node || pa.arg != pb.arg) {
-        why = "the steps at the two sizes recompute different host scalars";
-        break;
-      }
-      bg.edit_constant(pb.node, pb.arg, [&](ir::Arg& arg) { arg = a.graph.node(pa.node).args[pa.arg]; });
-    }
-    // The whole step is checked at each new size (Note [Checking a new size]): an integer two
-    // sizes explain alike may take the first.
-    const bool first_fit = options.check_new_sizes;
-    if (why.empty()) why = cache::generalize(a.graph, a.guards.sizes, bg, b.guards.sizes, b.changed, &b.guards.dyn, first_fit);
-    // Note [Checking a new size]: the records, host scalars taken as a's.
-    if (why.empty() && a.record_scalars != b.record_scalars) why = "the steps at the two sizes record different host scalars";
-    if (why.empty()) {
-      ir::Graph rb = b.record;
-      for (const auto& [node, arg] : b.record_scalars) {
-        rb.edit_constant(node, arg, [&](ir::Arg& x) { x = a.record.node(node).args.at(arg); });
-      }
-      why = cache::make_ledger(a.record, a.guards.sizes, rb, b.guards.sizes, b.guards.dyn, b.record_scalars, first_fit);
+    for (const auto& [node, arg] : b.record_scalars) {
+      rb.edit_constant(node, arg, [&](ir::Arg& x) { x = a.record.node(node).args.at(arg); });
     }
   }
-  if (!why.empty()) {
-    b.guards.dyn = cache::DynamicSizes{};
-    TCAP_LOG(Recompiles, who() << " entry " << b.id << " stays static: " << why);
-    return;
-  }
-  TCAP_LOG(Recompiles, who() << " entry " << b.id << " is dynamic in " << b.changed.size() << " dims ("
-                             << b.guards.dyn.patches.size() << " integers follow the sizes): "
-                             << b.guards.describe_dynamic());
+  // The whole step is checked at each new size (Note [Checking a new size]): an integer two
+  // sizes explain alike may take the first.
+  cache::make_dynamic(std::move(why), {a.graph, a.record, a.guards.sizes}, {bg, rb, b.guards.sizes}, b.guards.dyn,
+                      b.changed, b.record_scalars, /*first_fit=*/options.check_new_sizes, who(), b.id,
+                      [&] { return b.guards.describe_dynamic(); });
 }
 
 std::vector<at::Tensor> CompiledStep::Impl::check_call(const StepEntry& e, const std::vector<int64_t>& key,
