@@ -450,24 +450,20 @@ class Decomposer : public Rewriter {
 }  // namespace
 
 Decomposed decompose_for_fusion(const ir::Graph& g, const c10::Device& device) {
-  // The rewrites in order, each on the previous one's graph; decisions and counts add up.
+  // The rewrites in order, each on the previous one's graph (`g` until one rewrites);
+  // decisions and counts add up. A pass that rewrites nothing hands back no graph.
   Decomposed all;
-  all.graph = g;
-  for (auto pass : {&functionalize_updates, &decompose_losses, &decompose_norms}) {
-    Decomposed d = pass(all.graph, device);
+  auto current = [&]() -> const ir::Graph& { return all.count > 0 ? all.graph : g; };
+  auto add = [&](Decomposed d) {
     all.decisions.insert(all.decisions.end(), d.decisions.begin(), d.decisions.end());
     if (d.count > 0) all.graph = std::move(d.graph);
     all.count += d.count;
-  }
-  Decomposed d = Decomposer(all.graph, device).run();
-  d.count += all.count;
-  d.decisions.insert(d.decisions.begin(), all.decisions.begin(), all.decisions.end());
+  };
+  for (auto pass : {&functionalize_updates, &decompose_losses, &decompose_norms}) add(pass(current(), device));
+  add(Decomposer(current(), device).run());
   // Last: the decompositions above may leave reshapes before pointwise ops.
-  Decomposed sunk = sink_reshapes(d.graph);
-  d.decisions.insert(d.decisions.end(), sunk.decisions.begin(), sunk.decisions.end());
-  if (sunk.count > 0) d.graph = std::move(sunk.graph);
-  d.count += sunk.count;
-  return d;
+  add(sink_reshapes(current()));
+  return all;
 }
 
 }  // namespace tcap::fuse

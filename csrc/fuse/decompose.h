@@ -14,7 +14,7 @@
 namespace tcap::fuse {
 
 struct Decomposed {
-  ir::Graph graph;                     // the input graph when nothing was decomposed
+  ir::Graph graph;                     // the rewritten graph; empty when count == 0 (the input stands)
   int count = 0;                       // nodes rewritten
   std::vector<std::string> decisions;  // per rewritten node: what it became, or why it stayed
 };

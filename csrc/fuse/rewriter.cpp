@@ -73,10 +73,7 @@ Decomposed Rewriter::run() {
   plan(&d);
   bool any = false;
   for (const auto& n : g_.nodes()) any = any || selected(n);
-  if (!any) {
-    d.graph = g_;
-    return d;
-  }
+  if (!any) return d;  // no copy: the caller keeps its graph
   for (const auto& h : g_.hooks()) out_.add_hook(h.kind, h.autograd_node, h.slot);
   for (const auto& n : g_.nodes()) {
     before(n);
@@ -93,10 +90,7 @@ Decomposed Rewriter::run() {
     }
   }
   at_end();
-  if (d.count == 0) {
-    d.graph = g_;
-    return d;
-  }
+  if (d.count == 0) return d;
   for (const auto& [op, schema] : g_.schemas()) out_.schemas().emplace(op, schema);
   out_.meta() = g_.meta();
   ir::verify(out_);
