@@ -331,10 +331,11 @@ Contractions contractions_of(const tcap::ir::Graph& g) {
   }
   c.count = static_cast<int>(nodes.size());
   if (nodes.empty()) return c;
-  c.graph = tcap::ir::extract_subgraph(g, nodes, inputs, std::vector<tcap::ir::InputKind>(inputs.size(), tcap::ir::InputKind::UserInput),
-                                       std::vector<std::string>(inputs.size()), outputs,
-                                       std::vector<std::string>(outputs.size()),
-                                       std::vector<tcap::ir::OutputKind>(outputs.size(), tcap::ir::OutputKind::User));
+  std::vector<tcap::ir::CutInput> cut_inputs;
+  std::vector<tcap::ir::CutOutput> cut_outputs;
+  for (tcap::ir::ValueId v : inputs) cut_inputs.push_back({v, tcap::ir::InputKind::UserInput, ""});
+  for (tcap::ir::ValueId v : outputs) cut_outputs.push_back({v, ""});
+  c.graph = tcap::ir::extract_subgraph(g, nodes, cut_inputs, cut_outputs);
   for (tcap::ir::ValueId v : inputs) {
     const auto& m = g.value(v).meta;
     at::Tensor t = at::empty_strided(m.sizes, m.strides, at::TensorOptions().dtype(m.dtype).device(m.device));

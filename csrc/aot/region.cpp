@@ -458,29 +458,22 @@ JointGraph RegionCapture::build_joint(bool with_backward) const {
     keep.insert(keep.end(), slice.begin(), slice.end());
   }
   // Inputs: primals, then tangents.
-  std::vector<ir::ValueId> ins = primal_values_;
-  std::vector<ir::InputKind> kinds;
-  std::vector<std::string> names;
+  std::vector<ir::CutInput> ins;
   for (ir::ValueId v : primal_values_) {
     const auto& n = g.node(g.value(v).producer);
-    kinds.push_back(n.input_kind);
-    names.push_back(n.name);
+    ins.push_back({v, n.input_kind, n.name});
   }
   for (size_t k = 0; k < tangents.size(); ++k) {
-    ins.push_back(tangents[k]);
-    kinds.push_back(ir::InputKind::Tangent);
-    names.push_back("tangent_" + output_names_.at(static_cast<size_t>(tangent_of[k])));
+    ins.push_back({tangents[k], ir::InputKind::Tangent,
+                   "tangent_" + output_names_.at(static_cast<size_t>(tangent_of[k]))});
   }
-  std::vector<ir::ValueId> outs = output_values_;
-  std::vector<std::string> onames = output_names_;
-  std::vector<ir::OutputKind> okinds(outs.size(), ir::OutputKind::User);
+  std::vector<ir::CutOutput> outs;
+  for (size_t k = 0; k < output_values_.size(); ++k) outs.push_back({output_values_[k], output_names_.at(k)});
   for (size_t k = 0; k < grads.size(); ++k) {
-    outs.push_back(grads[k]);
-    onames.push_back(names.at(static_cast<size_t>(grad_of[k])));
-    okinds.push_back(ir::OutputKind::Grad);
+    outs.push_back({grads[k], ins.at(static_cast<size_t>(grad_of[k])).name, ir::OutputKind::Grad});
   }
   JointGraph j;
-  j.graph = extract_subgraph(g, keep, ins, kinds, names, outs, onames, okinds);
+  j.graph = extract_subgraph(g, keep, ins, outs);
   j.num_primals = primal_values_.size();
   j.num_tangents = tangents.size();
   j.num_user_outputs = output_values_.size();

@@ -84,19 +84,19 @@ Runtime::Recorded Runtime::record(const Request& r, const ca::BackwardWalk& w) {
     return it == labels.end() ? n.name() : it->second;
   };
   s.set_node_labeler(labeler);
-  std::vector<ir::ValueId> inputs;
-  std::vector<ir::InputKind> kinds;
-  std::vector<std::string> names;
+  std::vector<ir::CutInput> inputs;
   for (size_t k = 0; k < w.tensors.size(); ++k) {
     const uint32_t node = w.tensor_node[k];
     const bool tangent = node == 0;
     const std::string& type = *w.names[node];  // "MulBackward0", "torch::autograd::CppNode<...>"
     const size_t colon = type.rfind(':');
-    names.push_back(tangent ? "tangents_" + std::to_string(k)
-                            : type.substr(colon == std::string::npos ? 0 : colon + 1) + "_" + std::to_string(node) +
-                                  "_saved_" + std::to_string(k));
-    kinds.push_back(tangent ? ir::InputKind::Tangent : ir::InputKind::Saved);
-    inputs.push_back(s.declare_input(w.tensors[k], names.back(), kinds.back()));
+    ir::CutInput in;
+    in.name = tangent ? "tangents_" + std::to_string(k)
+                      : type.substr(colon == std::string::npos ? 0 : colon + 1) + "_" + std::to_string(node) +
+                            "_saved_" + std::to_string(k);
+    in.kind = tangent ? ir::InputKind::Tangent : ir::InputKind::Saved;
+    in.value = s.declare_input(w.tensors[k], in.name, in.kind);
+    inputs.push_back(std::move(in));
   }
   capture::HookWrapScope::SlotOf slots;
   for (size_t k = 0; k < w.hooks.size(); ++k) slots.emplace(w.hooks[k].object, static_cast<int>(k));
@@ -132,7 +132,7 @@ Runtime::Recorded Runtime::record(const Request& r, const ca::BackwardWalk& w) {
   entry->num_hooks = w.hooks.size();
   entry->accumulates_in_graph = std::any_of(in_graph.begin(), in_graph.end(), [](char c) { return c != 0; });
   std::vector<ir::ValueId> outs;
-  std::vector<std::string> out_names;
+  std::vector<ir::CutOutput> cut_outs;
   std::string& why = out.why;
   why = s.unreplayable_reason();  // Note [Output shapes that depend on values]
   // Note [Sizes that come from values]: a compiled backward cannot stop and look on.
@@ -153,7 +153,7 @@ Runtime::Recorded Runtime::record(const Request& r, const ca::BackwardWalk& w) {
       }
       entry->acc_output.push_back(static_cast<int>(outs.size()));
       outs.push_back(delivered[i]);
-      out_names.push_back("grad_" + std::to_string(w.accumulate[i]));
+      cut_outs.push_back({delivered[i], "grad_" + std::to_string(w.accumulate[i]), ir::OutputKind::Grad});
     }
   }
   for (size_t j = 0; j < results.size(); ++j) {
@@ -168,13 +168,14 @@ Runtime::Recorded Runtime::record(const Request& r, const ca::BackwardWalk& w) {
     }
     entry->grad_output.push_back(static_cast<int>(outs.size()));
     outs.push_back(*v);
-    out_names.push_back("grad_output_" + std::to_string(j));
+    cut_outs.push_back({*v, "grad_output_" + std::to_string(j), ir::OutputKind::Grad});
   }
   ir::Graph& graph = out.graph;
   if (why.empty()) {
     const ir::Graph& rec = s.graph();
     auto nodes = live_nodes(rec, outs);
-    const std::set<ir::ValueId> declared(inputs.begin(), inputs.end());
+    std::set<ir::ValueId> declared;
+    for (const ir::CutInput& in : inputs) declared.insert(in.value);
     for (ir::NodeId id : nodes) {
       ir::for_each_value(rec.node(id).args, [&](ir::ValueId v) {
         const auto& p = rec.node(rec.value(v).producer);
@@ -190,8 +191,7 @@ Runtime::Recorded Runtime::record(const Request& r, const ca::BackwardWalk& w) {
     }
     if (why.empty()) {
       try {
-        graph = ir::extract_subgraph(rec, nodes, inputs, kinds, names, outs, out_names,
-                                     std::vector<ir::OutputKind>(outs.size(), ir::OutputKind::Grad));
+        graph = ir::extract_subgraph(rec, nodes, inputs, cut_outs);
         graph.meta()["producer"] = "tcap compiled autograd";
       } catch (const c10::Error& e) {
         why = first_line(e.what_without_backtrace());

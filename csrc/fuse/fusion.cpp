@@ -226,15 +226,14 @@ class Fuser {
 
   // The group's nodes as a standalone graph (FusedGroup::fallback).
   ir::Graph subgraph(const FusedGroup& fg) const {
-    std::vector<ir::InputKind> kinds;
-    std::vector<std::string> names, out_names;
+    std::vector<ir::CutInput> ins;
+    std::vector<ir::CutOutput> outs;
     for (ir::ValueId v : fg.inputs) {
-      kinds.push_back(ir::is_host_scalar(g_, v) ? ir::InputKind::HostScalar : ir::InputKind::UserInput);
-      names.push_back("%" + std::to_string(v));
+      ins.push_back({v, ir::is_host_scalar(g_, v) ? ir::InputKind::HostScalar : ir::InputKind::UserInput,
+                     "%" + std::to_string(v)});
     }
-    for (ir::ValueId v : fg.outputs) out_names.push_back("%" + std::to_string(v));
-    return ir::extract_subgraph(g_, fg.nodes, fg.inputs, kinds, names, fg.outputs, out_names,
-                                std::vector<ir::OutputKind>(fg.outputs.size(), ir::OutputKind::User));
+    for (ir::ValueId v : fg.outputs) outs.push_back({v, "%" + std::to_string(v)});
+    return ir::extract_subgraph(g_, fg.nodes, ins, outs);
   }
 
   // --- rewrite ---------------------------------------------------------------------

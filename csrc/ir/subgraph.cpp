@@ -74,27 +74,25 @@ NodeId copy_node(const Graph& from, const Node& node, Graph& to, std::unordered_
   return to.add_node(std::move(n));
 }
 
-Graph extract_subgraph(const Graph& g, const std::vector<NodeId>& nodes, const std::vector<ValueId>& inputs,
-                       const std::vector<InputKind>& input_kinds, const std::vector<std::string>& input_names,
-                       const std::vector<ValueId>& outputs, const std::vector<std::string>& output_names,
-                       const std::vector<OutputKind>& output_kinds) {
-  TORCH_CHECK(inputs.size() == input_kinds.size() && inputs.size() == input_names.size(),
-              "tcap extract_subgraph: one kind and one name per input");
+Graph extract_subgraph(const Graph& g, const std::vector<NodeId>& nodes, const std::vector<CutInput>& inputs,
+                       const std::vector<CutOutput>& outputs) {
   Graph h;
   for (const Hook& hk : g.hooks()) h.add_hook(hk.kind, hk.autograd_node, hk.slot);  // ids kept
   std::unordered_map<ValueId, ValueId> map;
-  for (size_t k = 0; k < inputs.size(); ++k) {
-    map[inputs[k]] = h.add_input(input_kinds[k], input_names[k], g.value(inputs[k]).meta);
-  }
+  for (const CutInput& in : inputs) map[in.value] = h.add_input(in.kind, in.name, g.value(in.value).meta);
   for (NodeId id : nodes) copy_node(g, g.node(id), h, map);
   std::vector<ValueId> outs;
-  for (ValueId v : outputs) {
-    auto it = map.find(v);
-    TORCH_CHECK(it != map.end(), "tcap: cutting a graph: output ", describe(g, v),
+  std::vector<std::string> names;
+  std::vector<OutputKind> kinds;
+  for (const CutOutput& o : outputs) {
+    auto it = map.find(o.value);
+    TORCH_CHECK(it != map.end(), "tcap: cutting a graph: output ", describe(g, o.value),
                 " is neither an input of the cut graph nor made inside it");
     outs.push_back(it->second);
+    names.push_back(o.name);
+    kinds.push_back(o.kind);
   }
-  h.set_outputs(std::move(outs), output_names, output_kinds);
+  h.set_outputs(std::move(outs), names, kinds);
   h.meta() = g.meta();
   verify(h);
   return h;

@@ -43,15 +43,9 @@ HostGraph host_read_graph(const ir::Graph& g) {
     }
     if (ir::sizes_from_values(g, n)) out.sizes_read.push_back(where);
   }
-  std::vector<ir::ValueId> ins;
-  std::vector<ir::InputKind> kinds;
-  std::vector<std::string> names;
-  for (ir::NodeId id : g.input_nodes()) {
-    ins.push_back(g.node(id).outputs[0].values[0]);
-    kinds.push_back(g.node(id).input_kind);
-    names.push_back(g.node(id).name);
-  }
-  out.graph = ir::extract_subgraph(g, std::vector<ir::NodeId>(keep.begin(), keep.end()), ins, kinds, names, {}, {}, {});
+  std::vector<ir::CutInput> ins;
+  for (ir::NodeId id : g.input_nodes()) ins.push_back({g.node(id).outputs[0].values[0], g.node(id).input_kind, g.node(id).name});
+  out.graph = ir::extract_subgraph(g, std::vector<ir::NodeId>(keep.begin(), keep.end()), ins, {});
   return out;
 }
 

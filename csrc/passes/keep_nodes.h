@@ -4,7 +4,6 @@
 
 #include <tcap/graph.h>
 
-#include <string>
 #include <unordered_set>
 #include <vector>
 
@@ -13,18 +12,16 @@ namespace tcap::passes {
 // `keep`: ids of Call and CallHook nodes, in graph order; every value they and the Output
 // node read must be an input or made by a kept node.
 inline ir::Graph keep_nodes(const ir::Graph& g, const std::vector<ir::NodeId>& keep) {
-  std::vector<ir::ValueId> ins;
-  std::vector<ir::InputKind> kinds;
-  std::vector<std::string> names;
+  std::vector<ir::CutInput> ins;
   for (ir::NodeId id : g.input_nodes()) {
-    ins.push_back(g.node(id).outputs.at(0).values.at(0));
-    kinds.push_back(g.node(id).input_kind);
-    names.push_back(g.node(id).name);
+    ins.push_back({g.node(id).outputs.at(0).values.at(0), g.node(id).input_kind, g.node(id).name});
   }
-  const ir::Node* out = g.output_node();
-  return ir::extract_subgraph(g, keep, ins, kinds, names, g.output_values(),
-                              out ? out->output_names : std::vector<std::string>{},
-                              out ? out->output_kinds : std::vector<ir::OutputKind>{});
+  std::vector<ir::CutOutput> outs;
+  if (const ir::Node* out = g.output_node()) {
+    const std::vector<ir::ValueId> vals = g.output_values();
+    for (size_t k = 0; k < vals.size(); ++k) outs.push_back({vals[k], out->output_names.at(k), out->output_kinds.at(k)});
+  }
+  return ir::extract_subgraph(g, keep, ins, outs);
 }
 
 // g without the Call and CallHook nodes in `drop` (whose results nothing reads any more).

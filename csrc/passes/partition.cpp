@@ -104,50 +104,36 @@ std::string saved_reason(const Graph& g, const JointPhases& ph, Partitioner whic
 }
 
 Graph forward_graph(const Graph& g, const JointPhases& ph, const std::vector<ValueId>& saved) {
-  std::vector<ir::InputKind> kinds;
-  std::vector<std::string> names;
+  std::vector<ir::CutInput> ins;
   for (NodeId id : g.input_nodes()) {
-    if (kinds.size() == ph.primals.size()) break;
-    kinds.push_back(g.node(id).input_kind);
-    names.push_back(g.node(id).name);
+    if (ins.size() == ph.primals.size()) break;
+    ins.push_back({ph.primals[ins.size()], g.node(id).input_kind, g.node(id).name});
   }
-  std::vector<ValueId> outs = ph.user_outputs;
-  std::vector<std::string> onames;
-  std::vector<ir::OutputKind> okinds;
+  std::vector<ir::CutOutput> outs;
   const Node* on = g.output_node();
   for (size_t k = 0; k < ph.user_outputs.size(); ++k) {
-    onames.push_back(k < on->output_names.size() ? on->output_names[k] : "out" + std::to_string(k));
-    okinds.push_back(ir::OutputKind::User);
+    outs.push_back({ph.user_outputs[k], k < on->output_names.size() ? on->output_names[k] : "out" + std::to_string(k),
+                    ir::OutputKind::User});
   }
-  for (size_t k = 0; k < saved.size(); ++k) {
-    outs.push_back(saved[k]);
-    onames.push_back("saved" + std::to_string(k));
-    okinds.push_back(ir::OutputKind::Saved);
-  }
-  return ir::extract_subgraph(g, ph.forward, ph.primals, kinds, names, outs, onames, okinds);
+  for (size_t k = 0; k < saved.size(); ++k) outs.push_back({saved[k], "saved" + std::to_string(k), ir::OutputKind::Saved});
+  return ir::extract_subgraph(g, ph.forward, ins, outs);
 }
 
 Graph backward_graph(const Graph& g, const JointPhases& ph, const std::vector<ValueId>& saved,
                      const std::set<NodeId>& recompute) {
   std::vector<NodeId> nodes(recompute.begin(), recompute.end());
   nodes.insert(nodes.end(), ph.backward.begin(), ph.backward.end());
-  std::vector<ValueId> ins = saved;
-  std::vector<ir::InputKind> kinds(saved.size(), ir::InputKind::Saved);
-  std::vector<std::string> names;
-  for (size_t k = 0; k < saved.size(); ++k) names.push_back("saved" + std::to_string(k));
-  for (ValueId t : ph.tangents) {
-    ins.push_back(t);
-    kinds.push_back(ir::InputKind::Tangent);
-    names.push_back(g.node(g.value(t).producer).name);
-  }
-  std::vector<std::string> onames;
+  std::vector<ir::CutInput> ins;
+  for (size_t k = 0; k < saved.size(); ++k) ins.push_back({saved[k], ir::InputKind::Saved, "saved" + std::to_string(k)});
+  for (ValueId t : ph.tangents) ins.push_back({t, ir::InputKind::Tangent, g.node(g.value(t).producer).name});
+  std::vector<ir::CutOutput> outs;
   const Node* on = g.output_node();
   for (size_t k = 0; k < ph.grads.size(); ++k) {
     const size_t pos = ph.user_outputs.size() + k;
-    onames.push_back(pos < on->output_names.size() ? on->output_names[pos] : "grad" + std::to_string(k));
+    outs.push_back({ph.grads[k], pos < on->output_names.size() ? on->output_names[pos] : "grad" + std::to_string(k),
+                    ir::OutputKind::Grad});
   }
-  Graph b = ir::extract_subgraph(g, nodes, ins, kinds, names, ph.grads, onames,
-                                 std::vector<ir::OutputKind>(ph.grads.size(), ir::OutputKind::Grad));
+  Graph b = ir::extract_subgraph(g, nodes, ins, outs);
   // Recomputed forward ops run in the backward: mark them so printouts say so.
   for (const auto& n : b.nodes()) {
     if ((n.kind == ir::NodeKind::Call || n.kind == ir::NodeKind::CallHook) && n.phase == ir::Phase::Forward) {

@@ -23,14 +23,10 @@ namespace tcap::passes {
 ir::Graph scalars_as_inputs(const ir::Graph& g, const std::vector<ScalarArg>& args) {
   if (args.empty()) return g;
   ir::Graph h = g;
-  std::vector<ir::ValueId> inputs;
-  std::vector<ir::InputKind> kinds;
-  std::vector<std::string> names;
+  std::vector<ir::CutInput> inputs;
   for (ir::NodeId id : h.input_nodes()) {
     const ir::Node& n = h.node(id);
-    inputs.push_back(n.outputs.at(0).values.at(0));
-    kinds.push_back(n.input_kind);
-    names.push_back(n.name);
+    inputs.push_back({n.outputs.at(0).values.at(0), n.input_kind, n.name});
   }
   for (const auto& a : args) {
     ir::TensorMeta meta;
@@ -44,9 +40,7 @@ ir::Graph scalars_as_inputs(const ir::Graph& g, const std::vector<ScalarArg>& ar
       std::string name = arg.name;
       arg = ir::Arg::value(v, std::move(name));
     });
-    inputs.push_back(v);
-    kinds.push_back(ir::InputKind::HostScalar);
-    names.push_back(a.name);
+    inputs.push_back({v, ir::InputKind::HostScalar, a.name});
   }
   // The new inputs were appended after their readers: cut the graph again, inputs first.
   std::vector<ir::NodeId> body;
@@ -56,9 +50,11 @@ ir::Graph scalars_as_inputs(const ir::Graph& g, const std::vector<ScalarArg>& ar
   // (g's value ids are h's: the copy only appended values.)
   const ir::Node* out = g.output_node();  // h's is no longer last (its new inputs are)
   TORCH_CHECK(out != nullptr, "tcap: scalars_as_inputs: the graph has no output node");
-  std::vector<ir::ValueId> outs;
-  for (const auto& a : out->args) outs.push_back(a.values.at(0));
-  ir::Graph r = ir::extract_subgraph(h, body, inputs, kinds, names, outs, out->output_names, out->output_kinds);
+  std::vector<ir::CutOutput> outs;
+  for (size_t k = 0; k < out->args.size(); ++k) {
+    outs.push_back({out->args[k].values.at(0), out->output_names.at(k), out->output_kinds.at(k)});
+  }
+  ir::Graph r = ir::extract_subgraph(h, body, inputs, outs);
   r.schemas() = g.schemas();
   return r;
 }

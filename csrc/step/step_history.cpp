@@ -111,9 +111,7 @@ std::string make_history_slice(const ir::Graph& g, const std::vector<size_t>& ou
   }
   HistorySlice s;
   s.outputs = outputs;
-  std::vector<ir::ValueId> ins;
-  std::vector<ir::InputKind> kinds;
-  std::vector<std::string> names;
+  std::vector<ir::CutInput> ins;
   for (size_t i = 0; i < input_nodes.size(); ++i) {
     const ir::Node& in = g.node(input_nodes[i]);
     const ir::ValueId v = in.outputs.at(0).values.at(0);
@@ -131,18 +129,11 @@ std::string make_history_slice(const ir::Graph& g, const std::vector<size_t>& ou
     }
     if (written_here[i]) s.written.push_back(ins.size());
     s.inputs.push_back(i);
-    ins.push_back(reads_final[i] ? final_value[i] : v);
-    kinds.push_back(in.input_kind);
-    names.push_back(in.name);
+    ins.push_back({reads_final[i] ? final_value[i] : v, in.input_kind, in.name});
   }
-  std::vector<ir::ValueId> vals;
-  std::vector<std::string> onames;
-  for (size_t j = 0; j < outputs.size(); ++j) {
-    vals.push_back(made[j]);
-    onames.push_back("out" + std::to_string(outputs[j]));
-  }
-  s.graph = ir::extract_subgraph(g, keep, ins, kinds, names, vals, onames,
-                                 std::vector<ir::OutputKind>(vals.size(), ir::OutputKind::User));
+  std::vector<ir::CutOutput> cut_outs;
+  for (size_t j = 0; j < outputs.size(); ++j) cut_outs.push_back({made[j], "out" + std::to_string(outputs[j])});
+  s.graph = ir::extract_subgraph(g, keep, ins, cut_outs);
   ir::verify(s.graph);
   *out = std::move(s);
   return "";

@@ -304,14 +304,26 @@ bool reads_host_scalar(const Graph& g, const Node& n);
 // the map, dropped otherwise) and are added to it. Returns the new node's id.
 NodeId copy_node(const Graph& from, const Node& n, Graph& to, std::unordered_map<ValueId, ValueId>& map);
 
+// One Input node of a cut graph: the value of the graph cut that it stands for, its kind
+// and its name.
+struct CutInput {
+  ValueId value = kNoValue;
+  InputKind kind = InputKind::UserInput;
+  std::string name;
+};
+// One argument of a cut graph's Output node: the value, its name and kind.
+struct CutOutput {
+  ValueId value = kNoValue;
+  std::string name;
+  OutputKind kind = OutputKind::User;
+};
+
 // A copy of g holding only `nodes` (ids, in graph order), with `inputs` as its Input nodes
-// (kinds and names given) and `outputs` as its Output node. Every value the kept nodes read
-// must be an input or made by a kept node. Used to cut forward and backward graphs out of
-// a joint graph, and a fusion group out of a graph.
-Graph extract_subgraph(const Graph& g, const std::vector<NodeId>& nodes, const std::vector<ValueId>& inputs,
-                       const std::vector<InputKind>& input_kinds, const std::vector<std::string>& input_names,
-                       const std::vector<ValueId>& outputs, const std::vector<std::string>& output_names,
-                       const std::vector<OutputKind>& output_kinds);
+// and `outputs` as its Output node. Every value the kept nodes read must be an input or
+// made by a kept node. Used to cut forward and backward graphs out of a joint graph, and a
+// fusion group out of a graph.
+Graph extract_subgraph(const Graph& g, const std::vector<NodeId>& nodes, const std::vector<CutInput>& inputs,
+                       const std::vector<CutOutput>& outputs);
 
 // Checks structural invariants (ids, topological order, value producers, version/view
 // links, output node last). Throws c10::Error whose message ends with the printed graph.
