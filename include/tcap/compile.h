@@ -141,8 +141,9 @@ struct CompileOptions {
   // for LLVM (a server at a new batch size, a run whose sequence lengths vary). Results
   // agree with eager either way, but which calls ran kernels depends on timing, so two
   // runs need not be bitwise equal; hence off by default. TCAP_COMPILE_IN_BACKGROUND=1
-  // turns it on for every graph. tcap::wait_for_background_compiles() waits for the
-  // kernels (Note [Kernels compiled in the background]).
+  // turns it on for every graph. A graph's kernels start compiling at its first run;
+  // tcap::wait_for_background_compiles() waits for those started (Note [Kernels compiled
+  // in the background]).
   bool compile_in_background = false;
   // A value read on the host (item(), equal(), is_nonzero()) is a guard: a call where it
   // differs recaptures, since host code may branch on it. With observe_host_values, a
@@ -318,7 +319,8 @@ std::string first_eager_reason(const std::vector<std::shared_ptr<CompiledFunctio
 }  // namespace detail
 
 // Blocks until every kernel compile started in the background so far has finished
-// (CompileOptions::compile_in_background): after it, those graphs run their kernels.
+// (CompileOptions::compile_in_background; a graph's start at its first run): after it,
+// those graphs run their kernels.
 void wait_for_background_compiles();
 
 // Note [Compiled modules]
