@@ -131,8 +131,7 @@ Runtime::Recorded Runtime::record(const Request& r, const ca::BackwardWalk& w) {
   entry->keep_alive = w.keep_alive;
   entry->num_hooks = w.hooks.size();
   entry->accumulates_in_graph = std::any_of(in_graph.begin(), in_graph.end(), [](char c) { return c != 0; });
-  std::vector<ir::ValueId> outs;
-  std::vector<ir::CutOutput> cut_outs;
+  std::vector<ir::CutOutput> outs;
   std::string& why = out.why;
   why = s.unreplayable_reason();  // Note [Output shapes that depend on values]
   // Note [Sizes that come from values]: a compiled backward cannot stop and look on.
@@ -152,8 +151,7 @@ Runtime::Recorded Runtime::record(const Request& r, const ca::BackwardWalk& w) {
         continue;
       }
       entry->acc_output.push_back(static_cast<int>(outs.size()));
-      outs.push_back(delivered[i]);
-      cut_outs.push_back({delivered[i], "grad_" + std::to_string(w.accumulate[i]), ir::OutputKind::Grad});
+      outs.push_back({delivered[i], "grad_" + std::to_string(w.accumulate[i]), ir::OutputKind::Grad});
     }
   }
   for (size_t j = 0; j < results.size(); ++j) {
@@ -167,13 +165,14 @@ Runtime::Recorded Runtime::record(const Request& r, const ca::BackwardWalk& w) {
       break;
     }
     entry->grad_output.push_back(static_cast<int>(outs.size()));
-    outs.push_back(*v);
-    cut_outs.push_back({*v, "grad_output_" + std::to_string(j), ir::OutputKind::Grad});
+    outs.push_back({*v, "grad_output_" + std::to_string(j), ir::OutputKind::Grad});
   }
   ir::Graph& graph = out.graph;
   if (why.empty()) {
     const ir::Graph& rec = s.graph();
-    auto nodes = live_nodes(rec, outs);
+    std::vector<ir::ValueId> out_values;
+    for (const ir::CutOutput& o : outs) out_values.push_back(o.value);
+    auto nodes = live_nodes(rec, out_values);
     std::set<ir::ValueId> declared;
     for (const ir::CutInput& in : inputs) declared.insert(in.value);
     for (ir::NodeId id : nodes) {
@@ -191,7 +190,7 @@ Runtime::Recorded Runtime::record(const Request& r, const ca::BackwardWalk& w) {
     }
     if (why.empty()) {
       try {
-        graph = ir::extract_subgraph(rec, nodes, inputs, cut_outs);
+        graph = ir::extract_subgraph(rec, nodes, inputs, outs);
         graph.meta()["producer"] = "tcap compiled autograd";
       } catch (const c10::Error& e) {
         why = first_line(e.what_without_backtrace());

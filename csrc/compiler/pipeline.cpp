@@ -52,7 +52,6 @@ void write_file(const std::string& path, const std::string& text) {
   f << text;
 }
 
-
 // Verifies a stage's output and prints it under TCAP_LOGS=pipeline.
 const ir::Graph& stage(const ir::Graph& g, const std::string& what, const char* after) {
   ir::verify(g);
@@ -217,7 +216,6 @@ std::shared_ptr<void> kernel_owner(std::vector<int64_t> ids) {
   });
 }
 
-// An executable that keeps the kernels `ids` registered as long as it lives.
 // Note [Kernels compiled at their first run]
 // Every front door compiles an entry's graphs before any call replays them (tcap::compile
 // when the capture's backward has run, compile_step and compiled autograd once a capture is
@@ -264,6 +262,7 @@ Executable compiled_at_first_run(Executable inner, const std::string& what, Kern
   };
 }
 
+// An executable that keeps the kernels `ids` registered as long as it lives.
 Executable owning_kernels(Executable inner, std::vector<int64_t> ids) {
   if (ids.empty()) return inner;
   return [inner = std::move(inner), owner = kernel_owner(std::move(ids))](std::vector<at::Tensor> in) {

@@ -395,8 +395,12 @@ void CompiledStep::Impl::generalize(const StepEntry& a, StepEntry& b) {
     why = "the steps at the two sizes recompute or record different host scalars";
   }
   // Host scalars differ between the two captures by design: b's graph and record are
-  // compared with a's values in their place.
-  ir::Graph bg = b.graph, rb = b.record;
+  // compared with a's values in their place (copies made only when they will be fitted).
+  ir::Graph bg, rb;
+  if (why.empty()) {
+    bg = b.graph;
+    rb = b.record;
+  }
   for (size_t k = 0; k < b.patches.size() && why.empty(); ++k) {
     const auto& pb = b.patches[k];
     const auto& pa = a.patches[k];
