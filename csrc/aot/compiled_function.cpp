@@ -43,6 +43,7 @@ struct CompiledFunction::Impl {
   std::mutex capture_mutex;  // Note [One capture at a time]
   std::mutex pending_mutex;
   std::shared_ptr<aot::PendingCapture> pending;  // the capture waiting for its backward
+  bool settling = false;  // a call is giving `pending` up (Note [Waiting for the first backward])
 
   std::string who() const { return "'" + options.name + "'"; }
 
@@ -105,34 +106,54 @@ void CompiledFunction::Impl::collect_pending() {
 std::optional<std::vector<at::Tensor>> CompiledFunction::Impl::while_pending(const std::vector<at::Tensor>& user_inputs,
                                                                           bool* published) {
   std::shared_ptr<aot::PendingCapture> p;
+  aot::PendingCapture::Waited waited;
   {
     std::unique_lock<std::mutex> lock(pending_mutex);
     if (!pending) return std::nullopt;
-    // The first call's backward has not run yet: stay eager until it does. If it never
-    // comes, compile the forward alone (its backward then recomputes).
-    if (pending->note_call() <= 2) {
+    // The first call's backward has not run yet: stay eager until it does, or until the
+    // capture is given up (Note [Waiting for the first backward]). While one call gives
+    // it up, `pending` stays set (settling), so that no other call starts a capture of
+    // the same entry meanwhile.
+    waited = settling ? aot::PendingCapture::Waited::StayEager : pending->note_call();
+    if (waited == aot::PendingCapture::Waited::StayEager) {
       lock.unlock();
       return run_eager(user_inputs);
     }
-    p = std::move(pending);
-    pending.reset();
+    p = pending;
+    settling = true;
+  }
+  // Ends the settling: the capture goes unless a backward is completing it.
+  auto settle = [&](bool gone) {
+    std::lock_guard<std::mutex> lock(pending_mutex);
+    settling = false;
+    if (gone && pending == p) pending.reset();
+  };
+  if (waited == aot::PendingCapture::Waited::CaptureAgain) {
+    if (!p->drop()) {
+      settle(false);  // a backward on another thread is recording it now: wait for that
+      return run_eager(user_inputs);
+    }
+    settle(true);
+    TCAP_LOG(Recompiles, who() << ": the first call's backward has not come while "
+                               << aot::PendingCapture::kOtherThreadCalls
+                               << " calls ran on other threads; its capture is dropped and this thread captures "
+                                  "again (Note [Waiting for the first backward])");
+    return std::nullopt;  // the serving loop misses again, and this call captures
   }
   try {
     bool replaces = false;
     auto e = p->compile_forward_only(&replaces);
     if (!e) {
-      // A backward on another thread is recording the capture now: keep waiting for it.
-      {
-        std::lock_guard<std::mutex> lock(pending_mutex);
-        if (!pending) pending = std::move(p);
-      }
+      settle(false);  // a backward on another thread is recording the capture now
       return run_eager(user_inputs);
     }
     publish(e, p->size_miss_of, p->changed, replaces ? p->host_miss_of : nullptr);
+    settle(true);
     *published = true;
     TCAP_LOG(GraphBreaks, who() << ": no backward reached the first call; compiled its forward alone "
                                    "(a backward will recompute)");
   } catch (const c10::Error& err) {
+    settle(true);
     cache->fall_back(err.what_without_backtrace());
   }
   return std::nullopt;  // the serving loop looks again (Note [The serving loop])

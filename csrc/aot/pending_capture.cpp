@@ -64,6 +64,12 @@ std::shared_ptr<RegionEntry> PendingCapture::result(std::string* failure, bool* 
   return ready_;
 }
 
+bool PendingCapture::drop() {
+  if (!capture_->abandon()) return false;  // Note [Abandoning a capture]
+  stop_watching();
+  return true;
+}
+
 std::shared_ptr<RegionEntry> PendingCapture::compile_forward_only(bool* replaces) {
   if (!capture_->abandon()) return nullptr;  // Note [Abandoning a capture]
   stop_watching();

@@ -4,8 +4,9 @@
 // eager outputs. When the user's backward reaches the region, observers record that
 // backward and, on the backward's thread and inside it, the joint graph is compiled
 // (Note [Cutting a region's backward]). The next call of the function collects the
-// result: a compiled entry, or why the backward could not be captured. If two more calls
-// pass without a backward, the forward is compiled alone (a backward then recomputes).
+// result: a compiled entry, or why the backward could not be captured. Calls made
+// meanwhile run eagerly, until the capture is given up (Note [Waiting for the first
+// backward]).
 #pragma once
 
 #include "aot/region.h"
@@ -15,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace tcap::aot {
@@ -38,10 +40,33 @@ class PendingCapture : public std::enable_shared_from_this<PendingCapture> {
   // nullptr, changing nothing, when a backward (on another thread) is recording the
   // capture right now or already did: keep waiting for finished().
   std::shared_ptr<RegionEntry> compile_forward_only(bool* replaces = nullptr);
+  // No backward came, and the capture goes: true when it was abandoned, false (changing
+  // nothing) when a backward is recording it right now or already did.
+  bool drop();
   // Removes the observers and disarms the capture (not from inside a backward).
   void close() { stop_watching(); }
-  // Counts a call made while waiting; returns how many.
-  int note_call() { return ++calls_since_; }
+
+  // Note [Waiting for the first backward]
+  // Until the capturing call's backward comes, calls run eagerly. Two more calls on the
+  // capturing thread without it mean none is coming (its outputs were used without a
+  // backward: an evaluation under grad mode, or several calls summed into one loss): the
+  // forward is compiled alone. Calls on other threads say nothing of that backward (the
+  // threads of a served or Hogwild-trained model each run their own forward and backward,
+  // and the capturing thread may merely be descheduled), so they count apart: after
+  // kOtherThreadCalls of them the capture is dropped and the calling thread captures
+  // again, its own backward completing the new one. Counting every call alike compiled a
+  // forward-only entry whenever the capturing thread's backward came late, and the model
+  // then trained at eager's speed for good.
+  static constexpr int kOwnThreadCalls = 2;
+  static constexpr int kOtherThreadCalls = 64;
+  enum class Waited { StayEager, CompileForwardAlone, CaptureAgain };
+  // Counts a call made while waiting (callers serialize these) and says what it does.
+  Waited note_call() {
+    if (std::this_thread::get_id() == capturer_) {
+      return ++own_calls_ > kOwnThreadCalls ? Waited::CompileForwardAlone : Waited::StayEager;
+    }
+    return ++other_calls_ > kOtherThreadCalls ? Waited::CaptureAgain : Waited::StayEager;
+  }
 
   // The entry that missed on sizes only when this capture started, and the sizes that
   // changed (for generalizing the new entry, Note [Dynamic sizes]).
@@ -63,7 +88,9 @@ class PendingCapture : public std::enable_shared_from_this<PendingCapture> {
   std::shared_ptr<RegionEntry> ready_;
   bool replaces_ = false;
   std::string failure_;
-  int calls_since_ = 0;
+  const std::thread::id capturer_ = std::this_thread::get_id();
+  int own_calls_ = 0;
+  int other_calls_ = 0;
 };
 
 }  // namespace tcap::aot

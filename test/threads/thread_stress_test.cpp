@@ -274,9 +274,11 @@ TEST(Threads, GivingUpWaitsForABackwardAlreadyRecording) {
   EXPECT_GE(st.replays, 1);
 }
 
-// The other half: the giving-up thread compiles the forward alone and leaves the
-// observers on the owner's graph, inert; the first call's backward, run later on its own
-// thread, is plain eager and right.
+// The other half: another thread gives up before the backward starts. Its calls say
+// nothing of the first call's backward (Note [Waiting for the first backward]): they run
+// eagerly until 64 have passed, then the capture is dropped, its observers left inert on
+// the owner's graph, and that thread captures again, its own backward completing the
+// entry. The first call's backward, run later on its own thread, is plain eager and right.
 TEST(Threads, GivingUpOnAnotherThreadLeavesTheOwnersGraphRight) {
   const auto fn = [](const std::vector<at::Tensor>& in) {
     return std::vector<at::Tensor>{torch::tanh(in[0] * in[1]).sum(1)};
@@ -287,10 +289,11 @@ TEST(Threads, GivingUpOnAnotherThreadLeavesTheOwnersGraphRight) {
   const at::Tensor a = torch::randn({5, 6}, torch::requires_grad());
   const at::Tensor b = torch::randn({5, 6});
   const at::Tensor y = (*f)({a, b})[0];
+  constexpr int kOtherThreadCalls = 64;  // PendingCapture::kOtherThreadCalls
   std::string other;
   std::thread t([&] {
     try {
-      for (int k = 0; k < 4; ++k) {
+      for (int k = 0; k < kOtherThreadCalls + 4; ++k) {
         const at::Tensor x = torch::randn({5, 6}, torch::requires_grad()), z = torch::randn({5, 6});
         const at::Tensor got = (*f)({x, z})[0];
         got.sum().backward();
@@ -306,13 +309,55 @@ TEST(Threads, GivingUpOnAnotherThreadLeavesTheOwnersGraphRight) {
   });
   t.join();
   EXPECT_EQ(other, "");
+  const auto st = f->stats();
+  EXPECT_EQ(st.eager_calls, kOtherThreadCalls) << "the other thread's calls before it gave up";
+  EXPECT_EQ(st.captures, 2);
+  EXPECT_EQ(st.compiles, 1);
+  EXPECT_EQ(st.replays, 3) << "the calls after the other thread's capture";
+  // The entry has the other thread's backward: compiled, not recomputed.
+  const auto entries = f->entries();
+  ASSERT_EQ(entries.size(), 1U);
+  EXPECT_EQ(entries[0].joint.num_tangents, 1U);
   y.sum().backward();
   const at::Tensor ea = a.detach().clone().requires_grad_();
   fn({ea, b})[0].sum().backward();
   EXPECT_TRUE(close(a.grad(), ea.grad()));
-  const auto st = f->stats();
-  EXPECT_EQ(st.captures, 1);
-  EXPECT_EQ(st.compiles, 1);
+  EXPECT_EQ(f->stats().compiles, 1) << "the first call's late backward completed nothing";
+}
+
+// The capturing thread itself calling on without a backward: two more calls run eagerly,
+// the next compiles the forward alone, whatever other threads do meanwhile.
+TEST(Threads, CallsOnTheCapturingThreadAloneCompileTheForwardAlone) {
+  const auto fn = [](const std::vector<at::Tensor>& in) {
+    return std::vector<at::Tensor>{torch::sin(in[0]) * in[1]};
+  };
+  tcap::CompileOptions o;
+  o.name = "no_backward_on_its_thread";
+  const auto f = tcap::compile(fn, o);
+  const at::Tensor b = torch::randn({4, 3});
+  std::vector<at::Tensor> kept;  // outputs alive, no backward
+  for (int k = 0; k < 3; ++k) {
+    const at::Tensor a = torch::randn({4, 3}, torch::requires_grad());
+    kept.push_back((*f)({a, b})[0]);
+    // Calls on another thread meanwhile, with backwards of their own: not counted.
+    std::thread t([&] {
+      const at::Tensor x = torch::randn({4, 3}, torch::requires_grad());
+      (*f)({x, b})[0].sum().backward();
+    });
+    t.join();
+  }
+  EXPECT_EQ(f->stats().compiles, 0) << "two calls on the capturing thread still wait";
+  const at::Tensor a = torch::randn({4, 3}, torch::requires_grad());
+  const at::Tensor y = (*f)({a, b})[0];
+  EXPECT_EQ(f->stats().compiles, 1);
+  const auto entries = f->entries();
+  ASSERT_EQ(entries.size(), 1U);
+  EXPECT_EQ(entries[0].joint.num_tangents, 0U) << "compiled without a backward";
+  y.sum().backward();
+  const at::Tensor ea = a.detach().clone().requires_grad_();
+  fn({ea, b})[0].sum().backward();
+  EXPECT_TRUE(close(y, fn({a.detach(), b})[0]));
+  EXPECT_TRUE(close(a.grad(), ea.grad()));
 }
 
 }  // namespace
