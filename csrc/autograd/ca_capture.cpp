@@ -217,11 +217,7 @@ variable_list Runtime::capture(const Request& r, const ca::BackwardWalk& w,
   const std::shared_ptr<BackwardEntry>& entry = rec.entry;
   const ir::Graph& graph = rec.graph;
   if (!rec.why.empty()) {
-    {
-      std::lock_guard<std::mutex> lock(cache_->mutex);
-      cache_->eager_keys.emplace(w.key());
-    }
-    cache::report_fallback("compiled autograd", "this backward graph, from now on: " + rec.why);
+    cache_->entries.run_structure_eagerly(w.key(), rec.why);
     return results;
   }
   entry->id = cache_->entries.next_id();
@@ -240,12 +236,8 @@ variable_list Runtime::capture(const Request& r, const ca::BackwardWalk& w,
     entry->graph = graph;
     entry->exe = compile_backward(graph, what);
   } catch (const c10::Error& e) {
-    {
-      std::lock_guard<std::mutex> lock(cache_->mutex);
-      cache_->eager_keys.emplace(w.key());
-    }
-    cache::report_fallback("compiled autograd", what + " could not be compiled; it runs eagerly from now on: " +
-                                                    first_line(e.what_without_backtrace()));
+    cache_->entries.run_structure_eagerly(w.key(),
+                                          what + " could not be compiled: " + first_line(e.what_without_backtrace()));
     return results;
   }
   if (size_miss_of) generalize(*size_miss_of, *entry, changed);

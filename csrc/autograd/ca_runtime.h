@@ -19,7 +19,6 @@
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -70,8 +69,6 @@ struct Cache {
       : options(o), entries("compiled autograd", o.compile.cache_size_limit, o.compile.dynamic, o.compile.check_new_sizes) {}
   CompiledAutogradOptions options;
   cache::EntryCache entries;
-  std::mutex mutex;  // eager_keys
-  std::set<std::string, std::less<>> eager_keys;  // structures that cannot be compiled (reason logged once)
   cache::VerifyCounter verifier;  // verify mode: which hits to check
 };
 

@@ -293,6 +293,33 @@ void EntryCache::fall_back(const std::string& why) {
   report_fallback(who_, why);
 }
 
+void EntryCache::run_eagerly_from_now(Entry& e, const std::string& why, bool by_design) {
+  auto mark = std::make_shared<const EagerMark>(EagerMark{why, by_design});
+  std::atomic_store(&e.eager_, std::shared_ptr<const EagerMark>(std::move(mark)));
+  if (by_design) {
+    TCAP_LOG(GraphBreaks, who_ << ": " << why);
+  } else {
+    report_fallback(who_ + " (for these guards)", why);
+  }
+}
+
+void EntryCache::run_structure_eagerly(std::string_view structure, const std::string& why) {
+  TORCH_INTERNAL_ASSERT(!structure.empty(), "tcap: only a structure key can be marked eager");
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    eager_structures_[std::string(structure)] = std::make_shared<const EagerMark>(EagerMark{why, false});
+    any_eager_structure_.store(true, std::memory_order_release);
+  }
+  report_fallback(who_ + " (for this graph structure, from now on)", why);
+}
+
+std::shared_ptr<const EagerMark> EntryCache::structure_runs_eagerly(std::string_view structure) const {
+  if (structure.empty() || !any_eager_structure_.load(std::memory_order_acquire)) return nullptr;
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = eager_structures_.find(structure);
+  return it == eager_structures_.end() ? nullptr : it->second;
+}
+
 std::string EntryCache::eager_reason() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return eager_reason_;

@@ -21,19 +21,51 @@
 
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace tcap::cache {
+
+// Note [Calls that run eagerly]
+// What runs eagerly, and why, is held by the cache in one form for every front door, and
+// only the serving loop acts on it (it runs the call through door.eager(why) and counts it):
+//   * the whole front door (EntryCache::fall_back): every call from then on; reported once,
+//     when the cause is found (a forward that cannot be recorded, a step whose parts tcap
+//     cannot follow);
+//   * an entry (EntryCache::run_eagerly_from_now): the calls its guards fit, such as
+//     compile_step's entry whose step cannot be compiled for those guards, or that runs
+//     once by design while it creates optimizer state;
+//   * a structure (EntryCache::run_structure_eagerly): every call whose CallView::structure
+//     is that key, whatever its sizes (compiled autograd's backward graphs that could not
+//     be compiled).
+// The front door goes on compiling other calls around an entry or a structure that runs
+// eagerly, so each call served so is a fallback of its own: reported (logged, or thrown
+// under error_on_fallback) every time, unless it runs eagerly by design.
+struct EagerMark {
+  std::string why;
+  bool by_design = false;  // not a fallback (logged once under graph_breaks when set)
+};
+
+// Logs a fallback of one call (or one entry) and throws under error_on_fallback (Note
+// [Never wrong, never silent], below).
+void report_fallback(const std::string& who, const std::string& why);
 
 // One compiled entry of any front door.
 struct Entry {
   int id = 0;
   Guards guards;
   virtual ~Entry() = default;
+  // Set when the entry's calls run eagerly (Note [Calls that run eagerly]); null otherwise.
+  std::shared_ptr<const EagerMark> eager() const { return std::atomic_load(&eager_); }
+
+ private:
+  friend class EntryCache;
+  std::shared_ptr<const EagerMark> eager_;
 };
 
 using EntryList = std::vector<std::shared_ptr<Entry>>;
@@ -164,6 +196,9 @@ class EntryCache {
     const auto t0 = std::chrono::steady_clock::now();
     if (std::optional<Out> out = door.before()) return std::move(*out);
     if (fell_back()) return run_eagerly(door, eager_reason());
+    if (std::shared_ptr<const EagerMark> m = structure_runs_eagerly(door.view().structure)) {
+      return run_marked_eagerly(door, *m, " (for this graph structure)");
+    }
     bool timed = false;
     auto note_time = [&] {
       if (timed) return;
@@ -204,7 +239,14 @@ class EntryCache {
   // A hit: replayed, or at class values its entry has not served, checked (step 4).
   template <class Door>
   std::optional<typename Door::Out> serve_found(Door& door, const Lookup& found, bool first) {
+    if (std::shared_ptr<const EagerMark> m = found.hit->eager()) return run_marked_eagerly(door, *m, " (for these guards)");
     return found.check_sizes ? check_sizes(door, found) : door.replay(found, first);
+  }
+  // A call that an entry or a structure marked eager serves (Note [Calls that run eagerly]).
+  template <class Door>
+  typename Door::Out run_marked_eagerly(Door& door, const EagerMark& m, const char* which) {
+    if (!m.by_design) report_fallback(who_ + which, m.why);
+    return run_eagerly(door, m.why);
   }
   // Note [Checking a new size]: the call runs the user's code while recording
   // (door.check(found, &verdict), which compares the recording with the entry's at the
@@ -252,6 +294,14 @@ class EntryCache {
   void fall_back(const std::string& why);
   // Whether fall_back() was called: every call runs eagerly.
   bool fell_back() const { return fell_back_.load(std::memory_order_acquire); }
+  // Note [Calls that run eagerly]: from now on the calls that entry e serves run eagerly
+  // (e need not be in the cache: a check capture's entry tells its caller so). Reported as
+  // a fallback of `who()` (for these guards), or logged under graph_breaks when by design.
+  void run_eagerly_from_now(Entry& e, const std::string& why, bool by_design = false);
+  // ... and every call whose CallView::structure is `structure`, whatever its sizes.
+  void run_structure_eagerly(std::string_view structure, const std::string& why);
+  // The mark of `structure` (null when none; "" is never marked).
+  std::shared_ptr<const EagerMark> structure_runs_eagerly(std::string_view structure) const;
   // Why calls run eagerly: the fall_back() reason, or the cache limit ("" if neither).
   std::string eager_reason() const;
   bool dynamic() const { return dynamic_; }
@@ -275,6 +325,8 @@ class EntryCache {
   std::shared_ptr<const EntryList> entries_ = std::make_shared<EntryList>();
   std::string eager_reason_;
   std::atomic<bool> fell_back_{false};
+  std::map<std::string, std::shared_ptr<const EagerMark>, std::less<>> eager_structures_;  // under mutex_
+  std::atomic<bool> any_eager_structure_{false};
   bool warned_limit_ = false;
   std::atomic<bool> in_anomaly_mode_{false};
   std::shared_ptr<Stats> stats_ = std::make_shared<Stats>();

@@ -214,7 +214,7 @@ bool CompiledStep::Impl::compile_from_other_sizes(StepEntry& e, const StepEntry&
   std::vector<std::vector<HostState>> other_host;
   {
     std::lock_guard<std::mutex> lock(const_cast<StepEntry&>(a).mutex);
-    if (a.state == StepEntry::State::Eager) return false;
+    if (a.eager()) return false;
     other = a.state == StepEntry::State::Compiled ? a.record : a.graph;
     other_host = a.host;
   }
@@ -428,9 +428,9 @@ std::vector<at::Tensor> CompiledStep::Impl::check_call(const StepEntry& e, const
   StepEntry check;
   const step::StepInputs named = gather_named(user, g);
   auto outs = capture(check, user, named, /*count_capture=*/false);
-  const bool eager = check.state == StepEntry::State::Eager;
+  const auto eager = check.eager();
   *verdict = e.guards.dyn.ledger->check(key, check.graph,
-                                        eager ? "the step cannot be compiled at these sizes: " + check.eager_reason : "");
+                                        eager ? "the step cannot be compiled at these sizes: " + eager->why : "");
   return outs;
 }
 

@@ -80,11 +80,11 @@ struct StepPlan {
 };
 
 struct StepEntry : cache::Entry, StepPlan {
-  enum class State { Candidate, Compiled, Eager } state = State::Candidate;
-  std::mutex mutex;         // state changes (a Candidate becomes Compiled or Eager)
+  // A Candidate becomes Compiled, or runs eagerly from then on (cache::Entry::eager(),
+  // Note [Calls that run eagerly]).
+  enum class State { Candidate, Compiled } state = State::Candidate;
+  std::mutex mutex;         // state changes
   std::vector<std::vector<HostState>> host;  // per optimizer, per parameter: at the latest capture
-  std::string eager_reason;
-  bool by_design = false;   // runs eagerly by design (it creates optimizer state), not a fallback
   // The plan's graph with its host scalars as inputs (Note [Host scalars as graph
   // inputs]), compiled: takes the step's tensors, then one number per patch. The 0-dim
   // tensors those numbers travel in, written in place per replay (calls are serial, and
@@ -147,19 +147,9 @@ struct CompiledStep::Impl {
     return eager_call(user);
   }
 
-  // Marks e eager for its guards; a fallback unless by design.
+  // Marks e eager for its guards; a fallback unless by design (Note [Calls that run eagerly]).
   void go_eager(StepEntry& e, const std::string& why, bool by_design = false) {
-    {
-      std::lock_guard<std::mutex> lock(e.mutex);
-      e.state = StepEntry::State::Eager;
-      e.eager_reason = why;
-      e.by_design = by_design;
-    }
-    if (by_design) {
-      TCAP_LOG(GraphBreaks, who() << ": " << why);
-    } else {
-      cache::report_fallback(who() + " (for these guards)", why);
-    }
+    cache->run_eagerly_from_now(e, why, by_design);
   }
 
   // Runs the step while recording it into e (a check capture does not count as a capture).

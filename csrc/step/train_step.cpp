@@ -205,6 +205,8 @@ struct CompiledStep::Impl::ServedCall {
       std::lock_guard<std::mutex> lock(e->mutex);
       state = e->state;
     }
+    // An entry that runs eagerly never gets here: the serving loop runs its calls eagerly
+    // (Note [Calls that run eagerly]).
     switch (state) {
       case StepEntry::State::Compiled: {
         if (!e->fused_groups.empty() && !step::fused_steps_agree(e->fused_groups, s.parts.opts)) {
@@ -221,15 +223,12 @@ struct CompiledStep::Impl::ServedCall {
         }
         return s.replay(*entry, *g, found.primals, user);
       }
-      case StepEntry::State::Eager:
-        if (!e->by_design) cache::report_fallback(s.who() + " (for these guards)", e->eager_reason);
-        return s.run_eager(user);
       case StepEntry::State::Candidate: {
         ir::Graph first = e->graph;
         auto host1 = e->host;
         const step::StepInputs named = s.gather_named(user, *g);
         auto outs = s.capture(*e, user, named);
-        if (e->state == StepEntry::State::Candidate) s.verify_and_compile(*e, first, host1, named);
+        if (e->state == StepEntry::State::Candidate && !e->eager()) s.verify_and_compile(*e, first, host1, named);
         return outs;
       }
     }
@@ -256,7 +255,7 @@ struct CompiledStep::Impl::ServedCall {
     auto outs = s.capture(*e, user, named);
     s.cache->add(e);
     // Note [A step compiled from captures at two sizes].
-    if (l.size_miss_of && e->state == StepEntry::State::Candidate) {
+    if (l.size_miss_of && e->state == StepEntry::State::Candidate && !e->eager()) {
       s.compile_from_other_sizes(*e, static_cast<const StepEntry&>(*l.size_miss_of), named);
     }
     return outs;
@@ -286,7 +285,7 @@ std::string CompiledStep::eager_reason() const {
     auto& e = static_cast<StepEntry&>(**it);
     std::lock_guard<std::mutex> lock(e.mutex);
     if (e.state == StepEntry::State::Compiled) return "";
-    if (e.state == StepEntry::State::Eager && !e.by_design) return e.eager_reason;
+    if (auto m = e.eager(); m && !m->by_design) return m->why;
   }
   return impl_->cache->eager_reason();
 }
