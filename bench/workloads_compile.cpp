@@ -44,7 +44,7 @@
 //                partitioner's count of saved tensors that are not inputs. It also counts
 //                saved user outputs and views of inputs, which hold no memory of their own,
 //                so held_bytes is the like-for-like figure.
-#include "workloads.h"
+#include "compile_variants.h"
 
 #include <tcap/buffer_pool.h>
 #include <tcap/compile.h>
@@ -63,22 +63,11 @@
 #include <string>
 #include <vector>
 
-namespace tcap::bench {
+namespace tcap::bench::compile_workloads {
 
 namespace {
 
 namespace nn = torch::nn;
-using Tensors = std::vector<at::Tensor>;
-
-// One variant's step. See Note [What a compile workload measures].
-struct Step {
-  std::string what;                                   // "coscos/tcap_eager", for messages
-  std::function<at::Tensor()> forward;                // the timed call
-  std::function<at::Tensor(const at::Tensor&)> loss;  // untimed, eager
-  Tensors leaves;                                     // what the backward writes .grad of
-  std::shared_ptr<tcap::CompiledFunction> compiled;   // tcap variants only
-  std::shared_ptr<tcap::CompiledAutogradOptions> ca;  // compiled-autograd variants only
-};
 
 // loss.backward(), under a compiled-autograd guard for the ca_* variants.
 void backward_of(const Step& s, const at::Tensor& loss) {
@@ -94,56 +83,6 @@ tcap::CompiledAutogradStats ca_stats(const Step& s) { return tcap::CompiledAutog
 
 // Fresh compiles per tcap variant at setup; compile_ms is their median (1 with --quick).
 constexpr int kCompiles = 5;
-
-// How close a replay must come to eager, elementwise:
-//   |got - want| <= atol * max|want| + rtol * |want|.
-// atol is relative to the tensor's largest magnitude, so one tolerance fits an output of
-// order 1 and the grads of a mean over 16M elements (order 1e-8, where any absolute atol
-// would accept anything).
-struct Tolerance {
-  double rtol;
-  double atol;
-};
-// Pointwise and tiny workloads: a fused backend may round differently, by a few ulp.
-constexpr Tolerance kPointwiseTol{1e-5, 1e-6};
-// Big matmuls and reductions (K = 4096): a backend may sum in another order.
-constexpr Tolerance kMatmulTol{1e-4, 1e-5};
-
-// Builds the step of one variant: options is null for eager.
-using MakeStep = std::function<Step(const tcap::CompileOptions* options)>;
-using Loss = std::function<at::Tensor(const at::Tensor&)>;
-
-// A step calling fn(inputs)[0]: eagerly (options == nullptr) or through tcap::compile.
-Step function_step(Tensors (*fn)(const Tensors&), Tensors inputs, Tensors leaves, Loss loss,
-                   const tcap::CompileOptions* options) {
-  Step s;
-  s.leaves = std::move(leaves);
-  s.loss = std::move(loss);
-  if (!options) {
-    s.forward = [fn, inputs] { return fn(inputs)[0]; };
-  } else {
-    s.compiled = tcap::compile(fn, *options);
-    s.forward = [f = s.compiled.get(), inputs] { return (*f)(inputs)[0]; };
-  }
-  return s;
-}
-
-// A step calling module->forward(x): eagerly (options == nullptr) or through
-// tcap::compile(module); the leaves are the module's parameters.
-template <class M>
-Step module_step(M module, at::Tensor x, Loss loss, const tcap::CompileOptions* options) {
-  Step s;
-  s.leaves = module->parameters();
-  s.loss = std::move(loss);
-  if (!options) {
-    s.forward = [module, x]() mutable { return module->forward(x); };
-  } else {
-    s.compiled = tcap::compile(module, *options);
-    // The compiled function holds the module weakly: the step keeps it alive.
-    s.forward = [f = s.compiled.get(), module, x] { return f->forward(x); };
-  }
-  return s;
-}
 
 void reset_grads(const Tensors& leaves) {
   for (const auto& t : leaves) {
@@ -372,6 +311,8 @@ Variant gemm_floor_variant(const std::string& workload, const MakeStep& make_ste
   return v;
 }
 
+}  // namespace
+
 std::vector<Variant> make_variants(const std::string& workload, const Options& opts, Tolerance tol,
                                    const MakeStep& make_step) {
   auto eager = std::make_shared<Step>(make_step(nullptr));
@@ -505,239 +446,4 @@ void derive_bwd_ratio(std::vector<Record>& records) {
   }
 }
 
-// --- coscos ----------------------------------------------------------------------------
-
-Tensors coscos(const Tensors& in) { return {torch::cos(torch::cos(in[0] + in[1] + in[2] + in[3]))}; }
-
-std::vector<Variant> make_coscos(const Options& opts) {
-  torch::manual_seed(0);
-  // Shared by every variant: grads are reset before each iteration.
-  Tensors inputs;
-  for (int i = 0; i < 4; ++i) inputs.push_back(torch::randn({1024, 2048}).to(torch::Device(opts.device)).requires_grad_(true));
-  return make_variants("coscos", opts, kPointwiseTol, [inputs](const tcap::CompileOptions* o) {
-    return function_step(coscos, inputs, inputs, [](const at::Tensor& out) { return out.sum(); }, o);
-  });
-}
-
-// --- bias_relu -------------------------------------------------------------------------
-
-// relu(x + b) over f32[8192, 1024] ([1024, 1024] with --quick), x and b requiring grad,
-// loss sum(out * w) with a fixed w outside the compiled function (so that the backward
-// gets a full gradient, not a broadcast scalar). The backward's bias gradient is a column
-// sum of the masked gradient, which it also stores: one Column kernel on CUDA (Note [Split
-// column reductions]), a column reduction on the CPU.
-Tensors bias_relu(const Tensors& in) { return {torch::relu(in[0] + in[1])}; }
-
-int64_t bias_relu_rows(const Options& o) { return o.quick ? 1024 : 8192; }
-
-std::vector<Variant> make_bias_relu(const Options& opts) {
-  torch::manual_seed(0);
-  const torch::Device dev(opts.device);
-  const at::Tensor x = torch::randn({bias_relu_rows(opts), 1024}).to(dev).requires_grad_(true);
-  const at::Tensor b = torch::randn({1024}).to(dev).requires_grad_(true);
-  const at::Tensor w = torch::randn({bias_relu_rows(opts), 1024}).to(dev);
-  return make_variants("bias_relu", opts, kMatmulTol, [x, b, w](const tcap::CompileOptions* o) {
-    return function_step(bias_relu, {x, b}, {x, b}, [w](const at::Tensor& out) { return (out * w).sum(); }, o);
-  });
-}
-
-// --- mlp_small -------------------------------------------------------------------------
-
-// The seed MLP (as in record_mlp_step), batch 1, MSE loss against a fixed target. Each
-// variant has its own model, with the same weights.
-std::vector<Variant> make_mlp_small(const Options& opts) {
-  torch::manual_seed(0);
-  const at::Tensor x = torch::randn({1, 10}).to(torch::Device(opts.device));
-  const at::Tensor target = torch::randn({1, 2}).to(torch::Device(opts.device));
-  return make_variants("mlp_small", opts, kPointwiseTol, [x, target, dev = opts.device](const tcap::CompileOptions* o) {
-    torch::manual_seed(1);
-    nn::Sequential model{nn::Linear(10, 5), nn::ReLU(), nn::Linear(5, 2), nn::Softmax(1)};
-    model->to(torch::Device(dev));
-    return module_step(model, x, [target](const at::Tensor& out) { return torch::mse_loss(out, target); }, o);
-  });
-}
-
-// --- small_linear_<n> ------------------------------------------------------------------
-
-// Linear(n, n) + ReLU at batch n (n^3 multiply-adds per matmul), loss out.sum(): where
-// a generated matmul kernel stops beating the BLAS call (Note [Small matmuls as kernels];
-// run once with TCAP_SMALL_MATMUL_MACS=0 to time the BLAS calls in tcap's graphs).
-std::vector<Variant> make_small_linear(const Options& opts, int64_t n) {
-  torch::manual_seed(0);
-  const at::Tensor x = torch::randn({n, n}).to(torch::Device(opts.device));
-  return make_variants("small_linear_" + std::to_string(n), opts, kMatmulTol,
-                       [x, n, dev = opts.device](const tcap::CompileOptions* o) {
-                         torch::manual_seed(1);
-                         nn::Sequential model{nn::Linear(n, n), nn::ReLU()};
-                         model->to(torch::Device(dev));
-                         return module_step(model, x, [](const at::Tensor& out) { return out.sum(); }, o);
-                       });
-}
-
-// --- mlp_big -------------------------------------------------------------------------
-
-// Randomises a LayerNorm's affine parameters. With weight 1 and bias 0, mean(out^2) of a
-// LayerNorm's output is 1 whatever its input (up to eps), so every grad above it would be
-// rounding noise: nothing to check, and not a training step's values. The work is the same.
-void randomise_affine(nn::LayerNorm& norm) {
-  torch::NoGradGuard no_grad;
-  norm->weight.normal_(1.0, 0.5);
-  norm->bias.normal_(0.0, 0.5);
-}
-
-at::Tensor mean_of_squares(const at::Tensor& out) { return out.square().mean(); }
-
-// Linear(1024, 4096) -> GELU -> Linear(4096, 1024) -> LayerNorm(1024), batch 256 (64 with
-// --quick), compiled as a module; loss mean(out^2) and backward outside it, as in
-// mlp_small (the loss is 0.25M elements beside 4 GFLOP of matmuls).
-std::vector<Variant> make_mlp_big(const Options& opts) {
-  torch::manual_seed(0);
-  const at::Tensor x = torch::randn({opts.quick ? 64 : 256, 1024}).to(torch::Device(opts.device));
-  return make_variants("mlp_big", opts, kMatmulTol, [x, dev = opts.device](const tcap::CompileOptions* o) {
-    torch::manual_seed(1);
-    nn::LayerNorm norm(nn::LayerNormOptions({1024}));
-    randomise_affine(norm);
-    nn::Sequential model{nn::Linear(1024, 4096), nn::GELU(), nn::Linear(4096, 1024), norm};
-    model->to(torch::Device(dev));
-    return module_step(model, x, mean_of_squares, o);
-  });
-}
-
-// --- softmax_ce ------------------------------------------------------------------------
-
-constexpr int64_t kCeClasses = 4096;
-int64_t ce_rows(const Options& o) { return o.quick ? 1024 : 4096; }  // 4096 x 4096 = 64 MiB
-
-// Softmax + cross-entropy (log_softmax + nll_loss, mean over rows): the compiled function
-// returns the loss, and loss.backward() is the timed backward.
-Tensors softmax_ce(const Tensors& in) { return {nn::functional::cross_entropy(in[0], in[1])}; }
-
-std::vector<Variant> make_softmax_ce(const Options& opts) {
-  torch::manual_seed(0);
-  const at::Tensor logits = torch::randn({ce_rows(opts), kCeClasses}).to(torch::Device(opts.device)).requires_grad_(true);
-  const at::Tensor targets = torch::randint(0, kCeClasses, {ce_rows(opts)}, torch::kLong).to(torch::Device(opts.device));
-  return make_variants("softmax_ce", opts, kMatmulTol, [logits, targets](const tcap::CompileOptions* o) {
-    return function_step(softmax_ce, {logits, targets}, {logits}, [](const at::Tensor& out) { return out; }, o);
-  });
-}
-
-// --- transformer_block -----------------------------------------------------------------
-
-// One nn::TransformerEncoderLayer (d_model 256, 4 heads, dim_feedforward 2048, ReLU,
-// post-norm, dropout 0 so that results are checkable), training mode, input [128, 8, 256]
-// (seq, batch, d_model; [32, 4, 256] with --quick), compiled as a module; loss mean(out^2)
-// outside it. Both LayerNorms' affine parameters are randomised (see randomise_affine).
-std::vector<Variant> make_transformer_block(const Options& opts) {
-  torch::manual_seed(0);
-  const at::Tensor src = (opts.quick ? torch::randn({32, 4, 256}) : torch::randn({128, 8, 256})).to(torch::Device(opts.device));
-  return make_variants("transformer_block", opts, kMatmulTol, [src, dev = opts.device](const tcap::CompileOptions* o) {
-    torch::manual_seed(1);
-    nn::TransformerEncoderLayer layer(nn::TransformerEncoderLayerOptions(256, 4).dropout(0.0));
-    randomise_affine(layer->norm1);
-    randomise_affine(layer->norm2);
-    layer->train();
-    layer->to(torch::Device(dev));
-    return module_step(layer, src, mean_of_squares, o);
-  });
-}
-
-// --- ca_chain --------------------------------------------------------------------------
-
-// A chain of 100 small pointwise ops on f32[64]: a backward of ~100 autograd nodes whose
-// kernels are tiny, so compiled autograd's per-call cost (the graph walk and cache lookup,
-// lookup_us) shows. Goal: lookup_us under 20 µs.
-Tensors ca_chain(const Tensors& in) {
-  at::Tensor x = in[0];
-  for (int i = 0; i < 33; ++i) x = torch::sin(x * 1.01 + in[1]);
-  return {x};
-}
-
-std::vector<Variant> make_ca_chain(const Options& opts) {
-  torch::manual_seed(0);
-  Tensors inputs{torch::randn({64}).to(torch::Device(opts.device)).requires_grad_(true),
-                 torch::randn({64}).to(torch::Device(opts.device)).requires_grad_(true)};
-  return make_variants("ca_chain", opts, kPointwiseTol, [inputs](const tcap::CompileOptions* o) {
-    return function_step(ca_chain, inputs, inputs, [](const at::Tensor& out) { return out.sum(); }, o);
-  });
-}
-
-}  // namespace
-
-void add_compile_workloads(Registry& registry) {
-  constexpr double kMiB = 1 << 20;
-  Workload coscos{"coscos",
-                  "cos(cos(a+b+c+d)), 4 x f32[1024, 2048] requiring grad, loss out.sum(): eager vs "
-                  "tcap::compile replay (eager / llvm backend; min-cut / default partitioner); µs per call",
-                  make_coscos, derive_bwd_ratio};
-  // Note [Bandwidth floors]: forward reads a, b, c, d and writes out and one saved tensor
-  // (a+b+c+d, for the recompute); backward reads it and grad_out and writes 4 grads.
-  coscos.floor_bytes = [](const Options&) { return FloorBytes{6 * 8 * kMiB, 6 * 8 * kMiB}; };
-  coscos.has_peer = true;
-  coscos.cuda = true;
-  registry.add(std::move(coscos));
-
-  Workload bias{"bias_relu",
-                "relu(x + b), x f32[8192, 1024] ([1024, 1024] with --quick) and b f32[1024] requiring grad, "
-                "loss sum(out * w): the backward's bias gradient is a column sum; µs per call",
-                make_bias_relu, derive_bwd_ratio};
-  bias.has_peer = true;
-  bias.cuda = true;
-  registry.add(std::move(bias));
-
-  Workload mlp_small{"mlp_small",
-                     "seed MLP 10-5-2 (softmax, batch 1) compiled as a module, MSE loss and backward "
-                     "outside it: eager vs tcap::compile replay; µs per call",
-                     make_mlp_small, derive_bwd_ratio};
-  mlp_small.has_peer = true;
-  mlp_small.cuda = true;
-  registry.add(std::move(mlp_small));
-
-  for (int64_t n : {8, 16, 32, 48, 64}) {
-    Workload w{"small_linear_" + std::to_string(n),
-               "Linear(" + std::to_string(n) + ", " + std::to_string(n) + ") + ReLU at batch " + std::to_string(n) +
-                   " (" + std::to_string(n * n * n) + " multiply-adds per matmul), loss out.sum(): small matmuls "
-                   "as generated kernels against BLAS; µs per call",
-               [n](const Options& o) { return make_small_linear(o, n); }, derive_bwd_ratio};
-    registry.add(std::move(w));
-  }
-
-  Workload chain{"ca_chain",
-                 "33 x sin(x * 1.01 + b) on f32[64] (a 100-node backward): compiled autograd's per-call "
-                 "walk and cache lookup (lookup_us) against the whole backward; µs per call",
-                 make_ca_chain, derive_bwd_ratio};
-  chain.cuda = true;
-  registry.add(std::move(chain));
-
-  Workload mlp_big{"mlp_big",
-                   "Linear(1024,4096) GELU Linear(4096,1024) LayerNorm, batch 256 (64 with --quick), compiled "
-                   "as a module, loss mean(out^2) and backward outside it; µs per call",
-                   make_mlp_big, derive_bwd_ratio};
-  mlp_big.has_peer = true;
-  mlp_big.cuda = true;
-  registry.add(std::move(mlp_big));
-
-  Workload ce{"softmax_ce",
-              "cross_entropy(logits f32[4096, 4096] requiring grad, int64 targets; 1024 rows with --quick) "
-              "compiled, returns the loss; µs per call",
-              make_softmax_ce, derive_bwd_ratio};
-  // Forward reads the logits once (a one-pass log-sum-exp per row; the 32 KiB of targets
-  // and the scalar loss are left out); backward reads them again and writes their grad.
-  ce.floor_bytes = [](const Options& o) {
-    const double logits = static_cast<double>(ce_rows(o) * kCeClasses) * 4;
-    return FloorBytes{logits, 2 * logits};
-  };
-  ce.has_peer = true;
-  ce.cuda = true;
-  registry.add(std::move(ce));
-
-  Workload block{"transformer_block",
-                 "nn::TransformerEncoderLayer(256, 4 heads, ff 2048, dropout 0), training, input "
-                 "[128, 8, 256] ([32, 4, 256] with --quick), compiled as a module, loss mean(out^2) "
-                 "outside it; µs per call",
-                 make_transformer_block, derive_bwd_ratio};
-  block.has_peer = true;
-  block.cuda = true;
-  registry.add(std::move(block));
-}
-
-}  // namespace tcap::bench
+}  // namespace tcap::bench::compile_workloads
