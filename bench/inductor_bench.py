@@ -59,7 +59,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-# Same as tcap-bench's (workloads_compile.cpp, struct Tolerance): elementwise
+# Same as tcap-bench's (compile_variants.h, struct Tolerance): elementwise
 # |got - want| <= atol * max|want| + rtol * |want|.
 POINTWISE_TOL = (1e-5, 1e-6)
 MATMUL_TOL = (1e-4, 1e-5)
@@ -174,7 +174,7 @@ def difference(got, want, tol):
 
 
 # --- workloads: each returns (make_step(compiled: bool) -> Step, tolerance) --------------
-# The same as workloads_compile.cpp: shapes (and --quick's smaller ones), losses, dtype
+# The same as workloads_compile_list.cpp: shapes (and --quick's smaller ones), losses, dtype
 # (f32), initialisation scheme.
 
 
@@ -183,7 +183,7 @@ def mean_of_squares(out):
 
 
 def randomise_affine(norm):
-    # As workloads_compile.cpp: with weight 1 and bias 0, mean(out^2) of a LayerNorm is 1
+    # As workloads_compile_list.cpp: with weight 1 and bias 0, mean(out^2) of a LayerNorm is 1
     # whatever its input, and every grad above it would be rounding noise.
     with torch.no_grad():
         norm.weight.normal_(1.0, 0.5)

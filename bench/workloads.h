@@ -9,7 +9,7 @@ namespace tcap::bench {
 // record_small_ops, record_mlp_step (workloads_capture.cpp).
 void add_capture_workloads(Registry& registry);
 // coscos, mlp_small, mlp_big, softmax_ce, transformer_block: tcap::compile replay vs eager
-// (workloads_compile.cpp).
+// (workloads_compile_list.cpp, measured by workloads_compile.cpp).
 void add_compile_workloads(Registry& registry);
 // program_cnn, program_dcgan, ...: whole training steps of the programs of test/programs/
 // in each tcap mode (workloads_programs.cpp).

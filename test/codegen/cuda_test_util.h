@@ -1,7 +1,7 @@
 // What the cuda backend's tests share (cuda_render_test.cpp, cuda_emulator_test.cpp,
-// cuda_compile_test.cpp): the skip macros that say why a test cannot run here, the dtype
-// lists, and kernels built by hand that cover every op, dtype and reduction strategy of
-// the renderer.
+// cuda_compile_test.cpp, cuda_training_test.cpp): the skip macros that say why a test
+// cannot run here, the dtype lists, and kernels built by hand that cover every op, dtype
+// and reduction strategy of the renderer.
 #pragma once
 
 #include "codegen/cuda/cuda.h"

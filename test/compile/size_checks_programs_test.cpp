@@ -1,0 +1,155 @@
+// Note [Checking a new size] (csrc/cache/dynamic_sizes.h) on programs whose sizes vary: a
+// transformer layer with varying sequence length under tcap::compile, and a token tagger
+// trained on batches of varying length under compile_step and compiled autograd. Every call
+// is compared with an eager twin (tolerances: size_tolerances.h).
+#include <tcap/compile.h>
+#include <tcap/compiled_autograd.h>
+#include <tcap/train_step.h>
+
+#include "support/backends.h"
+#include "support/compare.h"
+#include "support/log_capture.h"
+#include "support/models.h"
+#include "size_tolerances.h"
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+namespace {
+
+using tcap::testing::atol_of;
+using tcap::testing::close;
+using tcap::testing::LogCapture;
+using tcap::testing::rtol_of;
+using Tensors = std::vector<at::Tensor>;
+namespace nn = torch::nn;
+
+}  // namespace
+
+namespace {
+
+// MultiheadAttention reads equal(query, key) and equal(key, value) on the host: guards
+// checked inline by every replay (Note [Host reads of a dynamic entry]), which no longer
+// keep the entry static. The sequence length varies, the batch does not.
+TEST(SizeChecks, TransformerLayerWithVaryingSequenceLength) {
+  for (const char* backend : {"eager", "llvm"}) {
+    if (!tcap::testing::backend_built(backend, nullptr)) continue;
+    torch::manual_seed(11);
+    auto opts = nn::TransformerEncoderLayerOptions(16, 4).dim_feedforward(32).dropout(0.0);
+    nn::TransformerEncoderLayer layer(opts), twin(opts);
+    tcap::testing::copy_parameters(*layer, *twin);
+    tcap::CompileOptions o;
+    o.backend = backend;
+    LogCapture log("recompiles");
+    auto f = tcap::compile(layer.ptr(), [&](const Tensors& in) { return Tensors{layer->forward(in[0])}; }, o);
+    const std::vector<int64_t> lengths = {5, 9, 12, 12, 7, 7, 31, 31, 9, 20, 20, 3, 3};
+    for (int64_t t : lengths) {
+      auto x = torch::randn({t, 2, 16});
+      auto out = (*f)({x})[0];
+      auto ref = twin->forward(x);
+      ASSERT_TRUE(close(out, ref, rtol_of(backend), atol_of(backend))) << backend << " length " << t << "\n"
+                                                                        << log.text();
+      out.pow(2).sum().backward();
+      ref.pow(2).sum().backward();
+      auto p = layer->parameters(), q = twin->parameters();
+      for (size_t k = 0; k < p.size(); ++k) {
+        EXPECT_TRUE(close(p[k].grad(), q[k].grad(), rtol_of(backend), 10 * atol_of(backend)))
+            << backend << " length " << t << " parameter " << k;
+      }
+      layer->zero_grad();
+      twin->zero_grad();
+    }
+    const auto st = f->stats();
+    EXPECT_EQ(st.captures, 2) << backend << "\n" << log.text();
+    EXPECT_GE(st.replays, 5) << backend << "\n" << log.text();
+    EXPECT_EQ(f->eager_reason(), "") << backend;
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// A token tagger trained on batches of varying length: Embedding, Linear, LayerNorm, GELU,
+// Linear, cross_entropy over flatten(0, 1). Its views take batch * length, which the walk
+// of compiled autograd also reads as a size of its own: an integer two sizes explain
+// alike, taken as the first and checked at every new length.
+struct Tagger : nn::Module {
+  Tagger()
+      : emb(register_module("emb", nn::Embedding(50, 16))),
+        fc1(register_module("fc1", nn::Linear(16, 24))),
+        norm(register_module("norm", nn::LayerNorm(nn::LayerNormOptions({24})))),
+        fc2(register_module("fc2", nn::Linear(24, 7))) {}
+  at::Tensor forward(const at::Tensor& tokens) {
+    return fc2->forward(torch::gelu(norm->forward(fc1->forward(emb->forward(tokens)))));
+  }
+  nn::Embedding emb;
+  nn::Linear fc1;
+  nn::LayerNorm norm;
+  nn::Linear fc2;
+};
+
+at::Tensor tagger_loss(Tagger& m, const at::Tensor& tokens, const at::Tensor& tags) {
+  return torch::cross_entropy_loss(m.forward(tokens).flatten(0, 1), tags.flatten(0, 1));
+}
+
+const std::vector<int64_t> kLengths = {12, 12, 12, 12, 17, 17, 17, 9, 9, 23, 23, 12, 30, 30, 17, 5, 5, 9};
+
+TEST(SizeChecks, TaggerStepWithVaryingLength) {
+  torch::manual_seed(21);
+  auto model = std::make_shared<Tagger>(), twin = std::make_shared<Tagger>();
+  tcap::testing::copy_parameters(*model, *twin);
+  torch::optim::Adam opt(model->parameters(), 1e-2), opt_twin(twin->parameters(), 1e-2);
+  auto body = [](Tagger& m, torch::optim::Adam& o, const at::Tensor& x, const at::Tensor& y) {
+    o.zero_grad();
+    auto loss = tagger_loss(m, x, y);
+    loss.backward();
+    o.step();
+    return loss;
+  };
+  LogCapture log("recompiles");
+  auto step = tcap::compile_step(model, opt, [&](const Tensors& in) { return Tensors{body(*model, opt, in[0], in[1])}; });
+  for (int64_t t : kLengths) {
+    auto x = torch::randint(0, 50, {4, t});
+    auto y = torch::randint(0, 7, {4, t});
+    auto loss = (*step)({x, y})[0];
+    ASSERT_TRUE(close(loss, body(*twin, opt_twin, x, y), 1e-4, 1e-5)) << "length " << t << "\n" << log.text();
+  }
+  auto p = model->parameters(), q = twin->parameters();
+  for (size_t k = 0; k < p.size(); ++k) EXPECT_TRUE(close(p[k], q[k], 1e-4, 1e-5)) << "parameter " << k;
+  const auto st = step->stats();
+  EXPECT_GE(st.replays, 6) << log.text();
+  EXPECT_LE(st.captures, 6) << log.text();
+}
+
+TEST(SizeChecks, TaggerCompiledAutogradWithVaryingLength) {
+  tcap::reset_compiled_autograd();
+  torch::manual_seed(22);
+  auto model = std::make_shared<Tagger>(), twin = std::make_shared<Tagger>();
+  tcap::testing::copy_parameters(*model, *twin);
+  tcap::CompileOptions o;
+  o.name = "tagger_ca";
+  LogCapture log("recompiles");
+  for (int64_t t : kLengths) {
+    auto x = torch::randint(0, 50, {4, t});
+    auto y = torch::randint(0, 7, {4, t});
+    {
+      tcap::CompiledAutogradGuard ca(o);
+      tagger_loss(*model, x, y).backward();
+    }
+    tagger_loss(*twin, x, y).backward();
+    auto p = model->parameters(), q = twin->parameters();
+    for (size_t k = 0; k < p.size(); ++k) {
+      ASSERT_TRUE(close(p[k].grad(), q[k].grad(), 1e-5, 1e-6)) << "length " << t << " parameter " << k << "\n" << log.text();
+    }
+    model->zero_grad();
+    twin->zero_grad();
+  }
+  tcap::CompiledAutogradGuard ca(o);
+  EXPECT_GE(ca.stats().replays, 6) << log.text();
+  EXPECT_LE(ca.stats().captures, 4) << log.text();
+}
+
+}  // namespace
