@@ -29,7 +29,7 @@ constexpr const char* kUsage =
     "                  py_eager, inductor,\n"
     "                  record, record_read, replay; the program workloads' compile,\n"
     "                  compile_llvm, step, step_llvm, step_fused, step_fused_llvm, ca, ca_llvm; overhead_empty's call,\n"
-    "                  lookup, guard_check, context_check;\n"
+    "                  lookup, guard_check, context_check, lookup_8, scan_8;\n"
     "                  the serving workloads' eager_Nt, tcap_eager_Nt, tcap_llvm_Nt for N = 1, 2, 4;\n"
     "                  the export workloads' export, load_first_call, cpp_eager, cpp_tcap_llvm,\n"
     "                  loaded_eager, loaded_llvm, nativert)\n"
@@ -52,7 +52,7 @@ const char* const kVariants[] = {"eager",     "record",    "record_read",      "
                                  "tcap_eager_default",     "tcap_llvm", "tcap_cuda", "tcap_cuda_graphs",
                                  "ca_eager",  "ca_llvm",   "ca_cuda",     "gemm_floor", "py_eager", "inductor",
                                  "compile",   "compile_llvm", "step",     "step_llvm", "step_fused", "step_fused_llvm", "ca",
-                                 "call",      "lookup",    "guard_check", "context_check",
+                                 "call",      "lookup",    "guard_check", "context_check", "lookup_8", "scan_8",
                                  "eager_1t",  "eager_2t",  "eager_4t",   "tcap_eager_1t", "tcap_eager_2t", "tcap_eager_4t",
                                  "tcap_llvm_1t", "tcap_llvm_2t", "tcap_llvm_4t",
                                  "export", "load_first_call", "cpp_eager", "cpp_tcap_llvm", "loaded_eager", "loaded_llvm",

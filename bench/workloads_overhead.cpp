@@ -15,7 +15,10 @@
 //   guard_check  cache::Guards::check alone on the same guards (global state, per tensor
 //                dtype/device/requires_grad/sizes/strides);
 //   context_check  the part of guard_check that compares at::globalContext()'s 39
-//                settings with the captured ones.
+//                settings with the captured ones;
+//   lookup_8, scan_8  a cache of eight entries that the call fits only the last of:
+//                EntryCache::lookup, and the eight guard checks whole (Note [The failing
+//                guard first]).
 // lookup and guard_check use tcap's internal headers (csrc/cache/): they time the very
 // functions the front doors call.
 #include "workloads.h"
@@ -118,6 +121,37 @@ std::vector<Variant> make_overhead_empty(const Options& opts) {
     auto c = std::make_shared<cache::EntryCache>("'overhead_empty'", 8, false);
     c->add(entry);
     variants.push_back(hits("lookup", [c, inputs](const cache::CallView& v) { return c->lookup(v, *inputs).hit != nullptr; }));
+  }
+  // Note [The failing guard first]: eight entries, the first seven recorded with the last
+  // input in another dtype, the call fitting the eighth. lookup_8 is EntryCache::lookup
+  // (after the first entry, each one's last failing guard alone, checked first);
+  // scan_8 checks the eight entries' guards whole, one after the other, as a lookup did
+  // before.
+  if (opts.wants("lookup_8") || opts.wants("scan_8")) {
+    auto c = std::make_shared<cache::EntryCache>("'overhead_empty'", 8, false);
+    for (at::ScalarType other : {at::kDouble, at::kHalf, at::kBFloat16, at::kInt, at::kLong, at::kShort, at::kChar}) {
+      Tensors in = *inputs;
+      in.back() = in.back().detach().to(other);
+      cache::CallView v;
+      v.tensors = in;
+      auto e = std::make_shared<cache::Entry>();
+      e->guards.capture_call(v, names, std::vector<bool>(kInputs, false));
+      e->guards.aliases = cache::AliasGeometry::of(in);
+      c->add(e);
+    }
+    c->add(entry);
+    if (opts.wants("lookup_8")) {
+      variants.push_back(hits("lookup_8", [c, inputs](const cache::CallView& v) {
+        return c->lookup(v, *inputs).hit != nullptr;
+      }));
+    }
+    if (opts.wants("scan_8")) {
+      variants.push_back(hits("scan_8", [c](const cache::CallView& v) {
+        bool hit = false;
+        for (const auto& e : *c->entries()) hit = e->guards.check(v).hit();
+        return hit;
+      }));
+    }
   }
   if (opts.wants("guard_check")) {
     variants.push_back(hits("guard_check", [entry](const cache::CallView& v) { return entry->guards.check(v).hit(); }));

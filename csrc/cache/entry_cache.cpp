@@ -149,6 +149,10 @@ Lookup EntryCache::lookup(const CallView& call, const std::vector<at::Tensor>& p
   out.entries_seen = snapshot->size();
   for (size_t i = start; i < snapshot->size(); ++i) {
     const auto& e = (*snapshot)[i];
+    // Note [The failing guard first]: with the reason to report known, an entry whose last
+    // failing guard fails again is passed (a miss the rest of its check would not change:
+    // not on sizes alone, not a hit).
+    if (!out.first_miss.empty() && !out.first_structure_miss && e->guards.fails_again(call)) continue;
     std::vector<int64_t> key;
     Miss m = e->guards.check(call, &key);
     bool host_only = false;

@@ -114,9 +114,13 @@ Miss Guards::check(const CallView& call, std::vector<int64_t>* key) const {
     m.structure = true;
     return m;
   }
+  int failing = kNone;  // Note [The failing guard first]
   if (check_global) {
     std::string g;
-    if (!global.check_now(Why(&g))) hard(std::move(g));
+    if (!global.check_now(Why(&g))) {
+      hard(std::move(g));
+      failing = kGlobalState;
+    }
   }
   if (call.modules) {
     // Note [Module state guards]: a tree that changed also changes the tensors gathered
@@ -142,6 +146,7 @@ Miss Guards::check(const CallView& call, std::vector<int64_t>* key) const {
     std::string why;
     if (!g.check_except_shape(t, Why(&why))) {
       hard("input '" + g.name + "' " + why);
+      if (failing == kNone) failing = static_cast<int>(k);
       continue;
     }
     if (!g.defined) continue;
@@ -200,6 +205,7 @@ Miss Guards::check(const CallView& call, std::vector<int64_t>* key) const {
     }
     if (call.scalars->size() != scalars.size()) hard("the number of host scalars changed");
   }
+  if (failing != kNone) last_failed.which.store(failing, std::memory_order_relaxed);
   if (m.hit() && dyn.dynamic()) {
     std::vector<int64_t> k = fit.key();
     // Note [Checking a new size]: values checked and refused miss, and not as a size miss
@@ -215,6 +221,14 @@ Miss Guards::check(const CallView& call, std::vector<int64_t>* key) const {
     if (key) *key = std::move(k);
   }
   return m;
+}
+
+bool Guards::fails_again(const CallView& call) const {
+  const int which = last_failed.which.load(std::memory_order_relaxed);
+  if (which == kGlobalState) return check_global && !global.check_now();
+  if (which < 0) return false;
+  const auto k = static_cast<size_t>(which);
+  return k < tensors.size() && k < call.tensors.size() && !tensors[k].check_except_shape(call.tensors[k]);
 }
 
 std::string Guards::check_primals(const std::vector<at::Tensor>& primals, bool* host_only) const {

@@ -272,12 +272,35 @@ struct Guards {
   HeldTensors held;
   HostReads host;
 
+  // Note [The failing guard first]: kNone, kGlobalState, or the index of a tensor guard.
+  static constexpr int kNone = -1;
+  static constexpr int kGlobalState = -2;
+  struct LastFailed {
+    std::atomic<int> which{kNone};
+    LastFailed() = default;
+    LastFailed(const LastFailed& o) : which(o.which.load(std::memory_order_relaxed)) {}
+    LastFailed& operator=(const LastFailed& o) {
+      which.store(o.which.load(std::memory_order_relaxed), std::memory_order_relaxed);
+      return *this;
+    }
+  };
+  mutable LastFailed last_failed;
+
   // Fills global state, tensors and sizes from a call (before the capture runs).
   void capture_call(const CallView& call, const std::vector<std::string>& names,
                     const std::vector<bool>& guard_identity);
   // Checks everything but held tensors and host reads (they need the primals). With
   // `key` given, receives the specialization key of a dynamic entry.
   Miss check(const CallView& call, std::vector<int64_t>* key = nullptr) const;
+  // Note [The failing guard first]
+  // A miss on a guard that no change of sizes explains (the global state, or a tensor's
+  // definedness, dtype, device or requires_grad) records which guard failed. A lookup that
+  // already has the reason it reports for a recompile re-checks that guard alone, first,
+  // for each later entry (fails_again): when it fails again the entry misses as the whole
+  // check would (not on sizes alone, so no candidate to generalize from) and the rest is
+  // not checked, as PyTorch's guard manager moves a failing guard to the front. A hint
+  // shared by the entry's calls, read and written relaxed: a stale one costs one check.
+  bool fails_again(const CallView& call) const;
   // After check() hit: alias classes and pre-checked host reads on the call's primals
   // (declared tensors then held ones, as returned by held.lock). "" if they hold;
   // `host_only` tells whether only a host value failed.

@@ -6,6 +6,7 @@
 #include <tcap/compile.h>
 
 #include "support/compare.h"
+#include "support/log_capture.h"
 
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
@@ -138,6 +139,51 @@ TEST(Cache, LimitFallsBackToEager) {
   // Still right, and the compiled entries are no longer used.
   auto x = torch::randn({3, 5}, torch::requires_grad());
   EXPECT_TRUE(close((*f)({x})[0], fn({x})[0]));
+}
+
+// Note [The failing guard first]: a lookup passes an entry whose last failing guard fails
+// again, and still finds the entry that fits when that guard holds. Three entries that
+// differ in a tensor guard (dtype, requires_grad) and one in the global state (grad mode),
+// called in an order where each entry's last failing guard holds again for a later call:
+// every call after the captures replays the entry it fits (no capture more), with eager's
+// values, and a recompile still names the first entry's failure.
+TEST(Cache, ALookupChecksTheFailingGuardFirstAndStillFindsItsEntry) {
+  tcap::CompileOptions o;
+  o.name = "failing_guard_first";
+  o.dynamic = false;
+  auto f = tcap::compile(fn, o);
+  struct Call {
+    at::ScalarType dtype;
+    bool requires_grad;
+    bool grad_mode;
+  };
+  const std::vector<Call> kinds = {{at::kFloat, false, true}, {at::kDouble, false, true}, {at::kFloat, true, true},
+                                   {at::kDouble, false, false}};
+  auto call = [&](const Call& c) {
+    c10::AutoGradMode mode(c.grad_mode);
+    auto x = torch::randn({3, 5}, at::TensorOptions().dtype(c.dtype).requires_grad(c.requires_grad));
+    auto out = (*f)({x});
+    EXPECT_TRUE(close(out[0], fn({x.detach()})[0], 1e-5, 1e-6));
+    if (out[0].requires_grad()) out[0].sum().backward();
+  };
+  for (const auto& c : kinds) call(c);  // four captures
+  EXPECT_EQ(f->stats().captures, 4);
+  // Each kind after every other, so that each entry's last failing guard is a different
+  // guard from the one the next call differs in.
+  for (int round = 0; round < 3; ++round) {
+    for (size_t i = 0; i < kinds.size(); ++i) {
+      call(kinds[(i * 3 + static_cast<size_t>(round)) % kinds.size()]);
+      call(kinds[(kinds.size() - 1 - i + static_cast<size_t>(round)) % kinds.size()]);
+    }
+  }
+  const auto s = f->stats();
+  EXPECT_EQ(s.captures, 4) << "a call was not served by the entry it fits";
+  EXPECT_EQ(s.replays, 24);
+  tcap::testing::LogCapture log("recompiles");
+  call({at::kHalf, false, true});
+  EXPECT_NE(log.text().find("recompiling (entry 4"), std::string::npos) << log.text();
+  EXPECT_NE(log.text().find("changed dtype: float32 -> float16"), std::string::npos)
+      << "the first entry's failure: " << log.text();
 }
 
 // Note [Dynamic sizes] in cache/dynamic_sizes.h.
