@@ -12,15 +12,15 @@
 // compiled autograd around an eager forward) and a backend (eager, llvm). It is called a
 // number of times; before each call a few changes are drawn from what ordinary programs do
 // between calls: another batch size, a non-contiguous input, train()/eval() of the model or
-// of one module, a Dropout's p, a BatchNorm's momentum or eps, a LayerNorm's eps, a
-// parameter edited in place, written through .data() or given other data (set_data), the
+// of one module, a Dropout's p or inplace, a BatchNorm's momentum (or none), eps or
+// track_running_stats, a LayerNorm's eps, a GroupNorm's groups, a parameter edited in place, written through .data() or given other data (set_data), the
 // learning rate, weight decay and momentum, a parameter frozen or unfrozen, deterministic
 // algorithms, a call under NoGradGuard or InferenceMode, gradients accumulated over two
 // calls, a gradient hook on a parameter, an input changed in place between the forward and
 // the backward, an output kept across an optimizer step before its backward, a call with
 // the default dtype double, a residual block's Linear replaced by a new module, the
 // optimizer's parameter list reordered, the held tensor edited in place, an Embedding's
-// padding_idx or max_norm, a Conv1d's padding mode, a step's target that is a view of its
+// padding_idx, max_norm or scale_grad_by_freq, a Conv1d's padding mode, a step's target that is a view of its
 // input. The twin gets the same changes.
 // After each call the outputs, every parameter, its .grad and every buffer are compared
 // (the eager backend within 1e-5 relative, llvm within 2e-3; atol scaled by magnitude);

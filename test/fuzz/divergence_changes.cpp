@@ -36,6 +36,15 @@ Call ChangeDraw::draw(int call) {
         break;
       }
       case 3: {
+        if ((which >> 8) % 4 == 0) {
+          // An in-place Dropout writes the tensor it is given (in training mode).
+          const bool in_place = (which >> 10) % 2 == 0;
+          c.what.push_back(std::string("Dropout inplace = ") + (in_place ? "true" : "false"));
+          c.edits.push_back([in_place](Side& s) {
+            for (auto& d : modules_of<nn::DropoutImpl>(s.model)) d->options.inplace(in_place);
+          });
+          break;
+        }
         const double p = std::vector<double>{0.0, 0.1, 0.5}[which % 3];
         c.what.push_back("Dropout p = " + std::to_string(p));
         c.edits.push_back([p](Side& s) {
@@ -44,6 +53,26 @@ Call ChangeDraw::draw(int call) {
         break;
       }
       case 4: {
+        // (This kind's variants, and those of kinds 3, 5 and 24, come from `which`'s bits,
+        // not from another draw: a seed draws the same random numbers, programs and change
+        // kinds as before the variants existed.)
+        if ((which >> 8) % 4 == 0) {
+          // A cumulative average: the factor is 1 / num_batches_tracked, read on the host.
+          c.what.push_back("BatchNorm momentum = none (cumulative average)");
+          c.edits.push_back([](Side& s) {
+            for (auto& b : modules_of<nn::BatchNorm1dImpl>(s.model)) b->options.momentum(c10::nullopt);
+          });
+          break;
+        }
+        if ((which >> 8) % 4 == 1) {
+          // Without running statistics an eval-mode BatchNorm normalizes by the batch's.
+          const bool track = (which >> 10) % 2 == 0;
+          c.what.push_back(std::string("BatchNorm track_running_stats = ") + (track ? "true" : "false"));
+          c.edits.push_back([track](Side& s) {
+            for (auto& b : modules_of<nn::BatchNorm1dImpl>(s.model)) b->options.track_running_stats(track);
+          });
+          break;
+        }
         const double m = std::vector<double>{0.05, 0.3, 0.9}[which % 3];
         c.what.push_back("BatchNorm momentum = " + std::to_string(m));
         c.edits.push_back([m](Side& s) {
@@ -52,6 +81,14 @@ Call ChangeDraw::draw(int call) {
         break;
       }
       case 5: {
+        if ((which >> 8) % 4 == 0) {
+          // One group: a GroupNorm that normalizes over all its channels.
+          c.what.push_back("GroupNorm num_groups = 1");
+          c.edits.push_back([](Side& s) {
+            for (auto& g : modules_of<nn::GroupNormImpl>(s.model)) g->options.num_groups(1);
+          });
+          break;
+        }
         const double eps = std::vector<double>{1e-5, 1e-2, 0.5}[which % 3];
         c.what.push_back("LayerNorm, BatchNorm and GroupNorm eps = " + std::to_string(eps));
         c.edits.push_back([eps](Side& s) {
@@ -176,6 +213,15 @@ Call ChangeDraw::draw(int call) {
         });
         break;
       case 24: {
+        if ((which >> 8) % 4 == 0) {
+          // Changes only the backward: gradients scaled by the inverse of each id's count.
+          const bool scale = (which >> 10) % 2 == 0;
+          c.what.push_back(std::string("Embedding scale_grad_by_freq = ") + (scale ? "true" : "false"));
+          c.edits.push_back([scale](Side& s) {
+            for (auto& e : modules_of<nn::EmbeddingImpl>(s.model)) e->options.scale_grad_by_freq(scale);
+          });
+          break;
+        }
         const std::optional<int64_t> idx = std::vector<std::optional<int64_t>>{std::nullopt, 0, 3}[which % 3];
         c.what.push_back("Embedding padding_idx = " + (idx ? std::to_string(*idx) : std::string("none")));
         c.edits.push_back([idx](Side& s) {
