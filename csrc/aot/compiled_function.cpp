@@ -155,6 +155,9 @@ std::optional<std::vector<at::Tensor>> CompiledFunction::Impl::while_pending(con
   } catch (const c10::Error& err) {
     settle(true);
     cache->fall_back(err.what_without_backtrace());
+  } catch (...) {
+    settle(true);  // the capture was abandoned: a later call captures again
+    throw;
   }
   return std::nullopt;  // the serving loop looks again (Note [The serving loop])
 }
