@@ -43,29 +43,62 @@ using torch::autograd::edge_list;
 using torch::autograd::Node;
 using torch::autograd::variable_list;
 
-// The nodes that compute `outputs` or call a hook, in graph order.
+// The nodes that compute `outputs` or call a hook, in graph order, and every write into a
+// tensor whose memory a kept node reads or makes: a node such as CopySlices writes the
+// gradient into a view of a buffer it returns (copy_ into an as_strided view), and the
+// later reads of the buffer name the buffer, not the write (its value is the buffer's
+// bottom of the view_of / version_of chain). Writes are kept when their buffer's root is
+// touched by a kept node, until nothing changes; a write kept that no later read needed
+// costs its time, never its meaning (the replay runs every kept node in graph order).
 std::vector<ir::NodeId> live_nodes(const ir::Graph& g, const std::vector<ir::ValueId>& outputs) {
   std::vector<char> live(g.nodes().size(), 0);
   std::vector<ir::NodeId> todo;
-  auto need = [&](ir::ValueId v) {
-    if (v == ir::kNoValue) return;
-    const ir::NodeId p = g.value(v).producer;
+  auto keep = [&](ir::NodeId p) {
     if (!live[static_cast<size_t>(p)]) {
       live[static_cast<size_t>(p)] = 1;
       todo.push_back(p);
     }
   };
+  auto need = [&](ir::ValueId v) {
+    if (v != ir::kNoValue) keep(g.value(v).producer);
+  };
+  auto close_over_inputs = [&] {
+    while (!todo.empty()) {
+      const ir::NodeId id = todo.back();
+      todo.pop_back();
+      ir::for_each_value(g.node(id).args, need);
+    }
+  };
   for (ir::ValueId v : outputs) need(v);
   for (const auto& n : g.nodes()) {
-    if (n.kind == ir::NodeKind::CallHook && !live[static_cast<size_t>(n.id)]) {
-      live[static_cast<size_t>(n.id)] = 1;
-      todo.push_back(n.id);
-    }
+    if (n.kind == ir::NodeKind::CallHook) keep(n.id);
   }
-  while (!todo.empty()) {
-    const ir::NodeId id = todo.back();
-    todo.pop_back();
-    ir::for_each_value(g.node(id).args, need);
+  close_over_inputs();
+  // The writes into memory a kept node touches.
+  for (bool grew = true; grew;) {
+    grew = false;
+    std::vector<char> touched(g.values().size(), 0);
+    auto touch = [&](ir::ValueId v) {
+      if (v != ir::kNoValue) touched[static_cast<size_t>(g.alias_root(v))] = 1;
+    };
+    for (const auto& n : g.nodes()) {
+      if (!live[static_cast<size_t>(n.id)]) continue;
+      ir::for_each_value(n.args, touch);
+      ir::for_each_value(n.outputs, touch);
+    }
+    for (const auto& n : g.nodes()) {
+      if (live[static_cast<size_t>(n.id)] || n.kind != ir::NodeKind::Call) continue;
+      bool writes_touched = false;
+      ir::for_each_value(n.outputs, [&](ir::ValueId v) {
+        if (v != ir::kNoValue && g.value(v).version_of != ir::kNoValue && touched[static_cast<size_t>(g.alias_root(v))]) {
+          writes_touched = true;
+        }
+      });
+      if (!writes_touched) continue;
+      keep(n.id);
+      grew = true;
+    }
+    close_over_inputs();
   }
   std::vector<ir::NodeId> out;
   for (const auto& n : g.nodes()) {
