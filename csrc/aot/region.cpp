@@ -427,17 +427,33 @@ JointGraph RegionCapture::build_joint(bool with_backward) const {
       grad_of.push_back(static_cast<int>(j));
     }
     if (added) g.schemas()["aten::add.Tensor"] = capture::OpInfo::from(*add_op).schema;
-    // The slice: backward nodes the gradients depend on, back to tangents and forward values.
+    // The slice: backward nodes the gradients depend on, back to tangents and forward values,
+    // and the writes through a view into memory a later kept node reads: a CopySlices node
+    // (the backward of an in-place op on a view) writes the gradient into a view of the
+    // buffer it returns, and the reads after it name the buffer, not the write (the memory
+    // of a value is the bottom of its view_of / version_of chain). A write into a value
+    // itself gives it a new version that later reads name, so the data flow keeps it when
+    // it is needed (and leaves out the engine's own accumulation of the contributions,
+    // which the slice sums itself).
     std::unordered_set<ir::ValueId> tangent_set(tangents.begin(), tangents.end());
     std::unordered_set<ir::ValueId> needed;
-    for (ir::ValueId v : grads) {
-      if (!tangent_set.count(v) && g.value(v).producer >= fw_end) needed.insert(v);
-    }
+    std::unordered_set<ir::ValueId> needed_memory;  // alias roots of `needed`
+    auto need = [&](ir::ValueId v) {
+      if (tangent_set.count(v) || g.value(v).producer < fw_end) return;
+      needed.insert(v);
+      needed_memory.insert(g.alias_root(v));
+    };
+    for (ir::ValueId v : grads) need(v);
     std::vector<ir::NodeId> slice;
     for (auto id = static_cast<ir::NodeId>(g.nodes().size()) - 1; id >= fw_end; --id) {
       const auto& n = g.node(id);
       bool defines = false;
-      ir::for_each_value(n.outputs, [&](ir::ValueId v) { defines = defines || needed.count(v); });
+      ir::for_each_value(n.outputs, [&](ir::ValueId v) {
+        const ir::ValueId written = g.value(v).version_of;
+        defines = defines || needed.count(v) ||
+                  (written != ir::kNoValue && g.value(written).view_of != ir::kNoValue &&
+                   needed_memory.count(g.alias_root(v)));
+      });
       if (!defines) continue;
       if (n.kind == ir::NodeKind::Input) {
         TORCH_CHECK(false, "the backward of the function reads a tensor its forward did not record ('",
@@ -450,9 +466,7 @@ JointGraph RegionCapture::build_joint(bool with_backward) const {
                   ", whose output sizes come from values (a data-dependent output shape), which a compiled "
                   "backward cannot check");
       slice.push_back(id);
-      ir::for_each_value(n.args, [&](ir::ValueId v) {
-        if (!tangent_set.count(v) && g.value(v).producer >= fw_end) needed.insert(v);
-      });
+      ir::for_each_value(n.args, need);
     }
     std::reverse(slice.begin(), slice.end());
     keep.insert(keep.end(), slice.begin(), slice.end());

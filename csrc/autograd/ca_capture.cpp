@@ -43,13 +43,14 @@ using torch::autograd::edge_list;
 using torch::autograd::Node;
 using torch::autograd::variable_list;
 
-// The nodes that compute `outputs` or call a hook, in graph order, and every write into a
-// tensor whose memory a kept node reads or makes: a node such as CopySlices writes the
+// The nodes that compute `outputs` or call a hook, in graph order, and every write through
+// a view into memory a kept node reads or makes: a node such as CopySlices writes the
 // gradient into a view of a buffer it returns (copy_ into an as_strided view), and the
-// later reads of the buffer name the buffer, not the write (its value is the buffer's
-// bottom of the view_of / version_of chain). Writes are kept when their buffer's root is
-// touched by a kept node, until nothing changes; a write kept that no later read needed
-// costs its time, never its meaning (the replay runs every kept node in graph order).
+// later reads of the buffer name the buffer, not the write (the memory of a value is the
+// bottom of its view_of / version_of chain). (A write into a value itself gives it a new
+// version that later reads name: the data flow keeps it.) Such writes are kept when their
+// memory is touched by a kept node, until nothing changes; a write kept that no later read
+// needed costs its time, never its meaning (the replay runs every kept node in order).
 std::vector<ir::NodeId> live_nodes(const ir::Graph& g, const std::vector<ir::ValueId>& outputs) {
   std::vector<char> live(g.nodes().size(), 0);
   std::vector<ir::NodeId> todo;
@@ -90,7 +91,10 @@ std::vector<ir::NodeId> live_nodes(const ir::Graph& g, const std::vector<ir::Val
       if (live[static_cast<size_t>(n.id)] || n.kind != ir::NodeKind::Call) continue;
       bool writes_touched = false;
       ir::for_each_value(n.outputs, [&](ir::ValueId v) {
-        if (v != ir::kNoValue && g.value(v).version_of != ir::kNoValue && touched[static_cast<size_t>(g.alias_root(v))]) {
+        if (v == ir::kNoValue) return;
+        const ir::ValueId written = g.value(v).version_of;
+        if (written != ir::kNoValue && g.value(written).view_of != ir::kNoValue &&
+            touched[static_cast<size_t>(g.alias_root(v))]) {
           writes_touched = true;
         }
       });

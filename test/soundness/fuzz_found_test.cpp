@@ -184,3 +184,56 @@ TEST(FuzzFound, InPlaceDropoutOnAViewUnderCompiledAutograd) {
   }
   tcap::reset_compiled_autograd();
 }
+
+// The same model through tcap::compile (its backward cut out of the engine's, Note
+// [Cutting a region's backward]) and through compile_step: every call equal to eager's.
+TEST(FuzzFound, InPlaceDropoutOnAViewThroughCompileAndCompileStep) {
+  for (const auto& backend : {std::string("eager"), std::string("llvm")}) {
+    SCOPED_TRACE(backend);
+    auto make = [] {
+      nn::Sequential s(nn::Conv1d(nn::Conv1dOptions(4, 4, 3).padding(1)), nn::Flatten(),
+                       nn::Dropout(nn::DropoutOptions(0.25).inplace(true)),
+                       nn::Dropout(nn::DropoutOptions(0.25).inplace(true)), nn::SiLU(), nn::Linear(20, 5));
+      return s;
+    };
+    torch::manual_seed(2);
+    auto model = make(), twin = make(), stepped = make(), stepped_twin = make();
+    tcap::testing::copy_parameters(*model, *twin);
+    tcap::testing::copy_parameters(*model, *stepped);
+    tcap::testing::copy_parameters(*model, *stepped_twin);
+    tcap::CompileOptions o;
+    o.backend = backend;
+    auto m = model.ptr();
+    auto f = tcap::compile(m, [m](const Tensors& in) { return Tensors{m->forward(in[0])}; }, o);
+    torch::optim::SGD opt(stepped->parameters(), 0.1), opt_twin(stepped_twin->parameters(), 0.1);
+    auto body = [](nn::Sequential& s, torch::optim::SGD& op, const at::Tensor& x) {
+      op.zero_grad();
+      auto loss = s->forward(x).pow(2).mean();
+      loss.backward();
+      op.step();
+      return loss;
+    };
+    auto step = tcap::compile_step(stepped, opt, [&](const Tensors& in) { return Tensors{body(stepped, opt, in[0])}; }, o);
+    for (int i = 0; i < 5; ++i) {
+      auto x = torch::randn({4, 4, 5});
+      model->zero_grad();
+      twin->zero_grad();
+      torch::manual_seed(100 + i);
+      auto got = f(x)[0];
+      got.pow(2).mean().backward();
+      torch::manual_seed(100 + i);
+      auto want = twin->forward(x);
+      want.pow(2).mean().backward();
+      ASSERT_TRUE(close(got, want, 1e-5, 1e-6)) << "call " << i;
+      expect_same_state(*model, *twin, "compile, call " + std::to_string(i));
+      torch::manual_seed(200 + i);
+      auto loss = (*step)({x})[0];
+      torch::manual_seed(200 + i);
+      auto loss_twin = body(stepped_twin, opt_twin, x);
+      ASSERT_TRUE(close(loss, loss_twin, 1e-5, 1e-6)) << "step " << i;
+      expect_same_state(*stepped, *stepped_twin, "step " + std::to_string(i));
+    }
+    EXPECT_GE(f->stats().replays, 3);
+    EXPECT_GE(step->stats().replays, 2);
+  }
+}
