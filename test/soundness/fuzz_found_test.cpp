@@ -143,6 +143,17 @@ TEST(FuzzFound, DropoutBeforeAMaskedLossInAStep) {
 
 }  // namespace
 
+namespace {
+
+// A Conv1d, flatten, two in-place Dropouts, SiLU and a Linear: seed 53's programs.
+nn::Sequential conv_then_inplace_dropouts() {
+  return nn::Sequential(nn::Conv1d(nn::Conv1dOptions(4, 4, 3).padding(1)), nn::Flatten(),
+                        nn::Dropout(nn::DropoutOptions(0.25).inplace(true)),
+                        nn::Dropout(nn::DropoutOptions(0.25).inplace(true)), nn::SiLU(), nn::Linear(20, 5));
+}
+
+}  // namespace
+
 // An in-place Dropout on a view of a convolution's output (flatten), under compiled
 // autograd around an eager forward: the backward's CopySlices nodes write the gradient
 // into a view of the buffer they return, and the graph kept only the buffer (the writes
@@ -150,12 +161,7 @@ TEST(FuzzFound, DropoutBeforeAMaskedLossInAStep) {
 TEST(FuzzFound, InPlaceDropoutOnAViewUnderCompiledAutograd) {
   for (const auto& backend : {std::string("eager"), std::string("llvm")}) {
     SCOPED_TRACE(backend);
-    auto make = [] {
-      nn::Sequential s(nn::Conv1d(nn::Conv1dOptions(4, 4, 3).padding(1)), nn::Flatten(),
-                       nn::Dropout(nn::DropoutOptions(0.25).inplace(true)),
-                       nn::Dropout(nn::DropoutOptions(0.25).inplace(true)), nn::SiLU(), nn::Linear(20, 5));
-      return s;
-    };
+    auto make = conv_then_inplace_dropouts;
     torch::manual_seed(2);
     auto model = make(), twin = make();
     tcap::testing::copy_parameters(*model, *twin);
@@ -190,12 +196,7 @@ TEST(FuzzFound, InPlaceDropoutOnAViewUnderCompiledAutograd) {
 TEST(FuzzFound, InPlaceDropoutOnAViewThroughCompileAndCompileStep) {
   for (const auto& backend : {std::string("eager"), std::string("llvm")}) {
     SCOPED_TRACE(backend);
-    auto make = [] {
-      nn::Sequential s(nn::Conv1d(nn::Conv1dOptions(4, 4, 3).padding(1)), nn::Flatten(),
-                       nn::Dropout(nn::DropoutOptions(0.25).inplace(true)),
-                       nn::Dropout(nn::DropoutOptions(0.25).inplace(true)), nn::SiLU(), nn::Linear(20, 5));
-      return s;
-    };
+    auto make = conv_then_inplace_dropouts;
     torch::manual_seed(2);
     auto model = make(), twin = make(), stepped = make(), stepped_twin = make();
     tcap::testing::copy_parameters(*model, *twin);
