@@ -71,8 +71,7 @@ bool PendingCapture::drop() {
 }
 
 std::shared_ptr<RegionEntry> PendingCapture::compile_forward_only(bool* replaces) {
-  if (!capture_->abandon()) return nullptr;  // Note [Abandoning a capture]
-  stop_watching();
+  if (!drop()) return nullptr;
   const bool r = compile_region(*entry_, capture_->joint_without_backward(), /*has_backward=*/false,
                                 capture_->primal_tensors(), options_, host_miss_of.get());
   if (replaces) *replaces = r;

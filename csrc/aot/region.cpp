@@ -20,6 +20,7 @@
 #include "capture/hooks.h"
 #include "capture/recorder.h"
 #include "ir/op_facts.h"
+#include "ir/writes_through_views.h"
 #include "support/logging.h"
 
 #include <ATen/SequenceNumber.h>
@@ -428,13 +429,9 @@ JointGraph RegionCapture::build_joint(bool with_backward) const {
     }
     if (added) g.schemas()["aten::add.Tensor"] = capture::OpInfo::from(*add_op).schema;
     // The slice: backward nodes the gradients depend on, back to tangents and forward values,
-    // and the writes through a view into memory a later kept node reads: a CopySlices node
-    // (the backward of an in-place op on a view) writes the gradient into a view of the
-    // buffer it returns, and the reads after it name the buffer, not the write (the memory
-    // of a value is the bottom of its view_of / version_of chain). A write into a value
-    // itself gives it a new version that later reads name, so the data flow keeps it when
-    // it is needed (and leaves out the engine's own accumulation of the contributions,
-    // which the slice sums itself).
+    // and the writes through a view into memory a later kept node reads (Note [Writes
+    // through a view]; the data flow alone leaves out the engine's own in-place
+    // accumulation of the contributions, which the slice sums itself).
     std::unordered_set<ir::ValueId> tangent_set(tangents.begin(), tangents.end());
     std::unordered_set<ir::ValueId> needed;
     std::unordered_set<ir::ValueId> needed_memory;  // alias roots of `needed`
@@ -449,10 +446,8 @@ JointGraph RegionCapture::build_joint(bool with_backward) const {
       const auto& n = g.node(id);
       bool defines = false;
       ir::for_each_value(n.outputs, [&](ir::ValueId v) {
-        const ir::ValueId written = g.value(v).version_of;
-        defines = defines || needed.count(v) ||
-                  (written != ir::kNoValue && g.value(written).view_of != ir::kNoValue &&
-                   needed_memory.count(g.alias_root(v)));
+        const ir::ValueId memory = ir::memory_written_through_a_view(g, v);
+        defines = defines || needed.count(v) || (memory != ir::kNoValue && needed_memory.count(memory));
       });
       if (!defines) continue;
       if (n.kind == ir::NodeKind::Input) {

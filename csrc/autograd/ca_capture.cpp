@@ -13,6 +13,7 @@
 #include "capture/session.h"
 #include "compiler/pipeline.h"
 #include "ir/op_facts.h"
+#include "ir/writes_through_views.h"
 #include "passes/int_patches.h"
 #include "aot/replay_node.h"
 #include "cache/entry_cache.h"
@@ -44,13 +45,9 @@ using torch::autograd::Node;
 using torch::autograd::variable_list;
 
 // The nodes that compute `outputs` or call a hook, in graph order, and every write through
-// a view into memory a kept node reads or makes: a node such as CopySlices writes the
-// gradient into a view of a buffer it returns (copy_ into an as_strided view), and the
-// later reads of the buffer name the buffer, not the write (the memory of a value is the
-// bottom of its view_of / version_of chain). (A write into a value itself gives it a new
-// version that later reads name: the data flow keeps it.) Such writes are kept when their
-// memory is touched by a kept node, until nothing changes; a write kept that no later read
-// needed costs its time, never its meaning (the replay runs every kept node in order).
+// a view into memory a kept node reads or makes (Note [Writes through a view]), until
+// nothing changes; a write kept that no later read needed costs its time, never its
+// meaning (the replay runs every kept node in order).
 std::vector<ir::NodeId> live_nodes(const ir::Graph& g, const std::vector<ir::ValueId>& outputs) {
   std::vector<char> live(g.nodes().size(), 0);
   std::vector<ir::NodeId> todo;
@@ -91,12 +88,8 @@ std::vector<ir::NodeId> live_nodes(const ir::Graph& g, const std::vector<ir::Val
       if (live[static_cast<size_t>(n.id)] || n.kind != ir::NodeKind::Call) continue;
       bool writes_touched = false;
       ir::for_each_value(n.outputs, [&](ir::ValueId v) {
-        if (v == ir::kNoValue) return;
-        const ir::ValueId written = g.value(v).version_of;
-        if (written != ir::kNoValue && g.value(written).view_of != ir::kNoValue &&
-            touched[static_cast<size_t>(g.alias_root(v))]) {
-          writes_touched = true;
-        }
+        const ir::ValueId memory = ir::memory_written_through_a_view(g, v);
+        writes_touched = writes_touched || (memory != ir::kNoValue && touched[static_cast<size_t>(memory)]);
       });
       if (!writes_touched) continue;
       keep(n.id);
