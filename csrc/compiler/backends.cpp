@@ -122,10 +122,11 @@ Target choose_target(const Backend& backend, const ir::Graph& g, const std::stri
 
 namespace {
 
-// The CPU code of kernel k: one kernel, or a split reduction's two (Note [Split
+// The CPU code of kernel k: one kernel, or a split reduction's sequence (Note [Split
 // reductions], kir/split_reduction.h).
 struct CpuCode {
-  std::shared_ptr<const codegen::cpu_llvm::CpuKernel> main, combine;
+  std::shared_ptr<const codegen::cpu_llvm::CpuKernel> main;
+  std::vector<std::shared_ptr<const codegen::cpu_llvm::CpuKernel>> then;
   std::vector<int64_t> scratch_bytes;
 };
 
@@ -135,16 +136,19 @@ CpuCode cpu_code(const kir::Kernel& k, bool compile) {
     return compile ? codegen::cpu_llvm::compile_cpu_kernel(part) : codegen::cpu_llvm::find_cpu_kernel(part);
   };
   if (auto split = kir::split_reduction(k)) {
-    c.main = get(split->partial);
-    c.combine = get(split->combine);
-    if (!c.main || !c.combine) return {};
+    for (const kir::Kernel& part : split->kernels) {
+      auto code = get(part);
+      if (!code) return {};
+      if (!c.main) c.main = std::move(code);
+      else c.then.push_back(std::move(code));
+    }
     for (size_t i = 0; i < split->scratch.size(); ++i) {
-      const auto& b = split->partial.buffers[k.buffers.size() + i];
+      const auto& b = split->kernels[0].buffers[k.buffers.size() + i];
       c.scratch_bytes.push_back(split->scratch[i] * kir::dtype_size(b.dtype));
     }
     TCAP_LOG(Fusion, k.name << ": a reduction into " << k.outer_numel() << " outputs of " << k.reduce_numel()
-                            << " elements each, split in " << split->splits
-                            << " chunks reduced in parallel and combined (Note [Split reductions])");
+                            << " elements each, split in " << split->splits << " chunks reduced in parallel and combined, "
+                            << split->kernels.size() << " kernels (Note [Split reductions])");
     return c;
   }
   c.main = get(k);
@@ -153,7 +157,7 @@ CpuCode cpu_code(const kir::Kernel& k, bool compile) {
 
 void install(runtime::FusedKernel& fk, CpuCode c) {
   fk.cpu = std::move(c.main);
-  fk.cpu_combine = std::move(c.combine);
+  fk.cpu_then = std::move(c.then);
   fk.scratch_bytes = std::move(c.scratch_bytes);
 }
 

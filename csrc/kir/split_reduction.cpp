@@ -8,27 +8,35 @@ namespace tcap::kir {
 // Note [Split reductions]
 // A reduction kernel runs in parallel over its outputs (Kernel::parallel_range), so a full
 // reduction (a loss's sum or mean) or one into a few outputs (a column sum over a long
-// batch of few columns) runs on one thread, at a fraction of the memory bandwidth. Split:
-// one reduced dim of size n is cut into `splits` chunks of n / splits (a divisor, so every
-// chunk is whole), and the kernel becomes two:
+// batch of few columns, a softmax over a few long rows) runs on one thread, or a few, at a
+// fraction of the memory bandwidth. Split: one reduced dim of size n is cut into `splits`
+// chunks of n / splits (a divisor, so every chunk is whole), and the kernel becomes a
+// sequence of kernels, one pair per level of Reduces (the passes of kir.h):
 //
-//   partial   domain [splits, outer..., reduced...] (that dim n / splits): every Reduce over
-//             its chunk, stored into scratch[s, outer]; element-wise stores as before
-//   combine   domain [outer..., splits], reducing splits: each Reduce over the partials
-//             (a sum of sums, a max of maxima), then what the kernel computes and stores
-//             per output (a mean's division, a loss's scaling)
+//   partial q   domain [splits, outer..., reduced...] (that dim n / splits): each Reduce
+//               of level q+1 over its chunk, stored into scratch[s, outer]; the Reduces of
+//               lower levels are read from their final results (outer-level Loads), so
+//               the kernel is one pass; element-wise stores of level q
+//   combine q   domain [outer..., splits], reducing splits: each Reduce of level q+1 over
+//               the partials (a sum of sums, a max of maxima), stored as its final result
+//               where a later kernel reads it; the last combine also computes and stores
+//               what the kernel stores per output (a mean's division, a loss's scaling)
+//   tail        domain as a partial's, no Reduce: the element-wise stores that read the
+//               last level (softmax's exp(x - max) / sum), when there are any
 //
-// `partial` runs in parallel over splits * outputs; `combine` reads splits numbers per
-// output. The number of splits depends on the sizes only, never on the thread count, so
-// the summation order (and the bits of the result) is the same at any number of threads;
-// it is the smallest divisor giving at least kSplitOutputs parallel iterations with chunks
-// of at least kMinChunk elements, else the largest divisor with such chunks. The dim is the
-// outermost reduced one that has such a divisor (a batch dim before a spatial one).
-// Only single-pass kernels are split: every Reduce reads element values (level 0), and no
-// element-wise store writes a value computed from a Reduce (softmax's second pass): a
-// combine of those would need the online rescaling of Note [CUDA row reductions] and is not
-// done on the CPU. The sum is reassociated (Note [CPU summation order]): the chunks are
-// summed in order of the chunk index.
+// A single-pass kernel (a sum, a mean, a column sum) is one partial and one combine; a
+// softmax over a few long rows is partial 0 (max), combine 0, partial 1 (sum of exp),
+// combine 1 and the tail: five launches and the three passes over the data of the unsplit
+// kernel, each over all threads. The partials run in parallel over splits * outputs; the
+// combines read splits numbers per output. The number of splits depends on the sizes only,
+// never on the thread count, so the summation order (and the bits of the result) is the
+// same at any number of threads; it is the smallest divisor giving at least kSplitOutputs
+// parallel iterations with chunks of at least kMinChunk elements, else the largest
+// divisor with such chunks. The dim is the outermost reduced one that has such a divisor
+// (a batch dim before a spatial one). No online rescaling (Note [CUDA row reductions]) is
+// needed: a level's Reduces are final before the next level's partials start. The sum is
+// reassociated (Note [CPU summation order]): the chunks are summed in order of the chunk
+// index; maxima and minima are exact.
 
 namespace {
 
@@ -62,12 +70,6 @@ std::optional<SplitReduction> split_reduction(const Kernel& k) {
   if (outputs >= kSplitOutputs || reduced < kMinSplitElements || outputs == 0) return std::nullopt;
   const std::vector<bool> elem = element_level(k);
   const std::vector<int> level = reduce_level(k);
-  for (const auto& in : k.instrs) {
-    if (is_reduce(in.op) && level[static_cast<size_t>(in.args[0])] != 0) return std::nullopt;
-  }
-  for (const auto& s : k.stores) {
-    if (per_element(k, s, elem) && level[static_cast<size_t>(s.value)] != 0) return std::nullopt;
-  }
   const size_t rank = k.sizes.size(), no = rank - static_cast<size_t>(k.num_reduce_dims);
   // The reduced dim to split: the outermost one with a divisor (inner dims keep the
   // chunks' accesses contiguous).
@@ -82,106 +84,183 @@ std::optional<SplitReduction> split_reduction(const Kernel& k) {
   const std::vector<int64_t> outer(k.sizes.begin(), k.sizes.begin() + static_cast<long>(no));
   const std::vector<int64_t> outer_strides = dense_strides(outer);
 
+  // The Reduces, by level; the number of levels; the level of the element-wise stores.
+  std::vector<int32_t> reduces;
+  int levels = 0;
+  for (size_t v = 0; v < k.instrs.size(); ++v) {
+    if (!is_reduce(k.instrs[v].op)) continue;
+    reduces.push_back(static_cast<int32_t>(v));
+    levels = std::max(levels, level[v]);
+  }
+  bool has_tail = false;
+  for (const auto& s : k.stores) {
+    if (per_element(k, s, elem) && level[static_cast<size_t>(s.value)] == levels) has_tail = levels > 0;
+  }
+  if (levels == 0) return std::nullopt;
+
+  // Scratch: a partial per Reduce ([splits, outer...]), then a final result per Reduce
+  // that a later kernel reads ([outer...]): those below the last level, and the last
+  // level's where the tail reads them.
   SplitReduction out;
   out.splits = splits;
-  // --- partial: [splits, outer..., reduced...] ---
-  Kernel& p = out.partial;
-  p.name = k.name + "_partial";
-  p.sizes = k.sizes;
-  p.sizes[dim] = chunk;
-  p.sizes.insert(p.sizes.begin(), splits);
-  p.num_reduce_dims = k.num_reduce_dims;
-  p.buffers = k.buffers;
+  const size_t nb = k.buffers.size();
+  std::vector<Buffer> scratch;
+  std::vector<int32_t> partial_buf(k.instrs.size(), -1), final_buf(k.instrs.size(), -1);
+  for (size_t r = 0; r < reduces.size(); ++r) {
+    const Instr& red = k.instrs[static_cast<size_t>(reduces[r])];
+    partial_buf[static_cast<size_t>(reduces[r])] = static_cast<int32_t>(nb + scratch.size());
+    scratch.push_back({"partial" + std::to_string(r), red.dtype, false, false});
+    out.scratch.push_back(splits * outputs);
+  }
+  for (size_t r = 0; r < reduces.size(); ++r) {
+    const size_t v = static_cast<size_t>(reduces[r]);
+    if (level[v] == levels && !has_tail) continue;
+    final_buf[v] = static_cast<int32_t>(nb + scratch.size());
+    scratch.push_back({"final" + std::to_string(r), k.instrs[v].dtype, false, false});
+    out.scratch.push_back(outputs);
+  }
+  auto buffers_writing = [&](const std::vector<int32_t>& written) {
+    std::vector<Buffer> b = k.buffers;
+    b.insert(b.end(), scratch.begin(), scratch.end());
+    for (int32_t w : written) b[static_cast<size_t>(w)].is_output = true;
+    return b;
+  };
+
+  // A partial-shaped kernel ([splits, outer..., reduced...]): the values of level <= q,
+  // the Reduces of level q+1 as partials (when `reduce`), Reduces below as final results.
+  const size_t pr = rank + 1;
   auto widen = [&](const std::vector<int64_t>& st) {
     std::vector<int64_t> w = st;
     w.insert(w.begin(), st[dim] * chunk);
     return w;
   };
-  std::vector<int32_t> pmap(k.instrs.size(), -1);
-  std::vector<int32_t> reduces;
-  for (size_t v = 0; v < k.instrs.size(); ++v) {
-    const Instr& in = k.instrs[v];
-    if (level[v] != 0 && !is_reduce(in.op)) continue;  // computed per output: combine's
-    Instr c = in;
-    for (auto& a : c.args) a = pmap[static_cast<size_t>(a)];
-    if (c.op == OpCode::Load) c.strides = widen(in.strides);
-    pmap[v] = add(p, std::move(c));
-    if (is_reduce(in.op)) reduces.push_back(static_cast<int32_t>(v));
-  }
-  for (const auto& s : k.stores) {
-    if (!per_element(k, s, elem)) continue;
-    Store c = s;
-    c.value = pmap[static_cast<size_t>(s.value)];
-    c.strides = widen(s.strides);
-    p.stores.push_back(std::move(c));
-  }
-  // Scratch r holds [splits, outer...] partials of Reduce r.
-  std::vector<int64_t> scratch_strides{outputs};
-  scratch_strides.insert(scratch_strides.end(), outer_strides.begin(), outer_strides.end());
-  for (size_t r = 0; r < reduces.size(); ++r) {
-    const Instr& red = k.instrs[static_cast<size_t>(reduces[r])];
-    Buffer b;
-    b.name = "partial" + std::to_string(r);
-    b.dtype = red.dtype;
-    b.is_output = true;
-    p.buffers.push_back(b);
-    out.scratch.push_back(splits * outputs);
-    Store s;
-    s.value = pmap[static_cast<size_t>(reduces[r])];
-    s.buffer = static_cast<int32_t>(p.buffers.size() - 1);
-    s.strides = scratch_strides;
-    s.strides.resize(p.sizes.size(), 0);  // zero on the reduced dims
-    p.stores.push_back(std::move(s));
-  }
+  std::vector<int64_t> final_in_partial{0};  // a final result read by a partial: per output
+  final_in_partial.insert(final_in_partial.end(), outer_strides.begin(), outer_strides.end());
+  final_in_partial.resize(pr, 0);
+  auto chunked = [&](int q, bool reduce, const std::string& name) {
+    Kernel p;
+    p.name = k.name + name;
+    p.sizes = k.sizes;
+    p.sizes[dim] = chunk;
+    p.sizes.insert(p.sizes.begin(), splits);
+    p.num_reduce_dims = k.num_reduce_dims;
+    std::vector<int32_t> written, map(k.instrs.size(), -1);
+    for (size_t v = 0; v < k.instrs.size(); ++v) {
+      const Instr& in = k.instrs[v];
+      if (is_reduce(in.op) && level[v] <= q) {
+        Instr load;
+        load.op = OpCode::Load;
+        load.dtype = in.dtype;
+        load.buffer = final_buf[v];
+        load.strides = final_in_partial;
+        map[v] = add(p, std::move(load));
+        continue;
+      }
+      if (level[v] > q + (reduce && is_reduce(in.op) ? 1 : 0)) continue;
+      Instr c = in;
+      for (auto& a : c.args) a = map[static_cast<size_t>(a)];
+      if (c.op == OpCode::Load) c.strides = widen(in.strides);
+      map[v] = add(p, std::move(c));
+      if (is_reduce(in.op)) {
+        Store s;
+        s.value = map[v];
+        s.buffer = partial_buf[v];
+        s.strides = {outputs};
+        s.strides.insert(s.strides.end(), outer_strides.begin(), outer_strides.end());
+        s.strides.resize(pr, 0);  // zero on the reduced dims
+        p.stores.push_back(std::move(s));
+        written.push_back(partial_buf[v]);
+      }
+    }
+    for (const auto& s : k.stores) {
+      if (!per_element(k, s, elem) || level[static_cast<size_t>(s.value)] != q) continue;
+      Store c = s;
+      c.value = map[static_cast<size_t>(s.value)];
+      c.strides = widen(s.strides);
+      p.stores.push_back(std::move(c));
+      written.push_back(s.buffer);
+    }
+    p.buffers = buffers_writing(written);
+    return p;
+  };
 
-  // --- combine: [outer..., splits], reducing splits ---
-  Kernel& c = out.combine;
-  c.name = k.name + "_combine";
-  c.sizes = outer;
-  c.sizes.push_back(splits);
-  c.num_reduce_dims = 1;
-  c.buffers = k.buffers;
-  for (size_t r = 0; r < reduces.size(); ++r) {
-    Buffer b = p.buffers[k.buffers.size() + r];
-    b.is_output = false;
-    c.buffers.push_back(b);
-  }
+  // A combine ([outer..., splits], reducing splits): the Reduces of level q+1 from their
+  // partials, the lower ones from their final results; the last also stores per output.
   auto narrow = [&](const std::vector<int64_t>& st) {  // k's strides on the outer dims, 0 on splits
     std::vector<int64_t> w(st.begin(), st.begin() + static_cast<long>(no));
     w.push_back(0);
     return w;
   };
-  std::vector<int32_t> cmap(k.instrs.size(), -1);
-  for (size_t v = 0; v < k.instrs.size(); ++v) {
-    const Instr& in = k.instrs[v];
-    if (elem[v]) continue;  // read only by the Reduces, which read the partials instead
-    if (is_reduce(in.op)) {
-      const size_t r = static_cast<size_t>(std::find(reduces.begin(), reduces.end(), static_cast<int32_t>(v)) - reduces.begin());
-      Instr load;
-      load.op = OpCode::Load;
-      load.dtype = in.dtype;
-      load.buffer = static_cast<int32_t>(k.buffers.size() + r);
-      load.strides = outer_strides;
-      load.strides.push_back(outputs);
-      Instr red = in;
-      red.args = {add(c, std::move(load))};
-      cmap[v] = add(c, std::move(red));
-      continue;
+  auto combine = [&](int q) {
+    const bool last = q + 1 == levels;
+    Kernel c;
+    c.name = k.name + "_combine" + (levels > 1 ? std::to_string(q) : "");
+    c.sizes = outer;
+    c.sizes.push_back(splits);
+    c.num_reduce_dims = 1;
+    std::vector<int32_t> written, map(k.instrs.size(), -1);
+    for (size_t v = 0; v < k.instrs.size(); ++v) {
+      const Instr& in = k.instrs[v];
+      if (elem[v]) continue;  // read only by the Reduces, which read the partials instead
+      if (!last && !is_reduce(in.op)) continue;
+      if (is_reduce(in.op) && level[v] <= q) {
+        if (!last) continue;
+        Instr load;
+        load.op = OpCode::Load;
+        load.dtype = in.dtype;
+        load.buffer = final_buf[v];
+        load.strides = narrow(std::vector<int64_t>(rank, 0));
+        std::copy(outer_strides.begin(), outer_strides.end(), load.strides.begin());
+        map[v] = add(c, std::move(load));
+        continue;
+      }
+      if (is_reduce(in.op)) {
+        if (level[v] != q + 1) continue;
+        Instr load;
+        load.op = OpCode::Load;
+        load.dtype = in.dtype;
+        load.buffer = partial_buf[v];
+        load.strides = outer_strides;
+        load.strides.push_back(outputs);
+        Instr red = in;
+        red.args = {add(c, std::move(load))};
+        map[v] = add(c, std::move(red));
+        if (final_buf[v] >= 0) {
+          Store s;
+          s.value = map[v];
+          s.buffer = final_buf[v];
+          s.strides = outer_strides;
+          s.strides.push_back(0);
+          c.stores.push_back(std::move(s));
+          written.push_back(final_buf[v]);
+        }
+        continue;
+      }
+      Instr n = in;
+      for (auto& a : n.args) a = map[static_cast<size_t>(a)];
+      if (n.op == OpCode::Load) n.strides = narrow(in.strides);
+      map[v] = add(c, std::move(n));
     }
-    Instr n = in;
-    for (auto& a : n.args) a = cmap[static_cast<size_t>(a)];
-    if (n.op == OpCode::Load) n.strides = narrow(in.strides);
-    cmap[v] = add(c, std::move(n));
+    if (last) {
+      for (const auto& s : k.stores) {
+        if (per_element(k, s, elem)) continue;
+        Store n = s;
+        n.value = map[static_cast<size_t>(s.value)];
+        n.strides = narrow(s.strides);
+        c.stores.push_back(std::move(n));
+        written.push_back(s.buffer);
+      }
+    }
+    c.buffers = buffers_writing(written);
+    return c;
+  };
+
+  for (int q = 0; q < levels; ++q) {
+    out.kernels.push_back(chunked(q, true, levels > 1 ? "_partial" + std::to_string(q) : "_partial"));
+    out.kernels.push_back(combine(q));
   }
-  for (const auto& s : k.stores) {
-    if (per_element(k, s, elem)) continue;
-    Store n = s;
-    n.value = cmap[static_cast<size_t>(s.value)];
-    n.strides = narrow(s.strides);
-    c.stores.push_back(std::move(n));
-  }
-  verify(p);
-  verify(c);
+  if (has_tail) out.kernels.push_back(chunked(levels, false, "_tail"));
+  for (const Kernel& kk : out.kernels) verify(kk);
   return out;
 }
 

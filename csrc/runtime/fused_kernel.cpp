@@ -260,7 +260,7 @@ std::vector<at::Tensor> run_fused(FusedKernel& k, const std::vector<at::Tensor>&
   for (auto& t : scratch) args.push_back(t.mutable_data_ptr());
   void* const* a = args.data();
   run_cpu(*k.cpu, a);
-  if (k.cpu_combine) run_cpu(*k.cpu_combine, a);
+  for (const auto& then : k.cpu_then) run_cpu(*then, a);
   return outs;
 }
 

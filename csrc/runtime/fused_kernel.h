@@ -44,9 +44,10 @@ struct FusedKernel : interp::DirectCall {
   // the background) before `code` becomes Ready; read only after `code` is Ready.
   std::shared_ptr<const codegen::cpu_llvm::CpuKernel> cpu;
   // A split reduction (Note [Split reductions], kir/split_reduction.h): `cpu` computes the
-  // partials, `cpu_combine` combines them; both take the kernel's buffers and then scratch
-  // buffers of these many bytes. Written and read as `cpu` is.
-  std::shared_ptr<const codegen::cpu_llvm::CpuKernel> cpu_combine;
+  // first partials, the kernels of `cpu_then` run after it in order; all take the
+  // kernel's buffers and then scratch buffers of these many bytes. Written and read as
+  // `cpu` is.
+  std::vector<std::shared_ptr<const codegen::cpu_llvm::CpuKernel>> cpu_then;
   std::vector<int64_t> scratch_bytes;
   std::shared_ptr<const codegen::cuda::CudaKernel> cuda;      // device is a CUDA device
   std::vector<ir::TensorMeta> inputs;   // recorded metadata, in kernel buffer order

@@ -16,6 +16,7 @@
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <string>
@@ -67,6 +68,7 @@ struct Case {
   std::function<Tensors(const Tensors&)> fn;
   std::function<Tensors()> inputs;
   bool splits;  // whether a kernel of it is expected to split
+  double rtol = -1, atol = -1;  // where the sum's default tolerance (below) does not fit
 };
 
 std::vector<Case> cases() {
@@ -90,13 +92,43 @@ std::vector<Case> cases() {
        [] { return Tensors{torch::randint(-1000, 1000, {1 << 18}, torch::kLong)}; }, true},
       {"float64", [](const Tensors& in) { return Tensors{in[0].sum()}; },
        [] { return Tensors{torch::randn({1 << 18}, torch::kDouble)}; }, true},
+      // Several levels of Reduces: partials and combines per level, then a tail.
+      {"softmax_few_long_rows", [](const Tensors& in) { return Tensors{torch::softmax(in[0], 1)}; },
+       [=] { return Tensors{f32({2, 1 << 17}) * 4}; }, true, 1e-4, 1e-10},
+      {"log_softmax_one_row", [](const Tensors& in) { return Tensors{torch::log_softmax(in[0], 0)}; },
+       [=] { return Tensors{f32({3 << 16})}; }, true, 1e-5, 1e-4},
+      {"softmax_over_dim0_strided", [](const Tensors& in) { return Tensors{torch::softmax(in[0], 0)}; },
+       [=] { return Tensors{f32({1 << 17, 3})}; }, true, 1e-4, 1e-10},
+      {"logsumexp_no_tail", [](const Tensors& in) {
+         const at::Tensor m = in[0].amax(1, true);
+         return Tensors{(in[0] - m).exp().sum(1).log() + m.squeeze(1)};
+       },
+       [=] { return Tensors{f32({5, 1 << 17})}; }, true, 1e-5, 1e-4},
+      {"variance_of_everything", [](const Tensors& in) { return Tensors{(in[0] - in[0].mean()).pow(2).mean()}; },
+       [=] { return Tensors{f32({1 << 18}) + 3}; }, true, 1e-4, 1e-5},
+      {"standardized_whole", [](const Tensors& in) {
+         auto c = in[0] - in[0].mean();
+         return Tensors{c / (c * c).mean().sqrt()};
+       },
+       [=] { return Tensors{f32({512, 512}) * 2 + 1}; }, true, 1e-4, 1e-4},
+      {"layer_norm_few_long_rows", [](const Tensors& in) {
+         return Tensors{torch::layer_norm(in[0], {1 << 17}, in[1], in[2])};
+       },
+       [=] { return Tensors{f32({3, 1 << 17}), f32({1 << 17}), f32({1 << 17})}; }, true, 1e-4, 1e-4},
+      {"cross_entropy_two_samples", [](const Tensors& in) {
+         return Tensors{torch::cross_entropy_loss(in[0], in[1])};
+       },
+       [] { return Tensors{torch::randn({2, 1 << 17}), torch::randint(0, 1 << 17, {2}, torch::kLong)}; }, true, 1e-5,
+       1e-5},
       {"prime_size", [](const Tensors& in) { return Tensors{in[0].sum()}; }, [=] { return Tensors{f32({131101})}; }, false},
       {"small", [](const Tensors& in) { return Tensors{in[0].sum()}; }, [=] { return Tensors{f32({4096})}; }, false},
   };
 }
 
-void expect_close(const at::Tensor& got, const at::Tensor& want, int64_t n) {
-  if (!got.is_floating_point()) {
+void expect_close(const at::Tensor& got, const at::Tensor& want, int64_t n, double rtol = -1, double atol = -1) {
+  if (rtol >= 0) {
+    EXPECT_TRUE(close(got, want, rtol, atol));
+  } else if (!got.is_floating_point()) {
     EXPECT_TRUE(at::equal(got, want));
   } else if (got.scalar_type() == at::kDouble) {
     EXPECT_TRUE(close(got, want, 1e-12, 1e-12 * std::sqrt(static_cast<double>(n))));
@@ -120,18 +152,32 @@ TEST(SplitReductionKernels, WhichKernelsSplitAndHow) {
   auto s = tcap::kir::split_reduction(full_sum(1 << 20));
   ASSERT_TRUE(s.has_value());
   EXPECT_EQ(s->splits, 64);
-  EXPECT_EQ(s->partial.sizes, (std::vector<int64_t>{64, 1 << 14}));
-  EXPECT_EQ(s->partial.parallel_range(), 64);
-  EXPECT_EQ(s->combine.sizes, (std::vector<int64_t>{64}));
+  ASSERT_EQ(s->kernels.size(), 2u);  // a partial and a combine
+  const auto& partial = s->kernels[0];
+  const auto& combine = s->kernels[1];
+  EXPECT_EQ(partial.sizes, (std::vector<int64_t>{64, 1 << 14}));
+  EXPECT_EQ(partial.parallel_range(), 64);
+  EXPECT_EQ(combine.sizes, (std::vector<int64_t>{64}));
   EXPECT_EQ(s->scratch, (std::vector<int64_t>{64}));
-  EXPECT_EQ(s->partial.buffers.size(), 3u);
-  EXPECT_TRUE(s->partial.buffers[2].is_output);
-  EXPECT_FALSE(s->combine.buffers[2].is_output);
+  EXPECT_EQ(partial.buffers.size(), 3u);
+  EXPECT_TRUE(partial.buffers[2].is_output);
+  EXPECT_FALSE(combine.buffers[2].is_output);
   // Chunks of at least kMinChunk elements: 2^17 elements give 32 chunks.
   EXPECT_EQ(tcap::kir::split_reduction(full_sum(1 << 17))->splits, 32);
   EXPECT_FALSE(tcap::kir::split_reduction(full_sum(131101)));          // prime
   EXPECT_FALSE(tcap::kir::split_reduction(full_sum(1 << 16)));         // below kMinSplitElements
-  EXPECT_FALSE(tcap::kir::split_reduction(full_sum(1 << 20, true)));   // two passes
+  // Two levels (sum(x - sum(x))): a partial and a combine per level, the first level's
+  // result kept for the second partial; no element-wise store, so no tail.
+  auto two = tcap::kir::split_reduction(full_sum(1 << 20, true));
+  ASSERT_TRUE(two.has_value());
+  ASSERT_EQ(two->kernels.size(), 4u);
+  EXPECT_EQ(two->scratch, (std::vector<int64_t>{64, 64, 1}));  // two partials, the first sum's final result
+  EXPECT_TRUE(two->kernels[1].buffers[4].is_output);            // combine 0 writes it
+  EXPECT_FALSE(two->kernels[2].buffers[4].is_output);           // partial 1 reads it
+  for (const auto& part : two->kernels) {  // each one pass over its domain
+    const std::vector<int> level = tcap::kir::reduce_level(part);
+    EXPECT_LE(*std::max_element(level.begin(), level.end()), 1) << tcap::kir::to_string(part);
+  }
 }
 
 TEST_F(SplitReduction, CompiledMatchesEagerAtEveryThreadCount) {
@@ -148,7 +194,7 @@ TEST_F(SplitReduction, CompiledMatchesEagerAtEveryThreadCount) {
         const Tensors in = c.inputs();
         Tensors got = f(in), want = c.fn(in);
         ASSERT_EQ(got.size(), want.size());
-        for (size_t i = 0; i < got.size(); ++i) expect_close(got[i], want[i], in[0].numel());
+        for (size_t i = 0; i < got.size(); ++i) expect_close(got[i], want[i], in[0].numel(), c.rtol, c.atol);
       }
       EXPECT_EQ(log.count("Note [Split reductions]") > 0, c.splits) << log.text();
     }
@@ -181,6 +227,37 @@ TEST_F(SplitReduction, BackwardOfASplitMean) {
     EXPECT_TRUE(close(a.grad(), ga, 1e-5, 1e-9));
   }
   EXPECT_GE(f->stats().replays, 1);
+}
+
+// Backwards with several levels of Reduces over few long rows: softmax's (a sum of
+// grad * y, then y * (grad - sum)) and layer norm's (two sums, then the input's gradient).
+TEST_F(SplitReduction, BackwardsOfFewLongRows) {
+  tcap::CompileOptions o;
+  o.backend = tcap::Backend::Llvm;
+  o.name = "split_rows_backward";
+  auto fn = [](const Tensors& in) {
+    const at::Tensor y = torch::layer_norm(in[0], {1 << 17}, in[1], {});
+    return Tensors{(torch::softmax(y, 1) * in[2]).sum() + y.pow(2).mean()};
+  };
+  auto f = tcap::compile(fn, o);
+  tcap::testing::LogCapture log("fusion");
+  for (int call = 0; call < 3; ++call) {
+    at::Tensor x = torch::randn({2, 1 << 17}, torch::requires_grad());
+    at::Tensor w = (torch::rand({1 << 17}) + 0.5).requires_grad_();
+    const at::Tensor c = torch::randn({2, 1 << 17});
+    at::Tensor want = fn({x, w, c})[0];
+    want.backward();
+    const at::Tensor gx = x.grad().clone(), gw = w.grad().clone();
+    x.mutable_grad().reset();
+    w.mutable_grad().reset();
+    at::Tensor got = f({x, w, c})[0];
+    got.backward();
+    EXPECT_TRUE(close(got, want, 1e-4, 1e-4));
+    EXPECT_TRUE(close(x.grad(), gx, 1e-3, 1e-6));
+    EXPECT_TRUE(close(w.grad(), gw, 1e-3, 1e-6));
+  }
+  EXPECT_GE(f->stats().replays, 1);
+  EXPECT_GE(log.count("Note [Split reductions]"), 3) << log.text();
 }
 
 }  // namespace split_reduction_test
