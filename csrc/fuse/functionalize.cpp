@@ -86,11 +86,53 @@ std::optional<std::string> functional_overload(const std::string& op, const std:
   return found;
 }
 
+// The functional overload of out= overload op.`overload` (its arguments without the one
+// it writes, which must be its last, a keyword-only `out`) with its written argument's
+// index, or nullopt: maximum.out(self, other, *, out!) -> maximum(self, other).
+std::optional<std::pair<std::string, size_t>> out_overload_functional(const std::string& op, const std::string& overload) {
+  static std::mutex mu;
+  static std::map<std::string, std::optional<std::pair<std::string, size_t>>> cache;
+  const std::string key = op + "." + overload;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  std::optional<std::pair<std::string, size_t>> found;
+  auto& d = c10::Dispatcher::singleton();
+  auto with_out = d.findSchema({op, overload});
+  if (with_out) {
+    const auto& want = with_out->schema().arguments();
+    size_t writes = 0;
+    for (const auto& a : want) writes += a.alias_info() && a.alias_info()->isWrite() ? 1 : 0;
+    const bool last_is_out = !want.empty() && want.back().name() == "out" && want.back().kwarg_only() &&
+                             want.back().alias_info() && want.back().alias_info()->isWrite();
+    for (const c10::OperatorName& name : d.getAllOpNames()) {
+      if (writes != 1 || !last_is_out || name.name != op || name.overload_name == overload) continue;
+      auto f = d.findSchema(name);
+      if (!f) continue;
+      const auto& have = f->schema().arguments();
+      bool same = have.size() + 1 == want.size() && f->schema().returns().size() == 1 && !f->schema().is_mutable();
+      for (size_t i = 0; same && i < have.size(); ++i) {
+        same = have[i].name() == want[i].name() && *have[i].type() == *want[i].type();
+      }
+      if (same) {
+        found = std::make_pair(name.overload_name, want.size() - 1);
+        break;
+      }
+    }
+  }
+  cache.emplace(key, found);
+  return found;
+}
+
 class Functionalizer : public Rewriter {
  public:
   using Rewriter::Rewriter;
 
  private:
+  struct Functional {
+    std::string op, overload;
+    int drop = -1;  // the argument the functional form leaves out (an out= overload's `out`)
+  };
   struct Chain {
     ir::ValueId base = ir::kNoValue;
     std::vector<ir::NodeId> writes;     // in order
@@ -106,14 +148,29 @@ class Functionalizer : public Rewriter {
   }
 
   // Why write n (its result a version of `self`) cannot be made functional, or "" with
-  // its functional op and overload in `functional`.
-  std::string write_refusal(const ir::Node& n, ir::ValueId self, std::pair<std::string, std::string>* functional) const {
-    const std::string fop = functional_op(n);
-    const auto fov = fop.empty() ? std::nullopt : functional_overload(n.op, n.overload, fop);
+  // its functional form in `functional`. An in-place op (mul_) writes its first argument;
+  // an out= overload (maximum.out, which amsgrad's torch::max_out records) its `out`, which
+  // its functional form leaves out; either may also read `self` in other arguments (they
+  // read the version before the write, as the functional form does).
+  std::string write_refusal(const ir::Node& n, ir::ValueId self, Functional* functional) const {
+    std::string fop = functional_op(n);
+    std::optional<std::string> fov;
+    int drop = -1;
+    size_t written = 0;
+    if (!fop.empty()) {
+      fov = functional_overload(n.op, n.overload, fop);
+    } else if (n.kind == ir::NodeKind::Call && n.op.rfind("aten::", 0) == 0) {
+      if (auto o = out_overload_functional(n.op, n.overload)) {
+        fop = n.op;
+        fov = o->first;
+        drop = static_cast<int>(o->second);
+        written = o->second;
+      }
+    }
     if (!fov) return n.qualified_op() + " has no functional form here";
     if (n.outputs.size() != 1 || n.outputs[0].kind != ir::ArgKind::Value) return "several results";
-    if (n.args.empty() || n.args[0].kind != ir::ArgKind::Value || n.args[0].values[0] != self) {
-      return "it does not write its first argument";
+    if (n.args.size() <= written || n.args[written].kind != ir::ArgKind::Value || n.args[written].values[0] != self) {
+      return drop >= 0 ? "it does not write its out argument" : "it does not write its first argument";
     }
     const ir::TensorMeta& sm = g_.value(self).meta;
     std::string why;
@@ -124,10 +181,11 @@ class Functionalizer : public Rewriter {
     ir::Node f = n;
     f.op = fop;
     f.overload = *fov;
+    if (drop >= 0) f.args.erase(f.args.begin() + drop);
     NodeClass info;
     if (auto refusal = classify(g_, f, &info, device_)) return *refusal;
     if (info.cls != OpClass::Pointwise) return fop + " is not pointwise";
-    *functional = {fop, *fov};
+    *functional = {fop, *fov, drop};
     return "";
   }
 
@@ -164,7 +222,7 @@ class Functionalizer : public Rewriter {
   // Why a buffer's chain cannot be made functional, or "" with the writes' functional ops
   // in `functional` (in order).
   std::string chain_refusal(const Chain& c, const GraphFacts& f,
-                            std::vector<std::pair<std::string, std::string>>* functional) const {
+                            std::vector<Functional>* functional) const {
     const ir::Value& base = g_.value(c.base);
     const ir::TensorMeta& m = base.meta;
     if (m.dtype != c10::kFloat && m.dtype != c10::kDouble) return std::string("dtype ") + c10::toString(m.dtype);
@@ -244,7 +302,7 @@ class Functionalizer : public Rewriter {
                            (overwritten && out && std::count(g_.users(c.versions[i]).begin(),
                                                               g_.users(c.versions[i]).end(), out->id));
       }
-      std::vector<std::pair<std::string, std::string>> functional;
+      std::vector<Functional> functional;
       std::string why = output_reads_old ? "the graph returns an overwritten version or a view of the buffer"
                                          : chain_refusal(c, f, &functional);
       if (!why.empty()) {
@@ -259,7 +317,9 @@ class Functionalizer : public Rewriter {
   bool selected(const ir::Node& n) const override { return selected_.count(n.id) > 0; }
 
   bool rewrite(const ir::Node& n) override {
+    const Functional& fn = selected_.at(n.id);
     std::vector<ir::Arg> args = n.args;
+    if (fn.drop >= 0) args.erase(args.begin() + fn.drop);
     for (auto& a : args) {
       for (auto& v : a.values) {
         if (v != ir::kNoValue) v = map_.at(v);
@@ -267,8 +327,7 @@ class Functionalizer : public Rewriter {
     }
     const ir::ValueId orig = n.outputs[0].values[0];
     ir::TensorMeta m = g_.value(orig).meta;
-    const auto& [op, overload] = selected_.at(n.id);
-    const ir::ValueId v = out_.add_call(op, overload, std::move(args), m, &n);
+    const ir::ValueId v = out_.add_call(fn.op, fn.overload, std::move(args), m, &n);
     map_[orig] = v;
     return true;
   }
@@ -289,7 +348,7 @@ class Functionalizer : public Rewriter {
     }
   }
 
-  std::map<ir::NodeId, std::pair<std::string, std::string>> selected_;  // write -> its functional op, overload
+  std::map<ir::NodeId, Functional> selected_;  // write -> its functional form
   std::vector<std::pair<ir::ValueId, ir::ValueId>> write_backs_;  // (input, its last version)
 };
 

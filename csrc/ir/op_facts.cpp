@@ -232,6 +232,21 @@ bool has_dynamic_output_shape_tag(const std::string& op, const std::string& over
   return tagged;
 }
 
+bool schema_writes_an_argument(const std::string& op, const std::string& overload) {
+  static std::mutex mu;
+  static std::unordered_map<std::string, bool> known;
+  const std::string key = overload.empty() ? op : op + "." + overload;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = known.find(key);
+  if (it != known.end()) return it->second;
+  bool writes = false;
+  if (auto h = c10::Dispatcher::singleton().findSchema({op, overload})) {
+    for (const auto& a : h->schema().arguments()) writes = writes || (a.alias_info() && a.alias_info()->isWrite());
+  }
+  known.emplace(key, writes);
+  return writes;
+}
+
 bool sizes_from_values(const Graph& g, const Node& n) {
   if (n.kind != NodeKind::Call || !has_dynamic_output_shape_tag(n.op, n.overload)) return false;
   if (n.op != "aten::index") return true;

@@ -193,6 +193,45 @@ TEST_P(Aliasing, AnIntermediateWrittenThroughAViewThenReadWhole) {
   tcap::reset_compiled_autograd();
 }
 
+// out= overloads write their `out` (Note [Writes are not lowered], fuse/classify.cpp): into
+// an input that is also an operand (amsgrad's max_out), a fresh buffer, an intermediate
+// overwritten, another input read by the same op; the inputs written must hold eager's
+// values after each call, and so must what the function returns.
+Tensors writes_through_out_overloads(const Tensors& in) {
+  at::Tensor state = in[1], acc = in[2];
+  at::maximum_out(state, in[0], state);
+  at::Tensor t = at::empty_like(in[0]);
+  at::mul_out(t, in[0], in[1]);
+  at::Tensor u = in[0] * 2;
+  at::exp_out(u, t.neg());
+  at::add_out(acc, acc, u, 0.5);
+  return {u.sum(0), t + 1};
+}
+
+TEST_P(Aliasing, OutOverloadsWriteTheirOut) {
+  const std::string backend = GetParam();
+  TCAP_SKIP_WITHOUT_BACKEND(backend);
+  CompileOptions o;
+  o.backend = backend;
+  o.name = "out_overloads_" + backend;
+  auto f = tcap::compile(writes_through_out_overloads, o);
+  const Tol tol = tolerance(backend);
+  tcap::StanceGuard strict(tcap::Stance::Default, /*error_on_fallback=*/true);
+  for (int i = 0; i < 4; ++i) {
+    const Tensors data{torch::randn({5, 7}), torch::randn({5, 7}), torch::randn({5, 7})};
+    Tensors in, ref_in;
+    for (const auto& d : data) in.push_back(d.clone()), ref_in.push_back(d.clone());
+    const Tensors got = (*f)(in), ref = writes_through_out_overloads(ref_in);
+    for (size_t j = 0; j < got.size(); ++j) {
+      ASSERT_TRUE(tcap::testing::close(got[j], ref[j], tol.rtol, tol.atol)) << "output " << j << ", call " << i;
+    }
+    for (size_t j = 0; j < in.size(); ++j) {
+      ASSERT_TRUE(tcap::testing::close(in[j], ref_in[j], tol.rtol, tol.atol)) << "input " << j << ", call " << i;
+    }
+  }
+  EXPECT_GE(f->stats().replays, 3);
+}
+
 INSTANTIATE_TEST_SUITE_P(Soundness, Aliasing, ::testing::Values(std::string("eager"), std::string("llvm")));
 
 }  // namespace
