@@ -130,6 +130,30 @@ std::vector<Variant> make_softmax_ce(const Options& opts) {
   });
 }
 
+// --- long_rows -------------------------------------------------------------------------
+
+// A softmax over three long rows weighted by a vector: (softmax(x, 1) * w).sum(1), x
+// f32[3, 2^22] requiring grad (48 MiB; [3, 2^18] with --quick), w f32[2^22] in [0.5, 1.5)
+// (positive: the sums have no cancellation to make their rounding look large): fewer rows
+// than threads on most machines, so a kernel parallel over rows leaves threads idle (Note
+// [Split reductions]). Loss out.sum() outside the compiled function.
+// Tolerance: eager's own f32 softmax over rows of 2^22 is off by 3.5e-4 (relative) from
+// the float64 result, the output of the split kernels by 2.4e-7 (summed in 32 chunks), and
+// the input's gradient, y * (w - out), inherits eager's error where w is near out (1.2e-3
+// of its largest magnitude against eager); so the comparison with eager allows 2e-3.
+constexpr Tolerance kLongRowTol{2e-3, 2e-3};
+int64_t long_row(const Options& o) { return o.quick ? int64_t{1} << 18 : int64_t{1} << 22; }
+
+std::vector<Variant> make_long_rows(const Options& opts) {
+  torch::manual_seed(0);
+  const at::Tensor x = (torch::randn({3, long_row(opts)}) * 4).to(torch::Device(opts.device)).requires_grad_(true);
+  const at::Tensor w = (torch::rand({long_row(opts)}) + 0.5).to(torch::Device(opts.device));
+  return make_variants("long_rows", opts, kLongRowTol, [x, w](const tcap::CompileOptions* o) {
+    return function_step([](const Tensors& in) { return Tensors{(torch::softmax(in[0], 1) * in[1]).sum(1)}; },
+                         {x, w}, {x}, [](const at::Tensor& out) { return out.sum(); }, o);
+  });
+}
+
 // --- transformer_block -----------------------------------------------------------------
 
 // One nn::TransformerEncoderLayer (d_model 256, 4 heads, dim_feedforward 2048, ReLU,
@@ -238,6 +262,20 @@ void add_compile_workloads(Registry& registry) {
   ce.has_peer = true;
   ce.cuda = true;
   registry.add(std::move(ce));
+
+  Workload rows{"long_rows",
+                "(softmax(x, 1) * w).sum(1), x f32[3, 4194304] requiring grad ([3, 262144] with --quick), "
+                "w f32[4194304], loss out.sum(): row reductions over fewer rows than threads; µs per call",
+                make_long_rows, derive_bwd_ratio};
+  // Forward reads x and w and writes the softmax (saved: x is a primal, Note [Recomputing
+  // from primals]); backward reads the softmax and w and writes x's grad.
+  rows.floor_bytes = [](const Options& o) {
+    const double x = static_cast<double>(3 * long_row(o)) * 4, w = static_cast<double>(long_row(o)) * 4;
+    return FloorBytes{2 * x + w, 2 * x + w};
+  };
+  rows.has_peer = true;
+  rows.cuda = true;
+  registry.add(std::move(rows));
 
   Workload block{"transformer_block",
                  "nn::TransformerEncoderLayer(256, 4 heads, ff 2048, dropout 0), training, input "
