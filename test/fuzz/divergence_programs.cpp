@@ -37,7 +37,10 @@ std::string Spec::str() const {
       s << "in " << in << "x" << kLength << " -> Conv1d(" << stem << ") -> flatten(" << stem * kLength << ")";
       break;
   }
-  for (const auto& [l, w] : layers) s << " -> " << names[static_cast<int>(l)] << "(" << w << ")";
+  for (const auto& [l, w] : layers) {
+    s << " -> " << names[static_cast<int>(l)] << (l == Layer::InPlace && w % 2 == 1 ? " with out= overloads" : "") << "("
+      << w << ")";
+  }
   if (offset) s << " -> offset in the default dtype";
   s << (cross_entropy ? " -> cross_entropy" : " -> mse") << (masked ? " over a boolean mask of the batch" : "");
   return s.str();

@@ -72,19 +72,30 @@ TORCH_MODULE(Residual);
 
 // In-place writes inside a forward (Note [In-place updates as kernels]): a chain on a
 // temporary that requires grad, and a running average kept in a buffer, updated under
-// no_grad and read after the update.
+// no_grad and read after the update. At an odd width the running statistics are written
+// through out= overloads instead (Note [Writes are not lowered]): the average by add_out,
+// and a running maximum by maximum_out into the buffer it reads, as Adam's amsgrad keeps
+// its maximum.
 struct InPlaceImpl : nn::Module {
-  explicit InPlaceImpl(int w) : avg(register_buffer("avg", torch::zeros({w}))) {}
+  explicit InPlaceImpl(int w)
+      : avg(register_buffer("avg", torch::zeros({w}))), peak(register_buffer("peak", torch::zeros({w}))),
+        out_overloads(w % 2 == 1) {}
   at::Tensor forward(const at::Tensor& x) {
     at::Tensor h = x * 0.75;
     h.add_(x, 0.5).mul_(0.8);
     {
       torch::NoGradGuard no_grad;
-      avg.mul_(0.9).add_(x.detach().mean(0), 0.1);
+      if (out_overloads) {
+        at::add_out(avg, avg * 0.9, x.detach().mean(0), 0.1);
+        at::maximum_out(peak, x.detach().abs().amax(0), peak);
+      } else {
+        avg.mul_(0.9).add_(x.detach().mean(0), 0.1);
+      }
     }
-    return h + avg;
+    return out_overloads ? h + avg - peak * 0.125 : h + avg;
   }
-  at::Tensor avg;
+  at::Tensor avg, peak;
+  bool out_overloads;
 };
 TORCH_MODULE(InPlace);
 
