@@ -1,5 +1,7 @@
 #include "capture/session.h"
 
+#include <algorithm>
+
 #include "capture/recorder.h"
 #include "ir/op_facts.h"
 #include "support/logging.h"
@@ -91,8 +93,16 @@ ir::ValueId Session::new_input(const at::Tensor& t, ir::InputKind kind, std::str
   n.name = std::move(name);
   n.outputs.push_back(ir::Arg::value(v));
   // Note [Inputs that share storage] (ir/op_facts.h).
-  if (t.has_storage() && !input_storages_.insert(t.storage().unsafeGetStorageImpl()).second) {
-    graph_.meta()[ir::kInputsShareStorage] = "true";
+  if (t.has_storage()) {
+    auto [it, fresh] = input_storages_.emplace(t.storage().unsafeGetStorageImpl(), n.name);
+    if (!fresh) {
+      for (const std::string* name : {&it->second, &n.name}) {
+        if (std::find(inputs_sharing_.begin(), inputs_sharing_.end(), *name) == inputs_sharing_.end()) {
+          inputs_sharing_.push_back(*name);
+        }
+      }
+      graph_.meta()[ir::kInputsShareStorage] = ir::join_input_names(inputs_sharing_);
+    }
   }
   input_tensors_.push_back(t);
   // Every leaf that requires grad may receive a .grad inside the capture (see snapshot).

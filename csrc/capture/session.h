@@ -194,7 +194,10 @@ class Session {
   ir::Graph graph_;
   ValueTable table_{graph_};
   std::vector<at::Tensor> input_tensors_;  // aligned with the graph's Input nodes
-  std::unordered_set<const void*> input_storages_;  // their storages (Note [Inputs that share storage])
+  // Their storages, each with the first input's name, and the inputs found sharing one
+  // (Note [Inputs that share storage]).
+  std::unordered_map<const void*, std::string> input_storages_;
+  std::vector<std::string> inputs_sharing_;
   struct Named {
     at::Tensor keep_alive;
     ir::InputKind kind;

@@ -235,8 +235,14 @@ class Functionalizer : public Rewriter {
         return "%" + std::to_string(c.writes[i]) + " " + g_.node(c.writes[i]).qualified_op() + ": " + why;
       }
     }
-    if (c.input && g_.meta().count(ir::kInputsShareStorage)) {
-      return "the graph's inputs shared a storage when it was captured (Note [Inputs that share storage])";
+    if (c.input) {
+      auto shared = g_.meta().find(ir::kInputsShareStorage);
+      const std::string& name = g_.node(base.producer).name;
+      // A graph from before the names were listed holds "true": every input counts.
+      if (shared != g_.meta().end() && (shared->second == "true" || ir::lists_input(shared->second, name))) {
+        return "input " + name + " shared a storage with another input when the graph was captured (" +
+               shared->second + ", Note [Inputs that share storage])";
+      }
     }
     if (!c.input) {
       const ir::Node& p = g_.node(base.producer);

@@ -232,6 +232,23 @@ bool has_dynamic_output_shape_tag(const std::string& op, const std::string& over
   return tagged;
 }
 
+std::string join_input_names(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+bool lists_input(const std::string& joined, const std::string& name) {
+  if (name.empty()) return true;  // an input without a name cannot be told apart
+  for (size_t at = joined.find(name); at != std::string::npos; at = joined.find(name, at + 1)) {
+    const bool starts = at == 0 || joined.compare(at - 2, 2, ", ") == 0;
+    const size_t end = at + name.size();
+    const bool ends = end == joined.size() || joined.compare(end, 2, ", ") == 0;
+    if (starts && ends) return true;
+  }
+  return false;
+}
+
 bool schema_writes_an_argument(const std::string& op, const std::string& overload) {
   static std::mutex mu;
   static std::unordered_map<std::string, bool> known;

@@ -119,12 +119,17 @@ const Node* input_aliased_by(const Graph& g, ValueId v);
 
 // Note [Inputs that share storage]
 // A graph's Input nodes are distinct values, yet two of them may be views of one storage
-// (f(a, b) with b = a.narrow(...)): a write into one then reaches the other, and the IR has
-// no link that says so (the alias geometry guards keep a graph to calls that alias as its
-// capture did, Note [Alias geometry guards]). Capture marks a graph whose inputs shared a
-// storage with this metadata key ("true"); a pass that would move a write into an input
-// past reads of other inputs (Note [In-place updates as kernels]) leaves such graphs alone.
-// Graph copies, subgraphs and rewrites keep the metadata.
+// (f(a, b) with b = a.narrow(...); the gradients of parameters that a cat's backward
+// sliced from one tensor): a write into one then reaches the other, and the IR has no link
+// that says so (the alias geometry guards keep a graph to calls that alias as its capture
+// did, Note [Alias geometry guards]). Capture lists the names of the inputs that shared a
+// storage with another input under this metadata key (join_input_names); a pass that
+// would move a write into one of them past reads of other inputs (Note [In-place updates
+// as kernels]) leaves its writes alone. Graph copies, subgraphs and rewrites keep the
+// metadata.
 constexpr const char* kInputsShareStorage = "inputs_share_storage";
+// The metadata's value for these names ("p0.grad, p1.grad"), and whether it lists `name`.
+std::string join_input_names(const std::vector<std::string>& names);
+bool lists_input(const std::string& joined, const std::string& name);
 
 }  // namespace tcap::ir

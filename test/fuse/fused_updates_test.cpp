@@ -220,6 +220,43 @@ TEST_F(FusedUpdates, WritesKeepStorageAndBumpVersions) {
   EXPECT_THROW(y.backward(), c10::Error);
 }
 
+// Gradients that share one storage (a cat's backward slices them from one tensor, and
+// AccumulateGrad keeps the slices as .grad): the step's inputs then share a storage, but
+// no write goes into a gradient, so the updates of the parameters and their moments are
+// still kernels written in place (Note [Inputs that share storage] names the inputs that
+// share), and the parameters follow eager's.
+TEST_F(FusedUpdates, GradientsSlicedFromOneTensorLeaveTheUpdatesFused) {
+  auto eager = std::make_shared<Params>(at::kFloat, 5), model = std::make_shared<Params>(at::kFloat, 5);
+  optim::Adam eager_opt(eager->parameters(), optim::AdamOptions(1e-2)), opt(model->parameters(), optim::AdamOptions(1e-2));
+  auto body = [](optim::Optimizer& o, const std::vector<at::Tensor>& ps, const Tensors& in) {
+    o.zero_grad();
+    std::vector<at::Tensor> flat;
+    for (const auto& p : ps) flat.push_back(p.reshape({-1}));
+    const at::Tensor loss = (torch::cat(flat) * in[0]).pow(2).sum();
+    loss.backward();
+    o.step();
+    return Tensors{loss.detach()};
+  };
+  int64_t n = 0;
+  for (const auto& p : model->ps) n += p.numel();
+  tcap::CompileOptions o;
+  o.backend = tcap::Backend::Llvm;
+  o.name = "updates_sliced_grads";
+  tcap::testing::LogCapture log("fusion");
+  auto step = tcap::compile_step(std::static_pointer_cast<nn::Module>(model), opt,
+                                 [&](const Tensors& in) { return body(opt, model->ps, in); }, o);
+  for (int s = 0; s < 6; ++s) {
+    const Tensors in{torch::rand({n}) + 0.5};
+    body(eager_opt, eager->ps, in);
+    (*step)(in);
+    for (size_t i = 0; i < model->ps.size(); ++i) {
+      ASSERT_TRUE(close(model->ps[i], eager->ps[i], 1e-5, 1e-6)) << "step " << s << " parameter " << i;
+    }
+  }
+  EXPECT_GE(step->stats().replays, 3);
+  EXPECT_EQ(count(log.text(), "written in place by"), 3 * static_cast<int>(model->ps.size())) << log.text();
+}
+
 // In-place chains in a compiled function: on an input (written back), on a temporary,
 // and the cases that must stay as they are (a view read after the write, the old value read
 // after it, a write through a view), each against eager, outputs and the inputs' contents.
