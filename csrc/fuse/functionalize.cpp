@@ -30,13 +30,18 @@ namespace tcap::fuse {
 //     tensor of the buffer's floating dtype; the buffer is an input of the graph (a
 //     parameter, a moment, a gradient) or the fresh result of a pointwise or
 //     fresh-result op (the temporary `denom`), dense, on the kernels' device; an input
-//     only in a graph whose inputs did not share a storage when it was captured (Note
+//     only when it did not share a storage with another input when the graph was
+//     captured (gradients sliced from one tensor may share one, being only read) (Note
 //     [Inputs that share storage] in ir/op_facts.h: a write into one would reach another,
 //     and moving it to the end would let the other's readers see the old values);
 //   - every reader of a version (and of a view of it) other than the next write comes
 //     before that write, so the functional values the readers get hold what they read; the
 //     Output node reads only the last version, and no opaque hook runs after the first
 //     write (it may read the buffer by itself);
+//   - an out= overload's write into its `out` (amsgrad's maximum.out) counts as an
+//     in-place write when its functional overload (the same arguments without `out`) is
+//     pointwise; its other arguments may read the buffer's previous version (Note [Writes
+//     are not lowered] in classify.cpp);
 //   - an input's buffer gets the last value back with copy_(input, last) just before the
 //     Output node, which reads the copy's result (still the caller's tensor). The copies
 //     are mutations, so groups close there, after the update kernels; fusion then lets a
