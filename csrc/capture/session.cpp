@@ -1,7 +1,5 @@
 #include "capture/session.h"
 
-#include <algorithm>
-
 #include "capture/recorder.h"
 #include "ir/op_facts.h"
 #include "support/logging.h"
@@ -15,6 +13,7 @@
 
 #include <c10/util/flat_hash_map.h>
 
+#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <sstream>
