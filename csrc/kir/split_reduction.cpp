@@ -126,6 +126,13 @@ std::optional<SplitReduction> split_reduction(const Kernel& k) {
     return b;
   };
 
+  // A store of `value` into `buffer` at `strides` (offset 0, or k's store's) in `into`.
+  auto store = [](Kernel& into, std::vector<int32_t>& written, int32_t value, int32_t buffer,
+                  std::vector<int64_t> strides, int64_t offset) {
+    into.stores.push_back({value, buffer, std::move(strides), offset});
+    written.push_back(buffer);
+  };
+
   // A partial-shaped kernel ([splits, outer..., reduced...]): the values of level <= q,
   // the Reduces of level q+1 as partials (when `reduce`), Reduces below as final results.
   const size_t pr = rank + 1;
@@ -162,23 +169,15 @@ std::optional<SplitReduction> split_reduction(const Kernel& k) {
       if (c.op == OpCode::Load) c.strides = widen(in.strides);
       map[v] = add(p, std::move(c));
       if (is_reduce(in.op)) {
-        Store s;
-        s.value = map[v];
-        s.buffer = partial_buf[v];
-        s.strides = {outputs};
-        s.strides.insert(s.strides.end(), outer_strides.begin(), outer_strides.end());
-        s.strides.resize(pr, 0);  // zero on the reduced dims
-        p.stores.push_back(std::move(s));
-        written.push_back(partial_buf[v]);
+        std::vector<int64_t> st{outputs};
+        st.insert(st.end(), outer_strides.begin(), outer_strides.end());
+        st.resize(pr, 0);  // zero on the reduced dims
+        store(p, written, map[v], partial_buf[v], std::move(st), 0);
       }
     }
     for (const auto& s : k.stores) {
       if (!per_element(k, s, elem) || level[static_cast<size_t>(s.value)] != q) continue;
-      Store c = s;
-      c.value = map[static_cast<size_t>(s.value)];
-      c.strides = widen(s.strides);
-      p.stores.push_back(std::move(c));
-      written.push_back(s.buffer);
+      store(p, written, map[static_cast<size_t>(s.value)], s.buffer, widen(s.strides), s.offset);
     }
     p.buffers = buffers_writing(written);
     return p;
@@ -226,13 +225,9 @@ std::optional<SplitReduction> split_reduction(const Kernel& k) {
         red.args = {add(c, std::move(load))};
         map[v] = add(c, std::move(red));
         if (final_buf[v] >= 0) {
-          Store s;
-          s.value = map[v];
-          s.buffer = final_buf[v];
-          s.strides = outer_strides;
-          s.strides.push_back(0);
-          c.stores.push_back(std::move(s));
-          written.push_back(final_buf[v]);
+          std::vector<int64_t> st = outer_strides;
+          st.push_back(0);
+          store(c, written, map[v], final_buf[v], std::move(st), 0);
         }
         continue;
       }
@@ -243,12 +238,7 @@ std::optional<SplitReduction> split_reduction(const Kernel& k) {
     }
     if (last) {
       for (const auto& s : k.stores) {
-        if (per_element(k, s, elem)) continue;
-        Store n = s;
-        n.value = map[static_cast<size_t>(s.value)];
-        n.strides = narrow(s.strides);
-        c.stores.push_back(std::move(n));
-        written.push_back(s.buffer);
+        if (!per_element(k, s, elem)) store(c, written, map[static_cast<size_t>(s.value)], s.buffer, narrow(s.strides), s.offset);
       }
     }
     c.buffers = buffers_writing(written);
