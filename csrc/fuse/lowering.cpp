@@ -334,7 +334,9 @@ const std::unordered_map<std::string, LoweringRow>& table() {
       {"aten::clamp", {OpClass::Pointwise, clamp}},
       {"aten::clamp.Tensor", {OpClass::Pointwise, clamp}},
       {"aten::clamp_min", {OpClass::Pointwise, clamp_min}},
+      {"aten::clamp_min.Tensor", {OpClass::Pointwise, clamp_min}},
       {"aten::clamp_max", {OpClass::Pointwise, clamp_max}},
+      {"aten::clamp_max.Tensor", {OpClass::Pointwise, clamp_max}},
       {"aten::logical_not", {OpClass::Pointwise, logical_not}},
       {"aten::logical_and", {OpClass::Pointwise, logical<OpCode::And>}},
       {"aten::logical_or", {OpClass::Pointwise, logical<OpCode::Or>}},
@@ -420,10 +422,14 @@ int64_t reduced_numel(const Emitter& e, const ir::Node& n) {
 
 }  // namespace
 
+// Note [A row per overload]: a row serves the overload it names, and a row named without
+// an overload serves the default one only. An op's other overloads may take other
+// arguments or mean something else: sum.dim_DimnameList reduces the dims it names where
+// the row of `aten::sum` reduces every dim, and maximum.out writes into its `out` (Note
+// [Writes are not lowered] in classify.cpp). Each overload a lowering serves is listed.
 const LoweringRow* find_lowering(const ir::Node& n) {
   const auto& t = table();
   auto it = t.find(n.qualified_op());
-  if (it == t.end()) it = t.find(n.op);
   return it == t.end() ? nullptr : &it->second;
 }
 

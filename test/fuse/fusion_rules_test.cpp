@@ -332,4 +332,24 @@ TEST_F(Fusion, DumpDirGetsFusedGraphAndEachKernelsIr) {
   EXPECT_EQ(std::system(("rm -rf '" + dir.string() + "'").c_str()), 0);
 }
 
+// Note [A row per overload] (fuse/lowering.cpp): a lowering serves the overloads its rows
+// name; another overload of the op (one that names its dims, one that writes its `out`)
+// has none, and runs as an ATen call.
+TEST(LoweringRows, ARowServesOnlyTheOverloadItNames) {
+  auto node = [](const std::string& op, const std::string& overload) {
+    tcap::ir::Node n;
+    n.kind = tcap::ir::NodeKind::Call;
+    n.op = op;
+    n.overload = overload;
+    return n;
+  };
+  EXPECT_NE(tcap::fuse::find_lowering(node("aten::sum", "")), nullptr);
+  EXPECT_NE(tcap::fuse::find_lowering(node("aten::sum", "dim_IntList")), nullptr);
+  EXPECT_EQ(tcap::fuse::find_lowering(node("aten::sum", "dim_DimnameList")), nullptr);
+  EXPECT_EQ(tcap::fuse::find_lowering(node("aten::mean", "names_dim")), nullptr);
+  EXPECT_EQ(tcap::fuse::find_lowering(node("aten::maximum", "out")), nullptr);
+  EXPECT_NE(tcap::fuse::find_lowering(node("aten::clamp_min", "Tensor")), nullptr);
+  EXPECT_NE(tcap::fuse::find_lowering(node("aten::clamp_max", "Tensor")), nullptr);
+}
+
 }  // namespace
