@@ -120,6 +120,10 @@ std::vector<Case> cases() {
        },
        [] { return Tensors{torch::randn({2, 1 << 17}), torch::randint(0, 1 << 17, {2}, torch::kLong)}; }, true, 1e-5,
        1e-5},
+      {"softmax_bfloat16_rows", [](const Tensors& in) { return Tensors{torch::softmax(in[0], 1)}; },
+       [=] { return Tensors{f32({2, 1 << 17}).to(torch::kBFloat16)}; }, true, 1e-2, 1e-6},
+      {"layer_norm_float64_rows", [](const Tensors& in) { return Tensors{torch::layer_norm(in[0], {1 << 17})}; },
+       [] { return Tensors{torch::randn({2, 1 << 17}, torch::kDouble) * 3 + 1}; }, true, 1e-10, 1e-10},
       {"prime_size", [](const Tensors& in) { return Tensors{in[0].sum()}; }, [=] { return Tensors{f32({131101})}; }, false},
       {"small", [](const Tensors& in) { return Tensors{in[0].sum()}; }, [=] { return Tensors{f32({4096})}; }, false},
   };
