@@ -218,6 +218,18 @@ std::vector<Val> mse_loss(Emitter& e, const ir::Node& n) {  // reduction: 1 mean
   if (e.integer(n, 2) == 1) s = e.bin(OpCode::Div, s, e.c(static_cast<double>(reduced_numel(e, n)), t));
   return {s};
 }
+// logsumexp(self, dim, keepdim) as ATen computes it: max + log(sum(exp(x - max))), where
+// a row whose maximum is infinite subtracts 0 instead (all -inf gives -inf, a +inf gives
+// +inf, not nan). "Infinite" is tested as isnan(m - m), true for +-inf and for nan, whose
+// row is nan either way.
+std::vector<Val> logsumexp(Emitter& e, const ir::Node& n) {
+  const DType t = e.compute_dtype(n);
+  Val x = e.in(n, 0, t);
+  Val m = e.reduce(OpCode::ReduceMax, x);
+  Val shift = e.where(e.un(OpCode::IsNan, e.bin(OpCode::Sub, m, m)), e.c(0, t), m);
+  Val s = e.reduce(OpCode::ReduceSum, e.un(OpCode::Exp, e.bin(OpCode::Sub, x, shift)));
+  return {e.bin(OpCode::Add, e.un(OpCode::Log, s), shift)};
+}
 std::vector<Val> softmax(Emitter& e, const ir::Node& n) {
   const DType t = e.compute_dtype(n);
   Val x = e.in(n, 0, t);
@@ -394,6 +406,7 @@ const std::unordered_map<std::string, LoweringRow>& table() {
       {"aten::mean", {OpClass::Reduction, mean, dims_all}},
       {"aten::amax", {OpClass::Reduction, reduce_minmax<OpCode::ReduceMax>, dims_arg1}},
       {"aten::amin", {OpClass::Reduction, reduce_minmax<OpCode::ReduceMin>, dims_arg1}},
+      {"aten::logsumexp", {OpClass::Reduction, logsumexp, dims_arg1}},
       {"aten::mse_loss", {OpClass::Reduction, mse_loss, dims_mse}},
       {"aten::_softmax", {OpClass::Row, softmax, dims_softmax}},
       {"aten::_log_softmax", {OpClass::Row, log_softmax, dims_softmax}},

@@ -159,6 +159,7 @@ constexpr Row kRows[] = {
     {"aten::mean", D | N | F, ""},
     {"aten::amax", D | N, ""},
     {"aten::amin", D | N, ""},
+    {"aten::logsumexp", D | N | F, ""},
     {"aten::mse_loss", D | N, ""},
     {"aten::_softmax", D | N | F, ""},
     {"aten::_log_softmax", D | N | F, ""},

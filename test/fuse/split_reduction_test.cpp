@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -262,6 +263,52 @@ TEST_F(SplitReduction, BackwardsOfFewLongRows) {
   }
   EXPECT_GE(f->stats().replays, 1);
   EXPECT_GE(log.count("Note [Split reductions]"), 3) << log.text();
+}
+
+// aten::logsumexp as a kernel (fuse/lowering.cpp): rows whose maximum is -inf, +inf or
+// nan give eager's -inf, +inf and nan (not the nan of inf - inf), over one dim and two,
+// with and without keepdim, and over few long rows (split at two levels); values and the
+// gradient against eager.
+TEST_F(SplitReduction, LogSumExpOfRowsWithInfinitiesAndNaN) {
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::nan("");
+  struct LseCase {
+    std::string name;
+    std::vector<int64_t> dims;
+    bool keepdim;
+    std::vector<int64_t> sizes;
+  };
+  for (const LseCase& c : {LseCase{"rows", {1}, false, {6, 9}}, LseCase{"rows_keepdim", {1}, true, {6, 9}},
+                           LseCase{"two_dims", {0, 2}, false, {6, 3, 5}}, LseCase{"long_rows", {1}, false, {6, 1 << 17}}}) {
+    SCOPED_TRACE(c.name);
+    tcap::CompileOptions o;
+    o.backend = tcap::Backend::Llvm;
+    o.name = "lse_" + c.name;
+    auto fn = [&](const Tensors& in) { return Tensors{torch::logsumexp(in[0], c.dims, c.keepdim)}; };
+    auto f = tcap::compile(fn, o);
+    tcap::testing::LogCapture log("fusion");
+    for (int call = 0; call < 3; ++call) {
+      at::Tensor x = torch::randn(c.sizes, torch::kFloat) * 3;
+      if (c.name != "two_dims") {
+        x[1].fill_(-inf);              // every element -inf: -inf
+        x[2].select(0, 4).fill_(inf);  // one +inf: +inf
+        x[3].select(0, 2).fill_(nan);  // one nan: nan
+      }
+      x.requires_grad_();
+      const at::Tensor want = fn({x})[0], got = f({x})[0];
+      ASSERT_TRUE(close(got, want, 1e-5, 1e-5)) << got << want;
+      EXPECT_TRUE(at::equal(got.isnan(), want.isnan()));
+      EXPECT_TRUE(at::equal(got.isinf(), want.isinf()));
+      // The gradient (a backward completes the capture); compared where x has no infinity.
+      want.sum().backward();
+      const at::Tensor gw = x.grad().clone();
+      x.mutable_grad().reset();
+      got.sum().backward();
+      if (c.name == "two_dims") EXPECT_TRUE(close(x.grad(), gw, 1e-5, 1e-6));
+    }
+    EXPECT_GE(f->stats().replays, 1);
+    EXPECT_GE(log.count("fused_0_logsumexp"), 1) << log.text();
+    if (c.name == "long_rows") EXPECT_GE(log.count("Note [Split reductions]"), 1) << log.text();
+  }
 }
 
 }  // namespace split_reduction_test
