@@ -178,6 +178,10 @@ class Functionalizer : public Rewriter {
       return drop >= 0 ? "it does not write its out argument" : "it does not write its first argument";
     }
     const ir::TensorMeta& sm = g_.value(self).meta;
+    // An out= overload resizes an `out` of another shape: the write-back copy_ would
+    // broadcast the new value into the old shape.
+    const ir::TensorMeta& rm = g_.value(n.outputs[0].values[0]).meta;
+    if (rm.sizes != sm.sizes || rm.strides != sm.strides) return "it resizes the buffer it writes";
     std::string why;
     ir::for_each_value(n.args, [&](ir::ValueId v) {
       if (why.empty() && !ir::is_host_scalar(g_, v) && g_.value(v).meta.dtype != sm.dtype) why = "mixed dtypes";

@@ -232,6 +232,32 @@ TEST_P(Aliasing, OutOverloadsWriteTheirOut) {
   EXPECT_GE(f->stats().replays, 3);
 }
 
+// An out= overload whose `out` has another shape resizes it (ATen warns, then resizes):
+// the input written must come back with eager's shape and values, never broadcast into its
+// old shape.
+TEST_P(Aliasing, OutOverloadsThatResizeTheirOut) {
+  const std::string backend = GetParam();
+  TCAP_SKIP_WITHOUT_BACKEND(backend);
+  CompileOptions o;
+  o.backend = backend;
+  o.name = "out_resized_" + backend;
+  auto fn = [](const Tensors& in) {
+    at::Tensor out = in[1];
+    at::mul_out(out, in[0], in[0]);
+    return Tensors{out + 1};
+  };
+  auto f = tcap::compile(fn, o);
+  const Tol tol = tolerance(backend);
+  for (int i = 0; i < 4; ++i) {
+    const at::Tensor x = torch::randn({5});
+    Tensors in{x, torch::randn({4, 5})}, ref_in{x, in[1].clone()};
+    const Tensors got = (*f)(in), ref = fn(ref_in);
+    ASSERT_EQ(in[1].sizes(), ref_in[1].sizes()) << "call " << i;
+    ASSERT_TRUE(tcap::testing::close(in[1], ref_in[1], tol.rtol, tol.atol)) << "call " << i;
+    ASSERT_TRUE(tcap::testing::close(got[0], ref[0], tol.rtol, tol.atol)) << "call " << i;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Soundness, Aliasing, ::testing::Values(std::string("eager"), std::string("llvm")));
 
 }  // namespace
