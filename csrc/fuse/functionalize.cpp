@@ -55,74 +55,57 @@ namespace {
 
 constexpr const char* kWhy = "in-place update not made functional: ";
 
-// The overload of functional op `fop` that takes the arguments of in-place op `op`.`overload`
-// (names and types; the in-place self's alias annotation aside), or nullopt. Overload names
-// do not always pair up: pow_.Scalar takes (Tensor self, Scalar exponent), as
-// pow.Tensor_Scalar does, while pow.Scalar takes (Scalar self, Tensor exponent).
-std::optional<std::string> functional_overload(const std::string& op, const std::string& overload,
-                                               const std::string& fop) {
-  static std::mutex mu;
-  static std::map<std::string, std::optional<std::string>> cache;
-  const std::string key = op + "." + overload;
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  std::optional<std::string> found;
-  auto& d = c10::Dispatcher::singleton();
-  auto in_place = d.findSchema({op, overload});
-  if (in_place) {
-    const auto& want = in_place->schema().arguments();
-    for (const c10::OperatorName& name : d.getAllOpNames()) {
-      if (name.name != fop) continue;
-      auto f = d.findSchema(name);
-      if (!f) continue;
-      const auto& have = f->schema().arguments();
-      bool same = have.size() == want.size() && f->schema().returns().size() == 1;
-      for (size_t i = 0; same && i < have.size(); ++i) {
-        same = have[i].name() == want[i].name() && *have[i].type() == *want[i].type();
-      }
-      if (same) {
-        found = name.overload_name;
-        if (name.overload_name == overload) break;  // the same name first
-      }
-    }
-  }
-  cache.emplace(key, found);
-  return found;
-}
+// The functional form of a writing overload: the op and overload computing the value it
+// writes, and the argument that form leaves out (-1 for none).
+struct Functional {
+  std::string op, overload;
+  int drop = -1;  // an out= overload's `out`
+};
 
-// The functional overload of out= overload op.`overload` (its arguments without the one
-// it writes, which must be its last, a keyword-only `out`) with its written argument's
-// index, or nullopt: maximum.out(self, other, *, out!) -> maximum(self, other).
-std::optional<std::pair<std::string, size_t>> out_overload_functional(const std::string& op, const std::string& overload) {
+// The functional form of in-place or out= overload op.`overload`, or nullopt:
+//   in-place  mul_.Tensor -> mul.Tensor: the overload of the name without `_` that takes
+//             the same arguments (names and types; the in-place self's alias annotation
+//             aside), the same overload name first. Overload names do not always pair
+//             up: pow_.Scalar takes (Tensor self, Scalar exponent), as pow.Tensor_Scalar
+//             does, while pow.Scalar takes (Scalar self, Tensor exponent).
+//   out=      maximum.out(self, other, *, out!) -> maximum(self, other): an overload of the
+//             same name taking the arguments without the one written, which must be the
+//             last, a keyword-only `out`, and the only one written.
+// A functional form returns one value and writes nothing. Read once per overload.
+std::optional<Functional> functional_form(const std::string& op, const std::string& overload) {
   static std::mutex mu;
-  static std::map<std::string, std::optional<std::pair<std::string, size_t>>> cache;
+  static std::map<std::string, std::optional<Functional>> cache;
   const std::string key = op + "." + overload;
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  std::optional<std::pair<std::string, size_t>> found;
+  std::optional<Functional> found;
   auto& d = c10::Dispatcher::singleton();
-  auto with_out = d.findSchema({op, overload});
-  if (with_out) {
-    const auto& want = with_out->schema().arguments();
+  auto writer = op.rfind("aten::", 0) == 0 ? d.findSchema({op, overload}) : std::nullopt;
+  if (writer) {
+    const auto& want = writer->schema().arguments();
+    const bool in_place = op.size() > 2 && op.back() == '_' && op[op.size() - 2] != '_';
     size_t writes = 0;
     for (const auto& a : want) writes += a.alias_info() && a.alias_info()->isWrite() ? 1 : 0;
     const bool last_is_out = !want.empty() && want.back().name() == "out" && want.back().kwarg_only() &&
                              want.back().alias_info() && want.back().alias_info()->isWrite();
+    Functional f;
+    f.op = in_place ? op.substr(0, op.size() - 1) : op;
+    f.drop = in_place ? -1 : static_cast<int>(want.size()) - 1;
+    const size_t n = in_place ? want.size() : want.size() - 1;  // the arguments the form takes
     for (const c10::OperatorName& name : d.getAllOpNames()) {
-      if (writes != 1 || !last_is_out || name.name != op || name.overload_name == overload) continue;
-      auto f = d.findSchema(name);
-      if (!f) continue;
-      const auto& have = f->schema().arguments();
-      bool same = have.size() + 1 == want.size() && f->schema().returns().size() == 1 && !f->schema().is_mutable();
-      for (size_t i = 0; same && i < have.size(); ++i) {
+      if ((!in_place && (writes != 1 || !last_is_out)) || name.name != f.op || name == writer->operator_name()) continue;
+      auto candidate = d.findSchema(name);
+      if (!candidate) continue;
+      const auto& have = candidate->schema().arguments();
+      bool same = have.size() == n && candidate->schema().returns().size() == 1 && !candidate->schema().is_mutable();
+      for (size_t i = 0; same && i < n; ++i) {
         same = have[i].name() == want[i].name() && *have[i].type() == *want[i].type();
       }
-      if (same) {
-        found = std::make_pair(name.overload_name, want.size() - 1);
-        break;
-      }
+      if (!same) continue;
+      f.overload = name.overload_name;
+      found = f;
+      if (name.overload_name == overload) break;  // the same name first
     }
   }
   cache.emplace(key, found);
@@ -134,10 +117,6 @@ class Functionalizer : public Rewriter {
   using Rewriter::Rewriter;
 
  private:
-  struct Functional {
-    std::string op, overload;
-    int drop = -1;  // the argument the functional form leaves out (an out= overload's `out`)
-  };
   struct Chain {
     ir::ValueId base = ir::kNoValue;
     std::vector<ir::NodeId> writes;     // in order
@@ -145,37 +124,18 @@ class Functionalizer : public Rewriter {
     bool input = false;                 // base is an input of the graph: written back
   };
 
-  // The functional op of in-place node n ("aten::mul_" -> "aten::mul"), or "".
-  static std::string functional_op(const ir::Node& n) {
-    if (n.kind != ir::NodeKind::Call || n.op.size() < 2 || n.op.back() != '_') return "";
-    if (n.op.rfind("aten::", 0) != 0 || (n.op.size() > 2 && n.op[n.op.size() - 2] == '_')) return "";
-    return n.op.substr(0, n.op.size() - 1);
-  }
-
   // Why write n (its result a version of `self`) cannot be made functional, or "" with
   // its functional form in `functional`. An in-place op (mul_) writes its first argument;
   // an out= overload (maximum.out, which amsgrad's torch::max_out records) its `out`, which
   // its functional form leaves out; either may also read `self` in other arguments (they
   // read the version before the write, as the functional form does).
   std::string write_refusal(const ir::Node& n, ir::ValueId self, Functional* functional) const {
-    std::string fop = functional_op(n);
-    std::optional<std::string> fov;
-    int drop = -1;
-    size_t written = 0;
-    if (!fop.empty()) {
-      fov = functional_overload(n.op, n.overload, fop);
-    } else if (n.kind == ir::NodeKind::Call && n.op.rfind("aten::", 0) == 0) {
-      if (auto o = out_overload_functional(n.op, n.overload)) {
-        fop = n.op;
-        fov = o->first;
-        drop = static_cast<int>(o->second);
-        written = o->second;
-      }
-    }
-    if (!fov) return n.qualified_op() + " has no functional form here";
+    const auto form = n.kind == ir::NodeKind::Call ? functional_form(n.op, n.overload) : std::nullopt;
+    if (!form) return n.qualified_op() + " has no functional form here";
     if (n.outputs.size() != 1 || n.outputs[0].kind != ir::ArgKind::Value) return "several results";
+    const size_t written = form->drop >= 0 ? static_cast<size_t>(form->drop) : 0;
     if (n.args.size() <= written || n.args[written].kind != ir::ArgKind::Value || n.args[written].values[0] != self) {
-      return drop >= 0 ? "it does not write its out argument" : "it does not write its first argument";
+      return form->drop >= 0 ? "it does not write its out argument" : "it does not write its first argument";
     }
     const ir::TensorMeta& sm = g_.value(self).meta;
     // An out= overload resizes an `out` of another shape: the write-back copy_ would
@@ -188,13 +148,13 @@ class Functionalizer : public Rewriter {
     });
     if (!why.empty()) return why;
     ir::Node f = n;
-    f.op = fop;
-    f.overload = *fov;
-    if (drop >= 0) f.args.erase(f.args.begin() + drop);
+    f.op = form->op;
+    f.overload = form->overload;
+    if (form->drop >= 0) f.args.erase(f.args.begin() + form->drop);
     NodeClass info;
     if (auto refusal = classify(g_, f, &info, device_)) return *refusal;
-    if (info.cls != OpClass::Pointwise) return fop + " is not pointwise";
-    *functional = {fop, *fov, drop};
+    if (info.cls != OpClass::Pointwise) return form->op + " is not pointwise";
+    *functional = *form;
     return "";
   }
 
