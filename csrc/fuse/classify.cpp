@@ -37,15 +37,6 @@ std::optional<std::string> classify(const ir::Graph& g, const ir::Node& n, NodeC
   if (n.kind != ir::NodeKind::Call) return std::string("not an operator call");
   const LoweringRow* row = find_lowering(n);
   if (!row) return "no kernel IR lowering for " + n.qualified_op() + " (runs as an ATen call)";
-  // Note [Writes are not lowered]: the lowering rows compute an op's functional result. An
-  // overload that writes into an argument (an out= overload such as maximum.out, which
-  // Adam's amsgrad records through torch::max_out; an in-place one) finds the row of its
-  // name, but a kernel would compute the value and drop the write. Its schema says so
-  // (Tensor(a!)); functionalize (fuse/functionalize.cpp) turns the in-place updates it can
-  // prove safe into functional ops first, and asks this about their functional forms.
-  if (ir::schema_writes_an_argument(n.op, n.overload)) {
-    return n.qualified_op() + " writes into an argument (runs as an ATen call)";
-  }
   // Every tensor read and written must be a dense tensor of a kir dtype on the kernels' device.
   bool has_tensor_arg = false;
   for (const auto& a : n.args) {

@@ -438,8 +438,14 @@ int64_t reduced_numel(const Emitter& e, const ir::Node& n) {
 // Note [A row per overload]: a row serves the overload it names, and a row named without
 // an overload serves the default one only. An op's other overloads may take other
 // arguments or mean something else: sum.dim_DimnameList reduces the dims it names where
-// the row of `aten::sum` reduces every dim, and maximum.out writes into its `out` (Note
-// [Writes are not lowered] in classify.cpp). Each overload a lowering serves is listed.
+// the row of `aten::sum` reduces every dim. Each overload a lowering serves is listed.
+//
+// Note [Writes are not lowered]: a row computes an op's functional result, so no row names
+// an overload whose schema writes an argument (Tensor(a!): an out= overload such as
+// maximum.out, which Adam's amsgrad records through torch::max_out; an in-place one): a
+// kernel would compute the value and drop the write. Such a node runs as an ATen call,
+// unless functionalize (fuse/functionalize.cpp) turns it into its functional form first.
+// LoweringRows.NoRowNamesAnOverloadThatWrites checks the table against the schemas.
 const LoweringRow* find_lowering(const ir::Node& n) {
   const auto& t = table();
   auto it = t.find(n.qualified_op());

@@ -213,32 +213,23 @@ const std::unordered_map<std::string_view, OpFacts>& table() {
   return *t;
 }
 
-// A fact of an operator's overload, read from the dispatcher once per process.
-template <class Read>
-bool once_per_overload(const std::string& op, const std::string& overload, Read&& read) {
+}  // namespace
+
+bool has_dynamic_output_shape_tag(const std::string& op, const std::string& overload) {
   static std::mutex mu;
-  static std::unordered_map<std::string, bool> known;  // per fact: one instance per Read type
+  static std::unordered_map<std::string, bool> known;
   const std::string key = overload.empty() ? op : op + "." + overload;
   std::lock_guard<std::mutex> lock(mu);
   auto it = known.find(key);
   if (it != known.end()) return it->second;
-  const bool fact = read();
-  known.emplace(key, fact);
-  return fact;
-}
-
-}  // namespace
-
-bool has_dynamic_output_shape_tag(const std::string& op, const std::string& overload) {
-  return once_per_overload(op, overload, [&] {
-    auto& d = c10::Dispatcher::singleton();
-    bool tagged = false;
-    if (auto h = d.findOp({op, overload})) tagged = h->hasTag(at::Tag::dynamic_output_shape);
-    if (!tagged && !overload.empty()) {
-      if (auto functional = d.findOp({op, ""})) tagged = functional->hasTag(at::Tag::dynamic_output_shape);
-    }
-    return tagged;
-  });
+  auto& d = c10::Dispatcher::singleton();
+  bool tagged = false;
+  if (auto h = d.findOp({op, overload})) tagged = h->hasTag(at::Tag::dynamic_output_shape);
+  if (!tagged && !overload.empty()) {
+    if (auto functional = d.findOp({op, ""})) tagged = functional->hasTag(at::Tag::dynamic_output_shape);
+  }
+  known.emplace(key, tagged);
+  return tagged;
 }
 
 std::string join_input_names(const std::vector<std::string>& names) {
@@ -256,16 +247,6 @@ bool lists_input(const std::string& joined, const std::string& name) {
     if (starts && ends) return true;
   }
   return false;
-}
-
-bool schema_writes_an_argument(const std::string& op, const std::string& overload) {
-  return once_per_overload(op, overload, [&] {
-    bool writes = false;
-    if (auto h = c10::Dispatcher::singleton().findSchema({op, overload})) {
-      for (const auto& a : h->schema().arguments()) writes = writes || (a.alias_info() && a.alias_info()->isWrite());
-    }
-    return writes;
-  });
 }
 
 bool sizes_from_values(const Graph& g, const Node& n) {

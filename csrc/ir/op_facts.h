@@ -95,10 +95,6 @@ bool sizes_from_values(const Graph& g, const Node& n);
 // LibTorch's dynamic_output_shape tag, on the operator's overload or on the functional
 // overload of its name (which the .out overloads lack); read once per operator.
 bool has_dynamic_output_shape_tag(const std::string& op, const std::string& overload);
-// Whether the operator's overload writes into an argument (a Tensor(a!) in its schema: the
-// in-place and out= overloads); read once per overload. An op the dispatcher does not know
-// writes nothing here.
-bool schema_writes_an_argument(const std::string& op, const std::string& overload);
 // Whether a replay of n reads something on the host that a guard must check: a value it
 // hands to host code (item(), equal(), is_nonzero()) or the sizes of its results (Note
 // [Sizes that come from values]).

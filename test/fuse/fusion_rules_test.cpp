@@ -4,6 +4,8 @@
 // that stay ATen ops and say why, and TCAP_DUMP_DIR's files.
 #include "fusion_checks.h"
 
+#include <ATen/core/dispatch/Dispatcher.h>
+
 using namespace tcap::testing::fusion;
 
 namespace {
@@ -350,6 +352,22 @@ TEST(LoweringRows, ARowServesOnlyTheOverloadItNames) {
   EXPECT_EQ(tcap::fuse::find_lowering(node("aten::maximum", "out")), nullptr);
   EXPECT_NE(tcap::fuse::find_lowering(node("aten::clamp_min", "Tensor")), nullptr);
   EXPECT_NE(tcap::fuse::find_lowering(node("aten::clamp_max", "Tensor")), nullptr);
+}
+
+// Note [Writes are not lowered] (fuse/lowering.cpp): every row names an overload the
+// dispatcher knows, and none whose schema writes an argument (an in-place or out=
+// overload), which a kernel computing the functional value would silently not write.
+TEST(LoweringRows, NoRowNamesAnOverloadThatWrites) {
+  auto& d = c10::Dispatcher::singleton();
+  for (const auto& [op, cls] : tcap::fuse::lowered_ops()) {
+    const size_t dot = op.find('.', op.find("::") + 2);
+    const std::string name = op.substr(0, dot), overload = dot == std::string::npos ? "" : op.substr(dot + 1);
+    auto h = d.findSchema({name, overload});
+    ASSERT_TRUE(h.has_value()) << op << " is not an operator overload LibTorch knows";
+    for (const auto& a : h->schema().arguments()) {
+      EXPECT_FALSE(a.alias_info() && a.alias_info()->isWrite()) << op << " writes its argument " << a.name();
+    }
+  }
 }
 
 }  // namespace

@@ -193,7 +193,7 @@ TEST_P(Aliasing, AnIntermediateWrittenThroughAViewThenReadWhole) {
   tcap::reset_compiled_autograd();
 }
 
-// out= overloads write their `out` (Note [Writes are not lowered], fuse/classify.cpp): into
+// out= overloads write their `out` (Note [Writes are not lowered], fuse/lowering.cpp): into
 // an input that is also an operand (amsgrad's max_out), a fresh buffer, an intermediate
 // overwritten, another input read by the same op; the inputs written must hold eager's
 // values after each call, and so must what the function returns.
