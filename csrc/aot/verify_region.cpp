@@ -131,14 +131,30 @@ std::vector<at::Tensor> verified_call(const std::shared_ptr<const RegionEntry>& 
   const RngStates rng = RngStates::save(devices_of(served->part.forward));
   // What the forward writes, as it was: in place, or without its schema saying so (batch
   // norm's running statistics; Note [Writes a schema does not show]).
+  // Their geometry too: an out= op resizes an `out` of another shape (ATen's
+  // resize_output), so a run may leave a written input with other sizes.
   std::vector<at::Tensor> before;
-  for (size_t j : served->recompute_clones) before.push_back(primals.at(j).detach().clone());
+  struct Geometry {
+    std::vector<int64_t> sizes, strides;
+    int64_t offset = 0;
+  };
+  std::vector<Geometry> geometry;
+  for (size_t j : served->recompute_clones) {
+    const at::Tensor& t = primals.at(j);
+    before.push_back(t.detach().clone());
+    geometry.push_back({t.sizes().vec(), t.strides().vec(), t.storage_offset()});
+  }
   // Puts them back (without moving the version counters a saved tensor is checked
   // against) and the random numbers, so that a run starts from the state the call found.
   auto restore = [&] {
     at::NoGradGuard no_grad;
     for (size_t k = 0; k < served->recompute_clones.size(); ++k) {
-      primals.at(served->recompute_clones[k]).variable_data().copy_(before[k]);
+      const at::Tensor& p = primals.at(served->recompute_clones[k]);
+      const Geometry& was = geometry[k];
+      if (p.sizes() != was.sizes || p.strides() != was.strides || p.storage_offset() != was.offset) {
+        p.unsafeGetTensorImpl()->set_sizes_and_strides(was.sizes, was.strides, was.offset);
+      }
+      p.variable_data().copy_(before[k]);
     }
     rng.restore();
   };

@@ -54,6 +54,36 @@ TEST(VerifyMode, ChainedCallsOfOneFunction) {
   }
 }
 
+// A function whose out= write resizes an input (ATen resizes an `out` of another shape):
+// each verified replay puts the input back, geometry and values, before eager runs, so
+// eager's read of it before the write sees what the compiled run saw.
+TEST(VerifyMode, AnInputResizedByAnOutOverload) {
+  auto fn = [](const Tensors& in) {
+    at::Tensor out = in[1];
+    const at::Tensor before = out.sum(0);
+    at::mul_out(out, in[0], in[0]);
+    return Tensors{out + before};
+  };
+  for (const auto& backend : {std::string("eager"), std::string("llvm")}) {
+    SCOPED_TRACE(backend);
+    tcap::CompileOptions o;
+    o.backend = backend;
+    o.name = "verify_out_resized_" + backend;
+    auto f = tcap::compile(fn, o);
+    for (int i = 0; i < 5; ++i) {
+      tcap::StanceGuard verifying(tcap::Stance::Default, true, i >= 1 ? std::optional(kEveryReplay) : std::nullopt);
+      const at::Tensor x = torch::randn({5}), y = torch::randn({4, 5});
+      Tensors in{x, y.clone()}, ref_in{x, y.clone()};
+      const Tensors got = (*f)(in);
+      const Tensors ref = fn(ref_in);
+      ASSERT_EQ(in[1].sizes(), ref_in[1].sizes()) << "call " << i;
+      ASSERT_TRUE(close(in[1], ref_in[1], 1e-5, 1e-6)) << "call " << i;
+      ASSERT_TRUE(close(got[0], ref[0], 1e-5, 1e-6)) << "call " << i;
+    }
+    EXPECT_GE(f->stats().verified, 3);
+  }
+}
+
 // An Embedding with sparse gradients: verified gradients are compared as dense tensors.
 TEST(VerifyMode, SparseGradients) {
   torch::manual_seed(2);
