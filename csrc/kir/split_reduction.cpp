@@ -1,6 +1,7 @@
 #include "kir/split_reduction.h"
 
 #include <algorithm>
+#include <limits>
 #include <string>
 
 namespace tcap::kir {
@@ -25,18 +26,37 @@ namespace tcap::kir {
 //               last level (softmax's exp(x - max) / sum), when there are any
 //
 // A single-pass kernel (a sum, a mean, a column sum) is one partial and one combine; a
-// softmax over a few long rows is partial 0 (max), combine 0, partial 1 (sum of exp),
-// combine 1 and the tail: five launches and the three passes over the data of the unsplit
-// kernel, each over all threads. The partials run in parallel over splits * outputs; the
+// layer norm over a few long rows is partial 0 (sum), combine 0, partial 1 (sum of
+// squared deviations), combine 1 and the tail: five launches and the three passes over
+// the data of the unsplit kernel, each over all threads (a softmax's first two levels
+// share one pass, below). The partials run in parallel over splits * outputs; the
 // combines read splits numbers per output. The number of splits depends on the sizes only,
 // never on the thread count, so the summation order (and the bits of the result) is the
 // same at any number of threads; it is the smallest divisor giving at least kSplitOutputs
 // parallel iterations with chunks of at least kMinChunk elements, else the largest
 // divisor with such chunks. The dim is the outermost reduced one that has such a divisor
-// (a batch dim before a spatial one). No online rescaling (Note [CUDA row reductions]) is
-// needed: a level's Reduces are final before the next level's partials start. The sum is
-// reassociated (Note [CPU summation order]): the chunks are summed in order of the chunk
-// index; maxima and minima are exact.
+// (a batch dim before a spatial one). A level's Reduces are final before the next level's
+// partials start, except for the sums of exponentials below. The sum is reassociated
+// (Note [CPU summation order]): the chunks are summed in order of the chunk index; maxima
+// and minima are exact.
+//
+// Note [Online softmax in split reductions]
+// A softmax, log_softmax, cross-entropy or log-sum-exp computes m = max(e) and then
+// s = sum(exp(e - m)): two levels, so two passes over the data. Split, the sum need not
+// wait for the row's maximum: a chunk computes its own maximum m_c and s_c = sum(exp(e -
+// m_c)) over the chunk, and the combine rescales, s = sum_c s_c * exp(m_c - m) (the
+// online softmax of Milakov and Gimelshein, by chunks as Note [CUDA row reductions] does
+// by lanes). So such a sum is at its maximum's level (split_level): the partial reads
+// each chunk twice, the second time from the cache, since chunks then hold at most
+// kMaxOnlineChunk elements, and the data once from memory. A softmax over few long rows
+// reads its input twice instead of three times (the second pass writes the result).
+// Infinities as eager: a chunk of -inf sums around 0 (s_c = 0, scaled by exp(-inf - m) =
+// 0); a row of -inf gets nan (exp(-inf - -inf)), as eager's exp(e - m) does; a +inf or a
+// nan makes its chunk's and so the row's sum nan. Each exp(e - m) becomes exp(e - m_c) *
+// exp(m_c - m): within a few ulps of eager's. Which sums qualify: exactly
+// ReduceSum(Exp(Sub(e, m))) with m = ReduceMax(e) of one floating dtype (online_sums); a
+// sum around a function of the maximum (logsumexp's shift of infinite maxima) keeps its
+// own level.
 
 namespace {
 
@@ -51,15 +71,67 @@ std::vector<int64_t> dense_strides(const std::vector<int64_t>& sizes) {
   return st;
 }
 
-// Splits of a reduced dim of size n, `rest` reduced elements per index of it.
-int64_t choose_splits(int64_t n, int64_t rest, int64_t outputs) {
+// Splits of a reduced dim of size n, `rest` reduced elements per index of it: the
+// smallest divisor giving kSplitOutputs parallel iterations and chunks of at most
+// `max_chunk` elements, else the largest whose chunks keep kMinChunk elements.
+int64_t choose_splits(int64_t n, int64_t rest, int64_t outputs, int64_t max_chunk) {
   int64_t best = 0;
   for (int64_t s = 2; s <= n && (n / s) * rest >= kMinChunk; ++s) {
     if (n % s != 0) continue;
     best = s;
-    if (outputs * s >= kSplitOutputs) break;
+    if (outputs * s >= kSplitOutputs && (n / s) * rest <= max_chunk) break;
   }
   return best;
+}
+
+// The ReduceSums that an online pass can compute beside their maximum (Note [Online
+// softmax in split reductions]): s = ReduceSum(Exp(Sub(e, m))) with m = ReduceMax(e), all
+// of one floating dtype. Indexed by value id: m's id for such an s, else -1.
+std::vector<int32_t> online_sums(const Kernel& k) {
+  std::vector<int32_t> max_of(k.instrs.size(), -1);
+  auto at = [&](int32_t v) -> const Instr& { return k.instrs[static_cast<size_t>(v)]; };
+  for (size_t v = 0; v < k.instrs.size(); ++v) {
+    const Instr& s = k.instrs[v];
+    if (s.op != OpCode::ReduceSum || !is_floating(s.dtype)) continue;
+    const Instr& ex = at(s.args[0]);
+    if (ex.op != OpCode::Exp || ex.dtype != s.dtype) continue;
+    const Instr& sub = at(ex.args[0]);
+    if (sub.op != OpCode::Sub || sub.dtype != s.dtype) continue;
+    const Instr& m = at(sub.args[1]);
+    if (m.op != OpCode::ReduceMax || m.dtype != s.dtype || m.args[0] != sub.args[0]) continue;
+    max_of[v] = sub.args[1];
+  }
+  return max_of;
+}
+
+// reduce_level with each online sum at its maximum's level: computed in the same pass.
+std::vector<int> split_level(const Kernel& k, const std::vector<int32_t>& online) {
+  std::vector<int> level(k.instrs.size(), 0);
+  for (size_t v = 0; v < k.instrs.size(); ++v) {
+    const Instr& in = k.instrs[v];
+    int l = 0;
+    for (int32_t a : in.args) l = std::max(l, level[static_cast<size_t>(a)]);
+    if (online[v] >= 0) level[v] = level[static_cast<size_t>(online[v])];
+    else level[v] = is_reduce(in.op) ? l + 1 : l;
+  }
+  return level;
+}
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+Instr op(OpCode code, DType t, std::vector<int32_t> args) {
+  Instr in;
+  in.op = code;
+  in.dtype = t;
+  in.args = std::move(args);
+  return in;
+}
+Instr constant(DType t, double f) {
+  Instr in;
+  in.op = OpCode::Const;
+  in.dtype = t;
+  in.f = f;
+  return in;
 }
 
 }  // namespace
@@ -69,14 +141,17 @@ std::optional<SplitReduction> split_reduction(const Kernel& k) {
   const int64_t outputs = k.outer_numel(), reduced = k.reduce_numel();
   if (outputs >= kSplitOutputs || reduced < kMinSplitElements || outputs == 0) return std::nullopt;
   const std::vector<bool> elem = element_level(k);
-  const std::vector<int> level = reduce_level(k);
+  const std::vector<int32_t> online = online_sums(k);
+  const std::vector<int> level = split_level(k, online);
+  const bool has_online = std::any_of(online.begin(), online.end(), [](int32_t m) { return m >= 0; });
   const size_t rank = k.sizes.size(), no = rank - static_cast<size_t>(k.num_reduce_dims);
   // The reduced dim to split: the outermost one with a divisor (inner dims keep the
   // chunks' accesses contiguous).
   size_t dim = rank;
   int64_t splits = 0;
   for (size_t d = no; d < rank && splits == 0; ++d) {
-    splits = choose_splits(k.sizes[d], reduced / k.sizes[d], outputs);
+    splits = choose_splits(k.sizes[d], reduced / k.sizes[d], outputs,
+                           has_online ? kMaxOnlineChunk : std::numeric_limits<int64_t>::max());
     if (splits) dim = d;
   }
   if (!splits) return std::nullopt;
@@ -164,10 +239,22 @@ std::optional<SplitReduction> split_reduction(const Kernel& k) {
         continue;
       }
       if (level[v] > q + (reduce && is_reduce(in.op) ? 1 : 0)) continue;
-      Instr c = in;
-      for (auto& a : c.args) a = map[static_cast<size_t>(a)];
-      if (c.op == OpCode::Load) c.strides = widen(in.strides);
-      map[v] = add(p, std::move(c));
+      if (online[v] >= 0) {
+        // The chunk's sum of exp(e - m_c) around the chunk's maximum m_c, or around 0
+        // where m_c is -inf (every element -inf: exp(-inf - -inf) would be nan).
+        const DType t = in.dtype;
+        const int32_t mc = map[static_cast<size_t>(online[v])];
+        const int32_t e = map[static_cast<size_t>(k.instrs[static_cast<size_t>(online[v])].args[0])];
+        const int32_t empty = add(p, op(OpCode::Eq, DType::Bool, {mc, add(p, constant(t, -kInf))}));
+        const int32_t around = add(p, op(OpCode::Where, t, {empty, add(p, constant(t, 0)), mc}));
+        const int32_t ex = add(p, op(OpCode::Exp, t, {add(p, op(OpCode::Sub, t, {e, around}))}));
+        map[v] = add(p, op(OpCode::ReduceSum, t, {ex}));
+      } else {
+        Instr c = in;
+        for (auto& a : c.args) a = map[static_cast<size_t>(a)];
+        if (c.op == OpCode::Load) c.strides = widen(in.strides);
+        map[v] = add(p, std::move(c));
+      }
       if (is_reduce(in.op)) {
         std::vector<int64_t> st{outputs};
         st.insert(st.end(), outer_strides.begin(), outer_strides.end());
@@ -215,15 +302,27 @@ std::optional<SplitReduction> split_reduction(const Kernel& k) {
       }
       if (is_reduce(in.op)) {
         if (level[v] != q + 1) continue;
-        Instr load;
-        load.op = OpCode::Load;
-        load.dtype = in.dtype;
-        load.buffer = partial_buf[v];
-        load.strides = outer_strides;
-        load.strides.push_back(outputs);
-        Instr red = in;
-        red.args = {add(c, std::move(load))};
-        map[v] = add(c, std::move(red));
+        auto partials = [&](int32_t of) {
+          Instr load;
+          load.op = OpCode::Load;
+          load.dtype = in.dtype;
+          load.buffer = partial_buf[static_cast<size_t>(of)];
+          load.strides = outer_strides;
+          load.strides.push_back(outputs);
+          return add(c, std::move(load));
+        };
+        if (online[v] >= 0) {
+          // sum over chunks of s_c * exp(m_c - m): each chunk's sum rescaled to the
+          // row's maximum (0 for a chunk of -inf, nan for a row of -inf, as eager).
+          const DType t = in.dtype;
+          const int32_t mc = partials(online[v]);
+          const int32_t scale = add(c, op(OpCode::Exp, t, {add(c, op(OpCode::Sub, t, {mc, map[static_cast<size_t>(online[v])]}))}));
+          map[v] = add(c, op(OpCode::ReduceSum, t, {add(c, op(OpCode::Mul, t, {partials(static_cast<int32_t>(v)), scale}))}));
+        } else {
+          Instr red = in;
+          red.args = {partials(static_cast<int32_t>(v))};
+          map[v] = add(c, std::move(red));
+        }
         if (final_buf[v] >= 0) {
           std::vector<int64_t> st = outer_strides;
           st.push_back(0);

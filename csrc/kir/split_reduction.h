@@ -24,11 +24,16 @@ struct SplitReduction {
 
 // The split of k, or nullopt where k is not a reduction over at least kMinSplitElements
 // elements per output with fewer than kSplitOutputs outputs, or where no reduced dim has
-// a divisor that makes chunks of at least kMinChunk elements.
+// a divisor that makes chunks of at least kMinChunk elements. A sum of exponentials around
+// a maximum is computed in the maximum's pass (Note [Online softmax in split reductions]).
 std::optional<SplitReduction> split_reduction(const Kernel& k);
 
 constexpr int64_t kSplitOutputs = 64;
 constexpr int64_t kMinSplitElements = int64_t{1} << 17;
 constexpr int64_t kMinChunk = 4096;
+// A chunk's elements where a sum of exponentials is computed beside its maximum (Note
+// [Online softmax in split reductions]): the chunk is read twice, the second time from
+// the cache.
+constexpr int64_t kMaxOnlineChunk = int64_t{1} << 16;
 
 }  // namespace tcap::kir

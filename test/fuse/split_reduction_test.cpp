@@ -57,6 +57,44 @@ tcap::kir::Kernel full_sum(int64_t n, bool two_pass = false) {
   return k;
 }
 
+// softmax over the rows of a dense f32 [rows, n], as lowering makes it; with `shifted`,
+// the sum's exponent is taken around a function of the maximum (where(m == -inf, 0, m)),
+// which no online pass rescales.
+tcap::kir::Kernel row_softmax(int64_t rows, int64_t n, bool shifted = false) {
+  using namespace tcap::kir;
+  Kernel k;
+  k.name = "row_softmax";
+  k.sizes = {rows, n};
+  k.num_reduce_dims = 1;
+  k.buffers = {{"%0", DType::F32, false}, {"%1", DType::F32, true}};
+  auto op = [&](OpCode code, DType t, std::vector<int32_t> args) {
+    Instr in;
+    in.op = code;
+    in.dtype = t;
+    in.args = std::move(args);
+    return add(k, in);
+  };
+  Instr load;
+  load.op = OpCode::Load;
+  load.buffer = 0;
+  load.strides = {n, 1};
+  const int32_t x = add(k, load);
+  int32_t m = op(OpCode::ReduceMax, DType::F32, {x});
+  if (shifted) {
+    Instr c;
+    c.op = OpCode::Const;
+    c.f = -std::numeric_limits<double>::infinity();
+    Instr zero;
+    zero.op = OpCode::Const;
+    m = op(OpCode::Where, DType::F32, {op(OpCode::Eq, DType::Bool, {m, add(k, c)}), add(k, zero), m});
+  }
+  const int32_t ex = op(OpCode::Exp, DType::F32, {op(OpCode::Sub, DType::F32, {x, m})});
+  const int32_t s = op(OpCode::ReduceSum, DType::F32, {ex});
+  k.stores.push_back({op(OpCode::Div, DType::F32, {ex, s}), 1, {n, 1}, 0});
+  verify(k);
+  return k;
+}
+
 bool bitwise_equal(const Tensors& a, const Tensors& b) {
   for (size_t i = 0; i < a.size(); ++i) {
     if (!at::equal(a[i], b[i])) return false;
@@ -185,6 +223,38 @@ TEST(SplitReductionKernels, WhichKernelsSplitAndHow) {
   }
 }
 
+// Note [Online softmax in split reductions]: the sum of exponentials is computed in its
+// maximum's pass, each chunk around its own maximum, and rescaled by the combine.
+TEST(SplitReductionKernels, ASoftmaxSumsInItsMaximumsPass) {
+  using tcap::kir::OpCode;
+  auto s = tcap::kir::split_reduction(row_softmax(2, 1 << 22));
+  ASSERT_TRUE(s.has_value());
+  // Chunks of at most kMaxOnlineChunk elements (2^22 / 64 = 2^16), so that the partial's
+  // second pass over a chunk reads the cache; 32 splits would make 64 parallel iterations.
+  EXPECT_EQ(s->splits, 64);
+  ASSERT_EQ(s->kernels.size(), 3u);  // partial 0 (max and sum), combine 0, the tail
+  auto count = [](const tcap::kir::Kernel& k, OpCode op) {
+    return std::count_if(k.instrs.begin(), k.instrs.end(), [&](const auto& in) { return in.op == op; });
+  };
+  auto levels = [](const tcap::kir::Kernel& k) {
+    const std::vector<int> l = tcap::kir::reduce_level(k);
+    return *std::max_element(l.begin(), l.end());
+  };
+  const auto& partial = s->kernels[0];
+  const auto& combine = s->kernels[1];
+  EXPECT_EQ(count(partial, OpCode::ReduceMax), 1) << tcap::kir::to_string(partial);
+  EXPECT_EQ(count(partial, OpCode::ReduceSum), 1);
+  EXPECT_EQ(levels(partial), 2);  // two passes over a chunk: its maximum, then its sum
+  EXPECT_EQ(levels(combine), 2);  // the row's maximum, then the rescaled sums
+  EXPECT_EQ(count(combine, OpCode::Exp), 1) << tcap::kir::to_string(combine);
+  EXPECT_EQ(levels(s->kernels[2]), 0);
+  // A sum around a function of the maximum keeps a level of its own: five kernels.
+  auto shifted = tcap::kir::split_reduction(row_softmax(2, 1 << 22, true));
+  ASSERT_TRUE(shifted.has_value());
+  EXPECT_EQ(shifted->kernels.size(), 5u);
+  EXPECT_EQ(shifted->splits, 32);
+}
+
 TEST_F(SplitReduction, CompiledMatchesEagerAtEveryThreadCount) {
   for (const Case& c : cases()) {
     SCOPED_TRACE(c.name);
@@ -303,12 +373,66 @@ TEST_F(SplitReduction, LogSumExpOfRowsWithInfinitiesAndNaN) {
       const at::Tensor gw = x.grad().clone();
       x.mutable_grad().reset();
       got.sum().backward();
-      if (c.name == "two_dims") EXPECT_TRUE(close(x.grad(), gw, 1e-5, 1e-6));
+      if (c.name == "two_dims") {
+        EXPECT_TRUE(close(x.grad(), gw, 1e-5, 1e-6));
+      }
     }
     EXPECT_GE(f->stats().replays, 1);
     EXPECT_GE(log.count("fused_0_logsumexp"), 1) << log.text();
-    if (c.name == "long_rows") EXPECT_GE(log.count("Note [Split reductions]"), 1) << log.text();
+    if (c.name == "long_rows") {
+      EXPECT_GE(log.count("Note [Split reductions]"), 1) << log.text();
+    }
   }
+}
+
+// Note [Online softmax in split reductions] with infinities, over few long rows (split,
+// chunks of 8192): a row of -inf (nan, as eager), a row whose first half is -inf (whole
+// chunks of -inf, as a causal mask makes), a +inf, a nan, large magnitudes (exponentials
+// that underflow within a chunk but not across), and an ordinary row; softmax and
+// log_softmax with their gradients where the row is finite, and cross-entropy.
+// Tolerances: rtol 1e-4 on values (a chunk's exp(e - m_c) * exp(m_c - m) against eager's
+// exp(e - m)); gradients below.
+TEST_F(SplitReduction, OnlineSoftmaxOfRowsWithInfinitiesAndNaN) {
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::nan("");
+  const int64_t n = 1 << 17;
+  auto fn = [](const Tensors& in) {
+    return Tensors{torch::softmax(in[0], 1), torch::log_softmax(in[0], 1) * 0.5,
+                   torch::cross_entropy_loss(in[0].narrow(0, 4, 2), in[1])};
+  };
+  tcap::CompileOptions o;
+  o.backend = tcap::Backend::Llvm;
+  o.name = "online_softmax";
+  auto f = tcap::compile(fn, o);
+  tcap::testing::LogCapture log("fusion");
+  for (int call = 0; call < 3; ++call) {
+    at::Tensor x = torch::randn({6, n}) * 3;
+    x[0].fill_(-inf);
+    x[1].narrow(0, 0, n / 2).fill_(-inf);
+    x[2].select(0, 77).fill_(inf);
+    x[3].select(0, n - 5).fill_(nan);
+    x[4] *= 30;
+    x[4].narrow(0, 8192, 8192).fill_(-inf);
+    x.requires_grad_();
+    const at::Tensor t = torch::randint(0, n, {2}, torch::kLong);
+    const Tensors want = fn({x, t}), got = f({x, t});
+    for (size_t i = 0; i < 2; ++i) {
+      EXPECT_TRUE(close(got[i], want[i], 1e-4, 1e-10)) << i;
+      EXPECT_TRUE(at::equal(got[i].isnan(), want[i].isnan())) << i;
+      EXPECT_TRUE(at::equal(got[i].isinf(), want[i].isinf())) << i;
+    }
+    EXPECT_TRUE(close(got[2], want[2], 1e-5, 1e-5));
+    // Gradients of the rows without infinity or nan (4 and 5), through all three results.
+    auto loss = [](const Tensors& r) { return r[0].narrow(0, 4, 2).pow(2).sum() + r[1].narrow(0, 5, 1).sum() + r[2]; };
+    loss(want).backward();
+    const at::Tensor gw = x.grad().narrow(0, 4, 2).clone();
+    x.mutable_grad().reset();
+    loss(got).backward();
+    // Entries reach -6000 (log_softmax's 1 - n * p at a row's maximum); eager's own
+    // float32 error there is about 1e-2 (against float64), so atol follows the scale.
+    EXPECT_TRUE(close(x.grad().narrow(0, 4, 2), gw, 1e-4, 1e-5 * gw.abs().max().item<double>()));
+  }
+  EXPECT_GE(f->stats().replays, 1);
+  EXPECT_GE(log.count("Note [Split reductions]"), 1) << log.text();
 }
 
 }  // namespace split_reduction_test
