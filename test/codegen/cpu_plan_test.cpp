@@ -3,6 +3,8 @@
 #include "codegen/cpu_llvm/plan.h"
 #include "kernel_builder.h"
 
+#include <algorithm>
+
 namespace tcap::test {
 namespace {
 
@@ -58,6 +60,53 @@ TEST(CpuPlan, PointwiseCoalescingAndWidth) {
             "mode=pointwise vf=1 unroll=1 lane_dim=-1 sizes=[3] outer_dims=1 passes=0 grain=32768");
   EXPECT_EQ(plan(unary({}, {}, {})),
             "mode=pointwise vf=1 unroll=1 lane_dim=-1 sizes=[1] outer_dims=1 passes=0 grain=32768");
+}
+
+// Note [Streaming stores]: which stores stream. A vector store of at least
+// PlanOptions::stream_bytes into a buffer the kernel does not read, on x86, with its sizes
+// built in; a reduction's element-level stores too, not its per-row results.
+TEST(CpuPlan, LargeStoresStream) {
+  auto streams = [](const KernelPlan& p) { return std::count(p.stream.begin(), p.stream.end(), true); };
+  const int64_t n = (int64_t{32} << 20) / 4;  // 32 MiB of f32
+  EXPECT_EQ(streams(codegen::cpu_llvm::make_plan(unary({n}, {1}, {1}).k, target(512))), 1);
+  EXPECT_EQ(plan(unary({n}, {1}, {1}), 512),
+            "mode=pointwise vf=16 unroll=1 lane_dim=0 sizes=[8388608] outer_dims=1 passes=0 grain=32768 streaming_stores=1");
+  EXPECT_EQ(streams(codegen::cpu_llvm::make_plan(unary({n - 1}, {1}, {1}).k, target(512))), 0);  // below
+  EXPECT_EQ(streams(codegen::cpu_llvm::make_plan(unary({n / 2}, {1}, {1}, DType::F64).k, target(256))), 1);
+  EXPECT_EQ(streams(codegen::cpu_llvm::make_plan(unary({n}, {1}, {1}, DType::BF16).k, target(512))), 0);  // 16 MiB
+  // A transposed store (lanes along a strided dim: scatters) does not.
+  EXPECT_EQ(streams(codegen::cpu_llvm::make_plan(unary({4096, 2048}, {2048, 1}, {1, 4096}).k, target(512))), 0);
+  // Not on other targets.
+  TargetInfo arm = target(128);
+  arm.x86 = false;
+  EXPECT_EQ(streams(codegen::cpu_llvm::make_plan(unary({n}, {1}, {1}).k, arm)), 0);
+  // In place (the kernel reads the buffer it writes): the lines are in the cache already.
+  {
+    KernelBuilder kb("inplace", {n});
+    int32_t bx = kb.output(DType::F32);
+    kb.store(kb.un(OpCode::Neg, kb.load(bx, {1})), bx, {1});
+    EXPECT_EQ(streams(codegen::cpu_llvm::make_plan(kb.k, target(512))), 0);
+  }
+  // A softmax over [4096, 4096]: its output streams, its row sums (one per row) do not.
+  {
+    KernelBuilder kb("softmax", {4096, 4096}, 1);
+    int32_t bx = kb.input(DType::F32), bo = kb.output(DType::F32), bs = kb.output(DType::F32);
+    int32_t lx = kb.load(bx, {4096, 1});
+    int32_t e = kb.un(OpCode::Exp, kb.bin(OpCode::Sub, lx, kb.reduce(OpCode::ReduceMax, lx)));
+    int32_t s = kb.reduce(OpCode::ReduceSum, e);
+    kb.store(kb.bin(OpCode::Div, e, s), bo, {4096, 1});
+    kb.store(s, bs, {1, 0});
+    const KernelPlan p = codegen::cpu_llvm::make_plan(kb.k, target(512));
+    EXPECT_EQ(p.stream, (std::vector<bool>{true, false}));
+  }
+  // Code that reads its sizes at launch serves small sizes too: it stores normally.
+  {
+    const KernelBuilder kb = unary({n}, {1}, {1});
+    const auto slots = codegen::cpu_llvm::number_slots(kb.k, codegen::cpu_llvm::make_plan(kb.k, target(512)));
+    std::vector<bool> varying(static_cast<size_t>(slots.count), false);
+    varying[0] = true;
+    EXPECT_EQ(streams(codegen::cpu_llvm::make_plan(kb.k, target(512), {}, &varying)), 0);
+  }
 }
 
 TEST(CpuPlan, ReductionModesAndPasses) {

@@ -12,6 +12,33 @@ namespace {
 
 bool is_unit(int64_t stride) { return stride == 0 || stride == 1; }
 
+// Note [Streaming stores] (render.cpp): which stores stream. Each of them writes whole
+// vectors along the lanes (stride 1), every element once per domain point (an element-
+// level store), into a buffer the kernel does not read, at least `stream_bytes` of them
+// with sizes built into the code (code that reads its sizes at launch serves small sizes
+// too, and stores normally).
+void plan_streams(const kir::Kernel& k, const TargetInfo& t, const PlanOptions& o, KernelPlan& p) {
+  p.stream.assign(k.stores.size(), false);
+  if (!t.x86 || p.vf <= 1 || p.lane_dim < 0) return;
+  for (int d = 0; d < p.rank(); ++d) {
+    if (!p.at_launch.empty() && p.at_launch[static_cast<size_t>(d)]) return;
+  }
+  for (size_t s = 0; s < k.stores.size(); ++s) {
+    const kir::Store& st = k.stores[s];
+    const Access& a = p.stores[s];
+    if (a.strides[static_cast<size_t>(p.lane_dim)] != 1) continue;
+    if (p.is_reduction() && !kir::per_element(k, st, p.elem)) continue;
+    bool read = false;
+    for (const kir::Instr& in : k.instrs) read = read || (in.op == kir::OpCode::Load && in.buffer == st.buffer);
+    if (read) continue;
+    int64_t bytes = kir::dtype_size(k.buffers[static_cast<size_t>(st.buffer)].dtype);
+    for (size_t d = 0; d < a.strides.size(); ++d) {
+      if (a.strides[d] != 0) bytes *= p.sizes[d];
+    }
+    p.stream[s] = bytes >= o.stream_bytes;
+  }
+}
+
 }  // namespace
 
 const char* to_string(LoopMode m) {
@@ -77,6 +104,7 @@ KernelPlan make_plan(const kir::Kernel& k, const TargetInfo& t, const PlanOption
       p.vf = vmax;
     }
     p.grain = o.chunk_work;
+    plan_streams(k, t, o, p);
     return p;
   }
 
@@ -120,6 +148,7 @@ KernelPlan make_plan(const kir::Kernel& k, const TargetInfo& t, const PlanOption
     while (p.unroll * 2 <= o.max_unroll && at_least(p.lane_dim, int64_t{2} * p.unroll * p.vf)) p.unroll *= 2;
   }
   p.grain = std::max<int64_t>(1, o.chunk_work / std::max<int64_t>(1, k.reduce_numel()));
+  plan_streams(k, t, o, p);
   return p;
 }
 
@@ -193,6 +222,8 @@ std::string to_string(const KernelPlan& p) {
   os << "] outer_dims=" << p.num_outer << " passes=" << p.num_passes << " grain=" << p.grain;
   const auto read = std::count(p.at_launch.begin(), p.at_launch.end(), true);
   if (read > 0) os << " numbers_at_launch=" << read;
+  const auto streams = std::count(p.stream.begin(), p.stream.end(), true);
+  if (streams > 0) os << " streaming_stores=" << streams;
   return os.str();
 }
 

@@ -53,6 +53,9 @@ struct KernelPlan {
   // Per number slot (Note [Kernel numbers]), whether the code reads it from the launch's
   // numbers (Note [Sizes at launch] in cpu_llvm.h). Empty: every number is built in.
   std::vector<bool> at_launch;
+  // Per store: whether its vector stores are streaming (non-temporal) where aligned (Note
+  // [Streaming stores] in render.cpp).
+  std::vector<bool> stream;
 
   bool is_reduction() const { return mode != LoopMode::Pointwise; }
   int rank() const { return static_cast<int>(sizes.size()); }
@@ -69,6 +72,10 @@ struct PlanOptions {
   // (ReduceOuter), 4 vectors of adjacent outputs make each row access read two whole
   // 64-byte cache lines instead of half of one.
   int max_unroll = 4;
+  // A store that writes at least this many bytes streams past the caches (Note
+  // [Streaming stores]): more than a server CPU's last-level cache holds, so its lines
+  // would be evicted before anything reads them again.
+  int64_t stream_bytes = int64_t{32} << 20;
 };
 
 // Plans a kernel for a target. Calls kir::check_renderable first. With `varying` (a mask
