@@ -109,6 +109,28 @@ TEST(CpuPlan, LargeStoresStream) {
   }
 }
 
+// Note [Prefetching the next row]: a ReduceInner kernel of several passes over rows that fit
+// the cache, reading at least PlanOptions::prefetch_min_bytes in all.
+TEST(CpuPlan, SeveralPassesOverRowsPrefetchTheNextRow) {
+  auto softmax = [](int64_t rows, int64_t cols) {
+    KernelBuilder kb("softmax", {rows, cols}, 1);
+    int32_t bx = kb.input(DType::F32), bo = kb.output(DType::F32);
+    int32_t lx = kb.load(bx, {cols, 1});
+    int32_t e = kb.un(OpCode::Exp, kb.bin(OpCode::Sub, lx, kb.reduce(OpCode::ReduceMax, lx)));
+    kb.store(kb.bin(OpCode::Div, e, kb.reduce(OpCode::ReduceSum, e)), bo, {cols, 1});
+    return codegen::cpu_llvm::make_plan(kb.k, target(512));
+  };
+  EXPECT_TRUE(softmax(4096, 4096).prefetch_next_row);     // 64 MiB in rows of 16 KiB
+  EXPECT_FALSE(softmax(511, 4096).prefetch_next_row);     // 8 MiB less a row: the caches hold it
+  EXPECT_TRUE(softmax(512, 4096).prefetch_next_row);      // 8 MiB
+  EXPECT_FALSE(softmax(16, 1 << 17).prefetch_next_row);   // rows of 512 KiB
+  // One pass (a row sum) has nothing to overlap.
+  KernelBuilder kb("rowsum", {4096, 4096}, 1);
+  int32_t bx = kb.input(DType::F32), bo = kb.output(DType::F32);
+  kb.store(kb.reduce(OpCode::ReduceSum, kb.load(bx, {4096, 1})), bo, {1, 0});
+  EXPECT_FALSE(codegen::cpu_llvm::make_plan(kb.k, target(512)).prefetch_next_row);
+}
+
 TEST(CpuPlan, ReductionModesAndPasses) {
   // softmax over rows: lanes on the reduce dim, 4 accumulators, 3 passes.
   {

@@ -39,6 +39,28 @@ void plan_streams(const kir::Kernel& k, const TargetInfo& t, const PlanOptions& 
   }
 }
 
+// Note [Prefetching the next row] (render.cpp): whether a ReduceInner kernel's second
+// pass prefetches. Several passes over rows that fit the cache, many of them in all, whose
+// first pass reads contiguous rows from memory; sizes built into the code.
+bool plan_prefetch(const kir::Kernel& k, const PlanOptions& o, const KernelPlan& p) {
+  if (p.mode != LoopMode::ReduceInner || p.vf <= 1 || p.num_passes < 2 || p.num_outer < 1) return false;
+  for (int d = 0; d < p.rank(); ++d) {
+    if (!p.at_launch.empty() && p.at_launch[static_cast<size_t>(d)]) return false;
+  }
+  const size_t lane = static_cast<size_t>(p.lane_dim), row = static_cast<size_t>(p.num_outer - 1);
+  int64_t row_bytes = 0, bytes = 0;
+  for (size_t v = 0; v < k.instrs.size(); ++v) {
+    const kir::Instr& in = k.instrs[v];
+    if (in.op != kir::OpCode::Load || !p.elem[v]) continue;
+    const Access& a = p.loads[v];
+    if (a.strides[lane] != 1 || a.strides[row] == 0) continue;
+    const int64_t r = kir::dtype_size(in.dtype) * k.reduce_numel();
+    row_bytes += r;
+    bytes += r * k.outer_numel();
+  }
+  return row_bytes > 0 && row_bytes <= o.prefetch_row_bytes && bytes >= o.prefetch_min_bytes;
+}
+
 }  // namespace
 
 const char* to_string(LoopMode m) {
@@ -149,6 +171,7 @@ KernelPlan make_plan(const kir::Kernel& k, const TargetInfo& t, const PlanOption
   }
   p.grain = std::max<int64_t>(1, o.chunk_work / std::max<int64_t>(1, k.reduce_numel()));
   plan_streams(k, t, o, p);
+  p.prefetch_next_row = plan_prefetch(k, o, p);
   return p;
 }
 
@@ -224,6 +247,7 @@ std::string to_string(const KernelPlan& p) {
   if (read > 0) os << " numbers_at_launch=" << read;
   const auto streams = std::count(p.stream.begin(), p.stream.end(), true);
   if (streams > 0) os << " streaming_stores=" << streams;
+  if (p.prefetch_next_row) os << " prefetch_next_row";
   return os.str();
 }
 

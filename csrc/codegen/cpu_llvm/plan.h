@@ -56,6 +56,9 @@ struct KernelPlan {
   // Per store: whether its vector stores are streaming (non-temporal) where aligned (Note
   // [Streaming stores] in render.cpp).
   std::vector<bool> stream;
+  // ReduceInner: the second pass over a row prefetches the next row's data for the first
+  // pass's loads (Note [Prefetching the next row] in render.cpp).
+  bool prefetch_next_row = false;
 
   bool is_reduction() const { return mode != LoopMode::Pointwise; }
   int rank() const { return static_cast<int>(sizes.size()); }
@@ -76,6 +79,10 @@ struct PlanOptions {
   // [Streaming stores]): more than a server CPU's last-level cache holds, so its lines
   // would be evicted before anything reads them again.
   int64_t stream_bytes = int64_t{32} << 20;
+  // Note [Prefetching the next row]: rows of at most this many bytes (the current row and
+  // the next one fit a core's L2), in kernels that read at least prefetch_min_bytes.
+  int64_t prefetch_row_bytes = int64_t{256} << 10;
+  int64_t prefetch_min_bytes = int64_t{8} << 20;
 };
 
 // Plans a kernel for a target. Calls kir::check_renderable first. With `varying` (a mask

@@ -135,12 +135,14 @@ class Renderer {
     std::vector<int32_t> reds;   // the Reduces it finishes
     std::vector<size_t> stores;  // its element-level Stores
     bool inner_vec = false;      // lanes walk the innermost reduce dim
+    bool prefetch = false;       // Note [Prefetching the next row]
     int unroll = 1;
     std::vector<Acc> accs;       // per Reduce
   };
   Pass make_pass(int q, int outer_lanes);
   void pass_block(const Pass& ps, const Index& idx, int lanes, int u);
   void pass_loops(const Pass& ps, Index& idx, int d, int outer_lanes);
+  void prefetch_next_row(const Index& idx);
 
   const kir::Kernel& k_;
   const KernelPlan& p_;
@@ -466,6 +468,7 @@ Renderer::Pass Renderer::make_pass(int q, int outer_lanes) {
     if (kir::per_element(k_, k_.stores[s], p_.elem) && p_.level[v] == q) ps.stores.push_back(s);
   }
   ps.inner_vec = p_.mode == LoopMode::ReduceInner && p_.vf > 1;
+  ps.prefetch = p_.prefetch_next_row && q == 1 && ps.inner_vec;
   // Extra accumulators only pay off for reductions; a store-only pass (softmax's last)
   // stays one vector per iteration, which keeps the code (and compile time) small.
   ps.unroll = ps.inner_vec && !ps.reds.empty() ? p_.unroll : 1;
@@ -489,6 +492,7 @@ Renderer::Pass Renderer::make_pass(int q, int outer_lanes) {
 // one when u < 0) and writes the pass's element-level Stores.
 void Renderer::pass_block(const Pass& ps, const Index& idx, int lanes, int u) {
   Block blk{&idx, lanes, std::vector<Value*>(k_.instrs.size(), nullptr)};
+  if (ps.prefetch && lanes > 1) prefetch_next_row(idx);
   for (size_t r = 0; r < ps.reds.size(); ++r) {
     const kir::Instr& in = k_.instrs[static_cast<size_t>(ps.reds[r])];
     llvm::AllocaInst* slot = u >= 0 ? ps.accs[r].vec[static_cast<size_t>(u)] : ps.accs[r].scalar;
@@ -497,6 +501,33 @@ void Renderer::pass_block(const Pass& ps, const Index& idx, int lanes, int u) {
     b_.CreateStore(ops_.reduce_combine(in.op, in.dtype, acc, x), slot);
   }
   for (size_t s : ps.stores) store(s, value(blk, k_.stores[s].value), idx, lanes);
+}
+
+// Note [Prefetching the next row]
+// A ReduceInner kernel with several passes (softmax: the maximum, the sum of exponentials,
+// the stores) reads each row from memory in its first pass and from the cache in the
+// others, so a thread alternates between waiting for memory and computing. Where its rows
+// fit the cache, two at a time (PlanOptions::prefetch_row_bytes) and the kernel reads
+// more than the caches hold (prefetch_min_bytes), the second pass prefetches, with each
+// vector, the same elements of the next row for every contiguous load of the first pass
+// (the address plus the innermost outer dim's stride; at a chunk's last row, or the end
+// of an outer dim, the line fetched is one nobody reads, and a prefetch never faults).
+// The next row's first pass then reads the cache while this row computes. Values are
+// unchanged.
+void Renderer::prefetch_next_row(const Index& idx) {
+  const size_t row = static_cast<size_t>(p_.num_outer - 1), lane = static_cast<size_t>(p_.lane_dim);
+  llvm::Function* fetch = llvm::Intrinsic::getDeclaration(&m_, llvm::Intrinsic::prefetch, {b_.getPtrTy()});
+  for (size_t v = 0; v < k_.instrs.size(); ++v) {
+    const kir::Instr& in = k_.instrs[v];
+    if (in.op != kir::OpCode::Load || !p_.elem[v]) continue;
+    const Access& a = p_.loads[v];
+    if (a.strides[lane] != 1 || a.strides[row] == 0) continue;
+    const int32_t slot = slots_.load[v];
+    Value* next = b_.CreateAdd(offset(a, slot, idx), num(slot + 1 + static_cast<int32_t>(row), a.strides[row]));
+    llvm::Type* mt = ops_.memory_type(in.dtype);
+    b_.CreateCall(fetch, {b_.CreateGEP(mt, bufs_[static_cast<size_t>(in.buffer)], next), b_.getInt32(0), b_.getInt32(3),
+                          b_.getInt32(1)});
+  }
 }
 
 // The loop over reduce dim d and the dims inside it.

@@ -1,9 +1,13 @@
-// Note [Streaming stores] (codegen/cpu_llvm/render.cpp): kernels that write at least
-// PlanOptions::stream_bytes stream their vector stores where aligned. Their results are
-// compared bitwise with the same computation in ATen (negation and a pointwise product are
-// exact) over layouts where every vector is aligned, none is (a base pointer 4 bytes off)
-// and some are (rows of odd length), with the range split at odd points over threads, and
-// a softmax's rows against eager's.
+// Kernels larger than the caches (codegen/cpu_llvm/render.cpp).
+// Note [Streaming stores]: kernels that write at least PlanOptions::stream_bytes stream
+// their vector stores where aligned. Their results are compared bitwise with the same
+// computation in ATen (negation and a pointwise product are exact) over layouts where every
+// vector is aligned, none is (a base pointer 4 bytes off) and some are (rows of odd
+// length), with the range split at odd points over threads, and a softmax's rows against
+// eager's.
+// Note [Prefetching the next row]: row kernels of several passes prefetch the next row in
+// their second pass; a softmax and a layer norm with a broadcast weight (not prefetched:
+// every row reads the same) against eager, at one and two threads.
 #include "codegen/cpu_llvm/jit.h"
 #include "codegen/cpu_llvm/plan.h"
 #include "kernel_builder.h"
@@ -93,6 +97,8 @@ TEST(StreamingStores, SoftmaxRowsMatchEager) {
   const int32_t e = kb.un(OpCode::Exp, kb.bin(OpCode::Sub, lx, kb.reduce(OpCode::ReduceMax, lx)));
   kb.store(kb.bin(OpCode::Div, e, kb.reduce(OpCode::ReduceSum, e)), bo, {cols, 1});
   ASSERT_TRUE(has_streaming_store(kb));
+  ASSERT_TRUE(host_plan_of(kb).prefetch_next_row);
+  EXPECT_NE(codegen::cpu_llvm::cpu_kernel_llvm_ir(kb.k).find("llvm.prefetch"), std::string::npos);
   auto ck = compile(kb);
   const at::Tensor x = at::randn({rows, cols}) * 4;
   const at::Tensor ref = at::softmax(x, 1);
@@ -104,6 +110,35 @@ TEST(StreamingStores, SoftmaxRowsMatchEager) {
     out.fill_(kNaN);
     at::parallel_for(0, ck->range, ck->grain, [&](int64_t b, int64_t end) { ck->run(args.data(), b, end); });
     EXPECT_TRUE(close(out, ref, 1e-5, 1e-7, kb.k)) << threads << " threads";
+  }
+  at::set_num_threads(saved);
+}
+
+// (x - mean) * rstd * w over rows of 3000 (not a multiple of a vector: each row's second
+// pass ends in a scalar tail, and the next row starts mid-vector) with w broadcast.
+TEST(PrefetchNextRow, LayerNormRowsMatchEager) {
+  if (!codegen::cpu_llvm::cpu_llvm_available()) GTEST_SKIP() << "LLVM backend not available";
+  const int64_t rows = 1000, cols = 3000;
+  KernelBuilder kb("prefetch_norm", {rows, cols}, 1);
+  const int32_t bx = kb.input(DType::F32), bw = kb.input(DType::F32), bo = kb.output(DType::F32);
+  const int32_t lx = kb.load(bx, {cols, 1}), lw = kb.load(bw, {0, 1});
+  const int32_t n = kb.fconst(DType::F32, static_cast<double>(cols));
+  const int32_t d = kb.bin(OpCode::Sub, lx, kb.bin(OpCode::Div, kb.reduce(OpCode::ReduceSum, lx), n));
+  const int32_t var = kb.bin(OpCode::Div, kb.reduce(OpCode::ReduceSum, kb.bin(OpCode::Mul, d, d)), n);
+  const int32_t rstd = kb.un(OpCode::Rsqrt, kb.bin(OpCode::Add, var, kb.fconst(DType::F32, 1e-5)));
+  kb.store(kb.bin(OpCode::Mul, kb.bin(OpCode::Mul, d, rstd), lw), bo, {cols, 1});
+  ASSERT_TRUE(host_plan_of(kb).prefetch_next_row);
+  auto ck = compile(kb);
+  const at::Tensor x = at::randn({rows, cols}) * 3 + 1, w = at::randn({cols});
+  const at::Tensor ref = at::layer_norm(x, {cols}, w, {}, 1e-5);
+  at::Tensor out = at::full({rows, cols}, kNaN);
+  std::vector<void*> args = args_of({x, w, out});
+  const int saved = at::get_num_threads();
+  for (int threads : {1, 2}) {
+    at::set_num_threads(threads);
+    out.fill_(kNaN);
+    at::parallel_for(0, ck->range, ck->grain, [&](int64_t b, int64_t end) { ck->run(args.data(), b, end); });
+    EXPECT_TRUE(close(out, ref, 1e-4, 1e-4, kb.k)) << threads << " threads";
   }
   at::set_num_threads(saved);
 }
