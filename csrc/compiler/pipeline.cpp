@@ -25,6 +25,8 @@
 #include "runtime/buffer_pool.h"
 #include "runtime/fused_kernel.h"
 #include "runtime/graph_executable.h"
+#include "runtime/onednn_gemm.h"
+#include "fuse/onednn_gemms.h"
 #include "support/logging.h"
 
 #include <tcap/graph_json.h>
@@ -39,6 +41,7 @@
 #include <fstream>
 #include <mutex>
 #include <optional>
+#include <sstream>
 
 namespace tcap {
 
@@ -232,6 +235,26 @@ JointGraph losses_decomposed(const JointGraph& joint, const std::string& name, c
 
 namespace {
 
+// Note [GEMMs through oneDNN] (runtime/onednn_gemm.cpp): the products that measure faster
+// through oneDNN on this machine, in a graph the llvm backend compiles.
+ir::Graph gemms_through_onednn(const ir::Graph& g, const std::string& what) {
+  if (!Config::get().onednn_gemms || !runtime::onednn_gemm_available()) return g;
+  auto choose = [](int64_t m, int64_t k, int64_t n, const std::vector<int64_t>& as, const std::vector<int64_t>& bs,
+                   bool bias, std::string* why) {
+    double aten = 0, onednn = 0;
+    const bool faster = runtime::onednn_gemm_is_faster({m, k, n, as, bs, bias}, &aten, &onednn);
+    std::ostringstream s;
+    s << "[" << m << ", " << k << "] @ [" << k << ", " << n << "] measured " << onednn << " ms through oneDNN, " << aten
+      << " ms through ATen";
+    *why = s.str();
+    return faster;
+  };
+  fuse::Decomposed d = fuse::gemms_through_onednn(g, choose);
+  for (const auto& line : d.decisions) TCAP_LOG(Fusion, what << ": " << line);
+  if (d.count == 0) return g;
+  return stage(d.graph, what, "gemms_through_onednn");
+}
+
 // compile_graph, for a target already chosen (`known`: compile_joint's, whose graphs share
 // the joint graph's devices) or chosen here.
 Executable compile_graph_for(const ir::Graph& g, const CompileOptions& o, const std::string& what,
@@ -254,6 +277,7 @@ Executable compile_graph_for(const ir::Graph& g, const CompileOptions& o, const 
                            later ? &first_run : nullptr),
                 what, "fuse");
     }
+    if (target.kind == Backend::Llvm) h = gemms_through_onednn(h, what);
     int rewritten = 0;
     h = stage(passes::reuse_buffers(h, &rewritten), what, "reuse_buffers");
     TCAP_LOG(Perf, what << ": " << rewritten << " ops run in place on a dying intermediate");

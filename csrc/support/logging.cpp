@@ -86,6 +86,7 @@ Config read_config() {
   c.verify = env_or("TCAP_VERIFY", "");
   c.memory_plans = env_switch("TCAP_MEMORY_PLAN", true);
   c.unboxed_calls = env_switch("TCAP_UNBOXED_CALLS", true);
+  c.onednn_gemms = env_switch("TCAP_ONEDNN_GEMMS", true);
   c.compile_in_background = env_switch("TCAP_COMPILE_IN_BACKGROUND", false);
   return c;
 }

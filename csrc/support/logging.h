@@ -59,6 +59,7 @@ struct Config {
   std::string verify;       // TCAP_VERIFY as given ("" = off)
   bool memory_plans = true;   // TCAP_MEMORY_PLAN (runtime/buffer_pool.h, Note [Memory plans])
   bool unboxed_calls = true;  // TCAP_UNBOXED_CALLS (interp/unboxed_calls.cpp)
+  bool onednn_gemms = true;   // TCAP_ONEDNN_GEMMS (Note [GEMMs through oneDNN], runtime/onednn_gemm.cpp)
   static const Config& get();
 };
 

@@ -54,9 +54,12 @@ void steady_state_allocates_nothing(const std::string& backend) {
     for (const auto& t : in) ref_in.push_back(t.detach().clone().requires_grad_(true));
     const Tensors ref = mlp_like(ref_in);
     ref[0].sum().backward();
-    EXPECT_TRUE(close(out[0], ref[0], 1e-4, 1e-5)) << backend << " step " << step;
+    // The llvm backend may run the product through oneDNN (Note [GEMMs through oneDNN]):
+    // sums of 301 products in another order, so atol follows their size (entries of h
+    // reach about 50, gradients a few hundred).
+    EXPECT_TRUE(close(out[0], ref[0], 1e-4, 1e-4)) << backend << " step " << step;
     for (size_t i = 0; i < in.size(); ++i) {
-      EXPECT_TRUE(close(g[i], ref_in[i].grad(), 1e-4, 1e-5)) << backend << " step " << step << " grad " << i;
+      EXPECT_TRUE(close(g[i], ref_in[i].grad(), 1e-4, 1e-3)) << backend << " step " << step << " grad " << i;
     }
     // Step 0 captures and compiles; steps 1-2 replay and fill the pool.
     if (step == 2) misses_after_warmup = tcap::buffer_pool_stats().misses;

@@ -1,0 +1,29 @@
+// Matrix products through oneDNN (Note [GEMMs through oneDNN] in onednn_gemm.cpp): the
+// `tcap::onednn_mm(Tensor self, Tensor mat2, Tensor? bias) -> Tensor` operator, and the
+// measurement that decides, per shape, whether it is faster than ATen's mm/addmm.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tcap::runtime {
+
+// A float32 CPU product a [m, k] @ b [k, n] (+ bias [n]) as the graph records it.
+struct GemmShape {
+  int64_t m = 0, k = 0, n = 0;
+  std::vector<int64_t> a_strides, b_strides;
+  bool bias = false;
+};
+
+// Whether LibTorch has oneDNN's linear (mkldnn::_linear_pointwise), or why not.
+bool onednn_gemm_available(std::string* why = nullptr);
+
+// Whether tcap::onednn_mm computes `s` in at most kOneDnnMargin of ATen's time on this
+// machine at the current thread count: measured once per shape and thread count (a warm-up
+// and the best of two runs of each, with inputs of s's sizes and strides), then
+// remembered for the process. `ms` (when given) receives the two times.
+bool onednn_gemm_is_faster(const GemmShape& s, double* aten_ms = nullptr, double* onednn_ms = nullptr);
+constexpr double kOneDnnMargin = 0.8;
+
+}  // namespace tcap::runtime
