@@ -16,6 +16,9 @@
 //   TCAP_ERROR_ON_FALLBACK  1: every eager fallback throws tcap::FallbackError.
 //   TCAP_VERIFY      1 | N | log | log,N: check every (Nth) replay against eager
 //                    (include/tcap/stance.h, VerifyOptions; docs/compile.md, "Verify mode").
+//   TCAP_ONEDNN_GEMMS  0: the llvm backend keeps every matrix product ATen's (default 1:
+//                    float32 CPU products that measure faster through oneDNN take it;
+//                    Note [GEMMs through oneDNN], runtime/onednn_gemm.cpp).
 //   TCAP_MAX_GRAPH_MB  largest graph JSON input read by load_json, from_json_string
 //                    and tcap-inspect, in MiB (default 64); JsonReadOptions::max_bytes
 //                    overrides it per call. Read once by ir::default_max_graph_bytes()
