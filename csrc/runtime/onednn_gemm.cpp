@@ -24,7 +24,9 @@ namespace tcap::runtime {
 // llvm backend measures: a float32 mm or addmm (bias of one row, beta = alpha = 1) of at
 // least kMinOneDnnMacs multiply-adds in a compiled CPU graph becomes tcap::onednn_mm when
 // oneDNN takes at most kOneDnnMargin of ATen's time for its shape, strides and the thread
-// count (fuse/onednn_gemms.cpp, measured once per process per shape). The margin keeps a
+// count (fuse/onednn_gemms.cpp; measured once per process per class of shapes: k, n, the
+// layouts and m rounded up to a power of two, so that a dynamic entry's new sizes are
+// not each measured). The margin keeps a
 // shape whose two times are close on ATen's side, so that which one runs does not depend
 // on the noise of one measurement. Values: the same product summed in another order,
 // within float32 rounding of ATen's (tests compare with tolerances scaled by k).
@@ -54,6 +56,14 @@ at::Tensor onednn_mm(const at::Tensor& a, const at::Tensor& b, const std::option
 
 using Clock = std::chrono::steady_clock;
 
+// Which operand dims are contiguous (1), broadcast (0) or other (2): the layout, without
+// the row strides that follow the sizes.
+std::vector<int64_t> stride_classes(const std::vector<int64_t>& strides) {
+  std::vector<int64_t> c;
+  for (int64_t st : strides) c.push_back(st == 0 ? 0 : st == 1 ? 1 : 2);
+  return c;
+}
+
 template <class F>
 double best_ms(F&& f) {
   f();  // warm-up: oneDNN builds its primitive, MKL its buffers
@@ -81,7 +91,11 @@ bool onednn_gemm_is_faster(const GemmShape& s, double* aten_ms, double* onednn_m
   };
   static std::mutex mu;
   static std::map<Key, Times> seen;
-  const Key key{s.m, s.k, s.n, s.a_strides, s.b_strides, s.bias, at::get_num_threads()};
+  // Rows by their power-of-two class: a product whose rows vary with the batch or the
+  // sequence (a dynamic entry's every new size) is measured once per class, not per size.
+  int64_t rows = 1;
+  while (rows < s.m) rows *= 2;
+  const Key key{rows, s.k, s.n, stride_classes(s.a_strides), stride_classes(s.b_strides), s.bias, at::get_num_threads()};
   Times t;
   {
     std::lock_guard<std::mutex> lock(mu);

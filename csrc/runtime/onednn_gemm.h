@@ -20,9 +20,11 @@ struct GemmShape {
 bool onednn_gemm_available(std::string* why = nullptr);
 
 // Whether tcap::onednn_mm computes `s` in at most kOneDnnMargin of ATen's time on this
-// machine at the current thread count: measured once per shape and thread count (a warm-up
-// and the best of two runs of each, with inputs of s's sizes and strides), then
-// remembered for the process. `ms` (when given) receives the two times.
+// machine at the current thread count: measured (a warm-up and the best of two runs of
+// each, with inputs of s's sizes and strides) for the first product of its class (k, n,
+// the operands' layouts, m rounded up to a power of two, the thread count), remembered
+// for the process and used for the class's later products. `aten_ms` and `onednn_ms`
+// (when given) receive the class's two times.
 bool onednn_gemm_is_faster(const GemmShape& s, double* aten_ms = nullptr, double* onednn_ms = nullptr);
 constexpr double kOneDnnMargin = 0.8;
 

@@ -509,8 +509,8 @@ void Renderer::pass_block(const Pass& ps, const Index& idx, int lanes, int u) {
 // others, so a thread alternates between waiting for memory and computing. Where its rows
 // fit the cache, two at a time (PlanOptions::prefetch_row_bytes) and the kernel reads
 // more than the caches hold (prefetch_min_bytes), the second pass prefetches, with each
-// vector, the same elements of the next row for every contiguous load of the first pass
-// (the address plus the innermost outer dim's stride; at a chunk's last row, or the end
+// vector, the same elements of the next row for every contiguous load that moves with the
+// row (the address plus the innermost outer dim's stride; at a chunk's last row, or the end
 // of an outer dim, the line fetched is one nobody reads, and a prefetch never faults).
 // The next row's first pass then reads the cache while this row computes. Values are
 // unchanged.
