@@ -50,6 +50,21 @@ void run_in_odd_pieces(const codegen::cpu_llvm::CpuKernel& ck, const std::vector
   for (auto& t : threads) t.join();
 }
 
+// Runs ck over its range with at::parallel_for at one and two threads, `out` filled with
+// NaN before each, and compares `out` with `ref`.
+void expect_at_one_and_two_threads(const codegen::cpu_llvm::CpuKernel& ck, const std::vector<at::Tensor>& bufs,
+                                   at::Tensor out, const at::Tensor& ref, double rtol, double atol, const kir::Kernel& k) {
+  std::vector<void*> args = args_of(bufs);
+  const int saved = at::get_num_threads();
+  for (int threads : {1, 2}) {
+    at::set_num_threads(threads);
+    out.fill_(kNaN);
+    at::parallel_for(0, ck.range, ck.grain, [&](int64_t b, int64_t end) { ck.run(args.data(), b, end); });
+    EXPECT_TRUE(close(out, ref, rtol, atol, k)) << threads << " threads";
+  }
+  at::set_num_threads(saved);
+}
+
 TEST(StreamingStores, PointwiseResultsAreExactInEveryAlignment) {
   if (!codegen::cpu_llvm::cpu_llvm_available()) GTEST_SKIP() << "LLVM backend not available";
   const at::Tensor x = at::randn({kElements + 16}), w = at::randn({kElements + 16});
@@ -103,15 +118,7 @@ TEST(StreamingStores, SoftmaxRowsMatchEager) {
   const at::Tensor x = at::randn({rows, cols}) * 4;
   const at::Tensor ref = at::softmax(x, 1);
   at::Tensor out = at::full({rows, cols}, kNaN);
-  std::vector<void*> args = args_of({x, out});
-  const int saved = at::get_num_threads();
-  for (int threads : {1, 2}) {
-    at::set_num_threads(threads);
-    out.fill_(kNaN);
-    at::parallel_for(0, ck->range, ck->grain, [&](int64_t b, int64_t end) { ck->run(args.data(), b, end); });
-    EXPECT_TRUE(close(out, ref, 1e-5, 1e-7, kb.k)) << threads << " threads";
-  }
-  at::set_num_threads(saved);
+  expect_at_one_and_two_threads(*ck, {x, out}, out, ref, 1e-5, 1e-7, kb.k);
 }
 
 // (x - mean) * rstd * w over rows of 3000 (not a multiple of a vector: each row's second
@@ -132,15 +139,7 @@ TEST(PrefetchNextRow, LayerNormRowsMatchEager) {
   const at::Tensor x = at::randn({rows, cols}) * 3 + 1, w = at::randn({cols});
   const at::Tensor ref = at::layer_norm(x, {cols}, w, {}, 1e-5);
   at::Tensor out = at::full({rows, cols}, kNaN);
-  std::vector<void*> args = args_of({x, w, out});
-  const int saved = at::get_num_threads();
-  for (int threads : {1, 2}) {
-    at::set_num_threads(threads);
-    out.fill_(kNaN);
-    at::parallel_for(0, ck->range, ck->grain, [&](int64_t b, int64_t end) { ck->run(args.data(), b, end); });
-    EXPECT_TRUE(close(out, ref, 1e-4, 1e-4, kb.k)) << threads << " threads";
-  }
-  at::set_num_threads(saved);
+  expect_at_one_and_two_threads(*ck, {x, w, out}, out, ref, 1e-4, 1e-4, kb.k);
 }
 
 #endif

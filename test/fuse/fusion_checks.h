@@ -69,6 +69,20 @@ inline tcap::CompileOptions spied(Seen* seen, const std::string& name = {}) {
   return options;
 }
 
+// The forward graph tcap::compile hands its compiler for fn's first entry (the compiled
+// graph runs the eager backend), after the calls `calls` makes with it.
+inline tcap::ir::Graph captured_forward(const Fn& fn, const std::function<void(tcap::CompiledFunction&)>& calls) {
+  tcap::CompileOptions options;
+  tcap::ir::Graph captured;
+  options.fw_compiler = [&captured](const tcap::ir::Graph& g) {
+    captured = g;
+    return tcap::eager_backend(g);
+  };
+  auto f = tcap::compile(fn, options);
+  calls(*f);
+  return captured;
+}
+
 struct Tol {
   double rtol, atol;
 };

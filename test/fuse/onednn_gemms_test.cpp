@@ -62,22 +62,16 @@ TEST(OneDnnGemms, AClassOfShapesIsMeasuredOnce) {
 // The graph of y = relu(x @ w1.t() + b1) @ w2 + mm(x, w3) in float64 and float32, the
 // rewrite run with a chooser that says yes, or no.
 tcap::ir::Graph products_graph(bool f64, int64_t rows) {
-  tcap::CompileOptions options;
-  tcap::ir::Graph captured;
-  options.fw_compiler = [&captured](const tcap::ir::Graph& g) {
-    captured = g;
-    return tcap::eager_backend(g);
-  };
   auto fn = [](const Tensors& in) {
     at::Tensor h = torch::relu(torch::addmm(in[2], in[0], in[1].t()));
     return Tensors{torch::mm(h, in[3]), torch::addmm(in[2].unsqueeze(0), in[0], in[1].t()),
                    torch::addmm(in[2], in[0], in[1].t(), /*beta=*/2)};
   };
-  auto f = tcap::compile(fn, options);
   const auto t = f64 ? torch::kDouble : torch::kFloat;
   torch::NoGradGuard no_grad;
-  (*f)({torch::randn({rows, 256}, t), torch::randn({256, 256}, t), torch::randn({256}, t), torch::randn({256, 256}, t)});
-  return captured;
+  return captured_forward(fn, [&](tcap::CompiledFunction& f) {
+    f({torch::randn({rows, 256}, t), torch::randn({256, 256}, t), torch::randn({256}, t), torch::randn({256, 256}, t)});
+  });
 }
 
 int count_ops(const tcap::ir::Graph& g, const std::string& op) {

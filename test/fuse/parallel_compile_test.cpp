@@ -9,22 +9,16 @@ namespace {
 // Note [Parallel kernel compilation]: the groups of a graph compile on several threads at
 // once, and the result does not depend on how many.
 tcap::ir::Graph many_groups_graph() {
-  tcap::CompileOptions options;
-  tcap::ir::Graph captured;
-  options.fw_compiler = [&captured](const tcap::ir::Graph& g) {
-    captured = g;
-    return tcap::eager_backend(g);
-  };
   // Six chains separated by matmuls (which stay ATen): six groups at least.
   auto fn = [](const Tensors& in) {
     at::Tensor x = in[0];
     for (int i = 0; i < 6; ++i) x = torch::mm(torch::tanh(x * (1.0 + i)) + 0.5, in[1]).softmax(-1);
     return Tensors{x};
   };
-  auto f = tcap::compile(fn, options);
-  (*f)({torch::randn({7, 9}), torch::randn({9, 9})});
-  (*f)({torch::randn({7, 9}), torch::randn({9, 9})});
-  return captured;
+  return captured_forward(fn, [](tcap::CompiledFunction& f) {
+    f({torch::randn({7, 9}), torch::randn({9, 9})});
+    f({torch::randn({7, 9}), torch::randn({9, 9})});
+  });
 }
 
 TEST(ParallelCompile, ResultDoesNotDependOnThreads) {
