@@ -25,11 +25,11 @@ namespace tcap::runtime {
 // least kMinOneDnnMacs multiply-adds in a compiled CPU graph becomes tcap::onednn_mm when
 // oneDNN takes at most kOneDnnMargin of ATen's time for its shape, strides and the thread
 // count (fuse/onednn_gemms.cpp; measured once per process per class of shapes: k, n, the
-// layouts and m rounded up to a power of two, so that a dynamic entry's new sizes are
-// not each measured). The margin keeps a
-// shape whose two times are close on ATen's side, so that which one runs does not depend
-// on the noise of one measurement. Values: the same product summed in another order,
-// within float32 rounding of ATen's (tests compare with tolerances scaled by k).
+// layouts and m rounded up to a power of two, so that a dynamic entry's new sizes are not
+// each measured). The margin keeps a shape whose two times are close on ATen's side, so
+// that which one runs does not depend on the noise of one measurement. Values: the same
+// product summed in another order, within float32 rounding of ATen's (tests compare with
+// tolerances scaled by k).
 // tcap::onednn_mm(a, b, bias) = mkldnn::_linear_pointwise(a, b.t(), bias, "none"): oneDNN
 // reads the weight [n, k] through its strides, so neither operand is copied by tcap.
 
@@ -109,9 +109,11 @@ bool onednn_gemm_is_faster(const GemmShape& s, double* aten_ms, double* onednn_m
     // measurement is recorded or differentiated.
     c10::impl::ForceDispatchKeyGuard clean(c10::default_included_set,
                                            c10::default_excluded_set | c10::autograd_dispatch_keyset);
+    // An operand of the product's sizes and strides, over a storage that holds every
+    // element those strides reach (a slice of a wider matrix reaches past rows * cols).
     auto operand = [](int64_t rows, int64_t cols, const std::vector<int64_t>& strides) {
-      at::Tensor base = at::randn({rows * cols});
-      return base.as_strided({rows, cols}, strides);
+      const int64_t reach = 1 + (rows - 1) * strides.at(0) + (cols - 1) * strides.at(1);
+      return at::randn({reach}).as_strided({rows, cols}, strides);
     };
     const at::Tensor a = operand(s.m, s.k, s.a_strides), b = operand(s.k, s.n, s.b_strides);
     const at::Tensor bias = s.bias ? at::randn({s.n}) : at::Tensor();
