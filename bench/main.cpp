@@ -26,6 +26,7 @@ constexpr const char* kUsage =
     "  --filter S,T    run only the workloads whose name contains S or T\n"
     "  --variants A,B  run only these variants (eager, tcap_eager, tcap_eager_default,\n"
     "                  tcap_llvm, tcap_cuda, tcap_cuda_graphs, ca_eager, ca_llvm, ca_cuda, gemm_floor,\n"
+    "                  gemm_floor_onednn,\n"
     "                  py_eager, inductor,\n"
     "                  record, record_read, replay; the program workloads' compile,\n"
     "                  compile_llvm, step, step_llvm, step_fused, step_fused_llvm, ca, ca_llvm; overhead_empty's call,\n"
@@ -50,7 +51,7 @@ constexpr const char* kUsage =
 // Every variant some workload has (--variants checks its names against these).
 const char* const kVariants[] = {"eager",     "record",    "record_read",      "replay",   "tcap_eager",
                                  "tcap_eager_default",     "tcap_llvm", "tcap_cuda", "tcap_cuda_graphs",
-                                 "ca_eager",  "ca_llvm",   "ca_cuda",     "gemm_floor", "py_eager", "inductor",
+                                 "ca_eager",  "ca_llvm",   "ca_cuda",     "gemm_floor", "gemm_floor_onednn", "py_eager", "inductor",
                                  "compile",   "compile_llvm", "step",     "step_llvm", "step_fused", "step_fused_llvm", "ca",
                                  "call",      "lookup",    "guard_check", "context_check", "lookup_8", "scan_8",
                                  "eager_1t",  "eager_2t",  "eager_4t",   "tcap_eager_1t", "tcap_eager_2t", "tcap_eager_4t",

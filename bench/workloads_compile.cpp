@@ -46,6 +46,9 @@
 //                so held_bytes is the like-for-like figure.
 #include "compile_variants.h"
 
+#include "fuse/onednn_gemms.h"
+#include "runtime/onednn_gemm.h"
+
 #include <tcap/buffer_pool.h>
 #include <tcap/compile.h>
 #include <tcap/compiled_autograd.h>
@@ -237,7 +240,11 @@ std::string first_line(const std::string& s) { return s.substr(0, s.find('\n'));
 // library, on fresh random tensors, timed as fwd_us and bwd_us. derive_bwd_ratio then
 // gives each variant x_gemm_floor ((fwd + bwd) over the floor's) and fwd_x_gemm_floor /
 // bwd_x_gemm_floor. A variant below the floor does less than the captured contractions
-// (a matmul fused into a kernel); one at 1.0 spends nothing outside them.
+// (a matmul fused into a kernel, a product through a faster library); one at 1.0 spends
+// nothing outside them. `gemm_floor_onednn` runs the same contractions with the products
+// the llvm backend sends through oneDNN sent there (Note [GEMMs through oneDNN], the same
+// measurement), so x_gemm_floor_onednn is the llvm variants' distance from their own
+// products' time.
 bool is_contraction(const std::string& op) {
   static const std::set<std::string> ops{"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm",
                                          "aten::convolution", "aten::convolution_backward", "aten::_convolution",
@@ -285,20 +292,22 @@ Contractions contractions_of(const tcap::ir::Graph& g) {
   return c;
 }
 
-// The gemm_floor variant (Note [GEMM floors]) from a tcap::compile of the workload.
-Variant gemm_floor_variant(const std::string& workload, const MakeStep& make_step) {
-  tcap::CompileOptions o;
-  o.name = workload + "_gemm_floor";
-  auto step = std::make_shared<Step>(make_step(&o));
-  step->what = workload + "/gemm_floor";
-  compile_first_call(*step);
-  const auto entries = step->compiled->entries();
-  auto fwd = std::make_shared<Contractions>(contractions_of(entries.at(0).partition.forward));
-  auto bwd = std::make_shared<Contractions>(contractions_of(entries.at(0).partition.backward));
-  if (fwd->count + bwd->count == 0) return Variant::skip("gemm_floor", "no matmuls or convolutions", false);
+// c with its products routed as the llvm backend routes them; `routed` counts them.
+Contractions through_onednn(const Contractions& c, int* routed) {
+  auto choose = [](int64_t m, int64_t k, int64_t n, const std::vector<int64_t>& as, const std::vector<int64_t>& bs,
+                   bool bias, std::string*) { return tcap::runtime::onednn_gemm_is_faster({m, k, n, as, bs, bias}); };
+  Contractions r = c;
+  if (!c.count || !tcap::runtime::onednn_gemm_available()) return r;
+  tcap::fuse::Decomposed d = tcap::fuse::gemms_through_onednn(c.graph, choose);
+  *routed += d.count;
+  if (d.count) r.graph = std::move(d.graph);
+  return r;
+}
+
+Variant floor_variant(const char* name, std::shared_ptr<Contractions> fwd, std::shared_ptr<Contractions> bwd) {
   auto fi = fwd->count ? std::make_shared<tcap::Interpreter>(fwd->graph) : nullptr;
   auto bi = bwd->count ? std::make_shared<tcap::Interpreter>(bwd->graph) : nullptr;
-  Variant v{"gemm_floor", [fwd, bwd, fi, bi](Sample& s) {
+  Variant v{name, [fwd, bwd, fi, bi](Sample& s) {
               at::NoGradGuard no_grad;
               s.start();
               if (fi) fi->run(fwd->inputs);
@@ -309,6 +318,34 @@ Variant gemm_floor_variant(const std::string& workload, const MakeStep& make_ste
             }};
   v.fixed = {{"contractions", static_cast<double>(fwd->count + bwd->count)}};
   return v;
+}
+
+// The gemm_floor variants (Note [GEMM floors]) from a tcap::compile of the workload:
+// through ATen, and, when `onednn` and some product goes there, through oneDNN.
+std::vector<Variant> gemm_floor_variants(const std::string& workload, const MakeStep& make_step, bool aten, bool onednn) {
+  tcap::CompileOptions o;
+  o.name = workload + "_gemm_floor";
+  auto step = std::make_shared<Step>(make_step(&o));
+  step->what = workload + "/gemm_floor";
+  compile_first_call(*step);
+  const auto entries = step->compiled->entries();
+  auto fwd = std::make_shared<Contractions>(contractions_of(entries.at(0).partition.forward));
+  auto bwd = std::make_shared<Contractions>(contractions_of(entries.at(0).partition.backward));
+  std::vector<Variant> out;
+  if (fwd->count + bwd->count == 0) {
+    if (aten) out.push_back(Variant::skip("gemm_floor", "no matmuls or convolutions", false));
+    if (onednn) out.push_back(Variant::skip("gemm_floor_onednn", "no matmuls or convolutions", false));
+    return out;
+  }
+  if (aten) out.push_back(floor_variant("gemm_floor", fwd, bwd));
+  if (onednn) {
+    int routed = 0;
+    auto fo = std::make_shared<Contractions>(through_onednn(*fwd, &routed));
+    auto bo = std::make_shared<Contractions>(through_onednn(*bwd, &routed));
+    if (routed) out.push_back(floor_variant("gemm_floor_onednn", fo, bo));
+    else out.push_back(Variant::skip("gemm_floor_onednn", "no product goes through oneDNN here", false));
+  }
+  return out;
 }
 
 }  // namespace
@@ -337,9 +374,11 @@ std::vector<Variant> make_variants(const std::string& workload, const Options& o
     add_bytes(v, b, b.held);
     variants.push_back(std::move(v));
   }
-  if (opts.wants("gemm_floor")) {
+  if (opts.wants("gemm_floor") || opts.wants("gemm_floor_onednn")) {
     try {
-      variants.push_back(gemm_floor_variant(workload, make_step));
+      for (auto& v : gemm_floor_variants(workload, make_step, opts.wants("gemm_floor"), opts.wants("gemm_floor_onednn"))) {
+        variants.push_back(std::move(v));
+      }
     } catch (const std::exception& e) {
       variants.push_back(Variant::skip("gemm_floor", first_line(e.what()), true));
     }
@@ -434,15 +473,18 @@ void derive_bwd_ratio(std::vector<Record>& records) {
       if (&r != eager && r.get("bwd_us")) r.set("bwd_x_eager", *r.get("bwd_us") / *eager->get("bwd_us"));
     }
   }
-  const Record* floor = find_variant(records, "gemm_floor");
-  if (!floor || !floor->get("fwd_us") || !floor->get("bwd_us")) return;
-  const double ff = *floor->get("fwd_us"), fb = *floor->get("bwd_us");
-  for (auto& r : records) {
-    if (&r == floor || !r.get("fwd_us") || !r.get("bwd_us")) continue;
-    const double f = *r.get("fwd_us"), b = *r.get("bwd_us");
-    r.set("x_gemm_floor", (f + b) / (ff + fb));
-    if (ff > 0) r.set("fwd_x_gemm_floor", f / ff);
-    if (fb > 0) r.set("bwd_x_gemm_floor", b / fb);
+  for (const char* name : {"gemm_floor", "gemm_floor_onednn"}) {
+    const Record* floor = find_variant(records, name);
+    if (!floor || !floor->get("fwd_us") || !floor->get("bwd_us")) continue;
+    const double ff = *floor->get("fwd_us"), fb = *floor->get("bwd_us");
+    const std::string x = std::string("x_") + name;
+    for (auto& r : records) {
+      if (&r == floor || !r.get("fwd_us") || !r.get("bwd_us")) continue;
+      const double f = *r.get("fwd_us"), b = *r.get("bwd_us");
+      r.set(x, (f + b) / (ff + fb));
+      if (ff > 0) r.set("fwd_" + x, f / ff);
+      if (fb > 0) r.set("bwd_" + x, b / fb);
+    }
   }
 }
 
