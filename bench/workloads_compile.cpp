@@ -46,8 +46,7 @@
 //                so held_bytes is the like-for-like figure.
 #include "compile_variants.h"
 
-#include "fuse/onednn_gemms.h"
-#include "runtime/onednn_gemm.h"
+#include "compiler/pipeline.h"
 
 #include <tcap/buffer_pool.h>
 #include <tcap/compile.h>
@@ -294,13 +293,10 @@ Contractions contractions_of(const tcap::ir::Graph& g) {
 
 // c with its products routed as the llvm backend routes them; `routed` counts them.
 Contractions through_onednn(const Contractions& c, int* routed) {
-  auto choose = [](int64_t m, int64_t k, int64_t n, const std::vector<int64_t>& as, const std::vector<int64_t>& bs,
-                   bool bias, std::string*) { return tcap::runtime::onednn_gemm_is_faster({m, k, n, as, bs, bias}); };
   Contractions r = c;
-  if (!c.count || !tcap::runtime::onednn_gemm_available()) return r;
-  tcap::fuse::Decomposed d = tcap::fuse::gemms_through_onednn(c.graph, choose);
-  *routed += d.count;
-  if (d.count) r.graph = std::move(d.graph);
+  if (!c.count) return r;
+  r.graph = tcap::compiler::gemms_through_onednn(c.graph, "gemm_floor_onednn");
+  for (const auto& n : r.graph.nodes()) *routed += n.op == "tcap::onednn_mm";
   return r;
 }
 

@@ -233,10 +233,6 @@ JointGraph losses_decomposed(const JointGraph& joint, const std::string& name, c
 
 }  // namespace
 
-namespace {
-
-// Note [GEMMs through oneDNN] (runtime/onednn_gemm.cpp): the products that measure faster
-// through oneDNN on this machine, in a graph the llvm backend compiles.
 ir::Graph gemms_through_onednn(const ir::Graph& g, const std::string& what) {
   if (!Config::get().onednn_gemms || !runtime::onednn_gemm_available()) return g;
   auto choose = [](int64_t m, int64_t k, int64_t n, const std::vector<int64_t>& as, const std::vector<int64_t>& bs,
@@ -254,6 +250,8 @@ ir::Graph gemms_through_onednn(const ir::Graph& g, const std::string& what) {
   if (d.count == 0) return g;
   return stage(d.graph, what, "gemms_through_onednn");
 }
+
+namespace {
 
 // compile_graph, for a target already chosen (`known`: compile_joint's, whose graphs share
 // the joint graph's devices) or chosen here.

@@ -41,6 +41,11 @@ CompiledJoint compile_joint(const JointGraph& joint, bool has_backward, const Co
 Executable compile_graph(const ir::Graph& g, const CompileOptions& options, const std::string& what,
                          const GraphCompiler& user = nullptr, bool check_host_values = false);
 
+// Note [GEMMs through oneDNN]: g with the float32 CPU products that measure faster
+// through oneDNN routed there, as the llvm backend does after fusion (g itself when none
+// is, or TCAP_ONEDNN_GEMMS=0); each decision logged under `fusion`, prefixed by `what`.
+ir::Graph gemms_through_onednn(const ir::Graph& g, const std::string& what);
+
 }  // namespace compiler
 
 // The fusion pass for the tensors on `device`, each group's kernel made by `make_kernel`
