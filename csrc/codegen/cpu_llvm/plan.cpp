@@ -12,6 +12,16 @@ namespace {
 
 bool is_unit(int64_t stride) { return stride == 0 || stride == 1; }
 
+// Whether the code reads plan dim d's size at launch (Note [Sizes at launch]).
+bool size_at_launch(const KernelPlan& p, int d) { return !p.at_launch.empty() && p.at_launch[static_cast<size_t>(d)]; }
+
+bool sizes_built_in(const KernelPlan& p) {
+  for (int d = 0; d < p.rank(); ++d) {
+    if (size_at_launch(p, d)) return false;
+  }
+  return true;
+}
+
 // Note [Streaming stores] (render.cpp): which stores stream. Each of them writes whole
 // vectors along the lanes (stride 1), every element once per domain point (an element-
 // level store), into a buffer the kernel does not read, at least `stream_bytes` of them
@@ -19,10 +29,7 @@ bool is_unit(int64_t stride) { return stride == 0 || stride == 1; }
 // too, and stores normally).
 void plan_streams(const kir::Kernel& k, const TargetInfo& t, const PlanOptions& o, KernelPlan& p) {
   p.stream.assign(k.stores.size(), false);
-  if (!t.x86 || p.vf <= 1 || p.lane_dim < 0) return;
-  for (int d = 0; d < p.rank(); ++d) {
-    if (!p.at_launch.empty() && p.at_launch[static_cast<size_t>(d)]) return;
-  }
+  if (!t.x86 || p.vf <= 1 || p.lane_dim < 0 || !sizes_built_in(p)) return;
   for (size_t s = 0; s < k.stores.size(); ++s) {
     const kir::Store& st = k.stores[s];
     const Access& a = p.stores[s];
@@ -43,9 +50,8 @@ void plan_streams(const kir::Kernel& k, const TargetInfo& t, const PlanOptions& 
 // pass prefetches. Several passes over rows that fit the cache, many of them in all, whose
 // first pass reads contiguous rows from memory; sizes built into the code.
 bool plan_prefetch(const kir::Kernel& k, const PlanOptions& o, const KernelPlan& p) {
-  if (p.mode != LoopMode::ReduceInner || p.vf <= 1 || p.num_passes < 2 || p.num_outer < 1) return false;
-  for (int d = 0; d < p.rank(); ++d) {
-    if (!p.at_launch.empty() && p.at_launch[static_cast<size_t>(d)]) return false;
+  if (p.mode != LoopMode::ReduceInner || p.vf <= 1 || p.num_passes < 2 || p.num_outer < 1 || !sizes_built_in(p)) {
+    return false;
   }
   const size_t lane = static_cast<size_t>(p.lane_dim), row = static_cast<size_t>(p.num_outer - 1);
   int64_t row_bytes = 0, bytes = 0;
@@ -114,10 +120,7 @@ KernelPlan make_plan(const kir::Kernel& k, const TargetInfo& t, const PlanOption
   const int vmax = std::max(1, t.vector_bits / bits);
   const int last = p.rank() - 1;
   // A size seen to vary may be any size: decide as for a large one.
-  auto at_least = [&p](int d, int64_t n) {
-    const size_t sd = static_cast<size_t>(d);
-    return (!p.at_launch.empty() && p.at_launch[sd]) || p.sizes[sd] >= n;
-  };
+  auto at_least = [&p](int d, int64_t n) { return size_at_launch(p, d) || p.sizes[static_cast<size_t>(d)] >= n; };
 
   if (nr == 0) {
     p.mode = LoopMode::Pointwise;
