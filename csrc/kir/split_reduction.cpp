@@ -126,6 +126,14 @@ Instr op(OpCode code, DType t, std::vector<int32_t> args) {
   in.args = std::move(args);
   return in;
 }
+Instr load(DType t, int32_t buffer, std::vector<int64_t> strides) {
+  Instr in;
+  in.op = OpCode::Load;
+  in.dtype = t;
+  in.buffer = buffer;
+  in.strides = std::move(strides);
+  return in;
+}
 Instr constant(DType t, double f) {
   Instr in;
   in.op = OpCode::Const;
@@ -230,12 +238,7 @@ std::optional<SplitReduction> split_reduction(const Kernel& k) {
     for (size_t v = 0; v < k.instrs.size(); ++v) {
       const Instr& in = k.instrs[v];
       if (is_reduce(in.op) && level[v] <= q) {
-        Instr load;
-        load.op = OpCode::Load;
-        load.dtype = in.dtype;
-        load.buffer = final_buf[v];
-        load.strides = final_in_partial;
-        map[v] = add(p, std::move(load));
+        map[v] = add(p, load(in.dtype, final_buf[v], final_in_partial));
         continue;
       }
       if (level[v] > q + (reduce && is_reduce(in.op) ? 1 : 0)) continue;
@@ -291,25 +294,17 @@ std::optional<SplitReduction> split_reduction(const Kernel& k) {
       if (!last && !is_reduce(in.op)) continue;
       if (is_reduce(in.op) && level[v] <= q) {
         if (!last) continue;
-        Instr load;
-        load.op = OpCode::Load;
-        load.dtype = in.dtype;
-        load.buffer = final_buf[v];
-        load.strides = narrow(std::vector<int64_t>(rank, 0));
-        std::copy(outer_strides.begin(), outer_strides.end(), load.strides.begin());
-        map[v] = add(c, std::move(load));
+        std::vector<int64_t> st = outer_strides;
+        st.push_back(0);
+        map[v] = add(c, load(in.dtype, final_buf[v], std::move(st)));
         continue;
       }
       if (is_reduce(in.op)) {
         if (level[v] != q + 1) continue;
         auto partials = [&](int32_t of) {
-          Instr load;
-          load.op = OpCode::Load;
-          load.dtype = in.dtype;
-          load.buffer = partial_buf[static_cast<size_t>(of)];
-          load.strides = outer_strides;
-          load.strides.push_back(outputs);
-          return add(c, std::move(load));
+          std::vector<int64_t> st = outer_strides;
+          st.push_back(outputs);
+          return add(c, load(in.dtype, partial_buf[static_cast<size_t>(of)], std::move(st)));
         };
         if (online[v] >= 0) {
           // sum over chunks of s_c * exp(m_c - m): each chunk's sum rescaled to the
