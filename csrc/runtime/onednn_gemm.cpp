@@ -78,11 +78,7 @@ double best_ms(F&& f) {
 
 }  // namespace
 
-bool onednn_gemm_available(std::string* why) {
-  if (linear_pointwise()) return true;
-  if (why) *why = "this LibTorch has no mkldnn::_linear_pointwise (built without oneDNN)";
-  return false;
-}
+bool onednn_gemm_available() { return linear_pointwise() != nullptr; }
 
 bool onednn_gemm_is_faster(const GemmShape& s, double* aten_ms, double* onednn_ms) {
   using Key = std::tuple<int64_t, int64_t, int64_t, std::vector<int64_t>, std::vector<int64_t>, bool, int>;

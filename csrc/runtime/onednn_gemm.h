@@ -4,7 +4,6 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
 #include <vector>
 
 namespace tcap::runtime {
@@ -16,8 +15,9 @@ struct GemmShape {
   bool bias = false;
 };
 
-// Whether LibTorch has oneDNN's linear (mkldnn::_linear_pointwise), or why not.
-bool onednn_gemm_available(std::string* why = nullptr);
+// Whether LibTorch has oneDNN's linear (mkldnn::_linear_pointwise; not in a build without
+// oneDNN).
+bool onednn_gemm_available();
 
 // Whether tcap::onednn_mm computes `s` in at most kOneDnnMargin of ATen's time on this
 // machine at the current thread count: measured (a warm-up and the best of two runs of
