@@ -26,6 +26,7 @@
 #include "runtime/fused_kernel.h"
 #include "runtime/graph_executable.h"
 #include "runtime/onednn_gemm.h"
+#include "fuse/horizontal.h"
 #include "fuse/onednn_gemms.h"
 #include "support/logging.h"
 
@@ -37,6 +38,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -253,6 +255,26 @@ ir::Graph gemms_through_onednn(const ir::Graph& g, const std::string& what) {
 
 namespace {
 
+// Whether switch `name` is set to 0, false or off; read at each compile (tests and the
+// bench's same-binary comparisons set it between compiles).
+bool switched_off(const char* name) {
+  const char* v = std::getenv(name);
+  return v && (std::string(v) == "0" || std::string(v) == "false" || std::string(v) == "off");
+}
+
+}  // namespace
+
+ir::Graph horizontal_kernels(const ir::Graph& g, const std::string& what) {
+  if (switched_off("TCAP_HORIZONTAL_KERNELS")) return g;
+  fuse::HorizontalResult r = fuse::horizontal_kernels(g);
+  for (const auto& line : r.decisions) TCAP_LOG(Fusion, what << ": " << line);
+  if (r.runs == 0) return g;
+  TCAP_LOG(Perf, what << ": " << r.kernels << " kernels launched as " << r.runs << " (Note [Horizontal kernels])");
+  return stage(r.graph, what, "horizontal_kernels");
+}
+
+namespace {
+
 // compile_graph, for a target already chosen (`known`: compile_joint's, whose graphs share
 // the joint graph's devices) or chosen here.
 Executable compile_graph_for(const ir::Graph& g, const CompileOptions& o, const std::string& what,
@@ -275,7 +297,7 @@ Executable compile_graph_for(const ir::Graph& g, const CompileOptions& o, const 
                            later ? &first_run : nullptr),
                 what, "fuse");
     }
-    if (target.kind == Backend::Llvm) h = gemms_through_onednn(h, what);
+    if (target.kind == Backend::Llvm) h = horizontal_kernels(gemms_through_onednn(h, what), what);
     int rewritten = 0;
     h = stage(passes::reuse_buffers(h, &rewritten), what, "reuse_buffers");
     TCAP_LOG(Perf, what << ": " << rewritten << " ops run in place on a dying intermediate");

@@ -46,6 +46,10 @@ Executable compile_graph(const ir::Graph& g, const CompileOptions& options, cons
 // is, or TCAP_ONEDNN_GEMMS=0); each decision logged under `fusion`, prefixed by `what`.
 ir::Graph gemms_through_onednn(const ir::Graph& g, const std::string& what);
 
+// Note [Horizontal kernels]: g with each run of adjacent independent kernels launched as
+// one, as the llvm backend does last (g itself when none is, or TCAP_HORIZONTAL_KERNELS=0).
+ir::Graph horizontal_kernels(const ir::Graph& g, const std::string& what);
+
 }  // namespace compiler
 
 // The fusion pass for the tensors on `device`, each group's kernel made by `make_kernel`

@@ -70,6 +70,7 @@ at::Tensor allocate(const ir::TensorMeta& m) {
 std::atomic<int64_t> g_launches{0};
 std::atomic<int64_t> g_fallbacks{0};
 std::atomic<int64_t> g_split_launches{0};
+std::atomic<int64_t> g_horizontal_launches{0};
 
 // The input output i is written into, or -1 (FusedKernel::output_into_input).
 int into_input(const FusedKernel& k, size_t i) {
@@ -140,6 +141,10 @@ std::vector<at::Tensor> fused_op(at::TensorList inputs, int64_t id) {
   return run_fused(inputs.vec(), id);
 }
 
+std::vector<at::Tensor> fused_horizontal_op(at::TensorList inputs, at::IntArrayRef kernels, at::IntArrayRef arity) {
+  return horizontal_kernel(kernels, arity)->call(inputs.vec());
+}
+
 }  // namespace
 
 FusedKernel::~FusedKernel() = default;
@@ -151,6 +156,10 @@ namespace {
 // Note [Direct fused calls] (interp/interpreter.cpp): an interpreter built over a graph
 // with tcap::fused nodes holds their kernels and calls them without the dispatcher.
 std::shared_ptr<interp::DirectCall> find_fused(const ir::Node& n) {
+  if (n.op == "tcap::fused_horizontal" && n.args.size() == 3 && n.args[1].kind == ir::ArgKind::IntList &&
+      n.args[2].kind == ir::ArgKind::IntList) {
+    return horizontal_kernel(n.args[1].ints, n.args[2].ints);
+  }
   if (n.op != "tcap::fused" || n.args.size() != 2 || n.args[1].kind != ir::ArgKind::Int) return nullptr;
   return find_kernel(n.args[1].i);
 }
@@ -177,7 +186,7 @@ void release_kernel(int64_t id) {
 }
 
 RuntimeStats runtime_stats() {
-  return {g_launches.load(), g_fallbacks.load(), g_split_launches.load()};
+  return {g_launches.load(), g_fallbacks.load(), g_split_launches.load(), g_horizontal_launches.load()};
 }
 
 std::shared_ptr<FusedKernel> find_kernel(int64_t id) {
@@ -211,21 +220,52 @@ void run_cpu(const codegen::cpu_llvm::CpuKernel& ck, void* const* a) {
 
 }  // namespace
 
+namespace {
+
+// Why k's generated code cannot run on `inputs` (Note [Fused kernel guards]), or "".
+std::string mismatch_of(const FusedKernel& k, const std::vector<at::Tensor>& inputs) {
+  if (inputs.size() != k.inputs.size()) {
+    return "expected " + std::to_string(k.inputs.size()) + " inputs, got " + std::to_string(inputs.size());
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!matches(inputs[i], k.inputs[i])) {
+      return "input " + std::to_string(i) + " is " + describe(inputs[i]) + ", the kernel was built for " +
+             describe(k.inputs[i]);
+    }
+  }
+  return "";
+}
+
+// A CPU launch of k's generated code: its results (written inputs, or buffers from the
+// pool) and the pointers its code takes, inputs then results then scratch.
+struct CpuLaunch {
+  const FusedKernel* k = nullptr;
+  std::vector<at::Tensor> outs;
+  c10::SmallVector<void*, 16> args;
+  c10::SmallVector<at::Tensor, 2> scratch;  // Note [Split reductions]: the partials
+};
+
+void prepare_cpu(FusedKernel& k, const std::vector<at::Tensor>& inputs, CpuLaunch* l) {
+  l->k = &k;
+  l->outs.resize(k.outputs.size());
+  PoolScope pool;
+  for (size_t i = 0; i < l->outs.size(); ++i) {
+    const int j = into_input(k, i);
+    l->outs[i] = j >= 0 ? written_input(inputs, j) : allocate(k.outputs[i]);
+  }
+  for (const auto& t : inputs) l->args.push_back(const_cast<void*>(t.const_data_ptr()));
+  for (auto& t : l->outs) l->args.push_back(t.mutable_data_ptr());
+  for (int64_t bytes : k.scratch_bytes) l->scratch.push_back(at::empty({bytes}, at::kByte));
+  for (auto& t : l->scratch) l->args.push_back(t.mutable_data_ptr());
+}
+
+}  // namespace
+
 std::vector<at::Tensor> run_fused(FusedKernel& k, const std::vector<at::Tensor>& inputs) {
   // The kernel by its name, fused ops included, in the profiler (Note [Profiler names]).
   RECORD_USER_SCOPE(std::string_view(k.name));
   k.calls.fetch_add(1, std::memory_order_relaxed);
-  std::string mismatch;
-  if (inputs.size() != k.inputs.size()) {
-    mismatch = "expected " + std::to_string(k.inputs.size()) + " inputs, got " + std::to_string(inputs.size());
-  } else {
-    for (size_t i = 0; i < inputs.size() && mismatch.empty(); ++i) {
-      if (!matches(inputs[i], k.inputs[i])) {
-        mismatch = "input " + std::to_string(i) + " is " + describe(inputs[i]) + ", the kernel was built for " +
-                   describe(k.inputs[i]);
-      }
-    }
-  }
+  const std::string mismatch = mismatch_of(k, inputs);
   if (!mismatch.empty()) {
     k.fallbacks.fetch_add(1, std::memory_order_relaxed);
     g_fallbacks.fetch_add(1, std::memory_order_relaxed);
@@ -236,40 +276,125 @@ std::vector<at::Tensor> run_fused(FusedKernel& k, const std::vector<at::Tensor>&
     count_unfused_run();
     return run_aten_ops(k, inputs, nullptr);
   }
-  if (k.cuda) {
-    g_launches.fetch_add(1, std::memory_order_relaxed);
-    return run_cuda(k, inputs);
-  }
-  std::vector<at::Tensor> outs(k.outputs.size());
-  {
-    PoolScope pool;
-    for (size_t i = 0; i < outs.size(); ++i) {
-      const int j = into_input(k, i);
-      outs[i] = j >= 0 ? written_input(inputs, j) : allocate(k.outputs[i]);
-    }
-  }
   g_launches.fetch_add(1, std::memory_order_relaxed);
-  c10::SmallVector<void*, 16> args;
-  for (const auto& t : inputs) args.push_back(const_cast<void*>(t.const_data_ptr()));
-  for (auto& t : outs) args.push_back(t.mutable_data_ptr());
-  c10::SmallVector<at::Tensor, 2> scratch;  // Note [Split reductions]: the partials
-  {
-    PoolScope pool;
-    for (int64_t bytes : k.scratch_bytes) scratch.push_back(at::empty({bytes}, at::kByte));
-  }
-  for (auto& t : scratch) args.push_back(t.mutable_data_ptr());
-  void* const* a = args.data();
+  if (k.cuda) return run_cuda(k, inputs);
+  CpuLaunch l;
+  prepare_cpu(k, inputs, &l);
+  void* const* a = l.args.data();
   run_cpu(*k.cpu, a);
   for (const auto& then : k.cpu_then) run_cpu(*then, a);
+  return std::move(l.outs);
+}
+
+// Note [Horizontal kernels] (fuse/horizontal.cpp): the launches share one parallel
+// region. Each kernel's work is its iterations over its grain (the iterations
+// at::parallel_for would give one thread); the threads take equal shares of the summed
+// work, each share mapped back to iteration ranges of the kernels it covers. A boundary
+// is computed by one formula from one number, so neighbouring shares meet exactly and
+// every iteration runs once. Under one grain of work in all, as at::parallel_for, the
+// calling thread runs everything.
+namespace {
+
+void run_cpu_together(const std::vector<CpuLaunch>& ls) {
+  const size_t n = ls.size();
+  std::vector<double> start(n + 1, 0.0);
+  for (size_t i = 0; i < n; ++i) {
+    const auto& ck = *ls[i].k->cpu;
+    start[i + 1] = start[i] + static_cast<double>(std::max<int64_t>(ck.range, 0)) /
+                                  static_cast<double>(std::max<int64_t>(ck.grain, 1));
+  }
+  const double total = start[n];
+  const int threads = at::get_num_threads();
+  if (total <= 1.0 || threads <= 1 || at::in_parallel_region()) {
+    for (const auto& l : ls) {
+      if (l.k->cpu->range > 0) l.k->cpu->run(l.args.data(), 0, l.k->cpu->range);
+    }
+    return;
+  }
+  // The iteration of kernel i at work position w.
+  auto iteration = [&](size_t i, double w) -> int64_t {
+    const int64_t range = ls[i].k->cpu->range;
+    if (w <= start[i]) return 0;
+    if (w >= start[i + 1]) return range;
+    const double f = (w - start[i]) / (start[i + 1] - start[i]);
+    return std::min<int64_t>(range, static_cast<int64_t>(f * static_cast<double>(range)));
+  };
+  std::atomic<bool> split{false};
+  at::parallel_for(0, threads, 1, [&](int64_t b, int64_t e) {
+    if (at::get_thread_num() != 0) split.store(true, std::memory_order_relaxed);
+    for (int64_t t = b; t < e; ++t) {
+      const double lo = total * static_cast<double>(t) / threads;
+      const double hi = t + 1 == threads ? total : total * static_cast<double>(t + 1) / threads;
+      for (size_t i = 0; i < n; ++i) {
+        if (start[i + 1] <= lo || start[i] >= hi) continue;
+        const int64_t first = iteration(i, lo), last = iteration(i, hi);
+        if (first < last) ls[i].k->cpu->run(ls[i].args.data(), first, last);
+      }
+    }
+  });
+  if (split.load(std::memory_order_relaxed)) g_split_launches.fetch_add(1, std::memory_order_relaxed);
+}
+
+}  // namespace
+
+std::vector<at::Tensor> HorizontalKernel::call(const std::vector<at::Tensor>& inputs) {
+  RECORD_USER_SCOPE(std::string_view(name));
+  g_horizontal_launches.fetch_add(1, std::memory_order_relaxed);
+  std::vector<CpuLaunch> together;
+  together.reserve(members.size());
+  std::vector<std::vector<at::Tensor>> results(members.size());
+  size_t at = 0;
+  for (size_t m = 0; m < members.size(); ++m) {
+    FusedKernel& k = *members[m];
+    const auto count = static_cast<size_t>(arity[m]);
+    TORCH_CHECK(at + count <= inputs.size(), "tcap::fused_horizontal: ", inputs.size(), " inputs for kernels that take more");
+    std::vector<at::Tensor> ins(inputs.begin() + static_cast<std::ptrdiff_t>(at),
+                                inputs.begin() + static_cast<std::ptrdiff_t>(at + count));
+    at += count;
+    // A kernel of one launch whose code can run on these inputs joins the shared region;
+    // any other runs as its own tcap::fused call (guards, fallback, split launches).
+    if (k.cuda || !k.cpu_then.empty() || !k.scratch_bytes.empty() || k.code.load(std::memory_order_acquire) != FusedKernel::Ready ||
+        !mismatch_of(k, ins).empty()) {
+      results[m] = run_fused(k, ins);
+      continue;
+    }
+    k.calls.fetch_add(1, std::memory_order_relaxed);
+    g_launches.fetch_add(1, std::memory_order_relaxed);
+    together.emplace_back();
+    prepare_cpu(k, ins, &together.back());
+    together.back().outs.swap(results[m]);  // the buffers stay alive in results
+  }
+  TORCH_CHECK(at == inputs.size(), "tcap::fused_horizontal: ", inputs.size(), " inputs for kernels that take ", at);
+  run_cpu_together(together);
+  std::vector<at::Tensor> outs;
+  for (auto& r : results) outs.insert(outs.end(), std::make_move_iterator(r.begin()), std::make_move_iterator(r.end()));
   return outs;
+}
+
+std::shared_ptr<HorizontalKernel> horizontal_kernel(c10::ArrayRef<int64_t> kernels, c10::ArrayRef<int64_t> arity) {
+  TORCH_CHECK(kernels.size() == arity.size(), "tcap::fused_horizontal: ", kernels.size(), " kernels and ",
+              arity.size(), " input counts");
+  auto h = std::make_shared<HorizontalKernel>();
+  for (int64_t id : kernels) {
+    auto k = find_kernel(id);
+    TORCH_CHECK(k, "tcap::fused_horizontal: kernel ", id,
+                " is not loaded in this process (graphs with fused nodes run only in the process that compiled them)");
+    h->members.push_back(std::move(k));
+  }
+  h->name = "fused_horizontal_" + (kernels.empty() ? std::string("none") : std::to_string(kernels[0])) + "_x" +
+            std::to_string(kernels.size());
+  h->arity.assign(arity.begin(), arity.end());
+  return h;
 }
 
 }  // namespace tcap::runtime
 
 TORCH_LIBRARY(tcap, m) {
   m.def("fused(Tensor[] inputs, int kernel) -> Tensor[]");
+  m.def("fused_horizontal(Tensor[] inputs, int[] kernels, int[] arity) -> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(tcap, CompositeExplicitAutograd, m) {
   m.impl("fused", &tcap::runtime::fused_op);
+  m.impl("fused_horizontal", &tcap::runtime::fused_horizontal_op);
 }

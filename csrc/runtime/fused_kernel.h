@@ -75,6 +75,20 @@ struct FusedKernel : interp::DirectCall {
   std::vector<at::Tensor> call(const std::vector<at::Tensor>& inputs) override;
 };
 
+// `tcap::fused_horizontal(Tensor[] inputs, int[] kernels, int[] arity) -> Tensor[]`: the
+// kernels, independent of each other, launched together (Note [Horizontal kernels] in
+// fuse/horizontal.cpp); kernel i takes the next arity[i] inputs, and the results are the
+// kernels' results in order.
+struct HorizontalKernel : interp::DirectCall {
+  std::string name;  // "fused_horizontal_<first kernel id>_x<kernels>", in the profiler
+  std::vector<std::shared_ptr<FusedKernel>> members;
+  std::vector<int64_t> arity;
+  std::vector<at::Tensor> call(const std::vector<at::Tensor>& inputs) override;
+};
+// The registered kernels `kernels` as one HorizontalKernel; throws naming a kernel that is
+// not registered.
+std::shared_ptr<HorizontalKernel> horizontal_kernel(c10::ArrayRef<int64_t> kernels, c10::ArrayRef<int64_t> arity);
+
 // Registers a kernel for `tcap::fused`; returns its id. Ids are never reused.
 int64_t register_kernel(std::shared_ptr<FusedKernel> k);
 // Forgets a kernel (its executable died); later calls with its id fail with a clear error.
@@ -86,6 +100,7 @@ struct RuntimeStats {
   int64_t launches = 0;   // fused kernel calls that ran generated code
   int64_t fallbacks = 0;  // calls that ran the group's ATen ops (Note [Fused kernel guards])
   int64_t split_launches = 0;  // CPU launches whose range ran on more than one thread
+  int64_t horizontal_launches = 0;  // tcap::fused_horizontal calls (their kernels count in `launches`)
 };
 RuntimeStats runtime_stats();
 
