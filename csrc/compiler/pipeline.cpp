@@ -235,25 +235,33 @@ JointGraph losses_decomposed(const JointGraph& joint, const std::string& name, c
 
 }  // namespace
 
-ir::Graph gemms_through_onednn(const ir::Graph& g, const std::string& what) {
-  if (!Config::get().onednn_gemms || !runtime::onednn_gemm_available()) return g;
-  auto choose = [](int64_t m, int64_t k, int64_t n, const std::vector<int64_t>& as, const std::vector<int64_t>& bs,
-                   bool bias, std::string* why) {
-    double aten = 0, onednn = 0;
-    const bool faster = runtime::onednn_gemm_is_faster({m, k, n, as, bs, bias}, &aten, &onednn);
-    std::ostringstream s;
-    s << "[" << m << ", " << k << "] @ [" << k << ", " << n << "]: its class measured " << onednn << " ms through oneDNN, "
-      << aten << " ms through ATen";
-    *why = s.str();
-    return faster;
-  };
-  fuse::Decomposed d = fuse::gemms_through_onednn(g, choose);
-  for (const auto& line : d.decisions) TCAP_LOG(Fusion, what << ": " << line);
-  if (d.count == 0) return g;
-  return stage(d.graph, what, "gemms_through_onednn");
+namespace {
+
+// The llvm backend's choice for a product (Note [GEMMs through oneDNN]), its reason in *why.
+bool product_through_onednn(int64_t m, int64_t k, int64_t n, const std::vector<int64_t>& as,
+                            const std::vector<int64_t>& bs, bool bias, std::string* why) {
+  double aten = 0, onednn = 0;
+  const bool faster = runtime::onednn_gemm_is_faster({m, k, n, as, bs, bias}, &aten, &onednn);
+  std::ostringstream s;
+  s << "[" << m << ", " << k << "] @ [" << k << ", " << n << "]: its class measured " << onednn << " ms through oneDNN, "
+    << aten << " ms through ATen";
+  *why = s.str();
+  return faster;
 }
 
-namespace {
+// Note [ReLU inside the product]: the choice for a ReLU after such a product.
+bool relu_inside(int64_t m, int64_t k, int64_t n, const std::vector<int64_t>& as, const std::vector<int64_t>& bs,
+                 bool bias, std::string* why) {
+  double apart = 0, inside = 0;
+  const bool faster = runtime::onednn_relu_inside_is_faster({m, k, n, as, bs, bias}, &apart, &inside);
+  std::ostringstream s;
+  s << "[" << m << ", " << k << "] @ [" << k << ", " << n << "]: its class measured " << inside
+    << " ms with the ReLU inside, " << apart << " ms with the ReLU after";
+  *why = s.str();
+  return faster;
+}
+
+bool onednn_route_on() { return Config::get().onednn_gemms && runtime::onednn_gemm_available(); }
 
 // Whether switch `name` is set to 0, false or off; read at each compile (tests and the
 // bench's same-binary comparisons set it between compiles).
@@ -263,6 +271,22 @@ bool switched_off(const char* name) {
 }
 
 }  // namespace
+
+ir::Graph gemms_through_onednn(const ir::Graph& g, const std::string& what) {
+  if (!onednn_route_on()) return g;
+  fuse::Decomposed d = fuse::gemms_through_onednn(g, product_through_onednn);
+  for (const auto& line : d.decisions) TCAP_LOG(Fusion, what << ": " << line);
+  if (d.count == 0) return g;
+  return stage(d.graph, what, "gemms_through_onednn");
+}
+
+ir::Graph relu_inside_gemms(const ir::Graph& g, const std::string& what) {
+  if (!onednn_route_on() || switched_off("TCAP_RELU_INSIDE_GEMMS")) return g;
+  fuse::Decomposed d = fuse::relu_inside_gemms(g, product_through_onednn, relu_inside);
+  for (const auto& line : d.decisions) TCAP_LOG(Fusion, what << ": " << line);
+  if (d.count == 0) return g;
+  return stage(d.graph, what, "relu_inside_gemms");
+}
 
 ir::Graph horizontal_kernels(const ir::Graph& g, const std::string& what) {
   if (switched_off("TCAP_HORIZONTAL_KERNELS")) return g;
@@ -289,6 +313,7 @@ Executable compile_graph_for(const ir::Graph& g, const CompileOptions& o, const 
     std::vector<int64_t> kernels;
     KernelsToCompile first_run;
     ir::Graph h = simplify(g, what);
+    if (target.kind == Backend::Llvm) h = relu_inside_gemms(h, what);
     if (target.fuses()) {
       // llvm: the kernels not in the cache compile from the graph's first run, on the
       // calling thread or the background thread (both Notes above); cuda: now.

@@ -45,6 +45,9 @@ Executable compile_graph(const ir::Graph& g, const CompileOptions& options, cons
 // through oneDNN routed there, as the llvm backend does after fusion (g itself when none
 // is, or TCAP_ONEDNN_GEMMS=0); each decision logged under `fusion`, prefixed by `what`.
 ir::Graph gemms_through_onednn(const ir::Graph& g, const std::string& what);
+// Note [ReLU inside the product]: g with each ReLU that is the only reader of such a
+// product inside it, as the llvm backend does before fusion.
+ir::Graph relu_inside_gemms(const ir::Graph& g, const std::string& what);
 
 // Note [Horizontal kernels]: g with each run of adjacent independent kernels launched as
 // one, as the llvm backend does last (g itself when none is, or TCAP_HORIZONTAL_KERNELS=0).

@@ -26,4 +26,12 @@ using GemmChooser = std::function<bool(int64_t m, int64_t k, int64_t n, const st
 // that `choose` accepts, replaced by tcap::onednn_mm. Decisions name every such product.
 Decomposed gemms_through_onednn(const ir::Graph& g, const GemmChooser& choose);
 
+// Note [ReLU inside the product] (runtime/onednn_gemm.cpp): g with each aten::relu whose
+// input is such a product that `choose` sends to oneDNN (directly, through one view, or
+// through a view and the add of a bias row: a Linear over a 3-d input), each op the only
+// reader of the one before, replaced by tcap::onednn_mm(..., bias, "relu") (and the
+// view) where `choose_relu` accepts the product. Runs before fusion; decisions name every
+// ReLU of a product.
+Decomposed relu_inside_gemms(const ir::Graph& g, const GemmChooser& choose, const GemmChooser& choose_relu);
+
 }  // namespace tcap::fuse

@@ -30,8 +30,22 @@ namespace tcap::runtime {
 // that which one runs does not depend on the noise of one measurement. Values: the same
 // product summed in another order, within float32 rounding of ATen's (tests compare with
 // tolerances scaled by k).
-// tcap::onednn_mm(a, b, bias) = mkldnn::_linear_pointwise(a, b.t(), bias, "none"): oneDNN
-// reads the weight [n, k] through its strides, so neither operand is copied by tcap.
+// tcap::onednn_mm(a, b, bias, activation) = mkldnn::_linear_pointwise(a, b.t(), bias,
+// activation): oneDNN reads the weight [n, k] through its strides, so neither operand is
+// copied by tcap.
+//
+// Note [ReLU inside the product]
+// oneDNN applies an activation to each output block while it is still in registers (a
+// post-op), where a ReLU after the product is otherwise a kernel of its own that reads and
+// writes the whole result again. So before fusion, the llvm backend gives a product that
+// goes through oneDNN (measured as above) the ReLU that is the only reader of its result
+// (also through a view and a bias add: a Linear over a 3-d input is mm, _unsafe_view and
+// add_ of the bias), when oneDNN's product with
+// the ReLU inside measures no slower than the product and then ATen's ReLU (another
+// measurement per class). The values are the same bits (max(0, x) of the same product).
+// The ReLU's result is what the backward saves (threshold_backward reads it), so this
+// holds in training; an activation whose backward reads its input (GELU, SiLU) would need
+// the product kept as well, and stays a kernel after the product.
 
 namespace {
 
@@ -43,12 +57,15 @@ const c10::OperatorHandle* linear_pointwise() {
   return op;
 }
 
-at::Tensor onednn_mm(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& bias) {
+at::Tensor onednn_mm(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& bias,
+                     c10::string_view activation) {
   const c10::OperatorHandle* op = linear_pointwise();
   TORCH_CHECK(op, "tcap::onednn_mm: this LibTorch has no mkldnn::_linear_pointwise");
   TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0), "tcap::onednn_mm: sizes ", a.sizes(), " and ",
               b.sizes(), " cannot be multiplied");
-  std::vector<c10::IValue> stack{a, b.t(), bias ? c10::IValue(*bias) : c10::IValue(), c10::IValue(std::string("none")),
+  TORCH_CHECK(activation == "none" || activation == "relu", "tcap::onednn_mm: activation '", activation,
+              "' is not one of none, relu");
+  std::vector<c10::IValue> stack{a, b.t(), bias ? c10::IValue(*bias) : c10::IValue(), c10::IValue(std::string(activation)),
                                  c10::IValue(c10::List<std::optional<at::Scalar>>()), c10::IValue(std::string(""))};
   op->callBoxed(&stack);
   return stack.at(0).toTensor();
@@ -80,53 +97,82 @@ double best_ms(F&& f) {
 
 bool onednn_gemm_available() { return linear_pointwise() != nullptr; }
 
-bool onednn_gemm_is_faster(const GemmShape& s, double* aten_ms, double* onednn_ms) {
-  using Key = std::tuple<int64_t, int64_t, int64_t, std::vector<int64_t>, std::vector<int64_t>, bool, int>;
-  struct Times {
-    double aten = 0, onednn = 0;
-  };
+namespace {
+
+// What a measurement compares: ATen's product against oneDNN's, or oneDNN's product then a
+// ReLU against oneDNN's product with the ReLU as its post-op.
+enum class Compared : int { AtenOrOneDnn = 0, ReluApartOrInside = 1 };
+
+struct Times {
+  double first = 0, second = 0;
+};
+
+// The two times of s's class for `what`: measured for its first product (a warm-up and
+// the best of two runs of each), remembered for the process.
+Times measured(const GemmShape& s, Compared what) {
+  using Key = std::tuple<int, int64_t, int64_t, int64_t, std::vector<int64_t>, std::vector<int64_t>, bool, int>;
   static std::mutex mu;
   static std::map<Key, Times> seen;
   // Rows by their power-of-two class: a product whose rows vary with the batch or the
   // sequence (a dynamic entry's every new size) is measured once per class, not per size.
   int64_t rows = 1;
   while (rows < s.m) rows *= 2;
-  const Key key{rows, s.k, s.n, stride_classes(s.a_strides), stride_classes(s.b_strides), s.bias, at::get_num_threads()};
-  Times t;
+  const Key key{static_cast<int>(what), rows, s.k, s.n, stride_classes(s.a_strides), stride_classes(s.b_strides),
+                s.bias, at::get_num_threads()};
   {
     std::lock_guard<std::mutex> lock(mu);
     auto it = seen.find(key);
-    if (it != seen.end()) t = it->second;
+    if (it != seen.end()) return it->second;
   }
-  if (t.aten == 0) {
-    if (!onednn_gemm_available()) return false;
-    // With the thread's dispatch keys as a fresh thread has them (a capture alive on this
-    // thread records through a key it includes) and below autograd: nothing of the
-    // measurement is recorded or differentiated.
-    c10::impl::ForceDispatchKeyGuard clean(c10::default_included_set,
-                                           c10::default_excluded_set | c10::autograd_dispatch_keyset);
-    // An operand of the product's sizes and strides, over a storage that holds every
-    // element those strides reach (a slice of a wider matrix reaches past rows * cols).
-    auto operand = [](int64_t rows, int64_t cols, const std::vector<int64_t>& strides) {
-      const int64_t reach = 1 + (rows - 1) * strides.at(0) + (cols - 1) * strides.at(1);
-      return at::randn({reach}).as_strided({rows, cols}, strides);
-    };
-    const at::Tensor a = operand(s.m, s.k, s.a_strides), b = operand(s.k, s.n, s.b_strides);
-    const at::Tensor bias = s.bias ? at::randn({s.n}) : at::Tensor();
-    t.aten = best_ms([&] { return s.bias ? at::addmm(bias, a, b) : at::mm(a, b); });
-    t.onednn = best_ms([&] { return onednn_mm(a, b, s.bias ? std::optional<at::Tensor>(bias) : std::nullopt); });
-    std::lock_guard<std::mutex> lock(mu);
-    seen.emplace(key, t);
+  // With the thread's dispatch keys as a fresh thread has them (a capture alive on this
+  // thread records through a key it includes) and below autograd: nothing of the
+  // measurement is recorded or differentiated.
+  c10::impl::ForceDispatchKeyGuard clean(c10::default_included_set,
+                                         c10::default_excluded_set | c10::autograd_dispatch_keyset);
+  // An operand of the product's sizes and strides, over a storage that holds every
+  // element those strides reach (a slice of a wider matrix reaches past rows * cols).
+  auto operand = [](int64_t rows, int64_t cols, const std::vector<int64_t>& strides) {
+    const int64_t reach = 1 + (rows - 1) * strides.at(0) + (cols - 1) * strides.at(1);
+    return at::randn({reach}).as_strided({rows, cols}, strides);
+  };
+  const at::Tensor a = operand(s.m, s.k, s.a_strides), b = operand(s.k, s.n, s.b_strides);
+  const at::Tensor bias = s.bias ? at::randn({s.n}) : at::Tensor();
+  const std::optional<at::Tensor> opt_bias = s.bias ? std::optional<at::Tensor>(bias) : std::nullopt;
+  Times t;
+  if (what == Compared::AtenOrOneDnn) {
+    t.first = best_ms([&] { return s.bias ? at::addmm(bias, a, b) : at::mm(a, b); });
+    t.second = best_ms([&] { return onednn_mm(a, b, opt_bias, "none"); });
+  } else {
+    t.first = best_ms([&] { return at::relu(onednn_mm(a, b, opt_bias, "none")); });
+    t.second = best_ms([&] { return onednn_mm(a, b, opt_bias, "relu"); });
   }
-  if (aten_ms) *aten_ms = t.aten;
-  if (onednn_ms) *onednn_ms = t.onednn;
-  return t.onednn <= kOneDnnMargin * t.aten;
+  std::lock_guard<std::mutex> lock(mu);
+  seen.emplace(key, t);
+  return t;
+}
+
+}  // namespace
+
+bool onednn_gemm_is_faster(const GemmShape& s, double* aten_ms, double* onednn_ms) {
+  if (!onednn_gemm_available()) return false;
+  const Times t = measured(s, Compared::AtenOrOneDnn);
+  if (aten_ms) *aten_ms = t.first;
+  if (onednn_ms) *onednn_ms = t.second;
+  return t.second <= kOneDnnMargin * t.first;
+}
+
+bool onednn_relu_inside_is_faster(const GemmShape& s, double* apart_ms, double* inside_ms) {
+  if (!onednn_gemm_available()) return false;
+  const Times t = measured(s, Compared::ReluApartOrInside);
+  if (apart_ms) *apart_ms = t.first;
+  if (inside_ms) *inside_ms = t.second;
+  return t.second <= t.first;
 }
 
 }  // namespace tcap::runtime
 
 TORCH_LIBRARY_FRAGMENT(tcap, m) {
-  m.def("onednn_mm(Tensor self, Tensor mat2, Tensor? bias) -> Tensor");
+  m.def("onednn_mm(Tensor self, Tensor mat2, Tensor? bias, str activation=\"none\") -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(tcap, CompositeExplicitAutograd, m) {

@@ -1,6 +1,7 @@
 // Matrix products through oneDNN (Note [GEMMs through oneDNN] in onednn_gemm.cpp): the
-// `tcap::onednn_mm(Tensor self, Tensor mat2, Tensor? bias) -> Tensor` operator, and the
-// measurement that decides, per shape, whether it is faster than ATen's mm/addmm.
+// `tcap::onednn_mm(Tensor self, Tensor mat2, Tensor? bias, str activation="none") -> Tensor`
+// operator (activation "none" or "relu"), and the measurements that decide, per shape,
+// whether it is faster than ATen's mm/addmm, and whether a ReLU goes inside it.
 #pragma once
 
 #include <cstdint>
@@ -27,5 +28,10 @@ bool onednn_gemm_available();
 // (when given) receive the class's two times.
 bool onednn_gemm_is_faster(const GemmShape& s, double* aten_ms = nullptr, double* onednn_ms = nullptr);
 constexpr double kOneDnnMargin = 0.8;
+
+// Note [ReLU inside the product]: whether oneDNN's product `s` with a ReLU as its post-op
+// is no slower than its product followed by ATen's ReLU; measured and remembered as above
+// (`apart_ms`, `inside_ms` receive the two times).
+bool onednn_relu_inside_is_faster(const GemmShape& s, double* apart_ms = nullptr, double* inside_ms = nullptr);
 
 }  // namespace tcap::runtime

@@ -20,11 +20,13 @@ using namespace tcap::testing::fusion;
 
 namespace {
 
-at::Tensor onednn_mm(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& bias) {
+at::Tensor onednn_mm(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& bias,
+                     c10::string_view activation = "none") {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("tcap::onednn_mm", "")
-                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&)>();
-  return op.call(a, b, bias);
+                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                                         c10::string_view)>();
+  return op.call(a, b, bias, activation);
 }
 
 bool onednn() { return tcap::runtime::onednn_gemm_available(); }
@@ -37,7 +39,11 @@ TEST(OneDnnGemms, TheOperatorMatchesMmInEveryLayout) {
   for (const auto& [x, y] : std::vector<std::pair<at::Tensor, at::Tensor>>{{a, b}, {at_, b}, {a, bt}, {at_, bt}}) {
     EXPECT_TRUE(close(onednn_mm(x, y, std::nullopt), at::mm(x, y), 1e-5, 2e-6 * k));
     EXPECT_TRUE(close(onednn_mm(x, y, bias), at::addmm(bias, x, y), 1e-5, 2e-6 * k));
+    // The ReLU inside the product: the bits of the product's ReLU (Note [ReLU inside the product]).
+    EXPECT_TRUE(torch::equal(onednn_mm(x, y, bias, "relu"), at::relu(onednn_mm(x, y, bias))));
+    EXPECT_TRUE(torch::equal(onednn_mm(x, y, std::nullopt, "relu"), at::relu(onednn_mm(x, y, std::nullopt))));
   }
+  EXPECT_THROW(onednn_mm(a, b, bias, "gelu"), c10::Error);  // not an activation it takes
   // A column slice of a wider matrix (row stride larger than its width).
   const at::Tensor wide = torch::randn({m, 2 * k}).narrow(1, 3, k);
   EXPECT_TRUE(close(onednn_mm(wide, b, bias), at::addmm(bias, wide, b), 1e-5, 2e-6 * k));
@@ -117,38 +123,112 @@ TEST(OneDnnGemms, TheRewriteTakesWhatTheChooserAcceptsAndKeepsValues) {
   EXPECT_TRUE(asked.empty());
 }
 
+// Note [ReLU inside the product]: a ReLU that alone reads a product (directly, or through
+// the view a Linear over a 3-d input makes) goes inside it; one whose product has another
+// reader stays after it; and the measurement's no keeps it after.
+TEST(OneDnnGemms, AReluThatAloneReadsAProductGoesInsideIt) {
+  if (!onednn()) GTEST_SKIP() << "LibTorch without oneDNN";
+  auto fn = [](const Tensors& in) {
+    at::Tensor p = torch::mm(in[3], in[1].t());
+    return Tensors{torch::relu(torch::nn::functional::linear(in[0], in[1], in[2])), torch::relu(torch::mm(in[3], in[4])),
+                   torch::relu(p), p};
+  };
+  auto inputs = [] {
+    return Tensors{torch::randn({8, 64, 256}), torch::randn({256, 256}), torch::randn({256}), torch::randn({512, 256}),
+                   torch::randn({256, 256})};
+  };
+  tcap::ir::Graph g;
+  {
+    torch::NoGradGuard no_grad;
+    g = captured_forward(fn, [&](tcap::CompiledFunction& f) { f(inputs()); });
+  }
+  auto yes = [](int64_t, int64_t, int64_t, const std::vector<int64_t>&, const std::vector<int64_t>&, bool, std::string* why) {
+    *why = "forced";
+    return true;
+  };
+  auto no = [](int64_t, int64_t, int64_t, const std::vector<int64_t>&, const std::vector<int64_t>&, bool, std::string* why) {
+    *why = "forced";
+    return false;
+  };
+  tcap::fuse::Decomposed d = tcap::fuse::relu_inside_gemms(g, yes, yes);
+  std::string decisions;
+  for (const auto& line : d.decisions) decisions += line + "\n";
+  ASSERT_EQ(d.count, 2) << tcap::ir::to_string(g) << decisions;
+  EXPECT_EQ(count_ops(d.graph, "tcap::onednn_mm"), 2);
+  EXPECT_EQ(count_ops(d.graph, "aten::relu"), 1) << tcap::ir::to_string(d.graph);
+  int inside = 0, other_readers = 0;
+  for (const auto& line : d.decisions) {
+    inside += line.find("runs inside tcap::onednn_mm") != std::string::npos;
+    other_readers += line.find("has other readers") != std::string::npos;
+  }
+  EXPECT_EQ(inside, 2);
+  EXPECT_EQ(other_readers, 1);
+  const Tensors in = inputs();
+  const Tensors want = fn(in), got = tcap::Interpreter(d.graph).run(in);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].sizes(), want[i].sizes()) << i;
+    EXPECT_TRUE(close(got[i], want[i], 1e-5, 2e-6 * 256 * 16)) << i;
+  }
+  // The product through oneDNN but the ReLU measured slower inside, or the product ATen's.
+  tcap::fuse::Decomposed kept = tcap::fuse::relu_inside_gemms(g, yes, no);
+  EXPECT_EQ(kept.count, 0);
+  EXPECT_NE(kept.decisions.at(0).find("measured slower inside"), std::string::npos) << kept.decisions[0];
+  EXPECT_EQ(tcap::fuse::relu_inside_gemms(g, no, yes).count, 0);
+}
+
 // Training a two-layer MLP big enough to qualify through the llvm backend against eager:
 // whichever way this machine's measurement decides, the decision is logged and the values
 // agree.
 TEST(OneDnnGemms, TrainingThroughTheLlvmBackendMatchesEager) {
   if (!tcap::Backend(tcap::Backend::Llvm).available()) GTEST_SKIP() << "LLVM backend not available";
-  torch::manual_seed(3);
-  auto make = [] { return torch::nn::Sequential(torch::nn::Linear(256, 512), torch::nn::GELU(), torch::nn::Linear(512, 128)); };
-  auto model = make(), ref = make();
-  for (size_t i = 0; i < model->parameters().size(); ++i) {
-    torch::NoGradGuard ng;
-    ref->parameters()[i].copy_(model->parameters()[i]);
-  }
-  tcap::CompileOptions o;
-  o.backend = tcap::Backend::Llvm;
-  o.name = "onednn_mlp";
-  auto f = tcap::compile([&](const Tensors& in) { return Tensors{model->forward(in[0])}; }, o);
-  tcap::testing::LogCapture log("fusion");
-  for (int step = 0; step < 3; ++step) {
-    const at::Tensor x = torch::randn({384, 256});
-    const at::Tensor got = (*f)({x})[0], want = ref->forward(x);
-    EXPECT_TRUE(close(got, want, 1e-4, 1e-4)) << step;
-    got.pow(2).mean().backward();
-    want.pow(2).mean().backward();
+  for (bool relu : {false, true}) {
+    SCOPED_TRACE(relu ? "relu" : "gelu");
+    torch::manual_seed(3);
+    auto make = [relu] {
+      torch::nn::Sequential s(torch::nn::Linear(256, 512));
+      if (relu) {
+        s->push_back(torch::nn::ReLU());
+      } else {
+        s->push_back(torch::nn::GELU());
+      }
+      s->push_back(torch::nn::Linear(512, 128));
+      return s;
+    };
+    auto model = make(), ref = make();
     for (size_t i = 0; i < model->parameters().size(); ++i) {
-      EXPECT_TRUE(close(model->parameters()[i].grad(), ref->parameters()[i].grad(), 1e-4, 1e-5)) << step << " " << i;
-      model->parameters()[i].mutable_grad().reset();
-      ref->parameters()[i].mutable_grad().reset();
+      torch::NoGradGuard ng;
+      ref->parameters()[i].copy_(model->parameters()[i]);
     }
-  }
-  EXPECT_GE(f->stats().replays, 2);
-  if (onednn()) {
-    EXPECT_GE(log.count("runs as tcap::onednn_mm") + log.count("stays ATen's: ["), 2) << log.text();
+    tcap::CompileOptions o;
+    o.backend = tcap::Backend::Llvm;
+    o.name = relu ? "onednn_mlp_relu" : "onednn_mlp";
+    auto f = tcap::compile([&](const Tensors& in) { return Tensors{model->forward(in[0])}; }, o);
+    tcap::testing::LogCapture log("fusion");
+    for (int step = 0; step < 3; ++step) {
+      // The ReLU model over a 3-d input: its Linear is mm, _unsafe_view and the bias's add_.
+      const at::Tensor x = relu ? torch::randn({24, 16, 256}) : torch::randn({384, 256});
+      const at::Tensor got = (*f)({x})[0], want = ref->forward(x);
+      EXPECT_TRUE(close(got, want, 1e-4, 1e-4)) << step;
+      got.pow(2).mean().backward();
+      want.pow(2).mean().backward();
+      for (size_t i = 0; i < model->parameters().size(); ++i) {
+        EXPECT_TRUE(close(model->parameters()[i].grad(), ref->parameters()[i].grad(), 1e-4, 1e-5)) << step << " " << i;
+        model->parameters()[i].mutable_grad().reset();
+        ref->parameters()[i].mutable_grad().reset();
+      }
+    }
+    EXPECT_GE(f->stats().replays, 2);
+    if (onednn()) {
+      EXPECT_GE(log.count("runs as tcap::onednn_mm") + log.count("stays ATen's: ["), relu ? 1 : 2) << log.text();
+      // The ReLU's decision, whichever way it measured (its product may also stay ATen's).
+      if (relu) {
+        EXPECT_GE(log.count("(aten::relu) runs inside") + log.count("(aten::relu) stays after its product: the product") +
+                      log.count("(aten::relu) stays after its product: measured"),
+                  1)
+            << log.text();
+      }
+    }
   }
 }
 
