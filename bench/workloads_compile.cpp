@@ -11,6 +11,9 @@
 //   tcap_eager          tcap::compile, backend "eager", Partitioner::MinCut;
 //   tcap_eager_default  the same with Partitioner::Default;
 //   tcap_llvm           backend "llvm" (fused CPU kernels), Partitioner::MinCut;
+//   tcap_llvm_relu_after  the same, compiled with TCAP_RELU_INSIDE_GEMMS=0 (a ReLU after a
+//                       product through oneDNN stays a kernel: what Note [ReLU inside the
+//                       product] saves, in one run);
 //   ca_eager, ca_llvm   eager forward, loss.backward() under a CompiledAutogradGuard
 //                       (compiled autograd, backend "eager" / "llvm"); these also report
 //                       lookup_us: the guard's walk of the autograd graph and cache lookup,
@@ -56,6 +59,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -384,22 +388,36 @@ std::vector<Variant> make_variants(const std::string& workload, const Options& o
     const char* backend;
     tcap::Partitioner partitioner;
     bool cuda_graphs = false;
+    const char* switched_off = nullptr;  // a TCAP_* switch set to 0 while the variant compiles
   };
   const std::vector<Spec> specs =
       on_cpu ? std::vector<Spec>{{"tcap_eager", "eager", tcap::Partitioner::MinCut},
                                  {"tcap_eager_default", "eager", tcap::Partitioner::Default},
-                                 {"tcap_llvm", "llvm", tcap::Partitioner::MinCut}}
+                                 {"tcap_llvm", "llvm", tcap::Partitioner::MinCut},
+                                 {"tcap_llvm_relu_after", "llvm", tcap::Partitioner::MinCut, false,
+                                  "TCAP_RELU_INSIDE_GEMMS"}}
              : std::vector<Spec>{{"tcap_eager", "eager", tcap::Partitioner::MinCut},
                                  {"tcap_cuda", "cuda", tcap::Partitioner::MinCut},
                                  {"tcap_cuda_graphs", "cuda", tcap::Partitioner::MinCut, true}};
   for (const auto& spec : specs) {
-    if (!opts.wants(spec.name)) continue;
+    // A variant with a switch off runs only when named (--variants): it is an A/B of a pass.
+    if (!opts.wants(spec.name) || (spec.switched_off && opts.variants.empty())) continue;
     tcap::CompileOptions o;
     o.name = workload;
     o.backend = spec.backend;
     o.partitioner = spec.partitioner;
     o.cuda_graphs = spec.cuda_graphs;
+    struct Switch {  // set for the variant's compiles, unset after them (even on a throw)
+      const char* name;
+      explicit Switch(const char* n) : name(n) {
+        if (name) ::setenv(name, "0", 1);
+      }
+      ~Switch() {
+        if (name) ::unsetenv(name);
+      }
+    };
     try {
+      Switch off(spec.switched_off);
       // One wall time each is noisy: the process's first capture pays one-time
       // initialisation, and fresh heap pages fault in during a workload's first compiles.
       std::shared_ptr<Step> step;

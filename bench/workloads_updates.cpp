@@ -10,7 +10,10 @@
 //   eager            opt.step() as LibTorch runs it (eight ATen ops per parameter);
 //   step             the step through tcap::compile_step, backend eager: the recorded ops;
 //   step_llvm        backend llvm: one kernel per parameter updating it and its moments in
-//                    place (Note [In-place updates as kernels], fuse/functionalize.cpp);
+//                    place (Note [In-place updates as kernels], fuse/functionalize.cpp),
+//                    the kernels of the step one launch (Note [Horizontal kernels]);
+//   step_llvm_apart  the same kernels each launched on its own (compiled with
+//                    TCAP_HORIZONTAL_KERNELS=0): what the one launch saves, in one run;
 //   step_fused       CompileOptions::fused_optimizers: ATen's multi-tensor _fused_adam_;
 //   py_eager, inductor  the torch.compile peer: the same step in Python, and
 //                    torch.compile(opt.step) (Inductor's compiled optimizer).
@@ -22,6 +25,7 @@
 
 #include <torch/torch.h>
 
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -45,14 +49,17 @@ std::vector<Variant> make_update_variants(const std::function<std::shared_ptr<nn
     const char* backend;
     bool compiled;
     bool fused;
+    bool apart;  // TCAP_HORIZONTAL_KERNELS=0 while it compiles
   };
-  const Spec specs[] = {{"eager", "eager", false, false},
-                        {"step", "eager", true, false},
-                        {"step_llvm", "llvm", true, false},
-                        {"step_fused", "eager", true, true}};
+  const Spec specs[] = {{"eager", "eager", false, false, false},
+                        {"step", "eager", true, false, false},
+                        {"step_llvm", "llvm", true, false, false},
+                        {"step_llvm_apart", "llvm", true, false, true},
+                        {"step_fused", "eager", true, true, false}};
   std::vector<Variant> variants;
   for (const Spec& spec : specs) {
-    if (!opts.wants(spec.name)) continue;
+    // step_llvm_apart runs only when named (--variants): it is an A/B of a pass.
+    if (!opts.wants(spec.name) || (spec.apart && opts.variants.empty())) continue;
     auto u = std::make_shared<Update>();
     try {
       torch::manual_seed(0);
@@ -69,6 +76,8 @@ std::vector<Variant> make_update_variants(const std::function<std::shared_ptr<nn
           return Tensors{};
         }, o);
       }
+      // The step compiles in these calls: the switch is read at each compile.
+      if (spec.apart) ::setenv("TCAP_HORIZONTAL_KERNELS", "0", 1);
       for (int k = 0; k < 4; ++k) {
         if (u->step) {
           (*u->step)({});
@@ -76,6 +85,7 @@ std::vector<Variant> make_update_variants(const std::function<std::shared_ptr<nn
           u->opt->step();
         }
       }
+      if (spec.apart) ::unsetenv("TCAP_HORIZONTAL_KERNELS");
       if (u->step && u->step->stats().replays == 0) {
         throw std::runtime_error("no step was replayed after warm-up: " + u->step->eager_reason());
       }
@@ -104,13 +114,20 @@ double numel(const std::shared_ptr<nn::Module>& m) {
 }
 
 void add_update(Registry& registry, const std::string& name, const std::string& description,
-                std::function<std::shared_ptr<nn::Module>()> make) {
+                std::function<std::shared_ptr<nn::Module>()> make, bool has_peer = true) {
   Workload w{name, description, [make](const Options& o) { return make_update_variants(make, o); }, nullptr};
   // Note [What an update workload measures]: read p, g, m, v; write p, m, v (float32).
   w.floor_bytes = [make](const Options&) { return FloorBytes{28 * numel(make()), 0}; };
-  w.has_peer = true;  // inductor_bench.py: the same step in Python, and torch.compile(opt.step)
+  w.has_peer = has_peer;  // inductor_bench.py: the same step in Python, and torch.compile(opt.step)
   registry.add(std::move(w));
 }
+
+// Parameters of one size, as many tensors as a deep narrow model has.
+struct ManyParams : nn::Module {
+  ManyParams(int count, int64_t size) {
+    for (int i = 0; i < count; ++i) register_parameter("p" + std::to_string(i), torch::randn({size}));
+  }
+};
 
 }  // namespace
 
@@ -130,6 +147,11 @@ void add_update_workloads(Registry& registry) {
                nn::TransformerEncoderLayer layer(nn::TransformerEncoderLayerOptions(256, 4).dropout(0.0));
                return std::static_pointer_cast<nn::Module>(layer.ptr());
              });
+  add_update(registry, "adam_many",
+             "one Adam step over 64 parameters of 4096 floats (262k floats, a deep narrow model's count of "
+             "tensors), gradients set once; fwd_us is the step",
+             [] { return std::static_pointer_cast<nn::Module>(std::make_shared<ManyParams>(64, 4096)); },
+             /*has_peer=*/false);
 }
 
 }  // namespace tcap::bench
