@@ -277,17 +277,7 @@ TEST_F(Fusion, ViewsAreReadAndWrittenThroughTheirBase) {
   tcap::CompileOptions options;
   options.fw_compiler = [&](const tcap::ir::Graph& g) {
     tcap::fuse::FusionOptions o;
-    o.compile = [&](const tcap::fuse::FusedGroup& fg, std::string*) -> int64_t {
-      auto k = std::make_shared<tcap::runtime::FusedKernel>();
-      k->name = fg.name;
-      k->kernel = fg.kernel;
-      k->cpu = tcap::codegen::cpu_llvm::compile_cpu_kernel(fg.kernel);
-      k->inputs = fg.input_metas;
-      k->outputs = fg.output_metas;
-      k->fallback = fg.fallback;
-      kernels.push_back(k);
-      return tcap::runtime::register_kernel(k);
-    };
+    o.compile = [&](const tcap::fuse::FusedGroup& fg, std::string*) { return register_llvm_kernel(fg, &kernels); };
     fused = tcap::fuse::fuse(g, o);
     return tcap::eager_backend(fused.graph);
   };

@@ -7,6 +7,8 @@
 #include <tcap/interpreter.h>
 #include <tcap/train_step.h>
 
+#include "fusion_checks.h"
+
 #include "codegen/cpu_llvm/cpu_llvm.h"
 #include "fuse/fusion.h"
 #include "fuse/horizontal.h"
@@ -201,16 +203,8 @@ Compiled compile_chains(const std::function<Tensors(const Tensors&)>& fn, const 
   tcap::CompileOptions options;
   options.fw_compiler = [c](const ir::Graph& g) {
     tcap::fuse::FusionOptions o;
-    o.compile = [c](const tcap::fuse::FusedGroup& fg, std::string*) -> int64_t {
-      auto k = std::make_shared<tcap::runtime::FusedKernel>();
-      k->name = fg.name;
-      k->kernel = fg.kernel;
-      k->cpu = tcap::codegen::cpu_llvm::compile_cpu_kernel(fg.kernel);
-      k->inputs = fg.input_metas;
-      k->outputs = fg.output_metas;
-      k->fallback = fg.fallback;
-      c->kernels.push_back(k);
-      return tcap::runtime::register_kernel(k);
+    o.compile = [c](const tcap::fuse::FusedGroup& fg, std::string*) {
+      return tcap::testing::fusion::register_llvm_kernel(fg, &c->kernels);
     };
     c->fused = tcap::fuse::fuse(g, o).graph;
     return tcap::eager_backend(c->fused);
