@@ -8,8 +8,10 @@
 //   joint graph ─ partition (default | min-cut) ─┬─ forward ─┐
 //                                                └─ backward ┴─ compile_graph:
 //     the user's fw/bw_compiler, or
-//     target (eager | cpu_llvm | cuda) ─ fuse (decompose, group, lower, generate kernels)
-//     ─ reuse buffers ─ executable (interpreter over the fused graph) ─ CUDA graphs
+//     target (eager | cpu_llvm | cuda) ─ [llvm: ReLUs into oneDNN products]
+//     ─ fuse (decompose, group, lower, generate kernels) ─ [llvm: products through oneDNN,
+//     adjacent independent kernels as one launch] ─ reuse buffers
+//     ─ executable (interpreter over the fused graph) ─ CUDA graphs
 #include "compiler/pipeline.h"
 
 #include "cache/entry_cache.h"
