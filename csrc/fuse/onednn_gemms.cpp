@@ -38,14 +38,15 @@ std::string refusal(const ir::Graph& g, const ir::Node& n, bool addmm) {
   return "";
 }
 
-// Whether product n (which `refusal` accepts) goes through oneDNN, by `choose`.
-bool chosen(const ir::Graph& g, const ir::Node& n, const GemmChooser& choose, std::string* why) {
+// Whether product n (which `refusal` accepts) goes through oneDNN, by `choose`; asked
+// with a bias where n is an addmm or `bias_after` (an mm whose bias an add adds after it).
+bool chosen(const ir::Graph& g, const ir::Node& n, const GemmChooser& choose, bool bias_after, std::string* why) {
   const bool addmm = n.op == "aten::addmm";
   const size_t a = addmm ? 1 : 0;
   const auto& am = g.value(n.args[a].values[0]).meta;
   const auto& bm = g.value(n.args[a + 1].values[0]).meta;
   return choose(am.sizes[0], am.sizes[1], bm.sizes[1], std::vector<int64_t>(am.strides.begin(), am.strides.end()),
-                std::vector<int64_t>(bm.strides.begin(), bm.strides.end()), addmm, why);
+                std::vector<int64_t>(bm.strides.begin(), bm.strides.end()), addmm || bias_after, why);
 }
 
 // Product n as tcap::onednn_mm(self, mat2, bias, activation), its operands mapped by `map`.
@@ -74,7 +75,7 @@ class GemmRewriter : public Rewriter {
       const bool mm = is_call(n, "aten::mm"), addmm = is_call(n, "aten::addmm");
       if (!mm && !addmm) continue;
       std::string why = refusal(g_, n, addmm);
-      const bool yes = why.empty() && chosen(g_, n, choose_, &why);
+      const bool yes = why.empty() && chosen(g_, n, choose_, false, &why);
       if (yes) chosen_.insert(n.id);
       d->decisions.push_back("node %" + std::to_string(n.id) + " (" + n.qualified_op() + ") " +
                              (yes ? "runs as tcap::onednn_mm: " : "stays ATen's: ") + why);
@@ -118,8 +119,7 @@ class ReluRewriter : public Rewriter {
   // reads: add(x, bias) or add_(x, bias) with alpha 1.
   bool adds_bias(const ir::Node& p) const {
     if (p.kind != ir::NodeKind::Call || (p.op != "aten::add" && p.op != "aten::add_") || p.overload != "Tensor" ||
-        p.args.size() != 3 ||
-        !p.args[0].is_value() || !p.args[1].is_value() || !one(p.args[2])) {
+        p.args.size() != 3 || !p.args[0].is_value() || !p.args[1].is_value() || !one(p.args[2])) {
       return false;
     }
     const auto& x = g_.value(p.args[0].values[0]).meta;
@@ -163,16 +163,10 @@ class ReluRewriter : public Rewriter {
     }
     if (!why->empty()) return true;
     // Measured as the product with its bias (an addmm, or the mm and the add after it).
-    GemmChooser ask = [&](int64_t mm, int64_t k, int64_t n, const std::vector<int64_t>& as, const std::vector<int64_t>& bs,
-                          bool bias, std::string* w) { return choose_(mm, k, n, as, bs, bias || m->add >= 0, w); };
-    GemmChooser ask_relu = [&](int64_t mm, int64_t k, int64_t n, const std::vector<int64_t>& as,
-                               const std::vector<int64_t>& bs, bool bias, std::string* w) {
-      return choose_relu_(mm, k, n, as, bs, bias || m->add >= 0, w);
-    };
     std::string reason;
-    if (!chosen(g_, *p, ask, &reason)) {
+    if (!chosen(g_, *p, choose_, m->add >= 0, &reason)) {
       *why = "the product stays ATen's: " + reason;
-    } else if (!chosen(g_, *p, ask_relu, &reason)) {
+    } else if (!chosen(g_, *p, choose_relu_, m->add >= 0, &reason)) {
       *why = "measured slower inside: " + reason;
     } else {
       m->reason = reason;
