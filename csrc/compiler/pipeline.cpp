@@ -89,6 +89,11 @@ ir::Graph fuse_graph(const ir::Graph& g, const std::string& what, const std::str
   std::mutex ids_mu;  // compile runs on several threads (Note [Parallel kernel compilation])
   fuse::FusionOptions opts;
   opts.device = device;
+  // Kernels compiled at their first run (`later`): here the maker only plans each kernel
+  // and looks its code up, some microseconds; threads started for that cost more than the
+  // lookups (a thread's first kernel builds its LLVM target), about 2 ms a graph, which a
+  // dynamic entry paid at every new size.
+  if (later) opts.compile_threads = 1;
   opts.compile = [&](const fuse::FusedGroup& fg, std::string* why) -> int64_t {
     try {
       auto fk = std::make_shared<runtime::FusedKernel>();
