@@ -30,6 +30,7 @@
 #include "runtime/onednn_gemm.h"
 #include "fuse/horizontal.h"
 #include "fuse/onednn_gemms.h"
+#include "support/env.h"
 #include "support/logging.h"
 
 #include <tcap/graph_json.h>
@@ -272,11 +273,6 @@ bool onednn_route_on() { return Config::get().onednn_gemms && runtime::onednn_ge
 
 // Whether switch `name` is set to 0, false or off; read at each compile (tests and the
 // bench's same-binary comparisons set it between compiles).
-bool switched_off(const char* name) {
-  const char* v = std::getenv(name);
-  return v && (std::string(v) == "0" || std::string(v) == "false" || std::string(v) == "off");
-}
-
 }  // namespace
 
 ir::Graph gemms_through_onednn(const ir::Graph& g, const std::string& what) {
@@ -288,7 +284,7 @@ ir::Graph gemms_through_onednn(const ir::Graph& g, const std::string& what) {
 }
 
 ir::Graph relu_inside_gemms(const ir::Graph& g, const std::string& what) {
-  if (!onednn_route_on() || switched_off("TCAP_RELU_INSIDE_GEMMS")) return g;
+  if (!onednn_route_on() || !env_switch("TCAP_RELU_INSIDE_GEMMS", true)) return g;
   fuse::Decomposed d = fuse::relu_inside_gemms(g, product_through_onednn, relu_inside);
   for (const auto& line : d.decisions) TCAP_LOG(Fusion, what << ": " << line);
   if (d.count == 0) return g;
@@ -296,7 +292,7 @@ ir::Graph relu_inside_gemms(const ir::Graph& g, const std::string& what) {
 }
 
 ir::Graph horizontal_kernels(const ir::Graph& g, const std::string& what) {
-  if (switched_off("TCAP_HORIZONTAL_KERNELS")) return g;
+  if (!env_switch("TCAP_HORIZONTAL_KERNELS", true)) return g;
   fuse::HorizontalResult r = fuse::horizontal_kernels(g);
   for (const auto& line : r.decisions) TCAP_LOG(Fusion, what << ": " << line);
   if (r.runs == 0) return g;

@@ -1,5 +1,7 @@
 #include "support/logging.h"
 
+#include "support/env.h"
+
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -61,13 +63,6 @@ std::optional<long long> env_number(const char* name, long long lo, long long hi
   if (end && *end == '\0' && n >= lo && n <= hi) return n;
   std::fprintf(stderr, "[tcap] %s: '%s' is not %s (ignored)\n", name, text.c_str(), what);
   return std::nullopt;
-}
-
-// An on/off setting: "0", "false" or "off" is off, any other value on, unset the default.
-bool env_switch(const char* name, bool by_default) {
-  const std::string v = env_or(name, "");
-  if (v.empty()) return by_default;
-  return v != "0" && v != "false" && v != "off";
 }
 
 Config read_config() {
