@@ -220,6 +220,22 @@ def softmax_ce(quick):
     return make, MATMUL_TOL
 
 
+def vocab_ce(quick):
+    torch.manual_seed(0)
+    rows = 32 if quick else 128
+    logits = on_device(torch.randn(rows, 128256) * 3).requires_grad_()
+    targets = on_device(torch.randint(0, 128256, (rows,), dtype=torch.int64))
+
+    def fn(logits, targets):
+        return F.cross_entropy(logits, targets)
+
+    def make(compiled):
+        f = torch.compile(fn) if compiled else fn
+        return Step(lambda: f(logits, targets), lambda out: out, [logits])
+
+    return make, MATMUL_TOL
+
+
 def long_rows(quick):
     torch.manual_seed(0)
     n = 2**18 if quick else 2**22
@@ -324,6 +340,7 @@ WORKLOADS = {
     "mlp_big": mlp_big,
     "softmax_ce": softmax_ce,
     "long_rows": long_rows,
+    "vocab_ce": vocab_ce,
     "transformer_block": transformer_block,
 }
 

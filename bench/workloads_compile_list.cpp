@@ -130,6 +130,25 @@ std::vector<Variant> make_softmax_ce(const Options& opts) {
   });
 }
 
+// --- vocab_ce --------------------------------------------------------------------------
+
+// A language model's loss over a vocabulary of 128,256 tokens (Llama 3's): cross_entropy of
+// logits f32[128, 128256] (63 MiB; 32 rows with --quick) given to the compiled function.
+// Rows of 501 KiB: more than the cache holds per core, in more rows than threads (Note
+// [Online softmax over long rows]).
+constexpr int64_t kVocab = 128256;
+int64_t vocab_rows(const Options& o) { return o.quick ? 32 : 128; }
+
+std::vector<Variant> make_vocab_ce(const Options& opts) {
+  torch::manual_seed(0);
+  const at::Tensor logits =
+      (torch::randn({vocab_rows(opts), kVocab}) * 3).to(torch::Device(opts.device)).requires_grad_(true);
+  const at::Tensor targets = torch::randint(0, kVocab, {vocab_rows(opts)}, torch::kLong).to(torch::Device(opts.device));
+  return make_variants("vocab_ce", opts, kMatmulTol, [logits, targets](const tcap::CompileOptions* o) {
+    return function_step(softmax_ce, {logits, targets}, {logits}, [](const at::Tensor& out) { return out; }, o);
+  });
+}
+
 // --- long_rows -------------------------------------------------------------------------
 
 // A softmax over three long rows weighted by a vector: (softmax(x, 1) * w).sum(1), x
@@ -262,6 +281,20 @@ void add_compile_workloads(Registry& registry) {
   ce.has_peer = true;
   ce.cuda = true;
   registry.add(std::move(ce));
+
+  Workload vocab{"vocab_ce",
+                 "cross_entropy(logits f32[128, 128256] requiring grad, int64 targets; 32 rows with --quick) "
+                 "compiled, returns the loss: rows longer than the cache, more rows than threads; µs per call",
+                 make_vocab_ce, derive_bwd_ratio};
+  // As softmax_ce's: the forward reads the logits (and writes the log-probabilities its
+  // backward reads: a sound floor of twice this), the backward reads and writes them.
+  vocab.floor_bytes = [](const Options& o) {
+    const double logits = static_cast<double>(vocab_rows(o) * kVocab) * 4;
+    return FloorBytes{logits, 2 * logits};
+  };
+  vocab.has_peer = true;
+  vocab.cuda = true;
+  registry.add(std::move(vocab));
 
   Workload rows{"long_rows",
                 "(softmax(x, 1) * w).sum(1), x f32[3, 4194304] requiring grad ([3, 262144] with --quick), "

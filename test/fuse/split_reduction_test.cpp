@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <limits>
 #include <string>
@@ -163,6 +164,22 @@ std::vector<Case> cases() {
        [=] { return Tensors{f32({2, 1 << 17}).to(torch::kBFloat16)}; }, true, 1e-2, 1e-6},
       {"layer_norm_float64_rows", [](const Tensors& in) { return Tensors{torch::layer_norm(in[0], {1 << 17})}; },
        [] { return Tensors{torch::randn({2, 1 << 17}, torch::kDouble) * 3 + 1}; }, true, 1e-10, 1e-10},
+      // Note [Online softmax over long rows]: many rows longer than the cache split for the
+      // online pass alone; rows the cache holds, and long rows without a sum of
+      // exponentials, stay whole.
+      {"softmax_many_long_rows", [](const Tensors& in) { return Tensors{torch::softmax(in[0], 1)}; },
+       [=] { return Tensors{f32({64, 1 << 17}) * 4}; }, true, 1e-4, 1e-10},
+      {"cross_entropy_vocabulary_rows", [](const Tensors& in) {
+         return Tensors{torch::cross_entropy_loss(in[0], in[1])};
+       },
+       [] { return Tensors{torch::randn({65, 128256}) * 3, torch::randint(0, 128256, {65}, torch::kLong)}; }, true,
+       1e-5, 1e-5},
+      {"log_softmax_rows_with_a_prime_factor", [](const Tensors& in) { return Tensors{torch::log_softmax(in[0], 1)}; },
+       [=] { return Tensors{f32({64, 2 * 65537})}; }, false, 1e-5, 1e-4},
+      {"softmax_many_rows_in_cache", [](const Tensors& in) { return Tensors{torch::softmax(in[0], 1)}; },
+       [=] { return Tensors{f32({64, 1 << 16})}; }, false, 1e-5, 1e-10},
+      {"layer_norm_many_long_rows", [](const Tensors& in) { return Tensors{torch::layer_norm(in[0], {1 << 17})}; },
+       [=] { return Tensors{f32({64, 1 << 17})}; }, false, 1e-4, 1e-4},
       {"prime_size", [](const Tensors& in) { return Tensors{in[0].sum()}; }, [=] { return Tensors{f32({131101})}; }, false},
       {"small", [](const Tensors& in) { return Tensors{in[0].sum()}; }, [=] { return Tensors{f32({4096})}; }, false},
   };
@@ -253,6 +270,35 @@ TEST(SplitReductionKernels, ASoftmaxSumsInItsMaximumsPass) {
   ASSERT_TRUE(shifted.has_value());
   EXPECT_EQ(shifted->kernels.size(), 5u);
   EXPECT_EQ(shifted->splits, 32);
+}
+
+// Note [Online softmax over long rows]: which kernels with many outputs split, and into
+// how many chunks.
+TEST(SplitReductionKernels, ManyLongRowsSplitForTheirOnlinePassAlone) {
+  // Rows of 512 KiB: two chunks of 2^16 elements, the smallest split whose chunks the
+  // cache holds; a partial (maximum and sum), a combine and the tail, as for few rows.
+  auto s = tcap::kir::split_reduction(row_softmax(128, 1 << 17));
+  ASSERT_TRUE(s.has_value());
+  EXPECT_EQ(s->splits, 2);
+  EXPECT_EQ(s->kernels.size(), 3u);
+  EXPECT_EQ(s->kernels[0].parallel_range(), 256);
+  // A vocabulary of 128,256 tokens (Llama 3's): 2 chunks of 64,128.
+  auto vocab = tcap::kir::split_reduction(row_softmax(65, 128256));
+  ASSERT_TRUE(vocab.has_value());
+  EXPECT_EQ(vocab->splits, 2);
+  // Rows the cache holds (256 KiB) stay whole; so do rows whose only divisors make chunks
+  // the cache does not hold (2 x 65537), and a sum around a function of the maximum,
+  // which has no online pass to gain.
+  EXPECT_FALSE(tcap::kir::split_reduction(row_softmax(128, 1 << 16)));
+  EXPECT_FALSE(tcap::kir::split_reduction(row_softmax(128, 2 * 65537)));
+  EXPECT_FALSE(tcap::kir::split_reduction(row_softmax(128, 1 << 17, true)));
+  // Fewer rows than kSplitOutputs split as before, at any length of 2^17 or more.
+  EXPECT_TRUE(tcap::kir::split_reduction(row_softmax(63, 1 << 17)));
+  // The switch keeps many rows whole.
+  ::setenv("TCAP_ONLINE_LONG_ROWS", "0", 1);
+  EXPECT_FALSE(tcap::kir::split_reduction(row_softmax(128, 1 << 17)));
+  EXPECT_TRUE(tcap::kir::split_reduction(row_softmax(63, 1 << 17)));
+  ::unsetenv("TCAP_ONLINE_LONG_ROWS");
 }
 
 TEST_F(SplitReduction, CompiledMatchesEagerAtEveryThreadCount) {
