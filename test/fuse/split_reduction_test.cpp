@@ -381,6 +381,41 @@ TEST_F(SplitReduction, BackwardsOfFewLongRows) {
   EXPECT_GE(log.count("Note [Split reductions]"), 3) << log.text();
 }
 
+// Note [Online softmax over long rows] in training: a language model's loss over a
+// vocabulary of 128,256 tokens, its logits computed inside the function (so the backward
+// recomputes the log-probabilities from two numbers per row) and given to it (so the
+// forward writes them), at 1 and 2 threads, against eager.
+TEST_F(SplitReduction, CrossEntropyOverALargeVocabularyTrains) {
+  constexpr int64_t kVocab = 128256, kRows = 66;
+  for (bool inside : {false, true}) {
+    SCOPED_TRACE(inside ? "logits computed inside" : "logits given");
+    tcap::CompileOptions o;
+    o.backend = tcap::Backend::Llvm;
+    o.name = inside ? "vocab_inside" : "vocab_given";
+    auto fn = [inside](const Tensors& in) {
+      const at::Tensor logits = inside ? in[0] * in[2] : in[0];
+      return Tensors{torch::cross_entropy_loss(logits, in[1])};
+    };
+    auto f = tcap::compile(fn, o);
+    tcap::testing::LogCapture log("fusion");
+    for (int call = 0; call < 4; ++call) {
+      at::set_num_threads(call % 2 ? 2 : 1);
+      at::Tensor x = (torch::randn({kRows, kVocab}) * 3).requires_grad_();
+      const at::Tensor t = torch::randint(0, kVocab, {kRows}, torch::kLong), scale = torch::rand({kVocab}) + 0.5;
+      at::Tensor want = fn({x, t, scale})[0];
+      want.backward();
+      const at::Tensor gx = x.grad().clone();
+      x.mutable_grad().reset();
+      at::Tensor got = f({x, t, scale})[0];
+      got.backward();
+      EXPECT_TRUE(close(got, want, 1e-5, 1e-5));
+      EXPECT_TRUE(close(x.grad(), gx, 1e-4, 1e-9));
+    }
+    EXPECT_GE(f->stats().replays, 2);
+    EXPECT_GE(log.count("Note [Split reductions]"), 1) << log.text();
+  }
+}
+
 // aten::logsumexp as a kernel (fuse/lowering.cpp): rows whose maximum is -inf, +inf or
 // nan give eager's -inf, +inf and nan (not the nan of inf - inf), over one dim and two,
 // with and without keepdim, and over few long rows (split at two levels); values and the
