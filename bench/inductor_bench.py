@@ -204,11 +204,11 @@ def mlp_big(quick):
     return make, MATMUL_TOL
 
 
-def softmax_ce(quick):
+def cross_entropy_rows(rows, classes, scale):
+    """cross_entropy of logits f32[rows, classes] (randn * scale) requiring grad, int64 targets."""
     torch.manual_seed(0)
-    rows = 1024 if quick else 4096
-    logits = on_device(torch.randn(rows, 4096)).requires_grad_()
-    targets = on_device(torch.randint(0, 4096, (rows,), dtype=torch.int64))
+    logits = on_device(torch.randn(rows, classes) * scale).requires_grad_()
+    targets = on_device(torch.randint(0, classes, (rows,), dtype=torch.int64))
 
     def fn(logits, targets):
         return F.cross_entropy(logits, targets)
@@ -218,22 +218,14 @@ def softmax_ce(quick):
         return Step(lambda: f(logits, targets), lambda out: out, [logits])
 
     return make, MATMUL_TOL
+
+
+def softmax_ce(quick):
+    return cross_entropy_rows(1024 if quick else 4096, 4096, 1)
 
 
 def vocab_ce(quick):
-    torch.manual_seed(0)
-    rows = 32 if quick else 128
-    logits = on_device(torch.randn(rows, 128256) * 3).requires_grad_()
-    targets = on_device(torch.randint(0, 128256, (rows,), dtype=torch.int64))
-
-    def fn(logits, targets):
-        return F.cross_entropy(logits, targets)
-
-    def make(compiled):
-        f = torch.compile(fn) if compiled else fn
-        return Step(lambda: f(logits, targets), lambda out: out, [logits])
-
-    return make, MATMUL_TOL
+    return cross_entropy_rows(64 if quick else 128, 128256, 3)
 
 
 def long_rows(quick):

@@ -121,32 +121,32 @@ int64_t ce_rows(const Options& o) { return o.quick ? 1024 : 4096; }  // 4096 x 4
 // returns the loss, and loss.backward() is the timed backward.
 Tensors softmax_ce(const Tensors& in) { return {nn::functional::cross_entropy(in[0], in[1])}; }
 
-std::vector<Variant> make_softmax_ce(const Options& opts) {
+// cross_entropy of logits f32[rows, classes] (randn * scale) requiring grad, int64 targets.
+std::vector<Variant> make_cross_entropy(const char* name, int64_t rows, int64_t classes, double scale,
+                                        const Options& opts) {
   torch::manual_seed(0);
-  const at::Tensor logits = torch::randn({ce_rows(opts), kCeClasses}).to(torch::Device(opts.device)).requires_grad_(true);
-  const at::Tensor targets = torch::randint(0, kCeClasses, {ce_rows(opts)}, torch::kLong).to(torch::Device(opts.device));
-  return make_variants("softmax_ce", opts, kMatmulTol, [logits, targets](const tcap::CompileOptions* o) {
+  const at::Tensor logits = (torch::randn({rows, classes}) * scale).to(torch::Device(opts.device)).requires_grad_(true);
+  const at::Tensor targets = torch::randint(0, classes, {rows}, torch::kLong).to(torch::Device(opts.device));
+  return make_variants(name, opts, kMatmulTol, [logits, targets](const tcap::CompileOptions* o) {
     return function_step(softmax_ce, {logits, targets}, {logits}, [](const at::Tensor& out) { return out; }, o);
   });
+}
+
+std::vector<Variant> make_softmax_ce(const Options& opts) {
+  return make_cross_entropy("softmax_ce", ce_rows(opts), kCeClasses, 1, opts);
 }
 
 // --- vocab_ce --------------------------------------------------------------------------
 
 // A language model's loss over a vocabulary of 128,256 tokens (Llama 3's): cross_entropy of
-// logits f32[128, 128256] (63 MiB; 32 rows with --quick) given to the compiled function.
+// logits f32[128, 128256] (63 MiB; 64 rows with --quick) given to the compiled function.
 // Rows of 501 KiB: more than the cache holds per core, in more rows than threads (Note
 // [Online softmax over long rows]).
 constexpr int64_t kVocab = 128256;
-int64_t vocab_rows(const Options& o) { return o.quick ? 32 : 128; }
+int64_t vocab_rows(const Options& o) { return o.quick ? 64 : 128; }
 
 std::vector<Variant> make_vocab_ce(const Options& opts) {
-  torch::manual_seed(0);
-  const at::Tensor logits =
-      (torch::randn({vocab_rows(opts), kVocab}) * 3).to(torch::Device(opts.device)).requires_grad_(true);
-  const at::Tensor targets = torch::randint(0, kVocab, {vocab_rows(opts)}, torch::kLong).to(torch::Device(opts.device));
-  return make_variants("vocab_ce", opts, kMatmulTol, [logits, targets](const tcap::CompileOptions* o) {
-    return function_step(softmax_ce, {logits, targets}, {logits}, [](const at::Tensor& out) { return out; }, o);
-  });
+  return make_cross_entropy("vocab_ce", vocab_rows(opts), kVocab, 3, opts);
 }
 
 // --- long_rows -------------------------------------------------------------------------
@@ -283,7 +283,7 @@ void add_compile_workloads(Registry& registry) {
   registry.add(std::move(ce));
 
   Workload vocab{"vocab_ce",
-                 "cross_entropy(logits f32[128, 128256] requiring grad, int64 targets; 32 rows with --quick) "
+                 "cross_entropy(logits f32[128, 128256] requiring grad, int64 targets; 64 rows with --quick) "
                  "compiled, returns the loss: rows longer than the cache, more rows than threads; µs per call",
                  make_vocab_ce, derive_bwd_ratio};
   // As softmax_ce's: the forward reads the logits (and writes the log-probabilities its
