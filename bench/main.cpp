@@ -25,8 +25,8 @@ constexpr const char* kUsage =
     "                  [--quick] [--inductor | --no-inductor] [--python PATH] [--device cpu|cuda]\n"
     "  --filter S,T    run only the workloads whose name contains S or T\n"
     "  --variants A,B  run only these variants (eager, tcap_eager, tcap_eager_default,\n"
-    "                  tcap_llvm, tcap_llvm_relu_after, tcap_llvm_whole_rows, tcap_cuda,\n"
-    "                  tcap_cuda_graphs, ca_eager, ca_llvm, ca_cuda, gemm_floor,\n"
+    "                  tcap_llvm, tcap_llvm_relu_after, tcap_cuda, tcap_cuda_graphs, ca_eager, ca_llvm,\n"
+    "                  ca_cuda, gemm_floor,\n"
     "                  gemm_floor_onednn,\n"
     "                  py_eager, inductor,\n"
     "                  record, record_read, replay; the program workloads' compile,\n"
@@ -52,8 +52,7 @@ constexpr const char* kUsage =
 
 // Every variant some workload has (--variants checks its names against these).
 const char* const kVariants[] = {"eager",     "record",    "record_read",      "replay",   "tcap_eager",
-                                 "tcap_eager_default",     "tcap_llvm", "tcap_llvm_relu_after", "tcap_llvm_whole_rows",
-                                 "tcap_cuda", "tcap_cuda_graphs",
+                                 "tcap_eager_default",     "tcap_llvm", "tcap_llvm_relu_after", "tcap_cuda", "tcap_cuda_graphs",
                                  "ca_eager",  "ca_llvm",   "ca_cuda",     "gemm_floor", "gemm_floor_onednn", "py_eager", "inductor",
                                  "compile",   "compile_llvm", "step",     "step_llvm", "step_llvm_apart", "step_fused", "step_fused_llvm", "ca",
                                  "call",      "lookup",    "guard_check", "context_check", "lookup_8", "scan_8",

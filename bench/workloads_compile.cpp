@@ -14,9 +14,6 @@
 //   tcap_llvm_relu_after  the same, compiled with TCAP_RELU_INSIDE_GEMMS=0 (a ReLU after a
 //                       product through oneDNN stays a kernel: what Note [ReLU inside the
 //                       product] saves, in one run);
-//   tcap_llvm_whole_rows  the same, compiled with TCAP_ONLINE_LONG_ROWS=0 (many long
-//                       softmax rows stay whole: what Note [Online softmax over long rows]
-//                       saves, in one run);
 //   ca_eager, ca_llvm   eager forward, loss.backward() under a CompiledAutogradGuard
 //                       (compiled autograd, backend "eager" / "llvm"); these also report
 //                       lookup_us: the guard's walk of the autograd graph and cache lookup,
@@ -398,9 +395,7 @@ std::vector<Variant> make_variants(const std::string& workload, const Options& o
                                  {"tcap_eager_default", "eager", tcap::Partitioner::Default},
                                  {"tcap_llvm", "llvm", tcap::Partitioner::MinCut},
                                  {"tcap_llvm_relu_after", "llvm", tcap::Partitioner::MinCut, false,
-                                  "TCAP_RELU_INSIDE_GEMMS"},
-                                 {"tcap_llvm_whole_rows", "llvm", tcap::Partitioner::MinCut, false,
-                                  "TCAP_ONLINE_LONG_ROWS"}}
+                                  "TCAP_RELU_INSIDE_GEMMS"}}
              : std::vector<Spec>{{"tcap_eager", "eager", tcap::Partitioner::MinCut},
                                  {"tcap_cuda", "cuda", tcap::Partitioner::MinCut},
                                  {"tcap_cuda_graphs", "cuda", tcap::Partitioner::MinCut, true}};

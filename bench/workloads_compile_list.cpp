@@ -140,8 +140,7 @@ std::vector<Variant> make_softmax_ce(const Options& opts) {
 
 // A language model's loss over a vocabulary of 128,256 tokens (Llama 3's): cross_entropy of
 // logits f32[128, 128256] (63 MiB; 64 rows with --quick) given to the compiled function.
-// Rows of 501 KiB: more than the cache holds per core, in more rows than threads (Note
-// [Online softmax over long rows]).
+// Rows of 501 KiB: more than a core's L2 holds, in more rows than threads.
 constexpr int64_t kVocab = 128256;
 int64_t vocab_rows(const Options& o) { return o.quick ? 64 : 128; }
 
@@ -284,7 +283,7 @@ void add_compile_workloads(Registry& registry) {
 
   Workload vocab{"vocab_ce",
                  "cross_entropy(logits f32[128, 128256] requiring grad, int64 targets; 64 rows with --quick) "
-                 "compiled, returns the loss: rows longer than the cache, more rows than threads; µs per call",
+                 "compiled, returns the loss: rows longer than a core's L2, more rows than threads; µs per call",
                  make_vocab_ce, derive_bwd_ratio};
   // As softmax_ce's: the forward reads the logits (and writes the log-probabilities its
   // backward reads: a sound floor of twice this), the backward reads and writes them.

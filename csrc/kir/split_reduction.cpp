@@ -1,7 +1,5 @@
 #include "kir/split_reduction.h"
 
-#include "support/env.h"
-
 #include <algorithm>
 #include <limits>
 #include <string>
@@ -41,20 +39,6 @@ namespace tcap::kir {
 // partials start, except for the sums of exponentials below. The sum is reassociated
 // (Note [CPU summation order]): the chunks are summed in order of the chunk index; maxima
 // and minima are exact.
-//
-// Note [Online softmax over long rows]
-// Unsplit, a softmax row kernel reads its row once per pass: the maximum, the sum of
-// exponentials, then the stores (Note [CPU loop nests]). A row the cache holds (at most
-// kOnlineRowBytes, where the second pass also prefetches the next row: Note [Prefetching
-// the next row]) is read from memory once. A longer row (a language model's logits over a
-// vocabulary of 128k tokens: 512 KiB of float32) is read from memory by every pass, even
-// with many rows, where a kernel parallel over rows has work for every thread. Such a
-// kernel is split as a few long rows are (above), for the online pass alone: each chunk of
-// at most kMaxOnlineChunk elements computes its maximum and its sum of exponentials,
-// reading the chunk twice, the second time from the cache, so the data comes from memory
-// once for both levels and once more for the tail's stores (a log_softmax's, a
-// softmax's), where it came three times. Only kernels with an online sum split so; chunks
-// the cache does not hold would gain nothing, and keep the kernel whole.
 //
 // Note [Online softmax in split reductions]
 // A softmax, log_softmax, cross-entropy or log-sum-exp computes m = max(e) and then
@@ -133,10 +117,6 @@ std::vector<int> split_level(const Kernel& k, const std::vector<int32_t>& online
   return level;
 }
 
-// TCAP_ONLINE_LONG_ROWS=0 keeps rows of kernels with many outputs whole (an A/B of Note
-// [Online softmax over long rows] in one run: tcap-bench's tcap_llvm_whole_rows).
-bool online_long_rows_on() { return env_switch("TCAP_ONLINE_LONG_ROWS", true); }
-
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 Instr op(OpCode code, DType t, std::vector<int32_t> args) {
@@ -167,21 +147,11 @@ Instr constant(DType t, double f) {
 std::optional<SplitReduction> split_reduction(const Kernel& k) {
   if (k.num_reduce_dims == 0) return std::nullopt;
   const int64_t outputs = k.outer_numel(), reduced = k.reduce_numel();
-  if (outputs == 0) return std::nullopt;
-  const std::vector<int32_t> online = online_sums(k);
-  int64_t online_bytes = 0;  // the largest element an online sum reads
-  for (size_t v = 0; v < online.size(); ++v) {
-    if (online[v] >= 0) online_bytes = std::max(online_bytes, dtype_size(k.instrs[v].dtype));
-  }
-  const bool has_online = online_bytes > 0;
-  // Note [Online softmax over long rows]: many outputs split only for the online pass.
-  const bool long_rows = outputs >= kSplitOutputs;
-  if (long_rows ? !has_online || reduced * online_bytes <= kOnlineRowBytes || !online_long_rows_on()
-                : reduced < kMinSplitElements) {
-    return std::nullopt;
-  }
+  if (outputs >= kSplitOutputs || reduced < kMinSplitElements || outputs == 0) return std::nullopt;
   const std::vector<bool> elem = element_level(k);
+  const std::vector<int32_t> online = online_sums(k);
   const std::vector<int> level = split_level(k, online);
+  const bool has_online = std::any_of(online.begin(), online.end(), [](int32_t m) { return m >= 0; });
   const size_t rank = k.sizes.size(), no = rank - static_cast<size_t>(k.num_reduce_dims);
   // The reduced dim to split: the outermost one with a divisor (inner dims keep the
   // chunks' accesses contiguous).
@@ -194,8 +164,6 @@ std::optional<SplitReduction> split_reduction(const Kernel& k) {
   }
   if (!splits) return std::nullopt;
   const int64_t chunk = k.sizes[dim] / splits;
-  // Long rows split for the online pass alone: chunks the cache holds, or no gain.
-  if (long_rows && chunk * (reduced / k.sizes[dim]) > kMaxOnlineChunk) return std::nullopt;
   const std::vector<int64_t> outer(k.sizes.begin(), k.sizes.begin() + static_cast<long>(no));
   const std::vector<int64_t> outer_strides = dense_strides(outer);
 

@@ -26,9 +26,6 @@ struct SplitReduction {
 // elements per output with fewer than kSplitOutputs outputs, or where no reduced dim has
 // a divisor that makes chunks of at least kMinChunk elements. A sum of exponentials around
 // a maximum is computed in the maximum's pass (Note [Online softmax in split reductions]).
-// A kernel with kSplitOutputs outputs or more splits only for that pass, where its rows
-// are longer than kOnlineRowBytes and its chunks at most kMaxOnlineChunk elements (Note
-// [Online softmax over long rows]).
 std::optional<SplitReduction> split_reduction(const Kernel& k);
 
 constexpr int64_t kSplitOutputs = 64;
@@ -38,9 +35,5 @@ constexpr int64_t kMinChunk = 4096;
 // [Online softmax in split reductions]): the chunk is read twice, the second time from
 // the cache.
 constexpr int64_t kMaxOnlineChunk = int64_t{1} << 16;
-// Rows longer than this (in bytes of the online sum's dtype) are read from memory by every
-// pass of an unsplit row kernel: a core's share of the cache, as Note [Prefetching the next
-// row] in codegen/cpu_llvm/render.cpp counts it.
-constexpr int64_t kOnlineRowBytes = int64_t{256} << 10;
 
 }  // namespace tcap::kir
