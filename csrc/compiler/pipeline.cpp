@@ -271,8 +271,6 @@ bool relu_inside(int64_t m, int64_t k, int64_t n, const std::vector<int64_t>& as
 
 bool onednn_route_on() { return Config::get().onednn_gemms && runtime::onednn_gemm_available(); }
 
-// Whether switch `name` is set to 0, false or off; read at each compile (tests and the
-// bench's same-binary comparisons set it between compiles).
 }  // namespace
 
 ir::Graph gemms_through_onednn(const ir::Graph& g, const std::string& what) {
@@ -284,6 +282,8 @@ ir::Graph gemms_through_onednn(const ir::Graph& g, const std::string& what) {
 }
 
 ir::Graph relu_inside_gemms(const ir::Graph& g, const std::string& what) {
+  // Switches read at each compile: tests and the bench's same-binary comparisons set them
+  // between compiles.
   if (!onednn_route_on() || !env_switch("TCAP_RELU_INSIDE_GEMMS", true)) return g;
   fuse::Decomposed d = fuse::relu_inside_gemms(g, product_through_onednn, relu_inside);
   for (const auto& line : d.decisions) TCAP_LOG(Fusion, what << ": " << line);

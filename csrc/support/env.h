@@ -1,6 +1,6 @@
-// Settings read from the environment where they are used, rather than once into Config
-// (support/logging.h): a switch a benchmark turns off around one variant's compiles, so
-// that two variants of one run differ by one pass.
+// On/off settings read from the environment: by Config once (support/logging.h), and where
+// a switch is read at each use instead (a pass a benchmark turns off around one variant's
+// compiles, so that two variants of one run differ by that pass).
 #pragma once
 
 namespace tcap {
