@@ -2,6 +2,7 @@
 
 #include "fuse/fusion.h"
 #include "fuse/rewriter.h"
+#include "ir/graph_copy.h"
 #include "ir/op_facts.h"
 
 #include <algorithm>
@@ -110,15 +111,10 @@ class Horizontal {
     }
     ir::Graph out;
     std::unordered_map<ir::ValueId, ir::ValueId> map;
-    for (const auto& h : g_.hooks()) out.add_hook(h.kind, h.autograd_node, h.slot);
+    ir::copy_hooks(g_, out);
     for (const auto& n : g_.nodes()) {
-      if (n.kind == ir::NodeKind::Input) {
-        map[n.outputs.at(0).values.at(0)] = out.add_input(n.input_kind, n.name, g_.value(n.outputs[0].values[0]).meta);
-      } else if (n.kind == ir::NodeKind::Output) {
-        std::vector<ir::ValueId> vs;
-        for (const auto& a : n.args) vs.push_back(map.at(a.values.at(0)));
-        out.set_outputs(vs, n.output_names, n.output_kinds);
-      } else if (!in_run.count(n.id)) {
+      if (ir::copy_boundary(g_, n, out, map)) continue;
+      if (!in_run.count(n.id)) {
         ir::copy_node(g_, n, out, map);
       } else if (auto it = last_of_run.find(n.id); it != last_of_run.end()) {
         emit(runs[it->second], out, map);
@@ -131,10 +127,8 @@ class Horizontal {
       }
       // (a run's other nodes: emitted with its last one; nothing between them reads them)
     }
-    for (const auto& [op, schema] : g_.schemas()) out.schemas().emplace(op, schema);
     out.schemas()[kHorizontalOp] = kHorizontalSchema;
-    out.meta() = g_.meta();
-    ir::verify(out);
+    ir::finish_copy(g_, out);
     res.graph = std::move(out);
     return res;
   }

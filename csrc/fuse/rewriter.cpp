@@ -1,5 +1,7 @@
 #include "fuse/rewriter.h"
 
+#include "ir/graph_copy.h"
+
 #include <c10/util/Exception.h>
 #include <c10/util/strides.h>
 
@@ -74,16 +76,11 @@ Decomposed Rewriter::run() {
   bool any = false;
   for (const auto& n : g_.nodes()) any = any || selected(n);
   if (!any) return d;  // no copy: the caller keeps its graph
-  for (const auto& h : g_.hooks()) out_.add_hook(h.kind, h.autograd_node, h.slot);
+  ir::copy_hooks(g_, out_);
   for (const auto& n : g_.nodes()) {
     before(n);
-    if (n.kind == ir::NodeKind::Input) {
-      map_[n.outputs.at(0).values.at(0)] = out_.add_input(n.input_kind, n.name, g_.value(n.outputs[0].values[0]).meta);
-    } else if (n.kind == ir::NodeKind::Output) {
-      std::vector<ir::ValueId> vs;
-      for (const auto& a : n.args) vs.push_back(map_.at(a.values.at(0)));
-      out_.set_outputs(vs, n.output_names, n.output_kinds);
-    } else if (selected(n)) {
+    if (ir::copy_boundary(g_, n, out_, map_)) continue;
+    if (selected(n)) {
       if (rewrite(n)) ++d.count;
     } else {
       ir::copy_node(g_, n, out_, map_);
@@ -91,9 +88,7 @@ Decomposed Rewriter::run() {
   }
   at_end();
   if (d.count == 0) return d;
-  for (const auto& [op, schema] : g_.schemas()) out_.schemas().emplace(op, schema);
-  out_.meta() = g_.meta();
-  ir::verify(out_);
+  ir::finish_copy(g_, out_);
   d.graph = std::move(out_);
   return d;
 }

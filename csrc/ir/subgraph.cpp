@@ -1,6 +1,9 @@
-// Copying nodes between graphs: copy_node and extract_subgraph (tcap/graph.h); the
-// questions about one value that cutting and passes ask (describe, is_host_scalar).
+// Copying nodes between graphs: copy_node and extract_subgraph (tcap/graph.h), a rewriting
+// pass's copy of the rest (ir/graph_copy.h); the questions about one value that cutting
+// and passes ask (describe, is_host_scalar).
 #include <tcap/graph.h>
+
+#include "ir/graph_copy.h"
 
 #include <c10/util/Exception.h>
 
@@ -74,10 +77,35 @@ NodeId copy_node(const Graph& from, const Node& node, Graph& to, std::unordered_
   return to.add_node(std::move(n));
 }
 
+void copy_hooks(const Graph& from, Graph& to) {
+  for (const Hook& h : from.hooks()) to.add_hook(h.kind, h.autograd_node, h.slot);
+}
+
+bool copy_boundary(const Graph& from, const Node& n, Graph& to, std::unordered_map<ValueId, ValueId>& map) {
+  if (n.kind == NodeKind::Input) {
+    const ValueId v = n.outputs.at(0).values.at(0);
+    map[v] = to.add_input(n.input_kind, n.name, from.value(v).meta);
+    return true;
+  }
+  if (n.kind == NodeKind::Output) {
+    std::vector<ValueId> vs;
+    for (const auto& a : n.args) vs.push_back(map.at(a.values.at(0)));
+    to.set_outputs(vs, n.output_names, n.output_kinds);
+    return true;
+  }
+  return false;
+}
+
+void finish_copy(const Graph& from, Graph& to) {
+  for (const auto& [op, schema] : from.schemas()) to.schemas().emplace(op, schema);
+  to.meta() = from.meta();
+  verify(to);
+}
+
 Graph extract_subgraph(const Graph& g, const std::vector<NodeId>& nodes, const std::vector<CutInput>& inputs,
                        const std::vector<CutOutput>& outputs) {
   Graph h;
-  for (const Hook& hk : g.hooks()) h.add_hook(hk.kind, hk.autograd_node, hk.slot);  // ids kept
+  copy_hooks(g, h);
   std::unordered_map<ValueId, ValueId> map;
   for (const CutInput& in : inputs) map[in.value] = h.add_input(in.kind, in.name, g.value(in.value).meta);
   for (NodeId id : nodes) copy_node(g, g.node(id), h, map);
