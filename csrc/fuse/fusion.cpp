@@ -3,6 +3,7 @@
 #include "fuse/decompose.h"
 #include "fuse/group_kernel.h"
 #include "fuse/groups.h"
+#include "ir/graph_copy.h"
 #include "support/logging.h"
 #include "support/parallel.h"
 
@@ -309,7 +310,7 @@ class Fuser {
     }
     FusionResult res;
     ir::Graph& out = res.graph;
-    for (const auto& h : g_.hooks()) out.add_hook(h.kind, h.autograd_node, h.slot);
+    ir::copy_hooks(g_, out);
     std::unordered_map<ir::ValueId, ir::ValueId> remap;
     size_t emitted = 0;
     while (!ready.empty()) {
