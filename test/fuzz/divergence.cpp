@@ -27,7 +27,7 @@
 // where one side raises, the other must raise too. Every difference is a divergence: the
 // run prints the seed, the program and the changes that led to it, and exits with 1.
 //
-//   tcap_fuzz_divergence [-programs=N] [-calls=C] [-seed=S] [-only=K] [-from=K] [-backend=eager] [-float64]
+//   tcap_fuzz_divergence [-programs=N] [-calls=C] [-seed=S] [-only=K] [-from=K] [-backend=eager] [-float64] [-inject=F]
 //
 // -only=K runs program K of the seed alone (to reproduce a divergence); -from=K starts the
 // run at program K (to go on after one). -backend=eager compiles every program with the
@@ -38,7 +38,9 @@
 // a BatchNorm after affine layers; an eager-drawn program under llvm would be one of
 // those.) -float64 builds every program and its inputs in float64 (the default dtype): a
 // divergence of meaning stays, one of float32 rounding goes (the program's random draws
-// differ, though).
+// differ, though). -inject=F makes the compiled side wrong on purpose, its backward started
+// from the loss times F: a run that does not then report a divergence is a fuzzer that
+// cannot catch a wrong gradient (CTest's tcap_fuzz_divergence_catches_*).
 //
 // The grammar of programs and the change kinds: divergence_programs.h (divergence_programs.cpp,
 // divergence_changes.cpp); here, running a program on both sides and comparing.
@@ -146,7 +148,9 @@ class Reference64 {
 
 class Program {
  public:
-  Program(uint64_t seed, int calls, const std::string& backend) : rng_(seed), seed_(seed), calls_(calls) {
+  // `backend`: "" or "eager" (-backend); `inject`: -inject's factor (1: none).
+  Program(uint64_t seed, int calls, const std::string& backend, double inject)
+      : rng_(seed), seed_(seed), calls_(calls), inject_(inject) {
     spec_ = draw_spec(rng_);
     if (!backend.empty()) spec_.backend = backend;
     exact_ = spec_.backend == "eager";
@@ -172,7 +176,7 @@ class Program {
       auto m = compiled_.model.ptr();
       compiled_.fn = tcap::compile(m, [m](const Tensors& in) { return Tensors{m->forward(in[0])}; }, o);
     } else if (spec_.door == Door::Step) {
-      compiled_.step = tcap::compile_step(compiled_.model.ptr(), *compiled_.opt, body(compiled_), o);
+      compiled_.step = tcap::compile_step(compiled_.model.ptr(), *compiled_.opt, body(compiled_, inject_), o);
     } else {
       compiled_.ca = std::make_unique<tcap::CompiledAutogradGuard>(o);
     }
@@ -227,15 +231,16 @@ class Program {
     at::globalContext().setDeterministicAlgorithms(toggle_deterministic_, /*warn_only=*/true);
   }
 
-  tcap::CompiledFunction::Fn body(Side& s) {
+  // A step's body; `scale` multiplies the loss its backward starts from (-inject).
+  tcap::CompiledFunction::Fn body(Side& s, double scale = 1.0) {
     auto m = s.model;
     auto* opt = s.opt.get();
     const Spec spec = spec_;
-    return [m, opt, spec](const Tensors& in) mutable {
+    return [m, opt, spec, scale](const Tensors& in) mutable {
       opt->zero_grad();
       auto out = m->forward(in[0]);
       auto loss = loss_of(spec, out, in);
-      loss.backward();
+      (scale != 1.0 ? loss * scale : loss).backward();
       opt->step();
       return Tensors{loss, out.detach()};
     };
@@ -286,7 +291,8 @@ class Program {
         torch::NoGradGuard ng;
         for (auto& p : s.model->parameters()) p.data().add_(0.01);
       }
-      loss.backward();  // compiled autograd's guard, where there is one, is on for the compiled side only
+      // Compiled autograd's guard, where there is one, is on for the compiled side only.
+      (compiled && inject_ != 1.0 ? loss * inject_ : loss).backward();
       s.opt->step();
       r.outputs = {loss.detach(), out.detach()};
     } catch (const std::exception& e) {
@@ -475,6 +481,7 @@ class Program {
   Spec spec_;
   Side compiled_, eager_;
   bool exact_ = false;  // the eager backend: ATen's kernels on both sides
+  double inject_ = 1.0;  // -inject: the compiled side's backward starts from loss * inject_
   std::string ended_;  // why the program's calls ended before its last, "" while they go on
   bool toggle_deterministic_ = false;
   int batch_ = 4;  // the program's batch size, until a change draws another
@@ -509,6 +516,8 @@ int main(int argc, char** argv) {
   const std::string backend = text_arg(argc, argv, "backend");
   bool float64 = false;
   for (int i = 1; i < argc; ++i) float64 = float64 || std::string(argv[i]) == "-float64";
+  const std::string inject_text = text_arg(argc, argv, "inject");
+  const double inject = inject_text.empty() ? 1.0 : std::atof(inject_text.c_str());
   if (float64) torch::set_default_dtype(caffe2::TypeMeta::Make<double>());
   if (!backend.empty() && backend != "eager") {
     std::fprintf(stderr,
@@ -527,7 +536,7 @@ int main(int argc, char** argv) {
   for (long p = std::max(0L, from); p < std::max(programs, only + 1); ++p) {
     if (only >= 0 && p != only) continue;
     const uint64_t s = static_cast<uint64_t>(seed) * 1000003ULL + static_cast<uint64_t>(p);
-    Program prog(s, static_cast<int>(calls), backend);
+    Program prog(s, static_cast<int>(calls), backend, inject);
     ++doors[std::string(door_name(prog.spec().door)) + "/" + prog.spec().backend];
     if (prog.spec().masked) ++doors["(of them: a loss over a boolean mask)"];
     std::string why = prog.run(changes);
@@ -544,9 +553,9 @@ int main(int argc, char** argv) {
     ++run;
     calls_run += calls;
     if (!why.empty()) {
-      std::printf("DIVERGENCE in program %ld (reproduce: tcap_fuzz_divergence -seed=%ld -calls=%ld -only=%ld%s%s):\n%s\n", p,
+      std::printf("DIVERGENCE in program %ld (reproduce: tcap_fuzz_divergence -seed=%ld -calls=%ld -only=%ld%s%s%s):\n%s\n", p,
                   seed, calls, p, backend.empty() ? "" : (" -backend=" + backend).c_str(), float64 ? " -float64" : "",
-                  why.c_str());
+                  inject_text.empty() ? "" : (" -inject=" + inject_text).c_str(), why.c_str());
       return 1;
     }
   }
