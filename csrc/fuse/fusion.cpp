@@ -326,8 +326,8 @@ class Fuser {
         if (write_in_place(n, out, remap)) {
           // Note [Fused results written in place]: the copy is the kernel's own write.
         } else if (n.kind == ir::NodeKind::Input) {
-          remap[n.outputs.at(0).values.at(0)] = out.add_input(n.input_kind, n.name, g_.value(n.outputs[0].values[0]).meta);
-        } else if (n.kind == ir::NodeKind::Output) {
+          ir::copy_boundary(g_, n, out, remap);
+        } else if (n.kind == ir::NodeKind::Output) {  // Note [Repeated gradient outputs]
           std::vector<ir::ValueId> vs;
           std::map<ir::ValueId, size_t> used;  // Grad occurrences of a value so far
           for (size_t i = 0; i < n.args.size(); ++i) {
@@ -365,10 +365,8 @@ class Fuser {
       TCAP_LOG(GraphBreaks, "tcap fusion: internal error: the fused graph would have a cycle; running unfused");
       return plain;
     }
-    out.schemas() = g_.schemas();
     if (!fused_.empty()) out.schemas()[kFusedOp] = kFusedSchema;
-    out.meta() = g_.meta();
-    ir::verify(out);
+    ir::finish_copy(g_, out);
     res.groups = std::move(fused_);
     res.decisions = std::move(decisions_);
     return res;
