@@ -354,7 +354,7 @@ TEST_F(SplitReduction, BackwardsOfFewLongRows) {
 // A language model's loss over a vocabulary of 128,256 tokens in training, its logits
 // computed inside the function (so the backward recomputes the log-probabilities from two
 // numbers per row) and given to it (so the forward writes them), at 1 and 2 threads,
-// against eager; 66 rows, so two of them are in a thread's last chunk.
+// against eager.
 TEST_F(SplitReduction, CrossEntropyOverALargeVocabularyTrains) {
   constexpr int64_t kVocab = 128256, kRows = 66;
   for (bool inside : {false, true}) {
