@@ -132,6 +132,15 @@ std::vector<Variant> make_cross_entropy(const char* name, int64_t rows, int64_t 
   });
 }
 
+// A cross-entropy workload's floor: the forward reads the logits once (a one-pass
+// log-sum-exp per row; the targets and the scalar loss are left out; where the logits are
+// a primal it also writes the log-probabilities its backward reads, a sound floor of twice
+// this); the backward reads them again and writes their grad.
+FloorBytes cross_entropy_floor(int64_t rows, int64_t classes) {
+  const double logits = static_cast<double>(rows * classes) * 4;
+  return FloorBytes{logits, 2 * logits};
+}
+
 std::vector<Variant> make_softmax_ce(const Options& opts) {
   return make_cross_entropy("softmax_ce", ce_rows(opts), kCeClasses, 1, opts);
 }
@@ -271,12 +280,7 @@ void add_compile_workloads(Registry& registry) {
               "cross_entropy(logits f32[4096, 4096] requiring grad, int64 targets; 1024 rows with --quick) "
               "compiled, returns the loss; µs per call",
               make_softmax_ce, derive_bwd_ratio};
-  // Forward reads the logits once (a one-pass log-sum-exp per row; the 32 KiB of targets
-  // and the scalar loss are left out); backward reads them again and writes their grad.
-  ce.floor_bytes = [](const Options& o) {
-    const double logits = static_cast<double>(ce_rows(o) * kCeClasses) * 4;
-    return FloorBytes{logits, 2 * logits};
-  };
+  ce.floor_bytes = [](const Options& o) { return cross_entropy_floor(ce_rows(o), kCeClasses); };
   ce.has_peer = true;
   ce.cuda = true;
   registry.add(std::move(ce));
@@ -285,12 +289,7 @@ void add_compile_workloads(Registry& registry) {
                  "cross_entropy(logits f32[128, 128256] requiring grad, int64 targets; 64 rows with --quick) "
                  "compiled, returns the loss: rows longer than a core's L2, more rows than threads; µs per call",
                  make_vocab_ce, derive_bwd_ratio};
-  // As softmax_ce's: the forward reads the logits (and writes the log-probabilities its
-  // backward reads: a sound floor of twice this), the backward reads and writes them.
-  vocab.floor_bytes = [](const Options& o) {
-    const double logits = static_cast<double>(vocab_rows(o) * kVocab) * 4;
-    return FloorBytes{logits, 2 * logits};
-  };
+  vocab.floor_bytes = [](const Options& o) { return cross_entropy_floor(vocab_rows(o), kVocab); };
   vocab.has_peer = true;
   vocab.cuda = true;
   registry.add(std::move(vocab));
