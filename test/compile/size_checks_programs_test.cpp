@@ -14,6 +14,7 @@
 
 #include <torch/torch.h>
 
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -150,6 +151,69 @@ TEST(SizeChecks, TaggerCompiledAutogradWithVaryingLength) {
   tcap::CompiledAutogradGuard ca(o);
   EXPECT_GE(ca.stats().replays, 6) << log.text();
   EXPECT_LE(ca.stats().captures, 4) << log.text();
+}
+
+}  // namespace
+
+namespace {
+
+// Greedy generation from a GPT-style decoder: token and position embeddings (positions
+// from arange over the prefix length), a causal mask built from that length, a
+// TransformerEncoderLayer, a norm and a head; each call takes the prefix one token longer
+// than the last. Every length after the second is new: the entry goes dynamic at the
+// second and checks each later length once (Note [Checking a new size]).
+struct TinyGpt : nn::Module {
+  static constexpr int64_t kVocab = 29, kWidth = 16, kMaxLength = 64;
+  TinyGpt()
+      : tok(register_module("tok", nn::Embedding(kVocab, kWidth))),
+        pos(register_module("pos", nn::Embedding(kMaxLength, kWidth))),
+        block(register_module("block", nn::TransformerEncoderLayer(
+                                           nn::TransformerEncoderLayerOptions(kWidth, 2).dim_feedforward(32).dropout(0.0)))),
+        norm(register_module("norm", nn::LayerNorm(nn::LayerNormOptions({kWidth})))),
+        head(register_module("head", nn::Linear(kWidth, kVocab))) {}
+  at::Tensor forward(const at::Tensor& tokens) {  // [batch, length] -> [batch, length, vocab]
+    const int64_t t = tokens.size(1);
+    auto x = tok->forward(tokens) + pos->forward(torch::arange(t, tokens.options()));
+    auto mask = torch::full({t, t}, -std::numeric_limits<float>::infinity()).triu(1);
+    x = block->forward(x.transpose(0, 1), mask).transpose(0, 1);
+    return head->forward(norm->forward(x));
+  }
+  nn::Embedding tok, pos;
+  nn::TransformerEncoderLayer block;
+  nn::LayerNorm norm;
+  nn::Linear head;
+};
+
+TEST(SizeChecks, GreedyGenerationFromADecoder) {
+  for (const char* backend : {"eager", "llvm"}) {
+    if (!tcap::testing::backend_built(backend, nullptr)) continue;
+    torch::manual_seed(31);
+    auto model = std::make_shared<TinyGpt>(), twin = std::make_shared<TinyGpt>();
+    tcap::testing::copy_parameters(*model, *twin);
+    model->eval();
+    twin->eval();
+    torch::NoGradGuard no_grad;
+    tcap::CompileOptions o;
+    o.backend = backend;
+    o.name = std::string("gpt_") + backend;
+    LogCapture log("recompiles");
+    auto f = tcap::compile(model, [&](const Tensors& in) { return Tensors{model->forward(in[0])}; }, o);
+    auto tokens = torch::randint(0, TinyGpt::kVocab, {2, 3});
+    const int steps = 24;
+    for (int i = 0; i < steps; ++i) {
+      auto out = (*f)({tokens})[0];
+      auto ref = twin->forward(tokens);
+      ASSERT_TRUE(close(out, ref, rtol_of(backend), atol_of(backend)))
+          << backend << " length " << tokens.size(1) << "\n" << log.text();
+      auto next = ref.select(1, -1).argmax(-1, /*keepdim=*/true);
+      tokens = torch::cat({tokens, next}, 1);
+    }
+    const auto st = f->stats();
+    EXPECT_EQ(f->eager_reason(), "") << backend << "\n" << log.text();
+    EXPECT_LE(st.captures, 2) << backend << "\n" << log.text();
+    EXPECT_EQ(st.size_checks, steps - 2) << backend << "\n" << log.text();
+    EXPECT_EQ(st.eager_calls, 0) << backend << "\n" << log.text();
+  }
 }
 
 }  // namespace
