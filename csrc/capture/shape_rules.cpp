@@ -5,6 +5,9 @@
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
+#include <mutex>
+#include <vector>
+
 namespace tcap::capture {
 namespace {
 
@@ -62,6 +65,31 @@ std::string shape_str(c10::IntArrayRef s) {
   return out + "]";
 }
 
+// Note [Operators without a meta function]
+// An operator whose meta call threw once (index_select's meta function lives in Python, so
+// embedding's throws from C++) throws again at every later call: the exception, and the
+// meta tensors of its probe, would cost each recording of it some microseconds, and each
+// check capture of a new size records it again (Note [Checking a new size]). So the first
+// throw is remembered per operator, and later probes go straight to the rerun on other
+// values, which is what the throw led to anyway. An operator that cannot be run again
+// (it writes an argument or draws random numbers) keeps its meta probe at every call.
+std::mutex g_without_meta_mutex;
+std::vector<bool> g_without_meta;  // by OpInfo::id, under g_without_meta_mutex
+
+bool without_meta(const OpInfo& info) {
+  if (!info.rerunnable) return false;  // its probe is the only check it gets
+  std::lock_guard<std::mutex> lock(g_without_meta_mutex);
+  const auto id = static_cast<size_t>(info.id);
+  return id < g_without_meta.size() && g_without_meta[id];
+}
+
+void note_without_meta(const OpInfo& info) {
+  std::lock_guard<std::mutex> lock(g_without_meta_mutex);
+  const auto id = static_cast<size_t>(info.id);
+  if (id >= g_without_meta.size()) g_without_meta.resize(id + 1, false);
+  g_without_meta[id] = true;
+}
+
 }  // namespace
 
 ShapeCheck before_op_shapes(const OpInfo& info, c10::ArrayRef<c10::IValue> args) {
@@ -74,8 +102,10 @@ ShapeCheck before_op_shapes(const OpInfo& info, c10::ArrayRef<c10::IValue> args)
   for (const c10::IValue& a : args) scan(a, reads_integral, unprobeable);
   if (!reads_integral || unprobeable) return c;
   torch::jit::Stack probe;
-  probe.reserve(args.size());
-  for (const c10::IValue& a : args) probe.push_back(map_tensors(a, meta_of));
+  if (!without_meta(info)) {  // Note [Operators without a meta function]
+    probe.reserve(args.size());
+    for (const c10::IValue& a : args) probe.push_back(map_tensors(a, meta_of));
+  }
   c.probe = std::move(probe);
   if (info.rerunnable) c.args = torch::jit::Stack(args.begin(), args.end());
   return c;
@@ -121,13 +151,16 @@ std::string check_with_meta(const c10::OperatorHandle& op, const OpInfo& info, S
                             c10::ArrayRef<c10::IValue> rets, c10::DispatchKey hide) {
   const std::string& qualified = info.qualified;
   c10::impl::ExcludeDispatchKeyGuard off(c10::DispatchKeySet(hide) | c10::autograd_dispatch_keyset);
-  torch::jit::Stack& probe = *check.probe;
-  try {
-    op.callBoxed(probe);
-    return shapes_differ(qualified, rets, probe, "its meta function for these input shapes");
-  } catch (const std::exception& e) {
-    TCAP_LOG(Capture, qualified << " has no meta function (" << c10::GetExceptionString(e).substr(0, 160)
-                                << "...): run once more on other integer values");
+  if (!without_meta(info)) {
+    torch::jit::Stack& probe = *check.probe;
+    try {
+      op.callBoxed(probe);
+      return shapes_differ(qualified, rets, probe, "its meta function for these input shapes");
+    } catch (const std::exception& e) {
+      TCAP_LOG(Capture, qualified << " has no meta function (" << c10::GetExceptionString(e).substr(0, 160)
+                                  << "...): run once more on other integer values, at this and every later call");
+      note_without_meta(info);
+    }
   }
   if (!check.args) return "";  // writes its arguments or draws random numbers: shapes are its inputs' or arguments'
   torch::jit::Stack again;
