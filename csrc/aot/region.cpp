@@ -31,6 +31,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 #include <unordered_map>
 #include <unordered_set>
@@ -380,7 +381,11 @@ JointGraph RegionCapture::joint_with_backward() {
 }
 
 JointGraph RegionCapture::build_joint(bool with_backward) const {
-  ir::Graph g = session_->graph();
+  // The recording, copied only where the backward's sums are added to it (a check capture
+  // compares the forward alone: Note [Checking a new size]).
+  std::optional<ir::Graph> grown;
+  if (with_backward) grown.emplace(session_->graph());
+  const ir::Graph& g = grown ? *grown : session_->graph();
   const auto fw_end = static_cast<ir::NodeId>(fw_end_);
   std::vector<ir::ValueId> tangents;
   std::vector<int> tangent_of;
@@ -418,16 +423,16 @@ JointGraph RegionCapture::build_joint(bool with_backward) const {
         n.autograd_node = "InputBuffer";
         n.args = {ir::Arg::value(acc), ir::Arg::value(cs[c]), ir::Arg::integer(1, "alpha")};
         const auto id = static_cast<ir::NodeId>(g.nodes().size());
-        const ir::ValueId v = g.new_value(id, 0, -1, g.value(acc).meta);
+        const ir::ValueId v = grown->new_value(id, 0, -1, g.value(acc).meta);
         n.outputs.push_back(ir::Arg::value(v));
-        g.add_node(std::move(n));
+        grown->add_node(std::move(n));
         acc = v;
         added = true;
       }
       grads.push_back(acc);
       grad_of.push_back(static_cast<int>(j));
     }
-    if (added) g.schemas()["aten::add.Tensor"] = capture::OpInfo::from(*add_op).schema;
+    if (added) grown->schemas()["aten::add.Tensor"] = capture::OpInfo::from(*add_op).schema;
     // The slice: backward nodes the gradients depend on, back to tangents and forward values,
     // and the writes through a view into memory a later kept node reads (Note [Writes
     // through a view]; the data flow alone leaves out the engine's own in-place

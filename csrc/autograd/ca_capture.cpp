@@ -234,7 +234,7 @@ variable_list Runtime::check(const Request& r, const ca::BackwardWalk& w, const 
                              std::string* verdict) {
   Recorded rec = record(r, w);
   *verdict = e.guards.dyn.ledger->check(
-      key, rec.graph, rec.why.empty() ? "" : "no graph can be made of this backward at these sizes: " + rec.why);
+      key, std::move(rec.graph), rec.why.empty() ? "" : "no graph can be made of this backward at these sizes: " + rec.why);
   return std::move(rec.results);
 }
 

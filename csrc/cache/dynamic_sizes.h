@@ -63,8 +63,9 @@ class SizeLedger {
   std::optional<std::string> verdict(const std::vector<int64_t>& key) const;
   // The verdict of a check capture at class values `key`, stored and returned ("" when the
   // sizes are served): `why_not` when the capture could not record a graph, else how `got`
-  // differs from the record specialized to those values.
-  std::string check(const std::vector<int64_t>& key, const ir::Graph& got, const std::string& why_not = "");
+  // differs from the record specialized to those values (Note [Checking a new size without
+  // copying the record]).
+  std::string check(const std::vector<int64_t>& key, ir::Graph got, const std::string& why_not = "");
   void admit(const std::vector<int64_t>& key) { store(key, ""); }
 
  private:

@@ -69,10 +69,13 @@ NodeId copy_node(const Graph& from, const Node& node, Graph& to, std::unordered_
       v = nv;
     }
   }
-  if (n.kind == NodeKind::Call) {
-    const std::string q = n.qualified_op();
-    auto it = from.schemas().find(q);
-    if (it != from.schemas().end()) to.schemas()[q] = it->second;
+  if (n.kind == NodeKind::Call) {  // the schema string once per operator, not per node
+    std::string q = n.qualified_op();
+    auto& schemas = to.schemas();
+    if (schemas.find(q) == schemas.end()) {
+      auto it = from.schemas().find(q);
+      if (it != from.schemas().end()) schemas.emplace(std::move(q), it->second);
+    }
   }
   return to.add_node(std::move(n));
 }

@@ -429,7 +429,7 @@ std::vector<at::Tensor> CompiledStep::Impl::check_call(const StepEntry& e, const
   const step::StepInputs named = gather_named(user, g);
   auto outs = capture(check, user, named, /*count_capture=*/false);
   const auto eager = check.eager();
-  *verdict = e.guards.dyn.ledger->check(key, check.graph,
+  *verdict = e.guards.dyn.ledger->check(key, std::move(check.graph),
                                         eager ? "the step cannot be compiled at these sizes: " + eager->why : "");
   return outs;
 }
