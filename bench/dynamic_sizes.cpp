@@ -7,6 +7,11 @@
 //   tagger    Embedding(1000, 64), Linear, LayerNorm, GELU, Linear(->17), cross_entropy over
 //             flatten(0, 1); batch 8, the same lengths; compile_step with Adam
 //   mlp       Linear(64, 256) GELU Linear(256, 64), inference; batch sizes 1..64
+//   generate  greedy generation from a GPT-style decoder (token and position embeddings, a
+//             causal mask built from the length, TransformerEncoderLayer(64, 4 heads, ff
+//             128), LayerNorm, a head over 512 tokens), batch 4: each call runs the prefix
+//             one token longer, from 8 to 126 tokens, then a new prompt (so lengths repeat
+//             from the second sequence on, as a server's do); tcap::compile, inference
 //
 // For each: eager, and tcap with the eager and llvm backends, with the size check on
 // (default) and off (check_new_sizes = false), and llvm with its kernels compiled in the
@@ -32,6 +37,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -196,6 +202,58 @@ std::vector<Row> tagger(int calls, const std::string& only) {
   return rows;
 }
 
+struct Decoder : nn::Module {
+  Decoder()
+      : tok(register_module("tok", nn::Embedding(512, 64))),
+        pos(register_module("pos", nn::Embedding(128, 64))),
+        block(register_module("block", nn::TransformerEncoderLayer(
+                                           nn::TransformerEncoderLayerOptions(64, 4).dim_feedforward(128).dropout(0.0)))),
+        norm(register_module("norm", nn::LayerNorm(nn::LayerNormOptions({64})))),
+        head(register_module("head", nn::Linear(64, 512))) {}
+  at::Tensor forward(const at::Tensor& tokens) {  // [batch, length] -> [batch, length, 512]
+    const int64_t t = tokens.size(1);
+    auto x = tok->forward(tokens) + pos->forward(torch::arange(t, tokens.options()));
+    auto mask = torch::full({t, t}, -std::numeric_limits<float>::infinity()).triu(1);
+    return head->forward(norm->forward(block->forward(x.transpose(0, 1), mask).transpose(0, 1)));
+  }
+  nn::Embedding tok, pos;
+  nn::TransformerEncoderLayer block;
+  nn::LayerNorm norm;
+  nn::Linear head;
+};
+
+std::vector<Row> generate(int calls, const std::string& only) {
+  constexpr int64_t kPrompt = 8, kLongest = 127;
+  std::vector<Row> rows;
+  for (const auto& v : kVariants) {
+    if (v.name != only || (!v.backend.empty() && !tcap::Backend(v.backend).available())) continue;
+    torch::manual_seed(0);
+    auto model = std::make_shared<Decoder>();
+    model->eval();
+    torch::NoGradGuard no_grad;
+    std::function<at::Tensor(const at::Tensor&)> fwd = [&](const at::Tensor& x) { return model->forward(x); };
+    tcap::CompiledFn f;
+    if (!v.backend.empty()) {
+      f = tcap::compile(model, [&](const Tensors& in) { return Tensors{model->forward(in[0])}; }, options_of(v, "generate"));
+      fwd = [&](const at::Tensor& x) { return f(x)[0]; };
+    }
+    Row r;
+    r.variant = v.name;
+    at::Tensor tokens;
+    auto next = [&](int64_t) {  // one token more (a new prompt after the longest)
+      if (!tokens.defined() || tokens.size(1) == kLongest) tokens = torch::randint(0, 512, {4, kPrompt});
+      auto logits = fwd(tokens);
+      tokens = torch::cat({tokens, logits.select(1, -1).argmax(-1, /*keepdim=*/true)}, 1);
+    };
+    varying_calls(r, v, std::vector<int64_t>(static_cast<size_t>(calls), 0), next);
+    if (!v.backend.empty()) r.stats = f->stats(), r.has_stats = true;
+    auto fixed = [&](int64_t) { fwd(torch::randint(0, 512, {4, 64})); };
+    steady_calls(r, 64, fixed);
+    rows.push_back(r);
+  }
+  return rows;
+}
+
 std::vector<Row> mlp(int calls, const std::string& only) {
   const auto seq = lengths(calls, 1, 64, 1, 3);
   std::vector<Row> rows;
@@ -253,6 +311,7 @@ int run_one(int calls, const std::string& workload, const std::string& variant) 
   if (workload == "encoder") rows = encoder(calls, variant);
   else if (workload == "tagger") rows = tagger(calls, variant);
   else if (workload == "mlp") rows = mlp(calls, variant);
+  else if (workload == "generate") rows = generate(calls, variant);
   else return 2;
   const int kernels = tcap::codegen::cpu_llvm::cpu_llvm_stats().compiled;
   for (const auto& r : rows) {
@@ -269,7 +328,7 @@ int main(int argc, char** argv) {
   std::printf("tcap-bench-dynamic: %d calls per workload, %d threads; time = all calls, compiles and checks included; "
               "each variant in a process of its own with an empty kernel cache\n",
               calls, at::get_num_threads());
-  for (const char* workload : {"encoder", "tagger", "mlp"}) {
+  for (const char* workload : {"encoder", "tagger", "mlp", "generate"}) {
     std::vector<Row> rows;
     for (const auto& v : kVariants) {
       char dir[] = "/tmp/tcap-bench-dynamic-XXXXXX";
