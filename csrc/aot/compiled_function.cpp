@@ -46,6 +46,8 @@ struct CompiledFunction::Impl {
   bool settling = false;  // a call is giving `pending` up (Note [Waiting for the first backward])
 
   std::string who() const { return "'" + options.name + "'"; }
+  // Note [Specializations in the background]
+  bool in_background() const { return options.compile_in_background || Config::get().compile_in_background; }
 
 
   // A call run eagerly outside the serving loop's own decisions (a capture waiting for
@@ -202,18 +204,20 @@ struct CompiledFunction::Impl::ServedCall {
                                  "backward");
       return f.run_eager(user_inputs);
     }
+    // Published by another call while this one waited for the capture slot: let the next
+    // capture start while this call replays.
+    if (!first) slot.unlock();
+    auto entry = f.in_background() ? aot::specialize_in_background(e, found.key, found.primals, f.options)
+                                   : aot::specialize(e, found.key, found.primals, f.options);
+    if (!entry) return f.run_eager(user_inputs);  // Note [Specializations in the background]: being made
     if (!first) {
-      // Published by another call while this one waited for the capture slot: let the
-      // next capture start while this call replays.
-      slot.unlock();
       try {
-        return aot::replay_region(aot::specialize(e, found.key, found.primals, f.options), found.primals);
+        return aot::replay_region(entry, found.primals);
       } catch (const HostValueChanged&) {
         slot.lock();  // not this one: look on, or capture
         throw;
       }
     }
-    auto entry = aot::specialize(e, found.key, found.primals, f.options);
     const VerifyOptions v = cache::verify_options_for(f.options);
     if (f.verifier.next(v)) {
       return aot::verified_call(

@@ -3,6 +3,7 @@
 #include "compiler/pipeline.h"
 #include "ir/op_facts.h"
 #include "passes/host_graph.h"
+#include "runtime/background_compiles.h"
 #include "support/logging.h"
 
 #include <tcap/graph_json.h>
@@ -12,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <sstream>
 
 namespace tcap::aot {
@@ -194,25 +196,47 @@ void generalize(const RegionEntry& a, RegionEntry& b, const std::vector<size_t>&
                       who, b.id, [&] { return b.guards.describe_dynamic(); });
 }
 
+namespace {
+
+// What a specialization keeps of its entry: who it is, the guards that do not depend on
+// sizes, and the one fact of the capture the graph does not tell (its tangents'
+// aliasing); compile_region derives the rest from the specialized joint graph.
+std::shared_ptr<RegionEntry> specialization_of(const RegionEntry& e, ir::Graph graph,
+                                               const std::vector<at::Tensor>& primals, const CompileOptions& options) {
+  auto s = std::make_shared<RegionEntry>();
+  s->id = e.id;
+  s->fn_name = e.fn_name;
+  s->stats = e.stats;
+  s->guards.global = e.guards.global;
+  s->guards.held = e.guards.held;
+  s->aliased_tangents = e.aliased_tangents;
+  JointGraph j = e.joint;
+  j.graph = std::move(graph);
+  compile_region(*s, std::move(j), e.has_backward, primals, options);
+  return s;
+}
+
+}  // namespace
+
 std::shared_ptr<const RegionEntry> specialize(const std::shared_ptr<const RegionEntry>& e, const std::vector<int64_t>& key,
                                               const std::vector<at::Tensor>& primals, const CompileOptions& options) {
   return cache::specialized(e, e->joint.graph, key, e->stats.get(), [&] { return "'" + options.name + "'"; },
-                            [&](ir::Graph graph) {
-    // What a specialization keeps of its entry: who it is, the guards that do not depend
-    // on sizes, and the one fact of the capture the graph does not tell (its tangents'
-    // aliasing); compile_region derives the rest from the specialized joint graph.
-    auto s = std::make_shared<RegionEntry>();
-    s->id = e->id;
-    s->fn_name = e->fn_name;
-    s->stats = e->stats;
-    s->guards.global = e->guards.global;
-    s->guards.held = e->guards.held;
-    s->aliased_tangents = e->aliased_tangents;
-    JointGraph j = e->joint;
-    j.graph = std::move(graph);
-    compile_region(*s, std::move(j), e->has_backward, primals, options);
-    return s;
-  });
+                            [&](ir::Graph graph) { return specialization_of(*e, std::move(graph), primals, options); });
+}
+
+std::shared_ptr<const RegionEntry> specialize_in_background(const std::shared_ptr<const RegionEntry>& e,
+                                                            const std::vector<int64_t>& key,
+                                                            const std::vector<at::Tensor>& primals,
+                                                            const CompileOptions& options) {
+  // The job reads the call's tensors' metadata (requires_grad, which share memory), never
+  // their values: it holds them (their storages stay alive until it ran) and a copy of
+  // the options.
+  return cache::specialized_in_background(
+      e, &e->joint.graph, key, e->stats, "'" + options.name + "'",
+      [e, primals, options](ir::Graph graph) { return specialization_of(*e, std::move(graph), primals, options); },
+      [](std::string what, std::function<void()> job) {
+        runtime::submit_background_compile("specialization of " + std::move(what), std::move(job));
+      });
 }
 
 }  // namespace tcap::aot

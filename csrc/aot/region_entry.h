@@ -72,6 +72,12 @@ void generalize(const RegionEntry& a, RegionEntry& b, const std::vector<size_t>&
 // stats). On every replay's path: it builds nothing unless it compiles.
 std::shared_ptr<const RegionEntry> specialize(const std::shared_ptr<const RegionEntry>& e, const std::vector<int64_t>& key,
                                               const std::vector<at::Tensor>& primals, const CompileOptions& options);
+// The same, with the specialization made on the background compile thread (Note
+// [Specializations in the background]): null while it is being made (the call runs eagerly).
+std::shared_ptr<const RegionEntry> specialize_in_background(const std::shared_ptr<const RegionEntry>& e,
+                                                            const std::vector<int64_t>& key,
+                                                            const std::vector<at::Tensor>& primals,
+                                                            const CompileOptions& options);
 // Note [The contract of a compiled function]: logs under guards what e reads from outside
 // its inputs, and how (the function's first entry).
 void log_contract(const RegionEntry& e, const std::string& who);

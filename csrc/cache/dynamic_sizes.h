@@ -35,8 +35,12 @@
 
 #include "cache/stats.h"
 #include "passes/int_patches.h"
+#include "support/logging.h"
 
 #include <tcap/graph.h>
+
+#include <c10/util/ArrayRef.h>
+#include <c10/util/StringUtil.h>
 
 #include <cstdint>
 #include <functional>
@@ -44,6 +48,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -163,9 +168,29 @@ class Specializations {
   // Keeps the first one stored for a key (two threads may specialize at once).
   std::shared_ptr<T> insert(const std::vector<int64_t>& key, std::shared_ptr<T> t) {
     std::lock_guard<std::mutex> lock(mutex_);
+    pending_.erase(key);
     auto& slot = map_[key];
     if (!slot) slot = std::move(t);
     return slot;
+  }
+  // Note [Specializations in the background]: whether the caller is to submit the making
+  // of key's specialization (none stored, none submitted, none failed); the key is then
+  // pending until insert() or fail().
+  bool claim(const std::vector<int64_t>& key) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (map_.count(key) || failed_.count(key)) return false;
+    return pending_.insert(key).second;
+  }
+  // The background making of key's specialization failed: calls at it specialize on their
+  // own thread from now on (and meet the failure there, as without the background).
+  void fail(const std::vector<int64_t>& key) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    pending_.erase(key);
+    failed_.insert(key);
+  }
+  bool failed(const std::vector<int64_t>& key) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return failed_.count(key) > 0;
   }
   size_t size() const {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -175,6 +200,7 @@ class Specializations {
  private:
   mutable std::mutex mutex_;
   std::map<std::vector<int64_t>, std::shared_ptr<T>> map_;
+  std::set<std::vector<int64_t>> pending_, failed_;
 };
 
 // Note [Dynamic sizes]: dynamic entry `e` at class values `key`, for every front door: e
@@ -193,6 +219,49 @@ std::shared_ptr<const E> specialized(const std::shared_ptr<const E>& e, const ir
   if (stats) stats->count(&CompileStats::compiles);
   log_specialized(who(), e->id, key);
   return e->specialized->insert(key, std::move(s));
+}
+
+// Note [Specializations in the background]
+// With CompileOptions::compile_in_background no call waits for a compile: not for kernels
+// (Note [Kernels compiled in the background]), and not for the specialization of a dynamic
+// entry to sizes it has admitted (its graph patched, partitioned and fused again, about
+// 2 ms for a transformer layer). The first call at such sizes submits the specialization
+// to the background compile thread through `submit(what, job)` and runs eagerly (by
+// design, counted as an eager call); later calls at them run eagerly until it is stored,
+// then replay it. A specialization that fails in the background is made again on the
+// calling thread at the next call, which meets the failure as it would without the
+// option. The job holds the entry, the key and `make` (which must hold what it reads by
+// value: the call that submitted it has returned by the time it runs). Returns e, its
+// stored specialization, or null (the call runs eagerly).
+template <class E, class Make, class Submit>
+std::shared_ptr<const E> specialized_in_background(const std::shared_ptr<const E>& e, const ir::Graph* graph,
+                                                   const std::vector<int64_t>& key, std::shared_ptr<Stats> stats,
+                                                   const std::string& who, Make make, Submit&& submit) {
+  const DynamicSizes& d = e->guards.dyn;
+  if (!d.dynamic() || key == d.own_key) return e;
+  if (auto s = e->specialized->find(key)) return s;
+  if (e->specialized->failed(key)) {
+    return specialized(e, *graph, key, stats.get(), [&] { return who; }, make);
+  }
+  if (e->specialized->claim(key)) {
+    TCAP_LOG(Recompiles, who << " entry " << e->id << " specializes to sizes " << c10::IntArrayRef(key)
+                             << " of its dynamic dims in the background; calls at them run eagerly until then");
+    submit(who + " entry " + std::to_string(e->id) + " at sizes " + c10::str(c10::IntArrayRef(key)),
+           [e, graph, key, stats, who, make = std::move(make)]() mutable {
+             std::shared_ptr<E> s;
+             try {
+               s = make(specialize(*graph, e->guards.dyn, key));
+             } catch (...) {
+               e->specialized->fail(key);
+               throw;
+             }
+             if (!s) return e->specialized->fail(key);
+             if (stats) stats->count(&CompileStats::compiles);
+             log_specialized(who, e->id, key);
+             e->specialized->insert(key, std::move(s));
+           });
+  }
+  return nullptr;
 }
 
 }  // namespace tcap::cache

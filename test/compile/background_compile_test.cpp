@@ -1,4 +1,5 @@
-// Note [Kernels compiled in the background] (runtime/background_compiles.h), end to end:
+// Note [Kernels compiled in the background] (runtime/background_compiles.h) and Note
+// [Specializations in the background] (cache/dynamic_sizes.h), end to end:
 // with CompileOptions::compile_in_background, a graph's llvm kernels compile on the
 // background thread and its fused groups run their ATen ops until they are ready. The
 // thread is paused to make "not ready yet" certain, then let go. Every call is compared
@@ -146,7 +147,52 @@ TEST(BackgroundCompiles, ADynamicEntryAtManySizes) {
     call_and_compare(f, *net, *twin, b);
   }
   EXPECT_EQ(f->eager_reason(), "");
-  EXPECT_GE(f->stats().replays, 6);
+  // While paused, admitted sizes ran eagerly (their specializations waiting too: Note
+  // [Specializations in the background]); after the wait, 9 and 64 replay.
+  EXPECT_GE(f->stats().replays, 3);
+  EXPECT_GE(f->stats().eager_calls, 1);
+}
+
+// Note [Specializations in the background]: a dynamic entry at sizes it has admitted runs
+// eagerly while their specialization is made on the background thread (paused here, so
+// "not ready" is certain), then replays it; both backends, forward and backward against
+// an eager twin.
+TEST(BackgroundCompiles, SpecializationsRunEagerlyUntilTheyAreReady) {
+  for (const char* backend : {"eager", "llvm"}) {
+    if (std::string(backend) == "llvm" && !llvm_here()) continue;
+    SCOPED_TRACE(backend);
+    torch::manual_seed(3);
+    auto net = std::make_shared<Net>();
+    auto twin = std::make_shared<Net>();
+    copy_params(*twin, *net);
+    tcap::CompileOptions o = background_options(std::string("background_specializations_") + backend);
+    o.backend = backend;
+    auto f = tcap::compile(net, [&](const Tensors& in) { return Tensors{net->forward(in[0])}; }, o);
+    for (int64_t b : {6, 9, 11}) call_and_compare(f, *net, *twin, b);  // two captures, then a check at 11
+    const auto before = f->stats();
+    EXPECT_EQ(before.captures, 2);
+    EXPECT_EQ(before.size_checks, 1);
+    {
+      Paused paused;
+      for (int i = 0; i < 3; ++i) {
+        SCOPED_TRACE("paused call " + std::to_string(i));
+        call_and_compare(f, *net, *twin, 11);
+      }
+      const auto during = f->stats();
+      EXPECT_EQ(during.eager_calls, before.eager_calls + 3);
+      EXPECT_EQ(during.replays, before.replays);
+      EXPECT_EQ(during.compiles, before.compiles);
+    }
+    tcap::wait_for_background_compiles();
+    for (int i = 0; i < 2; ++i) call_and_compare(f, *net, *twin, 11);
+    tcap::wait_for_background_compiles();  // the llvm kernels, submitted at the graph's first run
+    call_and_compare(f, *net, *twin, 11);
+    const auto after = f->stats();
+    EXPECT_EQ(after.compiles, before.compiles + 1);
+    EXPECT_EQ(after.replays, before.replays + 3);
+    EXPECT_EQ(after.eager_calls, before.eager_calls + 3);
+    EXPECT_EQ(f->eager_reason(), "");
+  }
 }
 
 TEST(BackgroundCompiles, CompileStepWithAdam) {
