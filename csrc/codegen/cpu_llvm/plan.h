@@ -57,7 +57,7 @@ struct KernelPlan {
   // [Streaming stores] in render.cpp).
   std::vector<bool> stream;
   // ReduceInner: the second pass over a row prefetches the next row's data for the first
-  // pass's loads (Note [Prefetching the next row] in render.cpp).
+  // pass's loads (Note [Prefetching the next row] in render_reductions.cpp).
   bool prefetch_next_row = false;
 
   bool is_reduction() const { return mode != LoopMode::Pointwise; }
