@@ -232,8 +232,12 @@ std::shared_ptr<const RegionEntry> specialize_in_background(const std::shared_pt
   // their values: it holds them (their storages stay alive until it ran) and a copy of
   // the options.
   return cache::specialized_in_background(
-      e, &e->joint.graph, key, e->stats, "'" + options.name + "'",
-      [e, primals, options](ir::Graph graph) { return specialization_of(*e, std::move(graph), primals, options); },
+      e, &e->joint.graph, key, e->stats, [&] { return "'" + options.name + "'"; },
+      [&] {
+        return [e, primals, options](ir::Graph graph) {
+          return specialization_of(*e, std::move(graph), primals, options);
+        };
+      },
       [](std::string what, std::function<void()> job) {
         runtime::submit_background_compile("specialization of " + std::move(what), std::move(job));
       });

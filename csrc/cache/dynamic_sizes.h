@@ -203,6 +203,16 @@ class Specializations {
   std::set<std::vector<int64_t>> pending_, failed_;
 };
 
+// A specialization made (on either thread): counted as a compile, logged and stored; the
+// one stored first is returned (two threads may make one at once).
+template <class E>
+std::shared_ptr<E> store_specialization(const E& e, const std::vector<int64_t>& key, std::shared_ptr<E> s, Stats* stats,
+                                        const std::string& who) {
+  if (stats) stats->count(&CompileStats::compiles);
+  log_specialized(who, e.id, key);
+  return e.specialized->insert(key, std::move(s));
+}
+
 // Note [Dynamic sizes]: dynamic entry `e` at class values `key`, for every front door: e
 // itself at its own values, else its specialization, made once per key by `make(graph)`
 // (the door compiles `e`'s graph patched for `key` into an entry; null when it cannot),
@@ -216,9 +226,7 @@ std::shared_ptr<const E> specialized(const std::shared_ptr<const E>& e, const ir
   if (auto s = e->specialized->find(key)) return s;
   std::shared_ptr<E> s = make(specialize(graph, d, key));
   if (!s) return nullptr;
-  if (stats) stats->count(&CompileStats::compiles);
-  log_specialized(who(), e->id, key);
-  return e->specialized->insert(key, std::move(s));
+  return store_specialization(*e, key, std::move(s), stats, who());
 }
 
 // Note [Specializations in the background]
@@ -230,36 +238,35 @@ std::shared_ptr<const E> specialized(const std::shared_ptr<const E>& e, const ir
 // design, counted as an eager call); later calls at them run eagerly until it is stored,
 // then replay it. A specialization that fails in the background is made again on the
 // calling thread at the next call, which meets the failure as it would without the
-// option. The job holds the entry, the key and `make` (which must hold what it reads by
-// value: the call that submitted it has returned by the time it runs). Returns e, its
-// stored specialization, or null (the call runs eagerly).
-template <class E, class Make, class Submit>
+// option. The job holds the entry, the key and the `make` that `make_job()` returns (it
+// must hold what it reads by value: the call that submitted it has returned by the time it
+// runs); `make_job` and `who` are called only when a job is submitted or a failed one is
+// made again, so a call at stored sizes pays one map lookup. Returns e, its stored
+// specialization, or null (the call runs eagerly).
+template <class E, class Who, class MakeJob, class Submit>
 std::shared_ptr<const E> specialized_in_background(const std::shared_ptr<const E>& e, const ir::Graph* graph,
-                                                   const std::vector<int64_t>& key, std::shared_ptr<Stats> stats,
-                                                   const std::string& who, Make make, Submit&& submit) {
+                                                   const std::vector<int64_t>& key, const std::shared_ptr<Stats>& stats,
+                                                   Who&& who, MakeJob&& make_job, Submit&& submit) {
   const DynamicSizes& d = e->guards.dyn;
   if (!d.dynamic() || key == d.own_key) return e;
   if (auto s = e->specialized->find(key)) return s;
-  if (e->specialized->failed(key)) {
-    return specialized(e, *graph, key, stats.get(), [&] { return who; }, make);
-  }
+  if (e->specialized->failed(key)) return specialized(e, *graph, key, stats.get(), who, make_job());
   if (e->specialized->claim(key)) {
-    TCAP_LOG(Recompiles, who << " entry " << e->id << " specializes to sizes " << c10::IntArrayRef(key)
-                             << " of its dynamic dims in the background; calls at them run eagerly until then");
-    submit(who + " entry " + std::to_string(e->id) + " at sizes " + c10::str(c10::IntArrayRef(key)),
-           [e, graph, key, stats, who, make = std::move(make)]() mutable {
-             std::shared_ptr<E> s;
-             try {
-               s = make(specialize(*graph, e->guards.dyn, key));
-             } catch (...) {
-               e->specialized->fail(key);
-               throw;
-             }
-             if (!s) return e->specialized->fail(key);
-             if (stats) stats->count(&CompileStats::compiles);
-             log_specialized(who, e->id, key);
-             e->specialized->insert(key, std::move(s));
-           });
+    std::string name = who();
+    TCAP_LOG(Recompiles, name << " entry " << e->id << " specializes to sizes " << c10::IntArrayRef(key)
+                              << " of its dynamic dims in the background; calls at them run eagerly until then");
+    std::string what = name + " entry " + std::to_string(e->id) + " at sizes " + c10::str(c10::IntArrayRef(key));
+    submit(std::move(what), [e, graph, key, stats, name = std::move(name), make = make_job()]() mutable {
+      std::shared_ptr<E> s;
+      try {
+        s = make(specialize(*graph, e->guards.dyn, key));
+      } catch (...) {
+        e->specialized->fail(key);
+        throw;
+      }
+      if (!s) return e->specialized->fail(key);
+      store_specialization(*e, key, std::move(s), stats.get(), name);
+    });
   }
   return nullptr;
 }
