@@ -20,6 +20,7 @@
 #include "cache/unused_options.h"
 #include "cache/verify.h"
 #include "interp/hook_runner.h"
+#include "runtime/background_compiles.h"
 #include "support/logging.h"
 
 #include <c10/core/GradMode.h>
@@ -290,24 +291,50 @@ void Runtime::generalize(const BackwardEntry& a, BackwardEntry& b, const std::ve
                       [&] { return b.guards.describe_dynamic(); });
 }
 
+namespace {
+
+// Backward entry e's plan over `graph` (e's graph patched to new sizes), compiled; null
+// where it does not compile (the call recaptures). It reads e, the options and its
+// arguments only, so it may run as a background job (Note [Specializations in the
+// background]).
+std::shared_ptr<BackwardEntry> backward_specialization(const BackwardEntry& e, ir::Graph graph, const CompileOptions& o) {
+  auto s = std::make_shared<BackwardEntry>();
+  s->id = e.id;
+  s->guards.check_global = false;
+  static_cast<BackwardPlan&>(*s) = static_cast<const BackwardPlan&>(e);
+  s->graph = std::move(graph);
+  const std::string what = o.name + ".ca" + std::to_string(e.id) + ".sizes";
+  try {
+    s->exe = Runtime::compile_backward(o, s->graph, what);
+  } catch (const c10::Error& err) {
+    TCAP_LOG(Recompiles, "compiled autograd: specialising entry " << e.id << " failed ("
+                                                                 << first_line(err.what_without_backtrace()) << "); recapturing");
+    return nullptr;
+  }
+  return s;
+}
+
+std::string compiled_autograd_name() { return "compiled autograd"; }
+
+}  // namespace
+
 std::shared_ptr<const BackwardEntry> Runtime::specialize(const std::shared_ptr<const BackwardEntry>& e, const std::vector<int64_t>& key) {
-  return cache::specialized(e, e->graph, key, &cache_->entries.stats(), [] { return std::string("compiled autograd"); },
-                            [&](ir::Graph graph) -> std::shared_ptr<BackwardEntry> {
-    auto s = std::make_shared<BackwardEntry>();
-    s->id = e->id;
-    s->guards.check_global = false;
-    static_cast<BackwardPlan&>(*s) = static_cast<const BackwardPlan&>(*e);
-    s->graph = std::move(graph);
-    const std::string what = opts().name + ".ca" + std::to_string(e->id) + ".sizes";
-    try {
-      s->exe = compile_backward(s->graph, what);
-    } catch (const c10::Error& err) {
-      TCAP_LOG(Recompiles, "compiled autograd: specialising entry " << e->id << " failed ("
-                                                                   << first_line(err.what_without_backtrace()) << "); recapturing");
-      return nullptr;
-    }
-    return s;
-  });
+  return cache::specialized(e, e->graph, key, &cache_->entries.stats(), compiled_autograd_name,
+                            [&](ir::Graph graph) { return backward_specialization(*e, std::move(graph), opts()); });
+}
+
+std::shared_ptr<const BackwardEntry> Runtime::specialize_in_background(const std::shared_ptr<const BackwardEntry>& e,
+                                                                       const std::vector<int64_t>& key) {
+  // The job holds the entry (its plan does not change once captured) and a copy of the
+  // options.
+  return cache::specialized_in_background(
+      e, &e->graph, key, cache_->entries.shared_stats(), compiled_autograd_name,
+      [&] {
+        return [e, o = opts()](ir::Graph graph) { return backward_specialization(*e, std::move(graph), o); };
+      },
+      [](std::string what, std::function<void()> job) {
+        runtime::submit_background_compile("specialization of " + std::move(what), std::move(job));
+      });
 }
 
 }  // namespace tcap::ca

@@ -92,13 +92,17 @@ class Runtime : public capture::BackwardHandler {
   variable_list serve(const Request& r);
   Cache& cache() { return *cache_; }
 
+  // The options' bw_compiler when set (torch's compiled_autograd.enable(compiler_fn)),
+  // else the backend.
+  static Executable compile_backward(const CompileOptions& o, const ir::Graph& g, const std::string& what) {
+    return compiler::compile_graph(g, o, what, o.bw_compiler);
+  }
+
  private:
   struct ServedCall;
   const CompileOptions& opts() const { return cache_->options.compile; }
-  // The options' bw_compiler when set (torch's compiled_autograd.enable(compiler_fn)),
-  // else the backend.
   Executable compile_backward(const ir::Graph& g, const std::string& what) const {
-    return compiler::compile_graph(g, opts(), what, opts().bw_compiler);
+    return compile_backward(opts(), g, what);
   }
   void count(int CompileStats::*f) { cache_->entries.stats().count(f); }
   // Runs the plain engine for a backward tcap cannot compile: a fallback (logged, thrown
@@ -123,6 +127,11 @@ class Runtime : public capture::BackwardHandler {
   variable_list check(const Request& r, const ca::BackwardWalk& w, const BackwardEntry& e, const std::vector<int64_t>& key,
                       std::string* verdict);
   std::shared_ptr<const BackwardEntry> specialize(const std::shared_ptr<const BackwardEntry>& e, const std::vector<int64_t>& key);
+  // Note [Specializations in the background]: e at class values `key`, made on the
+  // background compile thread; null while it is being made, or where making it failed.
+  std::shared_ptr<const BackwardEntry> specialize_in_background(const std::shared_ptr<const BackwardEntry>& e,
+                                                                const std::vector<int64_t>& key);
+  bool in_background() const { return opts().compile_in_background || Config::get().compile_in_background; }
   void generalize(const BackwardEntry& a, BackwardEntry& b, const std::vector<size_t>& changed);
   std::string miss_reason(const ca::BackwardWalk& w, const cache::Lookup& l) const;
   std::shared_ptr<Cache> cache_;

@@ -162,7 +162,13 @@ struct Runtime::ServedCall {
 
   // A hit whose specialization to new sizes fails is not served (it is recaptured).
   std::optional<Out> replay(const cache::Lookup& found, bool first) {
-    auto hit = rt.specialize(std::static_pointer_cast<const BackwardEntry>(found.hit), found.key);
+    auto e = std::static_pointer_cast<const BackwardEntry>(found.hit);
+    auto hit = rt.in_background() ? rt.specialize_in_background(e, found.key) : rt.specialize(e, found.key);
+    if (!hit && rt.in_background() && !e->specialized->failed(found.key)) {
+      // Note [Specializations in the background]: being made; the engine runs this one.
+      rt.count(&CompileStats::eager_calls);
+      return r.run();
+    }
     if (!hit) return std::nullopt;
     const VerifyOptions v = cache::verify_options_for(rt.opts());
     if (first && rt.cache_->verifier.next(v)) {

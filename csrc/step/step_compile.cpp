@@ -3,6 +3,7 @@
 // them, the step graph compiled through the pipeline, the history slice of outputs a later
 // backward may use, and the generalization and specialization over sizes.
 #include "step/step_impl.h"
+#include "runtime/background_compiles.h"
 
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -326,7 +327,7 @@ void CompiledStep::Impl::compile_compared(StepEntry& e, step::StepComparison cmp
     if (k >= 0) e.buffer_inputs[static_cast<size_t>(k)] = false;
   }
   for (size_t k : g.state_input) e.buffer_inputs[k] = false;
-  if (std::string why = build_history(e); !why.empty()) return go_eager(e, why);
+  if (std::string why = build_history(e, who()); !why.empty()) return go_eager(e, why);
   // Host-value guards: inline where a replay can stop at a changed value before writing
   // anything the caller sees, else a pre-check graph.
   const bool reads = cache::has_host_reads(e.graph);
@@ -344,7 +345,7 @@ void CompiledStep::Impl::compile_compared(StepEntry& e, step::StepComparison cmp
     e.rng_devices = aot::devices_of(e.graph);
   }
   try {
-    e.exe = compile_step_graph(e.graph, e.patches, options.name + ".step" + std::to_string(e.id), inline_checks);
+    e.exe = compile_step_graph(options, e.graph, e.patches, options.name + ".step" + std::to_string(e.id), inline_checks);
     e.scalar_inputs = scalar_tensors(e.patches.size());
   } catch (const c10::Error& err) {
     return go_eager(e, err.what_without_backtrace());
@@ -372,7 +373,7 @@ void CompiledStep::Impl::compile_compared(StepEntry& e, step::StepComparison cmp
   cache::dump_graphs(options, options.name + ".step" + std::to_string(e.id), {{"", &e.graph}});
 }
 
-std::string CompiledStep::Impl::build_history(StepEntry& e) {
+std::string CompiledStep::Impl::build_history(StepEntry& e, const std::string& who) {
   e.history.reset();
   if (e.with_history.empty()) return "";
   std::vector<ir::NodeId> patched;
@@ -380,7 +381,7 @@ std::string CompiledStep::Impl::build_history(StepEntry& e) {
   auto slice = std::make_shared<step::HistorySlice>();
   std::string why = step::make_history_slice(e.graph, e.with_history, e.buffer_inputs, patched, slice.get());
   if (!why.empty()) return why + "; a replayed output has no history of its own";
-  TCAP_LOG(AotGraphs, who() << ": output(s) " << c10::IntArrayRef(std::vector<int64_t>(e.with_history.begin(), e.with_history.end()))
+  TCAP_LOG(AotGraphs, who << ": output(s) " << c10::IntArrayRef(std::vector<int64_t>(e.with_history.begin(), e.with_history.end()))
                             << " keep their autograd history on a replay (a node that recomputes "
                             << slice->graph.num_calls() << " ops in its backward)");
   e.history = std::move(slice);
@@ -434,22 +435,53 @@ std::vector<at::Tensor> CompiledStep::Impl::check_call(const StepEntry& e, const
   return outs;
 }
 
+namespace {
+
+// Step entry e's plan over `graph` (e's graph patched to new sizes), with its history slice
+// made again and its graph compiled. It reads e, the options and its arguments only, so it
+// may run as a background job (Note [Specializations in the background]).
+std::shared_ptr<StepEntry> step_specialization(const StepEntry& e, ir::Graph graph, const CompileOptions& options,
+                                               const std::string& who, bool check_host_values) {
+  auto s = std::make_shared<StepEntry>();
+  s->id = e.id;
+  s->state = StepEntry::State::Compiled;
+  static_cast<StepPlan&>(*s) = static_cast<const StepPlan&>(e);
+  s->graph = std::move(graph);
+  if (std::string why = CompiledStep::Impl::build_history(*s, who); !why.empty()) {
+    TORCH_CHECK(false, "tcap: ", who, ": specializing entry ", e.id, " to new sizes: ", why);
+  }
+  s->exe = CompiledStep::Impl::compile_step_graph(options, s->graph, s->patches,
+                                                  options.name + ".step" + std::to_string(e.id) + ".sizes",
+                                                  check_host_values);
+  s->scalar_inputs = CompiledStep::Impl::scalar_tensors(s->patches.size());
+  return s;
+}
+
+bool checks_host_values_inline(const StepEntry& e) { return e.guards.host.mode() == cache::HostReads::Mode::Inline; }
+
+}  // namespace
+
 std::shared_ptr<const StepEntry> CompiledStep::Impl::specialize(const std::shared_ptr<const StepEntry>& e,
                                                                 const std::vector<int64_t>& key) {
   return cache::specialized(e, e->graph, key, &cache->stats(), [&] { return who(); }, [&](ir::Graph graph) {
-    auto s = std::make_shared<StepEntry>();
-    s->id = e->id;
-    s->state = StepEntry::State::Compiled;
-    static_cast<StepPlan&>(*s) = static_cast<const StepPlan&>(*e);
-    s->graph = std::move(graph);
-    if (std::string why = build_history(*s); !why.empty()) {
-      TORCH_CHECK(false, "tcap: ", who(), ": specializing entry ", e->id, " to new sizes: ", why);
-    }
-    s->exe = compile_step_graph(s->graph, s->patches, options.name + ".step" + std::to_string(e->id) + ".sizes",
-                                /*check_host_values=*/e->guards.host.mode() == cache::HostReads::Mode::Inline);
-    s->scalar_inputs = scalar_tensors(s->patches.size());
-    return s;
+    return step_specialization(*e, std::move(graph), options, who(), checks_host_values_inline(*e));
   });
+}
+
+std::shared_ptr<const StepEntry> CompiledStep::Impl::specialize_in_background(const std::shared_ptr<const StepEntry>& e,
+                                                                              const std::vector<int64_t>& key) {
+  // The job holds the entry (its plan does not change once compiled), a copy of the
+  // options and the step's name.
+  return cache::specialized_in_background(
+      e, &e->graph, key, cache->shared_stats(), [&] { return who(); },
+      [&] {
+        return [e, options = options, who = who(), inline_checks = checks_host_values_inline(*e)](ir::Graph graph) {
+          return step_specialization(*e, std::move(graph), options, who, inline_checks);
+        };
+      },
+      [](std::string what, std::function<void()> job) {
+        runtime::submit_background_compile("specialization of " + std::move(what), std::move(job));
+      });
 }
 
 }  // namespace tcap

@@ -183,10 +183,16 @@ struct CompiledStep::Impl {
                                                   const std::vector<at::Tensor>& primals,
                                                   const std::vector<at::Tensor>& user, const VerifyOptions& v);
   std::shared_ptr<const StepEntry> specialize(const std::shared_ptr<const StepEntry>& e, const std::vector<int64_t>& key);
+  // Note [Specializations in the background]: e at class values `key`, made on the
+  // background compile thread; null while it is being made (the call runs eagerly).
+  std::shared_ptr<const StepEntry> specialize_in_background(const std::shared_ptr<const StepEntry>& e,
+                                                            const std::vector<int64_t>& key);
+  bool in_background() const { return options.compile_in_background || Config::get().compile_in_background; }
   // The step graph with its patched scalars as inputs, through the one pipeline (the
   // options' fw_compiler when set: the step is one graph, run without autograd).
-  Executable compile_step_graph(const ir::Graph& g, const std::vector<ScalarPatch>& patches, const std::string& what,
-                                bool check_host_values) const {
+  static Executable compile_step_graph(const CompileOptions& options, const ir::Graph& g,
+                                       const std::vector<ScalarPatch>& patches, const std::string& what,
+                                       bool check_host_values) {
     std::vector<passes::ScalarArg> args;
     for (const auto& p : patches) {
       args.push_back({p.node, p.arg, std::string(step::to_string(p.expr)) + ".opt" + std::to_string(p.opt) + ".p" +
@@ -201,7 +207,9 @@ struct CompiledStep::Impl {
     return out;
   }
   void generalize(const StepEntry& a, StepEntry& b);
-  std::string build_history(StepEntry& e);
+  // e's history slice from its graph (Note [Outputs with history from a replayed step]);
+  // why it has none where it needs one, else "". `who` names the step in the log.
+  static std::string build_history(StepEntry& e, const std::string& who);
 };
 
 }  // namespace tcap

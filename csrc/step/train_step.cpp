@@ -216,7 +216,9 @@ struct CompiledStep::Impl::ServedCall {
                                           "differ (some had no gradient in an earlier step)");
           return s.run_eager(user);
         }
-        auto entry = s.specialize(e, found.key);  // an inline host-value check may throw: see serve()
+        // An inline host-value check may throw: see serve().
+        auto entry = s.in_background() ? s.specialize_in_background(e, found.key) : s.specialize(e, found.key);
+        if (!entry) return s.run_eager(user);  // Note [Specializations in the background]: being made
         const VerifyOptions v = cache::verify_options_for(s.options);
         if (s.verifier.next(v)) {
           if (auto outs = s.verified(*entry, *e, *g, found.primals, user, v)) return outs;

@@ -143,9 +143,9 @@ struct CompileOptions {
   // runs need not be bitwise equal; hence off by default. TCAP_COMPILE_IN_BACKGROUND=1
   // turns it on for every graph. A graph's kernels start compiling at its first run;
   // tcap::wait_for_background_compiles() waits for those started (Note [Kernels compiled
-  // in the background]). tcap::compile, either backend: a dynamic entry's specialization
-  // to new sizes is made on that thread too, the calls at those sizes running eagerly
-  // until it is ready (Note [Specializations in the background]).
+  // in the background]). Every front door, either backend: a dynamic entry's
+  // specialization to new sizes is made on that thread too, the calls at those
+  // sizes running eagerly until it is ready (Note [Specializations in the background]).
   bool compile_in_background = false;
   // A value read on the host (item(), equal(), is_nonzero()) is a guard: a call where it
   // differs recaptures, since host code may branch on it. With observe_host_values, a

@@ -6,6 +6,7 @@
 // with an eager twin: outputs and gradients at rtol 1e-4, atol 1e-5 (the kernels reorder
 // sums), parameters after Adam steps at rtol 1e-4, atol 1e-5.
 #include <tcap/compile.h>
+#include <tcap/compiled_autograd.h>
 #include <tcap/train_step.h>
 
 #include "codegen/cpu_llvm/cpu_llvm.h"
@@ -230,6 +231,122 @@ TEST(BackgroundCompiles, CompileStepWithAdam) {
   rt::pause_background_compiles_for_testing(false);
   EXPECT_EQ(step->eager_reason(), "");
   EXPECT_GE(step->stats().replays, 8);
+}
+
+// compile_step's specializations too: a step at new batch sizes runs eagerly (right
+// values, the optimizer's state moving as eager's) until its specialization is stored.
+TEST(BackgroundCompiles, StepSpecializationsRunEagerlyUntilTheyAreReady) {
+  for (const char* backend : {"eager", "llvm"}) {
+    if (std::string(backend) == "llvm" && !llvm_here()) continue;
+    SCOPED_TRACE(backend);
+    torch::manual_seed(4);
+    auto net = std::make_shared<Net>();
+    auto twin = std::make_shared<Net>();
+    copy_params(*twin, *net);
+    torch::optim::Adam opt(net->parameters(), 1e-2);
+    torch::optim::Adam opt_twin(twin->parameters(), 1e-2);
+    auto body = [](Net& m, torch::optim::Optimizer& o, const Tensors& in) {
+      o.zero_grad();
+      auto loss = torch::nll_loss(m.forward(in[0]), in[1]);
+      loss.backward();
+      o.step();
+      return Tensors{loss};
+    };
+    tcap::CompileOptions o = background_options(std::string("background_step_specializations_") + backend);
+    o.backend = backend;
+    auto step = tcap::compile_step(net, opt, [&](const Tensors& in) { return body(*net, opt, in); }, o);
+    auto call = [&](int64_t b) {
+      const Tensors in{torch::randn({b, 24}), torch::randint(0, 24, {b})};
+      const at::Tensor loss = (*step)(in)[0];
+      const at::Tensor want = body(*twin, opt_twin, in)[0];
+      EXPECT_TRUE(close(loss, want, 1e-4, 1e-5));
+      auto pa = net->parameters(), pb = twin->parameters();
+      for (size_t p = 0; p < pa.size(); ++p) EXPECT_TRUE(close(pa[p], pb[p], 1e-4, 1e-5)) << p;
+    };
+    // Two captures at 6, two at 9 (compile_step compiles an entry from its second
+    // capture), a replay at each; then a check at 11.
+    for (int64_t b : {6, 6, 6, 9, 9, 9}) call(b);
+    tcap::wait_for_background_compiles();
+    call(11);
+    const auto before = step->stats();
+    ASSERT_EQ(before.size_checks, 1) << "the entry did not become dynamic";
+    {
+      Paused paused;
+      for (int i = 0; i < 3; ++i) {
+        SCOPED_TRACE("paused step " + std::to_string(i));
+        call(11);
+      }
+      const auto during = step->stats();
+      EXPECT_EQ(during.eager_calls, before.eager_calls + 3);
+      EXPECT_EQ(during.replays, before.replays);
+      EXPECT_EQ(during.compiles, before.compiles);
+    }
+    tcap::wait_for_background_compiles();
+    for (int i = 0; i < 2; ++i) call(11);
+    tcap::wait_for_background_compiles();  // the llvm kernels, submitted at the graph's first run
+    call(11);
+    const auto after = step->stats();
+    EXPECT_EQ(after.compiles, before.compiles + 1);
+    EXPECT_EQ(after.replays, before.replays + 3);
+    EXPECT_EQ(after.eager_calls, before.eager_calls + 3);
+    EXPECT_EQ(step->eager_reason(), "");
+  }
+}
+
+// And compiled autograd's: a backward at new batch sizes runs in the engine (eager's
+// gradients) until its specialization is stored.
+TEST(BackgroundCompiles, BackwardSpecializationsRunEagerlyUntilTheyAreReady) {
+  for (const char* backend : {"eager", "llvm"}) {
+    if (std::string(backend) == "llvm" && !llvm_here()) continue;
+    SCOPED_TRACE(backend);
+    tcap::reset_compiled_autograd();
+    torch::manual_seed(5);
+    auto net = std::make_shared<Net>();
+    auto twin = std::make_shared<Net>();
+    copy_params(*twin, *net);
+    tcap::CompileOptions o = background_options(std::string("background_backward_specializations_") + backend);
+    o.backend = backend;
+    auto stats = [&] {
+      tcap::CompiledAutogradGuard ca(o);
+      return ca.stats();
+    };
+    auto call = [&](int64_t b) {
+      const Tensors in{torch::randn({b, 24}), torch::randint(0, 24, {b})};
+      {
+        tcap::CompiledAutogradGuard ca(o);
+        torch::nll_loss(net->forward(in[0]), in[1]).backward();
+      }
+      torch::nll_loss(twin->forward(in[0]), in[1]).backward();
+      auto pa = net->parameters(), pb = twin->parameters();
+      for (size_t p = 0; p < pa.size(); ++p) EXPECT_TRUE(close(pa[p].grad(), pb[p].grad(), 1e-4, 1e-5)) << p;
+      net->zero_grad();
+      twin->zero_grad();
+    };
+    for (int64_t b : {6, 9}) call(b);  // the second entry is dynamic over the first
+    tcap::wait_for_background_compiles();
+    call(11);  // a check
+    const auto before = stats();
+    ASSERT_EQ(before.size_checks, 1) << "the entry did not become dynamic";
+    {
+      Paused paused;
+      for (int i = 0; i < 3; ++i) {
+        SCOPED_TRACE("paused backward " + std::to_string(i));
+        call(11);
+      }
+      const auto during = stats();
+      EXPECT_EQ(during.eager_calls, before.eager_calls + 3);
+      EXPECT_EQ(during.replays, before.replays);
+      EXPECT_EQ(during.compiles, before.compiles);
+    }
+    tcap::wait_for_background_compiles();
+    for (int i = 0; i < 2; ++i) call(11);
+    tcap::wait_for_background_compiles();
+    call(11);
+    const auto after = stats();
+    EXPECT_EQ(after.compiles, before.compiles + 1);
+    EXPECT_EQ(after.replays, before.replays + 3);
+    EXPECT_EQ(after.eager_calls, before.eager_calls + 3);
+  }
 }
 
 TEST(BackgroundCompiles, AGraphThatDiesBeforeItsKernelsAreCompiled) {
