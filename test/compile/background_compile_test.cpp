@@ -154,6 +154,43 @@ TEST(BackgroundCompiles, ADynamicEntryAtManySizes) {
   EXPECT_GE(f->stats().eager_calls, 1);
 }
 
+// Note [Specializations in the background], the same at every front door: with the
+// thread paused, three calls at sizes whose specialization is pending run eagerly; once it
+// is made, three calls replay it (the llvm kernels, submitted at its first run, waited for
+// before the third). `call` makes one call at those sizes and compares it with eager;
+// `stats` reads the door's stats, `before` as they were before the first of these calls.
+template <class Call, class ReadStats>
+void expect_eager_until_made(Call&& call, ReadStats&& stats, const tcap::CompileStats& before) {
+  {
+    Paused paused;
+    for (int i = 0; i < 3; ++i) {
+      SCOPED_TRACE("paused call " + std::to_string(i));
+      call();
+    }
+    const auto during = stats();
+    EXPECT_EQ(during.eager_calls, before.eager_calls + 3);
+    EXPECT_EQ(during.replays, before.replays);
+    EXPECT_EQ(during.compiles, before.compiles);
+  }
+  tcap::wait_for_background_compiles();
+  for (int i = 0; i < 2; ++i) call();
+  tcap::wait_for_background_compiles();
+  call();
+  const auto after = stats();
+  EXPECT_EQ(after.compiles, before.compiles + 1);
+  EXPECT_EQ(after.replays, before.replays + 3);
+  EXPECT_EQ(after.eager_calls, before.eager_calls + 3);
+}
+
+// A training step with Adam: the step function the compile_step tests compile.
+Tensors adam_step(Net& m, torch::optim::Optimizer& o, const Tensors& in) {
+  o.zero_grad();
+  auto loss = torch::nll_loss(m.forward(in[0]), in[1]);
+  loss.backward();
+  o.step();
+  return Tensors{loss};
+}
+
 // Note [Specializations in the background]: a dynamic entry at sizes it has admitted runs
 // eagerly while their specialization is made on the background thread (paused here, so
 // "not ready" is certain), then replays it; both backends, forward and backward against
@@ -173,25 +210,7 @@ TEST(BackgroundCompiles, SpecializationsRunEagerlyUntilTheyAreReady) {
     const auto before = f->stats();
     EXPECT_EQ(before.captures, 2);
     EXPECT_EQ(before.size_checks, 1);
-    {
-      Paused paused;
-      for (int i = 0; i < 3; ++i) {
-        SCOPED_TRACE("paused call " + std::to_string(i));
-        call_and_compare(f, *net, *twin, 11);
-      }
-      const auto during = f->stats();
-      EXPECT_EQ(during.eager_calls, before.eager_calls + 3);
-      EXPECT_EQ(during.replays, before.replays);
-      EXPECT_EQ(during.compiles, before.compiles);
-    }
-    tcap::wait_for_background_compiles();
-    for (int i = 0; i < 2; ++i) call_and_compare(f, *net, *twin, 11);
-    tcap::wait_for_background_compiles();  // the llvm kernels, submitted at the graph's first run
-    call_and_compare(f, *net, *twin, 11);
-    const auto after = f->stats();
-    EXPECT_EQ(after.compiles, before.compiles + 1);
-    EXPECT_EQ(after.replays, before.replays + 3);
-    EXPECT_EQ(after.eager_calls, before.eager_calls + 3);
+    expect_eager_until_made([&] { call_and_compare(f, *net, *twin, 11); }, [&] { return f->stats(); }, before);
     EXPECT_EQ(f->eager_reason(), "");
   }
 }
@@ -205,13 +224,7 @@ TEST(BackgroundCompiles, CompileStepWithAdam) {
   copy_params(*twin, *net);
   torch::optim::Adam opt(net->parameters(), 1e-2);
   torch::optim::Adam opt_twin(twin->parameters(), 1e-2);
-  auto body = [](Net& m, torch::optim::Optimizer& o, const Tensors& in) {
-    o.zero_grad();
-    auto loss = torch::nll_loss(m.forward(in[0]), in[1]);
-    loss.backward();
-    o.step();
-    return Tensors{loss};
-  };
+  const auto body = adam_step;
   auto step = tcap::compile_step(net, opt, [&](const Tensors& in) { return body(*net, opt, in); },
                                  background_options("background_step"));
   for (int i = 0; i < 12; ++i) {
@@ -245,13 +258,7 @@ TEST(BackgroundCompiles, StepSpecializationsRunEagerlyUntilTheyAreReady) {
     copy_params(*twin, *net);
     torch::optim::Adam opt(net->parameters(), 1e-2);
     torch::optim::Adam opt_twin(twin->parameters(), 1e-2);
-    auto body = [](Net& m, torch::optim::Optimizer& o, const Tensors& in) {
-      o.zero_grad();
-      auto loss = torch::nll_loss(m.forward(in[0]), in[1]);
-      loss.backward();
-      o.step();
-      return Tensors{loss};
-    };
+    const auto body = adam_step;
     tcap::CompileOptions o = background_options(std::string("background_step_specializations_") + backend);
     o.backend = backend;
     auto step = tcap::compile_step(net, opt, [&](const Tensors& in) { return body(*net, opt, in); }, o);
@@ -270,25 +277,7 @@ TEST(BackgroundCompiles, StepSpecializationsRunEagerlyUntilTheyAreReady) {
     call(11);
     const auto before = step->stats();
     ASSERT_EQ(before.size_checks, 1) << "the entry did not become dynamic";
-    {
-      Paused paused;
-      for (int i = 0; i < 3; ++i) {
-        SCOPED_TRACE("paused step " + std::to_string(i));
-        call(11);
-      }
-      const auto during = step->stats();
-      EXPECT_EQ(during.eager_calls, before.eager_calls + 3);
-      EXPECT_EQ(during.replays, before.replays);
-      EXPECT_EQ(during.compiles, before.compiles);
-    }
-    tcap::wait_for_background_compiles();
-    for (int i = 0; i < 2; ++i) call(11);
-    tcap::wait_for_background_compiles();  // the llvm kernels, submitted at the graph's first run
-    call(11);
-    const auto after = step->stats();
-    EXPECT_EQ(after.compiles, before.compiles + 1);
-    EXPECT_EQ(after.replays, before.replays + 3);
-    EXPECT_EQ(after.eager_calls, before.eager_calls + 3);
+    expect_eager_until_made([&] { call(11); }, [&] { return step->stats(); }, before);
     EXPECT_EQ(step->eager_reason(), "");
   }
 }
@@ -327,25 +316,7 @@ TEST(BackgroundCompiles, BackwardSpecializationsRunEagerlyUntilTheyAreReady) {
     call(11);  // a check
     const auto before = stats();
     ASSERT_EQ(before.size_checks, 1) << "the entry did not become dynamic";
-    {
-      Paused paused;
-      for (int i = 0; i < 3; ++i) {
-        SCOPED_TRACE("paused backward " + std::to_string(i));
-        call(11);
-      }
-      const auto during = stats();
-      EXPECT_EQ(during.eager_calls, before.eager_calls + 3);
-      EXPECT_EQ(during.replays, before.replays);
-      EXPECT_EQ(during.compiles, before.compiles);
-    }
-    tcap::wait_for_background_compiles();
-    for (int i = 0; i < 2; ++i) call(11);
-    tcap::wait_for_background_compiles();
-    call(11);
-    const auto after = stats();
-    EXPECT_EQ(after.compiles, before.compiles + 1);
-    EXPECT_EQ(after.replays, before.replays + 3);
-    EXPECT_EQ(after.eager_calls, before.eager_calls + 3);
+    expect_eager_until_made([&] { call(11); }, [&] { return stats(); }, before);
   }
 }
 
