@@ -14,6 +14,7 @@
 #include "aot/verify_region.h"
 #include "cache/unused_options.h"
 #include "cache/verify.h"
+#include "runtime/background_compiles.h"
 #include "support/logging.h"
 
 #include <tcap/interpreter.h>
@@ -47,7 +48,7 @@ struct CompiledFunction::Impl {
 
   std::string who() const { return "'" + options.name + "'"; }
   // Note [Specializations in the background]
-  bool in_background() const { return options.compile_in_background || Config::get().compile_in_background; }
+  bool in_background() const { return runtime::background_compiles_on(options); }
 
 
   // A call run eagerly outside the serving loop's own decisions (a capture waiting for

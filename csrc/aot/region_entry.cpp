@@ -13,7 +13,6 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
-#include <functional>
 #include <sstream>
 
 namespace tcap::aot {
@@ -238,9 +237,7 @@ std::shared_ptr<const RegionEntry> specialize_in_background(const std::shared_pt
           return specialization_of(*e, std::move(graph), primals, options);
         };
       },
-      [](std::string what, std::function<void()> job) {
-        runtime::submit_background_compile("specialization of " + std::move(what), std::move(job));
-      });
+      runtime::submit_specialization);
 }
 
 }  // namespace tcap::aot

@@ -20,7 +20,6 @@
 #include "cache/unused_options.h"
 #include "cache/verify.h"
 #include "interp/hook_runner.h"
-#include "runtime/background_compiles.h"
 #include "support/logging.h"
 
 #include <c10/core/GradMode.h>
@@ -332,9 +331,7 @@ std::shared_ptr<const BackwardEntry> Runtime::specialize_in_background(const std
       [&] {
         return [e, o = opts()](ir::Graph graph) { return backward_specialization(*e, std::move(graph), o); };
       },
-      [](std::string what, std::function<void()> job) {
-        runtime::submit_background_compile("specialization of " + std::move(what), std::move(job));
-      });
+      runtime::submit_specialization);
 }
 
 }  // namespace tcap::ca

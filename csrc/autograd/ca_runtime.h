@@ -13,6 +13,7 @@
 #include "capture/engine_shim.h"
 #include "compiler/pipeline.h"
 #include "interp/hook_runner.h"
+#include "runtime/background_compiles.h"
 
 #include <torch/csrc/autograd/function.h>
 
@@ -131,7 +132,7 @@ class Runtime : public capture::BackwardHandler {
   // background compile thread; null while it is being made, or where making it failed.
   std::shared_ptr<const BackwardEntry> specialize_in_background(const std::shared_ptr<const BackwardEntry>& e,
                                                                 const std::vector<int64_t>& key);
-  bool in_background() const { return opts().compile_in_background || Config::get().compile_in_background; }
+  bool in_background() const { return runtime::background_compiles_on(opts()); }
   void generalize(const BackwardEntry& a, BackwardEntry& b, const std::vector<size_t>& changed);
   std::string miss_reason(const ca::BackwardWalk& w, const cache::Lookup& l) const;
   std::shared_ptr<Cache> cache_;

@@ -163,8 +163,9 @@ struct Runtime::ServedCall {
   // A hit whose specialization to new sizes fails is not served (it is recaptured).
   std::optional<Out> replay(const cache::Lookup& found, bool first) {
     auto e = std::static_pointer_cast<const BackwardEntry>(found.hit);
-    auto hit = rt.in_background() ? rt.specialize_in_background(e, found.key) : rt.specialize(e, found.key);
-    if (!hit && rt.in_background() && !e->specialized->failed(found.key)) {
+    const bool in_background = rt.in_background();
+    auto hit = in_background ? rt.specialize_in_background(e, found.key) : rt.specialize(e, found.key);
+    if (!hit && in_background && !e->specialized->failed(found.key)) {
       // Note [Specializations in the background]: being made; the engine runs this one.
       rt.count(&CompileStats::eager_calls);
       return r.run();

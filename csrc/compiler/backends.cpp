@@ -182,7 +182,7 @@ KernelMaker kernel_maker(const Target& t, bool later) {
 }
 
 bool compiles_in_background(const CompileOptions& o, const Target& t) {
-  return t.kind == Backend::Llvm && (o.compile_in_background || Config::get().compile_in_background);
+  return t.kind == Backend::Llvm && runtime::background_compiles_on(o);
 }
 
 namespace {

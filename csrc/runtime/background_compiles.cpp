@@ -148,8 +148,16 @@ std::atomic<int64_t> g_unfused_runs{0};
 
 }  // namespace
 
+bool background_compiles_on(const CompileOptions& o) {
+  return o.compile_in_background || Config::get().compile_in_background;
+}
+
 void submit_background_compile(std::string what, std::function<void()> job) {
   Worker::get().submit(Job{std::move(what), std::move(job)});
+}
+
+void submit_specialization(std::string what, std::function<void()> job) {
+  submit_background_compile("specialization of " + std::move(what), std::move(job));
 }
 
 void wait_for_background_compiles() { Worker::get().wait(); }

@@ -36,11 +36,22 @@
 #include <functional>
 #include <string>
 
+namespace tcap {
+struct CompileOptions;
+}
+
 namespace tcap::runtime {
+
+// Whether `o` asks for compiles in the background (CompileOptions::compile_in_background,
+// or TCAP_COMPILE_IN_BACKGROUND=1 for every graph).
+bool background_compiles_on(const CompileOptions& o);
 
 // Runs `job` on the background compile thread after the jobs submitted before it.
 // `what` names it in logs. A job that throws is logged (graph_breaks) and dropped.
 void submit_background_compile(std::string what, std::function<void()> job);
+// The same for a dynamic entry's specialization (Note [Specializations in the background]
+// in cache/dynamic_sizes.h): the `submit` every front door passes there.
+void submit_specialization(std::string what, std::function<void()> job);
 
 // Blocks until every job submitted so far has finished.
 void wait_for_background_compiles();

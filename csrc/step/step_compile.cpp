@@ -3,7 +3,6 @@
 // them, the step graph compiled through the pipeline, the history slice of outputs a later
 // backward may use, and the generalization and specialization over sizes.
 #include "step/step_impl.h"
-#include "runtime/background_compiles.h"
 
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -479,9 +478,7 @@ std::shared_ptr<const StepEntry> CompiledStep::Impl::specialize_in_background(co
           return step_specialization(*e, std::move(graph), options, who, inline_checks);
         };
       },
-      [](std::string what, std::function<void()> job) {
-        runtime::submit_background_compile("specialization of " + std::move(what), std::move(job));
-      });
+      runtime::submit_specialization);
 }
 
 }  // namespace tcap

@@ -28,6 +28,7 @@
 #include "capture/session.h"
 #include "passes/host_graph.h"
 #include "passes/scalar_inputs.h"
+#include "runtime/background_compiles.h"
 #include "support/logging.h"
 
 #include <c10/core/GradMode.h>
@@ -187,7 +188,7 @@ struct CompiledStep::Impl {
   // background compile thread; null while it is being made (the call runs eagerly).
   std::shared_ptr<const StepEntry> specialize_in_background(const std::shared_ptr<const StepEntry>& e,
                                                             const std::vector<int64_t>& key);
-  bool in_background() const { return options.compile_in_background || Config::get().compile_in_background; }
+  bool in_background() const { return runtime::background_compiles_on(options); }
   // The step graph with its patched scalars as inputs, through the one pipeline (the
   // options' fw_compiler when set: the step is one graph, run without autograd).
   static Executable compile_step_graph(const CompileOptions& options, const ir::Graph& g,
