@@ -80,14 +80,13 @@ std::string kernel_dump_base(const std::string& dump_dir, const std::string& wha
   return dump_dir + "/kernels/" + what + "." + name;
 }
 
-// The fusion pass with each kept group's kernel made by `make` and registered for
-// tcap::fused; the kernels' ids go to `ids` (released with the executable), and those
-// `make` left Compiling to `later` (when given).
+// The fusion pass with each kept group's kernel made by `make` and added to `table`, the
+// graph's own (Note [A compiled graph owns its kernels]); those `make` left Compiling go
+// to `later` (when given).
 ir::Graph fuse_graph(const ir::Graph& g, const std::string& what, const std::string& dump_dir,
-                     const c10::Device& device, const KernelMaker& make, std::vector<int64_t>* ids,
+                     const c10::Device& device, const KernelMaker& make, runtime::KernelTable* table,
                      KernelsToCompile* later = nullptr) {
   const auto t0 = std::chrono::steady_clock::now();
-  std::mutex ids_mu;  // compile runs on several threads (Note [Parallel kernel compilation])
   fuse::FusionOptions opts;
   opts.device = device;
   // Kernels compiled at their first run (`later`): here the maker only plans each kernel
@@ -112,10 +111,8 @@ ir::Graph fuse_graph(const ir::Graph& g, const std::string& what, const std::str
         if (fk->cpu && fk->cpu->llvm_ir) write_file(base + ".ll", *fk->cpu->llvm_ir);
         if (fk->cuda) write_file(base + ".cu", fk->cuda->code->source);
       }
-      const int64_t id = runtime::register_kernel(std::move(fk));
-      std::lock_guard<std::mutex> lock(ids_mu);
-      ids->push_back(id);
-      return id;
+      // (compile runs on several threads: Note [Parallel kernel compilation])
+      return table->add(std::move(fk));
     } catch (const c10::Error& e) {
       *why = e.what_without_backtrace();
       return -1;
@@ -124,11 +121,11 @@ ir::Graph fuse_graph(const ir::Graph& g, const std::string& what, const std::str
   fuse::FusionResult res = fuse::fuse(g, opts);
   for (const auto& fg : res.groups) {  // Note [Fused results written in place]
     if (fg.output_into_input.empty()) continue;
-    if (auto k = runtime::find_kernel(fg.kernel_id)) k->output_into_input = fg.output_into_input;
+    if (auto k = table->at(fg.kernel_id)) k->output_into_input = fg.output_into_input;
   }
   for (const auto& fg : res.groups) {
     if (!later) break;
-    auto k = runtime::find_kernel(fg.kernel_id);
+    auto k = table->at(fg.kernel_id);
     if (!k || k->code.load(std::memory_order_relaxed) != runtime::FusedKernel::Compiling) continue;
     later->kernels.push_back(std::move(k));
     later->ll_paths.push_back(dump_dir.empty() ? "" : kernel_dump_base(dump_dir, what, fg.name) + ".ll");
@@ -141,13 +138,6 @@ ir::Graph fuse_graph(const ir::Graph& g, const std::string& what, const std::str
   }
   if (!dump_dir.empty()) ir::save_json(res.graph, dump_dir + "/" + what + ".fused.json");
   return std::move(res.graph);
-}
-
-// Keeps the kernels `ids` registered as long as a copy of it lives.
-std::shared_ptr<void> kernel_owner(std::vector<int64_t> ids) {
-  return std::shared_ptr<void>(nullptr, [ids = std::move(ids)](void*) {
-    for (int64_t id : ids) runtime::release_kernel(id);
-  });
 }
 
 // Note [Kernels compiled at their first run]
@@ -192,14 +182,6 @@ Executable compiled_at_first_run(Executable inner, const std::string& what, Kern
       }
       state->pending = {};
     });
-    return inner(std::move(in));
-  };
-}
-
-// An executable that keeps the kernels `ids` registered as long as it lives.
-Executable owning_kernels(Executable inner, std::vector<int64_t> ids) {
-  if (ids.empty()) return inner;
-  return [inner = std::move(inner), owner = kernel_owner(std::move(ids))](std::vector<at::Tensor> in) {
     return inner(std::move(in));
   };
 }
@@ -313,7 +295,7 @@ Executable compile_graph_for(const ir::Graph& g, const CompileOptions& o, const 
     exe = user(g);
   } else {
     const Target target = known ? *known : choose_target(o.backend, g, what);
-    std::vector<int64_t> kernels;
+    auto kernels = std::make_shared<runtime::KernelTable>();
     KernelsToCompile first_run;
     ir::Graph h = simplify(g, what);
     if (target.kind == Backend::Llvm) h = relu_inside_gemms(h, what);
@@ -321,7 +303,7 @@ Executable compile_graph_for(const ir::Graph& g, const CompileOptions& o, const 
       // llvm: the kernels not in the cache compile from the graph's first run, on the
       // calling thread or the background thread (both Notes above); cuda: now.
       const bool later = target.kind == Backend::Llvm;
-      h = stage(fuse_graph(h, what, cache::dump_dir_of(o), target.device, kernel_maker(target, later), &kernels,
+      h = stage(fuse_graph(h, what, cache::dump_dir_of(o), target.device, kernel_maker(target, later), kernels.get(),
                            later ? &first_run : nullptr),
                 what, "fuse");
     }
@@ -329,9 +311,8 @@ Executable compile_graph_for(const ir::Graph& g, const CompileOptions& o, const 
     int rewritten = 0;
     h = stage(passes::reuse_buffers(h, &rewritten), what, "reuse_buffers");
     TCAP_LOG(Perf, what << ": " << rewritten << " ops run in place on a dying intermediate");
-    exe = owning_kernels(compiled_at_first_run(runtime::interpreter_executable(h, what, check_host_values), what,
-                                               std::move(first_run), compiler::compiles_in_background(o, target)),
-                         std::move(kernels));
+    exe = compiled_at_first_run(runtime::interpreter_executable(h, what, check_host_values, std::move(kernels)),
+                                what, std::move(first_run), compiler::compiles_in_background(o, target));
   }
   if (o.cuda_graphs) exe = with_cuda_graphs(std::move(exe), g, what);
   return exe;
@@ -384,9 +365,12 @@ Executable llvm_backend(const ir::Graph& g) {
 
 Executable fused_backend(const ir::Graph& g, const std::string& what, const std::string& dump_dir,
                          const c10::Device& device, const KernelMaker& make_kernel) {
-  std::vector<int64_t> kernels;
-  ir::Graph h = fuse_graph(g, what, dump_dir, device, make_kernel, &kernels);
-  return owning_kernels(eager_backend(h), std::move(kernels));
+  auto kernels = std::make_shared<runtime::KernelTable>();
+  ir::Graph h = fuse_graph(g, what, dump_dir, device, make_kernel, kernels.get());
+  int rewritten = 0;
+  h = passes::reuse_buffers(h, &rewritten);
+  TCAP_LOG(Perf, what << ": " << rewritten << " ops run in place on a dying intermediate");
+  return runtime::interpreter_executable(h, what, /*check_host_values=*/false, std::move(kernels));
 }
 
 }  // namespace tcap

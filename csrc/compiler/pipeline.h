@@ -56,8 +56,8 @@ ir::Graph horizontal_kernels(const ir::Graph& g, const std::string& what);
 }  // namespace compiler
 
 // The fusion pass for the tensors on `device`, each group's kernel made by `make_kernel`
-// and registered for `tcap::fused` for the executable's lifetime; the other ops run as in
-// eager_backend. The llvm and cuda targets of compile_graph, and the tests' CUDA host
+// and owned by the executable (Note [A compiled graph owns its kernels]); the other ops
+// run as in eager_backend. The llvm and cuda targets of compile_graph, and the tests' CUDA host
 // emulator.
 Executable fused_backend(const ir::Graph& g, const std::string& what, const std::string& dump_dir,
                          const c10::Device& device, const KernelMaker& make_kernel);

@@ -118,26 +118,7 @@ HookRunnerScope::~HookRunnerScope() { tls_hook_runner = prev_; }
 const HookRunner* current_hook_runner() { return tls_hook_runner; }
 }  // namespace interp
 
-namespace {
-
-std::atomic<interp::DirectCallFinder> g_direct_call_finder{nullptr};
-
-std::shared_ptr<interp::DirectCall> find_direct_call(const ir::Node& n) {
-  const interp::DirectCallFinder finder = g_direct_call_finder.load(std::memory_order_acquire);
-  if (!finder || n.args.empty() || n.args[0].kind != ir::ArgKind::ValueList || n.outputs.empty() ||
-      n.outputs[0].kind != ir::ArgKind::ValueList) {
-    return nullptr;
-  }
-  return finder(n);
-}
-
-}  // namespace
-
-void interp::set_direct_call_finder(interp::DirectCallFinder finder) {
-  g_direct_call_finder.store(finder, std::memory_order_release);
-}
-
-Interpreter::Interpreter(const ir::Graph& graph, bool differentiable)
+Interpreter::Interpreter(const ir::Graph& graph, bool differentiable, std::shared_ptr<const interp::DirectCalls> kernels)
     : graph_(graph), differentiable_(differentiable) {
   ops_.resize(graph.nodes().size());
   schemas_.resize(graph.nodes().size(), nullptr);
@@ -157,17 +138,27 @@ Interpreter::Interpreter(const ir::Graph& graph, bool differentiable)
     ops_[static_cast<size_t>(n.id)] = *op;
     schemas_[static_cast<size_t>(n.id)] = &ops_[static_cast<size_t>(n.id)]->schema();
     // Note [Direct fused calls]
-    // A tcap::fused node's kernel is found once, here, and a run calls it directly: no
-    // Tensor[] boxed into an IValue list, no dispatcher, no registry lookup under its
-    // mutex per call (nine kernels in mlp_small's backward). Below autograd only: through
-    // autograd the operator's registration is what reports a missing derivative. A graph
-    // whose kernels are not loaded in this process keeps the operator, which says so. A
-    // run under a mode key (a capture recording it) goes through the dispatcher (run()).
-    if (!differentiable) {
-      if (auto direct = find_direct_call(n)) {
-        direct_.resize(graph.nodes().size());
-        direct_[static_cast<size_t>(n.id)] = std::move(direct);
+    // A tcap::fused node names a kernel by its place in the table of the compiled graph it
+    // belongs to (runtime::KernelTable: the graph owns its kernels; no registry outside
+    // it). The kernel is found once, here, and a run calls it directly: no Tensor[] boxed
+    // into an IValue list, no dispatcher. Under a mode key (a capture recording this
+    // replay) a run calls the ATen ops the kernel stands for instead (run()), so what is
+    // recorded is ATen ops and never a node only this table can run. Below autograd only:
+    // the graph already holds its backward.
+    if (ir::op_has(n.op, ir::OpFact::RunsTableKernel)) {
+      if (differentiable) fail(n, "runs a generated kernel, which runs only below autograd");
+      if (!kernels) {
+        fail(n, "runs a generated kernel, which runs only with the kernel table of the compiled graph it belongs to "
+                "(replay the graph dumped before fusion instead)");
       }
+      std::shared_ptr<interp::DirectCall> direct;
+      try {
+        direct = kernels->find(n);
+      } catch (const c10::Error& e) {
+        fail(n, e.what_without_backtrace());
+      }
+      direct_.resize(graph.nodes().size());
+      direct_[static_cast<size_t>(n.id)] = std::move(direct);
     }
     if (interp::trusts_its_arguments(n)) {
       trusting_.resize(graph.nodes().size(), 0);
@@ -418,12 +409,12 @@ bool Interpreter::run_unboxed(const ir::Node& n, const interp::UnboxedCall& call
   return true;
 }
 
-void Interpreter::run_direct(const ir::Node& n, interp::DirectCall& call) {
+void Interpreter::run_direct(const ir::Node& n, interp::DirectCall& call, bool as_ops) {
   const auto& in = n.args[0].values;
   std::vector<at::Tensor> inputs;
   inputs.reserve(in.size());
   for (ir::ValueId v : in) inputs.push_back(get(n, v));
-  std::vector<at::Tensor> outs = call.call(inputs);
+  std::vector<at::Tensor> outs = as_ops ? call.call_ops(inputs) : call.call(inputs);
   const auto& out = n.outputs.at(0).values;
   if (outs.size() != out.size()) fail(n, "returned a list of a different length than recorded");
   for (size_t i = 0; i < out.size(); ++i) {
@@ -493,13 +484,12 @@ std::vector<at::Tensor> Interpreter::run(std::vector<at::Tensor> inputs) {
   // its workspace only when grad mode is on).
   std::optional<at::AutoDispatchBelowADInplaceOrView> below_autograd;
   if (!differentiable_) below_autograd.emplace();
-  // Note [Direct fused calls]: only where the dispatcher would go straight to the kernel.
-  // A mode key in the thread's included set beyond LibTorch's defaults (a capture
-  // recording this replay, compiled autograd's among them, or any other mode) must see
-  // the call.
+  // Note [Direct fused calls]: the kernel itself only where the dispatcher would go
+  // straight to a kernel. A mode key in the thread's included set beyond LibTorch's
+  // defaults (a capture recording this replay, compiled autograd's among them, or any
+  // other mode) must see ATen calls: the kernel's own ops run then (call_ops).
   const auto tls = c10::impl::tls_local_dispatch_key_set();
   const bool no_mode = (tls.included_ - c10::default_included_set).empty();
-  const bool direct_ok = !direct_.empty() && no_mode;
   // Note [Unboxed extern calls]: nor with autocast on (it takes its key out of the
   // excluded set), nor while a RecordFunction observer (a profiler) is installed: the
   // dispatcher is what reports each ATen op to it.
@@ -513,11 +503,11 @@ std::vector<at::Tensor> Interpreter::run(std::vector<at::Tensor> inputs) {
     try {
       if (n.kind == ir::NodeKind::Call) {
         c10::AutoGradMode grad_mode(n.grad_mode);
-        // (direct_ok implies direct_ has a slot per node.)
-        interp::DirectCall* direct = direct_ok ? direct_[static_cast<size_t>(n.id)].get() : nullptr;
+        interp::DirectCall* direct =
+            static_cast<size_t>(n.id) < direct_.size() ? direct_[static_cast<size_t>(n.id)].get() : nullptr;
         const interp::UnboxedCall* unboxed = unboxed_ok ? unboxed_[static_cast<size_t>(n.id)].get() : nullptr;
         if (direct) {
-          run_direct(n, *direct);
+          run_direct(n, *direct, /*as_ops=*/!no_mode);
         } else if (!unboxed || !run_unboxed(n, *unboxed)) {
           run_call(n, *ops_[static_cast<size_t>(n.id)], *schemas_[static_cast<size_t>(n.id)]);
         }

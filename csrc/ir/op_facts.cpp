@@ -25,6 +25,7 @@ constexpr uint32_t M = static_cast<uint32_t>(OpFact::Norm);
 constexpr uint32_t T = static_cast<uint32_t>(OpFact::TrustsArguments);
 constexpr uint32_t A = static_cast<uint32_t>(OpFact::Arithmetic);
 constexpr uint32_t X = static_cast<uint32_t>(OpFact::Commutative);
+constexpr uint32_t G = static_cast<uint32_t>(OpFact::RunsTableKernel);
 // Pointwise although LibTorch does not tag it so (Note [Pointwise from the schema tags]).
 constexpr uint32_t U = static_cast<uint32_t>(OpFact::Pointwise);
 
@@ -188,6 +189,9 @@ constexpr Row kRows[] = {
     // collectives of tcap::DistributedDataParallel (csrc/distributed/collectives.cpp)
     {"tcap_dist::ddp_all_reduce", C, ""},
     {"tcap_dist::ddp_broadcast", C, ""},
+    // generated kernels of a compiled graph (runtime/fused_kernel.h)
+    {"tcap::fused", G, ""},
+    {"tcap::fused_horizontal", G, ""},
 };
 
 // Operator names ("aten::mul") with an overload LibTorch tags pointwise.

@@ -53,6 +53,10 @@ enum class OpFact : uint32_t {
   Arithmetic = 1u << 11,
   // Its two tensor operands may swap (mul; add when alpha is 1).
   Commutative = 1u << 12,
+  // Runs generated code its node names by place in the kernel table of the compiled graph
+  // it belongs to (tcap::fused, tcap::fused_horizontal; interp/direct_calls.h): it runs
+  // only with that table, never through the dispatcher.
+  RunsTableKernel = 1u << 13,
 };
 
 struct OpFacts {

@@ -18,22 +18,9 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
 
-#include <unordered_map>
-
 namespace tcap::runtime {
 
 namespace {
-
-struct Registry {
-  std::mutex mu;
-  std::unordered_map<int64_t, std::shared_ptr<FusedKernel>> kernels;
-  int64_t next = 1;
-};
-
-Registry& registry() {
-  static auto* r = new Registry();  // leaked: kernels may run during static destruction
-  return *r;
-}
 
 bool matches(const at::Tensor& t, const ir::TensorMeta& m) {
   if (!t.defined() || t.scalar_type() != m.dtype || t.device() != m.device) return false;
@@ -137,12 +124,21 @@ std::vector<at::Tensor> run_aten_ops(FusedKernel& k, const std::vector<at::Tenso
   return outs;
 }
 
-std::vector<at::Tensor> fused_op(at::TensorList inputs, int64_t id) {
-  return run_fused(inputs.vec(), id);
+// The operators exist so that graphs with fused nodes verify and print with their
+// schemas; the nodes themselves run only through their graph's kernel table (Note [A
+// compiled graph owns its kernels]).
+[[noreturn]] void refuse_dispatched(const char* op) {
+  throw c10::Error({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                   std::string(op) +
+                       " was called through the dispatcher: its kernels belong to the compiled graph that holds the "
+                       "node and run only through that graph's kernel table (a graph with fused nodes, such as a "
+                       "*.fused.json dump, cannot be replayed on its own: replay the graph dumped before fusion instead)");
 }
 
-std::vector<at::Tensor> fused_horizontal_op(at::TensorList inputs, at::IntArrayRef kernels, at::IntArrayRef arity) {
-  return horizontal_kernel(kernels, arity)->call(inputs.vec());
+std::vector<at::Tensor> fused_op(at::TensorList, int64_t) { refuse_dispatched("tcap::fused"); }
+
+std::vector<at::Tensor> fused_horizontal_op(at::TensorList, at::IntArrayRef, at::IntArrayRef) {
+  refuse_dispatched("tcap::fused_horizontal");
 }
 
 }  // namespace
@@ -151,57 +147,12 @@ FusedKernel::~FusedKernel() = default;
 
 std::vector<at::Tensor> FusedKernel::call(const std::vector<at::Tensor>& inputs) { return run_fused(*this, inputs); }
 
-namespace {
-
-// Note [Direct fused calls] (interp/interpreter.cpp): an interpreter built over a graph
-// with tcap::fused nodes holds their kernels and calls them without the dispatcher.
-std::shared_ptr<interp::DirectCall> find_fused(const ir::Node& n) {
-  if (n.op == "tcap::fused_horizontal" && n.args.size() == 3 && n.args[1].kind == ir::ArgKind::IntList &&
-      n.args[2].kind == ir::ArgKind::IntList) {
-    return horizontal_kernel(n.args[1].ints, n.args[2].ints);
-  }
-  if (n.op != "tcap::fused" || n.args.size() != 2 || n.args[1].kind != ir::ArgKind::Int) return nullptr;
-  return find_kernel(n.args[1].i);
-}
-
-}  // namespace
-
-int64_t register_kernel(std::shared_ptr<FusedKernel> k) {
-  static const bool installed = [] {
-    interp::set_direct_call_finder(&find_fused);
-    return true;
-  }();
-  (void)installed;
-  auto& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
-  const int64_t id = r.next++;
-  r.kernels[id] = std::move(k);
-  return id;
-}
-
-void release_kernel(int64_t id) {
-  auto& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
-  r.kernels.erase(id);
+std::vector<at::Tensor> FusedKernel::call_ops(const std::vector<at::Tensor>& inputs) {
+  return run_aten_ops(*this, inputs, nullptr);
 }
 
 RuntimeStats runtime_stats() {
   return {g_launches.load(), g_fallbacks.load(), g_split_launches.load(), g_horizontal_launches.load()};
-}
-
-std::shared_ptr<FusedKernel> find_kernel(int64_t id) {
-  auto& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
-  auto it = r.kernels.find(id);
-  return it == r.kernels.end() ? nullptr : it->second;
-}
-
-std::vector<at::Tensor> run_fused(const std::vector<at::Tensor>& inputs, int64_t id) {
-  auto k = find_kernel(id);
-  TORCH_CHECK(k, "tcap::fused: kernel ", id,
-              " is not loaded in this process (graphs with fused nodes run only in the process that compiled them; "
-              "replay the graph dumped before fusion instead)");
-  return run_fused(*k, inputs);
 }
 
 namespace {
@@ -371,19 +322,54 @@ std::vector<at::Tensor> HorizontalKernel::call(const std::vector<at::Tensor>& in
   return outs;
 }
 
-std::shared_ptr<HorizontalKernel> horizontal_kernel(c10::ArrayRef<int64_t> kernels, c10::ArrayRef<int64_t> arity) {
-  TORCH_CHECK(kernels.size() == arity.size(), "tcap::fused_horizontal: ", kernels.size(), " kernels and ",
-              arity.size(), " input counts");
-  auto h = std::make_shared<HorizontalKernel>();
-  for (int64_t id : kernels) {
-    auto k = find_kernel(id);
-    TORCH_CHECK(k, "tcap::fused_horizontal: kernel ", id,
-                " is not loaded in this process (graphs with fused nodes run only in the process that compiled them)");
-    h->members.push_back(std::move(k));
+std::vector<at::Tensor> HorizontalKernel::call_ops(const std::vector<at::Tensor>& inputs) {
+  std::vector<at::Tensor> outs;
+  size_t at = 0;
+  for (size_t m = 0; m < members.size(); ++m) {
+    const auto count = static_cast<size_t>(arity[m]);
+    TORCH_CHECK(at + count <= inputs.size(), "tcap::fused_horizontal: ", inputs.size(), " inputs for kernels that take more");
+    std::vector<at::Tensor> ins(inputs.begin() + static_cast<std::ptrdiff_t>(at),
+                                inputs.begin() + static_cast<std::ptrdiff_t>(at + count));
+    at += count;
+    for (auto& t : members[m]->call_ops(ins)) outs.push_back(std::move(t));
   }
-  h->name = "fused_horizontal_" + (kernels.empty() ? std::string("none") : std::to_string(kernels[0])) + "_x" +
-            std::to_string(kernels.size());
-  h->arity.assign(arity.begin(), arity.end());
+  TORCH_CHECK(at == inputs.size(), "tcap::fused_horizontal: ", inputs.size(), " inputs for kernels that take ", at);
+  return outs;
+}
+
+int64_t KernelTable::add(std::shared_ptr<FusedKernel> k) {
+  TORCH_CHECK(k, "tcap: a null kernel cannot join a kernel table");
+  std::lock_guard<std::mutex> lock(mu_);
+  kernels_.push_back(std::move(k));
+  return static_cast<int64_t>(kernels_.size()) - 1;
+}
+
+std::shared_ptr<FusedKernel> KernelTable::at(int64_t i) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return i >= 0 && static_cast<size_t>(i) < kernels_.size() ? kernels_[static_cast<size_t>(i)] : nullptr;
+}
+
+size_t KernelTable::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return kernels_.size();
+}
+
+std::shared_ptr<interp::DirectCall> KernelTable::find(const ir::Node& n) const {
+  auto kernel = [this](int64_t i) {
+    auto k = at(i);
+    TORCH_CHECK(k, "names kernel ", i, ", and its graph's kernel table holds ", size(), " kernels");
+    return k;
+  };
+  if (n.op == "tcap::fused" && n.args.size() == 2 && n.args[1].kind == ir::ArgKind::Int) return kernel(n.args[1].i);
+  TORCH_CHECK(n.op == "tcap::fused_horizontal" && n.args.size() == 3 && n.args[1].kind == ir::ArgKind::IntList &&
+                  n.args[2].kind == ir::ArgKind::IntList && n.args[1].ints.size() == n.args[2].ints.size(),
+              "is not a fused node this kernel table can run");
+  const auto& ids = n.args[1].ints;
+  auto h = std::make_shared<HorizontalKernel>();
+  for (int64_t id : ids) h->members.push_back(kernel(id));
+  h->name = "fused_horizontal_" + (ids.empty() ? std::string("none") : std::to_string(ids[0])) + "_x" +
+            std::to_string(ids.size());
+  h->arity = n.args[2].ints;
   return h;
 }
 

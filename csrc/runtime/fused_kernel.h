@@ -1,5 +1,20 @@
-// Runtime of fused kernels: the `tcap::fused(Tensor[] inputs, int kernel) -> Tensor[]`
-// operator, the registry it finds kernels in, output buffers, and the parallel launch.
+// Runtime of fused kernels: the kernel table of a compiled graph, whose
+// `tcap::fused(Tensor[] inputs, int kernel) -> Tensor[]` nodes name their kernels by place
+// in it, output buffers, and the parallel launch.
+//
+// Note [A compiled graph owns its kernels]
+// The fusion pass hands each group it keeps to the backend, which makes the group's kernel
+// (a FusedKernel: generated code, the recorded metadata it is specialised to, the group's
+// ATen ops) and appends it to the KernelTable of the graph being compiled; the fused node
+// holds the kernel's place in that table. The table goes to the graph's interpreters,
+// which resolve each fused node once when they are built, so the kernels live exactly as
+// long as the executable that runs them and nothing outside it can name them: there is
+// no process-wide registry, no finder installed in the interpreter, and no list of ids
+// to release. A graph with fused nodes (a TCAP_DUMP_DIR `*.fused.json`) is therefore
+// runnable only as the executable it was compiled into; its interpreter refuses it
+// without its table, naming the node. A replay recorded by a capture (a compiled
+// function called inside another's capture, or compiled autograd's) records the ATen ops
+// each kernel stands for (interp::DirectCall::call_ops), not the kernel.
 //
 // Note [Fused kernel outputs]
 // A kernel's outputs are allocated with the recorded sizes and strides (so they look
@@ -73,6 +88,7 @@ struct FusedKernel : interp::DirectCall {
   bool logged_fallback = false;
   ~FusedKernel() override;
   std::vector<at::Tensor> call(const std::vector<at::Tensor>& inputs) override;
+  std::vector<at::Tensor> call_ops(const std::vector<at::Tensor>& inputs) override;
 };
 
 // `tcap::fused_horizontal(Tensor[] inputs, int[] kernels, int[] arity) -> Tensor[]`: the
@@ -80,20 +96,31 @@ struct FusedKernel : interp::DirectCall {
 // fuse/horizontal.cpp); kernel i takes the next arity[i] inputs, and the results are the
 // kernels' results in order.
 struct HorizontalKernel : interp::DirectCall {
-  std::string name;  // "fused_horizontal_<first kernel id>_x<kernels>", in the profiler
+  std::string name;  // "fused_horizontal_<first kernel's place>_x<kernels>", in the profiler
   std::vector<std::shared_ptr<FusedKernel>> members;
   std::vector<int64_t> arity;
   std::vector<at::Tensor> call(const std::vector<at::Tensor>& inputs) override;
+  std::vector<at::Tensor> call_ops(const std::vector<at::Tensor>& inputs) override;
 };
-// The registered kernels `kernels` as one HorizontalKernel; throws naming a kernel that is
-// not registered.
-std::shared_ptr<HorizontalKernel> horizontal_kernel(c10::ArrayRef<int64_t> kernels, c10::ArrayRef<int64_t> arity);
 
-// Registers a kernel for `tcap::fused`; returns its id. Ids are never reused.
-int64_t register_kernel(std::shared_ptr<FusedKernel> k);
-// Forgets a kernel (its executable died); later calls with its id fail with a clear error.
-void release_kernel(int64_t id);
-std::shared_ptr<FusedKernel> find_kernel(int64_t id);
+// Note [A compiled graph owns its kernels]: the kernels of one compiled graph, in the
+// order the graph's fused nodes name them. `add` may be called from several threads at
+// once (the fusion pass compiles groups in parallel); the table is read-only once the
+// graph's first interpreter is built from it.
+class KernelTable : public interp::DirectCalls {
+ public:
+  // Appends k; returns its place, the number a fused node names it by.
+  int64_t add(std::shared_ptr<FusedKernel> k);
+  // The kernel at place i, or null when there is none.
+  std::shared_ptr<FusedKernel> at(int64_t i) const;
+  size_t size() const;
+  // tcap::fused: its kernel; tcap::fused_horizontal: its kernels launched together.
+  std::shared_ptr<interp::DirectCall> find(const ir::Node& n) const override;
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<std::shared_ptr<FusedKernel>> kernels_;
+};
 
 // Process-wide counters (tests, benchmarks).
 struct RuntimeStats {
@@ -104,8 +131,6 @@ struct RuntimeStats {
 };
 RuntimeStats runtime_stats();
 
-// Runs kernel `id` on `inputs` (what the operator does).
-std::vector<at::Tensor> run_fused(const std::vector<at::Tensor>& inputs, int64_t id);
 // Runs kernel k on `inputs`: what the interpreter calls for a `tcap::fused` node whose
 // kernel it resolved when it was built (Note [Direct fused calls] in interpreter.cpp).
 std::vector<at::Tensor> run_fused(FusedKernel& k, const std::vector<at::Tensor>& inputs);

@@ -2,6 +2,7 @@
 // its memory plan, under the CPU buffer pool (graph_executable.h).
 #include "runtime/graph_executable.h"
 
+#include "interp/direct_calls.h"
 #include "interp/hook_runner.h"
 #include "runtime/buffer_pool.h"
 
@@ -77,8 +78,9 @@ class InterpreterPool {
   std::vector<std::unique_ptr<Instance>> idle_;
 };
 
-std::shared_ptr<InterpreterPool> interpreter_pool(const ir::Graph& g, const std::string& what, bool check_host_values) {
-  Interpreter interp(g);
+std::shared_ptr<InterpreterPool> interpreter_pool(const ir::Graph& g, const std::string& what, bool check_host_values,
+                                                  std::shared_ptr<const interp::DirectCalls> kernels) {
+  Interpreter interp(g, /*differentiable=*/false, std::move(kernels));
   interp.keep_values(false);
   interp.check_host_values(check_host_values);
   return std::make_shared<InterpreterPool>(std::move(interp), what);
@@ -86,8 +88,9 @@ std::shared_ptr<InterpreterPool> interpreter_pool(const ir::Graph& g, const std:
 
 }  // namespace
 
-Executable interpreter_executable(const ir::Graph& g, const std::string& what, bool check_host_values) {
-  auto pool = interpreter_pool(g, what, check_host_values);
+Executable interpreter_executable(const ir::Graph& g, const std::string& what, bool check_host_values,
+                                  std::shared_ptr<const interp::DirectCalls> kernels) {
+  auto pool = interpreter_pool(g, what, check_host_values, std::move(kernels));
   return [pool, name = profiler_name(what)](std::vector<at::Tensor> in) {
     RECORD_USER_SCOPE(std::string_view(name));  // Note [Profiler names]
     auto instance = pool->take();               // Note [One executable on several threads]

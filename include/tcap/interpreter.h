@@ -22,6 +22,7 @@ namespace tcap {
 
 namespace interp {
 class DirectCall;
+class DirectCalls;
 class UnboxedCall;
 }
 
@@ -40,7 +41,11 @@ class Interpreter {
   // differentiable=true runs the ops through autograd (each under its recorded grad
   // mode), so the results carry a graph back to the inputs: used to recompute a forward
   // for a double backward.
-  explicit Interpreter(const ir::Graph& graph, bool differentiable = false);
+  // `kernels`: the kernel table of a compiled graph with fused nodes (tcap::fused, which
+  // name generated kernels by their place in it); such a graph cannot be run without it,
+  // and throws here naming the node.
+  explicit Interpreter(const ir::Graph& graph, bool differentiable = false,
+                       std::shared_ptr<const interp::DirectCalls> kernels = nullptr);
 
   // inputs: one tensor per Input node, in graph order. Returns the Output node's values.
   // With keep_values(false) each input is released after its last use: pass them with
@@ -64,7 +69,7 @@ class Interpreter {
  private:
   void run_call(const ir::Node& n, const c10::OperatorHandle& op, const c10::FunctionSchema& schema);
   void run_hook(const ir::Node& n);
-  void run_direct(const ir::Node& n, interp::DirectCall& call);
+  void run_direct(const ir::Node& n, interp::DirectCall& call, bool as_ops);
   bool run_unboxed(const ir::Node& n, const interp::UnboxedCall& call);
   void bind_unreturned(const ir::Arg& out);
   c10::IValue to_ivalue(const ir::Node& n, size_t i, const c10::Argument& schema_arg) const;
@@ -97,8 +102,8 @@ class Interpreter {
   std::vector<ir::ValueId> output_values_;
   std::vector<uint8_t> trusting_;  // per node (empty: none): its kernel's arguments are checked first
   std::vector<uint8_t> sizes_from_values_;  // per node (empty: none): its results' sizes are checked
-  // Per node (empty: none): the generated kernel a tcap::fused node runs, resolved once
-  // and called without the dispatcher (Note [Direct fused calls]).
+  // Per node (empty: none): the generated kernel a tcap::fused node runs, found once in the
+  // graph's kernel table and called without the dispatcher (Note [Direct fused calls]).
   std::vector<std::shared_ptr<interp::DirectCall>> direct_;
   // Per node (empty: none): the extern ATen op's CPU kernel, called unboxed when a run's
   // tensors allow (Note [Unboxed extern calls], csrc/interp/unboxed_calls.cpp).

@@ -153,6 +153,41 @@ TEST_F(CompiledAutograd, ThreeRegionsGiveOneBackwardGraph) {
   }
 }
 
+// Regions compiled with the llvm backend, whose backward graphs run generated kernels,
+// under compiled autograd (llvm too): compiled autograd records each region's backward
+// replay as the ATen ops its kernels stand for (Note [A compiled graph owns its kernels]:
+// no node of its graph names a kernel of another graph), and agrees with eager on fresh
+// inputs at every step.
+TEST_F(CompiledAutograd, RegionKernelsAreRecordedAsTheirOps) {
+  TCAP_SKIP_WITHOUT_BACKEND("llvm");
+  auto r1 = tcap::compile(
+      [](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{(in[0] * 1.5).sin() * in[0]}; },
+      opts("k1", "llvm"));
+  auto r2 = tcap::compile(
+      [](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{(in[0].tanh() + 0.5).pow(2).sum()}; },
+      opts("k2", "llvm"));
+  auto fn = [&](const at::Tensor& x) { return (*r2)({(*r1)({x})[0]})[0]; };
+  auto eager = [](const at::Tensor& x) { return (((x * 1.5).sin() * x).tanh() + 0.5).pow(2).sum(); };
+  for (int i = 0; i < 2; ++i) fn(torch::randn({7, 13}, torch::requires_grad())).backward();
+  for (int step = 0; step < 3; ++step) {
+    auto x = torch::randn({7, 13}, torch::requires_grad());
+    auto y = x.detach().clone().requires_grad_(true);
+    auto loss = fn(x);
+    {
+      tcap::CompiledAutogradGuard ca(opts("region_kernels", "llvm"));
+      loss.backward();
+      const std::vector<tcap::ir::Graph> graphs = ca.graphs();
+      ASSERT_EQ(graphs.size(), 1u);
+      for (const auto& n : graphs[0].nodes()) {
+        EXPECT_TRUE(n.op != "tcap::fused" && n.op != "tcap::fused_horizontal")
+            << "node %" << n.id << " names a region's kernel";
+      }
+    }
+    eager(y).backward();
+    EXPECT_TRUE(close(x.grad(), y.grad(), 1e-4, 1e-5)) << "step " << step;
+  }
+}
+
 // Seed 002: "Backward hooks are not captured": a leaf hook grad + 10 is a call_hook node
 // and still runs (with its side effects) when the compiled backward replays.
 TEST_F(CompiledAutograd, LeafHookIsACallHookNode) {

@@ -202,10 +202,9 @@ inline void check_against_eager(const std::string& name, const Fn& fn, const std
 
 inline at::Tensor leaf(at::Tensor t) { return t.detach().requires_grad_(true); }
 
-// Group fg's kernel compiled by the cpu_llvm backend now and registered for tcap::fused
-// (kept alive in *keep); its id. What a FusionOptions::compile of a test returns.
-inline int64_t register_llvm_kernel(const tcap::fuse::FusedGroup& fg,
-                                    std::vector<std::shared_ptr<tcap::runtime::FusedKernel>>* keep) {
+// Group fg's kernel compiled by the cpu_llvm backend now and added to *table, the fused
+// graph's kernel table; its place there. What a FusionOptions::compile of a test returns.
+inline int64_t add_llvm_kernel(const tcap::fuse::FusedGroup& fg, tcap::runtime::KernelTable* table) {
   auto k = std::make_shared<tcap::runtime::FusedKernel>();
   k->name = fg.name;
   k->kernel = fg.kernel;
@@ -213,8 +212,7 @@ inline int64_t register_llvm_kernel(const tcap::fuse::FusedGroup& fg,
   k->inputs = fg.input_metas;
   k->outputs = fg.output_metas;
   k->fallback = fg.fallback;
-  keep->push_back(k);
-  return tcap::runtime::register_kernel(k);
+  return table->add(std::move(k));
 }
 
 class Fusion : public ::testing::Test {

@@ -7,7 +7,10 @@
 // transcendentals are within 4 ulp; fused chains round once instead of per op; sums are
 // reassociated); float64 rtol 1e-9 atol 1e-11; bfloat16 against float64 instead (fused
 // kernels compute in float32 and round once, eager rounds after every op; see
-// no_worse_than_eager).#include "fusion_checks.h"
+// no_worse_than_eager).
+
+#include "fusion_checks.h"
+#include "runtime/graph_executable.h"
 
 using namespace tcap::testing::fusion;
 
@@ -273,13 +276,13 @@ TEST_F(Fusion, SmallMatmulFormsMatchEager) {
 // view node included, with the same results.
 TEST_F(Fusion, ViewsAreReadAndWrittenThroughTheirBase) {
   tcap::fuse::FusionResult fused;
-  std::vector<std::shared_ptr<tcap::runtime::FusedKernel>> kernels;
+  auto kernels = std::make_shared<tcap::runtime::KernelTable>();
   tcap::CompileOptions options;
   options.fw_compiler = [&](const tcap::ir::Graph& g) {
     tcap::fuse::FusionOptions o;
-    o.compile = [&](const tcap::fuse::FusedGroup& fg, std::string*) { return register_llvm_kernel(fg, &kernels); };
+    o.compile = [&](const tcap::fuse::FusedGroup& fg, std::string*) { return add_llvm_kernel(fg, kernels.get()); };
     fused = tcap::fuse::fuse(g, o);
-    return tcap::eager_backend(fused.graph);
+    return tcap::runtime::interpreter_executable(fused.graph, "views", false, kernels);
   };
   auto fn = [](const Tensors& in) {
     return Tensors{(in[0].t() * 2.0 + in[1]).relu().sum(0, /*keepdim=*/true).view({-1})};
@@ -295,7 +298,7 @@ TEST_F(Fusion, ViewsAreReadAndWrittenThroughTheirBase) {
   EXPECT_EQ(c10::IntArrayRef(fused.groups[0].input_metas[0].sizes), (c10::IntArrayRef{6, 4})) << "the kernel reads the base";
   EXPECT_EQ(c10::IntArrayRef(fused.groups[0].output_metas[0].sizes), (c10::IntArrayRef{6})) << "the kernel writes the view";
   // The fused graph on the recorded layout, then on inputs with other strides (same sizes).
-  tcap::Interpreter run(fused.graph);
+  tcap::Interpreter run(fused.graph, /*differentiable=*/false, kernels);
   auto before = tcap::runtime::runtime_stats();
   Tensors got = run.run({in[0], in[1]});
   auto after = tcap::runtime::runtime_stats();

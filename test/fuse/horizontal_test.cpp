@@ -14,6 +14,7 @@
 #include "fuse/horizontal.h"
 #include "ir/op_facts.h"
 #include "runtime/fused_kernel.h"
+#include "runtime/graph_executable.h"
 #include "support/compare.h"
 #include "support/log_capture.h"
 
@@ -195,7 +196,7 @@ class Horizontal : public ::testing::Test {
 // threads, over sizes that do and do not split over threads.
 struct Compiled {
   ir::Graph fused;
-  std::vector<std::shared_ptr<tcap::runtime::FusedKernel>> kernels;
+  std::shared_ptr<tcap::runtime::KernelTable> kernels = std::make_shared<tcap::runtime::KernelTable>();
 };
 
 Compiled compile_chains(const std::function<Tensors(const Tensors&)>& fn, const Tensors& inputs) {
@@ -204,10 +205,10 @@ Compiled compile_chains(const std::function<Tensors(const Tensors&)>& fn, const 
   options.fw_compiler = [c](const ir::Graph& g) {
     tcap::fuse::FusionOptions o;
     o.compile = [c](const tcap::fuse::FusedGroup& fg, std::string*) {
-      return tcap::testing::fusion::register_llvm_kernel(fg, &c->kernels);
+      return tcap::testing::fusion::add_llvm_kernel(fg, c->kernels.get());
     };
     c->fused = tcap::fuse::fuse(g, o).graph;
-    return tcap::eager_backend(c->fused);
+    return tcap::runtime::interpreter_executable(c->fused, "chains", false, c->kernels);
   };
   auto f = tcap::compile(fn, options);
   (*f)(inputs);
@@ -231,9 +232,9 @@ TEST_F(Horizontal, OneLaunchGivesEachKernelsBits) {
       at::set_num_threads(threads);
       Tensors fresh;
       for (int64_t n : sizes) fresh.push_back(torch::randn({n}));
-      const Tensors apart = tcap::Interpreter(c.fused).run(fresh);
+      const Tensors apart = tcap::Interpreter(c.fused, false, c.kernels).run(fresh);
       const auto before = tcap::runtime::runtime_stats();
-      const Tensors together = tcap::Interpreter(r.graph).run(fresh);
+      const Tensors together = tcap::Interpreter(r.graph, false, c.kernels).run(fresh);
       const auto after = tcap::runtime::runtime_stats();
       EXPECT_EQ(after.horizontal_launches - before.horizontal_launches, 1);
       EXPECT_EQ(after.launches - before.launches, static_cast<int64_t>(sizes.size()));
@@ -260,7 +261,7 @@ TEST_F(Horizontal, AKernelWhoseInputDiffersFallsBackAlone) {
   ASSERT_EQ(runs_of(r.graph), std::vector<size_t>{3});
   const Tensors odd{torch::randn({6, 5}), torch::randn({5, 6}).t(), torch::randn({6, 5})};
   const auto before = tcap::runtime::runtime_stats();
-  const Tensors got = tcap::Interpreter(r.graph).run(odd);
+  const Tensors got = tcap::Interpreter(r.graph, false, c.kernels).run(odd);
   const auto after = tcap::runtime::runtime_stats();
   EXPECT_EQ(after.fallbacks - before.fallbacks, 1);
   EXPECT_EQ(after.launches - before.launches, 2);
