@@ -4,7 +4,8 @@
 // kernels run on, and how a fused group's kernel is made. choose_target reads the table;
 // Auto is the one backend that is not a row: it picks the first row that can compile a
 // graph (cuda for CUDA graphs, llvm for CPU graphs), else the interpreter. A new backend
-// is a row here and a KernelMaker.
+// is a row here, with the maker of its kernel objects (Note [A backend's kernel object],
+// runtime/fused_kernel.h).
 #include "compiler/backends.h"
 
 #include "kir/split_reduction.h"
@@ -28,19 +29,74 @@ namespace {
 
 bool always(std::string*) { return true; }
 
+// The CPU code of kernel k: one kernel, or a split reduction's sequence (Note [Split
+// reductions], kir/split_reduction.h); null when `compile` is false and some part is not
+// in the cache.
+std::shared_ptr<runtime::CpuCode> cpu_code(const kir::Kernel& k, bool compile) {
+  auto out = std::make_shared<runtime::CpuCode>();
+  runtime::CpuCode& c = *out;
+  auto get = [&](const kir::Kernel& part) {
+    return compile ? codegen::cpu_llvm::compile_cpu_kernel(part) : codegen::cpu_llvm::find_cpu_kernel(part);
+  };
+  if (auto split = kir::split_reduction(k)) {
+    for (const kir::Kernel& part : split->kernels) {
+      auto code = get(part);
+      if (!code) return nullptr;
+      if (!c.main) c.main = std::move(code);
+      else c.then.push_back(std::move(code));
+    }
+    for (size_t i = 0; i < split->scratch.size(); ++i) {
+      const auto& b = split->kernels[0].buffers[k.buffers.size() + i];
+      c.scratch_bytes.push_back(split->scratch[i] * kir::dtype_size(b.dtype));
+    }
+    TCAP_LOG(Fusion, k.name << ": a reduction into " << k.outer_numel() << " outputs of " << k.reduce_numel()
+                            << " elements each, split in " << split->splits << " chunks reduced in parallel and combined, "
+                            << split->kernels.size() << " kernels (Note [Split reductions])");
+    return out;
+  }
+  c.main = get(k);
+  return c.main ? out : nullptr;
+}
+
+// The llvm backend's kernels (Note [A backend's kernel object]: runtime::CpuCode). With
+// `later`, a kernel whose code is not in the cache is left Compiling (Note [Kernels
+// compiled at their first run]).
+KernelMaker llvm_maker(const compiler::Target&, bool later) {
+  if (later) {
+    return [](const fuse::FusedGroup& fg, runtime::FusedKernel& fk) {
+      auto c = cpu_code(fg.kernel, false);  // throws where compile_cpu_kernel would
+      if (!c) fk.code.store(runtime::FusedKernel::Compiling, std::memory_order_relaxed);
+      else fk.compiled = std::move(c);
+    };
+  }
+  return [](const fuse::FusedGroup& fg, runtime::FusedKernel& fk) { fk.compiled = cpu_code(fg.kernel, true); };
+}
+
+// The cuda backend's kernels (runtime::CudaCode), for the target's device.
+KernelMaker cuda_maker(const compiler::Target& t, bool) {
+  const codegen::cuda::Target target = codegen::cuda::target_for(t.device.index());
+  return [target](const fuse::FusedGroup& fg, runtime::FusedKernel& fk) {
+    auto c = std::make_shared<runtime::CudaCode>();
+    c->cuda = codegen::cuda::compile_cuda_kernel(fg.kernel, target);
+    fk.compiled = std::move(c);
+  };
+}
+
 struct Row {
   Backend::Kind kind;
   const char* name;
   bool (*available)(std::string* why);
   bool cuda;  // its kernels run on a CUDA device (else on the CPU)
+  // Makes the backend's kernel objects (null: it makes none, the interpreter runs graphs).
+  KernelMaker (*maker)(const compiler::Target& t, bool later);
 };
 
 // Auto last: it is not a target, only a choice among the others.
-constexpr Row kBackends[] = {
-    {Backend::Eager, "eager", always, false},
-    {Backend::Llvm, "llvm", codegen::cpu_llvm::cpu_llvm_available, false},
-    {Backend::Cuda, "cuda", codegen::cuda::cuda_available, true},
-    {Backend::Auto, "auto", always, false},
+const Row kBackends[] = {
+    {Backend::Eager, "eager", always, false, nullptr},
+    {Backend::Llvm, "llvm", codegen::cpu_llvm::cpu_llvm_available, false, llvm_maker},
+    {Backend::Cuda, "cuda", codegen::cuda::cuda_available, true, cuda_maker},
+    {Backend::Auto, "auto", always, false, nullptr},
 };
 
 const Row& row(Backend::Kind k) {
@@ -122,63 +178,14 @@ Target choose_target(const Backend& backend, const ir::Graph& g, const std::stri
 
 namespace {
 
-// The CPU code of kernel k: one kernel, or a split reduction's sequence (Note [Split
-// reductions], kir/split_reduction.h).
-struct CpuCode {
-  std::shared_ptr<const codegen::cpu_llvm::CpuKernel> main;
-  std::vector<std::shared_ptr<const codegen::cpu_llvm::CpuKernel>> then;
-  std::vector<int64_t> scratch_bytes;
-};
-
-CpuCode cpu_code(const kir::Kernel& k, bool compile) {
-  CpuCode c;
-  auto get = [&](const kir::Kernel& part) {
-    return compile ? codegen::cpu_llvm::compile_cpu_kernel(part) : codegen::cpu_llvm::find_cpu_kernel(part);
-  };
-  if (auto split = kir::split_reduction(k)) {
-    for (const kir::Kernel& part : split->kernels) {
-      auto code = get(part);
-      if (!code) return {};
-      if (!c.main) c.main = std::move(code);
-      else c.then.push_back(std::move(code));
-    }
-    for (size_t i = 0; i < split->scratch.size(); ++i) {
-      const auto& b = split->kernels[0].buffers[k.buffers.size() + i];
-      c.scratch_bytes.push_back(split->scratch[i] * kir::dtype_size(b.dtype));
-    }
-    TCAP_LOG(Fusion, k.name << ": a reduction into " << k.outer_numel() << " outputs of " << k.reduce_numel()
-                            << " elements each, split in " << split->splits << " chunks reduced in parallel and combined, "
-                            << split->kernels.size() << " kernels (Note [Split reductions])");
-    return c;
-  }
-  c.main = get(k);
-  return c;
-}
-
-void install(runtime::FusedKernel& fk, CpuCode c) {
-  fk.cpu = std::move(c.main);
-  fk.cpu_then = std::move(c.then);
-  fk.scratch_bytes = std::move(c.scratch_bytes);
-}
 
 }  // namespace
 
 KernelMaker kernel_maker(const Target& t, bool later) {
   TORCH_INTERNAL_ASSERT(t.fuses(), "tcap: the eager target makes no kernels");
-  if (t.kind == Backend::Llvm && later) {
-    return [](const fuse::FusedGroup& fg, runtime::FusedKernel& fk) {
-      CpuCode c = cpu_code(fg.kernel, false);  // throws where compile_cpu_kernel would
-      if (!c.main) fk.code.store(runtime::FusedKernel::Compiling, std::memory_order_relaxed);
-      else install(fk, std::move(c));
-    };
-  }
-  if (t.kind == Backend::Llvm) {
-    return [](const fuse::FusedGroup& fg, runtime::FusedKernel& fk) { install(fk, cpu_code(fg.kernel, true)); };
-  }
-  const codegen::cuda::Target target = codegen::cuda::target_for(t.device.index());
-  return [target](const fuse::FusedGroup& fg, runtime::FusedKernel& fk) {
-    fk.cuda = codegen::cuda::compile_cuda_kernel(fg.kernel, target);
-  };
+  const auto maker = row(t.kind).maker;
+  TORCH_INTERNAL_ASSERT(maker, "tcap: backend '", row(t.kind).name, "' has no kernel maker");
+  return maker(t, later);
 }
 
 bool compiles_in_background(const CompileOptions& o, const Target& t) {
@@ -197,7 +204,7 @@ struct Installed {
 // was compiled); the LLVM IR of each goes to `ll_paths[i]` where that is not empty.
 Installed compile_and_install(const std::string& what, const std::vector<std::shared_ptr<runtime::FusedKernel>>& kernels,
                               int threads, const std::vector<std::string>& ll_paths, const char* where) {
-  std::vector<std::optional<CpuCode>> code(kernels.size());
+  std::vector<std::shared_ptr<runtime::CpuCode>> code(kernels.size());
   std::vector<std::string> errors(kernels.size());
   run_on_threads(kernels.size(), threads, [&](size_t i) {
     try {
@@ -216,10 +223,11 @@ Installed compile_and_install(const std::string& what, const std::vector<std::sh
                                  << "; it runs its ATen ops: " << errors[i]);
       continue;
     }
-    install(k, std::move(*code[i]));
-    if (i < ll_paths.size() && !ll_paths[i].empty() && k.cpu && k.cpu->llvm_ir) {
-      std::ofstream(ll_paths[i], std::ios::binary) << *k.cpu->llvm_ir;
+    if (i < ll_paths.size() && !ll_paths[i].empty()) {
+      const auto file = code[i]->dump();
+      if (!file.first.empty()) std::ofstream(ll_paths[i], std::ios::binary) << file.second;
     }
+    k.compiled = std::move(code[i]);
     k.code.store(runtime::FusedKernel::Ready, std::memory_order_release);
     ++out.ready;
   }

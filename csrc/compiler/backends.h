@@ -20,7 +20,8 @@ namespace runtime {
 struct FusedKernel;
 }
 
-// Makes a fused group's kernel: fills `fk.cpu` or `fk.cuda`; throws c10::Error to leave
+// Makes a fused group's kernel: sets `fk.compiled` (Note [A backend's kernel object]), or
+// leaves it Compiling for later (the llvm backend's `later`); throws c10::Error to leave
 // the group's ops to ATen (the fusion pass logs why).
 using KernelMaker = std::function<void(const fuse::FusedGroup& fg, runtime::FusedKernel& fk)>;
 

@@ -108,8 +108,10 @@ ir::Graph fuse_graph(const ir::Graph& g, const std::string& what, const std::str
         const std::string base = kernel_dump_base(dump_dir, what, fg.name);
         std::filesystem::create_directories(dump_dir + "/kernels");
         write_file(base + ".kir", kir::to_string(fg.kernel));
-        if (fk->cpu && fk->cpu->llvm_ir) write_file(base + ".ll", *fk->cpu->llvm_ir);
-        if (fk->cuda) write_file(base + ".cu", fk->cuda->code->source);
+        if (fk->compiled) {
+          const auto file = fk->compiled->dump();
+          if (!file.first.empty()) write_file(base + file.first, file.second);
+        }
       }
       // (compile runs on several threads: Note [Parallel kernel compilation])
       return table->add(std::move(fk));

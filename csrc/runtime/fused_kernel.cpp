@@ -71,8 +71,10 @@ at::Tensor written_input(const std::vector<at::Tensor>& inputs, int j) {
   return t;
 }
 
+}  // namespace
+
 // Runs a CUDA kernel on the current stream of its device; outputs from the caching allocator.
-std::vector<at::Tensor> run_cuda(FusedKernel& k, const std::vector<at::Tensor>& inputs) {
+std::vector<at::Tensor> CudaCode::launch(const FusedKernel& k, const std::vector<at::Tensor>& inputs) const {
   c10::DeviceGuard guard(k.device);
   std::vector<at::Tensor> outs;
   outs.reserve(k.outputs.size());
@@ -88,16 +90,25 @@ std::vector<at::Tensor> run_cuda(FusedKernel& k, const std::vector<at::Tensor>& 
   // Split reductions' semaphores and workspace (Note [Split column reductions]), from the
   // caching allocator in the stream's order like the outputs; the launch zeroes the
   // semaphores.
-  const codegen::cuda::LaunchPlan& plan = k.cuda->plan;
+  const codegen::cuda::LaunchPlan& plan = cuda->plan;
   at::Tensor scratch;
   if (plan.scratch_bytes > 0) {
     scratch = at::empty({plan.scratch_bytes}, at::TensorOptions().dtype(at::kByte).device(k.device));
   }
   void* stream = c10::impl::getDeviceGuardImpl(k.device.type())->getStream(k.device).native_handle();
-  codegen::cuda::launch(*k.cuda, k.device.index(), stream, args.data(), args.size(),
+  codegen::cuda::launch(*cuda, k.device.index(), stream, args.data(), args.size(),
                         scratch.defined() ? scratch.mutable_data_ptr() : nullptr);
   return outs;
 }
+
+std::pair<std::string, std::string> CudaCode::dump() const { return {".cu", cuda->code->source}; }
+
+std::pair<std::string, std::string> CpuCode::dump() const {
+  if (!main || !main->llvm_ir) return {};
+  return {".ll", *main->llvm_ir};
+}
+
+namespace {
 
 // The group's own ATen ops (its fallback graph); `mismatch`, when given, is logged once.
 std::vector<at::Tensor> run_aten_ops(FusedKernel& k, const std::vector<at::Tensor>& inputs,
@@ -187,17 +198,18 @@ std::string mismatch_of(const FusedKernel& k, const std::vector<at::Tensor>& inp
   return "";
 }
 
-// A CPU launch of k's generated code: its results (written inputs, or buffers from the
-// pool) and the pointers its code takes, inputs then results then scratch.
+// A CPU launch of k's generated code: its first (or only) kernel, its results (written
+// inputs, or buffers from the pool) and the pointers its code takes, inputs then results
+// then scratch.
 struct CpuLaunch {
-  const FusedKernel* k = nullptr;
+  const codegen::cpu_llvm::CpuKernel* ck = nullptr;
   std::vector<at::Tensor> outs;
   c10::SmallVector<void*, 16> args;
   c10::SmallVector<at::Tensor, 2> scratch;  // Note [Split reductions]: the partials
 };
 
-void prepare_cpu(FusedKernel& k, const std::vector<at::Tensor>& inputs, CpuLaunch* l) {
-  l->k = &k;
+void prepare_cpu(const FusedKernel& k, const CpuCode& c, const std::vector<at::Tensor>& inputs, CpuLaunch* l) {
+  l->ck = c.main.get();
   l->outs.resize(k.outputs.size());
   PoolScope pool;
   for (size_t i = 0; i < l->outs.size(); ++i) {
@@ -206,7 +218,7 @@ void prepare_cpu(FusedKernel& k, const std::vector<at::Tensor>& inputs, CpuLaunc
   }
   for (const auto& t : inputs) l->args.push_back(const_cast<void*>(t.const_data_ptr()));
   for (auto& t : l->outs) l->args.push_back(t.mutable_data_ptr());
-  for (int64_t bytes : k.scratch_bytes) l->scratch.push_back(at::empty({bytes}, at::kByte));
+  for (int64_t bytes : c.scratch_bytes) l->scratch.push_back(at::empty({bytes}, at::kByte));
   for (auto& t : l->scratch) l->args.push_back(t.mutable_data_ptr());
 }
 
@@ -228,12 +240,15 @@ std::vector<at::Tensor> run_fused(FusedKernel& k, const std::vector<at::Tensor>&
     return run_aten_ops(k, inputs, nullptr);
   }
   g_launches.fetch_add(1, std::memory_order_relaxed);
-  if (k.cuda) return run_cuda(k, inputs);
+  return k.compiled->launch(k, inputs);
+}
+
+std::vector<at::Tensor> CpuCode::launch(const FusedKernel& k, const std::vector<at::Tensor>& inputs) const {
   CpuLaunch l;
-  prepare_cpu(k, inputs, &l);
+  prepare_cpu(k, *this, inputs, &l);
   void* const* a = l.args.data();
-  run_cpu(*k.cpu, a);
-  for (const auto& then : k.cpu_then) run_cpu(*then, a);
+  run_cpu(*main, a);
+  for (const auto& t : then) run_cpu(*t, a);
   return std::move(l.outs);
 }
 
@@ -250,7 +265,7 @@ void run_cpu_together(const std::vector<CpuLaunch>& ls) {
   const size_t n = ls.size();
   std::vector<double> start(n + 1, 0.0);
   for (size_t i = 0; i < n; ++i) {
-    const auto& ck = *ls[i].k->cpu;
+    const auto& ck = *ls[i].ck;
     start[i + 1] = start[i] + static_cast<double>(std::max<int64_t>(ck.range, 0)) /
                                   static_cast<double>(std::max<int64_t>(ck.grain, 1));
   }
@@ -258,13 +273,13 @@ void run_cpu_together(const std::vector<CpuLaunch>& ls) {
   const int threads = at::get_num_threads();
   if (total <= 1.0 || threads <= 1 || at::in_parallel_region()) {
     for (const auto& l : ls) {
-      if (l.k->cpu->range > 0) l.k->cpu->run(l.args.data(), 0, l.k->cpu->range);
+      if (l.ck->range > 0) l.ck->run(l.args.data(), 0, l.ck->range);
     }
     return;
   }
   // The iteration of kernel i at work position w.
   auto iteration = [&](size_t i, double w) -> int64_t {
-    const int64_t range = ls[i].k->cpu->range;
+    const int64_t range = ls[i].ck->range;
     if (w <= start[i]) return 0;
     if (w >= start[i + 1]) return range;
     const double f = (w - start[i]) / (start[i + 1] - start[i]);
@@ -279,7 +294,7 @@ void run_cpu_together(const std::vector<CpuLaunch>& ls) {
       for (size_t i = 0; i < n; ++i) {
         if (start[i + 1] <= lo || start[i] >= hi) continue;
         const int64_t first = iteration(i, lo), last = iteration(i, hi);
-        if (first < last) ls[i].k->cpu->run(ls[i].args.data(), first, last);
+        if (first < last) ls[i].ck->run(ls[i].args.data(), first, last);
       }
     }
   });
@@ -304,15 +319,17 @@ std::vector<at::Tensor> HorizontalKernel::call(const std::vector<at::Tensor>& in
     at += count;
     // A kernel of one launch whose code can run on these inputs joins the shared region;
     // any other runs as its own tcap::fused call (guards, fallback, split launches).
-    if (k.cuda || !k.cpu_then.empty() || !k.scratch_bytes.empty() || k.code.load(std::memory_order_acquire) != FusedKernel::Ready ||
-        !mismatch_of(k, ins).empty()) {
+    const CpuCode* cpu = k.code.load(std::memory_order_acquire) == FusedKernel::Ready
+                             ? dynamic_cast<const CpuCode*>(k.compiled.get())
+                             : nullptr;
+    if (!cpu || !cpu->single() || !mismatch_of(k, ins).empty()) {
       results[m] = run_fused(k, ins);
       continue;
     }
     k.calls.fetch_add(1, std::memory_order_relaxed);
     g_launches.fetch_add(1, std::memory_order_relaxed);
     together.emplace_back();
-    prepare_cpu(k, ins, &together.back());
+    prepare_cpu(k, *cpu, ins, &together.back());
     together.back().outs.swap(results[m]);  // the buffers stay alive in results
   }
   TORCH_CHECK(at == inputs.size(), "tcap::fused_horizontal: ", inputs.size(), " inputs for kernels that take ", at);

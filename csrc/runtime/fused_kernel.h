@@ -47,24 +47,61 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace tcap::runtime {
+
+struct FusedKernel;
+
+// Note [A backend's kernel object]
+// What a backend makes of a fused group: its code, as one object that launches itself.
+// A FusedKernel holds one and nothing of any backend (its guards, fallback graph and
+// statistics are the same for all), so a backend is a row of the backend table (its
+// name, availability, device and maker: compiler/backends.cpp) and a KernelCode of its
+// own; nothing here branches on which backend made a kernel. The CPU and CUDA codes live
+// here because their launches need this file's build (OpenMP for at::parallel_for, the
+// buffer pool); a backend's code may live anywhere.
+class KernelCode {
+ public:
+  virtual ~KernelCode() = default;
+  // Runs the code of k on `inputs`, which passed k's guards (the recorded devices, dtypes,
+  // sizes and strides); returns k's outputs, those written into an input included.
+  virtual std::vector<at::Tensor> launch(const FusedKernel& k, const std::vector<at::Tensor>& inputs) const = 0;
+  // TCAP_DUMP_DIR's file of the code: its extension (".ll", ".cu") and text; an empty
+  // extension when there is none.
+  virtual std::pair<std::string, std::string> dump() const { return {}; }
+};
+
+// The llvm backend's code: one CPU kernel, or a split reduction's sequence (Note [Split
+// reductions], kir/split_reduction.h): `main` computes the first partials, the kernels of
+// `then` run after it in order; all take the kernel's buffers and then scratch buffers of
+// these many bytes.
+struct CpuCode final : KernelCode {
+  std::shared_ptr<const codegen::cpu_llvm::CpuKernel> main;
+  std::vector<std::shared_ptr<const codegen::cpu_llvm::CpuKernel>> then;
+  std::vector<int64_t> scratch_bytes;
+  // Whether it is one kernel over one range, which a horizontal launch can share.
+  bool single() const { return then.empty() && scratch_bytes.empty(); }
+  std::vector<at::Tensor> launch(const FusedKernel& k, const std::vector<at::Tensor>& inputs) const override;
+  std::pair<std::string, std::string> dump() const override;
+};
+
+// The cuda backend's code, launched on the current stream of the kernel's device.
+struct CudaCode final : KernelCode {
+  std::shared_ptr<const codegen::cuda::CudaKernel> cuda;
+  std::vector<at::Tensor> launch(const FusedKernel& k, const std::vector<at::Tensor>& inputs) const override;
+  std::pair<std::string, std::string> dump() const override;
+};
 
 struct FusedKernel : interp::DirectCall {
   std::string name;
   kir::Kernel kernel;
   c10::Device device = c10::Device(c10::kCPU);
-  // device is the CPU. Written before the kernel is registered, or (a kernel compiled in
-  // the background) before `code` becomes Ready; read only after `code` is Ready.
-  std::shared_ptr<const codegen::cpu_llvm::CpuKernel> cpu;
-  // A split reduction (Note [Split reductions], kir/split_reduction.h): `cpu` computes the
-  // first partials, the kernels of `cpu_then` run after it in order; all take the
-  // kernel's buffers and then scratch buffers of these many bytes. Written and read as
-  // `cpu` is.
-  std::vector<std::shared_ptr<const codegen::cpu_llvm::CpuKernel>> cpu_then;
-  std::vector<int64_t> scratch_bytes;
-  std::shared_ptr<const codegen::cuda::CudaKernel> cuda;      // device is a CUDA device
+  // Note [A backend's kernel object]. Written before the kernel joins its graph's table,
+  // or (a kernel compiled later) before `code` becomes Ready; read only after `code` is
+  // Ready.
+  std::shared_ptr<const KernelCode> compiled;
   std::vector<ir::TensorMeta> inputs;   // recorded metadata, in kernel buffer order
   std::vector<ir::TensorMeta> outputs;
   ir::Graph fallback;                   // the group's ATen ops (inputs -> outputs)
@@ -74,8 +111,8 @@ struct FusedKernel : interp::DirectCall {
   // Set before the kernel first runs; empty when no output is.
   std::vector<int> output_into_input;
 
-  // Whether the code exists (Note [Kernels compiled in the background]): a kernel that is
-  // Compiling, or Failed to compile there, runs its fallback graph.
+  // Whether `compiled` exists (Note [Kernels compiled in the background]): a kernel that
+  // is Compiling, or Failed to compile there, runs its fallback graph.
   enum Code : int { Ready = 0, Compiling = 1, Failed = 2 };
   std::atomic<int> code{Ready};
 

@@ -208,7 +208,9 @@ inline int64_t add_llvm_kernel(const tcap::fuse::FusedGroup& fg, tcap::runtime::
   auto k = std::make_shared<tcap::runtime::FusedKernel>();
   k->name = fg.name;
   k->kernel = fg.kernel;
-  k->cpu = tcap::codegen::cpu_llvm::compile_cpu_kernel(fg.kernel);
+  auto code = std::make_shared<tcap::runtime::CpuCode>();
+  code->main = tcap::codegen::cpu_llvm::compile_cpu_kernel(fg.kernel);
+  k->compiled = std::move(code);
   k->inputs = fg.input_metas;
   k->outputs = fg.output_metas;
   k->fallback = fg.fallback;

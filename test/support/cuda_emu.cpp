@@ -280,7 +280,9 @@ tcap::Executable compiler(const ir::Graph& g, bool also_ptx, const Options& o) {
                              const std::string ptx = cg::compile_to_ptx(fg.kernel, arch);
                              TORCH_CHECK(ptx.find(".entry") != std::string::npos, "no .entry in the PTX");
                            }
-                           fk.cpu = build(fg.kernel, o);
+                           auto code = std::make_shared<runtime::CpuCode>();
+                           code->main = build(fg.kernel, o);
+                           fk.compiled = std::move(code);
                          } catch (const std::exception& e) {
                            const auto* ce = dynamic_cast<const c10::Error*>(&e);
                            ADD_FAILURE() << "kernel " << fg.name << " cannot be emulated:\n"
