@@ -69,7 +69,11 @@ KernelMaker llvm_maker(const compiler::Target&, bool later) {
       else fk.compiled = std::move(c);
     };
   }
-  return [](const fuse::FusedGroup& fg, runtime::FusedKernel& fk) { fk.compiled = cpu_code(fg.kernel, true); };
+  return [](const fuse::FusedGroup& fg, runtime::FusedKernel& fk) {
+    auto c = cpu_code(fg.kernel, true);
+    TORCH_CHECK(c, "the llvm backend made no code for ", fg.name);
+    fk.compiled = std::move(c);
+  };
 }
 
 // The cuda backend's kernels (runtime::CudaCode), for the target's device.
@@ -175,11 +179,6 @@ Target choose_target(const Backend& backend, const ir::Graph& g, const std::stri
   TCAP_LOG(GraphBreaks, what << ": backend 'auto' runs the eager backend: " << why);
   return {};
 }
-
-namespace {
-
-
-}  // namespace
 
 KernelMaker kernel_maker(const Target& t, bool later) {
   TORCH_INTERNAL_ASSERT(t.fuses(), "tcap: the eager target makes no kernels");
