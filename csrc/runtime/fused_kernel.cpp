@@ -239,6 +239,12 @@ std::vector<at::Tensor> run_fused(FusedKernel& k, const std::vector<at::Tensor>&
     count_unfused_run();
     return run_aten_ops(k, inputs, nullptr);
   }
+  if (!k.compiled) {  // a maker that made no code (Note [A backend's kernel object]): never a crash
+    static const std::string none = "its backend made no code for it";
+    k.fallbacks.fetch_add(1, std::memory_order_relaxed);
+    g_fallbacks.fetch_add(1, std::memory_order_relaxed);
+    return run_aten_ops(k, inputs, &none);
+  }
   g_launches.fetch_add(1, std::memory_order_relaxed);
   return k.compiled->launch(k, inputs);
 }

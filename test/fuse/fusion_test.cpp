@@ -314,6 +314,43 @@ TEST_F(Fusion, ViewsAreReadAndWrittenThroughTheirBase) {
   EXPECT_EQ(got[0].sizes(), (c10::IntArrayRef{6}));
 }
 
+// Note [A backend's kernel object]: a kernel whose backend made no code (a maker that
+// broke its contract) runs the group's ATen ops, counted as a fallback: the values are
+// eager's, never a crash.
+TEST_F(Fusion, AKernelWithoutCodeRunsItsOps) {
+  auto kernels = std::make_shared<tcap::runtime::KernelTable>();
+  tcap::fuse::FusionResult fused;
+  tcap::CompileOptions options;
+  options.fw_compiler = [&](const tcap::ir::Graph& g) {
+    tcap::fuse::FusionOptions o;
+    o.compile = [&](const tcap::fuse::FusedGroup& fg, std::string*) {
+      auto k = std::make_shared<tcap::runtime::FusedKernel>();
+      k->name = fg.name;
+      k->kernel = fg.kernel;
+      k->inputs = fg.input_metas;
+      k->outputs = fg.output_metas;
+      k->fallback = fg.fallback;
+      return kernels->add(std::move(k));  // no code
+    };
+    fused = tcap::fuse::fuse(g, o);
+    return tcap::runtime::interpreter_executable(fused.graph, "no_code", false, kernels);
+  };
+  auto fn = [](const Tensors& in) { return Tensors{(in[0] * 2.0 + in[1]).sin()}; };
+  auto f = tcap::compile(fn, options);
+  for (int call = 0; call < 3; ++call) {
+    const Tensors in{torch::randn({5, 3}), torch::randn({5, 3})};
+    const auto before = tcap::runtime::runtime_stats();
+    const Tensors out = (*f)(in);
+    const auto after = tcap::runtime::runtime_stats();
+    EXPECT_TRUE(close(out[0], fn(in)[0], 1e-6, 1e-7)) << "call " << call;
+    if (call > 0) {
+      EXPECT_EQ(after.launches, before.launches);
+      EXPECT_GE(after.fallbacks - before.fallbacks, 1);
+    }
+  }
+  EXPECT_GE(kernels->size(), 1u) << fused.explain();
+}
+
 // TCAP_SMALL_MATMUL_MACS sets the limit; 0 keeps every matmul a BLAS call.
 TEST_F(Fusion, SmallMatmulLimitFromTheEnvironment) {
   ::setenv("TCAP_SMALL_MATMUL_MACS", "0", 1);
