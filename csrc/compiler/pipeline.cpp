@@ -113,8 +113,9 @@ ir::Graph fuse_graph(const ir::Graph& g, const std::string& what, const std::str
           if (!file.first.empty()) write_file(base + file.first, file.second);
         }
       }
-      // (compile runs on several threads: Note [Parallel kernel compilation])
-      return table->add(std::move(fk));
+      // At the group's ordinal, not in the order compiles finish on several threads (Note
+      // [Parallel kernel compilation]): the fused graph is the same for any thread count.
+      return table->put(fg.ordinal, std::move(fk));
     } catch (const c10::Error& e) {
       *why = e.what_without_backtrace();
       return -1;

@@ -189,6 +189,7 @@ class Fuser {
       Pending p;
       p.gr = &gr;
       p.fg = std::move(fg);
+      p.fg.ordinal = static_cast<int64_t>(pending.size());
       pending.push_back(std::move(p));
     }
     compile_all(pending);

@@ -26,6 +26,10 @@ struct FusedGroup {
   std::vector<ir::TensorMeta> output_metas;
   kir::Kernel kernel;
   int64_t kernel_id = -1;            // from FusionOptions::compile
+  // Its place among the groups handed to FusionOptions::compile, in group order: a backend
+  // may keep its kernel there, so that the fused graph does not depend on the order in
+  // which compiles on several threads finish (Note [Parallel kernel compilation]).
+  int64_t ordinal = -1;
   // The group's nodes as a standalone graph (inputs -> outputs): the runtime runs it
   // through the interpreter if a call ever sees tensors unlike the recorded ones.
   ir::Graph fallback;

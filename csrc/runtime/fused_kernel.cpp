@@ -367,6 +367,16 @@ int64_t KernelTable::add(std::shared_ptr<FusedKernel> k) {
   return static_cast<int64_t>(kernels_.size()) - 1;
 }
 
+int64_t KernelTable::put(int64_t place, std::shared_ptr<FusedKernel> k) {
+  TORCH_CHECK(k, "tcap: a null kernel cannot join a kernel table");
+  TORCH_CHECK(place >= 0, "tcap: kernel table place ", place);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (static_cast<size_t>(place) >= kernels_.size()) kernels_.resize(static_cast<size_t>(place) + 1);
+  TORCH_CHECK(!kernels_[static_cast<size_t>(place)], "tcap: kernel table place ", place, " is taken");
+  kernels_[static_cast<size_t>(place)] = std::move(k);
+  return place;
+}
+
 std::shared_ptr<FusedKernel> KernelTable::at(int64_t i) const {
   std::lock_guard<std::mutex> lock(mu_);
   return i >= 0 && static_cast<size_t>(i) < kernels_.size() ? kernels_[static_cast<size_t>(i)] : nullptr;
@@ -380,7 +390,7 @@ size_t KernelTable::size() const {
 std::shared_ptr<interp::DirectCall> KernelTable::find(const ir::Node& n) const {
   auto kernel = [this](int64_t i) {
     auto k = at(i);
-    TORCH_CHECK(k, "names kernel ", i, ", and its graph's kernel table holds ", size(), " kernels");
+    TORCH_CHECK(k, "names kernel ", i, ", and its graph's kernel table holds none there (", size(), " places)");
     return k;
   };
   if (n.op == "tcap::fused" && n.args.size() == 2 && n.args[1].kind == ir::ArgKind::Int) return kernel(n.args[1].i);

@@ -148,9 +148,11 @@ class KernelTable : public interp::DirectCalls {
  public:
   // Appends k; returns its place, the number a fused node names it by.
   int64_t add(std::shared_ptr<FusedKernel> k);
+  // Puts k at `place` (a place left empty so far; the table grows to it); returns place.
+  int64_t put(int64_t place, std::shared_ptr<FusedKernel> k);
   // The kernel at place i, or null when there is none.
   std::shared_ptr<FusedKernel> at(int64_t i) const;
-  size_t size() const;
+  size_t size() const;  // places, empty ones included
   // tcap::fused: its kernel; tcap::fused_horizontal: its kernels launched together.
   std::shared_ptr<interp::DirectCall> find(const ir::Node& n) const override;
 

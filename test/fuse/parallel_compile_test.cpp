@@ -2,6 +2,12 @@
 // kernel compilation]), and the lowering table agrees with the op facts.
 #include "fusion_checks.h"
 
+#include "compiler/pipeline.h"
+
+#include <tcap/graph_json.h>
+
+#include <stdlib.h>
+
 using namespace tcap::testing::fusion;
 
 namespace {
@@ -72,6 +78,44 @@ TEST(ParallelCompile, ResultDoesNotDependOnThreads) {
     return std::regex_replace(tcap::ir::to_string(r.graph), std::regex("kernel=[0-9]+"), "kernel=ID");
   };
   EXPECT_EQ(without_ids(four), without_ids(one));
+}
+
+// The compile pipeline keeps each kernel at its group's place in the graph's kernel table
+// (Note [A compiled graph owns its kernels]), not in the order compiles finish: with four
+// threads and a maker that makes the first groups slowest, the fused graph written to
+// TCAP_DUMP_DIR names kernels 0, 1, 2, ... in graph order, the same text as with one thread.
+TEST(ParallelCompile, KernelPlacesFollowGroupOrder) {
+  const tcap::ir::Graph g = many_groups_graph();
+  ASSERT_GT(g.nodes().size(), 0u) << "no graph was compiled";
+  char templ[] = "/tmp/tcap_places_XXXXXX";
+  ASSERT_NE(::mkdtemp(templ), nullptr);
+  const std::string dir = templ;
+  auto fused_text = [&](const char* threads) {
+    ::setenv("TCAP_COMPILE_THREADS", threads, 1);
+    tcap::reload_config_for_testing();
+    tcap::Executable exe = tcap::fused_backend(
+        g, std::string("places_t") + threads, dir, c10::Device(c10::kCPU),
+        [](const tcap::fuse::FusedGroup& fg, tcap::runtime::FusedKernel&) {
+          // The first groups finish last.
+          std::this_thread::sleep_for(std::chrono::milliseconds(5 * std::max<int64_t>(0, 8 - fg.ordinal)));
+        });
+    ::unsetenv("TCAP_COMPILE_THREADS");
+    tcap::reload_config_for_testing();
+    return tcap::ir::load_json(dir + "/places_t" + threads + ".fused.json");
+  };
+  const tcap::ir::Graph four = fused_text("4");
+  const tcap::ir::Graph one = fused_text("1");
+  std::vector<int64_t> places;
+  for (const auto& n : four.nodes()) {
+    if (n.op == tcap::fuse::kFusedOp) places.push_back(n.args.at(1).i);
+  }
+  ASSERT_GE(places.size(), 4u) << tcap::ir::to_string(four);
+  for (size_t i = 0; i < places.size(); ++i) EXPECT_EQ(places[i], static_cast<int64_t>(i)) << tcap::ir::to_string(four);
+  auto text = [](const tcap::ir::Graph& h) {
+    return std::regex_replace(tcap::ir::to_string(h), std::regex("places_t[14]"), "places");
+  };
+  EXPECT_EQ(text(four), text(one));
+  EXPECT_EQ(std::system(("rm -rf '" + dir + "'").c_str()), 0);
 }
 
 // An exception other than a refusal, thrown on a worker thread, reaches the caller.
