@@ -309,20 +309,29 @@ void run_cpu_together(const std::vector<CpuLaunch>& ls) {
 
 }  // namespace
 
+std::vector<std::vector<at::Tensor>> HorizontalKernel::inputs_of_members(const std::vector<at::Tensor>& inputs) const {
+  std::vector<std::vector<at::Tensor>> out(members.size());
+  size_t at = 0;
+  for (size_t m = 0; m < members.size(); ++m) {
+    const auto count = static_cast<size_t>(arity[m]);
+    TORCH_CHECK(at + count <= inputs.size(), "tcap::fused_horizontal: ", inputs.size(), " inputs for kernels that take more");
+    out[m].assign(inputs.begin() + static_cast<std::ptrdiff_t>(at), inputs.begin() + static_cast<std::ptrdiff_t>(at + count));
+    at += count;
+  }
+  TORCH_CHECK(at == inputs.size(), "tcap::fused_horizontal: ", inputs.size(), " inputs for kernels that take ", at);
+  return out;
+}
+
 std::vector<at::Tensor> HorizontalKernel::call(const std::vector<at::Tensor>& inputs) {
   RECORD_USER_SCOPE(std::string_view(name));
   g_horizontal_launches.fetch_add(1, std::memory_order_relaxed);
   std::vector<CpuLaunch> together;
   together.reserve(members.size());
   std::vector<std::vector<at::Tensor>> results(members.size());
-  size_t at = 0;
+  const std::vector<std::vector<at::Tensor>> member_inputs = inputs_of_members(inputs);
   for (size_t m = 0; m < members.size(); ++m) {
     FusedKernel& k = *members[m];
-    const auto count = static_cast<size_t>(arity[m]);
-    TORCH_CHECK(at + count <= inputs.size(), "tcap::fused_horizontal: ", inputs.size(), " inputs for kernels that take more");
-    std::vector<at::Tensor> ins(inputs.begin() + static_cast<std::ptrdiff_t>(at),
-                                inputs.begin() + static_cast<std::ptrdiff_t>(at + count));
-    at += count;
+    const std::vector<at::Tensor>& ins = member_inputs[m];
     // A kernel of one launch whose code can run on these inputs joins the shared region;
     // any other runs as its own tcap::fused call (guards, fallback, split launches).
     const CpuCode* cpu = k.code.load(std::memory_order_acquire) == FusedKernel::Ready
@@ -338,7 +347,6 @@ std::vector<at::Tensor> HorizontalKernel::call(const std::vector<at::Tensor>& in
     prepare_cpu(k, *cpu, ins, &together.back());
     together.back().outs.swap(results[m]);  // the buffers stay alive in results
   }
-  TORCH_CHECK(at == inputs.size(), "tcap::fused_horizontal: ", inputs.size(), " inputs for kernels that take ", at);
   run_cpu_together(together);
   std::vector<at::Tensor> outs;
   for (auto& r : results) outs.insert(outs.end(), std::make_move_iterator(r.begin()), std::make_move_iterator(r.end()));
@@ -347,16 +355,10 @@ std::vector<at::Tensor> HorizontalKernel::call(const std::vector<at::Tensor>& in
 
 std::vector<at::Tensor> HorizontalKernel::call_ops(const std::vector<at::Tensor>& inputs) {
   std::vector<at::Tensor> outs;
-  size_t at = 0;
+  const std::vector<std::vector<at::Tensor>> member_inputs = inputs_of_members(inputs);
   for (size_t m = 0; m < members.size(); ++m) {
-    const auto count = static_cast<size_t>(arity[m]);
-    TORCH_CHECK(at + count <= inputs.size(), "tcap::fused_horizontal: ", inputs.size(), " inputs for kernels that take more");
-    std::vector<at::Tensor> ins(inputs.begin() + static_cast<std::ptrdiff_t>(at),
-                                inputs.begin() + static_cast<std::ptrdiff_t>(at + count));
-    at += count;
-    for (auto& t : members[m]->call_ops(ins)) outs.push_back(std::move(t));
+    for (auto& t : members[m]->call_ops(member_inputs[m])) outs.push_back(std::move(t));
   }
-  TORCH_CHECK(at == inputs.size(), "tcap::fused_horizontal: ", inputs.size(), " inputs for kernels that take ", at);
   return outs;
 }
 

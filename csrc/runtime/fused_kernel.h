@@ -138,6 +138,8 @@ struct HorizontalKernel : interp::DirectCall {
   std::vector<int64_t> arity;
   std::vector<at::Tensor> call(const std::vector<at::Tensor>& inputs) override;
   std::vector<at::Tensor> call_ops(const std::vector<at::Tensor>& inputs) override;
+  // `inputs` cut into each member's, by `arity`; throws when the counts do not add up.
+  std::vector<std::vector<at::Tensor>> inputs_of_members(const std::vector<at::Tensor>& inputs) const;
 };
 
 // Note [A compiled graph owns its kernels]: the kernels of one compiled graph, in the
