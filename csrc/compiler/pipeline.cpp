@@ -189,6 +189,15 @@ Executable compiled_at_first_run(Executable inner, const std::string& what, Kern
   };
 }
 
+// g with ops run in place on intermediates that die there (passes/reuse_buffers.h), the
+// count logged under perf as `what`'s; the last rewrite of every graph an interpreter runs.
+ir::Graph with_buffers_reused(const ir::Graph& g, const std::string& what) {
+  int rewritten = 0;
+  ir::Graph h = passes::reuse_buffers(g, &rewritten);
+  TCAP_LOG(Perf, what << ": " << rewritten << " ops run in place on a dying intermediate");
+  return h;
+}
+
 // The rewrites every compiled graph gets before fusion (the interpreter that runs the
 // result runs it below autograd, which drop_detaches needs); each result is a stage.
 ir::Graph simplify(const ir::Graph& g, const std::string& what) {
@@ -311,9 +320,7 @@ Executable compile_graph_for(const ir::Graph& g, const CompileOptions& o, const 
                 what, "fuse");
     }
     if (target.kind == Backend::Llvm) h = horizontal_kernels(gemms_through_onednn(h, what), what);
-    int rewritten = 0;
-    h = stage(passes::reuse_buffers(h, &rewritten), what, "reuse_buffers");
-    TCAP_LOG(Perf, what << ": " << rewritten << " ops run in place on a dying intermediate");
+    h = stage(with_buffers_reused(h, what), what, "reuse_buffers");
     exe = compiled_at_first_run(runtime::interpreter_executable(h, what, check_host_values, std::move(kernels)),
                                 what, std::move(first_run), compiler::compiles_in_background(o, target));
   }
@@ -354,10 +361,7 @@ CompiledJoint compile_joint(const JointGraph& joint, bool has_backward, const Co
 }  // namespace compiler
 
 Executable eager_backend(const ir::Graph& g) {
-  int rewritten = 0;
-  Executable exe = runtime::interpreter_executable(passes::reuse_buffers(g, &rewritten), "graph");
-  TCAP_LOG(Perf, "eager backend: " << rewritten << " ops run in place on a dying intermediate");
-  return exe;
+  return runtime::interpreter_executable(with_buffers_reused(g, "eager backend"), "graph");
 }
 
 Executable llvm_backend(const ir::Graph& g) {
@@ -370,10 +374,8 @@ Executable fused_backend(const ir::Graph& g, const std::string& what, const std:
                          const c10::Device& device, const KernelMaker& make_kernel) {
   auto kernels = std::make_shared<runtime::KernelTable>();
   ir::Graph h = fuse_graph(g, what, dump_dir, device, make_kernel, kernels.get());
-  int rewritten = 0;
-  h = passes::reuse_buffers(h, &rewritten);
-  TCAP_LOG(Perf, what << ": " << rewritten << " ops run in place on a dying intermediate");
-  return runtime::interpreter_executable(h, what, /*check_host_values=*/false, std::move(kernels));
+  return runtime::interpreter_executable(with_buffers_reused(h, what), what, /*check_host_values=*/false,
+                                         std::move(kernels));
 }
 
 }  // namespace tcap
