@@ -416,12 +416,44 @@ struct ReplayNode final : torch::autograd::Node {
   }
 };
 
+// Note [Edges only where a gradient flows]
+// Eager's autograd graph links a parameter only where an op read it differentiably: a
+// parameter of the module given that the function never reads (a branch switched off, a
+// head not used in this forward), or reads only through ops without a derivative, has no
+// edge, so the engine never reaches its AccumulateGrad, its hooks never run and its .grad
+// stays undefined. The replay node links exactly the primals its compiled backward
+// returns a gradient for (PartitionResult::grad_of); an edge to any other would make the
+// engine run that parameter's hooks with an undefined gradient (a hook `g * 2` then
+// raises) and count it in the graph task's dependencies. A tensor passed at several
+// positions (f(a, a)) gets its summed gradient at one of them; its edges at the others
+// stay, as they were (dropping them lost that gradient in the engine: the node it reached
+// ran with none, Contract.OneTensorAtTwoPositionsIsNoMismatch).
+torch::autograd::edge_list edges_to_gradients(const Entry& e, const std::vector<at::Tensor>& primals) {
+  torch::autograd::edge_list edges = torch::autograd::collect_next_edges(primals);
+  std::vector<bool> flows(edges.size(), false);
+  for (int j : e.part.grad_of) {
+    if (static_cast<size_t>(j) < flows.size()) flows[static_cast<size_t>(j)] = true;
+  }
+  // A tensor passed at several positions has one edge at each; its gradient comes at one
+  // of them (the capture sums the contributions there), and the others keep their edge.
+  std::vector<std::pair<const torch::autograd::Node*, uint32_t>> reached;
+  for (size_t j = 0; j < edges.size(); ++j) {
+    if (flows[j] && edges[j].is_valid()) reached.emplace_back(edges[j].function.get(), edges[j].input_nr);
+  }
+  for (size_t j = 0; j < edges.size(); ++j) {
+    if (flows[j] || !edges[j].is_valid()) continue;
+    const std::pair<const torch::autograd::Node*, uint32_t> at{edges[j].function.get(), edges[j].input_nr};
+    if (std::find(reached.begin(), reached.end(), at) == reached.end()) edges[j] = torch::autograd::Edge();
+  }
+  return edges;
+}
+
 variable_list replay_through_node(const std::shared_ptr<const Entry>& e, const std::vector<at::Tensor>& primals,
                                   std::shared_ptr<RegionVerify> verify) {
   std::shared_ptr<ReplayNode> node(new ReplayNode(), torch::autograd::deleteNode);
   node->entry = e;
   node->verify = std::move(verify);
-  node->set_next_edges(torch::autograd::collect_next_edges(primals));
+  node->set_next_edges(edges_to_gradients(*e, primals));
   if (e->has_rng) node->rng = RngStates::save(devices_of(e->part.forward));
   variable_list in_context;
   variable_list user = run_forward(*e, primals, &node->capsule, &in_context);

@@ -346,3 +346,47 @@ TEST(Autograd, GradientsThatAliasedWhenCapturedAreCheckedAtReplay) {
 }
 
 }  // namespace
+
+// A hook on a parameter of the module given that the function never reads (a branch of
+// the model that is switched off): eager's engine never reaches the parameter, so the hook
+// never runs, its .grad stays undefined, and torch::autograd::grad of it is an error (or
+// undefined with allow_unused). The compiled region must not hand the hook an undefined
+// gradient (Note [Edges only where a gradient flows]).
+TEST(Autograd, HookOnAParameterThatGetsNoGradientNeverRuns) {
+  for (const std::string backend : {"eager", "llvm"}) {
+    if (!tcap::Backend(backend).available()) continue;
+    SCOPED_TRACE(backend);
+    torch::manual_seed(0);
+    torch::nn::Sequential net(torch::nn::Linear(3, 4), torch::nn::Linear(4, 4));
+    auto used = net[0]->as<torch::nn::Linear>();
+    auto unused = net[1]->as<torch::nn::Linear>();
+    int hook_calls = 0;
+    unused->weight.register_hook([&](const at::Tensor& g) {
+      ++hook_calls;
+      return g * 2;
+    });
+    tcap::CompileOptions o;
+    o.backend = tcap::Backend(backend);
+    auto f = tcap::compile(net.ptr(), [&](const Tensors& in) { return Tensors{torch::gelu(used->forward(in[0]))}; }, o);
+    for (int i = 0; i < 4; ++i) {
+      auto x = torch::randn({5, 3});
+      auto out = (*f)({x});
+      out[0].pow(2).sum().backward();
+      auto wr = used->weight.detach().clone().requires_grad_(true);
+      torch::gelu(torch::nn::functional::linear(x, wr, used->bias.detach())).pow(2).sum().backward();
+      ASSERT_TRUE(used->weight.grad().defined());
+      used->weight.grad().zero_();
+      used->bias.grad().zero_();
+    }
+    EXPECT_EQ(hook_calls, 0);
+    EXPECT_FALSE(unused->weight.grad().defined());
+    // torch::autograd::grad of it: an error, as eager's (the parameter is not in the
+    // graph), and undefined with allow_unused.
+    auto loss = [&] { return (*f)({torch::randn({5, 3})})[0].sum(); };
+    EXPECT_TRUE(fails_saying([&] { torch::autograd::grad({loss()}, {unused->weight}); }, "not have been used"));
+    auto g = torch::autograd::grad({loss()}, {unused->weight, used->weight}, {}, std::nullopt, false, /*allow_unused=*/true);
+    EXPECT_FALSE(g[0].defined());
+    EXPECT_TRUE(g[1].defined());
+    EXPECT_GE(f->stats().replays, 4);
+  }
+}
