@@ -2,7 +2,9 @@
 // compiled and on an eager twin, compared (docs/reliability.md, "The divergence fuzzer").
 //
 // A program is a model drawn from a grammar of LibTorch modules (a stem: Linear on
-// features, Embedding on token ids or Conv1d on sequences; then Linear, activations,
+// features, Embedding on token ids, Conv1d on sequences, or a text stem over sequences of
+// varying length: per-token Linear, causal attention, host branches on the length, pooling
+// over it; then Linear, activations,
 // LayerNorm, BatchNorm1d, GroupNorm, Dropout, residual blocks, scalings, in-place updates
 // of a temporary and of a running-average buffer, host code that branches on the batch
 // size, single-head
@@ -11,7 +13,7 @@
 // (tcap::compile of the model with an eager optimizer, compile_step with SGD or Adam,
 // compiled autograd around an eager forward) and a backend (eager, llvm). It is called a
 // number of times; before each call a few changes are drawn from what ordinary programs do
-// between calls: another batch size, a non-contiguous input, train()/eval() of the model or
+// between calls: another batch size, another sequence length, a non-contiguous input, train()/eval() of the model or
 // of one module, a Dropout's p or inplace, a BatchNorm's momentum (or none), eps or
 // track_running_stats, a LayerNorm's eps, a GroupNorm's groups, a parameter edited in place, written through .data() or given other data (set_data), the
 // learning rate, weight decay and momentum, a parameter frozen or unfrozen, deterministic
@@ -192,7 +194,7 @@ class Program {
   // "" when every call agreed, else the divergence.
   std::string run(std::map<std::string, int>& changes_run) {
     for (int call = 0; call < calls_; ++call) {
-      Call c = ChangeDraw{rng_, spec_, batch_, toggle_deterministic_}.draw(call);
+      Call c = ChangeDraw{rng_, spec_, batch_, length_, toggle_deterministic_}.draw(call);
       for (const auto& w : c.what) ++changes_run[w];
       apply_changes(c);
       std::string why = one_call(c);
@@ -210,6 +212,7 @@ class Program {
       }
       std::ostringstream h;
       h << "call " << call << ": batch " << c.batch;
+      if (spec_.input == Input::Text) h << ", length " << c.length;
       for (const auto& w : c.what) h << ", " << w;
       history_.push_back(h.str());
     }
@@ -317,6 +320,9 @@ class Program {
         break;
       case Input::Sequences:
         x = c.transposed ? torch::randn({c.batch, kLength, width}).transpose(1, 2) : torch::randn({c.batch, width, kLength});
+        break;
+      case Input::Text:
+        x = c.transposed ? torch::randn({c.batch, width, c.length}).transpose(1, 2) : torch::randn({c.batch, c.length, width});
         break;
     }
     at::Tensor target = c.target_view ? x.narrow(1, 0, out_width) : torch::randn({c.batch, out_width});
@@ -488,6 +494,7 @@ class Program {
   std::string ended_;  // why the program's calls ended before its last, "" while they go on
   bool toggle_deterministic_ = false;
   int batch_ = 4;  // the program's batch size, until a change draws another
+  int length_ = 4;  // a Text program's length, likewise
   at::Tensor mask_;  // the last mask of a masked program
   std::vector<std::string> history_;
 };

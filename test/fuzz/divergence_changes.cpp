@@ -10,10 +10,11 @@ namespace divergence {
 Call ChangeDraw::draw(int call) {
   Call c;
   c.batch = batch;
+  c.length = length;
   if (call < 3) return c;  // the first calls capture and compile
   const int n = pick(3);
   for (int k = 0; k < n; ++k) {
-    const int kind = pick(28);
+    const int kind = pick(spec.input == Input::Text ? 30 : 28);
     const size_t which = rng();
     switch (kind) {
       case 0:
@@ -260,6 +261,13 @@ Call ChangeDraw::draw(int call) {
         }
         c.target_view = true;
         c.what.push_back("the step's target a view of its input");
+        break;
+      case 28:
+      case 29:
+        if (spec.input != Input::Text) break;
+        c.what.push_back("another sequence length");
+        length = text_lengths()[which % text_lengths().size()];
+        c.length = length;
         break;
       default:
         c.what.push_back("another batch size");

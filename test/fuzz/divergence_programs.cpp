@@ -36,6 +36,12 @@ std::string Spec::str() const {
     case Input::Sequences:
       s << "in " << in << "x" << kLength << " -> Conv1d(" << stem << ") -> flatten(" << stem * kLength << ")";
       break;
+    case Input::Text:
+      s << "text of " << in << " per token -> TextStem(" << stem << (text_form & 1 ? ", causal attention" : "")
+        << (text_form & 1 && text_form & 4 && stem % 2 == 0 ? " of 2 heads" : "")
+        << (text_form & 2 ? ", mean" : ", max") << " over the length"
+        << (text_form & 8 ? ", floats divided by the length on the host" : "") << ")";
+      break;
   }
   for (const auto& [l, w] : layers) {
     s << " -> " << names[static_cast<int>(l)] << (l == Layer::InPlace && w % 2 == 1 ? " with out= overloads" : "") << "("
@@ -50,13 +56,17 @@ Spec draw_spec(std::mt19937_64& rng) {
   auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<uint64_t>(n)); };
   Spec s;
   s.in = 2 + pick(7);
-  s.input = static_cast<Input>(pick(5) < 3 ? 0 : pick(2) + 1);
+  s.input = static_cast<Input>(pick(6) < 3 ? 0 : pick(3) + 1);
   int width = s.in;
   if (s.input == Input::Tokens) width = s.stem = 3 + pick(6);
   if (s.input == Input::Sequences) {
     s.in = 2 + pick(3);
     s.stem = 2 + pick(3);
     width = s.stem * kLength;
+  }
+  if (s.input == Input::Text) {
+    width = s.stem = 3 + pick(4);
+    s.text_form = pick(16);
   }
   s.backend = pick(2) ? "llvm" : "eager";
   const int n = 2 + pick(5);
@@ -106,8 +116,9 @@ Spec draw_spec(std::mt19937_64& rng) {
 // `held`: the side's tensors that Held layers read through their closures.
 nn::Sequential build(const Spec& s, std::vector<at::Tensor>& held) {
   nn::Sequential seq;
-  int width = s.input == Input::Features ? s.in : s.input == Input::Tokens ? s.stem : s.stem * kLength;
-  if (s.input != Input::Features) seq->push_back(Stem(s));
+  int width = s.input == Input::Features ? s.in : s.input == Input::Sequences ? s.stem * kLength : s.stem;
+  if (s.input == Input::Text) seq->push_back(TextStem(s.in, s.stem, s.text_form));
+  else if (s.input != Input::Features) seq->push_back(Stem(s));
   for (const auto& [l, w] : s.layers) {
     switch (l) {
       case Layer::Linear: seq->push_back(nn::Linear(width, w)); break;

@@ -39,16 +39,24 @@ enum class Layer {
 };
 constexpr int kLayerKinds = 16;
 
-// What the model takes: features [batch, in], token ids [batch] (an Embedding stem), or
-// sequences [batch, in, kLength] (a Conv1d stem, flattened).
-enum class Input { Features, Tokens, Sequences };
+// What the model takes: features [batch, in], token ids [batch] (an Embedding stem),
+// sequences [batch, in, kLength] (a Conv1d stem, flattened), or text [batch, length, in]
+// whose length the calls vary (a TextStem, pooled over the length).
+enum class Input { Features, Tokens, Sequences, Text };
 constexpr int kVocabulary = 12;
 constexpr int kLength = 5;
+// The lengths a Text program is called at: 1 and 2, the stem's threshold (6) straddled,
+// multiples of 3 (its parity branch) and not.
+inline const std::vector<int>& text_lengths() {
+  static const std::vector<int> lengths = {1, 2, 3, 4, 5, 6, 7, 9, 11, 12};
+  return lengths;
+}
 
 struct Spec {
   int in = 4;
   Input input = Input::Features;
-  int stem = 0;  // Tokens: the embedding width; Sequences: the convolution's channels
+  int stem = 0;  // Tokens: the embedding width; Sequences: the convolution's channels; Text: the width per token
+  int text_form = 0;  // Text: TextStem's form (its bits: attention, mean pooling, heads)
   std::vector<std::pair<Layer, int>> layers;  // (kind, width after it)
   bool offset = false;  // an offset built in the default dtype after the last layer
   bool cross_entropy = false;
@@ -116,6 +124,48 @@ struct SizeBranchImpl : nn::Module {
 };
 TORCH_MODULE(SizeBranch);
 
+// Host code and tensor arithmetic over a length that varies between calls (Note [Checking a
+// new size], Note [Dynamic sizes]): the stem of a Text program, [batch, length, in] ->
+// [batch, width]. A per-token Linear over flatten(0, 1) viewed back (a product of two
+// sizes); causal self-attention (form bit 0) with its heads split off by reshape (two
+// heads with bit 2 and an even width) and a mask built from the length; host branches on
+// the length (the last six tokens kept above six, a scaling at multiples of three);
+// positions from arange over the length; a pooling over the length, a mean (bit 1) or a
+// maximum. With bit 3 the positions and the mean divide by the length read on the host (a
+// float computed from a size, which keeps an entry static).
+struct TextStemImpl : nn::Module {
+  TextStemImpl(int in, int width, int form)
+      : proj(register_module("proj", nn::Linear(in, width))),
+        qkv(register_module("qkv", nn::Linear(width, 3 * width))),
+        width(width),
+        form(form) {}
+  at::Tensor forward(const at::Tensor& x) {
+    const int64_t b = x.size(0), n = x.size(1);
+    at::Tensor h = proj->forward(x.flatten(0, 1)).view({b, n, width});
+    if (form & 1) {
+      const int64_t heads = (form & 4) && width % 2 == 0 ? 2 : 1, d = width / heads;
+      auto parts = qkv->forward(h).chunk(3, -1);
+      auto split = [&](const at::Tensor& t) { return t.reshape({b, n, heads, d}).transpose(1, 2); };
+      at::Tensor scores = split(parts[0]).matmul(split(parts[1]).transpose(-2, -1)) / std::sqrt(static_cast<double>(d));
+      at::Tensor causal = torch::ones({n, n}, torch::kBool).triu(1);
+      at::Tensor att = scores.masked_fill(causal, -1e9).softmax(-1).matmul(split(parts[2]));
+      h = h + att.transpose(1, 2).reshape({b, n, width});
+    }
+    if (n > 6) h = h.narrow(1, n - 6, 6);
+    if (n % 3 == 0) h = h * 0.75;
+    const int64_t m = h.size(1);
+    const bool host_float = form & 8;
+    at::Tensor positions = torch::arange(m, h.options()) * (host_float ? 1.0 / static_cast<double>(m) : 0.125);
+    h = h + positions.unsqueeze(-1) * 0.25;
+    if (!(form & 2)) return std::get<0>(h.max(1));
+    return host_float ? h.sum(1) / static_cast<double>(m) : h.mean(1);
+  }
+  nn::Linear proj, qkv;
+  int64_t width;
+  int form;
+};
+TORCH_MODULE(TextStem);
+
 // The model's stem for token ids and sequences.
 struct StemImpl : nn::Module {
   StemImpl(const Spec& s) {
@@ -159,6 +209,7 @@ std::string first_difference(const at::Tensor& a, const at::Tensor& b, double rt
 // What one call of a program changes first.
 struct Call {
   int batch = 4;
+  int length = 4;  // Text programs: the sequence length
   bool transposed = false;
   bool no_grad = false;
   bool inference = false;     // a call under InferenceMode
@@ -181,12 +232,13 @@ std::vector<std::shared_ptr<M>> modules_of(nn::Sequential& seq) {
   return out;
 }
 
-// Draws the changes before call `call` of a program from `rng` (the program's batch size
-// and whether deterministic algorithms are toggled are the program's, updated here).
+// Draws the changes before call `call` of a program from `rng` (the program's batch size,
+// its length and whether deterministic algorithms are toggled are the program's, updated here).
 struct ChangeDraw {
   std::mt19937_64& rng;
   const Spec& spec;
   int& batch;
+  int& length;
   bool& toggle_deterministic;
   Call draw(int call);
   int pick(int n) { return static_cast<int>(rng() % static_cast<uint64_t>(n)); }
