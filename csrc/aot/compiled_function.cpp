@@ -63,8 +63,12 @@ struct CompiledFunction::Impl {
   // With `replaces`, e generalizes that entry's host values (Note [Observed host values]).
   void publish(const std::shared_ptr<RegionEntry>& e, const std::shared_ptr<cache::Entry>& size_miss_of,
                const std::vector<size_t>& changed, const std::shared_ptr<const RegionEntry>& replaces = nullptr) {
-    if (size_miss_of && !replaces) aot::generalize(static_cast<const RegionEntry&>(*size_miss_of), *e, changed, who());
-    cache->add(e, std::const_pointer_cast<RegionEntry>(replaces));
+    std::shared_ptr<cache::Entry> gone = std::const_pointer_cast<RegionEntry>(replaces);
+    if (size_miss_of && !replaces) {
+      aot::generalize(static_cast<const RegionEntry&>(*size_miss_of), *e, changed, who());
+      gone = cache::take_place_of_static(size_miss_of, *e, who());  // Note [A dynamic entry takes the place of the static one]
+    }
+    cache->add(e, gone);
     cache->stats().count(&CompileStats::compiles);
     if (!contract_logged.exchange(true)) aot::log_contract(*e, who());
   }
@@ -76,10 +80,10 @@ struct CompiledFunction::Impl {
   std::vector<std::pair<at::Tensor, std::pair<ir::InputKind, std::string>>> declared_inputs(
       const std::vector<at::Tensor>& user_inputs, cache::ModuleView& named, std::vector<std::string>& names,
       std::vector<bool>& identity) const;
-  // Note [Checking a new size]: runs the function while recording its forward, compares
-  // that with dynamic entry e's record at class values `key`, and returns its outputs.
-  std::vector<at::Tensor> check_call(const RegionEntry& e, const std::vector<int64_t>& key,
-                                     const std::vector<at::Tensor>& user_inputs, std::string* verdict);
+  // Note [Checking a new size]: runs the function while recording its forward (into
+  // `recorded`, which the entry cache compares with dynamic entries' records), and returns
+  // its outputs.
+  std::vector<at::Tensor> check_call(const std::vector<at::Tensor>& user_inputs, cache::SizeCheckRecording* recorded);
   std::vector<at::Tensor> capture_call(const std::vector<at::Tensor>& user_inputs,
                                        const std::vector<at::Tensor>& call_inputs, const cache::Lookup& miss);
   // While a capture waits for its backward; nullopt when there is none (or it finished).
@@ -249,9 +253,9 @@ struct CompiledFunction::Impl::ServedCall {
 
   Out capture(const cache::Lookup& miss) { return f.capture_call(user_inputs, call_inputs, miss); }
   Out eager(const std::string&) { return f.fn(user_inputs); }
-  std::optional<Out> check(const cache::Lookup& found, std::string* verdict) {
+  std::optional<Out> check(const cache::Lookup&, cache::SizeCheckRecording* recorded) {
     if (slot.owns_lock()) slot.unlock();  // a check compiles nothing: the next capture may start
-    return f.check_call(static_cast<const RegionEntry&>(*found.hit), found.key, user_inputs, verdict);
+    return f.check_call(user_inputs, recorded);
   }
 };
 
@@ -346,9 +350,8 @@ std::vector<std::pair<at::Tensor, std::pair<ir::InputKind, std::string>>> Compil
   return decl;
 }
 
-std::vector<at::Tensor> CompiledFunction::Impl::check_call(const RegionEntry& e, const std::vector<int64_t>& key,
-                                                           const std::vector<at::Tensor>& user_inputs,
-                                                           std::string* verdict) {
+std::vector<at::Tensor> CompiledFunction::Impl::check_call(const std::vector<at::Tensor>& user_inputs,
+                                                           cache::SizeCheckRecording* recorded) {
   std::vector<std::string> names;
   std::vector<bool> identity;
   cache::ModuleView named;
@@ -356,8 +359,8 @@ std::vector<at::Tensor> CompiledFunction::Impl::check_call(const RegionEntry& e,
   auto cap = std::make_shared<aot::RegionCapture>();
   auto outs = cap->record_forward([&] { return fn(user_inputs); }, decl);
   const std::string why = cap->check_forward(outs);
-  *verdict = e.guards.dyn.ledger->check(key, why.empty() ? cap->joint_without_backward().graph : ir::Graph(),
-                                        why.empty() ? "" : "its forward cannot be compiled at these sizes: " + why);
+  if (why.empty()) recorded->graph = cap->joint_without_backward().graph;
+  else recorded->why_not = "its forward cannot be compiled at these sizes: " + why;
   return outs;
 }
 

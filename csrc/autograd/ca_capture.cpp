@@ -230,11 +230,10 @@ Runtime::Recorded Runtime::record(const Request& r, const ca::BackwardWalk& w) {
   return out;
 }
 
-variable_list Runtime::check(const Request& r, const ca::BackwardWalk& w, const BackwardEntry& e, const std::vector<int64_t>& key,
-                             std::string* verdict) {
+variable_list Runtime::check(const Request& r, const ca::BackwardWalk& w, cache::SizeCheckRecording* recorded) {
   Recorded rec = record(r, w);
-  *verdict = e.guards.dyn.ledger->check(
-      key, std::move(rec.graph), rec.why.empty() ? "" : "no graph can be made of this backward at these sizes: " + rec.why);
+  if (rec.why.empty()) recorded->graph = std::move(rec.graph);
+  else recorded->why_not = "no graph can be made of this backward at these sizes: " + rec.why;
   return std::move(rec.results);
 }
 
@@ -270,8 +269,13 @@ variable_list Runtime::capture(const Request& r, const ca::BackwardWalk& w,
                                           what + " could not be compiled: " + first_line(e.what_without_backtrace()));
     return results;
   }
-  if (size_miss_of) generalize(*size_miss_of, *entry, changed);
-  cache_->entries.add(entry);
+  std::shared_ptr<cache::Entry> gone;
+  if (size_miss_of) {
+    generalize(*size_miss_of, *entry, changed);
+    // Note [A dynamic entry takes the place of the static one]
+    gone = cache::take_place_of_static(size_miss_of, *entry, "compiled autograd");
+  }
+  cache_->entries.add(entry, gone);
   count(&CompileStats::compiles);
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   TCAP_LOG(Perf, "compiled autograd: " << what << " captured and compiled in " << ms << " ms");

@@ -123,10 +123,9 @@ class Runtime : public capture::BackwardHandler {
     std::string why;
   };
   Recorded record(const Request& r, const ca::BackwardWalk& w);
-  // Note [Checking a new size]: the backward run while recording, compared with dynamic
-  // entry e's graph at class values `key`; returns the backward's results.
-  variable_list check(const Request& r, const ca::BackwardWalk& w, const BackwardEntry& e, const std::vector<int64_t>& key,
-                      std::string* verdict);
+  // Note [Checking a new size]: the backward run while recording (into `recorded`, which
+  // the entry cache compares with dynamic entries' graphs); returns the backward's results.
+  variable_list check(const Request& r, const ca::BackwardWalk& w, cache::SizeCheckRecording* recorded);
   std::shared_ptr<const BackwardEntry> specialize(const std::shared_ptr<const BackwardEntry>& e, const std::vector<int64_t>& key);
   // Note [Specializations in the background]: e at class values `key`, made on the
   // background compile thread; null while it is being made, or where making it failed.

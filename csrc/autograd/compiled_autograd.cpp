@@ -195,9 +195,9 @@ struct Runtime::ServedCall {
     TCAP_LOG(CompiledAutograd, "compiled autograd: this backward runs eagerly: " << why);
     return r.run();
   }
-  std::optional<Out> check(const cache::Lookup& found, std::string* verdict) {
+  std::optional<Out> check(const cache::Lookup&, cache::SizeCheckRecording* recorded) {
     if (!edit) edit.emplace(capture::GraphLock::Mode::Edit);  // the recording adds observers, as a capture does
-    return rt.check(r, *w, static_cast<const BackwardEntry&>(*found.hit), found.key, verdict);
+    return rt.check(r, *w, recorded);
   }
 };
 

@@ -203,6 +203,32 @@ class Specializations {
   std::set<std::vector<int64_t>> pending_, failed_;
 };
 
+// Note [A dynamic entry takes the place of the static one]
+// When entry b generalizes a static entry a (Note [Dynamic sizes]), the fit compared their
+// graphs and records at both sizes: a's graph is b's patched to a's class values, and a's
+// record is b's record there, so those values are checked sizes of b (Note [Checking a new
+// size]). b admits them, keeps a as its specialization at them (a is compiled for them
+// already) and takes a's place and id in the cache: one entry serves both sizes and every
+// size b admits, and the cache-size limit counts the branches a function's code takes, not
+// the sizes it met. `a` must be of b's type E; returns a when b takes its place (pass it
+// to EntryCache::add as the entry replaced), else null (a is dynamic, runs eagerly, or b
+// is static). Logged under recompiles with `who`.
+template <class E, class A>
+std::shared_ptr<E> take_place_of_static(const std::shared_ptr<A>& a_entry, E& b, const std::string& who) {
+  DynamicSizes& d = b.guards.dyn;
+  if (!a_entry || !d.dynamic() || !d.ledger || a_entry->guards.dyn.dynamic() || a_entry->eager()) return nullptr;
+  auto a = std::const_pointer_cast<E>(std::static_pointer_cast<const E>(a_entry));
+  std::vector<int64_t> key;
+  for (const auto& [at_a, at_b] : d.class_pairs(a->guards.sizes, b.guards.sizes)) key.push_back(at_a);
+  if (key == d.own_key) return nullptr;
+  d.ledger->admit(key);
+  b.specialized->insert(key, a);
+  TCAP_LOG(Recompiles, who << " entry " << b.id << " takes the place of entry " << a->id << ", whose sizes "
+                           << c10::IntArrayRef(key) << " it serves with that entry's code, and is entry " << a->id
+                           << " from now on");
+  return a;
+}
+
 // A specialization made (on either thread): counted as a compile, logged and stored; the
 // one stored first is returned (two threads may make one at once).
 template <class E>

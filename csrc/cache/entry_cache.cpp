@@ -107,16 +107,39 @@ bool EntryCache::promised(const Entry& e, const std::vector<int64_t>& key) const
   return true;
 }
 
-void EntryCache::log_size_check(const Lookup& found, const std::string& verdict) const {
+void EntryCache::log_size_check(const Lookup& found, const std::string& verdict, bool same_recording) const {
   const std::string key = c10::str(c10::IntArrayRef(found.key));
+  const char* how = same_recording ? "the call's recording, compared with this entry too," : "the call ran and";
   if (verdict.empty()) {
-    TCAP_LOG(Recompiles, who_ << " entry " << found.hit->id << ": sizes " << key << " of its dynamic dims checked (the "
-                              << "call ran and recorded the entry's graph at them); they replay from now on");
+    TCAP_LOG(Recompiles, who_ << " entry " << found.hit->id << ": sizes " << key << " of its dynamic dims checked ("
+                              << how << " recorded the entry's graph at them); they replay from now on");
   } else {
     TCAP_LOG(Recompiles, who_ << " entry " << found.hit->id << " does not serve sizes " << key << " of its dynamic dims: "
                               << verdict << " (host code that branches on a size?); the call ran eagerly, and these "
                               << "sizes get an entry of their own");
   }
+}
+
+std::vector<Lookup> EntryCache::also_unchecked(const CallView& call, const std::vector<at::Tensor>& primals,
+                                               const Lookup& found) const {
+  std::vector<Lookup> out;
+  const auto snapshot = entries();
+  size_t pos = 0;
+  while (pos < snapshot->size() && (*snapshot)[pos] != found.hit) ++pos;
+  for (size_t start = pos + 1; start < snapshot->size();) {
+    size_t at = 0;
+    Lookup l = lookup(call, primals, start, &at);
+    if (!l.hit || !l.check_sizes) break;
+    out.push_back(std::move(l));
+    start = at + 1;
+  }
+  return out;
+}
+
+std::string EntryCache::ledger_check(const Lookup& found, const SizeCheckRecording& recorded) {
+  const auto& ledger = found.hit->guards.dyn.ledger;
+  TORCH_CHECK(ledger, "tcap: a check capture of ", found.hit->id, " without the entry's size ledger");
+  return ledger->check(found.key, recorded.why_not.empty() ? recorded.graph : ir::Graph(), recorded.why_not);
 }
 
 std::shared_ptr<const EntryList> EntryCache::entries() const {

@@ -91,6 +91,14 @@ struct Lookup {
 // What to do about a call no entry fits.
 enum class Admission { Capture, RunEager };
 
+// What a check capture recorded (Note [Checking a new size]): the graph the front door
+// compares with a dynamic entry's record, or why it could not record one (then `graph` is
+// empty and `why_not` is the verdict).
+struct SizeCheckRecording {
+  ir::Graph graph;
+  std::string why_not;
+};
+
 // Where an entry's graphs are dumped: CompileOptions::dump_dir, else TCAP_DUMP_DIR ("" when
 // neither is set).
 std::string dump_dir_of(const CompileOptions& o);
@@ -185,8 +193,9 @@ class EntryCache {
   //   void explain(Lookup& miss, std::string& note);
   //   bool exclusive();                      Out capture(const Lookup& miss);
   //   Out eager(const std::string& why);     (runs the call eagerly; the loop counted it)
-  //   std::optional<Out> check(const Lookup& found, std::string* verdict);
-  //                                          (a check capture: Note [Checking a new size])
+  //   std::optional<Out> check(const Lookup& found, SizeCheckRecording* recorded);
+  //                                          (a check capture: the call's eager result, and
+  //                                          what it recorded; Note [Checking a new size])
   template <class Door>
   typename Door::Out serve_call(Door& door) {
     using Out = typename Door::Out;
@@ -249,15 +258,30 @@ class EntryCache {
     return run_eagerly(door, m.why);
   }
   // Note [Checking a new size]: the call runs the user's code while recording
-  // (door.check(found, &verdict), which compares the recording with the entry's at the
-  // hit's class values and returns the call's eager result); the verdict is logged, and
+  // (door.check(found, &recorded), which returns the call's eager result); the recording is
+  // compared with the entry's record at the hit's class values, and the verdict logged and
   // kept by the entry's ledger so that later calls at these values replay or miss.
+  //
+  // Note [One check capture for every dynamic entry]
+  // A function whose host code branches on a size has a dynamic entry per branch taken
+  // (lengths up to a limit, lengths beyond it). A call at new sizes fits each of them, and
+  // the first to refuse them is not the last word: the same recording is compared with the
+  // record of every later dynamic entry whose guards fit the call and which has not checked
+  // these sizes either (found before the call ran, in lookup order), until one admits them.
+  // The user's code runs once per new size, not once per entry, and the next call replays
+  // the entry that admitted them, or captures when none did.
   template <class Door>
   std::optional<typename Door::Out> check_sizes(Door& door, const Lookup& found) {
     stats_->count(&CompileStats::size_checks);
-    std::string verdict;
-    std::optional<typename Door::Out> out = door.check(found, &verdict);
+    std::vector<Lookup> others = also_unchecked(door.view(), door.primals(), found);
+    SizeCheckRecording recorded;
+    std::optional<typename Door::Out> out = door.check(found, &recorded);
+    std::string verdict = ledger_check(found, recorded);
     log_size_check(found, verdict);
+    for (size_t k = 0; k < others.size() && !verdict.empty() && recorded.why_not.empty(); ++k) {
+      verdict = ledger_check(others[k], recorded);
+      log_size_check(others[k], verdict, /*same_recording=*/true);
+    }
     return out;
   }
   template <class Door>
@@ -305,8 +329,15 @@ class EntryCache {
   // Why calls run eagerly: the fall_back() reason, or the cache limit ("" if neither).
   std::string eager_reason() const;
   bool dynamic() const { return dynamic_; }
-  // Logs a check capture's verdict under recompiles ("" = the values are served).
-  void log_size_check(const Lookup& found, const std::string& verdict) const;
+  // Logs a check capture's verdict under recompiles ("" = the values are served);
+  // `same_recording`: the verdict of another entry on the same check capture's recording.
+  void log_size_check(const Lookup& found, const std::string& verdict, bool same_recording = false) const;
+  // Note [One check capture for every dynamic entry]: the hits after `found` (in lookup
+  // order) that are dynamic entries with `found`'s need: these class values not checked.
+  std::vector<Lookup> also_unchecked(const CallView& call, const std::vector<at::Tensor>& primals,
+                                     const Lookup& found) const;
+  // The verdict of found's ledger on `recorded` at found's class values (kept there).
+  static std::string ledger_check(const Lookup& found, const SizeCheckRecording& recorded);
 
  private:
   std::string who_;

@@ -422,15 +422,13 @@ void CompiledStep::Impl::generalize(const StepEntry& a, StepEntry& b) {
                       [&] { return b.guards.describe_dynamic(); });
 }
 
-std::vector<at::Tensor> CompiledStep::Impl::check_call(const StepEntry& e, const std::vector<int64_t>& key,
-                                                        const std::vector<at::Tensor>& user, const step::StepInputs& g,
-                                                        std::string* verdict) {
+std::vector<at::Tensor> CompiledStep::Impl::check_call(const std::vector<at::Tensor>& user, const step::StepInputs& g,
+                                                        cache::SizeCheckRecording* recorded) {
   StepEntry check;
   const step::StepInputs named = gather_named(user, g);
   auto outs = capture(check, user, named, /*count_capture=*/false);
-  const auto eager = check.eager();
-  *verdict = e.guards.dyn.ledger->check(key, std::move(check.graph),
-                                        eager ? "the step cannot be compiled at these sizes: " + eager->why : "");
+  if (const auto eager = check.eager()) recorded->why_not = "the step cannot be compiled at these sizes: " + eager->why;
+  else recorded->graph = std::move(check.graph);
   return outs;
 }
 

@@ -156,11 +156,10 @@ struct CompiledStep::Impl {
   // Runs the step while recording it into e (a check capture does not count as a capture).
   std::vector<at::Tensor> capture(StepEntry& e, const std::vector<at::Tensor>& user, const step::StepInputs& g,
                                   bool count_capture = true);
-  // Note [Checking a new size]: the step run while recording, compared with dynamic entry
-  // e's record at class values `key`; returns the step's outputs.
-  std::vector<at::Tensor> check_call(const StepEntry& e, const std::vector<int64_t>& key,
-                                     const std::vector<at::Tensor>& user, const step::StepInputs& g,
-                                     std::string* verdict);
+  // Note [Checking a new size]: the step run while recording (into `recorded`, which the
+  // entry cache compares with dynamic entries' records); returns the step's outputs.
+  std::vector<at::Tensor> check_call(const std::vector<at::Tensor>& user, const step::StepInputs& g,
+                                     cache::SizeCheckRecording* recorded);
   // Note [A step compiled from captures at two sizes] (step_compile.cpp): e's first capture
   // compiled with `a`'s capture at other sizes standing in for a first capture here.
   // Returns whether e was compiled; false leaves e a candidate, as it was.

@@ -263,8 +263,8 @@ struct CompiledStep::Impl::ServedCall {
     return outs;
   }
   Out eager(const std::string&) { return s.eager_call(user); }
-  std::optional<Out> check(const cache::Lookup& found, std::string* verdict) {
-    return s.check_call(static_cast<const StepEntry&>(*found.hit), found.key, user, *g, verdict);
+  std::optional<Out> check(const cache::Lookup&, cache::SizeCheckRecording* recorded) {
+    return s.check_call(user, *g, recorded);
   }
 };
 

@@ -217,3 +217,82 @@ TEST(SizeChecks, GreedyGenerationFromADecoder) {
 }
 
 }  // namespace
+
+namespace {
+
+// Causal self-attention over a length that varies, written by hand as C++ users write it:
+// heads split off by reshape and transpose, a mask built from the length, host code that
+// branches on the length (the last six tokens kept above six, a scaling at multiples of
+// three), positions from arange over the length, a mean over it. Lengths that take the
+// same branches are one dynamic entry; a length that takes another branch is refused by
+// its check capture and gets an entry of its own. Values and gradients against an eager
+// twin at every call, both backends.
+struct CausalText : nn::Module {
+  CausalText() : proj(register_module("proj", nn::Linear(3, 8))), qkv(register_module("qkv", nn::Linear(8, 24))) {}
+  at::Tensor forward(const at::Tensor& x) {
+    const int64_t b = x.size(0), n = x.size(1);
+    at::Tensor h = proj->forward(x.flatten(0, 1)).view({b, n, 8});
+    auto parts = qkv->forward(h).chunk(3, -1);
+    auto split = [&](const at::Tensor& t) { return t.reshape({b, n, 2, 4}).transpose(1, 2); };
+    at::Tensor scores = split(parts[0]).matmul(split(parts[1]).transpose(-2, -1)) / 2.0;
+    at::Tensor causal = torch::ones({n, n}, torch::kBool).triu(1);
+    at::Tensor att = scores.masked_fill(causal, -1e9).softmax(-1).matmul(split(parts[2]));
+    h = h + att.transpose(1, 2).reshape({b, n, 8});
+    if (n > 6) h = h.narrow(1, n - 6, 6);
+    if (n % 3 == 0) h = h * 0.75;
+    h = h + (torch::arange(h.size(1), h.options()) * 0.125).unsqueeze(-1);
+    return h.mean(1);
+  }
+  nn::Linear proj, qkv;
+};
+
+TEST(SizeChecks, CausalAttentionWithHostBranchesOnTheLength) {
+  for (const char* backend : {"eager", "llvm"}) {
+    if (!tcap::testing::backend_built(backend, nullptr)) continue;
+    SCOPED_TRACE(backend);
+    torch::manual_seed(5);
+    auto model = std::make_shared<CausalText>(), twin = std::make_shared<CausalText>();
+    tcap::testing::copy_parameters(*model, *twin);
+    tcap::CompileOptions o;
+    o.backend = backend;
+    LogCapture log("recompiles");
+    auto f = tcap::compile(model, [&](const Tensors& in) { return Tensors{model->forward(in[0])}; }, o);
+    // 4, 5 and 2 take no branch; 8, 11, 10 and 7 keep six tokens; 3 and 6 scale; 9 and 12
+    // do both. The last call's input is not contiguous.
+    const std::vector<int64_t> lengths = {4, 5, 4, 5, 2, 2, 8, 8, 11, 11, 10, 7, 3, 3, 6, 6, 9, 9, 12, 12,
+                                          4, 10, 6, 12, 2, 11, 7, 7};
+    for (size_t c = 0; c < lengths.size(); ++c) {
+      const int64_t n = lengths[c];
+      auto x = c + 1 == lengths.size() ? torch::randn({3, 3, n}).transpose(1, 2) : torch::randn({3, n, 3});
+      auto out = (*f)({x})[0];
+      auto ref = twin->forward(x);
+      ASSERT_TRUE(close(out, ref, rtol_of(backend), atol_of(backend))) << "call " << c << " length " << n << "\n"
+                                                                        << log.text();
+      out.pow(2).sum().backward();
+      ref.pow(2).sum().backward();
+      auto p = model->parameters(), q = twin->parameters();
+      for (size_t k = 0; k < p.size(); ++k) {
+        ASSERT_TRUE(close(p[k].grad(), q[k].grad(), rtol_of(backend), 10 * atol_of(backend)))
+            << "call " << c << " length " << n << " parameter " << k << "\n"
+            << log.text();
+      }
+      model->zero_grad();
+      twin->zero_grad();
+    }
+    // The user's code runs once per new length (Note [One check capture for every
+    // dynamic entry]): two captures per branch taken, the second of which makes a dynamic
+    // entry that takes the place of the first's static one (Note [A dynamic entry takes
+    // the place of the static one]), and one for the non-contiguous input: 9 captures and
+    // 5 entries. The other first calls at a length (2, 8, 11, 10, 7, 3, 6, 9, 12) are one
+    // check capture each, whatever the number of dynamic entries that compare it.
+    const auto st = f->stats();
+    EXPECT_EQ(st.captures, 9) << log.text();
+    EXPECT_EQ(st.size_checks, 9) << log.text();
+    EXPECT_GE(st.replays, 8) << log.text();
+    EXPECT_EQ(log.count("takes the place of entry"), 4) << log.text();
+    EXPECT_EQ(log.count("recompiling (entry 5"), 0) << log.text();
+    EXPECT_EQ(f->eager_reason(), "");
+  }
+}
+
+}  // namespace

@@ -156,7 +156,16 @@ TEST(SizeChecks, AdmittedSizesReplayRefusedSizesGetTheirOwnEntry) {
   st = f->stats();
   EXPECT_EQ(st.captures, 4) << log.text();
   EXPECT_EQ(log.count("sizes [300] of its dynamic dims checked"), 1) << log.text();
-  EXPECT_EQ(f->entries().size(), 4u);
+  // Each dynamic entry took the place of the static one it generalized (Note [A dynamic
+  // entry takes the place of the static one]): one entry per branch, 8 and 100 served
+  // with their own code.
+  EXPECT_EQ(f->entries().size(), 2u);
+  EXPECT_EQ(log.count("takes the place of entry"), 2) << log.text();
+  st = f->stats();
+  call(8);
+  call(100);
+  EXPECT_EQ(f->stats().replays, st.replays + 2) << log.text();
+  EXPECT_EQ(f->stats().compiles, st.compiles) << log.text();
 }
 
 // check_new_sizes = false: the promise that no host code branches on a size. New sizes of
