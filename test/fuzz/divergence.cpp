@@ -554,6 +554,7 @@ int main(int argc, char** argv) {
     Program prog(s, static_cast<int>(calls), backend, inject);
     ++doors[std::string(door_name(prog.spec().door)) + "/" + prog.spec().backend];
     if (prog.spec().masked) ++doors["(of them: a loss over a boolean mask)"];
+    if (prog.spec().input == Input::Text) ++doors["(of them: text whose length varies)"];
     std::string why = prog.run(changes);
     const int replayed = prog.replays();
     replays += replayed;
