@@ -253,7 +253,7 @@ struct CompiledFunction::Impl::ServedCall {
 
   Out capture(const cache::Lookup& miss) { return f.capture_call(user_inputs, call_inputs, miss); }
   Out eager(const std::string&) { return f.fn(user_inputs); }
-  std::optional<Out> check(const cache::Lookup&, cache::SizeCheckRecording* recorded) {
+  std::optional<Out> check(cache::SizeCheckRecording* recorded) {
     if (slot.owns_lock()) slot.unlock();  // a check compiles nothing: the next capture may start
     return f.check_call(user_inputs, recorded);
   }

@@ -434,6 +434,11 @@ torch::autograd::edge_list edges_to_gradients(const Entry& e, const std::vector<
   for (int j : e.part.grad_of) {
     if (static_cast<size_t>(j) < flows.size()) flows[static_cast<size_t>(j)] = true;
   }
+  const auto linked_without_gradient = [&](size_t j) { return !flows[j] && edges[j].is_valid(); };
+  // On every replay that needs a gradient: most link only primals that get one.
+  bool any = false;
+  for (size_t j = 0; j < edges.size() && !any; ++j) any = linked_without_gradient(j);
+  if (!any) return edges;
   // A tensor passed at several positions has one edge at each; its gradient comes at one
   // of them (the capture sums the contributions there), and the others keep their edge.
   std::vector<std::pair<const torch::autograd::Node*, uint32_t>> reached;
@@ -441,7 +446,7 @@ torch::autograd::edge_list edges_to_gradients(const Entry& e, const std::vector<
     if (flows[j] && edges[j].is_valid()) reached.emplace_back(edges[j].function.get(), edges[j].input_nr);
   }
   for (size_t j = 0; j < edges.size(); ++j) {
-    if (flows[j] || !edges[j].is_valid()) continue;
+    if (!linked_without_gradient(j)) continue;
     const std::pair<const torch::autograd::Node*, uint32_t> at{edges[j].function.get(), edges[j].input_nr};
     if (std::find(reached.begin(), reached.end(), at) == reached.end()) edges[j] = torch::autograd::Edge();
   }

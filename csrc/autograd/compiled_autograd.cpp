@@ -195,7 +195,7 @@ struct Runtime::ServedCall {
     TCAP_LOG(CompiledAutograd, "compiled autograd: this backward runs eagerly: " << why);
     return r.run();
   }
-  std::optional<Out> check(const cache::Lookup&, cache::SizeCheckRecording* recorded) {
+  std::optional<Out> check(cache::SizeCheckRecording* recorded) {
     if (!edit) edit.emplace(capture::GraphLock::Mode::Edit);  // the recording adds observers, as a capture does
     return rt.check(r, *w, recorded);
   }

@@ -136,10 +136,10 @@ std::vector<Lookup> EntryCache::also_unchecked(const CallView& call, const std::
   return out;
 }
 
-std::string EntryCache::ledger_check(const Lookup& found, const SizeCheckRecording& recorded) {
+std::string EntryCache::ledger_check(const Lookup& found, ir::Graph got, const std::string& why_not) {
   const auto& ledger = found.hit->guards.dyn.ledger;
   TORCH_CHECK(ledger, "tcap: a check capture of ", found.hit->id, " without the entry's size ledger");
-  return ledger->check(found.key, recorded.why_not.empty() ? recorded.graph : ir::Graph(), recorded.why_not);
+  return ledger->check(found.key, std::move(got), why_not);
 }
 
 std::shared_ptr<const EntryList> EntryCache::entries() const {

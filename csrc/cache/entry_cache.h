@@ -193,7 +193,7 @@ class EntryCache {
   //   void explain(Lookup& miss, std::string& note);
   //   bool exclusive();                      Out capture(const Lookup& miss);
   //   Out eager(const std::string& why);     (runs the call eagerly; the loop counted it)
-  //   std::optional<Out> check(const Lookup& found, SizeCheckRecording* recorded);
+  //   std::optional<Out> check(SizeCheckRecording* recorded);
   //                                          (a check capture: the call's eager result, and
   //                                          what it recorded; Note [Checking a new size])
   template <class Door>
@@ -258,7 +258,7 @@ class EntryCache {
     return run_eagerly(door, m.why);
   }
   // Note [Checking a new size]: the call runs the user's code while recording
-  // (door.check(found, &recorded), which returns the call's eager result); the recording is
+  // (door.check(&recorded), which returns the call's eager result); the recording is
   // compared with the entry's record at the hit's class values, and the verdict logged and
   // kept by the entry's ledger so that later calls at these values replay or miss.
   //
@@ -275,11 +275,12 @@ class EntryCache {
     stats_->count(&CompileStats::size_checks);
     std::vector<Lookup> others = also_unchecked(door.view(), door.primals(), found);
     SizeCheckRecording recorded;
-    std::optional<typename Door::Out> out = door.check(found, &recorded);
-    std::string verdict = ledger_check(found, recorded);
+    std::optional<typename Door::Out> out = door.check(&recorded);
+    // A ledger edits the graph it compares: each comparison but the last gets a copy.
+    std::string verdict = ledger_check(found, others.empty() ? std::move(recorded.graph) : recorded.graph, recorded.why_not);
     log_size_check(found, verdict);
     for (size_t k = 0; k < others.size() && !verdict.empty() && recorded.why_not.empty(); ++k) {
-      verdict = ledger_check(others[k], recorded);
+      verdict = ledger_check(others[k], k + 1 == others.size() ? std::move(recorded.graph) : recorded.graph, "");
       log_size_check(others[k], verdict, /*same_recording=*/true);
     }
     return out;
@@ -336,8 +337,9 @@ class EntryCache {
   // order) that are dynamic entries with `found`'s need: these class values not checked.
   std::vector<Lookup> also_unchecked(const CallView& call, const std::vector<at::Tensor>& primals,
                                      const Lookup& found) const;
-  // The verdict of found's ledger on `recorded` at found's class values (kept there).
-  static std::string ledger_check(const Lookup& found, const SizeCheckRecording& recorded);
+  // The verdict of found's ledger at found's class values (kept there) on a check capture's
+  // graph `got`, or `why_not` when it recorded none.
+  static std::string ledger_check(const Lookup& found, ir::Graph got, const std::string& why_not);
 
  private:
   std::string who_;

@@ -263,7 +263,7 @@ struct CompiledStep::Impl::ServedCall {
     return outs;
   }
   Out eager(const std::string&) { return s.eager_call(user); }
-  std::optional<Out> check(const cache::Lookup&, cache::SizeCheckRecording* recorded) {
+  std::optional<Out> check(cache::SizeCheckRecording* recorded) {
     return s.check_call(user, *g, recorded);
   }
 };
