@@ -31,9 +31,54 @@ std::vector<int64_t> SizeCheck::key() const {
   return k;
 }
 
+namespace {
+
+// Note [Sizes the ops derive]: the sizes of record b's values that the classes do not
+// explain, one per distinct pair, at their first position; none when every size of the
+// record is at least affine in a class.
+std::vector<DerivedSize> derived_sizes(const ir::Graph& ra, const ir::Graph& rb,
+                                       const std::vector<std::pair<int64_t, int64_t>>& classes) {
+  std::vector<DerivedSize> out;
+  if (ra.values().size() != rb.values().size()) return out;
+  // Each changed size of the record, with whether the classes explain it (`affine`: as
+  // m * s + c too).
+  auto for_each_changed = [&](const auto& f) {
+    for (size_t v = 0; v < rb.values().size(); ++v) {
+      const auto& ma = ra.values()[v].meta;
+      const auto& mb = rb.values()[v].meta;
+      if (ma.sizes.size() != mb.sizes.size()) continue;
+      for (size_t d = 0; d < mb.sizes.size(); ++d) {
+        if (ma.sizes[d] != mb.sizes[d]) f(v, d, ma.sizes[d], mb.sizes[d]);
+      }
+    }
+  };
+  bool any = false;
+  for_each_changed([&](size_t, size_t, int64_t x, int64_t y) {
+    any = any || !passes::follows_sizes(x, y, classes, /*affine=*/true);
+  });
+  if (!any) return out;
+  // Some size is not even affine in a class: every one that is not a multiple or product of
+  // classes is derived (an affine one too: a formula two captures fit is a guess).
+  for_each_changed([&](size_t v, size_t d, int64_t x, int64_t y) {
+    if (passes::follows_sizes(x, y, classes, /*affine=*/false)) return;
+    const bool seen = std::any_of(out.begin(), out.end(), [&](const DerivedSize& s) { return s.at_a == x && s.at_b == y; });
+    if (!seen) out.push_back({static_cast<ir::ValueId>(v), d, x, y});
+  });
+  return out;
+}
+
+// The pairs patches read: the classes', then the derived sizes'.
+std::vector<std::pair<int64_t, int64_t>> with_derived(std::vector<std::pair<int64_t, int64_t>> classes,
+                                                      const std::vector<DerivedSize>& derived) {
+  for (const auto& x : derived) classes.emplace_back(x.at_a, x.at_b);
+  return classes;
+}
+
+}  // namespace
+
 std::string generalize(const ir::Graph& a, const std::vector<int64_t>& sizes_a, const ir::Graph& b,
                        const std::vector<int64_t>& sizes_b, const std::vector<size_t>& changed, DynamicSizes* out,
-                       bool first_fit) {
+                       bool first_fit, const ir::Graph* record_a, const ir::Graph* record_b) {
   if (changed.empty()) return "no size changed";
   if (sizes_a.size() != sizes_b.size()) return "the two captures read different numbers of sizes";
   // Classes: sizes that changed together from the same value to the same value.
@@ -47,7 +92,8 @@ std::string generalize(const ir::Graph& a, const std::vector<int64_t>& sizes_a, 
     d.size_class[i] = static_cast<int>(it - classes.begin());
     if (it == classes.end()) classes.push_back(p);
   }
-  std::string why = passes::find_int_patches(a, b, classes, d.patches, first_fit);
+  d.derived = derived_sizes(record_a ? *record_a : a, record_b ? *record_b : b, classes);
+  std::string why = passes::find_int_patches(a, b, with_derived(classes, d.derived), d.patches, first_fit, classes.size());
   if (!why.empty()) return why;
   d.num_classes = classes.size();
   for (const auto& c : classes) d.own_key.push_back(c.second);
@@ -64,9 +110,43 @@ std::vector<std::pair<int64_t, int64_t>> DynamicSizes::class_pairs(const std::ve
   return out;
 }
 
+std::vector<int64_t> DynamicSizes::patch_sizes(const std::vector<int64_t>& key) const {
+  if (derived.empty()) return key;
+  std::vector<int64_t> out = key;
+  if (key == own_key) {
+    for (const auto& x : derived) out.push_back(x.at_b);
+    return out;
+  }
+  auto values = ledger ? ledger->derived_at(key) : std::nullopt;
+  TORCH_CHECK(values && values->size() == derived.size(), "tcap: no check capture read the sizes its ops derive at ",
+              c10::IntArrayRef(key), " (Note [Sizes the ops derive])");
+  out.insert(out.end(), values->begin(), values->end());
+  return out;
+}
+
+std::string DynamicSizes::describe_derived() const {
+  std::string s;
+  for (size_t k = 0; k < derived.size(); ++k) {
+    s += (k ? ", d" : "; sizes its ops derive, read from each check capture's recording: d") + std::to_string(k) +
+         " = %" + std::to_string(derived[k].value) + ".size(" + std::to_string(derived[k].dim) + ") (captured at " +
+         std::to_string(derived[k].at_b) + ")";
+  }
+  return s;
+}
+
 SizeLedger::SizeLedger(ir::Graph record, std::vector<passes::IntPatch> patches,
-                       std::vector<std::pair<ir::NodeId, size_t>> per_call)
-    : record_(std::move(record)), patches_(std::move(patches)), per_call_(std::move(per_call)) {}
+                       std::vector<std::pair<ir::NodeId, size_t>> per_call, std::vector<DerivedSize> derived)
+    : record_(std::move(record)),
+      patches_(std::move(patches)),
+      per_call_(std::move(per_call)),
+      derived_(std::move(derived)) {}
+
+std::optional<std::vector<int64_t>> SizeLedger::derived_at(const std::vector<int64_t>& key) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = derived_values_.find(key);
+  if (it == derived_values_.end()) return std::nullopt;
+  return it->second;
+}
 
 std::optional<std::string> SizeLedger::verdict(const std::vector<int64_t>& key) const {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -128,9 +208,18 @@ std::string SizeLedger::check(const std::vector<int64_t>& key, ir::Graph got, co
     store(key, why_not);
     return why_not;
   }
+  // Note [Sizes the ops derive]: their values at key are the recording's (the record's own
+  // where it does not hold them: it differs then, and the comparison says where).
+  std::vector<int64_t> sizes = key, derived;
+  for (const auto& x : derived_) {
+    const bool held = static_cast<size_t>(x.value) < got.values().size() &&
+                      x.dim < got.values()[static_cast<size_t>(x.value)].meta.sizes.size();
+    derived.push_back(held ? got.values()[static_cast<size_t>(x.value)].meta.sizes[x.dim] : x.at_b);
+  }
+  sizes.insert(sizes.end(), derived.begin(), derived.end());
   const bool fits = std::all_of(patches_.begin(), patches_.end(), [&](const passes::IntPatch& p) {
     const int64_t* at = integer_at(got, p);
-    return at && *at == p.value(key) && integer_at(record_, p);
+    return at && integer_at(record_, p) && *at == passes::patch_value(got, p, sizes);
   });
   if (fits) {
     for (const auto& p : patches_) set_integer(got, p, *integer_at(record_, p));
@@ -145,14 +234,14 @@ std::string SizeLedger::check(const std::vector<int64_t>& key, ir::Graph got, co
       got.edit_constant(node, arg, [&](ir::Arg& a) { a = r.args[arg]; });
     }
     if (passes::first_difference(record_, got).empty()) {
-      store(key, "");
+      store(key, "", std::move(derived));
       return "";
     }
-    passes::apply_int_patches(got, patches_, key);
+    passes::apply_int_patches(got, patches_, sizes);
     for (auto& [k, a] : taken) got.edit_constant(per_call_[k].first, per_call_[k].second, [&](ir::Arg& x) { x = a; });
   }
   ir::Graph want = record_;
-  passes::apply_int_patches(want, patches_, key);
+  passes::apply_int_patches(want, patches_, sizes);
   for (const auto& [node, arg] : per_call_) {
     if (node < 0 || static_cast<size_t>(node) >= got.nodes().size()) continue;
     const ir::Node& g = got.node(node);
@@ -166,8 +255,9 @@ std::string SizeLedger::check(const std::vector<int64_t>& key, ir::Graph got, co
   return why;
 }
 
-void SizeLedger::store(const std::vector<int64_t>& key, std::string verdict) {
+void SizeLedger::store(const std::vector<int64_t>& key, std::string verdict, std::vector<int64_t> derived) {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (verdict.empty() && !derived_.empty()) derived_values_.emplace(key, std::move(derived));
   verdicts_.emplace(key, std::move(verdict));
 }
 
@@ -175,10 +265,13 @@ std::string make_ledger(const ir::Graph& record_a, const std::vector<int64_t>& s
                         const std::vector<int64_t>& sizes_b, DynamicSizes& d,
                         std::vector<std::pair<ir::NodeId, size_t>> per_call, bool first_fit) {
   std::vector<passes::IntPatch> patches;
-  std::string why = passes::find_int_patches(record_a, record_b, d.class_pairs(sizes_a, sizes_b), patches, first_fit);
+  std::string why = passes::find_int_patches(record_a, record_b, with_derived(d.class_pairs(sizes_a, sizes_b), d.derived),
+                                             patches, first_fit, d.num_classes);
   if (!why.empty()) return "its recorded code does not follow the sizes: " + why;
-  d.ledger = std::make_shared<SizeLedger>(record_b, std::move(patches), std::move(per_call));
-  d.ledger->admit(d.own_key);
+  d.ledger = std::make_shared<SizeLedger>(record_b, std::move(patches), std::move(per_call), d.derived);
+  std::vector<int64_t> own;
+  for (const auto& x : d.derived) own.push_back(x.at_b);
+  d.ledger->admit(d.own_key, std::move(own));
   return "";
 }
 
@@ -186,7 +279,7 @@ bool make_dynamic(std::string why_not, const FitOf& a, const FitOf& b, DynamicSi
                   const std::vector<size_t>& changed, std::vector<std::pair<ir::NodeId, size_t>> per_call,
                   bool first_fit, const std::string& who, int b_id, const std::function<std::string()>& describe) {
   std::string why = std::move(why_not);
-  if (why.empty()) why = generalize(a.graph, a.sizes, b.graph, b.sizes, changed, &b_dyn, first_fit);
+  if (why.empty()) why = generalize(a.graph, a.sizes, b.graph, b.sizes, changed, &b_dyn, first_fit, &a.record, &b.record);
   if (why.empty()) why = make_ledger(a.record, a.sizes, b.record, b.sizes, b_dyn, std::move(per_call), first_fit);
   if (!why.empty()) {
     b_dyn = DynamicSizes{};
@@ -194,7 +287,8 @@ bool make_dynamic(std::string why_not, const FitOf& a, const FitOf& b, DynamicSi
     return false;
   }
   TCAP_LOG(Recompiles, who << " entry " << b_id << " is dynamic in " << changed.size() << " dims ("
-                           << b_dyn.patches.size() << " integers follow the sizes): " << describe());
+                           << b_dyn.patches.size() << " integers follow the sizes): " << describe()
+                           << b_dyn.describe_derived());
   return true;
 }
 
@@ -205,7 +299,7 @@ void log_specialized(const std::string& who, int id, const std::vector<int64_t>&
 
 ir::Graph specialize(const ir::Graph& g, const DynamicSizes& d, const std::vector<int64_t>& key) {
   ir::Graph s = g;
-  passes::apply_int_patches(s, d.patches, key);
+  passes::apply_int_patches(s, d.patches, d.patch_sizes(key));
   return s;
 }
 

@@ -31,6 +31,23 @@
 // entry's SizeLedger, with the record they are checked against. CompileOptions::
 // check_new_sizes = false is the user's promise that no host code branches on a dynamic
 // size: values are then admitted unchecked (verify mode checks the promise).
+//
+// Note [Sizes the ops derive]
+// A strided convolution or a pooling divides a size by its stride, rounding down or up
+// (`(s + 2p - k) / stride + 1`); `chunk` and `split` do too. Two captures cannot tell such
+// a size from the formulas above: at 16 and 24, ceil(s / 2) is s / 2, and it is not at 17.
+// So the sizes of the record's values that no class explains as m * s or m * s * s' (when
+// any size of the record is not even affine in a class: otherwise nothing changes) become
+// sizes of their own, *derived* sizes: one per distinct pair of values at the two
+// captures, found at the first position the record holds it. Their values at new class
+// values are not computed by tcap: they are read from the check capture's recording at that
+// position (the user's code ran eagerly, and ATen's shape functions computed them), and
+// every other integer that follows them is patched from those values and compared as
+// usual. So an entry with derived sizes checks every new class value, whatever the
+// promises (nothing else could tell its derived sizes); the values read are kept with the
+// verdict and patched into the graph when the entry specializes. Strides of contiguous
+// values whose sizes follow a derived size are recomputed from their patched sizes
+// (passes::find_int_patches).
 #pragma once
 
 #include "cache/stats.h"
@@ -54,6 +71,14 @@
 
 namespace tcap::cache {
 
+// Note [Sizes the ops derive]: a size of the record's value `value` at `dim` that no class
+// explains; at_a and at_b its values at the two captures (b: the dynamic entry).
+struct DerivedSize {
+  ir::ValueId value;
+  size_t dim;
+  int64_t at_a, at_b;
+};
+
 // Note [Checking a new size]: what a dynamic entry's new class values are checked against,
 // and the verdicts so far (thread-safe).
 class SizeLedger {
@@ -61,9 +86,9 @@ class SizeLedger {
   // `record`: the capture a check is compared with, at the entry's own class values;
   // `patches`: its integers that follow the classes; `per_call`: (node, argument) of the
   // record that differ between calls by design (a step's host scalars), taken from the
-  // check's own recording before comparing.
+  // check's own recording before comparing; `derived`: the sizes the ops derive.
   SizeLedger(ir::Graph record, std::vector<passes::IntPatch> patches,
-             std::vector<std::pair<ir::NodeId, size_t>> per_call = {});
+             std::vector<std::pair<ir::NodeId, size_t>> per_call = {}, std::vector<DerivedSize> derived = {});
   // nullopt: not checked yet; "": checked, served; else why the values were refused.
   std::optional<std::string> verdict(const std::vector<int64_t>& key) const;
   // The verdict of a check capture at class values `key`, stored and returned ("" when the
@@ -71,27 +96,40 @@ class SizeLedger {
   // differs from the record specialized to those values (Note [Checking a new size without
   // copying the record]).
   std::string check(const std::vector<int64_t>& key, ir::Graph got, const std::string& why_not = "");
-  void admit(const std::vector<int64_t>& key) { store(key, ""); }
+  // `derived`: the values of the derived sizes at key (none when the entry has none).
+  void admit(const std::vector<int64_t>& key, std::vector<int64_t> derived = {}) { store(key, "", std::move(derived)); }
+  // Note [Sizes the ops derive]: the derived sizes' values at admitted class values `key`.
+  std::optional<std::vector<int64_t>> derived_at(const std::vector<int64_t>& key) const;
 
  private:
-  void store(const std::vector<int64_t>& key, std::string verdict);
+  void store(const std::vector<int64_t>& key, std::string verdict, std::vector<int64_t> derived = {});
 
   ir::Graph record_;
   std::vector<passes::IntPatch> patches_;
   std::vector<std::pair<ir::NodeId, size_t>> per_call_;
+  std::vector<DerivedSize> derived_;
   mutable std::mutex mutex_;
   std::map<std::vector<int64_t>, std::string> verdicts_;
+  std::map<std::vector<int64_t>, std::vector<int64_t>> derived_values_;
 };
 
 struct DynamicSizes {
   std::vector<int> size_class;               // per size: -1 static, else its class
-  std::vector<passes::IntPatch> patches;     // IntPatch::size is a class
+  std::vector<passes::IntPatch> patches;     // IntPatch::size is a class, or num_classes + a derived size
   size_t num_classes = 0;
+  std::vector<DerivedSize> derived;          // Note [Sizes the ops derive]
   std::vector<int64_t> own_key;              // the class values the entry was captured at
   // Note [Checking a new size]: set by the front door once the entry is dynamic.
   std::shared_ptr<SizeLedger> ledger;
 
   bool dynamic() const { return num_classes > 0; }
+  // Note [Sizes the ops derive]: every new class value is checked, promised or not.
+  bool derives() const { return !derived.empty(); }
+  // The values patches read at class values `key`: key, then the derived sizes' values
+  // (at_b at own_key, else those the ledger read at key's check); throws where unknown.
+  std::vector<int64_t> patch_sizes(const std::vector<int64_t>& key) const;
+  // "; d0 = %7.size(2) (captured at 12), ..." for the recompile log ("" without).
+  std::string describe_derived() const;
   bool is_dynamic(size_t i) const { return i < size_class.size() && size_class[i] >= 0; }
   // The class values of each class at `sizes` (the flattened sizes of a capture).
   std::vector<std::pair<int64_t, int64_t>> class_pairs(const std::vector<int64_t>& sizes_a,
@@ -130,9 +168,11 @@ class SizeCheck {
 // `out` and returns "", else why b stays static. `changed` are the positions that differ.
 // `first_fit`: see passes::find_int_patches (only for a graph that check captures verify
 // whole: compile_step's and compiled autograd's).
+// `record_a` and `record_b` (when given) are the records the derived sizes are read from
+// (Note [Sizes the ops derive]); else a and b.
 std::string generalize(const ir::Graph& a, const std::vector<int64_t>& sizes_a, const ir::Graph& b,
                        const std::vector<int64_t>& sizes_b, const std::vector<size_t>& changed, DynamicSizes* out,
-                       bool first_fit = false);
+                       bool first_fit = false, const ir::Graph* record_a = nullptr, const ir::Graph* record_b = nullptr);
 
 // A copy of g with its integers patched for the class values `key`.
 ir::Graph specialize(const ir::Graph& g, const DynamicSizes& d, const std::vector<int64_t>& key);
@@ -221,7 +261,9 @@ std::shared_ptr<E> take_place_of_static(const std::shared_ptr<A>& a_entry, E& b,
   std::vector<int64_t> key;
   for (const auto& [at_a, at_b] : d.class_pairs(a->guards.sizes, b.guards.sizes)) key.push_back(at_a);
   if (key == d.own_key) return nullptr;
-  d.ledger->admit(key);
+  std::vector<int64_t> derived;
+  for (const auto& x : d.derived) derived.push_back(x.at_a);
+  d.ledger->admit(key, std::move(derived));
   b.specialized->insert(key, a);
   TCAP_LOG(Recompiles, who << " entry " << b.id << " takes the place of entry " << a->id << ", whose sizes "
                            << c10::IntArrayRef(key) << " it serves with that entry's code, and is entry " << a->id

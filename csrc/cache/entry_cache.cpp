@@ -185,8 +185,9 @@ Lookup EntryCache::lookup(const CallView& call, const std::vector<at::Tensor>& p
       if (why.empty()) why = e->guards.check_primals(p, &host_only);
       if (why.empty()) {
         out.hit = e;
-        // Note [Checking a new size]; CompileOptions::dynamic_dims may promise the check away.
-        out.check_sizes = check_new_sizes_ && m.unchecked_sizes && !promised(*e, key);
+        // Note [Checking a new size]; CompileOptions::dynamic_dims may promise the check away,
+        // not for an entry whose sizes the ops derive (Note [Sizes the ops derive]).
+        out.check_sizes = m.unchecked_sizes && (e->guards.dyn.derives() || (check_new_sizes_ && !promised(*e, key)));
         out.key = std::move(key);
         out.primals = std::move(p);
         if (pos) *pos = i;

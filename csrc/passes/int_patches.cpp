@@ -1,5 +1,6 @@
 #include "passes/int_patches.h"
 
+#include <algorithm>
 #include <sstream>
 
 namespace tcap::passes {
@@ -114,17 +115,73 @@ std::string first_difference(const ir::Graph& want, const ir::Graph& got) {
   return "";
 }
 
+namespace {
+
+// The contiguous stride of dim d of `sizes` (ATen's: sizes of 0 count as 1).
+int64_t contiguous_stride(const ir::Dims& sizes, size_t d) {
+  int64_t s = 1;
+  for (size_t k = d + 1; k < sizes.size(); ++k) s *= std::max<int64_t>(sizes[k], 1);
+  return s;
+}
+
+bool is_contiguous_layout(const ir::TensorMeta& m) {
+  if (m.strides.size() != m.sizes.size()) return false;
+  for (size_t d = 0; d < m.sizes.size(); ++d) {
+    if (m.strides[d] != contiguous_stride(m.sizes, d)) return false;
+  }
+  return true;
+}
+
+// One step of the order in find_int_patches' header: `form` 0 (m * s), 1 (m * s * s'),
+// 2 (m * s + c) or 3 (a derived size itself), over the classes alone or over combinations
+// that involve a derived size.
+struct Step {
+  int form;
+  enum Over { Classes, Derived } over;
+};
+
+}  // namespace
+
+bool follows_sizes(int64_t x, int64_t y, const std::vector<std::pair<int64_t, int64_t>>& sizes, bool affine) {
+  for (size_t c = 0; c < sizes.size(); ++c) {
+    const auto [sa, sb] = sizes[c];
+    const int64_t da = sa - sb;
+    if (da != 0 && (x - y) % da == 0) {
+      const int64_t m = (x - y) / da;
+      if (m != 0 && (affine || y - m * sb == 0)) return true;
+    }
+    for (size_t c2 = c; c2 < sizes.size(); ++c2) {
+      const int64_t pa = sa * sizes[c2].first, pb = sb * sizes[c2].second;
+      if (pa != 0 && pb != 0 && pa != pb && x % pa == 0 && y % pb == 0 && x / pa == y / pb && x / pa != 0) return true;
+    }
+  }
+  return false;
+}
+
 std::string find_int_patches(const ir::Graph& ga, const ir::Graph& gb,
                              const std::vector<std::pair<int64_t, int64_t>>& sizes, std::vector<IntPatch>& patches,
-                             bool first_fit) {
+                             bool first_fit, size_t num_classes) {
   if (ga.nodes().size() != gb.nodes().size() || ga.values().size() != gb.values().size()) {
     return "the graphs at the two sizes differ in structure";
   }
+  const size_t nc = std::min(num_classes, sizes.size());
+  const bool derived = nc < sizes.size();
+  // Note [Sizes the ops derive]: without derived sizes, the three forms over the classes.
+  std::vector<Step> steps;
+  if (!derived) {
+    steps = {{0, Step::Classes}, {1, Step::Classes}, {2, Step::Classes}};
+  } else {
+    steps = {{0, Step::Classes}, {3, Step::Derived}, {1, Step::Classes}, {1, Step::Derived},
+             {0, Step::Derived}, {2, Step::Classes}, {2, Step::Derived}};
+  }
+  auto in = [&](Step::Over over, size_t c, int c2) {
+    const bool any_derived = c >= nc || (c2 >= 0 && static_cast<size_t>(c2) >= nc);
+    return (over == Step::Derived) == any_derived;
+  };
   bool ambiguous = false;
-  // The forms, in order (see the header): within one, a second explanation is ambiguous.
   auto explain = [&](int64_t x, int64_t y, IntPatch p) {
     if (x == y) return true;
-    for (int form = 0; form < 3; ++form) {
+    for (const Step& step : steps) {
       bool found = false;
       IntPatch best = p;
       auto take = [&](size_t c, int c2, int64_t m, int64_t add) {
@@ -140,15 +197,21 @@ std::string find_int_patches(const ir::Graph& ga, const ir::Graph& gb,
       };
       for (size_t c = 0; c < sizes.size() && !ambiguous; ++c) {
         const auto [sa, sb] = sizes[c];
-        if (form == 0 || form == 2) {
+        if (step.form == 3) {
+          if (c >= nc && sa == x && sb == y) take(c, -1, 1, 0);
+          continue;
+        }
+        if (step.form == 0 || step.form == 2) {
+          if (!in(step.over, c, -1)) continue;
           const int64_t da = sa - sb;
           if (da == 0 || (x - y) % da != 0) continue;
           const int64_t m = (x - y) / da;
           const int64_t add = y - m * sb;
-          if (m != 0 && (form == 2 || add == 0)) take(c, -1, m, add);
+          if (m != 0 && (step.form == 2 || add == 0)) take(c, -1, m, add);
           continue;
         }
         for (size_t c2 = c; c2 < sizes.size() && !ambiguous; ++c2) {
+          if (!in(step.over, c, static_cast<int>(c2))) continue;
           const int64_t pa = sa * sizes[c2].first, pb = sb * sizes[c2].second;
           if (pa == 0 || pb == 0 || pa == pb || x % pa != 0 || y % pb != 0 || x / pa != y / pb || x / pa == 0) continue;
           take(c, static_cast<int>(c2), x / pa, 0);
@@ -202,10 +265,31 @@ std::string find_int_patches(const ir::Graph& ga, const ir::Graph& gb,
       return "value %" + std::to_string(v) + " differs between the two sizes";
     }
     const auto vid = static_cast<int64_t>(v);
+    const size_t first_size = patches.size();
     for (size_t d = 0; d < mb.sizes.size(); ++d) {
-      if (!explain(ma.sizes[d], mb.sizes[d], {IntPatch::Size, vid, d, 0, 0, 0, 0}) ||
-          (d < mb.strides.size() && !explain(ma.strides[d], mb.strides[d], {IntPatch::Stride, vid, d, 0, 0, 0, 0}))) {
+      if (!explain(ma.sizes[d], mb.sizes[d], {IntPatch::Size, vid, d, 0, 0, 0, 0})) {
         return fail("the shape of %" + std::to_string(v) + " does not follow the changed sizes");
+      }
+    }
+    // Note [Sizes the ops derive]: the strides of a contiguous value whose sizes follow a
+    // derived size are its sizes' (a product of derived sizes two captures cannot tell
+    // from a product of classes: 8 * ceil(s / 2)^2 is 2 * s^2 at even sizes).
+    bool follows_derived = false;
+    for (size_t k = first_size; k < patches.size(); ++k) {
+      follows_derived = follows_derived || patches[k].size >= nc || (patches[k].size2 >= 0 && static_cast<size_t>(patches[k].size2) >= nc);
+    }
+    if (follows_derived && is_contiguous_layout(ma) && is_contiguous_layout(mb)) {
+      for (size_t d = 0; d < mb.strides.size(); ++d) {
+        if (ma.strides[d] == mb.strides[d]) continue;
+        IntPatch p{IntPatch::Stride, vid, d, 0, 0, 0, 0};
+        p.layout = true;
+        patches.push_back(p);
+      }
+    } else {
+      for (size_t d = 0; d < mb.strides.size(); ++d) {
+        if (!explain(ma.strides[d], mb.strides[d], {IntPatch::Stride, vid, d, 0, 0, 0, 0})) {
+          return fail("the shape of %" + std::to_string(v) + " does not follow the changed sizes");
+        }
       }
     }
     if (!explain(ma.storage_offset, mb.storage_offset, {IntPatch::Offset, vid, 0, 0, 0, 0, 0})) {
@@ -215,9 +299,14 @@ std::string find_int_patches(const ir::Graph& ga, const ir::Graph& gb,
   return "";
 }
 
+int64_t patch_value(const ir::Graph& g, const IntPatch& p, const std::vector<int64_t>& sizes) {
+  if (p.layout) return contiguous_stride(g.value(p.where).meta.sizes, p.index);
+  return p.value(sizes);
+}
+
 void apply_int_patches(ir::Graph& g, const std::vector<IntPatch>& patches, const std::vector<int64_t>& sizes) {
   for (const auto& p : patches) {
-    const int64_t v = p.value(sizes);
+    const int64_t v = patch_value(g, p, sizes);
     switch (p.kind) {
       case IntPatch::Arg: g.edit_constant(p.where, p.index, [v](ir::Arg& a) { a.i = v; }); break;
       case IntPatch::ArgList:
