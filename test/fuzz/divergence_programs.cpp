@@ -40,7 +40,9 @@ std::string Spec::str() const {
       s << "text of " << in << " per token -> TextStem(" << stem << (text_form & 1 ? ", causal attention" : "")
         << (text_form & 1 && text_form & 4 && stem % 2 == 0 ? " of 2 heads" : "")
         << (text_form & 2 ? ", mean" : ", max") << " over the length"
-        << (text_form & 8 ? ", floats divided by the length on the host" : "") << ")";
+        << (text_form & 8 ? ", floats divided by the length on the host" : "")
+        << (text_form & 16 ? ", a Conv1d of stride 2 over the length" : "")
+        << (text_form & 32 ? ", the first half of chunk(2)" : "") << ")";
       break;
   }
   for (const auto& [l, w] : layers) {
@@ -66,7 +68,7 @@ Spec draw_spec(std::mt19937_64& rng) {
   }
   if (s.input == Input::Text) {
     width = s.stem = 3 + pick(4);
-    s.text_form = pick(16);
+    s.text_form = pick(64);
   }
   s.backend = pick(2) ? "llvm" : "eager";
   const int n = 2 + pick(5);

@@ -56,7 +56,7 @@ struct Spec {
   int in = 4;
   Input input = Input::Features;
   int stem = 0;  // Tokens: the embedding width; Sequences: the convolution's channels; Text: the width per token
-  int text_form = 0;  // Text: TextStem's form (its bits: attention, mean pooling, heads)
+  int text_form = 0;  // Text: TextStem's form (its bits: attention, mean pooling, heads, host floats, conv, chunk)
   std::vector<std::pair<Layer, int>> layers;  // (kind, width after it)
   bool offset = false;  // an offset built in the default dtype after the last layer
   bool cross_entropy = false;
@@ -132,16 +132,28 @@ TORCH_MODULE(SizeBranch);
 // the length (the last six tokens kept above six, a scaling at multiples of three);
 // positions from arange over the length; a pooling over the length, a mean (bit 1) or a
 // maximum. With bit 3 the positions and the mean divide by the length read on the host (a
-// float computed from a size, which keeps an entry static).
+// float computed from a size, which keeps an entry static). Sizes the ops derive from the
+// length (Note [Sizes the ops derive]): with bit 4 a Conv1d of stride 2 over the length
+// (ceil(n / 2) tokens), with bit 5 the first half of chunk(2) (ceil of the length after).
 struct TextStemImpl : nn::Module {
   TextStemImpl(int in, int width, int form)
       : proj(register_module("proj", nn::Linear(in, width))),
         qkv(register_module("qkv", nn::Linear(width, 3 * width))),
+        conv(register_module("conv", nn::Conv1d(nn::Conv1dOptions(width, width, 3).stride(2).padding(1)))),
         width(width),
         form(form) {}
   at::Tensor forward(const at::Tensor& x) {
-    const int64_t b = x.size(0), n = x.size(1);
+    const int64_t b = x.size(0);
+    int64_t n = x.size(1);
     at::Tensor h = proj->forward(x.flatten(0, 1)).view({b, n, width});
+    if (form & 16) {
+      h = torch::tanh(conv->forward(h.transpose(1, 2))).transpose(1, 2);
+      n = h.size(1);
+    }
+    if (form & 32) {
+      h = h.chunk(2, 1)[0] * 1.25;
+      n = h.size(1);
+    }
     if (form & 1) {
       const int64_t heads = (form & 4) && width % 2 == 0 ? 2 : 1, d = width / heads;
       auto parts = qkv->forward(h).chunk(3, -1);
@@ -161,6 +173,7 @@ struct TextStemImpl : nn::Module {
     return host_float ? h.sum(1) / static_cast<double>(m) : h.mean(1);
   }
   nn::Linear proj, qkv;
+  nn::Conv1d conv;
   int64_t width;
   int form;
 };
