@@ -12,9 +12,14 @@
 //             128), LayerNorm, a head over 512 tokens), batch 4: each call runs the prefix
 //             one token longer, from 8 to 126 tokens, then a new prompt (so lengths repeat
 //             from the second sequence on, as a server's do); tcap::compile, inference
+//   cnn       an image classifier (Conv2d 3->16 stride 2, ReLU, max pool 2, Conv2d 16->32
+//             stride 2, ReLU, adaptive average pool, Linear 32->10), batch 8, square images
+//             of sides drawn from 32..96 (every side: strided convolutions and pools round
+//             their divisions, Note [Sizes the ops derive]); tcap::compile, inference
 //
 // For each: eager, and tcap with the eager and llvm backends, with the size check on
-// (default) and off (check_new_sizes = false), and llvm with its kernels compiled in the
+// (default) and off (check_new_sizes = false), llvm with dynamic = false for cnn (a static
+// entry per size, up to the bench's cache_size_limit of 64), and llvm with its kernels compiled in the
 // background (compile_in_background; unfused_kernel_calls counts the kernel calls that ran
 // their ATen ops meanwhile); then, per variant, the steady state: the
 // mean of 40 calls at one fixed size (length 64, batch 32) after the varying calls, and
@@ -79,12 +84,13 @@ struct Variant {
   bool check = true;
   bool static_only = false;  // no varying calls: only the fixed size (a static entry's kernels)
   bool background = false;   // CompileOptions::compile_in_background
+  bool dynamic = true;       // CompileOptions::dynamic
 };
 
 const std::vector<Variant> kVariants = {
     {"eager", "", true},         {"tcap_eager", "eager", true}, {"tcap_eager_nocheck", "eager", false},
     {"tcap_llvm", "llvm", true}, {"tcap_llvm_nocheck", "llvm", false}, {"tcap_llvm_static", "llvm", true, true},
-    {"tcap_llvm_background", "llvm", true, false, true},
+    {"tcap_llvm_background", "llvm", true, false, true}, {"tcap_llvm_nodynamic", "llvm", true, false, false, false},
 };
 
 tcap::CompileOptions options_of(const Variant& v, const std::string& name) {
@@ -93,6 +99,7 @@ tcap::CompileOptions options_of(const Variant& v, const std::string& name) {
   o.backend = v.backend;
   o.check_new_sizes = v.check;
   o.compile_in_background = v.background;
+  o.dynamic = v.dynamic;
   o.cache_size_limit = 64;
   return o;
 }
@@ -279,6 +286,33 @@ std::vector<Row> mlp(int calls, const std::string& only) {
   return rows;
 }
 
+std::vector<Row> cnn(int calls, const std::string& only) {
+  const auto seq = lengths(calls, 32, 96, 1, 4);
+  std::vector<Row> rows;
+  for (const auto& v : kVariants) {
+    if (v.name != only || (!v.backend.empty() && !tcap::Backend(v.backend).available())) continue;
+    torch::manual_seed(0);
+    nn::Sequential net(nn::Conv2d(nn::Conv2dOptions(3, 16, 3).stride(2).padding(1)), nn::ReLU(),
+                       nn::MaxPool2d(nn::MaxPool2dOptions(2)), nn::Conv2d(nn::Conv2dOptions(16, 32, 3).stride(2).padding(1)),
+                       nn::ReLU(), nn::AdaptiveAvgPool2d(nn::AdaptiveAvgPool2dOptions(1)), nn::Flatten(), nn::Linear(32, 10));
+    torch::NoGradGuard no_grad;
+    std::function<at::Tensor(const at::Tensor&)> fwd = [&](const at::Tensor& x) { return net->forward(x); };
+    tcap::CompiledFn f;
+    if (!v.backend.empty()) {
+      f = tcap::compile(net.ptr(), [&](const Tensors& in) { return Tensors{net->forward(in[0])}; }, options_of(v, "cnn"));
+      fwd = [&](const at::Tensor& x) { return f(x)[0]; };
+    }
+    Row r;
+    r.variant = v.name;
+    auto one = [&](int64_t side) { fwd(torch::randn({8, 3, side, side})); };
+    varying_calls(r, v, seq, one);
+    if (!v.backend.empty()) r.stats = f->stats(), r.has_stats = true;
+    steady_calls(r, 64, one);
+    rows.push_back(r);
+  }
+  return rows;
+}
+
 void print(const char* workload, const std::vector<Row>& rows) {
   const double eager = rows.empty() ? 1 : rows[0].ms;
   const double steady_eager = rows.empty() ? 1 : rows[0].steady_ms;
@@ -312,6 +346,7 @@ int run_one(int calls, const std::string& workload, const std::string& variant) 
   else if (workload == "tagger") rows = tagger(calls, variant);
   else if (workload == "mlp") rows = mlp(calls, variant);
   else if (workload == "generate") rows = generate(calls, variant);
+  else if (workload == "cnn") rows = cnn(calls, variant);
   else return 2;
   const int kernels = tcap::codegen::cpu_llvm::cpu_llvm_stats().compiled;
   for (const auto& r : rows) {
@@ -328,9 +363,11 @@ int main(int argc, char** argv) {
   std::printf("tcap-bench-dynamic: %d calls per workload, %d threads; time = all calls, compiles and checks included; "
               "each variant in a process of its own with an empty kernel cache\n",
               calls, at::get_num_threads());
-  for (const char* workload : {"encoder", "tagger", "mlp", "generate"}) {
+  for (const char* workload : {"encoder", "tagger", "mlp", "generate", "cnn"}) {
     std::vector<Row> rows;
     for (const auto& v : kVariants) {
+      // Static entries per size only where the sizes the ops derive are the point.
+      if (v.name == "tcap_llvm_nodynamic" && std::string(workload) != "cnn") continue;
       char dir[] = "/tmp/tcap-bench-dynamic-XXXXXX";
       if (!mkdtemp(dir)) return 1;
       const std::string cmd = "TCAP_CACHE_DIR=" + std::string(dir) + " /proc/" + std::to_string(getpid()) + "/exe " +
