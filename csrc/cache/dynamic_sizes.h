@@ -251,7 +251,8 @@ class Specializations {
 // already) and takes a's place and id in the cache: one entry serves both sizes and every
 // size b admits, and the cache-size limit counts the branches a function's code takes, not
 // the sizes it met. `a` must be of b's type E; returns a when b takes its place (pass it
-// to EntryCache::add as the entry replaced), else null (a is dynamic, runs eagerly, or b
+// to EntryCache::add as the entry replaced, or, for a b published already, to
+// EntryCache::move_into_place), else null (a is dynamic, runs eagerly, or b
 // is static). Logged under recompiles with `who`.
 template <class E, class A>
 std::shared_ptr<E> take_place_of_static(const std::shared_ptr<A>& a_entry, E& b, const std::string& who) {

@@ -294,9 +294,29 @@ void EntryCache::add(const std::shared_ptr<Entry>& e, const std::shared_ptr<Entr
     e->id = replaces->id;
     *it = e;
   } else {
-    e->id = static_cast<int>(next->size());
+    int id = 0;
+    for (const auto& x : *next) id = std::max(id, x->id + 1);
+    e->id = id;
     next->push_back(e);
   }
+  entries_ = std::move(next);
+}
+
+int EntryCache::next_id() const {
+  int id = 0;
+  for (const auto& x : *entries()) id = std::max(id, x->id + 1);
+  return id;
+}
+
+void EntryCache::move_into_place(Entry& e, const std::shared_ptr<Entry>& replaced) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto next = std::make_shared<EntryList>(*entries_);
+  auto own = std::find_if(next->begin(), next->end(), [&](const std::shared_ptr<Entry>& x) { return x.get() == &e; });
+  auto place = std::find(next->begin(), next->end(), replaced);
+  if (own == next->end() || place == next->end()) return;
+  *place = *own;
+  next->erase(own);
+  e.id = replaced->id;
   entries_ = std::move(next);
 }
 

@@ -306,7 +306,13 @@ class EntryCache {
   // Publishes a new entry (assigns its id); with `replaces`, in its place (an entry the
   // new one generalizes: the old one would only miss first).
   void add(const std::shared_ptr<Entry>& e, const std::shared_ptr<Entry>& replaces = nullptr);
-  int next_id() const { return static_cast<int>(size()); }
+  // Moves published entry e into the place of `replaced` (Note [A dynamic entry takes the
+  // place of the static one]): e takes its slot and id, and its own slot goes. For an
+  // entry generalized after it was published (compile_step's).
+  void move_into_place(Entry& e, const std::shared_ptr<Entry>& replaced);
+  // One more than the largest id published (ids stay unique when an entry moves into
+  // another's place).
+  int next_id() const;
 
   // Whether this call runs eagerly by design, whatever the entries (not a fallback): while
   // anomaly mode is on, a user wants the engine's per-node checks and forward traces, which

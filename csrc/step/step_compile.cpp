@@ -359,6 +359,7 @@ void CompiledStep::Impl::compile_compared(StepEntry& e, step::StepComparison cmp
     if (e.size_miss_of) generalize(static_cast<const StepEntry&>(*e.size_miss_of), e);
     e.state = StepEntry::State::Compiled;
   }
+  take_place_of_static(e);
   cache->stats().count(&CompileStats::compiles);
   if (log_enabled(LogChannel::AotGraphs)) {
     std::ostringstream ps;
@@ -385,6 +386,43 @@ std::string CompiledStep::Impl::build_history(StepEntry& e, const std::string& w
                             << slice->graph.num_calls() << " ops in its backward)");
   e.history = std::move(slice);
   return "";
+}
+
+namespace {
+
+// Whether step a's compiled plan may serve calls that passed b's guards at a's sizes: the
+// plans agree on everything but the graph's integers (their graphs agree up to those:
+// generalize). b's guards are what such a call passed; a's code is what runs.
+bool plans_agree(const StepEntry& a, const StepEntry& b) {
+  if (a.patches.size() != b.patches.size()) return false;
+  for (size_t k = 0; k < a.patches.size(); ++k) {
+    const auto &p = a.patches[k], &q = b.patches[k];
+    if (p.node != q.node || p.arg != q.arg || p.opt != q.opt || p.param != q.param || p.expr != q.expr) return false;
+  }
+  auto same_groups = [](const std::vector<step::MultiTensorUpdate>& x, const std::vector<step::MultiTensorUpdate>& y) {
+    if (x.size() != y.size()) return false;
+    for (size_t k = 0; k < x.size(); ++k) {
+      if (x[k].opt != y[k].opt || x[k].params != y[k].params) return false;
+    }
+    return true;
+  };
+  return a.grad_effect == b.grad_effect && a.grad_output == b.grad_output && a.num_user_outputs == b.num_user_outputs &&
+         a.mutated_inputs == b.mutated_inputs && a.hook_slots == b.hook_slots && a.with_history == b.with_history &&
+         a.buffer_inputs == b.buffer_inputs && a.uses_history == b.uses_history && same_groups(a.fused_groups, b.fused_groups) &&
+         a.guards.scalars == b.guards.scalars && a.guards.scalar_is_input == b.guards.scalar_is_input &&
+         a.guards.host.mode() == b.guards.host.mode();
+}
+
+}  // namespace
+
+// Note [A dynamic entry takes the place of the static one], for steps: e was published as
+// a candidate and generalized once compiled, so it moves into the static entry's place
+// (EntryCache::move_into_place) where that entry's plan can serve its calls.
+void CompiledStep::Impl::take_place_of_static(StepEntry& e) {
+  if (!e.size_miss_of || !e.guards.dyn.dynamic() || e.eager()) return;
+  const auto& a = static_cast<const StepEntry&>(*e.size_miss_of);
+  if (a.state != StepEntry::State::Compiled || !plans_agree(a, e)) return;
+  if (auto gone = cache::take_place_of_static(e.size_miss_of, e, who())) cache->move_into_place(e, gone);
 }
 
 void CompiledStep::Impl::generalize(const StepEntry& a, StepEntry& b) {

@@ -207,6 +207,7 @@ struct CompiledStep::Impl {
     return out;
   }
   void generalize(const StepEntry& a, StepEntry& b);
+  void take_place_of_static(StepEntry& e);
   // e's history slice from its graph (Note [Outputs with history from a replayed step]);
   // why it has none where it needs one, else "". `who` names the step in the log.
   static std::string build_history(StepEntry& e, const std::string& who);

@@ -123,6 +123,7 @@ TEST(SizeChecks, TaggerStepWithVaryingLength) {
   const auto st = step->stats();
   EXPECT_GE(st.replays, 6) << log.text();
   EXPECT_LE(st.captures, 6) << log.text();
+  EXPECT_EQ(log.count("takes the place of entry"), 1) << log.text();
 }
 
 TEST(SizeChecks, TaggerCompiledAutogradWithVaryingLength) {

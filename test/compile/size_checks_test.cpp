@@ -255,6 +255,10 @@ TEST(SizeChecks, StepThatBranchesOnTheBatch) {
   EXPECT_GE(st.size_checks, 2) << log.text();
   EXPECT_GE(log.count("does not serve sizes [17]"), 1) << log.text();
   EXPECT_GE(st.replays, 5) << log.text();
+  // Each branch's dynamic entry takes the place of the static entry it generalized (Note
+  // [A dynamic entry takes the place of the static one]): the even batches' at 12 that of
+  // 8, the odd batches' at 21 that of 17.
+  EXPECT_EQ(log.count("takes the place of entry"), 2) << log.text();
 }
 
 // Lengths that never repeat back to back (Note [A step compiled from captures at two
