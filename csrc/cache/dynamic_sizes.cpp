@@ -33,36 +33,53 @@ std::vector<int64_t> SizeCheck::key() const {
 
 namespace {
 
-// Note [Sizes the ops derive]: the sizes of record b's values that the classes do not
-// explain, one per distinct pair, at their first position; none when every size of the
-// record is at least affine in a class.
+// Note [Sizes the ops derive]: the integers of record b (values' sizes, then ops' integer
+// arguments) that the classes do not explain, one per distinct pair, at their first
+// position; none when every one of them is at least affine in a class.
 std::vector<DerivedSize> derived_sizes(const ir::Graph& ra, const ir::Graph& rb,
                                        const std::vector<std::pair<int64_t, int64_t>>& classes) {
   std::vector<DerivedSize> out;
-  if (ra.values().size() != rb.values().size()) return out;
-  // Each changed size of the record, with whether the classes explain it (`affine`: as
-  // m * s + c too).
+  if (ra.values().size() != rb.values().size() || ra.nodes().size() != rb.nodes().size()) return out;
+  using passes::IntPatch;
+  // Each changed integer of the record, with its position.
   auto for_each_changed = [&](const auto& f) {
     for (size_t v = 0; v < rb.values().size(); ++v) {
       const auto& ma = ra.values()[v].meta;
       const auto& mb = rb.values()[v].meta;
       if (ma.sizes.size() != mb.sizes.size()) continue;
       for (size_t d = 0; d < mb.sizes.size(); ++d) {
-        if (ma.sizes[d] != mb.sizes[d]) f(v, d, ma.sizes[d], mb.sizes[d]);
+        if (ma.sizes[d] != mb.sizes[d]) f(IntPatch{IntPatch::Size, static_cast<int64_t>(v), d, 0, 0, 0, 0}, ma.sizes[d], mb.sizes[d]);
+      }
+    }
+    for (size_t i = 0; i < rb.nodes().size(); ++i) {
+      const auto& na = ra.nodes()[i];
+      const auto& nb = rb.nodes()[i];
+      if (na.op != nb.op || na.args.size() != nb.args.size()) continue;
+      for (size_t k = 0; k < nb.args.size(); ++k) {
+        const ir::Arg& x = na.args[k];
+        const ir::Arg& y = nb.args[k];
+        if (x.kind != y.kind) continue;
+        if (x.kind == ir::ArgKind::Int && x.i != y.i) {
+          f(IntPatch{IntPatch::Arg, static_cast<int64_t>(i), k, 0, 0, 0, 0}, x.i, y.i);
+        } else if (x.kind == ir::ArgKind::IntList && x.ints.size() == y.ints.size()) {
+          for (size_t e = 0; e < x.ints.size(); ++e) {
+            if (x.ints[e] != y.ints[e]) f(IntPatch{IntPatch::ArgList, static_cast<int64_t>(i), k, e, 0, 0, 0}, x.ints[e], y.ints[e]);
+          }
+        }
       }
     }
   };
   bool any = false;
-  for_each_changed([&](size_t, size_t, int64_t x, int64_t y) {
+  for_each_changed([&](const IntPatch&, int64_t x, int64_t y) {
     any = any || !passes::follows_sizes(x, y, classes, /*affine=*/true);
   });
   if (!any) return out;
-  // Some size is not even affine in a class: every one that is not a multiple or product of
-  // classes is derived (an affine one too: a formula two captures fit is a guess).
-  for_each_changed([&](size_t v, size_t d, int64_t x, int64_t y) {
+  // Some integer is not even affine in a class: every one that is not a multiple or
+  // product of classes is derived (an affine one too: a formula two captures fit is a guess).
+  for_each_changed([&](const IntPatch& where, int64_t x, int64_t y) {
     if (passes::follows_sizes(x, y, classes, /*affine=*/false)) return;
     const bool seen = std::any_of(out.begin(), out.end(), [&](const DerivedSize& s) { return s.at_a == x && s.at_b == y; });
-    if (!seen) out.push_back({static_cast<ir::ValueId>(v), d, x, y});
+    if (!seen) out.push_back({where, x, y});
   });
   return out;
 }
@@ -127,9 +144,14 @@ std::vector<int64_t> DynamicSizes::patch_sizes(const std::vector<int64_t>& key) 
 std::string DynamicSizes::describe_derived() const {
   std::string s;
   for (size_t k = 0; k < derived.size(); ++k) {
-    s += (k ? ", d" : "; sizes its ops derive, read from each check capture's recording: d") + std::to_string(k) +
-         " = %" + std::to_string(derived[k].value) + ".size(" + std::to_string(derived[k].dim) + ") (captured at " +
-         std::to_string(derived[k].at_b) + ")";
+    const passes::IntPatch& w = derived[k].where;
+    const std::string at = w.kind == passes::IntPatch::Size
+                               ? "%" + std::to_string(w.where) + ".size(" + std::to_string(w.index) + ")"
+                               : "argument " + std::to_string(w.index) +
+                                     (w.kind == passes::IntPatch::ArgList ? "[" + std::to_string(w.element) + "]" : "") +
+                                     " of node %" + std::to_string(w.where);
+    s += (k ? ", d" : "; sizes its ops derive, read from each check capture's recording: d") + std::to_string(k) + " = " +
+         at + " (captured at " + std::to_string(derived[k].at_b) + ")";
   }
   return s;
 }
@@ -212,9 +234,8 @@ std::string SizeLedger::check(const std::vector<int64_t>& key, ir::Graph got, co
   // where it does not hold them: it differs then, and the comparison says where).
   std::vector<int64_t> sizes = key, derived;
   for (const auto& x : derived_) {
-    const bool held = static_cast<size_t>(x.value) < got.values().size() &&
-                      x.dim < got.values()[static_cast<size_t>(x.value)].meta.sizes.size();
-    derived.push_back(held ? got.values()[static_cast<size_t>(x.value)].meta.sizes[x.dim] : x.at_b);
+    const int64_t* at = integer_at(got, x.where);
+    derived.push_back(at ? *at : x.at_b);
   }
   sizes.insert(sizes.end(), derived.begin(), derived.end());
   const bool fits = std::all_of(patches_.begin(), patches_.end(), [&](const passes::IntPatch& p) {

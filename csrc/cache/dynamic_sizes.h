@@ -36,10 +36,11 @@
 // A strided convolution or a pooling divides a size by its stride, rounding down or up
 // (`(s + 2p - k) / stride + 1`); `chunk` and `split` do too. Two captures cannot tell such
 // a size from the formulas above: at 16 and 24, ceil(s / 2) is s / 2, and it is not at 17.
-// So the sizes of the record's values that no class explains as m * s or m * s * s' (when
-// any size of the record is not even affine in a class: otherwise nothing changes) become
-// sizes of their own, *derived* sizes: one per distinct pair of values at the two
-// captures, found at the first position the record holds it. Their values at new class
+// Host code divides too (`x.narrow(1, n / 2, 2)`, `arange(n / 2)`). So the integers of the
+// record (its values' sizes, then its ops' integer arguments) that no class explains as
+// m * s or m * s * s' (when any of them is not even affine in a class: otherwise nothing
+// changes) become sizes of their own, *derived* sizes: one per distinct pair of values at
+// the two captures, found at the first position the record holds it. Their values at new class
 // values are not computed by tcap: they are read from the check capture's recording at that
 // position (the user's code ran eagerly, and ATen's shape functions computed them), and
 // every other integer that follows them is patched from those values and compared as
@@ -71,11 +72,12 @@
 
 namespace tcap::cache {
 
-// Note [Sizes the ops derive]: a size of the record's value `value` at `dim` that no class
-// explains; at_a and at_b its values at the two captures (b: the dynamic entry).
+// Note [Sizes the ops derive]: an integer of the record that no class explains (a value's
+// size, or an integer argument host code computed), at `where` (an IntPatch's position:
+// kind, node or value, argument or dim, list element; its formula fields unused); at_a and
+// at_b its values at the two captures (b: the dynamic entry).
 struct DerivedSize {
-  ir::ValueId value;
-  size_t dim;
+  passes::IntPatch where;
   int64_t at_a, at_b;
 };
 

@@ -167,12 +167,18 @@ std::string find_int_patches(const ir::Graph& ga, const ir::Graph& gb,
   const size_t nc = std::min(num_classes, sizes.size());
   const bool derived = nc < sizes.size();
   // Note [Sizes the ops derive]: without derived sizes, the three forms over the classes.
-  std::vector<Step> steps;
+  std::vector<Step> steps, offset_steps;
   if (!derived) {
     steps = {{0, Step::Classes}, {1, Step::Classes}, {2, Step::Classes}};
+    offset_steps = steps;
   } else {
     steps = {{0, Step::Classes}, {3, Step::Derived}, {1, Step::Classes}, {1, Step::Derived},
              {0, Step::Derived}, {2, Step::Classes}, {2, Step::Derived}};
+    // A view's storage offset is its start times a stride: where a start is derived (host
+    // code divided a size), 4 * floor(n / 2) is 2 * n at two even n, and the derived
+    // explanation is the one a view's offset has.
+    offset_steps = {{3, Step::Derived}, {0, Step::Derived}, {1, Step::Derived}, {0, Step::Classes},
+                    {1, Step::Classes}, {2, Step::Classes}, {2, Step::Derived}};
   }
   auto in = [&](Step::Over over, size_t c, int c2) {
     const bool any_derived = c >= nc || (c2 >= 0 && static_cast<size_t>(c2) >= nc);
@@ -181,7 +187,7 @@ std::string find_int_patches(const ir::Graph& ga, const ir::Graph& gb,
   bool ambiguous = false;
   auto explain = [&](int64_t x, int64_t y, IntPatch p) {
     if (x == y) return true;
-    for (const Step& step : steps) {
+    for (const Step& step : p.kind == IntPatch::Offset ? offset_steps : steps) {
       bool found = false;
       IntPatch best = p;
       auto take = [&](size_t c, int c2, int64_t m, int64_t add) {

@@ -48,8 +48,9 @@ struct IntPatch {
 // derive (pairs no class explains). With them, an integer is explained, in this order, as
 // a multiple of one class, one of the derived sizes itself, a product of two classes, a
 // product involving a derived size, a multiple of a derived size, an affine function of a
-// class, then of a derived size (an ambiguity is one within a step); and the strides of a
-// value contiguous at both sizes whose sizes follow a derived size are `layout` patches.
+// class, then of a derived size (an ambiguity is one within a step; a storage offset tries
+// the derived sizes first); and the strides of a value contiguous at both sizes whose sizes
+// follow a derived size are `layout` patches.
 std::string find_int_patches(const ir::Graph& ga, const ir::Graph& gb,
                              const std::vector<std::pair<int64_t, int64_t>>& sizes, std::vector<IntPatch>& patches,
                              bool first_fit = false, size_t num_classes = SIZE_MAX);

@@ -217,6 +217,43 @@ TEST(SizeChecks, ChunksOfAnOddLength) {
   }
 }
 
+// Host code that divides a length (`n / 2`, `n / 3 + 1`): integer arguments no class
+// formula explains are derived sizes too, read from each check capture's recording, and
+// the backward's integers (narrow's, the broadcast's) follow them.
+TEST(SizeChecks, HostDivisionOfALength) {
+  for (const char* backend : {"eager", "llvm"}) {
+    if (!tcap::testing::backend_built(backend, nullptr)) continue;
+    SCOPED_TRACE(backend);
+    tcap::CompileOptions o;
+    o.backend = backend;
+    LogCapture log("recompiles");
+    auto fn = [](const Tensors& in) {
+      const int64_t n = in[0].size(1);
+      auto y = torch::tanh(in[0]).narrow(1, n / 2, 2);
+      auto pos = torch::arange(n / 3 + 1, in[0].options());
+      return Tensors{y.sum(1) * 2 + pos.sum(), in[0].narrow(1, 0, n / 3 + 1) * pos.unsqueeze(-1)};
+    };
+    auto f = tcap::compile(fn, o);
+    for (int64_t n : {6, 10, 7, 7, 13, 13, 8, 8, 20, 20, 5, 5}) {
+      auto x = torch::randn({3, n, 4}, torch::requires_grad());
+      auto x2 = x.detach().clone().requires_grad_();
+      auto out = (*f)({x});
+      auto ref = fn({x2});
+      for (size_t k = 0; k < out.size(); ++k) {
+        ASSERT_TRUE(close(out[k], ref[k], rtol_of(backend), atol_of(backend))) << "length " << n << "\n" << log.text();
+      }
+      (out[0].pow(2).sum() + out[1].sum()).backward();
+      (ref[0].pow(2).sum() + ref[1].sum()).backward();
+      ASSERT_TRUE(close(x.grad(), x2.grad(), rtol_of(backend), 10 * atol_of(backend))) << "length " << n;
+    }
+    // Captures at 6 and 10; 7, 13, 8, 20 and 5 are a check each, their second calls replay.
+    EXPECT_EQ(f->stats().captures, 2) << log.text();
+    EXPECT_EQ(f->stats().size_checks, 5) << log.text();
+    EXPECT_EQ(f->stats().replays, 5) << log.text();
+    EXPECT_EQ(log.count(" = argument 2 of node"), 1) << log.text();
+  }
+}
+
 // A training step at varying resolution (compile_step, SGD with momentum), and the same
 // model's backward under compiled autograd.
 at::Tensor cnn_loss(SmallCnn& m, const at::Tensor& x, const at::Tensor& y) {
