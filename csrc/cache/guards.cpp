@@ -26,6 +26,52 @@ bool contiguous_strides(const std::vector<int64_t>& sizes, const std::vector<int
   return true;
 }
 
+// Note [Dense inputs of a dynamic entry]
+// A dynamic entry's graph follows its inputs' strides through the sizes (a fit, checked at
+// each new size), which holds for a tensor whose strides its sizes determine: a dense one,
+// its dims laid out in one order (contiguous, channels last, a transposed contiguous
+// tensor). So an input with a symbolic size must be dense with its dims in the order it
+// was captured in: the outermost dim has the largest stride, ties (dims of size 1, whose
+// strides say nothing) broken by dim. The dims of `sizes`, outermost first, where `strides`
+// are dense in that order; empty where they are not dense.
+template <class Sizes, class Strides>
+std::vector<size_t> dense_order(const Sizes& sizes, const Strides& strides) {
+  const size_t n = sizes.size();
+  std::vector<size_t> order(n);
+  for (size_t d = 0; d < n; ++d) order[d] = d;
+  // Dims of size 1 go innermost (their strides are meaningless), the others by stride.
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const bool one_a = sizes[a] == 1, one_b = sizes[b] == 1;
+    if (one_a != one_b) return one_b;
+    return !one_a && strides[a] > strides[b];
+  });
+  int64_t expect = 1;
+  for (size_t k = n; k-- > 0;) {
+    const size_t d = order[k];
+    if (sizes[d] != 1 && strides[d] != expect) return {};
+    expect *= std::max<int64_t>(sizes[d], 1);
+  }
+  return order;
+}
+
+// Whether t is dense with the dims of size > 1 in the order the captured guard g's are
+// (Note [Dense inputs of a dynamic entry]).
+bool same_dense_layout(const at::Tensor& t, const TensorGuard& g) {
+  if (t.is_contiguous() && contiguous_strides(g.sizes, g.strides)) return true;
+  const auto want = dense_order(g.sizes, g.strides);
+  const auto got = dense_order(t.sizes(), t.strides());
+  if (want.empty() || got.empty()) return false;
+  // Compare the orders of the dims that are not 1 in either.
+  std::vector<size_t> a, b;
+  for (size_t d : want) {
+    if (g.sizes[d] != 1 && t.size(static_cast<int64_t>(d)) != 1) a.push_back(d);
+  }
+  for (size_t d : got) {
+    if (g.sizes[d] != 1 && t.size(static_cast<int64_t>(d)) != 1) b.push_back(d);
+  }
+  return a == b;
+}
+
 }  // namespace
 
 // --- TensorGuard ---------------------------------------------------------------------
@@ -79,7 +125,8 @@ std::string TensorGuard::str(const DynamicSizes* dyn, size_t first_size) const {
     shape += (d ? ", " : "") + (c >= 0 ? "s" + std::to_string(c) : std::to_string(sizes[d]));
   }
   shape += "]";
-  return ir::dtype_short_name(dtype) + shape + (any_dyn ? " contiguous" : " stride " + shape_str(strides)) + " " +
+  const std::string layout = contiguous_strides(sizes, strides) ? " contiguous" : " dense in its captured dim order";
+  return ir::dtype_short_name(dtype) + shape + (any_dyn ? layout : " stride " + shape_str(strides)) + " " +
          device.str() + (requires_grad ? " requires_grad" : "") + (check_inference && inference ? " inference" : "");
 }
 
@@ -166,7 +213,7 @@ Miss Guards::check(const CallView& call, std::vector<int64_t>* key) const {
       }
     }
     if (resized) {
-      const bool candidate = t.is_contiguous() && contiguous_strides(g.sizes, g.strides);
+      const bool candidate = same_dense_layout(t, g);
       const std::string what = "input '" + g.name + "' changed shape: " + shape_str(g.sizes) + " -> " +
                                shape_str(t.sizes()) + (any_dyn ? " (dynamic dims need a size >= 2)" : "");
       if (candidate) {
@@ -177,7 +224,9 @@ Miss Guards::check(const CallView& call, std::vector<int64_t>* key) const {
       continue;
     }
     if (any_dyn) {
-      if (!t.is_contiguous()) hard("input '" + g.name + "' is no longer contiguous (its dynamic dims need it)");
+      if (!same_dense_layout(t, g)) {
+        hard("input '" + g.name + "' is no longer dense in the dim order it was captured in (its dynamic dims need it)");
+      }
     } else if (t.strides() != c10::IntArrayRef(g.strides)) {
       hard("input '" + g.name + "' changed strides: " + shape_str(g.strides) + " -> " + shape_str(t.strides()));
     }
@@ -278,7 +327,12 @@ std::string Guards::describe_dynamic() const {
   bool shared = false;
   for (const auto& m : members) shared = shared || m.size() > 1;
   if (shared) os << ", the sizes of one symbol equal";
-  if (tensor_dims) os << ", the tensors with a symbolic size contiguous";
+  if (tensor_dims) {
+    bool all_contiguous = true;
+    for (const auto& t : tensors) all_contiguous = all_contiguous && contiguous_strides(t.sizes, t.strides);
+    os << (all_contiguous ? ", the tensors with a symbolic size contiguous"
+                          : ", the tensors with a symbolic size dense in their captured dim order");
+  }
   os << ", every other size as captured";
   return os.str();
 }

@@ -103,6 +103,53 @@ TEST(SizeChecks, ImageModelAtVaryingResolution) {
   }
 }
 
+// Note [Dense inputs of a dynamic entry]: an input in channels-last layout (dense, its
+// dims in another order) at varying resolution goes dynamic, and a transposed sequence
+// batch at varying length; a contiguous input at a new size is another layout, and misses.
+TEST(SizeChecks, DenseNonContiguousInputsAtVaryingSizes) {
+  for (const char* backend : {"eager", "llvm"}) {
+    if (!tcap::testing::backend_built(backend, nullptr)) continue;
+    SCOPED_TRACE(backend);
+    tcap::CompileOptions o;
+    o.backend = backend;
+    LogCapture log("recompiles");
+    auto fn = [](const Tensors& in) {
+      auto y = torch::sigmoid(in[0] * 1.5 - 0.25);
+      return Tensors{y.mean({2, 3}) + in[0].amax({2, 3}), y * in[0]};
+    };
+    auto f = tcap::compile(fn, o);
+    const std::vector<int64_t> sides = {16, 24, 24, 20, 20, 17, 17, 31, 31, 18};
+    for (size_t c = 0; c < sides.size(); ++c) {
+      const int64_t s = sides[c];
+      // The last call's input is contiguous: another layout.
+      auto x = (c + 1 == sides.size() ? torch::randn({2, 3, s, s}) : torch::randn({2, s, s, 3}).permute({0, 3, 1, 2}))
+                   .requires_grad_();
+      auto x2 = x.detach().clone().requires_grad_();
+      auto out = (*f)({x});
+      auto ref = fn({x2});
+      for (size_t k = 0; k < out.size(); ++k) {
+        ASSERT_TRUE(close(out[k], ref[k], rtol_of(backend), atol_of(backend))) << "side " << s << "\n" << log.text();
+      }
+      (out[0].sum() + out[1].pow(2).sum()).backward();
+      (ref[0].sum() + ref[1].pow(2).sum()).backward();
+      ASSERT_TRUE(close(x.grad(), x2.grad(), rtol_of(backend), 10 * atol_of(backend))) << "side " << s;
+    }
+    EXPECT_EQ(log.count("dense in their captured dim order"), 1) << log.text();
+    EXPECT_EQ(f->stats().captures, 3) << log.text();
+    EXPECT_EQ(f->stats().replays, 4) << log.text();
+    EXPECT_EQ(log.count("is no longer dense in the dim order it was captured in"), 1) << log.text();
+
+    // [t, b, c] transposed to [b, t, c]: its strides do not follow t.
+    auto g = tcap::compile([](const Tensors& in) { return Tensors{torch::tanh(in[0]).cumsum(1) * in[0]}; }, o);
+    for (int64_t t : {5, 9, 9, 7, 7, 12, 12}) {
+      auto x = torch::randn({t, 3, 4}).transpose(0, 1);
+      ASSERT_TRUE(close((*g)({x})[0], torch::tanh(x).cumsum(1) * x, rtol_of(backend), atol_of(backend))) << "length " << t;
+    }
+    EXPECT_EQ(g->stats().captures, 2);
+    EXPECT_GE(g->stats().replays, 3);
+  }
+}
+
 // Height and width vary apart: two classes, and a derived size for each.
 TEST(SizeChecks, ImageModelWithHeightAndWidthApart) {
   torch::manual_seed(4);
