@@ -127,14 +127,18 @@ std::vector<std::pair<int64_t, int64_t>> DynamicSizes::class_pairs(const std::ve
   return out;
 }
 
+std::vector<int64_t> DynamicSizes::derived_values(bool at_a) const {
+  std::vector<int64_t> out;
+  for (const auto& x : derived) out.push_back(at_a ? x.at_a : x.at_b);
+  return out;
+}
+
 std::vector<int64_t> DynamicSizes::patch_sizes(const std::vector<int64_t>& key) const {
   if (derived.empty()) return key;
   std::vector<int64_t> out = key;
-  if (key == own_key) {
-    for (const auto& x : derived) out.push_back(x.at_b);
-    return out;
-  }
-  auto values = ledger ? ledger->derived_at(key) : std::nullopt;
+  std::optional<std::vector<int64_t>> values;
+  if (key == own_key) values = derived_values(/*at_a=*/false);
+  else if (ledger) values = ledger->derived_at(key);
   TORCH_CHECK(values && values->size() == derived.size(), "tcap: no check capture read the sizes its ops derive at ",
               c10::IntArrayRef(key), " (Note [Sizes the ops derive])");
   out.insert(out.end(), values->begin(), values->end());
@@ -290,9 +294,7 @@ std::string make_ledger(const ir::Graph& record_a, const std::vector<int64_t>& s
                                              patches, first_fit, d.num_classes);
   if (!why.empty()) return "its recorded code does not follow the sizes: " + why;
   d.ledger = std::make_shared<SizeLedger>(record_b, std::move(patches), std::move(per_call), d.derived);
-  std::vector<int64_t> own;
-  for (const auto& x : d.derived) own.push_back(x.at_b);
-  d.ledger->admit(d.own_key, std::move(own));
+  d.ledger->admit(d.own_key, d.derived_values(/*at_a=*/false));
   return "";
 }
 

@@ -130,6 +130,8 @@ struct DynamicSizes {
   // The values patches read at class values `key`: key, then the derived sizes' values
   // (at_b at own_key, else those the ledger read at key's check); throws where unknown.
   std::vector<int64_t> patch_sizes(const std::vector<int64_t>& key) const;
+  // The derived sizes' values at the first capture (`at_a`) or at the entry's own.
+  std::vector<int64_t> derived_values(bool at_a) const;
   // "; d0 = %7.size(2) (captured at 12), ..." for the recompile log ("" without).
   std::string describe_derived() const;
   bool is_dynamic(size_t i) const { return i < size_class.size() && size_class[i] >= 0; }
@@ -264,9 +266,7 @@ std::shared_ptr<E> take_place_of_static(const std::shared_ptr<A>& a_entry, E& b,
   std::vector<int64_t> key;
   for (const auto& [at_a, at_b] : d.class_pairs(a->guards.sizes, b.guards.sizes)) key.push_back(at_a);
   if (key == d.own_key) return nullptr;
-  std::vector<int64_t> derived;
-  for (const auto& x : d.derived) derived.push_back(x.at_a);
-  d.ledger->admit(key, std::move(derived));
+  d.ledger->admit(key, d.derived_values(/*at_a=*/true));
   b.specialized->insert(key, a);
   TCAP_LOG(Recompiles, who << " entry " << b.id << " takes the place of entry " << a->id << ", whose sizes "
                            << c10::IntArrayRef(key) << " it serves with that entry's code, and is entry " << a->id

@@ -1,6 +1,7 @@
 #include "passes/int_patches.h"
 
 #include <algorithm>
+#include <optional>
 #include <sstream>
 
 namespace tcap::passes {
@@ -124,12 +125,20 @@ int64_t contiguous_stride(const ir::Dims& sizes, size_t d) {
   return s;
 }
 
-bool is_contiguous_layout(const ir::TensorMeta& m) {
-  if (m.strides.size() != m.sizes.size()) return false;
-  for (size_t d = 0; d < m.sizes.size(); ++d) {
-    if (m.strides[d] != contiguous_stride(m.sizes, d)) return false;
-  }
-  return true;
+// m and add with x = m * sa + add and y = m * sb + add (m != 0); nullopt where none.
+std::optional<std::pair<int64_t, int64_t>> linear_fit(int64_t x, int64_t y, int64_t sa, int64_t sb) {
+  const int64_t da = sa - sb;
+  if (da == 0 || (x - y) % da != 0) return std::nullopt;
+  const int64_t m = (x - y) / da;
+  if (m == 0) return std::nullopt;
+  return std::make_pair(m, y - m * sb);
+}
+
+// m with x = m * pa and y = m * pb, pa and pb products of sizes at the two captures (m != 0);
+// nullopt where none.
+std::optional<int64_t> product_fit(int64_t x, int64_t y, int64_t pa, int64_t pb) {
+  if (pa == 0 || pb == 0 || pa == pb || x % pa != 0 || y % pb != 0 || x / pa != y / pb || x / pa == 0) return std::nullopt;
+  return x / pa;
 }
 
 // One step of the order in find_int_patches' header: `form` 0 (m * s), 1 (m * s * s'),
@@ -145,14 +154,9 @@ struct Step {
 bool follows_sizes(int64_t x, int64_t y, const std::vector<std::pair<int64_t, int64_t>>& sizes, bool affine) {
   for (size_t c = 0; c < sizes.size(); ++c) {
     const auto [sa, sb] = sizes[c];
-    const int64_t da = sa - sb;
-    if (da != 0 && (x - y) % da == 0) {
-      const int64_t m = (x - y) / da;
-      if (m != 0 && (affine || y - m * sb == 0)) return true;
-    }
+    if (const auto f = linear_fit(x, y, sa, sb); f && (affine || f->second == 0)) return true;
     for (size_t c2 = c; c2 < sizes.size(); ++c2) {
-      const int64_t pa = sa * sizes[c2].first, pb = sb * sizes[c2].second;
-      if (pa != 0 && pb != 0 && pa != pb && x % pa == 0 && y % pb == 0 && x / pa == y / pb && x / pa != 0) return true;
+      if (product_fit(x, y, sa * sizes[c2].first, sb * sizes[c2].second)) return true;
     }
   }
   return false;
@@ -209,18 +213,16 @@ std::string find_int_patches(const ir::Graph& ga, const ir::Graph& gb,
         }
         if (step.form == 0 || step.form == 2) {
           if (!in(step.over, c, -1)) continue;
-          const int64_t da = sa - sb;
-          if (da == 0 || (x - y) % da != 0) continue;
-          const int64_t m = (x - y) / da;
-          const int64_t add = y - m * sb;
-          if (m != 0 && (step.form == 2 || add == 0)) take(c, -1, m, add);
+          if (const auto f = linear_fit(x, y, sa, sb); f && (step.form == 2 || f->second == 0)) {
+            take(c, -1, f->first, f->second);
+          }
           continue;
         }
         for (size_t c2 = c; c2 < sizes.size() && !ambiguous; ++c2) {
           if (!in(step.over, c, static_cast<int>(c2))) continue;
-          const int64_t pa = sa * sizes[c2].first, pb = sb * sizes[c2].second;
-          if (pa == 0 || pb == 0 || pa == pb || x % pa != 0 || y % pb != 0 || x / pa != y / pb || x / pa == 0) continue;
-          take(c, static_cast<int>(c2), x / pa, 0);
+          if (const auto m = product_fit(x, y, sa * sizes[c2].first, sb * sizes[c2].second)) {
+            take(c, static_cast<int>(c2), *m, 0);
+          }
         }
       }
       if (ambiguous) return false;
@@ -284,7 +286,7 @@ std::string find_int_patches(const ir::Graph& ga, const ir::Graph& gb,
     for (size_t k = first_size; k < patches.size(); ++k) {
       follows_derived = follows_derived || patches[k].size >= nc || (patches[k].size2 >= 0 && static_cast<size_t>(patches[k].size2) >= nc);
     }
-    if (follows_derived && is_contiguous_layout(ma) && is_contiguous_layout(mb)) {
+    if (follows_derived && ma.is_contiguous() && mb.is_contiguous()) {
       for (size_t d = 0; d < mb.strides.size(); ++d) {
         if (ma.strides[d] == mb.strides[d]) continue;
         IntPatch p{IntPatch::Stride, vid, d, 0, 0, 0, 0};
