@@ -79,6 +79,9 @@ struct FusionResult {
   // "%12 aten::mm: no kernel IR lowering ...", "%14 aten::add.Tensor not fused with
   // fused_2: shape [4] differs from the group's [4, 5]".
   std::vector<std::string> decisions;
+  // How long each step took, in ms, in order: decompose, group, lower (kernel IR and each
+  // group's fallback), kernels (the backend's plans, lookups and compiles), rewrite.
+  std::vector<std::pair<const char*, double>> times;
   std::string explain() const;      // groups and decisions, one per line
 };
 

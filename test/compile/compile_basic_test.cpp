@@ -193,3 +193,34 @@ TEST(Compile, ViewsAreSavedAsTheirBase) {
 }
 
 }  // namespace
+
+// Note [Where a compile spends its time]: under TCAP_LOGS=perf each compiled graph says how
+// long each pipeline stage took, fusion's steps apart, and each joint graph how long its
+// partition took; a dynamic entry's specialization at new sizes says it again.
+TEST(Compile, PerfLogSaysWhereEachCompileSpendsItsTime) {
+  if (!tcap::Backend("llvm").available()) GTEST_SKIP() << "no LLVM backend here";
+  tcap::testing::LogCapture log("perf");
+  tcap::CompileOptions o;
+  o.name = "stage_times";
+  o.backend = "llvm";
+  auto fn = [](const Tensors& in) { return Tensors{torch::gelu(in[0] * in[1]).sum(1)}; };
+  auto f = tcap::compile(fn, o);
+  for (int64_t n : {8, 12, 12, 20, 20}) {
+    auto in = leaves(2, {n, 5});
+    auto out = f(in);
+    out[0].sum().backward();
+    EXPECT_TRUE(close(out[0], fn(in)[0], 1e-4, 1e-5)) << n;
+  }
+  const std::string text = log.text();
+  EXPECT_GE(log.count("stage_times.0 joint graph partitioned in "), 1) << text;
+  EXPECT_GE(log.count("stage_times.0.forward compiled in "), 1) << text;
+  EXPECT_GE(log.count("stage_times.0.backward compiled in "), 1) << text;
+  for (const char* step : {"simplify ", "fuse ", "(decompose ", "group ", "lower ", "kernels ", "rewrite ",
+                           "reuse_buffers ", "executable "}) {
+    EXPECT_GE(log.count(step), 2) << step << "\n" << text;
+  }
+  // The entry at 12 generalizes the one at 8; the size 20 is a specialization: its graphs
+  // go through the same stages again.
+  EXPECT_GE(f->stats().replays, 1) << text;
+  EXPECT_GE(log.count("joint graph partitioned in "), 3) << text;
+}
