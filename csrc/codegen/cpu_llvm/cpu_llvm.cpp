@@ -25,8 +25,9 @@ namespace {
 // Bump whenever the renderer emits different code for the same kernel IR, so that old
 // disk cache entries stop matching (libtcap's build id in the key catches the changes
 // nobody bumped this for; see kernel_cache.h).
-constexpr int kCodegenVersion = 6;  // 3: numbers read at launch (Note [Sizes at launch]); 4: remainder loops not unrolled;
-                                    // 5: streaming stores (Note [Streaming stores]); 6: next-row prefetch
+constexpr int kCodegenVersion = 7;  // 3: numbers read at launch (Note [Sizes at launch]); 4: remainder loops not unrolled;
+                                    // 5: streaming stores (Note [Streaming stores]); 6: next-row prefetch;
+                                    // 7: masked tails (Note [Masked tails])
 
 // Code for every kernel of one structure whose numbers outside `varying` are `numbers'`:
 // it reads the varying ones at launch (make_plan with `varying`: its plan's at_launch).
@@ -63,8 +64,8 @@ CpuJit& jit_or_throw() {
 }
 
 std::string key_prefix(const CpuJit& jit) {
-  return "tcap cpu_llvm codegen " + std::to_string(kCodegenVersion) + "\nbuild " + library_build_id() + "\n" +
-         jit.target_key() + "\n";
+  return "tcap cpu_llvm codegen " + std::to_string(kCodegenVersion) + (masked_tails_on() ? "" : " scalar tails") +
+         "\nbuild " + library_build_id() + "\n" + jit.target_key() + "\n";
 }
 
 // See Note [Kernel cache files] in kernel_cache.h.

@@ -1,5 +1,7 @@
 #include "codegen/cpu_llvm/plan.h"
 
+#include "support/env.h"
+
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -253,5 +255,7 @@ std::string to_string(const KernelPlan& p) {
   if (p.prefetch_next_row) os << " prefetch_next_row";
   return os.str();
 }
+
+bool masked_tails_on() { return env_switch("TCAP_MASKED_TAILS", true); }
 
 }  // namespace tcap::codegen::cpu_llvm

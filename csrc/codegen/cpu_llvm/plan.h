@@ -119,6 +119,10 @@ std::string kernel_structure(const kir::Kernel& k, const KernelPlan& p);
 // constant.
 bool may_read_at_launch(const kir::Kernel& k, const NumberSlots& slots, int32_t slot);
 
+// Note [Masked tails] (render.cpp): on unless TCAP_MASKED_TAILS=0 (read at each compile;
+// part of every kernel's cache key, so code of one setting never serves the other).
+bool masked_tails_on();
+
 // One line per decision, for TCAP_LOGS=fusion and test failure messages.
 std::string to_string(const KernelPlan& p);
 

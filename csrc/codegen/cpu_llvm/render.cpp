@@ -35,7 +35,7 @@
 // least PlanOptions::stream_bytes written, sizes built into the code; x86 only), and
 // each vector store of one tests its address: aligned to the vector's size it streams
 // (vmovntps needs it), else it is an ordinary store (a row that starts mid-vector, a
-// chunk of at::parallel_for that does). Scalar tails store normally. The chunk ends with
+// chunk of at::parallel_for that does). Tails store normally (masked or scalar). The chunk ends with
 // an sfence, since streaming stores are weakly ordered. Values are the same bits either
 // way. Measured here (2 threads): reading 64 MiB and writing 64 MiB takes 2.3 ms with
 // streaming stores against 2.8 ms with ordinary ones.
@@ -43,10 +43,12 @@
 // Note [CPU summation order]
 // Sums are reassociated relative to ATen (tests use tolerances). ReduceInner: lane l of
 // accumulator u sums the elements j = u*vf + l (mod unroll*vf) of the main loop (the
-// one-vector loop adds into accumulator 0, the scalar tail into a scalar accumulator);
-// outer reduce dims keep adding into the same accumulators. At the end the accumulators
-// are added pairwise in order (0+1+2+3), reduced horizontally with a reassociating
-// llvm.vector.reduce.fadd (a shuffle tree), and the scalar tail sum added last.
+// one-vector loop and the masked tail add into accumulator 0, the masked lanes adding the
+// identity: Note [Masked tails]; with TCAP_MASKED_TAILS=0 the tail goes element by element
+// into a scalar accumulator); outer reduce dims keep adding into the same accumulators.
+// At the end the accumulators are added pairwise in order (0+1+2+3), reduced horizontally
+// with a reassociating llvm.vector.reduce.fadd (a shuffle tree), and the scalar tail sum
+// (0 with masked tails) added last.
 // ReduceOuter and scalar kernels sum each outer index sequentially in domain order.
 // Max/Min are exact in any order (NaN propagates through llvm.maximum and
 // llvm.vector.reduce.fmaximum).
@@ -150,6 +152,13 @@ void Renderer::walk_rows(int nd, Index& idx, const std::function<void(int lanes)
           },
           wide > vf ? Unroll::Off : Unroll::Allow);
     }
+    if (vf > 1 && p_.mode == LoopMode::Pointwise && masked_tails()) {
+      masked_tail(b_.CreateSub(j1, j), vf, [&] {
+        idx.iv[static_cast<size_t>(last)] = j;
+        run(vf);
+      });
+      return;
+    }
     loop(
         j, j1, 1,
         [&](Value* iv) {
@@ -176,6 +185,40 @@ void Renderer::walk_rows(int nd, Index& idx, const std::function<void(int lanes)
         inner(j0, j1);
       },
       Unroll::Off);
+}
+
+// Note [Masked tails]
+// A vectorised loop leaves a tail of fewer than vf elements per row (a softmax over 126
+// columns with 16 lanes: 14). Run element by element, each costs what a vector does (its
+// index arithmetic, a scalar exp through the math library), so a kernel whose rows are
+// not a multiple of the lanes ran several times slower than ATen's (the attention softmax
+// of a decoder at most lengths: 10x). The tail is one vector block instead, its lanes past
+// the row's end masked: loads are masked (those lanes read nothing and compute on zeros,
+// whose results are discarded), stores and scatters are masked, a store every lane makes
+// to one element takes the last active lane's value, and a Reduce adds its identity for
+// masked lanes into its first vector accumulator. A masked lane's zeros trap nowhere: an
+// integer division by zero gives 0 in kernels (ValueEmitter::int_div), a float one an
+// infinity, and a conversion of one to an integer a poison value in that lane only, which
+// no store writes and no Reduce reads. Pointwise kernels and the passes of a ReduceInner
+// kernel; a ReduceOuter kernel's tail of outer indices stays scalar. The values are those
+// of the scalar tail except the order of a tail's sums (Note [CPU summation order]).
+bool Renderer::masked_tails() const { return masked_tails_on(); }
+
+void Renderer::masked_tail(Value* count, int vf, const std::function<void()>& body) {
+  auto& ctx = m_.getContext();
+  auto* tail = llvm::BasicBlock::Create(ctx, "masked_tail", fn_);
+  auto* after = llvm::BasicBlock::Create(ctx, "after_tail", fn_);
+  b_.CreateCondBr(b_.CreateICmpSGT(count, i64(0)), tail, after);
+  b_.SetInsertPoint(tail);
+  std::vector<llvm::Constant*> lanes;
+  for (int l = 0; l < vf; ++l) lanes.push_back(b_.getInt64(static_cast<uint64_t>(l)));
+  mask_ = b_.CreateICmpSLT(llvm::ConstantVector::get(lanes), ops_.splat(count, vf), "tail_mask");
+  mask_count_ = count;
+  body();
+  mask_ = nullptr;
+  mask_count_ = nullptr;
+  b_.CreateBr(after);
+  b_.SetInsertPoint(after);
 }
 
 llvm::AllocaInst* Renderer::entry_alloca(llvm::Type* t) {
@@ -243,11 +286,14 @@ Value* Renderer::load(int32_t v, const Index& idx, int lanes) {
   }
   llvm::Type* vt = ops_.vector_type(mt, lanes);
   Value* x = nullptr;
+  Value* none = llvm::Constant::getNullValue(vt);  // what a masked lane reads (Note [Masked tails])
   if (s == 1) {
-    x = b_.CreateAlignedLoad(vt, b_.CreateGEP(mt, base, off), align);
+    Value* at = b_.CreateGEP(mt, base, off);
+    if (mask_) x = b_.CreateMaskedLoad(vt, at, align, mask_, none);
+    else x = b_.CreateAlignedLoad(vt, at, align);
   } else {
     Value* offs = b_.CreateAdd(ops_.splat(off, lanes), lane_steps(slot + 1 + p_.lane_dim, s, lanes));
-    x = b_.CreateMaskedGather(vt, b_.CreateGEP(mt, base, offs), align);
+    x = b_.CreateMaskedGather(vt, b_.CreateGEP(mt, base, offs), align, mask_, mask_ ? none : nullptr);
   }
   return ops_.from_memory(x, in.dtype);
 }
@@ -266,6 +312,16 @@ void Renderer::store(size_t si, Value* x, const Index& idx, int lanes) {
   const int64_t s = lanes > 1 ? a.strides[static_cast<size_t>(p_.lane_dim)] : 0;
   if (lanes == 1) {
     b_.CreateAlignedStore(x, b_.CreateGEP(mt, base, off), align);
+  } else if (mask_) {  // Note [Masked tails]
+    if (s == 0) {
+      Value* last = b_.CreateExtractElement(x, b_.CreateSub(mask_count_, i64(1)));
+      b_.CreateAlignedStore(last, b_.CreateGEP(mt, base, off), align);
+    } else if (s == 1) {
+      b_.CreateMaskedStore(x, b_.CreateGEP(mt, base, off), align, mask_);
+    } else {
+      Value* offs = b_.CreateAdd(ops_.splat(off, lanes), lane_steps(slot + 1 + p_.lane_dim, s, lanes));
+      b_.CreateMaskedScatter(x, b_.CreateGEP(mt, base, offs), align, mask_);
+    }
   } else if (s == 0) {
     // Every lane writes the same element: the last one wins, as in sequential order.
     b_.CreateAlignedStore(b_.CreateExtractElement(x, static_cast<uint64_t>(lanes - 1)), b_.CreateGEP(mt, base, off),

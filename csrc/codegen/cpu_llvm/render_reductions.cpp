@@ -90,6 +90,7 @@ void Renderer::pass_block(const Pass& ps, const Index& idx, int lanes, int u) {
     const kir::Instr& in = k_.instrs[static_cast<size_t>(ps.reds[r])];
     llvm::AllocaInst* slot = u >= 0 ? ps.accs[r].vec[static_cast<size_t>(u)] : ps.accs[r].scalar;
     Value* x = ops_.to_compute(value(blk, in.args[0]), in.dtype);
+    if (mask_ && lanes > 1) x = b_.CreateSelect(mask_, x, ops_.reduce_identity(in.op, in.dtype, lanes));
     Value* acc = b_.CreateLoad(slot->getAllocatedType(), slot);
     b_.CreateStore(ops_.reduce_combine(in.op, in.dtype, acc, x), slot);
   }
@@ -154,6 +155,13 @@ void Renderer::pass_loops(const Pass& ps, Index& idx, int d, int outer_lanes) {
     j = loop(
         j, b_.CreateSub(n, i64(vf - 1)), vf, [&](Value* iv) { bind(iv); pass_block(ps, idx, static_cast<int>(vf), 0); },
         Unroll::Off);
+  }
+  if (masked_tails()) {  // Note [Masked tails] (render.cpp)
+    masked_tail(b_.CreateSub(n, j), static_cast<int>(vf), [&] {
+      bind(j);
+      pass_block(ps, idx, static_cast<int>(vf), 0);
+    });
+    return;
   }
   loop(j, n, 1, [&](Value* iv) { bind(iv); pass_block(ps, idx, 1, -1); }, Unroll::Off);
 }

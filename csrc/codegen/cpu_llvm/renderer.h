@@ -60,6 +60,10 @@ class Renderer {
               Unroll unroll = Unroll::Allow);
   void decompose(Value* linear, int d0, int d1, Index& idx);
   void walk_rows(int nd, Index& idx, const std::function<void(int lanes)>& run);
+  // Note [Masked tails]: whether the kernel's tails run as one masked vector, and the block
+  // that runs `body` as one with the first `count` of vf lanes active, when count > 0.
+  bool masked_tails() const;
+  void masked_tail(Value* count, int vf, const std::function<void()>& body);
   llvm::AllocaInst* entry_alloca(llvm::Type* t);
 
   Value* offset(const Access& a, int32_t slot, const Index& idx);
@@ -104,6 +108,10 @@ class Renderer {
   Value* end_ = nullptr;
   std::vector<Value*> bufs_;    // data pointer per kernel buffer
   std::vector<Value*> outer_;   // outer-level values of the current outer index (reductions)
+  // Note [Masked tails]: while a masked block renders, its lane mask (<vf x i1>) and its
+  // count of active lanes (i64); null otherwise.
+  Value* mask_ = nullptr;
+  Value* mask_count_ = nullptr;
 };
 
 }  // namespace tcap::codegen::cpu_llvm::render_detail
