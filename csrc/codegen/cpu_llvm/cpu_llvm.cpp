@@ -25,9 +25,9 @@ namespace {
 // Bump whenever the renderer emits different code for the same kernel IR, so that old
 // disk cache entries stop matching (libtcap's build id in the key catches the changes
 // nobody bumped this for; see kernel_cache.h).
-constexpr int kCodegenVersion = 7;  // 3: numbers read at launch (Note [Sizes at launch]); 4: remainder loops not unrolled;
+constexpr int kCodegenVersion = 8;  // 3: numbers read at launch (Note [Sizes at launch]); 4: remainder loops not unrolled;
                                     // 5: streaming stores (Note [Streaming stores]); 6: next-row prefetch;
-                                    // 7: masked tails (Note [Masked tails])
+                                    // 7: masked tails (Note [Masked tails]); 8: exp below -104 without an underflow
 
 // Code for every kernel of one structure whose numbers outside `varying` are `numbers'`:
 // it reads the varying ones at launch (make_plan with `varying`: its plan's at_launch).

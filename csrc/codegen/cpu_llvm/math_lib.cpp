@@ -243,7 +243,8 @@ Value* ValueEmitter::sin_cos_f32(kir::OpCode op, Value* x, bool small_arg) {
 //                        product is exact for |n| < 2^8); e^r = 1 + r + r^2 P(r), Cephes'
 //                        expf polynomial on [-ln2/2, ln2/2]; times 2^n built in the
 //                        exponent bits. A vector with a lane beyond +-87 (or NaN) takes
-//                        a branch that clamps x to [-104, 89] (exp is 0 or +inf beyond),
+//                        a branch that clamps x to [-104, 89] (exp is 0 or +inf beyond;
+//                        below -104 the lane computes e^0 and selects 0),
 //                        applies 2^n as two normal factors 2^(n>>1) and 2^(n - n>>1), so
 //                        that subnormal results round once and x -> 88.72 reaches
 //                        FLT_MAX, and puts NaNs back.
@@ -293,7 +294,13 @@ Value* ValueEmitter::exp_f32(Value* x) {
     // minnum/maxnum return the number for a NaN operand; the NaN is put back after.
     Value* xc = b_.CreateBinaryIntrinsic(llvm::Intrinsic::minnum,
                                          b_.CreateBinaryIntrinsic(llvm::Intrinsic::maxnum, x, fc(-104.0f)), fc(89.0f));
-    Value* full = exp_f32_core(xc, /*two_scales=*/true);
+    // Below -104 (an attention mask's -inf) e^x rounds to 0: such lanes compute e^0 and
+    // select 0, since computing e^-104 underflows through a subnormal product, which x86
+    // finishes in microcode (about a hundred cycles a lane: a masked softmax ran 6x
+    // slower than ATen's). Same values.
+    Value* zero_result = b_.CreateFCmpOLT(x, fc(-104.0f));
+    Value* full = exp_f32_core(b_.CreateSelect(zero_result, fc(0.0f), xc), /*two_scales=*/true);
+    full = b_.CreateSelect(zero_result, fc(0.0f), full);
     return b_.CreateSelect(b_.CreateFCmpUNO(x, x), x, full);
   });
 }
