@@ -32,6 +32,7 @@
 #include "fuse/onednn_gemms.h"
 #include "support/env.h"
 #include "support/logging.h"
+#include "support/stage_clock.h"
 
 #include <tcap/graph_json.h>
 #include <tcap/interpreter.h>
@@ -75,40 +76,8 @@ const ir::Graph& stage(const ir::Graph& g, const std::string& what, const char* 
 // group 0.05, lower 0.1, kernels 0.25, rewrite 0.12), ..."), and every joint graph how long
 // its partition took: where a dynamic entry's specialization at new sizes goes (the same
 // stages again, minus LLVM, whose kernels compile at the graph's first run) and what a
-// change to a pass costs. Each stage's time includes its verification (ir::verify).
-class StageClock {
- public:
-  // The time since the last lap (or since the clock was made) as stage `what`.
-  void lap(const char* what, std::string detail = "") {
-    const auto now = std::chrono::steady_clock::now();
-    const double ms = std::chrono::duration<double, std::milli>(now - last_).count();
-    total_ += ms;
-    text_ << (text_.tellp() > 0 ? ", " : "") << what << " " << ms << detail;
-    last_ = now;
-  }
-  double total() const { return total_; }
-  std::string text() const { return text_.str(); }
-
- private:
-  std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
-  double total_ = 0;
-  std::ostringstream text_ = precise();
-
-  static std::ostringstream precise() {
-    std::ostringstream s;
-    s << std::setprecision(3);
-    return s;
-  }
-};
-
-// " (decompose 0.09, group 0.05, ...)": fusion's steps, for its stage's lap.
-std::string fusion_steps(const std::vector<std::pair<const char*, double>>& times) {
-  std::ostringstream s;
-  s << std::setprecision(3);
-  for (const auto& [what, ms] : times) s << (s.tellp() > 0 ? ", " : " (") << what << " " << ms;
-  if (s.tellp() > 0) s << ")";
-  return s.str();
-}
+// change to a pass costs. Each stage's time includes its verification (ir::verify). The
+// laps are kept as numbers (support/stage_clock.h) and written only when the log is on.
 
 // Kernels a maker left Compiling, for later (Note [Kernels compiled in the background],
 // Note [Kernels compiled at their first run]), and where their LLVM IR is dumped.
@@ -127,7 +96,7 @@ std::string kernel_dump_base(const std::string& dump_dir, const std::string& wha
 // to `later` (when given).
 ir::Graph fuse_graph(const ir::Graph& g, const std::string& what, const std::string& dump_dir,
                      const c10::Device& device, const KernelMaker& make, runtime::KernelTable* table,
-                     KernelsToCompile* later = nullptr, std::string* steps = nullptr) {
+                     KernelsToCompile* later = nullptr, StageClock::Laps* steps = nullptr) {
   const auto t0 = std::chrono::steady_clock::now();
   fuse::FusionOptions opts;
   opts.device = device;
@@ -182,7 +151,7 @@ ir::Graph fuse_graph(const ir::Graph& g, const std::string& what, const std::str
     for (const auto& fg : res.groups) TCAP_LOG(Fusion, kir::to_string(fg.kernel));
   }
   if (!dump_dir.empty()) ir::save_json(res.graph, dump_dir + "/" + what + ".fused.json");
-  if (steps) *steps = fusion_steps(res.times);
+  if (steps) *steps = std::move(res.times);
   return std::move(res.graph);
 }
 
@@ -350,6 +319,7 @@ Executable compile_graph_for(const ir::Graph& g, const CompileOptions& o, const 
     exe = user(g);
   } else {
     StageClock clock;  // Note [Where a compile spends its time]
+    StageClock::Laps fusion_steps;
     const Target target = known ? *known : choose_target(o.backend, g, what);
     auto kernels = std::make_shared<runtime::KernelTable>();
     KernelsToCompile first_run;
@@ -363,11 +333,10 @@ Executable compile_graph_for(const ir::Graph& g, const CompileOptions& o, const 
       // llvm: the kernels not in the cache compile from the graph's first run, on the
       // calling thread or the background thread (both Notes above); cuda: now.
       const bool later = target.kind == Backend::Llvm;
-      std::string steps;
       h = stage(fuse_graph(h, what, cache::dump_dir_of(o), target.device, kernel_maker(target, later), kernels.get(),
-                           later ? &first_run : nullptr, &steps),
+                           later ? &first_run : nullptr, &fusion_steps),
                 what, "fuse");
-      clock.lap("fuse", steps);
+      clock.lap("fuse");
     }
     if (target.kind == Backend::Llvm) {
       h = gemms_through_onednn(h, what);
@@ -380,7 +349,10 @@ Executable compile_graph_for(const ir::Graph& g, const CompileOptions& o, const 
     exe = compiled_at_first_run(runtime::interpreter_executable(h, what, check_host_values, std::move(kernels)),
                                 what, std::move(first_run), compiler::compiles_in_background(o, target));
     clock.lap("executable");
-    TCAP_LOG(Perf, what << " compiled in " << std::setprecision(3) << clock.total() << " ms: " << clock.text());
+    TCAP_LOG(Perf, what << " compiled in " << std::setprecision(3) << clock.total() << " ms: "
+                        << laps_text(clock.laps(), [&](const char* stage) {
+                             return std::string(stage) == "fuse" ? " (" + laps_text(fusion_steps) + ")" : "";
+                           }));
   }
   if (o.cuda_graphs) exe = with_cuda_graphs(std::move(exe), g, what);
   return exe;
@@ -411,7 +383,8 @@ CompiledJoint compile_joint(const JointGraph& joint, bool has_backward, const Co
   stage(c.part.forward, name + ".forward", "partition");
   if (has_backward) stage(c.part.backward, name + ".backward", "partition");
   clock.lap("partition");
-  TCAP_LOG(Perf, name << " joint graph partitioned in " << std::setprecision(3) << clock.total() << " ms: " << clock.text());
+  TCAP_LOG(Perf, name << " joint graph partitioned in " << std::setprecision(3) << clock.total()
+                       << " ms: " << laps_text(clock.laps()));
   const Target* known = chosen ? &target : nullptr;
   c.forward = compile_graph_for(c.part.forward, o, name + ".forward", o.fw_compiler, check_host_values, known);
   if (has_backward) {

@@ -6,13 +6,12 @@
 #include "ir/graph_copy.h"
 #include "support/logging.h"
 #include "support/parallel.h"
+#include "support/stage_clock.h"
 
 #include <c10/util/strides.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
-#include <chrono>
-#include <cstring>
 #include <exception>
 #include <map>
 #include <queue>
@@ -90,29 +89,18 @@ class Fuser {
  public:
   Fuser(const ir::Graph& g, const FusionOptions& opts) : g_(g), opts_(opts) {}
 
-  FusionResult run() {
-    auto t = std::chrono::steady_clock::now();
+  // `clock` gets a lap per step (FusionResult::times).
+  FusionResult run(StageClock& clock) {
     grouping_ = form_groups(g_, opts_.device, opts_.max_matmul_macs);
-    lap("group", t);
-    build_kernels();  // laps lower and kernels
-    t = std::chrono::steady_clock::now();
+    clock.lap("group");
+    build_kernels(clock);  // laps lower and kernels
     FusionResult res = rewrite();
-    lap("rewrite", t);
-    res.times = std::move(times_);
+    clock.lap("rewrite");
     return res;
   }
 
  private:
   void decide(const ir::Node& n, const std::string& why) { decisions_.push_back(decision(n, why)); }
-  // Adds the time since `t` to step `what` (FusionResult::times) and restarts t.
-  void lap(const char* what, std::chrono::steady_clock::time_point& t) {
-    const auto now = std::chrono::steady_clock::now();
-    const double ms = std::chrono::duration<double, std::milli>(now - t).count();
-    auto it = std::find_if(times_.begin(), times_.end(), [&](const auto& p) { return std::strcmp(p.first, what) == 0; });
-    if (it == times_.end()) times_.emplace_back(what, ms);
-    else it->second += ms;
-    t = now;
-  }
 
   // --- kernels ---------------------------------------------------------------------
   // A lowered group waiting for its kernel (Note [Parallel kernel compilation]).
@@ -134,8 +122,7 @@ class Fuser {
     });
   }
 
-  void build_kernels() {
-    auto t = std::chrono::steady_clock::now();
+  void build_kernels(StageClock& clock) {
     std::vector<Pending> pending;
     const auto outputs = g_.output_values();
     std::set<ir::ValueId> graph_outputs(outputs.begin(), outputs.end());
@@ -210,9 +197,9 @@ class Fuser {
       p.fg.ordinal = static_cast<int64_t>(pending.size());
       pending.push_back(std::move(p));
     }
-    lap("lower", t);
+    clock.lap("lower");
     compile_all(pending);
-    lap("kernels", t);
+    clock.lap("kernels");
     for (Pending& p : pending) {
       if (p.error) std::rethrow_exception(p.error);
       if (p.id < 0) {
@@ -497,7 +484,6 @@ class Fuser {
   std::vector<int>& group_of_value_ = grouping_.group_of_value;
   std::map<ir::ValueId, std::vector<ir::ValueId>> extra_outputs_;  // Note [Repeated gradient outputs]
   std::vector<std::string>& decisions_ = grouping_.decisions;
-  std::vector<std::pair<const char*, double>> times_;  // FusionResult::times
   std::vector<FusedGroup> fused_;
   std::map<int, size_t> kept_;         // group id -> index in fused_
   std::set<int> dead_groups_;          // groups whose results nobody reads: dropped
@@ -532,17 +518,17 @@ int64_t default_max_matmul_macs() {
 
 FusionResult fuse(const ir::Graph& g, const FusionOptions& options) {
   TORCH_CHECK(options.compile, "tcap::fuse::fuse: FusionOptions::compile is required");
-  const auto t0 = std::chrono::steady_clock::now();
+  StageClock clock;
   Decomposed d = decompose_for_fusion(g, options.device);
-  const double decompose_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  clock.lap("decompose");
   if (d.count == 0) {
-    FusionResult res = Fuser(g, options).run();
-    res.times.insert(res.times.begin(), {"decompose", decompose_ms});
+    FusionResult res = Fuser(g, options).run(clock);
+    res.times = clock.laps();
     res.decisions.insert(res.decisions.begin(), d.decisions.begin(), d.decisions.end());
     return res;
   }
-  FusionResult res = Fuser(d.graph, options).run();
-  res.times.insert(res.times.begin(), {"decompose", decompose_ms});
+  FusionResult res = Fuser(d.graph, options).run(clock);
+  res.times = clock.laps();
   d.decisions.push_back("(the ids above are the input graph's; groups and the lines below number the nodes after " +
                         std::to_string(d.count) + " decomposition" + (d.count > 1 ? "s" : "") + ")");
   res.decisions.insert(res.decisions.begin(), d.decisions.begin(), d.decisions.end());

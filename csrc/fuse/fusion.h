@@ -3,6 +3,7 @@
 #pragma once
 
 #include "kir/kir.h"
+#include "support/stage_clock.h"
 
 #include <tcap/graph.h>
 
@@ -81,7 +82,7 @@ struct FusionResult {
   std::vector<std::string> decisions;
   // How long each step took, in ms, in order: decompose, group, lower (kernel IR and each
   // group's fallback), kernels (the backend's plans, lookups and compiles), rewrite.
-  std::vector<std::pair<const char*, double>> times;
+  StageClock::Laps times;
   std::string explain() const;      // groups and decisions, one per line
 };
 
